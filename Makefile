@@ -1,0 +1,44 @@
+# mmpe: `make run` (main job) and `make test` (tests) do all set-up on a fresh machine.
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+PYTEST  := $(PY) -m pytest
+APT_PKGS := espeak-ng proj-data
+
+.PHONY: setup run test test-slow lint bench data-audio apt clean
+
+$(STAMP): pyproject.toml requirements/torch.txt requirements/nodeps.txt
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements/torch.txt
+	$(PY) -m pip install -q -e ".[dev,data]"
+	$(PY) -m pip install -q --no-deps -r requirements/nodeps.txt
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+# The main job: the text recipe compared across the seven foundation encodings.
+run: setup
+	$(VENV)/bin/mmpe compare text --encodings sinusoidal,learned,rope,alibi,t5,fire,nope --out runs/compare/text
+
+test: setup
+	$(PYTEST) -q
+
+test-slow: setup
+	$(PYTEST) -q -m slow
+
+lint: setup
+	$(VENV)/bin/ruff check mmpe recipes tests benchmarks
+
+bench: setup
+	for f in benchmarks/bench_*.py; do $(PY) $$f || exit 1; done
+
+# Debian data packages (needs root): espeak-ng for the audio recipe, proj-data for the geoid.
+apt:
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PKGS)
+
+data-audio: setup
+	$(PY) -m recipes.audio_data --out data/spoken_digits
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

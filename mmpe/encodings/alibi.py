@@ -1,0 +1,81 @@
+"""ALiBi: attention with linear biases (Press et al. 2022)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
+from mmpe.registry import register
+
+
+def alibi_slopes(num_heads: int) -> Tensor:
+    """Head slopes of ALiBi (Press et al. 2022, §3 and their reference code).
+
+    For ``n`` a power of two the slopes are the geometric sequence ``2^(−8/n), 2^(−16/n), …,
+    2^(−8)`` (8 heads: 1/2 … 1/256). Otherwise, with ``m`` the largest power of two below ``n``,
+    take the ``m`` slopes of ``m`` heads, then every other slope of ``2m`` heads for the
+    remaining ``n − m``.
+
+    Returns:
+        ``[num_heads]`` float32.
+
+    Raises:
+        ValueError: ``num_heads < 1``.
+    """
+    if not isinstance(num_heads, int) or num_heads < 1:
+        raise ValueError(f"alibi: num_heads must be a positive int, got {num_heads!r}")
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    m = 2 ** math.floor(math.log2(num_heads))
+    slopes = power_of_two(m)
+    if m < num_heads:
+        slopes += power_of_two(2 * m)[0::2][: num_heads - m]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+@register(
+    "alibi", hook="score", coords=("sequence", "grid", "graph", "sphere", "table"),
+    learnable=False, family="bias",
+    paper="Press et al. 2022, Train Short, Test Long: Attention with Linear Biases Enables "
+          "Input Length Extrapolation (ICLR)",
+)
+class ALiBi(ScoreEncoding):
+    """Linear distance penalty per head: ``score + (−m_h · dist(i, j))`` (Press et al. 2022).
+
+    ``m_h`` are the fixed slopes of :func:`alibi_slopes`. ``dist`` is the coordinates'
+    distance: ``|i − j|`` tokens on a sequence (for a causal decoder exactly the paper's
+    ``−m·(i − j)``), Euclidean patches on a grid, hops on a graph, angles on the sphere.
+
+    Args:
+        num_heads: ``n_h``.
+        slopes: optional explicit slopes ``[n_h]`` (e.g. learned or per-modality).
+
+    Raises:
+        ValueError: ``num_heads < 1`` or ``slopes`` not of shape ``[num_heads]``.
+    """
+
+    def __init__(self, num_heads: int, slopes: Tensor | None = None) -> None:
+        super().__init__()
+        if slopes is None:
+            slopes = alibi_slopes(num_heads)
+        elif tuple(slopes.shape) != (num_heads,):
+            raise ValueError(f"alibi: slopes must be [num_heads={num_heads}], got {tuple(slopes.shape)}")
+        self.num_heads = num_heads
+        self.register_buffer("slopes", slopes.float(), persistent=False)
+
+    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+        self.check_coords(ctx.coords)
+        if ctx.num_heads != self.num_heads:
+            raise ValueError(f"alibi: built for num_heads={self.num_heads}, attention has {ctx.num_heads}")
+        coords, slopes = ctx.coords, self.slopes
+
+        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return score - slopes[h] * coords.distance(q_idx, kv_idx, b)
+
+        return mod

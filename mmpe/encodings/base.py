@@ -1,0 +1,176 @@
+"""Base classes for the four places where position enters attention.
+
+Expanding ``softmax((U+P)W_q ((U+P)W_k)^T)`` gives content–content, content–position and
+position–position terms; every method in the literature acts at one of four hooks:
+
+========  =====================================================  =================================
+hook      what the encoding does                                 base class
+========  =====================================================  =================================
+input     returns ``P`` to add to (or concatenate with) tokens   :class:`InputEncoding`
+rotary    rotates ``q`` and ``k`` by position                    :class:`RotaryEncoding`
+score     adds to (or rescales) the attention logits             :class:`ScoreEncoding`
+kernel    replaces the softmax normalisation                     :class:`KernelEncoding`
+========  =====================================================  =================================
+
+Shapes use torchtune's notation: ``b`` batch, ``s`` sequence (tokens), ``n_h`` heads,
+``h_d`` head dimension, ``n_q`` / ``n_k`` query / key tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from mmpe.coords.base import Coordinates, index_grid
+
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+class PositionOutOfRangeError(ValueError):
+    """A position lies outside what an encoding can represent (e.g. past a learned table)."""
+
+
+@dataclass
+class AttentionContext:
+    """What a score or kernel encoding may read when it builds its term for one attention call.
+
+    Attributes:
+        coords: the coordinates of the tokens.
+        num_heads: ``n_h``.
+        head_dim: ``h_d``.
+        batch: ``b``.
+        x: the attention layer's input ``[b, n_q, d_model]`` (content-dependent gates read it).
+        q: queries after rotary encodings, ``[b, n_h, n_q, h_d]``.
+        k: keys after rotary encodings, ``[b, n_h, n_k, h_d]``.
+        v: values, ``[b, n_h, n_k, h_d]``.
+    """
+
+    coords: Coordinates
+    num_heads: int
+    head_dim: int
+    batch: int
+    x: Tensor | None = None
+    q: Tensor | None = None
+    k: Tensor | None = None
+    v: Tensor | None = None
+
+
+class Encoding(nn.Module):
+    """Common base: the hook and the coordinate types an encoding supports."""
+
+    hook: ClassVar[str] = ""
+    supported_coords: ClassVar[tuple[str, ...]] = ("sequence",)
+
+    def check_coords(self, coords: Coordinates) -> None:
+        """Raise ``TypeError`` if this encoding does not support ``coords``' type."""
+        if not isinstance(coords, Coordinates):
+            raise TypeError(
+                f"{type(self).__name__}: coords must be an mmpe Coordinates object, "
+                f"got {type(coords).__name__}"
+            )
+        if coords.kind not in self.supported_coords:
+            raise TypeError(
+                f"{type(self).__name__} supports coordinates {self.supported_coords}, "
+                f"got {coords.kind!r}"
+            )
+
+
+class InputEncoding(Encoding):
+    """Input hook: a tensor ``P`` combined with the token embeddings before the first layer."""
+
+    hook = "input"
+
+    def forward(self, coords: Coordinates) -> Tensor:  # pragma: no cover - abstract
+        """Return ``P``, ``[s, d_model]`` or ``[b, s, d_model]``."""
+        raise NotImplementedError
+
+    def combine(self, x: Tensor, coords: Coordinates) -> Tensor:
+        """Add ``P`` to token embeddings ``x`` ``[b, s, d_model]`` (override to concatenate)."""
+        pe = self(coords)
+        if pe.shape[-2:] != x.shape[-2:]:
+            raise ValueError(
+                f"{type(self).__name__}: x must be [b, {pe.shape[-2]}, {pe.shape[-1]}] to match "
+                f"the coordinates, got {tuple(x.shape)}"
+            )
+        return x + pe.to(x.dtype)
+
+
+class RotaryEncoding(Encoding):
+    """Rotary hook: rotate queries and keys by their positions."""
+
+    hook = "rotary"
+
+    def forward(self, q: Tensor, k: Tensor, coords: Coordinates) -> tuple[Tensor, Tensor]:
+        """Rotate ``q`` ``[b, n_h, n_q, h_d]`` and ``k`` ``[b, n_h, n_k, h_d]``."""
+        raise NotImplementedError  # pragma: no cover - abstract
+
+
+class ScoreEncoding(Encoding):
+    """Score hook: a FlexAttention-style ``score_mod(score, b, h, q_idx, kv_idx)``.
+
+    A subclass implements :meth:`score_mod`. The same function runs inside FlexAttention (scalar
+    indices, never an ``n×n`` tensor) and eagerly, evaluated on broadcast index grids by
+    :meth:`bias` — which is why the two paths give the same numbers.
+
+    Class attributes:
+        additive: the mod adds a term that does not depend on ``score`` (so the eager path can
+            pass it to SDPA as an additive mask). Set False for rescaling methods.
+        needs_probs: the encoding also adds a term computed from the attention probabilities
+            (value-side relative terms); see :meth:`value_term`.
+    """
+
+    hook = "score"
+    additive: ClassVar[bool] = True
+    needs_probs: ClassVar[bool] = False
+
+    def score_mod(self, ctx: AttentionContext) -> ScoreMod:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def softmax_scale(self, head_dim: int) -> float | None:
+        """Logit scale this method prescribes instead of ``1/sqrt(h_d)``, or None."""
+        return None
+
+    def bias(self, ctx: AttentionContext) -> Tensor:
+        """The additive term on every pair, ``[b or 1, n_h, n_q, n_k]`` (eager path)."""
+        if not self.additive:
+            raise TypeError(f"{type(self).__name__} rescales scores; it has no additive bias")
+        coords = ctx.coords
+        b, h, q, k = index_grid(coords.batch_size or 1, ctx.num_heads, coords.num_queries,
+                                coords.num_keys, coords.device)
+        zero = torch.zeros((), device=coords.device)
+        out = self.score_mod(ctx)(zero, b, h, q, k)
+        return out.expand(b.shape[0], ctx.num_heads, coords.num_queries, coords.num_keys)
+
+    def value_term(self, probs: Tensor, ctx: AttentionContext) -> Tensor | None:
+        """Extra output ``[b, n_h, n_q, h_d]`` from probabilities ``[b, n_h, n_q, n_k]``, or None."""
+        return None
+
+
+class KernelEncoding(Encoding):
+    """Kernel hook: how masked, position-modified logits become attention output."""
+
+    hook = "kernel"
+    #: True where the kernel is the ordinary softmax (fused attention paths may be used).
+    is_softmax: ClassVar[bool] = False
+
+    def attend(self, scores: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor:
+        """Map logits ``[b, n_h, n_q, n_k]`` (masked pairs at ``-inf``) and values to output."""
+        raise NotImplementedError  # pragma: no cover - abstract
+
+
+def check_qk(name: str, q: Tensor, k: Tensor, head_dim: int | None = None) -> None:
+    """Validate rotary inputs: rank 4, matching batch/heads/head dim."""
+    for arg, t in (("q", q), ("k", k)):
+        if not isinstance(t, Tensor) or t.dim() != 4:
+            shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"{name}: {arg} must be [b, n_h, s, h_d] (rank 4), got {shape}")
+    if q.shape[0] != k.shape[0] or q.shape[1] != k.shape[1] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"{name}: q {tuple(q.shape)} and k {tuple(k.shape)} must share b, n_h and h_d"
+        )
+    if head_dim is not None and q.shape[-1] != head_dim:
+        raise ValueError(f"{name}: q and k must have h_d={head_dim}, got {q.shape[-1]}")

@@ -1,0 +1,99 @@
+"""FIRE: functional interpolation for relative positions (Li et al. 2024)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from mmpe.coords.base import index_grid
+from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
+from mmpe.registry import register
+
+
+@register(
+    "fire", hook="score", coords=("sequence",), learnable=True, family="bias",
+    paper="Li et al. 2024, Functional Interpolation for Relative Positions Improves Long "
+          "Context Transformers (ICLR), eq. 4",
+)
+class FIRE(ScoreEncoding):
+    """``b(i, j) = f_θ( ψ(i − j) / ψ(max(L, i)) )`` per head (Li et al. 2024, eq. 4).
+
+    ``ψ(x) = log(c·|x| + 1)`` with learnable ``c > 0``; ``L`` is a learnable threshold
+    (``|L_mult · L_init|``) below which short queries are not over-normalised; ``f_θ`` is an MLP
+    ``1 → width → n_h`` (ReLU), shared by all heads. Normalising by the query position maps
+    every relative distance into ``[0, 1]``, so a model trained at length ``L`` meets no unseen
+    inputs at length ``16L`` — the paper's route to length generalisation. ``i``, ``j`` are
+    positions in tokens.
+
+    Args:
+        num_heads: ``n_h``.
+        mlp_width: hidden width of ``f_θ`` (32 in the paper).
+        init_c: initial ``c`` (0.1).
+        init_L: initial threshold ``L`` (tokens, 512).
+        eps: added to the normaliser to keep it positive.
+
+    Raises:
+        ValueError: non-positive ``num_heads``, ``mlp_width``, ``init_c`` or ``init_L``.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        mlp_width: int = 32,
+        init_c: float = 0.1,
+        init_L: float = 512.0,
+        eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        for arg, val in (("num_heads", num_heads), ("mlp_width", mlp_width),
+                         ("init_c", init_c), ("init_L", init_L)):
+            if val <= 0:
+                raise ValueError(f"fire: {arg} must be > 0, got {val}")
+        self.num_heads, self.eps = num_heads, eps
+        self.c = nn.Parameter(torch.tensor(float(init_c)))
+        self.init_L = nn.Parameter(torch.tensor(float(init_L)), requires_grad=False)
+        self.L_mult = nn.Parameter(torch.tensor(1.0))
+        self.mlp = nn.Sequential(nn.Linear(1, mlp_width), nn.ReLU(), nn.Linear(mlp_width, num_heads))
+
+    def _psi(self, x: Tensor) -> Tensor:
+        return torch.log(torch.abs(self.c * x) + 1.0)
+
+    def normalised_distance(self, ctx: AttentionContext, q_idx: Tensor, kv_idx: Tensor,
+                            b: Tensor) -> Tensor:
+        """``ψ(i − j) / ψ(max(L, i))`` on the broadcast pairs (float32)."""
+        coords = ctx.coords
+        rel = coords.relation(q_idx, kv_idx, b).float()
+        i = coords.query_index(q_idx, b).float()
+        threshold = torch.abs(self.L_mult * self.init_L)
+        return self._psi(rel) / (self._psi(torch.maximum(i, threshold)) + self.eps)
+
+    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+        self.check_coords(ctx.coords)
+        self._check_heads(ctx)
+        w1, b1 = self.mlp[0].weight[:, 0], self.mlp[0].bias
+        w2, b2 = self.mlp[2].weight, self.mlp[2].bias
+
+        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            x = self.normalised_distance(ctx, q_idx, kv_idx, b)
+            # The MLP unrolled over its hidden units so FlexAttention sees scalar ops only.
+            out = b2[h]
+            for u in range(w1.shape[0]):
+                out = out + w2[h, u] * torch.relu(x * w1[u] + b1[u])
+            return score + out
+
+        return mod
+
+    def bias(self, ctx: AttentionContext) -> Tensor:
+        """Eager path: run the MLP once on all pairs, ``[b or 1, n_h, n_q, n_k]``."""
+        self.check_coords(ctx.coords)
+        self._check_heads(ctx)
+        coords = ctx.coords
+        b, _, q, k = index_grid(coords.batch_size or 1, 1, coords.num_queries, coords.num_keys,
+                                coords.device)
+        x = self.normalised_distance(ctx, q, k, b)  # [b, 1, n_q, n_k]
+        out = self.mlp(x.unsqueeze(-1)).squeeze(1)  # [b, n_q, n_k, n_h]
+        return out.permute(0, 3, 1, 2)
+
+    def _check_heads(self, ctx: AttentionContext) -> None:
+        if ctx.num_heads != self.num_heads:
+            raise ValueError(f"fire: built for num_heads={self.num_heads}, attention has {ctx.num_heads}")

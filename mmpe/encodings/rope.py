@@ -1,0 +1,127 @@
+"""Rotary position embedding, RoPE (Su et al. 2021, RoFormer)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from einops import rearrange
+from torch import Tensor
+
+from mmpe.coords.base import Coordinates
+from mmpe.encodings.base import RotaryEncoding, check_qk
+from mmpe.registry import register
+
+
+def rope_inv_freq(rotary_dim: int, base: float = 10000.0) -> Tensor:
+    """``θ_i = base^(−2i/d)`` for ``i = 0 … d/2−1``, float64 (radians per token)."""
+    return base ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+
+
+def rope_cos_sin(positions: Tensor, inv_freq: Tensor, scale: float = 1.0) -> tuple[Tensor, Tensor]:
+    """``cos(m·θ_i)`` and ``sin(m·θ_i)`` for positions ``m``, each ``[*positions.shape, d/2]``.
+
+    The phase ``m·θ`` is formed and reduced modulo 2π in float64, then cos/sin are returned in
+    float32. Building positions in the input's dtype would round them (bf16 turns 257 into
+    256), and a float32 phase is off by ~0.5 rad at m = 10⁷.
+    """
+    phase = positions.to(torch.float64).unsqueeze(-1) * inv_freq.to(positions.device)
+    phase = torch.remainder(phase, 2 * math.pi)
+    return (phase.cos() * scale).to(torch.float32), (phase.sin() * scale).to(torch.float32)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False) -> Tensor:
+    """Rotate the first ``2·cos.shape[-1]`` channels of ``x`` ``[b, n_h, s, h_d]`` pairwise.
+
+    ``cos``/``sin`` are ``[s, r/2]`` or ``[b, s, r/2]``. With ``interleaved`` the pairs are
+    channels ``(2i, 2i+1)`` (RoFormer, GPT-J); otherwise ``(i, i + r/2)`` (GPT-NeoX, Llama, HF).
+    The product is taken in at least float32 and cast back to ``x.dtype``.
+    """
+    half = cos.shape[-1]
+    rot, rest = x[..., : 2 * half], x[..., 2 * half :]
+    if cos.dim() == 3:  # per-example positions: insert the head axis
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    work = torch.promote_types(x.dtype, torch.float32)
+    if interleaved:
+        pairs = rearrange(rot.to(work), "... (r two) -> ... r two", two=2)
+        x1, x2 = pairs[..., 0], pairs[..., 1]
+    else:
+        x1, x2 = rot.to(work).chunk(2, dim=-1)
+    y1, y2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+    if interleaved:
+        out = rearrange(torch.stack((y1, y2), dim=-1), "... r two -> ... (r two)")
+    else:
+        out = torch.cat((y1, y2), dim=-1)
+    return torch.cat((out.to(x.dtype), rest), dim=-1)
+
+
+@register(
+    "rope", hook="rotary", coords=("sequence",), learnable=False, family="rotary",
+    paper="Su et al. 2021, RoFormer: Enhanced Transformer with Rotary Position Embedding "
+          "(arXiv:2104.09864), eq. 34",
+)
+class RoPE(RotaryEncoding):
+    """Rotary position embedding (Su et al. 2021, eq. 34).
+
+    Each channel pair ``(x_{2i}, x_{2i+1})`` of a query at position ``m`` is rotated by the angle
+    ``m·θ_i`` with ``θ_i = base^(−2i/d)`` (radians per token), keys likewise at ``n``; the score
+    ``q_mᵀ k_n`` then depends on positions only through ``m − n``.
+
+    Args:
+        head_dim: ``h_d`` of the queries and keys.
+        base: frequency base (10000 in the paper; 500000 in Llama 3).
+        rotary_dim: channels rotated (even, ≤ ``head_dim``; partial rotary as in GPT-NeoX);
+            defaults to ``head_dim``.
+        interleaved: pair adjacent channels as in the paper (True) or split halves as in
+            GPT-NeoX / Llama / HF transformers (False, default).
+
+    Shapes: ``forward(q [b, n_h, n_q, h_d], k [b, n_h, n_k, h_d], coords) -> (q, k)`` in the
+    inputs' dtype. Queries use ``coords.query_positions``, keys ``coords.key_positions`` (so a
+    cached decoder rotates new queries at ``offset + i``).
+
+    Raises:
+        ValueError: odd ``rotary_dim``/``head_dim``, ``rotary_dim > head_dim``, ``base <= 1``,
+            or q/k that are not rank 4 with ``h_d = head_dim``.
+
+    Subclasses (position interpolation, NTK, YaRN …) override :meth:`inv_freq` and
+    :attr:`attention_scaling`.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        base: float = 10000.0,
+        rotary_dim: int | None = None,
+        interleaved: bool = False,
+    ) -> None:
+        super().__init__()
+        rotary_dim = head_dim if rotary_dim is None else rotary_dim
+        if head_dim <= 0 or head_dim % 2:
+            raise ValueError(f"rope: head_dim must be a positive even int, got {head_dim}")
+        if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > head_dim:
+            raise ValueError(
+                f"rope: rotary_dim must be even and in (0, head_dim={head_dim}], got {rotary_dim}"
+            )
+        if base <= 1:
+            raise ValueError(f"rope: base must be > 1, got {base}")
+        self.head_dim, self.rotary_dim, self.base = head_dim, rotary_dim, float(base)
+        self.interleaved = interleaved
+        #: multiplies cos and sin (so the logits by its square); YaRN's temperature uses it.
+        self.attention_scaling = 1.0
+
+    def inv_freq(self, seq_len: int) -> Tensor:
+        """Angular frequencies ``θ_i`` (radians per token), float64, ``[rotary_dim/2]``.
+
+        ``seq_len`` (tokens seen by this call) lets dynamic scaling methods adapt.
+        """
+        return rope_inv_freq(self.rotary_dim, self.base)
+
+    def forward(self, q: Tensor, k: Tensor, coords: Coordinates) -> tuple[Tensor, Tensor]:
+        self.check_coords(coords)
+        check_qk("rope", q, k, self.head_dim)
+        qpos, kpos = coords.query_positions[..., 0], coords.key_positions[..., 0]
+        inv_freq = self.inv_freq(int(kpos.max()) + 1)
+        qcos, qsin = rope_cos_sin(qpos, inv_freq, self.attention_scaling)
+        kcos, ksin = rope_cos_sin(kpos, inv_freq, self.attention_scaling)
+        return (apply_rotary(q, qcos, qsin, self.interleaved),
+                apply_rotary(k, kcos, ksin, self.interleaved))

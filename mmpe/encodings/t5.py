@@ -1,0 +1,118 @@
+"""T5 relative position bias with log-spaced buckets (Raffel et al. 2020)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
+from mmpe.registry import register
+
+
+def t5_bucket(
+    relative_position: Tensor,
+    bidirectional: bool = True,
+    num_buckets: int = 32,
+    max_distance: int = 128,
+) -> Tensor:
+    """Bucket index of ``relative_position = key_pos − query_pos`` (tokens), as in T5.
+
+    Bidirectional: half the buckets for keys after the query, half for keys before. Within a
+    half, the first ``num_buckets/4`` distances get a bucket each; larger distances share
+    log-spaced buckets up to ``max_distance``, beyond which all share the last bucket.
+    Unidirectional (causal): only keys at or before the query count (later keys fall in
+    bucket 0), with all ``num_buckets`` for the magnitude.
+
+    Returns:
+        int64 tensor of ``relative_position``'s shape, values in ``[0, num_buckets)``.
+    """
+    rel = relative_position.long()
+    buckets = torch.zeros_like(rel)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (rel > 0).long() * num_buckets
+        rel = rel.abs()
+    else:
+        rel = (-rel).clamp(min=0)
+    max_exact = num_buckets // 2
+    is_small = rel < max_exact
+    # clamp(min=1) keeps log finite where the small branch is taken anyway.
+    scaled = torch.log(rel.clamp(min=1).float() / max_exact) / math.log(max_distance / max_exact)
+    large = max_exact + (scaled * (num_buckets - max_exact)).long()
+    large = large.clamp(max=num_buckets - 1)
+    return buckets + torch.where(is_small, rel, large)
+
+
+@register(
+    "t5", hook="score", coords=("sequence", "grid", "graph", "sphere", "table"),
+    learnable=True, family="bias", aliases=("t5_bias",),
+    paper="Raffel et al. 2020, Exploring the Limits of Transfer Learning with a Unified "
+          "Text-to-Text Transformer (JMLR), §2.1",
+)
+class T5RelativeBias(ScoreEncoding):
+    """A learned scalar per head and relative-position bucket, added to the logits (T5, §2.1).
+
+    ``score(i, j) += B[bucket(pos_j − pos_i), h]`` with :func:`t5_bucket`. Distances past
+    ``max_distance`` share one bucket, so the bias is defined at any length.
+
+    Args:
+        num_heads: ``n_h``.
+        num_buckets: number of buckets (32 in T5; ≥ 2, even when bidirectional).
+        max_distance: distance (tokens) where the last bucket starts (128 in T5).
+        bidirectional: separate buckets for keys before/after the query. ``None`` (default)
+            follows the coordinates: unidirectional for causal sequences and for undirected
+            coordinates (grids, graphs), where the distance is bucketed.
+
+    Raises:
+        ValueError: ``num_buckets < 2``, odd ``num_buckets`` when bidirectional, or
+            ``max_distance`` not larger than the exact range.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_buckets: int = 32,
+        max_distance: int = 128,
+        bidirectional: bool | None = None,
+    ) -> None:
+        super().__init__()
+        if num_heads < 1:
+            raise ValueError(f"t5: num_heads must be >= 1, got {num_heads}")
+        if num_buckets < 2:
+            raise ValueError(f"t5: num_buckets must be >= 2, got {num_buckets}")
+        if bidirectional and num_buckets % 2:
+            raise ValueError(f"t5: num_buckets must be even when bidirectional, got {num_buckets}")
+        half = num_buckets // 2 if bidirectional else num_buckets
+        if max_distance <= half // 2:
+            raise ValueError(f"t5: max_distance must exceed {half // 2}, got {max_distance}")
+        self.num_heads, self.num_buckets, self.max_distance = num_heads, num_buckets, max_distance
+        self.bidirectional = bidirectional
+        # T5 initialises this table like its other weights; zeros start as NoPE and are learned.
+        self.table = nn.Parameter(torch.zeros(num_buckets, num_heads))
+
+    def buckets(self, ctx: AttentionContext, q_idx: Tensor, kv_idx: Tensor, b: Tensor) -> Tensor:
+        """Bucket of each pair, from the coordinates' relation or distance."""
+        coords = ctx.coords
+        bidirectional = self.bidirectional
+        if bidirectional is None:
+            bidirectional = coords.directed and not getattr(coords, "causal", False)
+        if coords.directed:
+            rel = -coords.relation(q_idx, kv_idx, b)  # key − query, T5's sign
+        else:
+            rel = -coords.distance(q_idx, kv_idx, b).round().long()
+        if bidirectional and self.num_buckets % 2:
+            raise ValueError(f"t5: num_buckets must be even when bidirectional, got {self.num_buckets}")
+        return t5_bucket(rel, bidirectional, self.num_buckets, self.max_distance)
+
+    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+        self.check_coords(ctx.coords)
+        if ctx.num_heads != self.num_heads:
+            raise ValueError(f"t5: built for num_heads={self.num_heads}, attention has {ctx.num_heads}")
+        table = self.table
+
+        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return score + table[self.buckets(ctx, q_idx, kv_idx, b), h]
+
+        return mod

@@ -1,0 +1,105 @@
+"""A small pre-norm transformer stack built on :class:`mmpe.attention.MultiHeadAttention`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from collections.abc import Sequence as Seq
+from typing import Any
+
+from torch import Tensor, nn
+
+from mmpe.attention import MultiHeadAttention
+from mmpe.coords.base import Coordinates
+from mmpe.encodings.base import Encoding, InputEncoding
+from mmpe.registry import build
+
+EncodingSpec = str | Mapping[str, Any] | Encoding
+
+
+def build_encodings(specs: Seq[EncodingSpec], **context: Any) -> list[Encoding]:
+    """Build each spec (registry name, config dict, or an already built module).
+
+    ``context`` (``d_model``, ``num_heads``, ``head_dim``, ``max_len`` …) fills the options each
+    encoding takes and the spec does not set.
+    """
+    return [s if isinstance(s, Encoding) else build(s, context=context) for s in specs]
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block: ``x + attn(LN(x))`` then ``x + MLP(LN(x))`` (GELU MLP).
+
+    Shapes: ``forward(x [b, s, d_model], coords) -> [b, s, d_model]``.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, encodings: Seq[Encoding] = (),
+                 mlp_ratio: float = 4.0, dropout: float = 0.0, backend: str = "auto") -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(d_model)
+        self.attn = MultiHeadAttention(d_model, num_heads, encodings, backend=backend)
+        self.norm2 = nn.LayerNorm(d_model)
+        hidden = int(d_model * mlp_ratio)
+        self.mlp = nn.Sequential(nn.Linear(d_model, hidden), nn.GELU(), nn.Linear(hidden, d_model))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, coords: Coordinates) -> Tensor:
+        x = x + self.drop(self.attn(self.norm1(x), coords))
+        return x + self.drop(self.mlp(self.norm2(x)))
+
+
+class Transformer(nn.Module):
+    """Encoder or decoder stack (causality comes from the coordinates) with any encodings.
+
+    Input encodings are applied once to the embeddings; rotary, score and kernel encodings
+    enter every layer's attention. By default one set of attention encodings is shared by all
+    layers, as T5 shares its relative bias; ``share_encodings=False`` gives each layer its own.
+
+    Args:
+        d_model: width.
+        num_heads: ``n_h``.
+        depth: number of blocks.
+        encodings: registry names, config dicts or built encodings.
+        mlp_ratio, dropout, backend: per block (see :class:`MultiHeadAttention`).
+        share_encodings: share attention encodings across layers.
+        encoding_context: extra defaults for building encodings (e.g. ``max_len``).
+
+    Shapes: ``forward(x [b, s, d_model], coords) -> [b, s, d_model]`` (final LayerNorm applied).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        depth: int,
+        encodings: Seq[EncodingSpec] = (),
+        *,
+        mlp_ratio: float = 4.0,
+        dropout: float = 0.0,
+        backend: str = "auto",
+        share_encodings: bool = True,
+        encoding_context: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        if depth < 1:
+            raise ValueError(f"transformer: depth must be >= 1, got {depth}")
+        context = {"d_model": d_model, "num_heads": num_heads, "head_dim": d_model // num_heads,
+                   **(encoding_context or {})}
+        built = build_encodings(encodings, **context)
+        self.input_encodings = nn.ModuleList(e for e in built if isinstance(e, InputEncoding))
+        specs = [s for s, e in zip(encodings, built, strict=True) if not isinstance(e, InputEncoding)]
+        shared = [e for e in built if not isinstance(e, InputEncoding)]
+
+        def layer_encodings() -> list[Encoding]:
+            return shared if share_encodings else build_encodings(specs, **context)
+
+        self.blocks = nn.ModuleList(
+            TransformerBlock(d_model, num_heads, layer_encodings(), mlp_ratio, dropout, backend)
+            for _ in range(depth)
+        )
+        self.norm = nn.LayerNorm(d_model)
+
+    def forward(self, x: Tensor, coords: Coordinates) -> Tensor:
+        for enc in self.input_encodings:
+            x = enc.combine(x, coords)
+        for block in self.blocks:
+            x = block(x, coords)
+        return self.norm(x)

