@@ -68,6 +68,14 @@ class Coordinates(ABC):
         """Non-negative distance between query ``q_idx`` and key ``kv_idx`` (float)."""
         return self.relation(q_idx, kv_idx, b).abs().to(torch.float32)
 
+    def extent(self, q_idx: Tensor, b: Tensor | None = None) -> Tensor:
+        """How far keys can lie from query ``q_idx`` (float, the distance's units).
+
+        FIRE normalises distances by it: the query position ``i`` on a causal sequence, the
+        diameter of the coordinate set elsewhere (grid diagonal, graph diameter, π on the sphere).
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not define extent()")
+
     def mask_mod(self) -> MaskMod | None:
         """FlexAttention-style ``mask_mod(b, h, q_idx, kv_idx) -> bool`` (True = may attend), or None."""
         return None

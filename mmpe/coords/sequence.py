@@ -100,6 +100,10 @@ class Sequence(Coordinates):
         """Signed offset ``pos_q − pos_k`` in tokens (int64)."""
         return self.query_index(q_idx, b) - self.key_index(kv_idx, b)
 
+    def extent(self, q_idx: Tensor, b: Tensor | None = None) -> Tensor:
+        """The query's position ``i`` (tokens): FIRE's normaliser ``ψ(max(L, i))``."""
+        return self.query_index(q_idx, b).to(torch.float32)
+
     def mask_mod(self) -> MaskMod | None:
         docs, causal = self.document_ids, self.causal
         if docs is None and not causal:

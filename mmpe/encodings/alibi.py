@@ -55,27 +55,34 @@ class ALiBi(ScoreEncoding):
     Args:
         num_heads: ``n_h``.
         slopes: optional explicit slopes ``[n_h]`` (e.g. learned or per-modality).
+        distance_unit: the distance that counts as one step (1 token or hop; e.g. the angle
+            between neighbouring grid points on the sphere, in radians).
 
     Raises:
-        ValueError: ``num_heads < 1`` or ``slopes`` not of shape ``[num_heads]``.
+        ValueError: ``num_heads < 1``, ``slopes`` not of shape ``[num_heads]``, or
+            ``distance_unit <= 0``.
     """
 
-    def __init__(self, num_heads: int, slopes: Tensor | None = None) -> None:
+    def __init__(self, num_heads: int, slopes: Tensor | None = None,
+                 distance_unit: float = 1.0) -> None:
         super().__init__()
         if slopes is None:
             slopes = alibi_slopes(num_heads)
         elif tuple(slopes.shape) != (num_heads,):
             raise ValueError(f"alibi: slopes must be [num_heads={num_heads}], got {tuple(slopes.shape)}")
-        self.num_heads = num_heads
+        if distance_unit <= 0:
+            raise ValueError(f"alibi: distance_unit must be > 0, got {distance_unit}")
+        self.num_heads, self.distance_unit = num_heads, float(distance_unit)
         self.register_buffer("slopes", slopes.float(), persistent=False)
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
         self.check_coords(ctx.coords)
         if ctx.num_heads != self.num_heads:
             raise ValueError(f"alibi: built for num_heads={self.num_heads}, attention has {ctx.num_heads}")
-        coords, slopes = ctx.coords, self.slopes
+        coords, slopes, unit = ctx.coords, self.slopes, self.distance_unit
 
         def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return score - slopes[h] * coords.distance(q_idx, kv_idx, b)
+            dist = coords.distance(q_idx, kv_idx, b)
+            return score - slopes[h] * (dist if unit == 1.0 else dist / unit)
 
         return mod

@@ -11,7 +11,8 @@ from mmpe.registry import register
 
 
 @register(
-    "fire", hook="score", coords=("sequence",), learnable=True, family="bias",
+    "fire", hook="score", coords=("sequence", "grid", "graph", "sphere", "table"),
+    learnable=True, family="bias",
     paper="Li et al. 2024, Functional Interpolation for Relative Positions Improves Long "
           "Context Transformers (ICLR), eq. 4",
 )
@@ -23,7 +24,8 @@ class FIRE(ScoreEncoding):
     ``1 → width → n_h`` (ReLU), shared by all heads. Normalising by the query position maps
     every relative distance into ``[0, 1]``, so a model trained at length ``L`` meets no unseen
     inputs at length ``16L`` — the paper's route to length generalisation. ``i``, ``j`` are
-    positions in tokens.
+    positions in tokens. On other coordinates ``|i − j|`` is their distance and ``i`` their
+    ``extent`` (grid diagonal, graph diameter …), so the same MLP reads normalised distances.
 
     Args:
         num_heads: ``n_h``.
@@ -62,8 +64,8 @@ class FIRE(ScoreEncoding):
                             b: Tensor) -> Tensor:
         """``ψ(i − j) / ψ(max(L, i))`` on the broadcast pairs (float32)."""
         coords = ctx.coords
-        rel = coords.relation(q_idx, kv_idx, b).float()
-        i = coords.query_index(q_idx, b).float()
+        rel = coords.distance(q_idx, kv_idx, b).float()
+        i = coords.extent(q_idx, b).float()
         threshold = torch.abs(self.L_mult * self.init_L)
         return self._psi(rel) / (self._psi(torch.maximum(i, threshold)) + self.eps)
 

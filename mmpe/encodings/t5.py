@@ -64,6 +64,8 @@ class T5RelativeBias(ScoreEncoding):
         bidirectional: separate buckets for keys before/after the query. ``None`` (default)
             follows the coordinates: unidirectional for causal sequences and for undirected
             coordinates (grids, graphs), where the distance is bucketed.
+        distance_unit: on undirected coordinates, the distance that counts as one step
+            (distances are divided by it and rounded before bucketing).
 
     Raises:
         ValueError: ``num_buckets < 2``, odd ``num_buckets`` when bidirectional, or
@@ -76,6 +78,7 @@ class T5RelativeBias(ScoreEncoding):
         num_buckets: int = 32,
         max_distance: int = 128,
         bidirectional: bool | None = None,
+        distance_unit: float = 1.0,
     ) -> None:
         super().__init__()
         if num_heads < 1:
@@ -84,6 +87,9 @@ class T5RelativeBias(ScoreEncoding):
             raise ValueError(f"t5: num_buckets must be >= 2, got {num_buckets}")
         if bidirectional and num_buckets % 2:
             raise ValueError(f"t5: num_buckets must be even when bidirectional, got {num_buckets}")
+        if distance_unit <= 0:
+            raise ValueError(f"t5: distance_unit must be > 0, got {distance_unit}")
+        self.distance_unit = float(distance_unit)
         half = num_buckets // 2 if bidirectional else num_buckets
         if max_distance <= half // 2:
             raise ValueError(f"t5: max_distance must exceed {half // 2}, got {max_distance}")
@@ -101,7 +107,7 @@ class T5RelativeBias(ScoreEncoding):
         if coords.directed:
             rel = -coords.relation(q_idx, kv_idx, b)  # key − query, T5's sign
         else:
-            rel = -coords.distance(q_idx, kv_idx, b).round().long()
+            rel = -(coords.distance(q_idx, kv_idx, b) / self.distance_unit).round().long()
         if bidirectional and self.num_buckets % 2:
             raise ValueError(f"t5: num_buckets must be even when bidirectional, got {self.num_buckets}")
         return t5_bucket(rel, bidirectional, self.num_buckets, self.max_distance)

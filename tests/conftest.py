@@ -1,0 +1,28 @@
+"""Shared test helpers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+
+
+def require_debian(package: str, path: str | None = None, command: str | None = None) -> None:
+    """Skip unless a Debian package's file or command is present; under CI=true, fail instead.
+
+    ``path``: a file the package installs; ``command``: a program it installs.
+    """
+    present = (path is None or os.path.exists(path)) and (command is None or shutil.which(command))
+    if present:
+        return
+    message = f"needs the Debian package {package!r}: apt-get install {package}"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(message + " (CI=true: missing data is a failure)")
+    pytest.skip(message)
