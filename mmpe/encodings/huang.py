@@ -1,0 +1,180 @@
+"""Huang et al. 2020: four relative position embeddings with more query–key–position interaction.
+
+Huang, Liang, Xu & Xiang 2020, *Improve Transformer Models with Better Relative Position
+Embeddings* (Findings of EMNLP), §3. With ``r = clip(j − i, k)`` (key minus query position,
+tokens) and ``d = h_d``:
+
+* method 1 ``e_ij = (q_i·k_j) · a_{|r|} / √d`` — a learned scalar per absolute distance;
+* method 2 ``e_ij = (q_i·k_j) · a_r / √d`` — a learned scalar per signed offset;
+* method 3 ``e_ij = Σ_c q_ic k_jc a_{r,c} / √d`` — a learned vector inside the dot product;
+* method 4 ``e_ij = (q_i·k_j + q_i·a_r + k_j·a_r) / √d`` — Shaw et al. plus a key-side term.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from mmpe.encodings._content import (
+    ContentScoreEncoding,
+    batch_index,
+    check_positive_int,
+    require_qk,
+)
+from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
+from mmpe.encodings.shaw import ShawRelative, clipped_relative_index
+from mmpe.registry import register
+
+PAPER = ("Huang, Liang, Xu & Xiang 2020, Improve Transformer Models with Better Relative "
+         "Position Embeddings (Findings of EMNLP), §3, method {}")
+
+
+class _ScalarMultiplier(ScoreEncoding):
+    """Methods 1 and 2: the scaled logit ``q·k/√d`` times a learned scalar per head and offset."""
+
+    additive = False
+    signed = False
+
+    def __init__(self, num_heads: int, max_relative_position: int = 16) -> None:
+        super().__init__()
+        name = type(self).registry_name
+        check_positive_int(name, "num_heads", num_heads)
+        check_positive_int(name, "max_relative_position (k)", max_relative_position)
+        self.num_heads, self.k = num_heads, max_relative_position
+        rows = 2 * max_relative_position + 1 if self.signed else max_relative_position + 1
+        # ones: the method starts as plain attention and learns the multipliers.
+        self.table = nn.Parameter(torch.ones(rows, num_heads))
+
+    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+        self.check_coords(ctx.coords)
+        if ctx.num_heads != self.num_heads:
+            raise ValueError(f"{self.registry_name}: built for num_heads={self.num_heads}, "
+                             f"attention has {ctx.num_heads}")
+        table, k, signed = self.table, self.k, self.signed
+
+        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            r = clipped_relative_index(ctx, q_idx, kv_idx, b, k)
+            row = r if signed else (r - k).abs()
+            return score * table[row, h]
+
+        return mod
+
+
+@register("huang_1", hook="score", coords=("sequence",), learnable=True, family="relative",
+          paper=PAPER.format(1))
+class HuangMethod1(_ScalarMultiplier):
+    """Method 1: ``e_ij = (q_i·k_j/√d) · a_{h, min(|j − i|, k)}``, one scalar per head and distance.
+
+    Args:
+        num_heads: ``n_h``.
+        max_relative_position: clipping distance ``k`` (tokens, ≥ 1); table ``[k+1, n_h]``
+            initialised to 1 (plain attention).
+
+    Raises:
+        ValueError: ``max_relative_position < 1`` or ``num_heads < 1``.
+    """
+
+    signed = False
+
+
+@register("huang_2", hook="score", coords=("sequence",), learnable=True, family="relative",
+          paper=PAPER.format(2))
+class HuangMethod2(_ScalarMultiplier):
+    """Method 2: ``e_ij = (q_i·k_j/√d) · a_{h, clip(j − i, k)}``, direction-aware scalars.
+
+    Args:
+        num_heads: ``n_h``.
+        max_relative_position: clipping distance ``k`` (tokens, ≥ 1); table ``[2k+1, n_h]``
+            initialised to 1.
+
+    Raises:
+        ValueError: ``max_relative_position < 1`` or ``num_heads < 1``.
+    """
+
+    signed = True
+
+
+@register("huang_3", hook="score", coords=("sequence",), learnable=True, family="relative",
+          paper=PAPER.format(3))
+class HuangMethod3(ContentScoreEncoding):
+    """Method 3: ``e_ij = Σ_c q_ic k_jc a_{r,c} / √d``, ``r = clip(j − i, k)``.
+
+    Written as the usual logit plus an additive content term,
+    ``e_ij = q_i·k_j/√d + Σ_c q_ic k_jc (a_{r,c} − 1)/√d``, so it composes with other score
+    terms. Efficient form: one ``[b, n_h, n_q, n_k]`` product per clipped offset
+    (``2k+1`` matmuls), each kept only on the pairs at that offset — never ``n×n×h_d``.
+
+    Args:
+        head_dim: ``h_d``.
+        max_relative_position: clipping distance ``k`` (tokens, ≥ 1); table ``[2k+1, h_d]``
+            shared by the heads, initialised to 1 (plain attention).
+
+    Raises:
+        ValueError: ``max_relative_position < 1`` or ``head_dim < 1``.
+    """
+
+    def __init__(self, head_dim: int, max_relative_position: int = 16) -> None:
+        super().__init__()
+        check_positive_int("huang_3", "head_dim", head_dim)
+        check_positive_int("huang_3", "max_relative_position (k)", max_relative_position)
+        self.head_dim, self.k = head_dim, max_relative_position
+        self.table = nn.Parameter(torch.ones(2 * max_relative_position + 1, head_dim))
+
+    def term(self, ctx: AttentionContext) -> Tensor:
+        """``Σ_c q_ic k_jc (a_{r(i,j),c} − 1)/√d`` on every pair, ``[b, n_h, n_q, n_k]``."""
+        from mmpe.coords.base import index_grid
+
+        coords = ctx.coords
+        q, k = ctx.q.float(), ctx.k.float()
+        b, _, qi, ki = index_grid(coords.batch_size or 1, 1, coords.num_queries, coords.num_keys,
+                                  coords.device)
+        rows = clipped_relative_index(ctx, qi, ki, b, self.k)  # [b or 1, 1, n_q, n_k]
+        out = torch.zeros(q.shape[0], q.shape[1], q.shape[2], k.shape[2], device=q.device)
+        for r in range(2 * self.k + 1):
+            on = rows == r
+            if bool(on.any()):
+                out = out + on * ((q * (self.table[r] - 1.0)) @ k.transpose(-2, -1))
+        return out * ctx.head_dim ** -0.5
+
+    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+        self.check_coords(ctx.coords)
+        require_qk("huang_3", ctx)
+        term, batch = self.term(ctx), ctx.batch
+
+        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return score + term[batch_index(b, batch), h, q_idx, kv_idx]
+
+        return mod
+
+
+@register("huang_4", hook="score", coords=("sequence",), learnable=True, family="relative",
+          paper=PAPER.format(4))
+class HuangMethod4(ShawRelative):
+    """Method 4: ``e_ij = (q_i·k_j + q_i·a_r + k_j·a_r)/√d`` — Shaw's key term plus ``k_j·a_r``.
+
+    Both products are gathered from ``[b, n_h, n, 2k+1]`` tables (``q·aᵀ`` and ``k·aᵀ``).
+    With the key-side term zero this is exactly :class:`~mmpe.encodings.shaw.ShawRelative`.
+
+    Args:
+        head_dim: ``h_d``.
+        max_relative_position: clipping distance ``k`` (tokens, ≥ 1).
+
+    Raises:
+        ValueError: ``max_relative_position < 1`` or ``head_dim < 1``.
+    """
+
+    def __init__(self, head_dim: int, max_relative_position: int = 16) -> None:
+        super().__init__(head_dim, max_relative_position, values=False)
+
+    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+        self._check(ctx)
+        qa = self.key_logits(ctx)
+        ka = torch.einsum("bhnd,rd->bhnr", ctx.k.float(), self.key_table) * ctx.head_dim ** -0.5
+        k, batch = self.k, ctx.batch
+
+        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            r = clipped_relative_index(ctx, q_idx, kv_idx, b, k)
+            bb = batch_index(b, batch)
+            return score + qa[bb, h, q_idx, r] + ka[bb, h, kv_idx, r]
+
+        return mod

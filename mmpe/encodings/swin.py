@@ -1,0 +1,173 @@
+"""Swin / BEiT learned relative position bias table over grid offsets."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mmpe.encodings._grid import as_grid, check_ndim, check_shape
+from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
+from mmpe.registry import register
+
+
+def relative_position_index(shape: tuple[int, ...], prefix_tokens: int = 0) -> Tensor:
+    """Swin's relative position index ``[n, n]`` (int64) for a grid of ``shape`` (row-major tokens).
+
+    ``index(q, k) = Σ_a (c_{q,a} − c_{k,a} + s_a − 1) · Π_{b>a} (2 s_b − 1)`` — the offset, shifted to
+    be non-negative, flattened over the ``Π (2 s_a − 1)`` possible offsets. With prefix tokens
+    (BEiT) three more entries follow: prefix→cell ``R``, cell→prefix ``R+1``, prefix→prefix
+    ``R+2``, ``R = Π (2 s_a − 1)``. In 2D equals timm's ``gen_relative_position_index``.
+    """
+    coords = torch.cartesian_prod(*(torch.arange(s) for s in shape)).reshape(-1, len(shape))
+    rel = coords[:, None, :] - coords[None, :, :] + torch.tensor(shape) - 1
+    sizes = [2 * s - 1 for s in shape]
+    strides = torch.tensor([math.prod(sizes[a + 1:]) for a in range(len(shape))])
+    index = (rel * strides).sum(-1)
+    if prefix_tokens:
+        r = math.prod(sizes)
+        index = F.pad(index, [prefix_tokens, 0, prefix_tokens, 0], value=r + 2)
+        index[prefix_tokens:, :prefix_tokens] = r + 1
+        index[:prefix_tokens, prefix_tokens:] = r
+    return index
+
+
+def offset_table_mod(grid, table: Tensor, prefix_entries: bool) -> ScoreMod:
+    """``score + table[index(q, k), h]`` with :func:`relative_position_index` computed per pair.
+
+    ``table`` ``[Π (2 s_a − 1) (+3), n_h]`` for ``grid.shape``. Pairs involving a prefix token
+    read the three extra entries when ``prefix_entries``, else get 0.
+    """
+    shape = grid.shape
+    sizes = [2 * s - 1 for s in shape]
+    strides = [math.prod(sizes[a + 1:]) for a in range(len(shape))]
+    r = math.prod(sizes)
+    prefix = grid.prefix_tokens > 0
+
+    def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        index = None
+        for a, s in enumerate(shape):
+            term = (grid.cell_index(q_idx, a) - grid.cell_index(kv_idx, a) + (s - 1)) * strides[a]
+            index = term if index is None else index + term
+        if prefix:
+            pq, pk = grid.is_prefix(q_idx), grid.is_prefix(kv_idx)
+            if prefix_entries:
+                index = torch.where(pq, torch.where(pk, r + 2, r), torch.where(pk, r + 1, index))
+                return score + table[index, h]
+            return score + torch.where(pq | pk, 0.0, table[index, h])
+        return score + table[index, h]
+
+    return mod
+
+
+def offset_table_bias(grid, table: Tensor, prefix_entries: bool, cache: dict) -> Tensor:
+    """Eager form of :func:`offset_table_mod`: ``[1, n_h, n, n]`` by one gather of a cached index."""
+    key = (grid.shape, grid.prefix_tokens, str(table.device))
+    if key not in cache:
+        cache.clear()
+        cache[key] = relative_position_index(grid.shape, grid.prefix_tokens).to(table.device)
+    index = cache[key]
+    if grid.prefix_tokens and not prefix_entries:  # prefix pairs read a zero row
+        r = math.prod(2 * s - 1 for s in grid.shape)
+        table = torch.cat((table[:r], table.new_zeros(3, table.shape[1])), dim=0)
+    return table[index].permute(2, 0, 1).unsqueeze(0)
+
+
+@register(
+    "swin", hook="score", coords=("grid",), learnable=True, family="bias",
+    aliases=("swin_bias", "beit_bias", "relpos_table"),
+    paper="Liu et al. 2021, Swin Transformer: Hierarchical Vision Transformer using Shifted Windows "
+          "(ICCV), §3.2 eq. 4; Bao et al. 2022, BEiT (ICLR) §2.6 (prefix-token entries, table "
+          "interpolation)",
+)
+class SwinRelativeBias(ScoreEncoding):
+    """A learned bias per head for every relative offset on the grid: ``score + B̂[Δ, h]`` (Swin eq. 4).
+
+    The table ``B̂`` ``[Π (2 s_a − 1) (+3), n_h]`` holds one entry per possible per-axis offset
+    ``Δ = c_q − c_k`` within the training grid ``grid_shape`` (a Swin window; here the whole
+    grid), gathered by :func:`relative_position_index`. Prefix tokens: with ``prefix_bias``
+    (default) three learned entries per head — prefix→cell, cell→prefix, prefix→prefix (BEiT);
+    otherwise their bias is 0.
+
+    On a grid of another shape the table is interpolated to the new offset range: in 2D exactly
+    as BEiT/timm (``timm.layers.resize_rel_pos_bias_table``: geometric-progression source
+    coordinates, bilinear), in 1D/3D linear/trilinear with ``align_corners=True``.
+
+    Args:
+        num_heads: ``n_h``.
+        grid_shape: the training grid (window) shape.
+        prefix_bias: learn BEiT's three prefix entries.
+
+    Raises:
+        ValueError: bad ``num_heads`` / ``grid_shape``; a grid whose number of axes differs.
+    """
+
+    def __init__(self, num_heads: int, grid_shape: tuple[int, ...], prefix_bias: bool = True) -> None:
+        super().__init__()
+        if num_heads < 1:
+            raise ValueError(f"swin: num_heads must be >= 1, got {num_heads}")
+        self.grid_shape = check_shape("swin", "grid_shape", grid_shape)
+        self.num_heads, self.prefix_bias = num_heads, bool(prefix_bias)
+        size = math.prod(2 * s - 1 for s in self.grid_shape) + (3 if prefix_bias else 0)
+        self.table = nn.Parameter(nn.init.trunc_normal_(torch.empty(size, num_heads), std=0.02))
+        self._cache: tuple | None = None
+        self._index_cache: dict = {}
+
+    @property
+    def num_relative(self) -> int:
+        """Offset entries of the training table (without prefix entries)."""
+        return math.prod(2 * s - 1 for s in self.grid_shape)
+
+    def table_for(self, shape: tuple[int, ...]) -> Tensor:
+        """The table for a grid of ``shape`` (interpolated if it differs), ``[Π (2s−1) (+3), n_h]``."""
+        shape = tuple(shape)
+        if shape == self.grid_shape:
+            return self.table
+        key = (shape, self.table._version, self.table.data_ptr())
+        if not torch.is_grad_enabled() and self._cache is not None and self._cache[0] == key:
+            return self._cache[1]
+        extra = self.table[self.num_relative:]
+        body = self.table[: self.num_relative]
+        new_sizes = tuple(2 * s - 1 for s in shape)
+        if len(shape) == 2:
+            from timm.layers import resize_rel_pos_bias_table
+
+            with warnings.catch_warnings():  # timm's interpolator warns about its own indexing
+                warnings.simplefilter("ignore", UserWarning)
+                body = resize_rel_pos_bias_table(
+                    body, new_window_size=shape,
+                    new_bias_shape=(math.prod(new_sizes), self.num_heads),
+                    old_window_size=self.grid_shape)
+        else:
+            old_sizes = tuple(2 * s - 1 for s in self.grid_shape)
+            vol = body.T.reshape(1, self.num_heads, *old_sizes)
+            mode = "linear" if len(shape) == 1 else "trilinear"
+            if len(shape) > 3:
+                raise ValueError(f"swin: interpolating tables of more than 3 axes is not supported, "
+                                 f"got a grid {shape}")
+            vol = F.interpolate(vol.float(), size=new_sizes, mode=mode, align_corners=True)
+            body = vol.reshape(self.num_heads, -1).T.to(self.table.dtype)
+        table = torch.cat((body, extra), dim=0)
+        if not torch.is_grad_enabled():
+            self._cache = (key, table)
+        return table
+
+    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+        self.check_coords(ctx.coords)
+        if ctx.num_heads != self.num_heads:
+            raise ValueError(f"swin: built for num_heads={self.num_heads}, attention has {ctx.num_heads}")
+        grid = as_grid("swin", ctx.coords)
+        check_ndim("swin", grid, len(self.grid_shape), f"grid_shape {self.grid_shape}")
+        return offset_table_mod(grid, self.table_for(grid.shape), self.prefix_bias)
+
+    def bias(self, ctx: AttentionContext) -> Tensor:
+        """Eager path: ``[1, n_h, n, n]`` gathered with a cached index (equals the score_mod)."""
+        self.check_coords(ctx.coords)
+        if ctx.num_heads != self.num_heads:
+            raise ValueError(f"swin: built for num_heads={self.num_heads}, attention has {ctx.num_heads}")
+        grid = as_grid("swin", ctx.coords)
+        check_ndim("swin", grid, len(self.grid_shape), f"grid_shape {self.grid_shape}")
+        return offset_table_bias(grid, self.table_for(grid.shape), self.prefix_bias, self._index_cache)

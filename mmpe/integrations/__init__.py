@@ -1,0 +1,1 @@
+"""Bridges to other libraries (import the submodule you need; nothing heavy is imported here)."""

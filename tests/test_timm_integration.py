@@ -1,0 +1,93 @@
+"""mmpe encodings inside timm VisionTransformers: equivalence, training step, state_dict, resolution."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+
+from mmpe.integrations.timm import TimmAttention, apply_encoding
+
+
+def vit(**kw):
+    torch.manual_seed(0)
+    args = dict(pretrained=False, img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2,
+                num_classes=5)
+    args.update(kw)
+    return timm.create_model("vit_tiny_patch16_224", **args).eval()
+
+
+def test_keep_pos_embed_without_encodings_is_identical_to_timm():
+    ref, model = vit(), vit()
+    apply_encoding(model, [], keep_pos_embed=True)
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(model(x), ref(x))
+
+
+def test_learned_grid_reproduces_timm_vit_at_a_new_resolution():
+    ref = vit(dynamic_img_size=True)
+    model = vit(dynamic_img_size=True)
+    pos = model.pos_embed.detach().clone()
+    apply_encoding(model, "learned_grid")
+    enc = model.mmpe_encodings[0]
+    assert enc.grid_shape == (4, 4) and enc.prefix_tokens == 1
+    with torch.no_grad():
+        enc.prefix.copy_(pos[0, :1])
+        enc.table.copy_(pos[0, 1:])
+    for size in (32, 48, 56):  # 4x4 (training), 6x6 and 7x7 patch grids: bicubic resampling
+        x = torch.randn(2, 3, size, size)
+        torch.testing.assert_close(model(x), ref(x), atol=1e-5, rtol=1e-4)
+
+
+def test_attention_wrapper_keeps_timm_keys_and_numbers_with_no_encoding():
+    ref, model = vit(), vit()
+    apply_encoding(model, [], keep_pos_embed=True)
+    # Force the wrapper by giving a zero-slope ALiBi: identical numbers to timm's attention.
+    model2 = vit()
+    apply_encoding(model2, {"name": "alibi", "slopes": torch.zeros(2)}, keep_pos_embed=True)
+    assert isinstance(model2.blocks[0].attn, TimmAttention)
+    assert set(ref.state_dict()) == set(model2.state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(model2(x), ref(x), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["sincos", "learned_grid", "factorized", "rope_axial",
+                                  "rope_mixed", "swin", "swinv2_cpb", "alibi", "t5", "fire"])
+def test_train_step_state_dict_round_trip_and_dynamic_size(name):
+    model = vit(dynamic_img_size=True, reg_tokens=1)
+    apply_encoding(model, name, share_encodings=name != "rope_mixed")
+    assert model.pos_embed is None
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x, y = torch.randn(4, 3, 32, 32), torch.randint(0, 5, (4,))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
+    enc_keys = [k for k in model.state_dict() if "mmpe_encodings" in k or "attn.encodings" in k]
+    if name not in ("sincos", "rope_axial", "alibi"):
+        assert enc_keys and any(k in changed for k in enc_keys), "encoding parameters did not train"
+    model.eval()
+    fresh = vit(dynamic_img_size=True, reg_tokens=1)
+    apply_encoding(fresh, name, share_encodings=name != "rope_mixed")
+    fresh.load_state_dict(model.state_dict())
+    for size in (32, 48):
+        x = torch.randn(2, 3, size, size)
+        torch.testing.assert_close(fresh(x), model(x))
+
+
+def test_per_layer_encodings_and_errors():
+    model = vit()
+    apply_encoding(model, "rope_mixed", share_encodings=False)
+    f0, f1 = model.blocks[0].attn.encodings[0].freqs, model.blocks[1].attn.encodings[0].freqs
+    assert f0 is not f1 and not torch.equal(f0, f1)
+    with pytest.raises(TypeError, match="timm VisionTransformer"):
+        apply_encoding(torch.nn.Linear(2, 2), "sincos")
+    with pytest.raises(ValueError, match="patch dropout"):
+        apply_encoding(vit(patch_drop_rate=0.5), "sincos")
+    fixed = vit()  # no dynamic_img_size: timm itself rejects other sizes
+    apply_encoding(fixed, "rope_axial")
+    assert fixed(torch.randn(1, 3, 32, 32)).shape == (1, 5)
+    with pytest.raises(ValueError, match="divisible by 2·axes"):
+        apply_encoding(vit(embed_dim=36, num_heads=2), "rope_axial")  # head_dim 18
