@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import inspect
-
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any

@@ -36,8 +36,8 @@ from lightning.pytorch.cli import LightningCLI
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-from mmpe.coords import Sequence
 from mmpe.compare import CompareSpec
+from mmpe.coords import Sequence
 from mmpe.encodings.base import PositionOutOfRangeError
 from mmpe.transformer import Transformer
 from recipes.common import CONFIGS, cli_args_for, make_optimizer, require, set_threads
