@@ -87,6 +87,12 @@ def rows(b: int, h: int, side: int, d: int, repeat: int) -> list[tuple[str, floa
 
     out.append((f"axial RoPE build+apply q,k [{b},{h},{n},{d}]", timeit(ours_axial, repeat),
                 timeit(timm_axial, repeat)))
+    cached = RotaryEmbeddingCat(d, in_pixels=False, feat_shape=[side, side])
+    emb = cached.get_embed()
+    out.append(("axial RoPE apply q,k (tables cached)", timeit(lambda: axial(q, k, grid), repeat),
+                timeit(lambda: (torch.cat((q[:, :, :1], apply_rot_embed_cat(q[:, :, 1:], emb)), 2),
+                                torch.cat((k[:, :, :1], apply_rot_embed_cat(k[:, :, 1:], emb)), 2)),
+                       repeat)))
 
     mixed = mmpe.build("rope_mixed", head_dim=d, num_heads=h)
     timm_mixed = RotaryEmbeddingMixed(dm, depth=1, num_heads=h)

@@ -150,6 +150,31 @@ def load_molecules(dataset: str, split_seed: int = 0, val_fraction: float = 0.1)
     return {s: [g for g, t in zip(graphs, split, strict=True) if t == s] for s in ("train", "val", "test")}
 
 
+class SizeBucketSampler(torch.utils.data.Sampler):
+    """Shuffled batches of molecules of similar size (less padding: attention is ``O(n_max²)``).
+
+    Every epoch: shuffle all indices, cut them into pools of ``pool`` batches, sort each pool
+    by node count, cut it into batches, shuffle the batches.
+    """
+
+    def __init__(self, sizes: list[int], batch_size: int, pool: int = 8, seed: int = 0) -> None:
+        self.sizes, self.batch_size, self.pool = sizes, batch_size, pool
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __iter__(self):
+        order = torch.randperm(len(self.sizes), generator=self.generator).tolist()
+        span = self.batch_size * self.pool
+        batches = []
+        for start in range(0, len(order), span):
+            chunk = sorted(order[start:start + span], key=lambda i: self.sizes[i])
+            batches += [chunk[i:i + self.batch_size] for i in range(0, len(chunk), self.batch_size)]
+        for j in torch.randperm(len(batches), generator=self.generator).tolist():
+            yield batches[j]
+
+    def __len__(self) -> int:
+        return -(-len(self.sizes) // self.batch_size)
+
+
 class MoleculeData(L.LightningDataModule):
     """Molecule graphs for graph-level regression.
 
@@ -171,8 +196,12 @@ class MoleculeData(L.LightningDataModule):
     def _loader(self, split: str, shuffle: bool):
         from torch_geometric.loader import DataLoader
 
-        return DataLoader(self.splits[split], batch_size=self.hparams.batch_size, shuffle=shuffle,
-                          num_workers=self.hparams.num_workers)
+        graphs, hp = self.splits[split], self.hparams
+        if shuffle:
+            sampler = SizeBucketSampler([g.num_nodes for g in graphs], hp.batch_size,
+                                        seed=hp.split_seed + torch.initial_seed() % 2**31)
+            return DataLoader(graphs, batch_sampler=sampler, num_workers=hp.num_workers)
+        return DataLoader(graphs, batch_size=hp.batch_size, num_workers=hp.num_workers)
 
     def train_dataloader(self):
         return self._loader("train", True)

@@ -50,7 +50,14 @@ from torch.utils.data import DataLoader, Dataset
 from mmpe.compare import CompareSpec
 from mmpe.coords import Sphere
 from mmpe.transformer import Transformer
-from recipes.common import CONFIGS, MissingDataError, cli_args_for, make_optimizer, require, set_threads
+from recipes.common import (
+    CONFIGS,
+    MissingDataError,
+    cli_args_for,
+    make_optimizer,
+    require,
+    set_threads,
+)
 
 LAND_INSTALL = "pip install global-land-mask"
 GEOID_PATH = "/usr/share/proj/egm96_15.gtx"

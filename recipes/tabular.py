@@ -273,8 +273,9 @@ class FTTransformerClassifier(L.LightningModule):
 
     def forward(self, x_num: Tensor, x_cat: Tensor) -> Tensor:
         """Class logits ``[b, classes]``."""
-        coords = self.coords if self.coords.device == x_num.device else self.coords.to(x_num.device)
-        h = self.transformer(self.tokenizer(x_num, x_cat), coords)
+        if self.coords.device != x_num.device:  # move the graph tensors once, with the model
+            self.coords = self.coords.to(x_num.device)
+        h = self.transformer(self.tokenizer(x_num, x_cat), self.coords)
         return self.head(h[:, 0])
 
     def training_step(self, batch: tuple[Tensor, Tensor, Tensor], batch_idx: int) -> Tensor:

@@ -176,11 +176,11 @@ def test_cope_interpolates_fractional_positions_and_needs_causal():
 def test_flex_sdpa_and_math_paths_agree(name):
     enc = build(name)
     mha = MultiHeadAttention(H * D, H, [enc])
-    x = torch.randn(2, 9, H * D)
-    coords_list = [Sequence(9, causal=True),
-                   Sequence(document_ids=torch.tensor([[0] * 4 + [1] * 5, [0] * 7 + [1] * 2]), causal=True)]
+    x = torch.randn(2, 6, H * D)
+    # causal, per-example positions (packed documents); and bidirectional where defined
+    coords_list = [Sequence(document_ids=torch.tensor([[0] * 4 + [1] * 2, [0] * 5 + [1]]), causal=True)]
     if name != "cope":
-        coords_list.append(Sequence(9))
+        coords_list.append(Sequence(6))
     for coords in coords_list:
         outs = {}
         with torch.no_grad():
@@ -223,3 +223,29 @@ def test_head_count_mismatch_is_a_clear_error():
     ctx.num_heads = 4
     with pytest.raises(ValueError, match="num_heads"):
         enc.score_mod(ctx)
+
+
+def test_deberta_attention_equals_hf_disentangled_self_attention():
+    tr = pytest.importorskip("transformers")
+    from transformers.models.deberta_v2.modeling_deberta_v2 import DisentangledSelfAttention
+
+    config = tr.DebertaV2Config(hidden_size=H * D, num_attention_heads=H, relative_attention=True,
+                                position_buckets=4, max_relative_positions=16, share_att_key=False,
+                                pos_att_type=["c2p", "p2c"], attention_probs_dropout_prob=0.0,
+                                hidden_dropout_prob=0.0)
+    peer = DisentangledSelfAttention(config).eval()
+    enc = mmpe.build("deberta", context=CTX, position_buckets=4, max_relative_positions=16)
+    mha = MultiHeadAttention(H * D, H, [enc]).eval()
+    with torch.no_grad():
+        for p in (*peer.parameters(), enc.rel_embeddings):
+            p.normal_()
+        mha.qkv.weight.copy_(torch.cat([peer.query_proj.weight, peer.key_proj.weight, peer.value_proj.weight]))
+        mha.qkv.bias.copy_(torch.cat([peer.query_proj.bias, peer.key_proj.bias, peer.value_proj.bias]))
+        mha.proj.weight.copy_(torch.eye(H * D))
+        mha.proj.bias.zero_()
+        enc.pos_key_proj.load_state_dict(peer.pos_key_proj.state_dict())
+        enc.pos_query_proj.load_state_dict(peer.pos_query_proj.state_dict())
+        x = torch.randn(2, 20, H * D)
+        theirs = peer(x, torch.ones(2, 1, 20, 20), rel_embeddings=enc.rel_embeddings)[0]
+        ours = mha(x, Sequence(20))
+    assert (ours - theirs).abs().max() < 1e-4

@@ -174,3 +174,17 @@ def test_composite_matches_qwen2vl_rope_index():
         Composite([2, (2, 0)])
     with pytest.raises(ValueError, match="prefix tokens"):
         Composite([Grid((2, 2), prefix_tokens=1)])
+
+
+@pytest.mark.parametrize("metric,reduce", [("manhattan", lambda d: d.abs().sum(-1)),
+                                           ("chebyshev", lambda d: d.abs().amax(-1))])
+def test_per_axis_metrics(metric, reduce):
+    g = Grid((3, 4), prefix_tokens=1, scale=(2.0, 1.0), metric=metric)
+    q, k = torch.arange(13).view(-1, 1), torch.arange(13).view(1, -1)
+    torch.testing.assert_close(g.distance(q, k), reduce(g.offsets(q, k)))
+    assert g.diagonal == reduce(torch.tensor([4.0, 3.0])).item()
+    assert g.with_shape((5, 5)).metric == metric
+    bias = mmpe.build("alibi", num_heads=2).bias(AttentionContext(g, 2, 8, 1))
+    torch.testing.assert_close(bias[0, 0], -0.0625 * reduce(g.offsets(q, k)))
+    with pytest.raises(ValueError, match="metric"):
+        Grid((2, 2), metric="cosine")

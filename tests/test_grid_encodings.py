@@ -232,6 +232,7 @@ def test_relative_position_index_matches_timm():
     assert idx3.min() == 0 and idx3.max() == 3 * 5 * 7 - 1 and idx3.unique().numel() == 3 * 5 * 7
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")  # timm's interpolator indexing warning
 @pytest.mark.parametrize("shape", [(4, 5), (6, 8)])
 def test_swin_bias_and_interpolated_table_equal_timm(shape):
     enc = mmpe.build("swin", num_heads=3, grid_shape=(4, 5))

@@ -24,3 +24,11 @@ def test_past_the_table_is_a_clear_error():
 def test_bad_options():
     with pytest.raises(ValueError, match="max_len"):
         mmpe.build("learned", d_model=8, max_len=0)
+
+
+def test_clamp_option_repeats_the_last_row():
+    enc = mmpe.build("learned", d_model=4, max_len=8, out_of_range="clamp")
+    pe = enc(Sequence(12))
+    assert torch.equal(pe[8:], enc.table[7].expand(4, 4))
+    with pytest.raises(ValueError, match="out_of_range"):
+        mmpe.build("learned", d_model=4, out_of_range="wrap")

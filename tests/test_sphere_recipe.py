@@ -52,9 +52,11 @@ def test_geoid_grid_values_and_interpolation():
     # Periodic in longitude: −180° and 180° are the same meridian.
     lat = np.array([-33.0, 12.3, 60.0])
     np.testing.assert_allclose(recipe.geoid_at(lat, np.full(3, -180.0)), recipe.geoid_at(lat, np.full(3, 180.0)))
-    mid = recipe.geoid_at(np.array([0.1]), np.array([179.9]))
-    assert min(grid[360, 1439], grid[360, 0]) - 1e-9 <= mid[0] <= max(grid[361, 1439], grid[361, 0],
-                                                                  grid[360, 1439], grid[360, 0]) + 1e-9
+    # Bilinear across the seam: lat 0.1° (row 360.4), lon 179.9° (column 1439.6, next column 0).
+    mid = float(recipe.geoid_at(np.array([0.1]), np.array([179.9]))[0])
+    top = 0.4 * grid[360, 1439] + 0.6 * grid[360, 0]
+    bot = 0.4 * grid[361, 1439] + 0.6 * grid[361, 0]
+    assert mid == pytest.approx(0.6 * top + 0.4 * bot, abs=1e-9)
 
 
 def test_missing_geoid_names_the_install(monkeypatch):

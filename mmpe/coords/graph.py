@@ -223,6 +223,13 @@ class Graph(Coordinates):
             valid[:, 0] = True
         self.valid = valid.to(self.device_)
 
+    def cached(self, key: Any, compute: Any) -> Any:
+        """``compute()`` once per coordinates object and ``key`` (for parameter-free data that
+        encodings derive from these coordinates, e.g. Graphormer's path-edge codes)."""
+        if key not in self._cache:
+            self._cache[key] = compute()
+        return self._cache[key]
+
     # ------------------------------------------------------------------ per-graph views
     def graph_edges(self, g: int) -> np.ndarray:
         """Local ``edge_index`` ``[2, E_g]`` (numpy) of graph ``g``."""

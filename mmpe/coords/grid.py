@@ -21,6 +21,7 @@ from torch import Tensor
 
 from mmpe.coords.base import Coordinates
 
+METRICS = ("euclidean", "manhattan", "chebyshev")
 _DEFAULT_AXES = {1: ("t",), 2: ("h", "w"), 3: ("t", "h", "w")}
 
 
@@ -39,6 +40,9 @@ class Grid(Coordinates):
             ``("a0", …)`` otherwise).
         prefix_distance: the distance (and relation) reported for any pair that involves a
             prefix token (default 0: distance-based biases treat them as "everywhere").
+        metric: how per-axis offsets combine into :meth:`distance`: ``"euclidean"`` (L2,
+            default), ``"manhattan"`` (L1, the sum of per-axis distances) or ``"chebyshev"``
+            (L∞, the largest per-axis distance).
         device: where the position tensors live.
 
     Positions: cell ``(i_0, …, i_{A-1})`` sits at ``(i_0·scale_0, …, i_{A-1}·scale_{A-1})``.
@@ -47,8 +51,8 @@ class Grid(Coordinates):
 
     Pairs: :meth:`offset` is the signed per-axis offset ``pos_q − pos_k`` (scaled units);
     :meth:`distance` (and :meth:`relation`, the grid being undirected) is the Euclidean distance
-    in scaled units; :meth:`extent` is the grid diagonal. Pairs involving a prefix token get
-    ``prefix_distance`` and offset 0.
+    in scaled units (or L1 / L∞, see ``metric``); :meth:`extent` is the grid diagonal. Pairs
+    involving a prefix token get ``prefix_distance`` and offset 0.
 
     Raises:
         ValueError: empty ``shape`` or non-positive / non-int entries, negative or non-int
@@ -67,6 +71,7 @@ class Grid(Coordinates):
         scale: Seq[float] | None = None,
         axes: Seq[str] | None = None,
         prefix_distance: float = 0.0,
+        metric: str = "euclidean",
         device: torch.device | str | None = None,
     ) -> None:
         self.shape = _check_shape(shape)
@@ -87,6 +92,9 @@ class Grid(Coordinates):
             raise ValueError(f"Grid: axes must be {ndim} distinct names, got {axes}")
         if not prefix_distance >= 0:
             raise ValueError(f"Grid: prefix_distance must be >= 0, got {prefix_distance}")
+        if metric not in METRICS:
+            raise ValueError(f"Grid: metric must be one of {METRICS}, got {metric!r}")
+        self.metric = metric
         self.prefix_tokens, self.scale, self.axes = prefix_tokens, scale, axes
         self.prefix_distance = float(prefix_distance)
         self._device = torch.device(device) if device is not None else torch.device("cpu")
@@ -142,12 +150,12 @@ class Grid(Coordinates):
                 f"got {new_shape}"
             )
         return Grid(new_shape, prefix_tokens=self.prefix_tokens, scale=self.scale, axes=self.axes,
-                    prefix_distance=self.prefix_distance, device=self._device)
+                    prefix_distance=self.prefix_distance, metric=self.metric, device=self._device)
 
     def to(self, device: torch.device | str) -> Grid:
         """This grid on another device."""
         return Grid(self.shape, prefix_tokens=self.prefix_tokens, scale=self.scale, axes=self.axes,
-                    prefix_distance=self.prefix_distance, device=device)
+                    prefix_distance=self.prefix_distance, metric=self.metric, device=device)
 
     # -- sizes ---------------------------------------------------------------------------
     @property
@@ -254,12 +262,19 @@ class Grid(Coordinates):
         return torch.stack([self.offset(q_idx, kv_idx, a) for a in range(self.ndim)], dim=-1)
 
     def distance(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """Euclidean distance in scaled units (float32); ``prefix_distance`` for prefix pairs."""
-        sq = None
+        """Distance in scaled units (float32, the grid's ``metric``); ``prefix_distance`` for prefix pairs."""
+        acc = None
         for pos in self._axis_pos:
             d = pos[q_idx] - pos[kv_idx]
-            sq = d * d if sq is None else sq + d * d
-        dist = torch.sqrt(sq)
+            if self.metric == "euclidean":
+                d = d * d
+            else:
+                d = d.abs()
+            if acc is None:
+                acc = d
+            else:
+                acc = torch.maximum(acc, d) if self.metric == "chebyshev" else acc + d
+        dist = torch.sqrt(acc) if self.metric == "euclidean" else acc
         if self.prefix_tokens:
             prefix = self.is_prefix(q_idx) | self.is_prefix(kv_idx)
             dist = torch.where(prefix, torch.full_like(dist, self.prefix_distance), dist)
@@ -271,8 +286,16 @@ class Grid(Coordinates):
 
     @property
     def diagonal(self) -> float:
-        """Length of the grid diagonal ``sqrt(Σ ((s_a − 1)·scale_a)²)`` (scaled units)."""
-        return math.sqrt(sum(((s - 1) * c) ** 2 for s, c in zip(self.shape, self.scale, strict=True)))
+        """The largest distance between two cells: the diagonal in the grid's metric (scaled units).
+
+        Euclidean ``sqrt(Σ ((s_a − 1)·scale_a)²)``; Manhattan ``Σ``; Chebyshev ``max``.
+        """
+        spans = [(s - 1) * c for s, c in zip(self.shape, self.scale, strict=True)]
+        if self.metric == "manhattan":
+            return float(sum(spans))
+        if self.metric == "chebyshev":
+            return float(max(spans))
+        return math.sqrt(sum(x * x for x in spans))
 
     def extent(self, q_idx: Tensor, b: Tensor | None = None) -> Tensor:
         """The grid diagonal (largest distance between two cells), float32 of ``q_idx``'s shape."""
@@ -285,7 +308,7 @@ class Grid(Coordinates):
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, Grid) and self.shape == other.shape
                 and self.prefix_tokens == other.prefix_tokens and self.scale == other.scale
-                and self.axes == other.axes)
+                and self.axes == other.axes and self.metric == other.metric)
 
     __hash__ = None  # type: ignore[assignment]
 

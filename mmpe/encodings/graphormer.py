@@ -83,6 +83,13 @@ class GraphormerSpatial(ScoreEncoding):
 
         return mod
 
+    def bias(self, ctx: AttentionContext) -> Tensor:
+        """Eager path: ``table[bucket]`` on all pairs, ``[b, n_h, n, n]`` (equals the mod)."""
+        self.check_coords(ctx.coords)
+        coords = _check_graph("graphormer_spatial", ctx.coords)
+        _check_heads("graphormer_spatial", self.num_heads, ctx)
+        return self.table[spatial_buckets(coords.spd, self.max_distance)].permute(0, 3, 1, 2)
+
 
 @register("graphormer_edge", hook="score", coords=("graph",), learnable=True,
           family="graph", paper=PAPER + ", eq. 7")
@@ -139,13 +146,41 @@ class GraphormerEdge(ScoreEncoding):
         offset = torch.arange(f, device=attr.device) * self.num_edge_types
         return self.embed(attr.long() + offset).mean(-2)
 
+    def _path_codes(self, coords: Graph) -> tuple[Tensor, Tensor, Tensor]:
+        """Parameter-free part, cached on the coordinates: the distinct integer edge-feature
+        rows ``[U, F]``, a gather index ``[b, n, n, P]`` into ``P·U + 1`` rows (hop ``p``,
+        row ``u`` → ``p·U + u``; no edge → the last, zero row) and ``N_ij`` ``[b, n, n, 1]``."""
+        attr, valid = coords.path_edge_attr(self.max_hops)  # [b,n,n,P,F], [b,n,n,P]
+        if attr.numel() and (int(attr.min()) < 0 or int(attr.max()) >= self.num_edge_types):
+            raise ValueError(f"graphormer_edge: integer edge_attr values must lie in "
+                             f"[0, num_edge_types={self.num_edge_types})")
+        f = attr.shape[-1]
+        radix = self.num_edge_types ** torch.arange(f, device=attr.device)
+        code = (attr.long() * radix).sum(-1)  # [b,n,n,P]
+        uniq, inv = torch.unique(code[valid], return_inverse=True)
+        rows = torch.stack([(uniq // self.num_edge_types ** i) % self.num_edge_types
+                            for i in range(f)], dim=-1)
+        u = uniq.numel()
+        hop = torch.arange(self.max_hops, device=attr.device).expand_as(code)
+        index = torch.full_like(code, self.max_hops * u)
+        index[valid] = hop[valid] * u + inv
+        count = valid.sum(-1, keepdim=True).clamp(min=1)
+        return rows, index, count
+
     def pair_bias(self, coords: Graph) -> Tensor:
         """``c`` on all pairs, ``[b, n_h, n, n]``."""
-        attr, valid = coords.path_edge_attr(self.max_hops)  # [b,n,n,P,F], [b,n,n,P]
-        x = self.edge_embedding(attr) * valid[..., None]  # [b,n,n,P,h']
-        c = torch.einsum("bijph,phk->bijk", x, self.hop_weight)
-        count = valid.sum(-1, keepdim=True).clamp(min=1)
-        return (c / count).permute(0, 3, 1, 2)
+        if coords.edge_attr is not None and coords.edge_attr.dtype.is_floating_point:
+            attr, valid = coords.path_edge_attr(self.max_hops)  # [b,n,n,P,F], [b,n,n,P]
+            x = self.edge_embedding(attr) * valid[..., None]  # [b,n,n,P,h']
+            c = torch.einsum("bijph,phk->bijk", x, self.hop_weight)
+            return (c / valid.sum(-1, keepdim=True).clamp(min=1)).permute(0, 3, 1, 2)
+        rows, index, count = coords.cached(("graphormer_edge", self.max_hops, self.num_edge_types),
+                                           lambda: self._path_codes(coords))
+        x = self.edge_embedding(rows)  # [U, h']
+        per_hop = torch.einsum("uh,phk->puk", x, self.hop_weight).flatten(0, 1)  # [P·U, h]
+        per_hop = torch.cat([per_hop, per_hop.new_zeros(1, per_hop.shape[-1])])
+        c = per_hop[index].sum(-2) / count  # [b, n, n, h]
+        return c.permute(0, 3, 1, 2)
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
         self.check_coords(ctx.coords)
@@ -193,6 +228,11 @@ class GraphormerBias(ScoreEncoding):
             return edge(spatial(score, b, h, q_idx, kv_idx), b, h, q_idx, kv_idx)
 
         return mod
+
+    def bias(self, ctx: AttentionContext) -> Tensor:
+        """Eager path: spatial plus edge bias, ``[b, n_h, n, n]``."""
+        out = self.spatial.bias(ctx)
+        return out if self.edge is None else out + self.edge.bias(ctx)
 
 
 @register("graphormer_centrality", hook="input", coords=("graph",), learnable=True,

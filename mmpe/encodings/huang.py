@@ -101,8 +101,9 @@ class HuangMethod3(ContentScoreEncoding):
 
     Written as the usual logit plus an additive content term,
     ``e_ij = q_i·k_j/√d + Σ_c q_ic k_jc (a_{r,c} − 1)/√d``, so it composes with other score
-    terms. Efficient form: one ``[b, n_h, n_q, n_k]`` product per clipped offset
-    (``2k+1`` matmuls), each kept only on the pairs at that offset — never ``n×n×h_d``.
+    terms. Efficient form: two ``[b, n_h, n_q, n_k]`` products for the pairs clipped to ``±k``,
+    and a gather over the ``≈ n·(2k−1)`` pairs inside the window (:meth:`term`) — never
+    ``n×n×h_d``.
 
     Args:
         head_dim: ``h_d``.
@@ -121,19 +122,35 @@ class HuangMethod3(ContentScoreEncoding):
         self.table = nn.Parameter(torch.ones(2 * max_relative_position + 1, head_dim))
 
     def term(self, ctx: AttentionContext) -> Tensor:
-        """``Σ_c q_ic k_jc (a_{r(i,j),c} − 1)/√d`` on every pair, ``[b, n_h, n_q, n_k]``."""
+        """``Σ_c q_ic k_jc (a_{r(i,j),c} − 1)/√d`` on every pair, ``[b, n_h, n_q, n_k]``.
+
+        Pairs beyond the clipping distance share the rows ``±k``: two full products, each kept
+        on its side. Pairs inside it (``|j − i| < k``, about ``n·(2k−1)`` of them) are gathered
+        and summed channel by channel: memory ``O(n·k·h_d)``, never ``n×n×h_d``.
+        """
         from mmpe.coords.base import index_grid
 
-        coords = ctx.coords
+        coords, kk = ctx.coords, self.k
         q, k = ctx.q.float(), ctx.k.float()
+        bsz = q.shape[0]
         b, _, qi, ki = index_grid(coords.batch_size or 1, 1, coords.num_queries, coords.num_keys,
                                   coords.device)
-        rows = clipped_relative_index(ctx, qi, ki, b, self.k)  # [b or 1, 1, n_q, n_k]
-        out = torch.zeros(q.shape[0], q.shape[1], q.shape[2], k.shape[2], device=q.device)
-        for r in range(2 * self.k + 1):
-            on = rows == r
-            if bool(on.any()):
-                out = out + on * ((q * (self.table[r] - 1.0)) @ k.transpose(-2, -1))
+        rows = clipped_relative_index(ctx, qi, ki, b, kk)[:, 0]  # [b or 1, n_q, n_k]
+        delta = self.table - 1.0
+        kt = k.transpose(-2, -1)
+        out = ((rows == 2 * kk).unsqueeze(1) * ((q * delta[2 * kk]) @ kt)
+               + (rows == 0).unsqueeze(1) * ((q * delta[0]) @ kt))
+        pb, pi, pj = torch.nonzero((rows > 0) & (rows < 2 * kk), as_tuple=True)
+        if pi.numel():
+            r = rows[pb, pi, pj]
+            if rows.shape[0] == 1:  # positions shared by the batch: every example, same pairs
+                vals = (q[:, :, pi] * k[:, :, pj] * delta[r]).sum(-1)  # [b, n_h, M]
+                out = out.index_put((torch.arange(bsz)[:, None, None], torch.arange(q.shape[1])[None, :, None],
+                                     pi[None, None], pj[None, None]), vals, accumulate=True)
+            else:
+                vals = (q[pb, :, pi] * k[pb, :, pj] * delta[r][:, None]).sum(-1)  # [M, n_h]
+                out = out.index_put((pb[:, None], torch.arange(q.shape[1])[None], pi[:, None], pj[:, None]),
+                                    vals, accumulate=True)
         return out * ctx.head_dim ** -0.5
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:

@@ -25,17 +25,22 @@ class LearnedPE(InputEncoding):
     Args:
         d_model: embedding width.
         max_len: number of positions in the table (tokens).
+        out_of_range: ``"error"`` (default) raises for positions ``>= max_len``; ``"clamp"``
+            gives them the last row's embedding (an explicit, lossy choice).
 
     Shapes: ``forward(coords) -> [s, d_model]`` or ``[b, s, d_model]``.
 
     Raises:
-        ValueError: non-positive ``d_model`` or ``max_len``.
+        ValueError: non-positive ``d_model`` or ``max_len``, unknown ``out_of_range``.
         PositionOutOfRangeError: (a ``ValueError``) at forward, when a position is
-            ``>= max_len``, instead of an index crash.
+            ``>= max_len`` and ``out_of_range="error"``, instead of an index crash.
     """
 
-    def __init__(self, d_model: int, max_len: int = 512) -> None:
+    def __init__(self, d_model: int, max_len: int = 512, out_of_range: str = "error") -> None:
         super().__init__()
+        if out_of_range not in ("error", "clamp"):
+            raise ValueError(f"learned: out_of_range must be 'error' or 'clamp', got {out_of_range!r}")
+        self.out_of_range = out_of_range
         if d_model <= 0:
             raise ValueError(f"learned: d_model must be > 0, got {d_model}")
         if max_len <= 0:
@@ -46,6 +51,8 @@ class LearnedPE(InputEncoding):
     def forward(self, coords: Coordinates) -> Tensor:
         self.check_coords(coords)
         pos = coords.query_positions[..., 0]
+        if self.out_of_range == "clamp":
+            return self.table[pos.clamp(max=self.max_len - 1)]
         top = int(pos.max())
         if top >= self.max_len:
             raise PositionOutOfRangeError(

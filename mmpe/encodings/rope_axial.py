@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 from mmpe.coords.base import Coordinates
-from mmpe.encodings._grid import as_grid, rotate
+from mmpe.encodings._grid import as_grid
 from mmpe.encodings.base import RotaryEncoding, check_qk
-from mmpe.encodings.rope import rope_inv_freq
+from mmpe.encodings.rope import apply_rotary, rope_inv_freq
 from mmpe.registry import register
 
 
@@ -80,15 +82,22 @@ class AxialRoPE(RotaryEncoding):
         self._cache: tuple[tuple, Tensor] | None = None
 
     def phase(self, coords: Coordinates) -> Tensor:
-        """``[n, h_d/2]`` rotation angles of the tokens (cached per grid)."""
+        """``[n, h_d/2]`` rotation angles of the tokens (float64, radians)."""
+        grid = as_grid("rope_axial", coords)
+        return axial_phase(grid.query_positions, self.head_dim, self.base)
+
+    def cos_sin(self, coords: Coordinates) -> tuple[Tensor, Tensor]:
+        """``cos``/``sin`` of :meth:`phase`, float32, cached per grid (shape, scale, prefix, device)."""
         grid = as_grid("rope_axial", coords)
         key = (grid.shape, grid.scale, grid.prefix_tokens, str(grid.device))
         if self._cache is None or self._cache[0] != key:
-            self._cache = (key, axial_phase(grid.query_positions, self.head_dim, self.base))
+            phase = torch.remainder(self.phase(grid), 2 * math.pi)
+            self._cache = (key, (phase.cos().float(), phase.sin().float()))
         return self._cache[1]
 
     def forward(self, q: Tensor, k: Tensor, coords: Coordinates) -> tuple[Tensor, Tensor]:
         self.check_coords(coords)
         check_qk("rope_axial", q, k, self.head_dim)
-        phase = self.phase(coords)
-        return rotate(q, phase, self.interleaved), rotate(k, phase, self.interleaved)
+        cos, sin = self.cos_sin(coords)
+        return (apply_rotary(q, cos, sin, self.interleaved),
+                apply_rotary(k, cos, sin, self.interleaved))

@@ -56,6 +56,31 @@ from mmpe.registry import build
 EncodingSpec = str | Mapping[str, Any] | Encoding
 
 
+class _PosEmbed:
+    """Replaces ``model._pos_embed``: timm's own, then the grid of this input and mmpe's input encodings.
+
+    A plain object holding the model (not a closure or a bound method), so ``copy.deepcopy``
+    (EMA) and pickling give a copy that refers to the copied model.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def __call__(self, x: Tensor) -> Tensor:
+        model = self.model
+        if x.dim() == 4:  # dynamic_img_size: [b, H, W, C]
+            shape = (x.shape[1], x.shape[2])
+        else:
+            shape = tuple(int(s) for s in model.patch_embed.grid_size)
+        grid = model.mmpe_grid_state.set(shape, x.device)
+        x = type(model)._pos_embed(model, x)  # prefix tokens (+ timm's pos_embed when kept)
+        grid.check_tokens(x)
+        for enc in model.mmpe_encodings:
+            if isinstance(enc, InputEncoding):
+                x = enc.combine(x, grid)
+        return x
+
+
 class _GridState:
     """The grid of the current forward pass, shared by the patched model and its attentions."""
 
@@ -152,7 +177,8 @@ def apply_encoding(
     Raises:
         TypeError: not a timm VisionTransformer, or blocks whose ``attn`` is not timm's fused-qkv
             ``Attention``; an encoding of an unknown hook.
-        ValueError: a patch-dropout model (tokens dropped at random have no fixed grid),
+        ValueError: a patch-dropout model (tokens dropped at random have no fixed grid), a
+            model that already went through ``apply_encoding``,
             ``share_encodings=False`` with an already built attention encoding.
     """
     for attr in ("patch_embed", "blocks", "_pos_embed", "num_prefix_tokens"):
@@ -164,6 +190,9 @@ def apply_encoding(
         if not all(hasattr(attn, a) for a in ("qkv", "num_heads", "head_dim", "proj")) or attn.qkv is None:
             raise TypeError(f"apply_encoding: block {i} has {type(attn).__name__}; timm's "
                             "fused-qkv Attention is required")
+    if hasattr(model, "mmpe_grid_state"):
+        raise ValueError("apply_encoding: this model already has mmpe encodings; create a fresh "
+                         "timm model to change them")
     if not isinstance(model.patch_drop, nn.Identity):
         raise ValueError("apply_encoding: patch dropout (patch_drop_rate > 0) drops grid tokens; "
                          "create the model with patch_drop_rate=0")
@@ -200,22 +229,8 @@ def apply_encoding(
             block.attn = TimmAttention(block.attn, layer, state, own_encodings=not share_encodings,
                                        backend=backend)
 
-    original = model._pos_embed
     if not keep_pos_embed and getattr(model, "pos_embed", None) is not None:
         model.pos_embed = None
-
-    def _pos_embed(self: nn.Module, x: Tensor) -> Tensor:
-        if x.dim() == 4:  # dynamic_img_size: [b, H, W, C]
-            shape = (x.shape[1], x.shape[2])
-        else:
-            shape = tuple(int(s) for s in self.patch_embed.grid_size)
-        grid = state.set(shape, x.device)
-        x = original(x)  # timm: prefix tokens (+ its pos_embed when kept), flattened, pos_drop
-        grid.check_tokens(x)
-        for enc in inputs:
-            x = enc.combine(x, grid)
-        return x
-
-    model._pos_embed = _pos_embed.__get__(model)
     model.mmpe_grid_state = state
+    model._pos_embed = _PosEmbed(model)
     return model
