@@ -74,7 +74,7 @@ COMPARE = CompareSpec(
 # Reading WAV folders
 # ---------------------------------------------------------------------------------------------
 def find_wavs(root: str | Path) -> list[tuple[Path, str]]:
-    """``(path, label)`` of every ``<root>/<label>/*.wav`` (sorted).
+    """``(path, label)`` of every ``<root>/<label>/*.wav`` (``.WAV`` too; sorted).
 
     Raises:
         FileNotFoundError: ``root`` is missing or holds no ``<label>/*.wav`` file.
@@ -82,7 +82,7 @@ def find_wavs(root: str | Path) -> list[tuple[Path, str]]:
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"audio: no folder {root} (expected <root>/<label>/*.wav)")
-    files = sorted((p, p.parent.name) for p in root.glob("*/*.wav"))
+    files = sorted((p, p.parent.name) for p in root.glob("*/*") if p.suffix.lower() == ".wav")
     if not files:
         raise FileNotFoundError(f"audio: no WAV files in {root}/<label>/*.wav")
     return files
@@ -138,12 +138,20 @@ def fit_window(features: Tensor, frames: int, offset: int = 0) -> Tensor:
 
 @functools.lru_cache(maxsize=8)
 def load_folder(root: str, n_mels: int) -> tuple[list[Tensor], list[str], list[str]]:
-    """Log-mel features, labels and speakers of every WAV under ``root`` (trimmed; cached)."""
+    """Log-mel features, labels and speakers of every WAV under ``root`` (trimmed; cached).
+
+    Runs single-threaded: these small per-clip ops only lose time to thread hand-offs.
+    """
     feats, labels, speakers = [], [], []
-    for path, label in find_wavs(root):
-        feats.append(log_mel(trim(read_wav(path)), n_mels))
-        labels.append(label)
-        speakers.append(speaker_of(path))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for path, label in find_wavs(root):
+            feats.append(log_mel(trim(read_wav(path)), n_mels))
+            labels.append(label)
+            speakers.append(speaker_of(path))
+    finally:
+        torch.set_num_threads(threads)
     return feats, labels, speakers
 
 

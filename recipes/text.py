@@ -24,7 +24,6 @@ import glob
 import math
 import os
 import random
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +37,14 @@ from torch.utils.data import DataLoader, Dataset
 
 from mmpe.compare import CompareSpec
 from mmpe.coords import Sequence
-from mmpe.encodings.base import PositionOutOfRangeError
 from mmpe.transformer import Transformer
-from recipes.common import CONFIGS, cli_args_for, make_optimizer, require, set_threads
+from recipes.common import (
+    fit_for_compare,
+    make_lightning_cli,
+    make_optimizer,
+    require,
+    test_or_none,
+)
 
 EVAL_MULTIPLIERS = (1, 2, 4, 8, 16)
 POEMS = frozenset({"sonnets", "lovers_complaint", "passionate_pilgrim", "phoenix_and_the_turtle",
@@ -225,33 +229,19 @@ class TextCLI(LightningCLI):
 
 
 def make_cli(args: list[str] | None = None, run: bool = True) -> TextCLI:
-    set_threads()
-    with warnings.catch_warnings():
-        # Called from `mmpe compare` with explicit args while sys.argv holds mmpe's own.
-        warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter")
-        return TextCLI(CharLM, ShakespeareData, args=args, run=run, save_config_callback=None)
+    return make_lightning_cli(TextCLI, CharLM, ShakespeareData, args, run)
 
 
 def evaluate_lengths(trainer: L.Trainer, model: CharLM, data: ShakespeareData) -> dict[str, float | None]:
     """Test bpc at every multiple of the training context; None where the PE cannot go."""
-    results: dict[str, float | None] = {}
-    for mult in EVAL_MULTIPLIERS:
-        length = mult * data.hparams.context_length
-        try:
-            out = trainer.test(model, dataloaders=data.eval_dataloader("test", length), verbose=False)
-            results[f"{mult}x"] = float(out[0]["test/bpc"])
-        except PositionOutOfRangeError:
-            results[f"{mult}x"] = None
-    return results
+    context = data.hparams.context_length
+    return {f"{m}x": test_or_none(trainer, model, data.eval_dataloader("test", m * context), "test/bpc")
+            for m in EVAL_MULTIPLIERS}
 
 
 def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> dict[str, float | None]:
     """Train with ``encoding`` from ``configs/text/default.yaml``; test bpc per length."""
-    args = cli_args_for(CONFIGS / "text" / "default.yaml", encoding, out_dir,
-                        ["--seed_everything", str(seed),
-                         "--trainer.logger.init_args.save_dir", str(out_dir), *cli_args])
-    cli = make_cli(args, run=False)
-    cli.trainer.fit(cli.model, cli.datamodule)
+    cli = fit_for_compare(make_cli, "text", encoding, seed=seed, out_dir=out_dir, cli_args=cli_args)
     return evaluate_lengths(cli.trainer, cli.model, cli.datamodule)
 
 

@@ -42,9 +42,9 @@ class Coordinates(ABC):
         """Number of query tokens ``n_q``."""
 
     @property
-    @abstractmethod
     def num_keys(self) -> int:
-        """Number of key tokens ``n_k`` (larger than ``n_q`` when decoding with a cache)."""
+        """Number of key tokens ``n_k``: ``n_q`` in self-attention; a cached decoder has more."""
+        return self.num_queries
 
     @property
     @abstractmethod
@@ -52,9 +52,9 @@ class Coordinates(ABC):
         """Coordinates of the query tokens, ``[n_q, a]`` or ``[b, n_q, a]``."""
 
     @property
-    @abstractmethod
     def key_positions(self) -> Tensor:
-        """Coordinates of the key tokens, ``[n_k, a]`` or ``[b, n_k, a]``."""
+        """Coordinates of the key tokens, ``[n_k, a]`` or ``[b, n_k, a]`` (the queries' by default)."""
+        return self.query_positions
 
     @abstractmethod
     def relation(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:

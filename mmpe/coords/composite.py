@@ -94,9 +94,6 @@ class Composite(Coordinates):
     def num_queries(self) -> int:
         return self._ids.shape[0]
 
-    @property
-    def num_keys(self) -> int:
-        return self._ids.shape[0]
 
     @property
     def device(self) -> torch.device:
@@ -111,9 +108,6 @@ class Composite(Coordinates):
         """``[n, 3]`` int64 ``(t, h, w)`` position ids (Qwen2-VL)."""
         return self._ids
 
-    @property
-    def key_positions(self) -> Tensor:
-        return self._ids
 
     @property
     def position_ids(self) -> Tensor:

@@ -330,7 +330,9 @@ class Graph(Coordinates):
             else:
                 for g in range(self.num_graphs):
                     n = int(self.sizes[g])
-                    hops = shortest_path_hops(self.graph_edges(g), n, self.undirected)
+                    hops, pred = shortest_path_hops(self.graph_edges(g), n, self.undirected,
+                                                    return_predecessors=True)
+                    self._cache[("paths", g)] = (hops, pred)  # reused by path_edge_attr
                     h = torch.from_numpy(np.where(np.isinf(hops), UNREACHABLE, hops)).long()
                     o = self.offset
                     out[g, o:o + n, o:o + n] = h
@@ -491,10 +493,11 @@ class Graph(Coordinates):
             attr[g, qi, ki] = pre[:, :max_hops].to(feat.dtype).cpu()
             valid[g, qi, ki] = pre_mask[:, :max_hops].bool().cpu()
         else:
+            _ = self.spd  # fills the per-graph (hops, predecessors) cache when it computes
             for g in range(self.num_graphs):
                 n, o = int(self.sizes[g]), self.offset
                 a, v = _path_edges_one(self.graph_edges(g), self._graph_edge_ids(g), n, max_hops,
-                                       self.undirected)
+                                       self.undirected, self._cache.get(("paths", g)))
                 if not v.any():
                     continue
                 v_t = torch.from_numpy(v)
@@ -509,10 +512,13 @@ class Graph(Coordinates):
 
 
 def _path_edges_one(edges: np.ndarray, edge_ids: np.ndarray, n: int, max_hops: int,
-                    undirected: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Edge ids ``[n, n, max_hops]`` (local to ``edge_ids``'s order: positions into the
-    graph's edges mapped to global ids) along scipy's shortest paths, and validity."""
-    dist, pred = shortest_path_hops(edges, n, undirected, return_predecessors=True)
+                    undirected: bool, paths: tuple[np.ndarray, np.ndarray] | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Global edge ids ``[n, n, max_hops]`` (−1: none) of the first ``max_hops`` edges along
+    scipy's shortest path ``i → j``, and their validity. ``paths``: precomputed
+    ``(hops, predecessors)`` of the graph."""
+    dist, pred = paths if paths is not None else shortest_path_hops(
+        edges, n, undirected, return_predecessors=True)
     eid = -np.ones((n, n), dtype=np.int64)
     # Later duplicates overwrite earlier ones: any edge between u and v is "the" edge.
     eid[edges[0], edges[1]] = edge_ids

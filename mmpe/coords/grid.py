@@ -177,9 +177,6 @@ class Grid(Coordinates):
     def num_queries(self) -> int:
         return self.num_tokens
 
-    @property
-    def num_keys(self) -> int:
-        return self.num_tokens
 
     @property
     def device(self) -> torch.device:
@@ -208,10 +205,6 @@ class Grid(Coordinates):
         """``[n, A]`` float32: cell index × scale per axis; prefix tokens at 0."""
         return self._pos
 
-    @property
-    def key_positions(self) -> Tensor:
-        """Same as :attr:`query_positions` (self-attention over one grid)."""
-        return self._pos
 
     @property
     def grid_index(self) -> Tensor:

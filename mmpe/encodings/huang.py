@@ -8,6 +8,9 @@ tokens) and ``d = h_d``:
 * method 2 ``e_ij = (q_i·k_j) · a_r / √d`` — a learned scalar per signed offset;
 * method 3 ``e_ij = Σ_c q_ic k_jc a_{r,c} / √d`` — a learned vector inside the dot product;
 * method 4 ``e_ij = (q_i·k_j + q_i·a_r + k_j·a_r) / √d`` — Shaw et al. plus a key-side term.
+
+In a causal decoder only ``r ≤ 0`` occurs, so methods 1 and 2 have the same free parameters
+and (with the same initialisation) train identically; they differ in bidirectional encoders.
 """
 
 from __future__ import annotations
@@ -145,11 +148,13 @@ class HuangMethod3(ContentScoreEncoding):
             r = rows[pb, pi, pj]
             if rows.shape[0] == 1:  # positions shared by the batch: every example, same pairs
                 vals = (q[:, :, pi] * k[:, :, pj] * delta[r]).sum(-1)  # [b, n_h, M]
-                out = out.index_put((torch.arange(bsz)[:, None, None], torch.arange(q.shape[1])[None, :, None],
+                heads = torch.arange(q.shape[1], device=q.device)
+                out = out.index_put((torch.arange(bsz, device=q.device)[:, None, None], heads[None, :, None],
                                      pi[None, None], pj[None, None]), vals, accumulate=True)
             else:
                 vals = (q[pb, :, pi] * k[pb, :, pj] * delta[r][:, None]).sum(-1)  # [M, n_h]
-                out = out.index_put((pb[:, None], torch.arange(q.shape[1])[None], pi[:, None], pj[:, None]),
+                heads = torch.arange(q.shape[1], device=q.device)
+                out = out.index_put((pb[:, None], heads[None], pi[:, None], pj[:, None]),
                                     vals, accumulate=True)
         return out * ctx.head_dim ** -0.5
 
