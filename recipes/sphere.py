@@ -44,6 +44,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.loggers import CSVLogger
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -54,9 +55,9 @@ from recipes.common import (
     CONFIGS,
     MissingDataError,
     cli_args_for,
+    make_lightning_cli,
     make_optimizer,
     require,
-    set_threads,
 )
 
 LAND_INSTALL = "pip install global-land-mask"
@@ -363,8 +364,7 @@ class GlobeCLI(LightningCLI):
 
 
 def make_cli(args: list[str] | None = None, run: bool = True) -> GlobeCLI:
-    set_threads()
-    return GlobeCLI(GlobeModel, GlobeData, args=args, run=run, save_config_callback=None)
+    return make_lightning_cli(GlobeCLI, GlobeModel, GlobeData, args, run)
 
 
 def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> dict[str, float | None]:
@@ -374,6 +374,8 @@ def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> 
         args = cli_args_for(CONFIGS / "sphere" / config, encoding, Path(out_dir) / task,
                             ["--seed_everything", str(seed), *cli_args])
         cli = make_cli(args, run=False)
+        if isinstance(cli.trainer.logger, CSVLogger):  # keep each run's logs with its results
+            cli.trainer.loggers = [CSVLogger(save_dir=str(Path(out_dir) / task))]
         cli.trainer.fit(cli.model, cli.datamodule)
         for name, loader in cli.datamodule.test_sets().items():
             column = {"land": "land err %", "global": "geoid RMSE", "polar": "polar RMSE",

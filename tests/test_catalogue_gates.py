@@ -186,3 +186,16 @@ def test_stick_breaking_documents_restart_the_stick():
 def test_bad_head_count(name):
     with pytest.raises(ValueError, match="num_heads"):
         mmpe.build(name, context={**CTX, "num_heads": 0})
+
+
+def test_distance_methods_read_any_coordinates_distance():
+    from mmpe.coords import Grid
+
+    grid = Grid((3, 4))
+    log = mmpe.build("kerple_log", num_heads=H)
+    ctx = AttentionContext(grid, H, D, 1)
+    b, h, q, k = index_grid(1, H, 12, 12)
+    d = grid.distance(q, k, b)
+    r1, r2 = log.constrained()
+    assert torch.allclose(log.bias(ctx), -r1[:, None, None] * torch.log1p(r2[:, None, None] * d), atol=1e-6)
+    assert torch.isclose(d[0, 0, 0, 7], torch.tensor(math.hypot(1, 3)))  # cell (0,0) to (1,3)
