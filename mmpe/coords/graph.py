@@ -244,9 +244,6 @@ class Graph(Coordinates):
     def num_queries(self) -> int:
         return self.n_max
 
-    @property
-    def num_keys(self) -> int:
-        return self.n_max
 
     @property
     def query_positions(self) -> Tensor:
@@ -254,9 +251,6 @@ class Graph(Coordinates):
         idx = torch.arange(self.n_max, device=self.device_) - self.offset
         return idx.clamp(min=0).expand(self.num_graphs, -1).unsqueeze(-1)
 
-    @property
-    def key_positions(self) -> Tensor:
-        return self.query_positions
 
     @property
     def batch_size(self) -> int:

@@ -356,18 +356,12 @@ class Table(Coordinates):
     def num_queries(self) -> int:
         return self.num_tokens
 
-    @property
-    def num_keys(self) -> int:
-        return self.num_tokens
 
     @property
     def query_positions(self) -> Tensor:
         """``[n_tokens, k + k_high]`` Laplacian-eigenvector entries (``[CLS]`` row zero)."""
         return self._positions
 
-    @property
-    def key_positions(self) -> Tensor:
-        return self._positions
 
     @property
     def device(self) -> torch.device:
