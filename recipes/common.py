@@ -72,12 +72,12 @@ def make_lightning_cli(cli_cls: type, model_cls: type, data_cls: type,
 
 
 def fit_for_compare(make_cli: Callable[..., Any], modality: str, encoding: str, *, seed: int,
-                    out_dir: Path, cli_args: Sequence[str]) -> Any:
-    """Build the recipe from ``configs/<modality>/default.yaml`` with ``encoding`` and train it.
+                    out_dir: Path, cli_args: Sequence[str], config: str = "default.yaml") -> Any:
+    """Build the recipe from ``configs/<modality>/<config>`` with ``encoding`` and train it.
 
     CSV logs go to ``out_dir``; ``cli_args`` (LightningCLI syntax) override the config.
     """
-    args = cli_args_for(CONFIGS / modality / "default.yaml", encoding, out_dir,
+    args = cli_args_for(CONFIGS / modality / config, encoding, out_dir,
                         ["--seed_everything", str(seed), *cli_args])
     cli = make_cli(args, run=False)
     from lightning.pytorch.loggers import CSVLogger

@@ -44,7 +44,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import LightningCLI
-from lightning.pytorch.loggers import CSVLogger
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -52,9 +51,8 @@ from mmpe.compare import CompareSpec
 from mmpe.coords import Sphere
 from mmpe.transformer import Transformer
 from recipes.common import (
-    CONFIGS,
     MissingDataError,
-    cli_args_for,
+    fit_for_compare,
     make_lightning_cli,
     make_optimizer,
     require,
@@ -371,12 +369,8 @@ def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> 
     """Train ``encoding`` on both tasks (``configs/sphere/land.yaml``, ``default.yaml``); test errors."""
     results: dict[str, float | None] = {}
     for task, config in (("land", "land.yaml"), ("geoid", "default.yaml")):
-        args = cli_args_for(CONFIGS / "sphere" / config, encoding, Path(out_dir) / task,
-                            ["--seed_everything", str(seed), *cli_args])
-        cli = make_cli(args, run=False)
-        if isinstance(cli.trainer.logger, CSVLogger):  # keep each run's logs with its results
-            cli.trainer.loggers = [CSVLogger(save_dir=str(Path(out_dir) / task))]
-        cli.trainer.fit(cli.model, cli.datamodule)
+        cli = fit_for_compare(make_cli, "sphere", encoding, seed=seed, out_dir=Path(out_dir) / task,
+                              cli_args=cli_args, config=config)
         for name, loader in cli.datamodule.test_sets().items():
             column = {"land": "land err %", "global": "geoid RMSE", "polar": "polar RMSE",
                       "dateline": "dateline RMSE"}[name]
