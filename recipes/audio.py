@@ -42,9 +42,8 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from mmpe.compare import CompareSpec
-from mmpe.encodings.base import PositionOutOfRangeError
 from recipes.audio_data import INSTALL, generate, group_of, speaker_of, split_groups
-from recipes.common import CONFIGS, cli_args_for, set_threads
+from recipes.common import fit_for_compare, make_lightning_cli, test_or_none
 from recipes.vision import GridClassifier, GridEncoder
 
 DEFAULT_ROOT = "data/spoken_digits"
@@ -335,9 +334,7 @@ class AudioCLI(LightningCLI):
 
 
 def make_cli(args: list[str] | None = None, run: bool = True) -> AudioCLI:
-    set_threads()
-    return AudioCLI(SpectrogramTransformer, SpokenDigitsData, args=args, run=run,
-                    save_config_callback=None)
+    return make_lightning_cli(AudioCLI, SpectrogramTransformer, SpokenDigitsData, args, run)
 
 
 def evaluate_inputs(trainer: L.Trainer, model: SpectrogramTransformer, data: SpokenDigitsData,
@@ -349,21 +346,13 @@ def evaluate_inputs(trainer: L.Trainer, model: SpectrogramTransformer, data: Spo
         if split not in data.split:
             results[name] = None
             continue
-        try:
-            out = trainer.test(model, dataloaders=data.eval_dataloader(split, seconds),
-                               verbose=False)
-            results[name] = float(out[0]["test/acc"])
-        except PositionOutOfRangeError:
-            results[name] = None
+        results[name] = test_or_none(trainer, model, data.eval_dataloader(split, seconds), "test/acc")
     return results
 
 
 def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> dict[str, float | None]:
     """Train with ``encoding`` from ``configs/audio/default.yaml``; held-out accuracy per input."""
-    args = cli_args_for(CONFIGS / "audio" / "default.yaml", encoding, out_dir,
-                        ["--seed_everything", str(seed), *cli_args])
-    cli = make_cli(args, run=False)
-    cli.trainer.fit(cli.model, cli.datamodule)
+    cli = fit_for_compare(make_cli, "audio", encoding, seed=seed, out_dir=out_dir, cli_args=cli_args)
     return evaluate_inputs(cli.trainer, cli.model, cli.datamodule)
 
 

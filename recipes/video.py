@@ -42,7 +42,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from mmpe.compare import CompareSpec
 from mmpe.encodings.base import PositionOutOfRangeError
-from recipes.common import CONFIGS, cli_args_for, set_threads
+from recipes.common import fit_for_compare, make_lightning_cli
 from recipes.vision import MNIST_MEAN, MNIST_STD, GridClassifier, GridEncoder, load_mnist
 
 EVAL_FRAMES = (8, 12, 16)
@@ -263,8 +263,7 @@ class VideoCLI(LightningCLI):
 
 
 def make_cli(args: list[str] | None = None, run: bool = True) -> VideoCLI:
-    set_threads()
-    return VideoCLI(VideoClassifier, MovingDigitsData, args=args, run=run, save_config_callback=None)
+    return make_lightning_cli(VideoCLI, VideoClassifier, MovingDigitsData, args, run)
 
 
 def evaluate_lengths(trainer: L.Trainer, model: VideoClassifier, data: MovingDigitsData,
@@ -284,10 +283,7 @@ def evaluate_lengths(trainer: L.Trainer, model: VideoClassifier, data: MovingDig
 
 def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> dict[str, float | None]:
     """Train with ``encoding`` from ``configs/video/default.yaml``; test accuracy per clip length."""
-    args = cli_args_for(CONFIGS / "video" / "default.yaml", encoding, out_dir,
-                        ["--seed_everything", str(seed), *cli_args])
-    cli = make_cli(args, run=False)
-    cli.trainer.fit(cli.model, cli.datamodule)
+    cli = fit_for_compare(make_cli, "video", encoding, seed=seed, out_dir=out_dir, cli_args=cli_args)
     return evaluate_lengths(cli.trainer, cli.model, cli.datamodule)
 
 

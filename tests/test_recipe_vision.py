@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from recipes import vision
-from recipes.common import MissingDataError
+from recipes.common import CONFIGS, MissingDataError
 
 
 def test_mnist_splits_shapes_and_labels() -> None:
@@ -70,7 +70,7 @@ def test_stretch_maps_the_new_grid_onto_the_training_extent() -> None:
 
 def test_training_smoke_and_resolution_eval(tmp_path) -> None:
     cli = vision.make_cli([
-        "--config", str(vision.CONFIGS / "vision" / "default.yaml"), "--model.encoding", "sincos",
+        "--config", str(CONFIGS / "vision" / "default.yaml"), "--model.encoding", "sincos",
         "--trainer.max_steps", "3", "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "3",
         "--trainer.default_root_dir", str(tmp_path), "--trainer.logger", "false",
         "--trainer.enable_progress_bar", "false", "--data.train_samples", "96",
