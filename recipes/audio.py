@@ -35,7 +35,6 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-import torch.nn.functional as F
 from einops import rearrange
 from lightning.pytorch.cli import LightningCLI
 from torch import Tensor, nn
@@ -307,23 +306,7 @@ class SpectrogramTransformer(GridClassifier):
         tokens = rearrange(self.embed(features.unsqueeze(1)), "b d t f -> b t f d")
         return self.head(self.encoder(tokens)[:, 0])
 
-    def _step(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
-        x, y = batch
-        logits = self(x)
-        loss = F.cross_entropy(logits, y)
-        self.log(f"{stage}/loss", loss, batch_size=len(y), prog_bar=stage == "train")
-        self.log(f"{stage}/acc", (logits.argmax(-1) == y).float().mean(), batch_size=len(y),
-                 prog_bar=stage != "train")
-        return loss
 
-    def training_step(self, batch, batch_idx: int) -> Tensor:
-        return self._step(batch, "train")
-
-    def validation_step(self, batch, batch_idx: int) -> None:
-        self._step(batch, "val")
-
-    def test_step(self, batch, batch_idx: int) -> None:
-        self._step(batch, "test")
 
 
 class AudioCLI(LightningCLI):

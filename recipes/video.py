@@ -246,14 +246,6 @@ class VideoClassifier(GridClassifier):
         self.log(f"{stage}/direction_acc", m_ok.float().mean(), batch_size=n)
         return loss
 
-    def training_step(self, batch, batch_idx: int) -> Tensor:
-        return self._step(batch, "train")
-
-    def validation_step(self, batch, batch_idx: int) -> None:
-        self._step(batch, "val")
-
-    def test_step(self, batch, batch_idx: int) -> None:
-        self._step(batch, "test")
 
 
 class VideoCLI(LightningCLI):

@@ -213,7 +213,27 @@ class GridEncoder(nn.Module):
 
 
 class GridClassifier(L.LightningModule):
-    """What the grid recipes' LightningModules share: AdamW + warm-up/cosine, and accuracy logging."""
+    """What the grid recipes' LightningModules share: AdamW + warm-up/cosine, and one
+    ``_step(batch, stage)`` run for training, validation and test — by default single-label
+    classification of ``(inputs, labels)`` with loss and accuracy logged."""
+
+    def _step(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
+        x, y = batch
+        logits = self(x)
+        loss = F.cross_entropy(logits, y)
+        acc = (logits.argmax(-1) == y).float().mean()
+        self.log(f"{stage}/loss", loss, batch_size=len(y), prog_bar=stage == "train")
+        self.log(f"{stage}/acc", acc, batch_size=len(y), prog_bar=stage != "train")
+        return loss
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        return self._step(batch, "train")
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._step(batch, "val")
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self._step(batch, "test")
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
@@ -257,23 +277,7 @@ class ViTClassifier(GridClassifier):
         tokens = rearrange(self.patch(images), "b d h w -> b h w d")
         return self.head(self.encoder(tokens)[:, 0])
 
-    def _step(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
-        x, y = batch
-        logits = self(x)
-        loss = F.cross_entropy(logits, y)
-        acc = (logits.argmax(-1) == y).float().mean()
-        self.log(f"{stage}/loss", loss, batch_size=len(y), prog_bar=stage == "train")
-        self.log(f"{stage}/acc", acc, batch_size=len(y), prog_bar=stage != "train")
-        return loss
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        return self._step(batch, "train")
-
-    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._step(batch, "val")
-
-    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._step(batch, "test")
 
 
 class VisionCLI(LightningCLI):
