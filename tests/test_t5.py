@@ -44,3 +44,19 @@ def test_bias_reads_table_by_bucket_and_is_causal_aware():
 def test_bad_options(kwargs, match):
     with pytest.raises(ValueError, match=match):
         mmpe.build("t5", num_heads=2, **kwargs)
+
+
+@pytest.mark.parametrize("coords", [
+    Sequence(40), Sequence(40, causal=True), Sequence(3, offset=37),
+    Sequence(position_ids=torch.tensor([[0, 5, 9, 400], [3, 2, 1, 0]])),
+    Sequence(position_ids=torch.tensor([0, 10**6, 2 * 10**6])),  # sparse: direct bucketing
+])
+def test_eager_offset_lookup_equals_score_mod(coords):
+    from mmpe.coords.base import index_grid
+
+    t5 = mmpe.build("t5", num_heads=3)
+    torch.nn.init.normal_(t5.table)
+    ctx = AttentionContext(coords, 3, 8, 1)
+    b, h, q, k = index_grid(coords.batch_size or 1, 3, coords.num_queries, coords.num_keys)
+    via_mod = t5.score_mod(ctx)(torch.zeros(()), b, h, q, k)
+    assert torch.equal(t5.bias(ctx), via_mod.expand_as(t5.bias(ctx)))

@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from mmpe.coords.base import index_grid
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
 from mmpe.registry import register
 
@@ -101,21 +102,50 @@ class T5RelativeBias(ScoreEncoding):
     def buckets(self, ctx: AttentionContext, q_idx: Tensor, kv_idx: Tensor, b: Tensor) -> Tensor:
         """Bucket of each pair, from the coordinates' relation or distance."""
         coords = ctx.coords
-        bidirectional = self.bidirectional
-        if bidirectional is None:
-            bidirectional = coords.directed and not getattr(coords, "causal", False)
         if coords.directed:
             rel = -coords.relation(q_idx, kv_idx, b)  # key − query, T5's sign
         else:
             rel = -(coords.distance(q_idx, kv_idx, b) / self.distance_unit).round().long()
+        return t5_bucket(rel, self._bidirectional(coords), self.num_buckets, self.max_distance)
+
+    def _bidirectional(self, coords) -> bool:
+        """The option, or inferred: bidirectional on directed, non-causal coordinates."""
+        bidirectional = self.bidirectional
+        if bidirectional is None:
+            bidirectional = coords.directed and not getattr(coords, "causal", False)
         if bidirectional and self.num_buckets % 2:
             raise ValueError(f"t5: num_buckets must be even when bidirectional, got {self.num_buckets}")
-        return t5_bucket(rel, bidirectional, self.num_buckets, self.max_distance)
+        return bidirectional
+
+    def bias(self, ctx: AttentionContext) -> Tensor:
+        """Eager path: bucket each distinct offset once, then gather, ``[b or 1, n_h, n_q, n_k]``.
+
+        The offsets of a sequence take at most ``n_q + n_k − 1`` values, so the log-bucketing
+        runs on those instead of on all ``n_q·n_k`` pairs; the result equals :meth:`score_mod`.
+        """
+        self.check_coords(ctx.coords)
+        self._check_heads(ctx)
+        coords = ctx.coords
+        b, _, q, k = index_grid(coords.batch_size or 1, 1, coords.num_queries, coords.num_keys,
+                                coords.device)
+        if not coords.directed:
+            return super().bias(ctx)
+        rel = -coords.relation(q, k, b)  # key − query, [b, 1, n_q, n_k]
+        lo, hi = int(rel.min()), int(rel.max())
+        if hi - lo + 1 > rel.numel():  # sparse explicit positions: bucket the pairs directly
+            return super().bias(ctx)
+        offsets = torch.arange(lo, hi + 1, device=rel.device)
+        buckets = t5_bucket(offsets, self._bidirectional(coords), self.num_buckets, self.max_distance)
+        table = self.table[buckets]  # [n_offsets, n_h]
+        return table[rel.squeeze(1) - lo].permute(0, 3, 1, 2)
+
+    def _check_heads(self, ctx: AttentionContext) -> None:
+        if ctx.num_heads != self.num_heads:
+            raise ValueError(f"t5: built for num_heads={self.num_heads}, attention has {ctx.num_heads}")
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
         self.check_coords(ctx.coords)
-        if ctx.num_heads != self.num_heads:
-            raise ValueError(f"t5: built for num_heads={self.num_heads}, attention has {ctx.num_heads}")
+        self._check_heads(ctx)
         table = self.table
 
         def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
