@@ -19,12 +19,10 @@ Times are medians of repeated runs; ratio = timm time / mmpe time (> 1: mmpe fas
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 import warnings
-from collections.abc import Callable
 
 import torch
+from _timing import timeit
 from timm.layers import resample_abs_pos_embed
 from timm.layers.pos_embed_rel import RelPosBias, RelPosMlp
 from timm.layers.pos_embed_sincos import (
@@ -40,15 +38,6 @@ from mmpe.encodings.base import AttentionContext
 
 warnings.filterwarnings("ignore")
 
-
-def timeit(fn: Callable[[], object], repeat: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def rows(b: int, h: int, side: int, d: int, repeat: int) -> list[tuple[str, float, float]]:

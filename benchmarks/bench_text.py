@@ -16,12 +16,11 @@ Times are medians of repeated runs; ratio = peer time / mmpe time (> 1: mmpe fas
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 import warnings
 from collections.abc import Callable
 
 import torch
+from _timing import timeit
 
 import mmpe
 from mmpe import MultiHeadAttention, Sequence
@@ -29,15 +28,6 @@ from mmpe.encodings.base import AttentionContext
 
 warnings.filterwarnings("ignore")
 
-
-def timeit(fn: Callable[[], object], repeat: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def rope_rows(b: int, h: int, s: int, d: int, repeat: int) -> list[tuple[str, str, float, float]]:

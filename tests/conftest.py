@@ -26,3 +26,14 @@ def require_debian(package: str, path: str | None = None, command: str | None = 
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(message + " (CI=true: missing data is a failure)")
     pytest.skip(message)
+
+
+def assert_backends_agree(mha, x: torch.Tensor, coords, atol: float = 1e-5) -> None:
+    """The flex, SDPA and math paths of ``mha`` give the same output on ``x`` (no grad)."""
+    outs = {}
+    with torch.no_grad():
+        for backend in ("sdpa", "math", "flex"):
+            mha.backend = backend
+            outs[backend] = mha(x, coords)
+    assert torch.allclose(outs["math"], outs["sdpa"], atol=atol), "math vs sdpa"
+    assert torch.allclose(outs["flex"], outs["sdpa"], atol=atol), "flex vs sdpa"

@@ -2,6 +2,7 @@ import warnings
 
 import pytest
 import torch
+from conftest import assert_backends_agree
 
 import mmpe
 from mmpe import MultiHeadAttention, Sequence, Transformer
@@ -28,13 +29,7 @@ def _mha(names, heads=4, d=64, **kw):
 def test_flex_sdpa_and_math_paths_agree(names, coords):
     mha = _mha(names)
     x = torch.randn(2, 23, 64)
-    outs = {}
-    with torch.no_grad():
-        for backend in ("sdpa", "math", "flex"):
-            mha.backend = backend
-            outs[backend] = mha(x, coords)
-    assert torch.allclose(outs["math"], outs["sdpa"], atol=1e-5)
-    assert torch.allclose(outs["flex"], outs["sdpa"], atol=1e-5)
+    assert_backends_agree(mha, x, coords)
 
 
 def test_auto_backend_per_device():

@@ -7,6 +7,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import assert_backends_agree
 
 import mmpe
 from mmpe import MultiHeadAttention, Sequence, Transformer
@@ -156,13 +157,7 @@ def test_flex_sdpa_and_math_paths_agree(name):
     if name != "fox":
         coords_list.append(Sequence(6))
     for coords in coords_list:
-        outs = {}
-        with torch.no_grad():
-            for backend in ("sdpa", "math", "flex"):
-                mha.backend = backend
-                outs[backend] = mha(x, coords)
-        assert torch.allclose(outs["math"], outs["sdpa"], atol=1e-5)
-        assert torch.allclose(outs["flex"], outs["sdpa"], atol=1e-5)
+        assert_backends_agree(mha, x, coords)
 
 
 @pytest.mark.parametrize("name", SCORE + ["stick_breaking"])
