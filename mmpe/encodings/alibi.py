@@ -76,9 +76,7 @@ class ALiBi(ScoreEncoding):
         self.register_buffer("slopes", slopes.float(), persistent=False)
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
-        self.check_coords(ctx.coords)
-        if ctx.num_heads != self.num_heads:
-            raise ValueError(f"alibi: built for num_heads={self.num_heads}, attention has {ctx.num_heads}")
+        self.check_context(ctx)
         coords, slopes, unit = ctx.coords, self.slopes, self.distance_unit
 
         def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:

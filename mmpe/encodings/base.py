@@ -130,6 +130,15 @@ class ScoreEncoding(Encoding):
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def check_context(self, ctx: AttentionContext) -> None:
+        """Raise unless ``ctx``'s coordinates are supported and, for an encoding built for
+        ``num_heads`` heads, the attention has that many (``ValueError`` naming both)."""
+        self.check_coords(ctx.coords)
+        built = getattr(self, "num_heads", None)
+        if built is not None and ctx.num_heads != built:
+            name = getattr(self, "registry_name", type(self).__name__)
+            raise ValueError(f"{name}: built for num_heads={built}, attention has {ctx.num_heads}")
+
     def softmax_scale(self, head_dim: int) -> float | None:
         """Logit scale this method prescribes instead of ``1/sqrt(h_d)``, or None."""
         return None

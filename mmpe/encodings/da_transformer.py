@@ -47,10 +47,7 @@ class DATransformer(ScoreEncoding):
         return torch.exp(F.softplus(v) - F.softplus(v - w * dist))
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
-        self.check_coords(ctx.coords)
-        if ctx.num_heads != self.num_heads:
-            raise ValueError(f"da_transformer: built for num_heads={self.num_heads}, "
-                             f"attention has {ctx.num_heads}")
+        self.check_context(ctx)
         coords, w, v = ctx.coords, self.w, self.v
 
         def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:

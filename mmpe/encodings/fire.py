@@ -70,8 +70,7 @@ class FIRE(ScoreEncoding):
         return self._psi(rel) / (self._psi(torch.maximum(i, threshold)) + self.eps)
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
-        self.check_coords(ctx.coords)
-        self._check_heads(ctx)
+        self.check_context(ctx)
         w1, b1 = self.mlp[0].weight[:, 0], self.mlp[0].bias
         w2, b2 = self.mlp[2].weight, self.mlp[2].bias
 
@@ -87,8 +86,7 @@ class FIRE(ScoreEncoding):
 
     def bias(self, ctx: AttentionContext) -> Tensor:
         """Eager path: run the MLP once on all pairs, ``[b or 1, n_h, n_q, n_k]``."""
-        self.check_coords(ctx.coords)
-        self._check_heads(ctx)
+        self.check_context(ctx)
         coords = ctx.coords
         b, _, q, k = index_grid(coords.batch_size or 1, 1, coords.num_queries, coords.num_keys,
                                 coords.device)
@@ -96,6 +94,3 @@ class FIRE(ScoreEncoding):
         out = self.mlp(x.unsqueeze(-1)).squeeze(1)  # [b, n_q, n_k, n_h]
         return out.permute(0, 3, 1, 2)
 
-    def _check_heads(self, ctx: AttentionContext) -> None:
-        if ctx.num_heads != self.num_heads:
-            raise ValueError(f"fire: built for num_heads={self.num_heads}, attention has {ctx.num_heads}")

@@ -58,8 +58,7 @@ class ForgettingGate(ContentScoreEncoding):
         self.check_coords(ctx.coords)
         require_qk("fox", ctx, x=True)
         require_causal("fox", ctx)
-        if ctx.num_heads != self.num_heads:
-            raise ValueError(f"fox: built for num_heads={self.num_heads}, attention has {ctx.num_heads}")
+        self.check_context(ctx)
         c, batch = self.cumulative_log_forget(ctx.x), ctx.batch
 
         def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:

@@ -33,11 +33,6 @@ def _check_graph(name: str, coords: object) -> Graph:
     return coords
 
 
-def _check_heads(name: str, built: int, ctx: AttentionContext) -> None:
-    if ctx.num_heads != built:
-        raise ValueError(f"{name}: built for num_heads={built}, attention has {ctx.num_heads}")
-
-
 def spatial_buckets(spd: Tensor, max_distance: int) -> Tensor:
     """Map ``Graph.spd`` codes to bucket ids: hops clipped to ``[0, max_distance]``,
     unreachable → ``max_distance + 1``, virtual-token pairs → ``max_distance + 2``."""
@@ -72,9 +67,8 @@ class GraphormerSpatial(ScoreEncoding):
         self.table = nn.Parameter(torch.randn(max_distance + 3, num_heads) * 0.02)
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
-        self.check_coords(ctx.coords)
+        self.check_context(ctx)
         coords = _check_graph("graphormer_spatial", ctx.coords)
-        _check_heads("graphormer_spatial", self.num_heads, ctx)
         buckets = spatial_buckets(coords.spd, self.max_distance)  # [b, n, n]
         table = self.table
 
@@ -85,9 +79,8 @@ class GraphormerSpatial(ScoreEncoding):
 
     def bias(self, ctx: AttentionContext) -> Tensor:
         """Eager path: ``table[bucket]`` on all pairs, ``[b, n_h, n, n]`` (equals the mod)."""
-        self.check_coords(ctx.coords)
+        self.check_context(ctx)
         coords = _check_graph("graphormer_spatial", ctx.coords)
-        _check_heads("graphormer_spatial", self.num_heads, ctx)
         return self.table[spatial_buckets(coords.spd, self.max_distance)].permute(0, 3, 1, 2)
 
 
@@ -183,9 +176,8 @@ class GraphormerEdge(ScoreEncoding):
         return c.permute(0, 3, 1, 2)
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
-        self.check_coords(ctx.coords)
+        self.check_context(ctx)
         coords = _check_graph("graphormer_edge", ctx.coords)
-        _check_heads("graphormer_edge", self.num_heads, ctx)
         c = self.pair_bias(coords)
 
         def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
@@ -194,8 +186,7 @@ class GraphormerEdge(ScoreEncoding):
         return mod
 
     def bias(self, ctx: AttentionContext) -> Tensor:
-        self.check_coords(ctx.coords)
-        _check_heads("graphormer_edge", self.num_heads, ctx)
+        self.check_context(ctx)
         return self.pair_bias(_check_graph("graphormer_edge", ctx.coords))
 
 

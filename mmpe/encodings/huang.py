@@ -49,10 +49,7 @@ class _ScalarMultiplier(ScoreEncoding):
         self.table = nn.Parameter(torch.ones(rows, num_heads))
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
-        self.check_coords(ctx.coords)
-        if ctx.num_heads != self.num_heads:
-            raise ValueError(f"{self.registry_name}: built for num_heads={self.num_heads}, "
-                             f"attention has {ctx.num_heads}")
+        self.check_context(ctx)
         table, k, signed = self.table, self.k, self.signed
 
         def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:

@@ -35,10 +35,7 @@ class _Kerple(ScoreEncoding):
         return self.r1.clamp(min=self.eps), self.r2.clamp(min=self.eps)
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
-        self.check_coords(ctx.coords)
-        if ctx.num_heads != self.num_heads:
-            raise ValueError(f"{self.registry_name}: built for num_heads={self.num_heads}, "
-                             f"attention has {ctx.num_heads}")
+        self.check_context(ctx)
         r1, r2 = self.constrained()
         coords = ctx.coords
 

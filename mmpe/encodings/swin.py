@@ -156,18 +156,14 @@ class SwinRelativeBias(ScoreEncoding):
         return table
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
-        self.check_coords(ctx.coords)
-        if ctx.num_heads != self.num_heads:
-            raise ValueError(f"swin: built for num_heads={self.num_heads}, attention has {ctx.num_heads}")
+        self.check_context(ctx)
         grid = as_grid("swin", ctx.coords)
         check_ndim("swin", grid, len(self.grid_shape), f"grid_shape {self.grid_shape}")
         return offset_table_mod(grid, self.table_for(grid.shape), self.prefix_bias)
 
     def bias(self, ctx: AttentionContext) -> Tensor:
         """Eager path: ``[1, n_h, n, n]`` gathered with a cached index (equals the score_mod)."""
-        self.check_coords(ctx.coords)
-        if ctx.num_heads != self.num_heads:
-            raise ValueError(f"swin: built for num_heads={self.num_heads}, attention has {ctx.num_heads}")
+        self.check_context(ctx)
         grid = as_grid("swin", ctx.coords)
         check_ndim("swin", grid, len(self.grid_shape), f"grid_shape {self.grid_shape}")
         return offset_table_bias(grid, self.table_for(grid.shape), self.prefix_bias, self._index_cache)

@@ -75,20 +75,14 @@ class SwinV2CPB(ScoreEncoding):
         return 16 * torch.sigmoid(self.mlp(coords))
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
-        self.check_coords(ctx.coords)
-        if ctx.num_heads != self.num_heads:
-            raise ValueError(f"swinv2_cpb: built for num_heads={self.num_heads}, attention has "
-                             f"{ctx.num_heads}")
+        self.check_context(ctx)
         grid = as_grid("swinv2_cpb", ctx.coords)
         check_ndim("swinv2_cpb", grid, len(self.grid_shape), f"grid_shape {self.grid_shape}")
         return offset_table_mod(grid, self.table_for(grid.shape), prefix_entries=False)
 
     def bias(self, ctx: AttentionContext) -> Tensor:
         """Eager path: ``[1, n_h, n, n]`` gathered with a cached index (equals the score_mod)."""
-        self.check_coords(ctx.coords)
-        if ctx.num_heads != self.num_heads:
-            raise ValueError(f"swinv2_cpb: built for num_heads={self.num_heads}, attention has "
-                             f"{ctx.num_heads}")
+        self.check_context(ctx)
         grid = as_grid("swinv2_cpb", ctx.coords)
         check_ndim("swinv2_cpb", grid, len(self.grid_shape), f"grid_shape {self.grid_shape}")
         return offset_table_bias(grid, self.table_for(grid.shape), False, self._index_cache)

@@ -123,8 +123,7 @@ class T5RelativeBias(ScoreEncoding):
         The offsets of a sequence take at most ``n_q + n_k − 1`` values, so the log-bucketing
         runs on those instead of on all ``n_q·n_k`` pairs; the result equals :meth:`score_mod`.
         """
-        self.check_coords(ctx.coords)
-        self._check_heads(ctx)
+        self.check_context(ctx)
         coords = ctx.coords
         b, _, q, k = index_grid(coords.batch_size or 1, 1, coords.num_queries, coords.num_keys,
                                 coords.device)
@@ -139,13 +138,9 @@ class T5RelativeBias(ScoreEncoding):
         table = self.table[buckets]  # [n_offsets, n_h]
         return table[rel.squeeze(1) - lo].permute(0, 3, 1, 2)
 
-    def _check_heads(self, ctx: AttentionContext) -> None:
-        if ctx.num_heads != self.num_heads:
-            raise ValueError(f"t5: built for num_heads={self.num_heads}, attention has {ctx.num_heads}")
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
-        self.check_coords(ctx.coords)
-        self._check_heads(ctx)
+        self.check_context(ctx)
         table = self.table
 
         def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
