@@ -95,13 +95,7 @@ class Composite(Coordinates):
         return self._ids.shape[0]
 
 
-    @property
-    def device(self) -> torch.device:
-        return self._device
 
-    @property
-    def batch_size(self) -> int | None:
-        return None
 
     @property
     def query_positions(self) -> Tensor:

@@ -178,13 +178,7 @@ class Grid(Coordinates):
         return self.num_tokens
 
 
-    @property
-    def device(self) -> torch.device:
-        return self._device
 
-    @property
-    def batch_size(self) -> int | None:
-        return None
 
     def check_tokens(self, x: Tensor | int, name: str = "x") -> None:
         """Raise ``ValueError`` unless ``x`` (``[b, n, d]``, ``[n, d]`` or a count) has ``n`` tokens."""

@@ -363,9 +363,6 @@ class Table(Coordinates):
         return self._positions
 
 
-    @property
-    def device(self) -> torch.device:
-        return self._positions.device
 
     def relation(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
         """Hops between the tokens (undirected: same as :meth:`distance`), float32."""
