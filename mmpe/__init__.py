@@ -6,14 +6,14 @@ registered encoding by its paper's name.
 """
 
 from mmpe.attention import MultiHeadAttention
-from mmpe.coords import Composite, Coordinates, Graph, Grid, Sequence, Sphere, Table
+from mmpe.coords import Composite, Coordinates, Graph, Grid, Points, Sequence, Sphere, Table
 from mmpe.registry import available, build, get, register
 from mmpe.transformer import Transformer, TransformerBlock
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Composite", "Coordinates", "Graph", "Grid", "MultiHeadAttention", "Sequence", "Sphere",
-    "Table", "Transformer", "TransformerBlock",
+    "Composite", "Coordinates", "Graph", "Grid", "MultiHeadAttention", "Points", "Sequence",
+    "Sphere", "Table", "Transformer", "TransformerBlock",
     "available", "build", "get", "register",
 ]

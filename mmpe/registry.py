@@ -8,10 +8,15 @@
 
 from __future__ import annotations
 
+import difflib
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from mmpe.context import CONTEXT_KEYS, check_context
+from mmpe.coords.base import coordinate_types
+from mmpe.coords.capabilities import Capability, provides
 
 HOOKS = ("input", "rotary", "score", "kernel")
 
@@ -24,7 +29,9 @@ class Entry:
         name: registry name, the field's own (``"rope"``, ``"alibi"``, ``"t5"`` …).
         cls: the class (or factory) that builds it.
         hook: where position enters attention: ``input``, ``rotary``, ``score`` or ``kernel``.
-        coords: coordinate types it supports (``"sequence"``, ``"grid"``, ``"graph"`` …).
+        needs: the coordinate capabilities it reads (:mod:`mmpe.coords.capabilities`); any
+            coordinates providing all of them qualify.
+        context: the model-wide context keys (:mod:`mmpe.context`) it takes.
         learnable: whether it has trainable parameters.
         paper: citation of the paper whose formula it implements.
         family: a short group name used by ``mmpe compare --family``.
@@ -35,12 +42,28 @@ class Entry:
     name: str
     cls: Callable[..., Any]
     hook: str
-    coords: tuple[str, ...]
+    needs: tuple[type[Capability], ...]
     learnable: bool
     paper: str
     family: str = ""
     extrapolates: bool = True
     aliases: tuple[str, ...] = field(default=())
+    context: tuple[str, ...] = field(default=())
+
+    @property
+    def coords(self) -> tuple[str, ...]:
+        """``kind`` names of the known coordinate classes that provide :attr:`needs`."""
+        return tuple(kind for kind, cls in coordinate_types().items() if provides(cls, self.needs))
+
+    def supports(self, coords: Any) -> bool:
+        """Whether ``coords`` (an object, a class, or a known ``kind`` name) meets :attr:`needs`."""
+        if isinstance(coords, str):
+            cls = coordinate_types().get(coords)
+            if cls is None:
+                raise ValueError(f"unknown coordinate kind {coords!r}; known kinds: "
+                                 f"{sorted(coordinate_types())}")
+            coords = cls
+        return provides(coords, self.needs)
 
 
 _REGISTRY: dict[str, Entry] = {}
@@ -51,7 +74,8 @@ def register(
     name: str,
     *,
     hook: str,
-    coords: tuple[str, ...] | list[str] = ("sequence",),
+    needs: tuple[type[Capability], ...] | list[type[Capability]] = (),
+    context: tuple[str, ...] | list[str] = (),
     learnable: bool,
     paper: str,
     family: str = "",
@@ -60,26 +84,47 @@ def register(
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Class decorator: add an encoding to the registry under ``name``.
 
+    Args:
+        needs: coordinate capabilities the encoding reads (``(Metric,)``, ``(Positioned,)`` …);
+            an empty tuple means it runs on any coordinates.
+        context: model-wide keys of :data:`mmpe.context.CONTEXT_KEYS` the constructor takes.
+
     Raises:
-        ValueError: if ``hook`` is not one of :data:`HOOKS` or ``name`` is taken.
+        ValueError: ``hook`` not one of :data:`HOOKS`, ``name`` taken, an unknown context key,
+            or a context key the constructor does not accept.
+        TypeError: an entry of ``needs`` that is not a capability.
     """
     if hook not in HOOKS:
         raise ValueError(f"register({name!r}): hook must be one of {HOOKS}, got {hook!r}")
+    needs = tuple(needs)
+    for cap in needs:
+        if not (isinstance(cap, type) and issubclass(type(cap), type(Capability))):
+            raise TypeError(f"register({name!r}): needs must hold capabilities from "
+                            f"mmpe.coords.capabilities, got {cap!r}")
+    for key in context:
+        if key not in CONTEXT_KEYS:
+            raise ValueError(f"register({name!r}): unknown context key {key!r}; "
+                             f"known: {sorted(CONTEXT_KEYS)}")
 
     def decorator(cls: Callable[..., Any]) -> Callable[..., Any]:
         for key in (name, *aliases):
             if key in _REGISTRY or key in _ALIASES:
                 raise ValueError(f"register: the name {key!r} is already registered")
+        absent = [k for k in context if k not in _accepted_kwargs(cls)]
+        if absent:
+            raise ValueError(f"register({name!r}): context keys {absent} are not constructor "
+                             "arguments")
         entry = Entry(
-            name=name, cls=cls, hook=hook, coords=tuple(coords), learnable=learnable,
-            paper=paper, family=family or hook, extrapolates=extrapolates, aliases=tuple(aliases),
+            name=name, cls=cls, hook=hook, needs=needs, learnable=learnable, paper=paper,
+            family=family or hook, extrapolates=extrapolates, aliases=tuple(aliases),
+            context=tuple(context),
         )
         _REGISTRY[name] = entry
         for alias in aliases:
             _ALIASES[alias] = name
         cls.registry_name = name  # type: ignore[attr-defined]
         # One source of truth: the coordinate check at run time reads the registry metadata.
-        cls.supported_coords = tuple(coords)  # type: ignore[attr-defined]
+        cls.needs = needs  # type: ignore[attr-defined]
         return cls
 
     return decorator
@@ -99,8 +144,12 @@ def get(name: str) -> Entry:
     _ensure_loaded()
     key = _ALIASES.get(name, name)
     if key not in _REGISTRY:
+        if not isinstance(name, str):
+            raise TypeError(f"encoding name must be a str, got {type(name).__name__}")
         known = ", ".join(sorted(_REGISTRY))
-        raise KeyError(f"unknown encoding {name!r}; known encodings: {known}")
+        close = difflib.get_close_matches(name, [*_REGISTRY, *_ALIASES], n=3)
+        hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+        raise KeyError(f"unknown encoding {name!r}.{hint} known encodings: {known}")
     return _REGISTRY[key]
 
 
@@ -112,11 +161,18 @@ def build(
 ) -> Any:
     """Build an encoding from its registry name or a config dict ``{"name": ..., **options}``.
 
-    Keyword ``options`` override those in the config. ``context`` holds model-wide defaults
-    (``d_model``, ``num_heads``, ``head_dim``, ``max_len`` …) passed only to encodings whose
-    constructor takes them, so one model can build any encoding by name. Options an encoding
-    does not take raise ``TypeError`` naming the option and the encoding.
+    Keyword ``options`` override those in the config. ``context`` holds model-wide values
+    (keys of :data:`mmpe.context.CONTEXT_KEYS`: ``d_model``, ``num_heads``, ``head_dim``,
+    ``max_len``, ``original_max_position_embeddings``, ``grid_shape`` …); each encoding receives
+    the keys it declared in ``register(..., context=...)``, so one model builds any encoding
+    by name.
+
+    Raises:
+        KeyError: an unknown name (with close matches) or a config without ``"name"``.
+        ValueError: an unknown context key or an invalid context value.
+        TypeError: an option the encoding does not take (naming the option and the encoding).
     """
+    context = check_context(context, "build(context=...)")
     if isinstance(name_or_config, Mapping):
         config = dict(name_or_config)
         if "name" not in config:
@@ -130,11 +186,9 @@ def build(
             f"build: name_or_config must be a str or a mapping, got {type(name_or_config).__name__}"
         )
     entry = get(name)
-    if context:
-        accepted = _accepted_kwargs(entry.cls)
-        for key, value in context.items():
-            if key not in options and key in accepted:
-                options[key] = value
+    for key in entry.context:
+        if key in context and key not in options:
+            options[key] = context[key]
     try:
         return entry.cls(**options)
     except TypeError as err:
@@ -148,9 +202,14 @@ def _accepted_kwargs(cls: Callable[..., Any]) -> set[str]:
 
 
 def available(
-    hook: str | None = None, coords: str | None = None, family: str | None = None
+    hook: str | None = None, coords: Any = None, family: str | None = None
 ) -> list[Entry]:
-    """Registered encodings, sorted by name, optionally filtered by hook, coordinate type and family."""
+    """Registered encodings, sorted by name, optionally filtered by hook, coordinates and family.
+
+    ``coords`` may be a coordinate object, a coordinate class, or the ``kind`` name of a known
+    coordinate class (``"grid"``); an encoding is listed when the coordinates provide every
+    capability it needs.
+    """
     _ensure_loaded()
     if hook is not None and hook not in HOOKS:
         raise ValueError(f"available: hook must be one of {HOOKS}, got {hook!r}")
@@ -158,6 +217,6 @@ def available(
     return [
         e for e in entries
         if (hook is None or e.hook == hook)
-        and (coords is None or coords in e.coords)
+        and (coords is None or e.supports(coords))
         and (family is None or e.family == family)
     ]

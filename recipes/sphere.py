@@ -287,7 +287,9 @@ class GlobeModel(L.LightningModule):
             raise ValueError(f"task must be one of {TASKS}, got {task!r}")
         self.save_hyperparameters()
         spec = {"name": encoding, **(encoding_options or {})}
-        context = {"distance_unit": math.radians(distance_unit_deg), "init_L": math.pi}
+        if encoding == "fire":  # FIRE's threshold L starts at the sphere's extent, π radians
+            spec.setdefault("init_L", math.pi)
+        context = {"distance_unit": math.radians(distance_unit_deg)}
         self.transformer = Transformer(d_model, num_heads, depth, [spec], mlp_ratio=mlp_ratio,
                                        encoding_context=context)
         self.token = nn.Parameter(torch.randn(2, d_model) * 0.02)  # [observed, query] / land

@@ -179,7 +179,8 @@ class CharLM(L.LightningModule):
         encoding: registry name of the positional encoding.
         encoding_options: extra options for it (e.g. ``{"base": 500000}``).
         vocab_size: number of symbols (linked from the data module).
-        max_len: positions a learned table holds (linked from ``data.context_length``).
+        max_len: the training context (linked from ``data.context_length``): the positions a
+            learned table holds, and the original context the RoPE scalings extend from.
         d_model, num_heads, depth, mlp_ratio, dropout: transformer size.
         lr, weight_decay, warmup_steps: AdamW with warm-up and cosine decay.
     """
@@ -193,7 +194,9 @@ class CharLM(L.LightningModule):
         spec = {"name": encoding, **(encoding_options or {})}
         self.embed = nn.Embedding(vocab_size, d_model)
         self.transformer = Transformer(d_model, num_heads, depth, [spec], mlp_ratio=mlp_ratio,
-                                       dropout=dropout, encoding_context={"max_len": max_len})
+                                       dropout=dropout,
+                                       encoding_context={"max_len": max_len,
+                                                         "original_max_position_embeddings": max_len})
         self.head = nn.Linear(d_model, vocab_size)
 
     def forward(self, tokens: Tensor) -> Tensor:

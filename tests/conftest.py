@@ -37,3 +37,20 @@ def assert_backends_agree(mha, x: torch.Tensor, coords, atol: float = 1e-5) -> N
             outs[backend] = mha(x, coords)
     assert torch.allclose(outs["math"], outs["sdpa"], atol=atol), "math vs sdpa"
     assert torch.allclose(outs["flex"], outs["sdpa"], atol=atol), "flex vs sdpa"
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Report how many (encoding, coordinates, check) cases the registry matrix ran."""
+    import sys
+
+    matrix = sys.modules.get("tests.test_registry_matrix") or sys.modules.get("test_registry_matrix")
+    cases = getattr(matrix, "MATRIX_CASES", None)
+    if not cases:
+        return
+    pairs = {(e, c) for e, c, _ in cases}
+    paths = sum(1 for _, _, check in cases if check in ("flex", "sdpa", "math"))
+    terminalreporter.write_line(
+        f"registry matrix: {len(pairs)} (encoding, coordinates) pairs over "
+        f"{len({e for e, _ in pairs})} encodings and {len({c for _, c in pairs})} coordinate "
+        f"samples; {paths} (encoding, coordinates, path) attention runs; {len(cases)} checks"
+    )

@@ -52,7 +52,7 @@ def test_ntk_equals_hf_dynamic_at_the_length_where_its_factor_is_s(head_dim):
 
 @pytest.mark.parametrize("seq_len", [10, 64, 65, 200, 1024])
 def test_dynamic_ntk_equals_hf(seq_len):
-    enc = mmpe.build("rope_dynamic_ntk", head_dim=32, factor=4.0, max_len=64)
+    enc = mmpe.build("rope_dynamic_ntk", head_dim=32, factor=4.0, original_max_position_embeddings=64)
     theirs, scaling = hf("dynamic", max_pos=64, seq_len=seq_len, factor=4.0)
     close(enc.inv_freq(seq_len), theirs)
     assert enc.attention_scaling == scaling
@@ -69,7 +69,7 @@ def test_dynamic_ntk_equals_hf(seq_len):
 def test_yarn_equals_hf(params, head_dim):
     theirs, scaling = hf("yarn", head_dim=head_dim, max_pos=65536, **dict(params))
     p = dict(params)
-    enc = mmpe.build("rope_yarn", head_dim=head_dim, max_len=p.pop("original_max_position_embeddings"), **p)
+    enc = mmpe.build("rope_yarn", head_dim=head_dim, original_max_position_embeddings=p.pop("original_max_position_embeddings"), **p)
     close(enc.inv_freq(100), theirs)
     assert math.isclose(enc.attention_scaling, scaling, rel_tol=1e-12)
 
@@ -85,7 +85,7 @@ def test_longrope_equals_hf(seq_len):
     long = [1.0 + 0.4 * i for i in range(16)]
     theirs, scaling = hf("longrope", max_pos=256, seq_len=seq_len, factor=4.0,
                          original_max_position_embeddings=64, short_factor=short, long_factor=long)
-    enc = mmpe.build("rope_longrope", head_dim=32, factor=4.0, max_len=64, short_factor=short,
+    enc = mmpe.build("rope_longrope", head_dim=32, factor=4.0, original_max_position_embeddings=64, short_factor=short,
                      long_factor=long)
     close(enc.inv_freq(seq_len), theirs)
     assert math.isclose(enc.attention_scaling, scaling, rel_tol=1e-12)
@@ -101,7 +101,7 @@ def test_longrope_equals_hf(seq_len):
 def test_llama3_equals_hf(params):
     theirs, scaling = hf("llama3", head_dim=128, **dict(params))
     p = dict(params)
-    enc = mmpe.build("rope_llama3", head_dim=128, max_len=p.pop("original_max_position_embeddings"), **p)
+    enc = mmpe.build("rope_llama3", head_dim=128, original_max_position_embeddings=p.pop("original_max_position_embeddings"), **p)
     close(enc.inv_freq(100), theirs)
     assert enc.attention_scaling == scaling == 1.0
 
@@ -110,7 +110,7 @@ def test_llama3_equals_hf(params):
                                   "rope_longrope", "rope_llama3"])
 def test_scaled_rope_matches_rotation_by_its_own_frequencies(name):
     # forward = rotation of each pair by m·θ'_i, times the attention scaling on cos and sin.
-    enc = mmpe.build(name, context={"head_dim": 8, "max_len": 4})
+    enc = mmpe.build(name, context={"head_dim": 8, "original_max_position_embeddings": 4})
     q, k = torch.randn(1, 1, 6, 8), torch.randn(1, 1, 6, 8)
     rq, rk = enc(q, k, Sequence(6))
     theta, a = enc.inv_freq(6), enc.attention_scaling
@@ -164,7 +164,7 @@ def test_xpos_logit_depends_on_offset_and_decays():
     ("rope_yarn", dict(beta_fast=1, beta_slow=2), "beta"),
     ("rope_llama3", dict(low_freq_factor=4, high_freq_factor=1), "low_freq_factor"),
     ("rope_longrope", dict(long_factor=[1.0, 2.0]), "long_factor"),
-    ("rope_dynamic_ntk", dict(max_len=0), "max_len"),
+    ("rope_dynamic_ntk", dict(original_max_position_embeddings=0), "original_max_position_embeddings"),
 ])
 def test_bad_options_raise(name, kw, match):
     kw = {"head_dim": 16, **kw}

@@ -322,3 +322,76 @@ def test_graph_bad_batch() -> None:
         Graph(ei, 4, edge_attr=torch.zeros(3, 2))
     with pytest.raises(ValueError, match="max_distance"):
         Graph(ei, 4, max_distance=0)
+
+
+# ---------------------------------------------------------------- Graph: precomputed values
+def test_precomputed_tensors_replace_the_computation() -> None:
+    """Tensors passed to the constructor are used as given (with the padded layout applied)."""
+    mols = [from_smiles(s) for s in SMILES[:3]]
+    batch = Batch.from_data_list(mols)
+    ref = Graph(batch, virtual_token=True)
+    n = batch.num_nodes
+    rw = torch.rand(n, 6)
+    deg = torch.arange(n)
+    pairs = torch.tensor([[0, 1], [1, 0]])
+    coords = Graph(batch.edge_index, n, batch.batch, virtual_token=True, rwse=rw,
+                   in_degree=deg.float(), spd=torch.tensor([7, 7]), spd_index=pairs)
+    assert torch.equal(coords.rwse(6), coords.scatter_nodes(rw)) and coords.rwse(6)[:, 0].abs().sum() == 0
+    assert torch.equal(coords.rwse(3), coords.scatter_nodes(rw[:, :3]))
+    assert torch.equal(coords.in_degree, coords.scatter_nodes(deg))
+    assert torch.equal(coords.out_degree, ref.out_degree)  # not given: computed
+    spd = coords.spd  # given pairs only; everything else unreachable; virtual token as usual
+    assert spd[0, 1, 2] == 7 and spd[0, 2, 1] == 7 and spd[0, 1, 3] == UNREACHABLE
+    assert torch.all(spd[0, 0, 1:4] == VIRTUAL) and spd[0, 0, 0] == 0
+    assert Graph(batch, max_distance=5, spd=torch.tensor([7, -1]), spd_index=pairs).spd[0, 0, 1] == 5
+
+
+def test_data_attributes_are_not_guessed() -> None:
+    """Graph(data) reads structure only: an attribute under a familiar name changes nothing."""
+    data = from_smiles("CC(=O)Nc1ccc(O)cc1")
+    computed = Graph(data).rwse(4)
+    data.random_walk_pe = torch.full((data.num_nodes, 4), 0.5)
+    data.in_degree = torch.zeros(data.num_nodes, dtype=torch.long)
+    coords = Graph(data)
+    assert torch.equal(coords.rwse(4), computed) and not coords.precomputed
+    assert coords.in_degree.sum() > 0
+    assert torch.all(Graph.from_pyg(data, rwse="random_walk_pe").rwse(4) == 0.5)
+
+
+@pytest.mark.parametrize("kwargs, err, match", [
+    ({"rwse": torch.zeros(5, 3)}, ValueError, r"rwse must be \[num_nodes=4"),
+    ({"laplacian_pe": torch.zeros(4)}, ValueError, "laplacian_pe must be"),
+    ({"rwse": [[0.0]] * 4}, TypeError, "rwse must be a torch.Tensor"),
+    ({"in_degree": torch.zeros(3)}, ValueError, r"in_degree must be \[num_nodes=4\]"),
+    ({"out_degree": torch.full((4,), 0.5)}, ValueError, "out_degree must hold whole numbers"),
+    ({"spd": torch.zeros(2)}, ValueError, "need spd_index"),
+    ({"spd": torch.zeros(2), "spd_index": torch.zeros(3, 2)}, ValueError, r"spd_index must be \[2, P\]"),
+    ({"spd": torch.zeros(3), "spd_index": torch.zeros(2, 2)}, ValueError, r"spd must be \[P=2\]"),
+    ({"spd": torch.zeros(1), "spd_index": torch.tensor([[0], [9]])}, ValueError, "spd_index holds node ids"),
+    ({"spd_index": torch.zeros(2, 2)}, ValueError, "without spd or path_edge_attr"),
+    ({"path_edge_attr": torch.zeros(1, 2, 1), "spd_index": torch.zeros(2, 1)}, ValueError,
+     "path_edge_attr and path_edge_mask"),
+    ({"path_edge_attr": torch.zeros(1, 2, 1), "path_edge_mask": torch.ones(1, 3),
+      "spd_index": torch.zeros(2, 1)}, ValueError, r"path_edge_mask must be \[P=1, H=2\]"),
+    ({"laplacian_normalization": "rw"}, ValueError, "laplacian_normalization"),
+])
+def test_precomputed_bad_input_names_the_keyword(kwargs, err, match) -> None:
+    with pytest.raises(err, match=match):
+        Graph(torch.tensor([[0, 1, 2], [1, 2, 3]]), 4, **kwargs)
+
+
+def test_precomputed_pairs_must_stay_in_their_graph() -> None:
+    ei = torch.tensor([[0, 2], [1, 3]])
+    with pytest.raises(ValueError, match="spd_index has pairs joining"):
+        Graph(ei, 4, torch.tensor([0, 0, 1, 1]), spd=torch.ones(1), spd_index=torch.tensor([[0], [3]]))
+
+
+def test_graph_member_argument_checks() -> None:
+    coords = Graph(torch.tensor([[0, 1], [1, 2]]), 3)
+    for call, match in [(lambda: coords.rwse(0), "k must be"), (lambda: coords.laplacian_pe(0), "k must be"),
+                        (lambda: coords.laplacian_pe(2, "rw"), "normalization"),
+                        (lambda: coords.path_edge_attr(0), "max_hops")]:
+        with pytest.raises(ValueError, match=match):
+            call()
+    with pytest.raises(ValueError, match="needs edge_attr"):
+        coords.path_edge_attr(2)

@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import IterDataPipe
 from torch_geometric.data import Data
 from torch_geometric.loader import DataLoader
-from torch_geometric.transforms import AddRandomWalkPE, Compose
+from torch_geometric.transforms import AddLaplacianEigenvectorPE, AddRandomWalkPE, Compose
 from torch_geometric.utils import from_smiles
 
 from mmpe.coords import Graph
@@ -19,6 +19,7 @@ from mmpe.integrations.pyg import (
     AddRWSE,
     AddShortestPaths,
     GraphTransformer,
+    graph_kwargs,
 )
 
 SMILES = ["CCO", "c1ccccc1O", "CC(=O)Nc1ccc(O)cc1", "Cn1cnc2c1c(=O)n(C)c(=O)n2C", "[Na+].[Cl-]", "C"]
@@ -49,7 +50,11 @@ def test_batched_precomputed_equals_computed() -> None:
     raw = [from_smiles(s) for s in SMILES]
     batch = next(iter(DataLoader(graphs, batch_size=len(graphs))))
     ref_batch = next(iter(DataLoader(raw, batch_size=len(raw))))
-    pre, ref = Graph(batch, max_distance=6), Graph(ref_batch, max_distance=6)
+    pre = Graph.from_pyg(batch, **graph_kwargs(PRE), max_distance=6)
+    ref = Graph(ref_batch, max_distance=6)
+    assert set(pre.precomputed) == {"spd", "spd_index", "path_edge_attr", "path_edge_mask",
+                                    "laplacian_pe", "rwse", "in_degree", "out_degree"}
+    assert not ref.precomputed
     assert torch.equal(pre.spd, ref.spd)
     assert torch.allclose(pre.rwse(6), ref.rwse(6))
     assert torch.allclose(pre.laplacian_pe(5)[0], ref.laplacian_pe(5)[0])
@@ -114,3 +119,127 @@ def test_layer_inside_a_pyg_model() -> None:
         opt.step()
         losses.append(float(loss.detach()))
     assert np.isfinite(losses).all() and losses[-1] < losses[0]
+
+
+# ---------------------------------------------------------------- attr_name end to end
+CUSTOM = Compose([AddShortestPaths(edge_hops=3, attr_name="hops"), AddLaplacianPE(4, attr_name="lap"),
+                  AddRWSE(5, attr_name="rw"), AddDegree("deg_in", "deg_out")])
+
+
+def custom_batch():
+    graphs = [CUSTOM(from_smiles(s)) for s in SMILES]
+    return next(iter(DataLoader(graphs, batch_size=len(graphs))))
+
+
+def test_transforms_copy_the_input() -> None:
+    data = from_smiles("CC(=O)Nc1ccc(O)cc1")
+    keys, edges = set(data.keys()), data.edge_index.clone()
+    out = CUSTOM(data)
+    assert set(data.keys()) == keys and torch.equal(data.edge_index, edges)
+    assert {"hops", "hops_index", "hops_edge_attr", "hops_edge_mask", "lap", "rw", "deg_in",
+            "deg_out"} <= set(out.keys())
+    assert not {"spd", "random_walk_pe", "laplacian_eigenvector_pe", "in_degree"} & set(out.keys())
+
+
+def test_custom_attr_names_are_read_end_to_end(monkeypatch) -> None:
+    """Graph.from_pyg told the custom names uses the stored values and recomputes nothing."""
+    batch = custom_batch()
+    ref = Graph(next(iter(DataLoader([from_smiles(s) for s in SMILES], batch_size=len(SMILES)))))
+    kwargs = graph_kwargs(CUSTOM)
+    assert kwargs == {"spd": "hops", "spd_index": "hops_index", "path_edge_attr": "hops_edge_attr",
+                      "path_edge_mask": "hops_edge_mask", "laplacian_pe": "lap",
+                      "laplacian_normalization": "sym", "rwse": "rw", "in_degree": "deg_in",
+                      "out_degree": "deg_out"}
+    want = {"spd": ref.spd, "rwse5": ref.rwse(5), "rwse2": ref.rwse(2), "lap": ref.laplacian_pe(4),
+            "in": ref.in_degree, "out": ref.out_degree, "path": ref.path_edge_attr(3)}
+    import mmpe.coords.graph as graph_module
+
+    def fail(*args, **kwargs):
+        raise AssertionError("recomputed a precomputed value")
+
+    for name in ("shortest_path_hops", "laplacian_pe", "random_walk_pe", "degrees", "path_edge_ids"):
+        monkeypatch.setattr(graph_module, name, fail)
+    coords = Graph.from_pyg(batch, **kwargs)
+    assert torch.equal(coords.spd, want["spd"])
+    assert torch.allclose(coords.rwse(5), want["rwse5"]) and torch.allclose(coords.rwse(2), want["rwse2"])
+    assert torch.allclose(coords.laplacian_pe(4)[0], want["lap"][0])
+    assert torch.equal(coords.laplacian_pe(4)[1], want["lap"][1])
+    assert torch.equal(coords.in_degree, want["in"]) and torch.equal(coords.out_degree, want["out"])
+    for a, b in zip(coords.path_edge_attr(3), want["path"], strict=True):
+        assert torch.equal(a, b)
+    # the values come from the named attribute: change it and the coordinates follow
+    batch.rw = torch.full_like(batch.rw, 0.25)
+    tampered = Graph.from_pyg(batch, **kwargs).rwse(5)
+    assert torch.all(tampered[tampered != 0] == 0.25)
+    # a model reads them the same way
+    layer = GraphTransformer(16, 2, encodings=[{"name": "rwse", "k": 5}, {"name": "lappe", "k": 4},
+                                              {"name": "graphormer", "max_hops": 3},
+                                              "graphormer_centrality"], precomputed=kwargs).eval()
+    x = torch.randn(batch.num_nodes, 16)
+    assert layer(x, batch.edge_index, batch.batch, data=batch).shape == (batch.num_nodes, 16)
+
+
+def test_wrong_or_missing_attr_name_raises_naming_it() -> None:
+    batch = custom_batch()
+    with pytest.raises(ValueError, match=r"rwse='random_walk_pe' names no attribute.*'rw'"):
+        Graph.from_pyg(batch, rwse="random_walk_pe")  # the transform stored it as "rw"
+    with pytest.raises(ValueError, match=r"spd_index='spd_index'"):
+        Graph.from_pyg(batch, spd="hops", spd_index="spd_index")
+    with pytest.raises(ValueError, match=r"spd='spd'"):
+        Graph.from_pyg(batch, spd="spd")
+    with pytest.raises(ValueError, match=r"in_degree='in_degree'"):
+        Graph.from_pyg(batch, in_degree="in_degree")
+    with pytest.raises(ValueError, match=r"edge_attr='bond_attr'"):
+        Graph.from_pyg(batch, edge_attr="bond_attr")
+    with pytest.raises(TypeError, match="rwse must be an attribute name"):
+        Graph.from_pyg(batch, rwse=5)
+    with pytest.raises(ValueError, match="path_edge_attr and path_edge_mask"):
+        Graph.from_pyg(batch, spd="hops", path_edge_attr="hops_edge_attr")
+    # asking for more than was precomputed is an error, not a silent recomputation
+    coords = Graph.from_pyg(batch, **graph_kwargs(CUSTOM))
+    with pytest.raises(ValueError, match=r"rwse was precomputed with 5 columns.*AddRWSE\(8\)"):
+        coords.rwse(8)
+    with pytest.raises(ValueError, match=r"laplacian_pe was precomputed with normalization='sym'"):
+        coords.laplacian_pe(4, normalization=None)
+    with pytest.raises(ValueError, match=r"precomputed for 3 hops"):
+        coords.path_edge_attr(4)
+    # the default edge_attr name may be absent; structure-only Graph(data) reads no attributes
+    plain = Data(edge_index=batch.edge_index, num_nodes=batch.num_nodes)
+    assert Graph.from_pyg(plain).edge_attr is None
+    assert not Graph(batch).precomputed
+
+
+def test_transform_attr_name_validation() -> None:
+    with pytest.raises(ValueError, match="contains 'index'"):
+        AddRWSE(3, attr_name="rw_index")
+    with pytest.raises(ValueError, match="contains 'batch'"):
+        AddShortestPaths(attr_name="batch_spd")
+    with pytest.raises(ValueError, match="identifier"):
+        AddLaplacianPE(3, attr_name="my pe")
+    with pytest.raises(ValueError, match="edge_hops"):
+        AddShortestPaths(edge_hops=-1)
+    with pytest.raises(ValueError, match="k must be"):
+        AddRWSE(0)
+    with pytest.raises(ValueError, match="needs edge_attr"):
+        AddShortestPaths(edge_hops=2)(Data(edge_index=torch.tensor([[0], [1]]), num_nodes=2))
+
+
+def test_pyg_own_transforms_are_read_through_their_attr_name() -> None:
+    pre = Compose([AddRandomWalkPE(6, attr_name="pyg_rw"), AddLaplacianEigenvectorPE(2, attr_name="pyg_lap")])
+    graphs = [pre(Data(edge_index=g.edge_index, num_nodes=g.num_nodes))
+              for g in (from_smiles(s) for s in SMILES[:4])]
+    batch = next(iter(DataLoader(graphs, batch_size=4)))
+    kwargs = graph_kwargs(pre)
+    assert kwargs == {"rwse": "pyg_rw", "laplacian_pe": "pyg_lap", "laplacian_normalization": "sym"}
+    coords = Graph.from_pyg(batch, **kwargs)
+    assert torch.allclose(coords.rwse(6), Graph(batch).rwse(6), atol=1e-6)
+    lap = coords.laplacian_pe(2)[0]
+    assert torch.allclose(lap.abs(), Graph(batch).laplacian_pe(2)[0].abs(), atol=1e-5)
+
+
+def test_layer_precomputed_needs_data() -> None:
+    layer = GraphTransformer(8, 2, encodings=["rwse"], precomputed={"rwse": "random_walk_pe"})
+    with pytest.raises(ValueError, match="pass data="):
+        layer(torch.randn(3, 8), torch.tensor([[0, 1], [1, 2]]))
+    with pytest.raises(ValueError, match="unknown keys"):
+        GraphTransformer(8, 2, precomputed={"random_walk": "rw"})

@@ -78,8 +78,11 @@ def test_sincos_3d_and_errors():
     torch.testing.assert_close(pe[2:, :8], (t[:, None] / 10000 ** (torch.arange(8) / 8.0)).sin())
     with pytest.raises(ValueError, match="divisible by 2·axes = 6"):
         mmpe.build("sincos", d_model=64)(g)
-    with pytest.raises(TypeError, match="supports coordinates"):
-        mmpe.build("sincos", d_model=64)(Sequence(4))
+    class Unplaced(mmpe.Coordinates):  # tokens with no position at all
+        num_queries = 4
+
+    with pytest.raises(TypeError, match="Positioned.*query_positions"):
+        mmpe.build("sincos", d_model=64)(Unplaced())
 
 
 # -- learned grid ----------------------------------------------------------------------------
@@ -276,7 +279,7 @@ def test_swinv2_cpb_matches_timm_relposmlp():
 # -- every grid method in attention -----------------------------------------------------------
 GRID_METHODS = {
     "sincos": {}, "learned_grid": {"grid_shape": (3, 4)}, "factorized": {"grid_shape": (3, 4)},
-    "swin": {"grid_shape": (3, 4)}, "swinv2_cpb": {"grid_shape": (3, 4), "hidden": 32},
+    "swin": {"grid_shape": (3, 4)}, "swinv2_cpb": {"grid_shape": (3, 4)},
     "rope_axial": {}, "rope_mixed": {}, "mrope": {}, "alibi": {}, "t5": {}, "fire": {},
 }
 
@@ -286,7 +289,8 @@ def test_grid_methods_registered_and_run_at_two_resolutions(name):
     entry = mmpe.registry.get(name)
     assert "grid" in entry.coords
     ctx = {"d_model": 32, "num_heads": 2, "head_dim": 16, **GRID_METHODS[name]}
-    model = Transformer(32, 2, 1, [name], encoding_context=ctx)
+    spec = {"name": name, **({"hidden": 32} if name == "swinv2_cpb" else {})}
+    model = Transformer(32, 2, 1, [spec], encoding_context=ctx)
     for shape in [(3, 4), (5, 6)]:
         g = Grid(shape, prefix_tokens=1)
         out = model(torch.randn(2, g.num_tokens, 32), g)

@@ -21,6 +21,10 @@ def test_foundation_methods_registered_with_metadata():
 def test_unknown_name_lists_known_ones():
     with pytest.raises(KeyError, match="known encodings: .*alibi.*rope"):
         mmpe.build("ropee")
+    with pytest.raises(KeyError, match="Did you mean 'rope'"):
+        mmpe.build("ropee")
+    with pytest.raises(KeyError, match="Did you mean 'alibi'"):
+        mmpe.build("albi")
 
 
 def test_build_from_name_config_and_context():
@@ -54,6 +58,6 @@ def test_register_checks_hook_and_duplicates():
 
 def test_coords_check_uses_registry_metadata():
     enc = mmpe.build("sinusoidal", d_model=8)
-    assert enc.supported_coords == registry.get("sinusoidal").coords
+    assert enc.needs == registry.get("sinusoidal").needs
     with pytest.raises(TypeError, match="Coordinates"):
         enc(torch.arange(4))

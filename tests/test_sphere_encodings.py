@@ -125,7 +125,7 @@ def test_input_encodings_shapes_batched_and_coordinate_check(name):
     out = enc(Sphere(lat, lon))
     assert out.shape == (3, 7, D) and out.dtype == torch.float32
     torch.testing.assert_close(enc(Sphere(lat[1], lon[1])), out[1])
-    with pytest.raises(TypeError, match="sphere"):
+    with pytest.raises(TypeError, match="Spherical.*lat, lon"):
         enc(Sequence(4))
     assert mmpe.registry.get(name).coords == ("sphere",)
 

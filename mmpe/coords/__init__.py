@@ -4,8 +4,10 @@ from mmpe.coords.base import Coordinates, index_grid
 from mmpe.coords.composite import Composite
 from mmpe.coords.graph import Graph
 from mmpe.coords.grid import Grid
+from mmpe.coords.points import Points
 from mmpe.coords.sequence import Sequence
 from mmpe.coords.sphere import Sphere
 from mmpe.coords.table import Table
 
-__all__ = ["Graph", "Grid", "Composite", "Coordinates", "Sequence", "Sphere", "Table", "index_grid"]
+__all__ = ["Graph", "Grid", "Composite", "Coordinates", "Points", "Sequence", "Sphere", "Table",
+           "index_grid"]

@@ -10,8 +10,9 @@ questions and never looks at the data type itself:
   they take indices, the same call works inside a FlexAttention ``score_mod`` (scalar indices,
   no ``n×n`` tensor) and eagerly (broadcast ``[n, 1]`` and ``[1, n]`` index grids).
 
-A new coordinate type subclasses :class:`Coordinates` and implements those members; every
-registered encoding whose metadata lists its ``kind`` then works on it unchanged.
+A new coordinate type subclasses :class:`Coordinates` and implements the members of the
+capabilities it offers (:mod:`mmpe.coords.capabilities`); every registered encoding whose needs
+those meet then works on it unchanged.
 """
 
 from __future__ import annotations
@@ -22,19 +23,38 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from mmpe.coords.capabilities import defines
+
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
+_COORDINATE_TYPES: dict[str, type[Coordinates]] = {}
+
+
+def coordinate_types() -> dict[str, type[Coordinates]]:
+    """Every coordinate class defined so far (mmpe's and users'), by ``kind``."""
+    return dict(_COORDINATE_TYPES)
+
+
 class Coordinates(ABC):
-    """Base class of every coordinate system.
+    """Base class of every coordinate system: token counts, masks, batch and device.
+
+    What an encoding may *ask* lives in the capabilities of :mod:`mmpe.coords.capabilities`
+    (``Metric``: ``distance``/``extent``; ``Directed``: ``relation``/``causal``; ``Positioned``:
+    per-token positions; …). A subclass implements :attr:`num_queries` and the members of the
+    capabilities it offers, and every registered encoding whose needs those meet runs on it.
 
     Attributes:
-        kind: the coordinate type name used in registry metadata (``"sequence"``, ``"grid"`` …).
-        directed: whether :meth:`relation` carries a meaningful sign (query before/after key).
+        kind: a display name (``"sequence"``, ``"grid"`` …); also the key under which
+            :func:`coordinate_types` lists the class. Optional for user classes.
     """
 
     kind: str = ""
-    directed: bool = False
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("kind"):
+            _COORDINATE_TYPES[cls.kind] = cls
 
     @property
     @abstractmethod
@@ -46,49 +66,24 @@ class Coordinates(ABC):
         """Number of key tokens ``n_k``: ``n_q`` in self-attention; a cached decoder has more."""
         return self.num_queries
 
-    @property
-    @abstractmethod
-    def query_positions(self) -> Tensor:
-        """Coordinates of the query tokens, ``[n_q, a]`` or ``[b, n_q, a]``."""
-
-    @property
-    def key_positions(self) -> Tensor:
-        """Coordinates of the key tokens, ``[n_k, a]`` or ``[b, n_k, a]`` (the queries' by default)."""
-        return self.query_positions
-
-    @abstractmethod
-    def relation(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """Relative position of key ``kv_idx`` seen from query ``q_idx`` (signed where ``directed``).
-
-        ``q_idx``, ``kv_idx`` and ``b`` are integer tensors that broadcast together; the
-        result has their broadcast shape.
-        """
-
-    def distance(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """Non-negative distance between query ``q_idx`` and key ``kv_idx`` (float)."""
-        return self.relation(q_idx, kv_idx, b).abs().to(torch.float32)
-
-    def extent(self, q_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """How far keys can lie from query ``q_idx`` (float, the distance's units).
-
-        FIRE normalises distances by it: the query position ``i`` on a causal sequence, the
-        diameter of the coordinate set elsewhere (grid diagonal, graph diameter, π on the sphere).
-        """
-        raise NotImplementedError(f"{type(self).__name__} does not define extent()")
-
     def mask_mod(self) -> MaskMod | None:
         """FlexAttention-style ``mask_mod(b, h, q_idx, kv_idx) -> bool`` (True = may attend), or None."""
         return None
 
     @property
     def device(self) -> torch.device:
-        return self.query_positions.device
+        """Where the coordinates' tensors live (from the positions when there are any, else CPU)."""
+        if defines(self, "query_positions"):
+            return self.query_positions.device  # type: ignore[attr-defined]
+        return torch.device("cpu")
 
     @property
     def batch_size(self) -> int | None:
         """Batch size when positions differ per example, else None."""
-        pos = self.query_positions
-        return pos.shape[0] if pos.dim() == 3 else None
+        if defines(self, "query_positions"):
+            pos = self.query_positions  # type: ignore[attr-defined]
+            return pos.shape[0] if pos.dim() == 3 else None
+        return None
 
     def dense_mask(self) -> Tensor | None:
         """The :meth:`mask_mod` evaluated on all pairs, ``[b or 1, 1, n_q, n_k]`` bool, or None."""

@@ -42,7 +42,8 @@ class Composite(Coordinates):
 
     Positions: ``query_positions`` / ``key_positions`` are ``[n, 3]`` int64 ``(t, h, w)``.
     Pairs: ``relation(q, k) = t_q − t_k`` (temporal component, the text position on text
-    tokens; ``directed``), ``distance`` its absolute value, ``extent`` the query's temporal id.
+    tokens), ``distance`` its absolute value, ``extent`` the query's temporal id. Capabilities:
+    ``Positioned`` (3 axes), ``Directed``, ``Metric``.
     :attr:`segment_ids` ``[n]`` and :attr:`is_vision` ``[n]`` tell the segments apart.
 
     Raises:
@@ -52,7 +53,8 @@ class Composite(Coordinates):
     """
 
     kind = "composite"
-    directed = True
+    num_axes = 3
+    causal: bool
 
     def __init__(
         self,
@@ -89,6 +91,7 @@ class Composite(Coordinates):
         self.segment_ids = torch.cat(seg_ids).to(self._device)
         self.is_vision = torch.cat(vision).to(self._device)
         self._t = self._ids[:, 0].contiguous()
+        self._t_lo, self._t_hi = self._t.amin(), self._t.amax()
 
     @property
     def num_queries(self) -> int:
@@ -104,6 +107,11 @@ class Composite(Coordinates):
 
 
     @property
+    def key_positions(self) -> Tensor:
+        """``[n, 3]`` int64, the queries' (self-attention)."""
+        return self._ids
+
+    @property
     def position_ids(self) -> Tensor:
         """``[3, n]``, the layout of HF transformers' ``get_rope_index`` (per example)."""
         return self._ids.T
@@ -112,9 +120,17 @@ class Composite(Coordinates):
         """``t_q − t_k`` (int64): token distance on text, temporal offset across segments."""
         return self._t[q_idx] - self._t[kv_idx]
 
+    def distance(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
+        """``|t_q − t_k|`` (float32)."""
+        return self.relation(q_idx, kv_idx, b).abs().to(torch.float32)
+
     def extent(self, q_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """The query's temporal id (as :meth:`Sequence.extent` on text), float32."""
-        return self._t[q_idx].to(torch.float32)
+        """How far keys lie from the query in temporal ids (as :meth:`Sequence.extent`), float32:
+        the query's id when causal, else the distance to the farther end."""
+        t = self._t[q_idx]
+        if self.causal:
+            return t.to(torch.float32)
+        return torch.maximum(t - self._t_lo, self._t_hi - t).to(torch.float32)
 
     def mask_mod(self) -> MaskMod | None:
         if not self.causal:

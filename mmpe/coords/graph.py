@@ -6,25 +6,33 @@ node ``i`` sits in slot ``(g, i)``; slots past the graph's size are padding, mas
 (Graphormer's virtual graph node, Ying et al. 2021 §3.1): its nodes then sit in slots
 ``1 … n``.
 
-Pairwise and per-node data are computed on demand with scipy and cached on the object:
+:class:`Graph` holds that layout and answers the coordinate protocol (``Metric``:
+``distance``/``extent``; ``GraphLayout``: ``spd``, ``node_mask``, degrees, ``laplacian_pe``,
+``rwse``, ``virtual_token``; ``GraphEdges``: ``path_edge_attr``). The maths lives in
+:mod:`mmpe.graph_maths`; the members call it per graph on first use and cache the padded
+result on the object:
 
-* ``spd`` — all-pairs shortest-path hop counts (``scipy.sparse.csgraph.shortest_path``,
-  unweighted BFS), clipped at ``max_distance``; an unreachable pair has its own code
-  :data:`UNREACHABLE` (−1), a pair with the virtual token :data:`VIRTUAL` (−2);
+* ``spd`` — all-pairs shortest-path hop counts (:func:`~mmpe.graph_maths.shortest_path_hops`),
+  clipped at ``max_distance``; an unreachable pair has its own code :data:`UNREACHABLE` (−1),
+  a pair with the virtual token :data:`VIRTUAL` (−2);
 * ``laplacian_pe(k)`` — ``k`` smallest non-trivial Laplacian eigenvectors
-  (:mod:`mmpe.coords.spectral`), zero-padded and masked for graphs with ``n < k + 1``;
-* ``rwse(k)`` — random-walk return probabilities ``[(D⁻¹A)^t]_ii``, ``t = 1 … k``;
-* ``in_degree`` / ``out_degree``;
+  (:func:`~mmpe.graph_maths.laplacian_pe`), zero-padded and masked for graphs with
+  ``n < k + 1``;
+* ``rwse(k)`` — random-walk return probabilities (:func:`~mmpe.graph_maths.random_walk_pe`);
+* ``in_degree`` / ``out_degree`` (:func:`~mmpe.graph_maths.degrees`);
 * ``path_edge_attr(max_hops)`` — the edge features along one shortest path per pair
-  (Graphormer's edge encoding).
+  (Graphormer's edge encoding; :func:`~mmpe.graph_maths.path_edge_ids`).
 
-Precomputed attributes on a PyG ``Data``/``Batch`` (attached by the transforms of
-:mod:`mmpe.integrations.pyg`, e.g. as a ``pre_transform``) are used instead of recomputing:
-``spd``/``spd_index``, ``laplacian_eigenvector_pe``, ``random_walk_pe``, ``in_degree``,
-``out_degree``, ``spd_edge_attr``/``spd_edge_mask``.
+**Precomputed values** are passed explicitly, never looked up under guessed names: as tensors
+to the constructor (``Graph(edge_index, n, batch, rwse=pe, spd=hops, spd_index=pairs, …)``,
+each keyword naming the member it supplies), or as attribute names of a PyG ``Data``/``Batch``
+to :meth:`Graph.from_pyg` (``Graph.from_pyg(batch, rwse="random_walk_pe", …)``;
+:func:`mmpe.integrations.pyg.graph_kwargs` writes these keywords for the transforms that
+attached the attributes).
 
-Conventions: the edge list is coalesced (duplicate edges count once) and, with
-``undirected=True`` (default), symmetrised for shortest paths, Laplacians and random walks.
+Conventions (those of :mod:`mmpe.graph_maths`): the edge list is coalesced (duplicate edges
+count once) and, with ``undirected=True`` (default), symmetrised for shortest paths;
+Laplacians are built on the symmetrised graph, random walks on the edge list as given.
 Self-loops are ignored by shortest paths and Laplacians; a random walk may take them (as in
 PyG's ``AddRandomWalkPE``). Degrees count the coalesced edge list as given (in: edges into the
 node, out: edges leaving it; a PyG undirected graph stores both directions, so in = out).
@@ -37,11 +45,17 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 import torch
-from scipy.sparse.csgraph import shortest_path
 from torch import Tensor
 
 from mmpe.coords.base import Coordinates, MaskMod
-from mmpe.coords.spectral import laplacian_eigenvectors
+from mmpe.graph_maths import (
+    adjacency,
+    degrees,
+    laplacian_pe,
+    path_edge_ids,
+    random_walk_pe,
+    shortest_path_hops,
+)
 
 __all__ = ["UNREACHABLE", "VIRTUAL", "Graph", "random_walk_pe", "shortest_path_hops"]
 
@@ -50,77 +64,60 @@ UNREACHABLE = -1
 #: ``spd`` code of a pair that involves the virtual graph token.
 VIRTUAL = -2
 
+#: The precomputed values :class:`Graph` accepts, by keyword (see :meth:`Graph.from_pyg`).
+PRECOMPUTED = ("spd", "spd_index", "path_edge_attr", "path_edge_mask", "laplacian_pe", "rwse",
+               "in_degree", "out_degree")
+
 
 def _np_adjacency(edge_index: np.ndarray, n: int, undirected: bool, self_loops: bool) -> sp.csr_matrix:
-    row, col = edge_index
-    if not self_loops:
-        keep = row != col
-        row, col = row[keep], col[keep]
-    if undirected:
-        row, col = np.concatenate([row, col]), np.concatenate([col, row])
-    a = sp.csr_matrix((np.ones(len(row)), (row, col)), shape=(n, n))
-    a.data[:] = 1.0  # coalesce: duplicates count once
-    return a
+    """Older name of :func:`mmpe.graph_maths.adjacency` (positional flags)."""
+    return adjacency(edge_index, n, undirected=undirected, self_loops=self_loops)
 
 
-def shortest_path_hops(edge_index: np.ndarray | Tensor, num_nodes: int, undirected: bool = True,
-                       return_predecessors: bool = False):
-    """All-pairs hop counts of one graph (BFS via ``scipy.sparse.csgraph.shortest_path``).
-
-    Returns ``float64 [n, n]`` with ``inf`` for unreachable pairs (and predecessors ``[n, n]``
-    int, −9999 where none, when asked).
-    """
-    ei = np.asarray(edge_index.cpu() if isinstance(edge_index, Tensor) else edge_index)
-    adj = _np_adjacency(ei.reshape(2, -1), num_nodes, undirected, self_loops=False)
-    return shortest_path(adj, method="D", directed=not undirected, unweighted=True,
-                         return_predecessors=return_predecessors)
-
-
-def random_walk_pe(edge_index: np.ndarray | Tensor, num_nodes: int, k: int,
-                   undirected: bool = False) -> np.ndarray:
-    """Return probabilities ``[(D⁻¹A)^t]_ii`` for ``t = 1 … k`` (RWSE, Dwivedi et al. 2022).
-
-    ``A`` is the coalesced adjacency of ``edge_index`` (self-loops kept; symmetrised when
-    ``undirected``), ``D`` its out-degrees clamped to ≥ 1 (an isolated node never returns).
-    This is PyG's ``AddRandomWalkPE`` on a coalesced edge list. Returns ``float64 [n, k]``.
-    """
-    ei = np.asarray(edge_index.cpu() if isinstance(edge_index, Tensor) else edge_index)
-    adj = _np_adjacency(ei.reshape(2, -1), num_nodes, undirected, self_loops=True)
-    deg = np.maximum(np.asarray(adj.sum(axis=1)).ravel(), 1.0)
-    walk = sp.diags(1.0 / deg) @ adj
-    out = np.zeros((num_nodes, k))
-    if num_nodes <= 2000:
-        walk = walk.toarray()
-        power = walk
-        for t in range(k):
-            out[:, t] = np.diag(power)
-            if t + 1 < k:
-                power = power @ walk
-    else:
-        power = walk.tocsr()
-        for t in range(k):
-            out[:, t] = power.diagonal()
-            if t + 1 < k:
-                power = power @ walk
-    return out
+def _int_tensor(value: Any, name: str) -> Tensor:
+    if not isinstance(value, Tensor):
+        raise TypeError(f"Graph: {name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.dtype == torch.bool or value.is_complex():
+        raise TypeError(f"Graph: {name} must hold integers, got {value.dtype}")
+    if value.dtype.is_floating_point:
+        if not bool(torch.isfinite(value).all()) or not bool((value == value.round()).all()):
+            raise ValueError(f"Graph: {name} must hold whole numbers, got non-integral values")
+    return value.detach().long().cpu()
 
 
 class Graph(Coordinates):
     """Coordinates of a batch of graphs (units: hops).
 
     Args:
-        graph: a PyG ``Data``/``Batch`` (its ``edge_index``, ``num_nodes``, ``batch``,
-            ``edge_attr`` and any precomputed attributes are read), or an ``edge_index``
-            ``[2, E]`` integer tensor.
+        graph: an ``edge_index`` ``[2, E]`` integer tensor, or a PyG ``Data``/``Batch`` (only its
+            structure is read: ``edge_index``, ``num_nodes``, ``batch``, ``edge_attr``; use
+            :meth:`from_pyg` to read precomputed attributes).
         num_nodes: total node count (required with an ``edge_index``).
         batch: graph id of every node ``[num_nodes]`` (sorted, as PyG builds it); None = one graph.
         edge_attr: edge features ``[E, F]`` (integer categories or floats), for Graphormer's
             edge encoding.
         max_distance: hop counts above it are clipped to it (``distance`` of an unreachable pair
             is ``max_distance + 1``).
-        undirected: treat edges as undirected for paths, Laplacians and walks.
+        undirected: treat edges as undirected for shortest paths and path edges.
         virtual_token: add a virtual graph token in slot 0 of every graph.
         device: where the tensors live (default: ``edge_index``'s device).
+
+    Precomputed values (optional; each replaces the computation of the member it names; node
+    ids are global, i.e. rows in PyG's batched order):
+        spd: hop counts ``[P]`` (integers; −1 or any negative value: unreachable; unclipped) of
+            the node pairs ``spd_index``. Pairs not listed are unreachable.
+        spd_index: the pairs ``[2, P]`` (source, target node ids; both in the same graph) of
+            ``spd`` and of ``path_edge_attr``/``path_edge_mask``.
+        path_edge_attr: ``[P, H, F]`` edge features along each pair's shortest path (``H`` hops
+            stored; ``path_edge_attr(max_hops)`` may ask for ``max_hops <= H``).
+        path_edge_mask: ``[P, H]`` bool, True where ``path_edge_attr`` holds an edge.
+        laplacian_pe: ``[num_nodes, K]`` Laplacian eigenvectors; ``laplacian_pe(k)`` reads the
+            first ``k <= K`` columns.
+        laplacian_normalization: the Laplacian ``laplacian_pe`` was computed with (``"sym"``
+            or None); asking for another raises.
+        rwse: ``[num_nodes, K]`` random-walk return probabilities, ``t = 1 … K``; ``rwse(k)``
+            reads the first ``k <= K`` columns.
+        in_degree, out_degree: ``[num_nodes]`` integers.
 
     Per-pair ``distance(q, k, b)``: hop count (float) — 0 on the diagonal, ``max_distance + 1``
     for unreachable pairs and padding, 1 between the virtual token and any node (it is
@@ -129,15 +126,18 @@ class Graph(Coordinates):
 
     Raises:
         TypeError: ``graph`` is neither a PyG data object nor a tensor; non-integer
-            ``edge_index`` or ``batch``.
+            ``edge_index``, ``batch``, ``spd``, ``spd_index`` or degrees; a precomputed value
+            that is not a tensor.
         ValueError: ``edge_index`` not ``[2, E]``; node ids outside ``[0, num_nodes)``;
             ``num_nodes`` missing or < 1; ``batch`` of the wrong length, unsorted, or edges
             joining two graphs; ``edge_attr`` with a row count other than ``E``;
-            ``max_distance < 1``.
+            ``max_distance < 1``; a precomputed value of the wrong shape (the message names
+            the keyword); ``spd``/``path_edge_attr`` without ``spd_index``; pairs joining two
+            graphs.
     """
 
     kind = "graph"
-    directed = False
+    virtual_token: bool
 
     def __init__(
         self,
@@ -150,10 +150,17 @@ class Graph(Coordinates):
         undirected: bool = True,
         virtual_token: bool = False,
         device: torch.device | str | None = None,
+        spd: Tensor | None = None,
+        spd_index: Tensor | None = None,
+        path_edge_attr: Tensor | None = None,
+        path_edge_mask: Tensor | None = None,
+        laplacian_pe: Tensor | None = None,
+        laplacian_normalization: str | None = "sym",
+        rwse: Tensor | None = None,
+        in_degree: Tensor | None = None,
+        out_degree: Tensor | None = None,
     ) -> None:
-        self._data = None
         if hasattr(graph, "edge_index") and not isinstance(graph, Tensor):
-            self._data = graph
             edge_index = graph.edge_index
             num_nodes = graph.num_nodes if num_nodes is None else num_nodes
             batch = getattr(graph, "batch", None) if batch is None else batch
@@ -222,10 +229,167 @@ class Graph(Coordinates):
         if virtual_token:
             valid[:, 0] = True
         self.valid = valid.to(self.device_)
+        if laplacian_normalization not in ("sym", None):
+            raise ValueError(f"Graph: laplacian_normalization must be 'sym' or None, "
+                             f"got {laplacian_normalization!r}")
+        self.laplacian_normalization = laplacian_normalization
+        self.precomputed: dict[str, Tensor] = self._check_precomputed(
+            num_nodes, spd=spd, spd_index=spd_index, path_edge_attr=path_edge_attr,
+            path_edge_mask=path_edge_mask, laplacian_pe=laplacian_pe, rwse=rwse,
+            in_degree=in_degree, out_degree=out_degree)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_pyg(
+        cls,
+        data: Any,
+        *,
+        spd: str | Tensor | None = None,
+        spd_index: str | Tensor | None = None,
+        path_edge_attr: str | Tensor | None = None,
+        path_edge_mask: str | Tensor | None = None,
+        laplacian_pe: str | Tensor | None = None,
+        laplacian_normalization: str | None = "sym",
+        rwse: str | Tensor | None = None,
+        in_degree: str | Tensor | None = None,
+        out_degree: str | Tensor | None = None,
+        edge_attr: str | Tensor | None = "edge_attr",
+        **options: Any,
+    ) -> Graph:
+        """Coordinates of a PyG ``Data``/``Batch``, reading the precomputed values it is told to.
+
+        Each keyword names the attribute of ``data`` that holds the value of the member of the
+        same name (or gives the tensor itself; None: compute it). Nothing else is read besides
+        PyG's own ``edge_index``, ``num_nodes`` and ``batch``. The keywords for the mmpe
+        transforms that attached the attributes come from
+        :func:`mmpe.integrations.pyg.graph_kwargs`::
+
+            pre = Compose([AddShortestPaths(edge_hops=5), AddRWSE(16, attr_name="rw")])
+            coords = Graph.from_pyg(batch, **graph_kwargs(pre))   # rwse="rw", spd="spd", …
+
+        Args:
+            data: a PyG ``Data`` or ``Batch``.
+            spd, spd_index, path_edge_attr, path_edge_mask, laplacian_pe, rwse, in_degree,
+                out_degree: attribute names (or tensors) of the precomputed values, with the
+                layout of the :class:`Graph` keywords. ``spd_index`` defaults to
+                ``spd + "_index"`` when ``spd`` is a name (the layout of ``AddShortestPaths``).
+            laplacian_normalization: the Laplacian the ``laplacian_pe`` attribute was computed
+                with.
+            edge_attr: name (or tensor) of the edge features; the default ``"edge_attr"`` (PyG's
+                own field) may be absent, any other name must exist. None: no edge features.
+            **options: the other :class:`Graph` arguments (``max_distance``, ``undirected``,
+                ``virtual_token``, ``device``).
+
+        Raises:
+            ValueError: a name that is not an attribute of ``data`` (or is None there); the
+                message names the keyword, the attribute, and the attributes ``data`` has.
+            TypeError: a keyword that is neither a string, a tensor nor None; an attribute
+                that is not a tensor.
+        """
+        if not hasattr(data, "edge_index") or isinstance(data, Tensor):
+            raise TypeError(f"Graph.from_pyg: data must be a PyG Data/Batch, got {type(data).__name__}")
+        if isinstance(spd, str) and spd_index is None:
+            spd_index = f"{spd}_index"
+
+        def read(keyword: str, value: Any, optional: bool = False) -> Tensor | None:
+            if value is None or isinstance(value, Tensor):
+                return value
+            if not isinstance(value, str):
+                raise TypeError(f"Graph.from_pyg: {keyword} must be an attribute name (str), a "
+                                f"tensor or None, got {type(value).__name__}")
+            try:
+                found = getattr(data, value, None)
+            except (AttributeError, KeyError):  # pragma: no cover - PyG storage quirks
+                found = None
+            if found is None:
+                if optional:
+                    return None
+                keys = sorted(data.keys()) if callable(getattr(data, "keys", None)) else []
+                raise ValueError(f"Graph.from_pyg: {keyword}={value!r} names no attribute of the "
+                                 f"{type(data).__name__} (it has {keys}); attach it with the "
+                                 f"matching transform or pass the attribute name it was stored under")
+            if not isinstance(found, Tensor):
+                raise TypeError(f"Graph.from_pyg: attribute {value!r} ({keyword}) must be a tensor, "
+                                f"got {type(found).__name__}")
+            return found
+
+        given = {
+            "spd": read("spd", spd), "spd_index": read("spd_index", spd_index),
+            "path_edge_attr": read("path_edge_attr", path_edge_attr),
+            "path_edge_mask": read("path_edge_mask", path_edge_mask),
+            "laplacian_pe": read("laplacian_pe", laplacian_pe), "rwse": read("rwse", rwse),
+            "in_degree": read("in_degree", in_degree), "out_degree": read("out_degree", out_degree),
+        }
+        attr = read("edge_attr", edge_attr, optional=isinstance(edge_attr, str) and edge_attr == "edge_attr")
+        return cls(data.edge_index, int(data.num_nodes), getattr(data, "batch", None),
+                   edge_attr=attr, laplacian_normalization=laplacian_normalization, **given,
+                   **options)
+
+    def _check_precomputed(self, num_nodes: int, **given: Tensor | None) -> dict[str, Tensor]:
+        """Validate the precomputed values (shapes, dtypes, pairs) and keep them on the CPU."""
+        out: dict[str, Tensor] = {}
+        for name in ("laplacian_pe", "rwse"):
+            value = given[name]
+            if value is None:
+                continue
+            if not isinstance(value, Tensor):
+                raise TypeError(f"Graph: {name} must be a torch.Tensor [num_nodes, k], "
+                                f"got {type(value).__name__}")
+            if value.dim() != 2 or value.shape[0] != num_nodes or value.shape[1] < 1:
+                raise ValueError(f"Graph: {name} must be [num_nodes={num_nodes}, k >= 1], "
+                                 f"got {tuple(value.shape)}")
+            out[name] = value.detach().float().cpu()
+        for name in ("in_degree", "out_degree"):
+            if given[name] is None:
+                continue
+            value = _int_tensor(given[name], name)
+            if value.shape != (num_nodes,) or (value.numel() and int(value.min()) < 0):
+                raise ValueError(f"Graph: {name} must be [num_nodes={num_nodes}] non-negative "
+                                 f"integers, got shape {tuple(value.shape)}")
+            out[name] = value
+        spd, index = given["spd"], given["spd_index"]
+        attr, mask = given["path_edge_attr"], given["path_edge_mask"]
+        if (attr is None) != (mask is None):
+            raise ValueError("Graph: path_edge_attr and path_edge_mask come together "
+                             f"(got only {'path_edge_attr' if mask is None else 'path_edge_mask'})")
+        if index is None:
+            if spd is not None or attr is not None:
+                raise ValueError("Graph: spd and path_edge_attr need spd_index [2, P], the node "
+                                 "pairs they describe")
+            return out
+        if spd is None and attr is None:
+            raise ValueError("Graph: spd_index was given without spd or path_edge_attr")
+        index = _int_tensor(index, "spd_index")
+        if index.dim() != 2 or index.shape[0] != 2:
+            raise ValueError(f"Graph: spd_index must be [2, P], got {tuple(index.shape)}")
+        if index.numel() and (int(index.min()) < 0 or int(index.max()) >= num_nodes):
+            raise ValueError(f"Graph: spd_index holds node ids outside [0, num_nodes={num_nodes})")
+        if index.numel() and bool((self.batch_vector[index[0]] != self.batch_vector[index[1]]).any()):
+            raise ValueError("Graph: spd_index has pairs joining nodes of different graphs")
+        p = index.shape[1]
+        out["spd_index"] = index
+        if spd is not None:
+            spd = _int_tensor(spd, "spd")
+            if spd.shape != (p,):
+                raise ValueError(f"Graph: spd must be [P={p}] (one hop count per spd_index pair), "
+                                 f"got {tuple(spd.shape)}")
+            out["spd"] = spd
+        if attr is not None:
+            if not isinstance(attr, Tensor) or not isinstance(mask, Tensor):
+                raise TypeError("Graph: path_edge_attr and path_edge_mask must be torch.Tensors")
+            if attr.dim() == 2:
+                attr = attr.unsqueeze(-1)
+            if attr.dim() != 3 or attr.shape[0] != p:
+                raise ValueError(f"Graph: path_edge_attr must be [P={p}, H, F], got {tuple(attr.shape)}")
+            if tuple(mask.shape) != tuple(attr.shape[:2]):
+                raise ValueError(f"Graph: path_edge_mask must be [P={p}, H={attr.shape[1]}], "
+                                 f"got {tuple(mask.shape)}")
+            out["path_edge_attr"], out["path_edge_mask"] = attr.detach().cpu(), mask.detach().bool().cpu()
+        return out
 
     def cached(self, key: Any, compute: Any) -> Any:
         """``compute()`` once per coordinates object and ``key`` (for parameter-free data that
-        encodings derive from these coordinates, e.g. Graphormer's path-edge codes)."""
+        encodings derive from these coordinates)."""
         if key not in self._cache:
             self._cache[key] = compute()
         return self._cache[key]
@@ -239,18 +403,23 @@ class Graph(Coordinates):
     def _graph_edge_ids(self, g: int) -> np.ndarray:
         return torch.nonzero(self._edge_graph == g).flatten().numpy()
 
+    def _paths(self, g: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(hops, predecessors)`` of graph ``g`` (cached: ``spd`` and ``path_edge_attr`` share it)."""
+        return self.cached(("paths", g), lambda: shortest_path_hops(
+            self.graph_edges(g), int(self.sizes[g]), self.undirected, return_predecessors=True))
+
+    def _per_graph(self, width: int, compute: Any, dtype: torch.dtype = torch.float32) -> Tensor:
+        """``compute(g, n) -> [n, width]`` for every graph, laid out as ``[b, n_max, width]``."""
+        out = torch.zeros(self.num_graphs, self.n_max, width, dtype=dtype)
+        for g in range(self.num_graphs):
+            n = int(self.sizes[g])
+            out[g, self.offset:self.offset + n] = torch.as_tensor(compute(g, n), dtype=dtype)
+        return out
+
     # ------------------------------------------------------------------ protocol
     @property
     def num_queries(self) -> int:
         return self.n_max
-
-
-    @property
-    def query_positions(self) -> Tensor:
-        """Node index within its graph ``[b, n_max, 1]`` (int64; a label, not a geometry)."""
-        idx = torch.arange(self.n_max, device=self.device_) - self.offset
-        return idx.clamp(min=0).expand(self.num_graphs, -1).unsqueeze(-1)
-
 
     @property
     def batch_size(self) -> int:
@@ -272,10 +441,6 @@ class Graph(Coordinates):
         if self.virtual_token:
             mask[:, 0] = False
         return mask
-
-    def relation(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """Undirected: the hop distance (see :meth:`distance`)."""
-        return self.distance(q_idx, kv_idx, b)
 
     def distance(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
         """Hop count between tokens (float32); unreachable/padding: ``max_distance + 1``."""
@@ -309,27 +474,27 @@ class Graph(Coordinates):
         return b
 
     # ------------------------------------------------------------------ pairwise data
+    def _pair_slots(self) -> tuple[Tensor, Tensor, Tensor]:
+        """Where the precomputed pairs ``spd_index`` sit: ``(graph, query slot, key slot)``."""
+        idx = self.precomputed["spd_index"]
+        return self.batch_vector[idx[0]], self.node_slot[1][idx[0]], self.node_slot[1][idx[1]]
+
     @property
     def spd(self) -> Tensor:
         """Hop codes ``[b, n_max, n_max]`` int64 (clipped at ``max_distance``; −1 unreachable or
         padding; −2 pairs with the virtual token; 0 virtual–virtual)."""
         if "spd" not in self._cache:
             out = torch.full((self.num_graphs, self.n_max, self.n_max), UNREACHABLE, dtype=torch.long)
-            pre = self._pre("spd")
-            if pre is not None and self._pre("spd_index") is not None:
-                idx = self._pre("spd_index").long().cpu()
-                vals = pre.long().cpu()
-                g = self.batch_vector[idx[0]]
-                out[g, self.node_slot[1][idx[0]], self.node_slot[1][idx[1]]] = vals
+            if "spd" in self.precomputed:
+                vals = self.precomputed["spd"]
+                out[self._pair_slots()] = torch.where(vals < 0, UNREACHABLE, vals)
             else:
+                o = self.offset
                 for g in range(self.num_graphs):
                     n = int(self.sizes[g])
-                    hops, pred = shortest_path_hops(self.graph_edges(g), n, self.undirected,
-                                                    return_predecessors=True)
-                    self._cache[("paths", g)] = (hops, pred)  # reused by path_edge_attr
-                    h = torch.from_numpy(np.where(np.isinf(hops), UNREACHABLE, hops)).long()
-                    o = self.offset
-                    out[g, o:o + n, o:o + n] = h
+                    hops, _ = self._paths(g)
+                    out[g, o:o + n, o:o + n] = torch.from_numpy(
+                        np.where(np.isinf(hops), UNREACHABLE, hops)).long()
             finite = out >= 0
             out = torch.where(finite, out.clamp(max=self.max_distance), out)
             if self.virtual_token:
@@ -361,15 +526,6 @@ class Graph(Coordinates):
         return self._cache["diam"]
 
     # ------------------------------------------------------------------ per-node data
-    def _pre(self, name: str) -> Tensor | None:
-        data = self._data
-        if data is None:
-            return None
-        try:
-            return getattr(data, name, None)
-        except (AttributeError, KeyError):  # pragma: no cover - PyG storage quirks
-            return None
-
     def scatter_nodes(self, values: Tensor, fill: float = 0.0) -> Tensor:
         """Per-node values ``[num_nodes, ...]`` → padded ``[b, n_max, ...]`` (``fill`` elsewhere)."""
         if values.shape[0] != self.node_slot[0].numel():
@@ -393,147 +549,144 @@ class Graph(Coordinates):
                              f"n_max={self.n_max}, ...], got {tuple(tokens.shape)}")
         return tokens[self.node_slot[0].to(tokens.device), self.node_slot[1].to(tokens.device)]
 
+    def _precomputed_columns(self, name: str, k: int, hint: str) -> Tensor | None:
+        """The first ``k`` columns of a precomputed per-node value, padded; None if not given."""
+        given = self.precomputed.get(name)
+        if given is None:
+            return None
+        if k > given.shape[1]:
+            raise ValueError(f"Graph: {name} was precomputed with {given.shape[1]} columns but "
+                             f"{k} were asked; precompute at least {k} ({hint}) or leave {name} "
+                             "out to compute it")
+        return self.scatter_nodes(given[:, :k])
+
     def laplacian_pe(self, k: int, normalization: str | None = "sym") -> tuple[Tensor, Tensor]:
         """Laplacian eigenvectors per node, ``([b, n_max, k] float32, mask [b, k] bool)``.
 
-        From :func:`mmpe.coords.spectral.laplacian_eigenvectors` (deterministic signs), or a
-        precomputed ``laplacian_eigenvector_pe`` attribute (then the mask is all True where the
-        columns are not all zero). Zeros at padding, virtual token and missing eigenvectors.
+        From :func:`mmpe.graph_maths.laplacian_pe` (deterministic signs), or the first ``k``
+        columns of the precomputed ``laplacian_pe`` (then a column exists where it is not all
+        zero over the graph's nodes). Zeros at padding, virtual token and missing eigenvectors.
+
+        Raises:
+            ValueError: ``k < 1``; an unknown ``normalization``; with a precomputed value, more
+                than its columns or another normalization than it was computed with.
         """
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"Graph.laplacian_pe: k must be an int >= 1, got {k!r}")
+        if normalization not in ("sym", None):
+            raise ValueError(f"Graph.laplacian_pe: normalization must be 'sym' or None, got {normalization!r}")
         key = ("lap", k, normalization)
         if key not in self._cache:
-            pre = self._pre("laplacian_eigenvector_pe")
-            mask = torch.zeros(self.num_graphs, k, dtype=torch.bool)
-            if pre is not None and pre.shape[-1] == k and normalization == "sym":
-                pe = self.scatter_nodes(pre.float().cpu())
+            if "laplacian_pe" in self.precomputed and normalization != self.laplacian_normalization:
+                raise ValueError(f"Graph: laplacian_pe was precomputed with normalization="
+                                 f"{self.laplacian_normalization!r}, {normalization!r} was asked")
+            pe = self._precomputed_columns("laplacian_pe", k, f"AddLaplacianPE({k})")
+            if pe is not None:
                 mask = pe.abs().sum(1) > 0
             else:
-                pe = torch.zeros(self.num_graphs, self.n_max, k)
-                for g in range(self.num_graphs):
-                    n = int(self.sizes[g])
-                    adj = _np_adjacency(self.graph_edges(g), n, True, self_loops=False)
-                    _, vecs, m = laplacian_eigenvectors(adj, k, normalization, return_mask=True)
-                    pe[g, self.offset:self.offset + n] = torch.from_numpy(vecs).float()
+                mask = torch.zeros(self.num_graphs, k, dtype=torch.bool)
+
+                def one(g: int, n: int) -> np.ndarray:
+                    vecs, m = laplacian_pe(self.graph_edges(g), n, k, normalization)
                     mask[g] = torch.from_numpy(m)
+                    return vecs
+
+                pe = self._per_graph(k, one)
             self._cache[key] = (pe.to(self.device_), mask.to(self.device_))
         return self._cache[key]
 
     def rwse(self, k: int) -> Tensor:
-        """Random-walk return probabilities ``[b, n_max, k]`` float32, ``t = 1 … k``."""
+        """Random-walk return probabilities ``[b, n_max, k]`` float32, ``t = 1 … k``
+        (:func:`mmpe.graph_maths.random_walk_pe`, or the first ``k`` precomputed columns).
+
+        Raises:
+            ValueError: ``k < 1``; more columns than a precomputed ``rwse`` has.
+        """
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"Graph.rwse: k must be an int >= 1, got {k!r}")
         key = ("rwse", k)
         if key not in self._cache:
-            pre = self._pre("random_walk_pe")
-            if pre is not None and pre.shape[-1] == k:
-                pe = self.scatter_nodes(pre.float().cpu())
-            else:
-                pe = torch.zeros(self.num_graphs, self.n_max, k)
-                for g in range(self.num_graphs):
-                    n = int(self.sizes[g])
-                    rw = random_walk_pe(self.graph_edges(g), n, k, undirected=False)
-                    pe[g, self.offset:self.offset + n] = torch.from_numpy(rw).float()
+            pe = self._precomputed_columns("rwse", k, f"AddRWSE({k})")
+            if pe is None:
+                pe = self._per_graph(k, lambda g, n: random_walk_pe(self.graph_edges(g), n, k,
+                                                                    undirected=False))
             self._cache[key] = pe.to(self.device_)
         return self._cache[key]
 
-    def _degree(self, which: int, name: str) -> Tensor:
+    def _degree(self, name: str) -> Tensor:
         if name not in self._cache:
-            pre = self._pre(name)
-            if pre is None:
-                n_total = self.node_slot[0].numel()
-                ei = self.edge_index
-                if ei.numel():
-                    ei = torch.unique(ei, dim=1)  # coalesce duplicates
-                pre = torch.bincount(ei[which], minlength=n_total)
-            self._cache[name] = self.scatter_nodes(pre.long().cpu()).to(self.device_)
+            value = self.precomputed.get(name)
+            if value is None:
+                in_deg, out_deg = degrees(self.edge_index, self.node_slot[0].numel())
+                value = torch.from_numpy(in_deg if name == "in_degree" else out_deg)
+            self._cache[name] = self.scatter_nodes(value).to(self.device_)
         return self._cache[name]
 
     @property
     def in_degree(self) -> Tensor:
         """Edges into each node, ``[b, n_max]`` int64 (0 at padding and the virtual token)."""
-        return self._degree(1, "in_degree")
+        return self._degree("in_degree")
 
     @property
     def out_degree(self) -> Tensor:
         """Edges out of each node, ``[b, n_max]`` int64."""
-        return self._degree(0, "out_degree")
+        return self._degree("out_degree")
 
     def path_edge_attr(self, max_hops: int) -> tuple[Tensor, Tensor]:
-        """Edge features along one shortest path per pair (Graphormer edge encoding).
+        """Edge features along one shortest path per pair (Graphormer edge encoding, Ying et al.
+        2021 eq. 7).
 
         For each token pair ``(i, j)`` of a graph, the first ``max_hops`` edges ``e_1 … e_N``
-        of the shortest path from ``i`` to ``j`` chosen by scipy's predecessor matrix.
+        of the shortest path from ``i`` to ``j`` (:func:`mmpe.graph_maths.path_edge_ids`), or
+        the precomputed ``path_edge_attr``/``path_edge_mask``.
 
         Returns:
             ``attr [b, n_max, n_max, max_hops, F]`` (``edge_attr``'s dtype; zeros where no
             edge) and ``valid [b, n_max, n_max, max_hops]`` bool.
 
         Raises:
-            ValueError: the graph has no ``edge_attr``.
+            ValueError: ``max_hops < 1``; the graph has no ``edge_attr`` (and nothing was
+                precomputed); more hops than the precomputed value holds.
         """
+        if isinstance(max_hops, bool) or not isinstance(max_hops, int) or max_hops < 1:
+            raise ValueError(f"Graph.path_edge_attr: max_hops must be an int >= 1, got {max_hops!r}")
         key = ("path", max_hops)
         if key in self._cache:
             return self._cache[key]
-        if self.edge_attr is None:
-            raise ValueError("Graph: path_edge_attr needs edge_attr (give edge_attr= or a Data with it)")
-        feat = self.edge_attr.cpu()
-        f = feat.shape[1]
-        attr = torch.zeros(self.num_graphs, self.n_max, self.n_max, max_hops, f, dtype=feat.dtype)
-        valid = torch.zeros(self.num_graphs, self.n_max, self.n_max, max_hops, dtype=torch.bool)
-        pre, pre_mask = self._pre("spd_edge_attr"), self._pre("spd_edge_mask")
-        if (pre is not None and pre_mask is not None and self._pre("spd_index") is not None
-                and pre.shape[1] >= max_hops):
-            idx = self._pre("spd_index").long().cpu()
-            g = self.batch_vector[idx[0]]
-            qi, ki = self.node_slot[1][idx[0]], self.node_slot[1][idx[1]]
-            attr[g, qi, ki] = pre[:, :max_hops].to(feat.dtype).cpu()
-            valid[g, qi, ki] = pre_mask[:, :max_hops].bool().cpu()
+        shape = (self.num_graphs, self.n_max, self.n_max, max_hops)
+        if "path_edge_attr" in self.precomputed:
+            pre, pre_mask = self.precomputed["path_edge_attr"], self.precomputed["path_edge_mask"]
+            if max_hops > pre.shape[1]:
+                raise ValueError(f"Graph: path_edge_attr was precomputed for {pre.shape[1]} hops but "
+                                 f"max_hops={max_hops} was asked; precompute more "
+                                 f"(AddShortestPaths(edge_hops={max_hops})) or leave it out")
+            attr = torch.zeros(*shape, pre.shape[2], dtype=pre.dtype)
+            valid = torch.zeros(shape, dtype=torch.bool)
+            slots = self._pair_slots()
+            attr[slots] = pre[:, :max_hops]
+            valid[slots] = pre_mask[:, :max_hops]
         else:
-            _ = self.spd  # fills the per-graph (hops, predecessors) cache when it computes
+            if self.edge_attr is None:
+                raise ValueError("Graph: path_edge_attr needs edge_attr (give edge_attr=, a Data "
+                                 "with it, or precomputed path_edge_attr=)")
+            feat = self.edge_attr.cpu()
+            attr = torch.zeros(*shape, feat.shape[1], dtype=feat.dtype)
+            valid = torch.zeros(shape, dtype=torch.bool)
             for g in range(self.num_graphs):
                 n, o = int(self.sizes[g]), self.offset
-                a, v = _path_edges_one(self.graph_edges(g), self._graph_edge_ids(g), n, max_hops,
-                                       self.undirected, self._cache.get(("paths", g)))
+                ids, v = path_edge_ids(self.graph_edges(g), n, max_hops, undirected=self.undirected,
+                                       paths=self._paths(g))
                 if not v.any():
                     continue
                 v_t = torch.from_numpy(v)
-                attr[g, o:o + n, o:o + n] = feat[torch.from_numpy(a).clamp(min=0)] * v_t[..., None].to(feat.dtype)
+                rows = torch.from_numpy(self._graph_edge_ids(g)[np.maximum(ids, 0)])
+                attr[g, o:o + n, o:o + n] = torch.where(v_t[..., None], feat[rows],
+                                                        torch.zeros((), dtype=feat.dtype))
                 valid[g, o:o + n, o:o + n] = v_t
         self._cache[key] = (attr.to(self.device_), valid.to(self.device_))
         return self._cache[key]
 
     def __repr__(self) -> str:
+        given = f", precomputed={sorted(self.precomputed)}" if self.precomputed else ""
         return (f"Graph(num_graphs={self.num_graphs}, n_max={self.n_max}, "
-                f"max_distance={self.max_distance}, virtual_token={self.virtual_token})")
-
-
-def _path_edges_one(edges: np.ndarray, edge_ids: np.ndarray, n: int, max_hops: int,
-                    undirected: bool, paths: tuple[np.ndarray, np.ndarray] | None = None
-                    ) -> tuple[np.ndarray, np.ndarray]:
-    """Global edge ids ``[n, n, max_hops]`` (−1: none) of the first ``max_hops`` edges along
-    scipy's shortest path ``i → j``, and their validity. ``paths``: precomputed
-    ``(hops, predecessors)`` of the graph."""
-    dist, pred = paths if paths is not None else shortest_path_hops(
-        edges, n, undirected, return_predecessors=True)
-    eid = -np.ones((n, n), dtype=np.int64)
-    # Later duplicates overwrite earlier ones: any edge between u and v is "the" edge.
-    eid[edges[0], edges[1]] = edge_ids
-    if undirected:
-        missing = eid[edges[1], edges[0]] < 0
-        eid[edges[1][missing], edges[0][missing]] = edge_ids[missing]
-    out = -np.ones((n, n, max_hops), dtype=np.int64)
-    finite = np.isfinite(dist)
-    d = np.where(finite, dist, 0).astype(np.int64)
-    rows = np.repeat(np.arange(n)[:, None], n, axis=1)
-    cur = np.repeat(np.arange(n)[None, :], n, axis=0)  # walk back from j towards i
-    step = 0
-    while True:
-        active = finite & (d - step > 0)
-        if not active.any():
-            break
-        prev = np.where(active, pred[rows, cur], 0)
-        hop = d - 1 - step  # position of edge (prev → cur) on the path from i
-        keep = active & (hop < max_hops)
-        ii, jj = np.nonzero(keep)
-        out[ii, jj, hop[keep]] = eid[prev[keep], cur[keep]]
-        cur = np.where(active, prev, cur)
-        step += 1
-    return out, out >= 0
+                f"max_distance={self.max_distance}, virtual_token={self.virtual_token}{given})")

@@ -1,8 +1,8 @@
 """Regular grids: image patches (H, W), video tubelets (T, H, W), spectrogram patches (time, freq).
 
 Token order is ``prefix_tokens`` tokens first (cls, registers: no coordinate), then the grid
-cells in row-major (C) order — the layout of a timm/ViT token sequence. Every encoding that lists
-``"grid"`` in its registry metadata reads only the members below.
+cells in row-major (C) order — the layout of a timm/ViT token sequence. A grid provides the
+``Metric``, ``Positioned`` and ``GridLayout`` capabilities (:mod:`mmpe.coords.capabilities`).
 
     >>> g = Grid((2, 3), prefix_tokens=1)
     >>> g.num_queries
@@ -50,9 +50,11 @@ class Grid(Coordinates):
     unrotated, as timm does), and :meth:`is_prefix` lets an encoding treat them separately.
 
     Pairs: :meth:`offset` is the signed per-axis offset ``pos_q − pos_k`` (scaled units);
-    :meth:`distance` (and :meth:`relation`, the grid being undirected) is the Euclidean distance
-    in scaled units (or L1 / L∞, see ``metric``); :meth:`extent` is the grid diagonal. Pairs
-    involving a prefix token get ``prefix_distance`` and offset 0.
+    :meth:`distance` is the Euclidean distance in scaled units (or L1 / L∞, see ``metric``);
+    :meth:`extent` is the grid diagonal. Pairs involving a prefix token get ``prefix_distance``
+    and offset 0. A grid has no single direction, so it is not ``Directed``.
+
+    Capabilities: ``Metric``, ``Positioned`` (``A`` axes), ``GridLayout``.
 
     Raises:
         ValueError: empty ``shape`` or non-positive / non-int entries, negative or non-int
@@ -61,7 +63,8 @@ class Grid(Coordinates):
     """
 
     kind = "grid"
-    directed = False
+    shape: tuple[int, ...]
+    prefix_tokens: int
 
     def __init__(
         self,
@@ -195,10 +198,19 @@ class Grid(Coordinates):
 
     # -- positions -------------------------------------------------------------------------
     @property
+    def num_axes(self) -> int:
+        """Axes of the positions ``A`` (same as :attr:`ndim`)."""
+        return len(self.shape)
+
+    @property
     def query_positions(self) -> Tensor:
         """``[n, A]`` float32: cell index × scale per axis; prefix tokens at 0."""
         return self._pos
 
+    @property
+    def key_positions(self) -> Tensor:
+        """``[n, A]`` float32, the same tokens as the queries (self-attention)."""
+        return self._pos
 
     @property
     def grid_index(self) -> Tensor:
@@ -266,10 +278,6 @@ class Grid(Coordinates):
             prefix = self.is_prefix(q_idx) | self.is_prefix(kv_idx)
             dist = torch.where(prefix, torch.full_like(dist, self.prefix_distance), dist)
         return dist
-
-    def relation(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """The grid is undirected: the Euclidean :meth:`distance` (use :meth:`offset` for signs)."""
-        return self.distance(q_idx, kv_idx, b)
 
     @property
     def diagonal(self) -> float:

@@ -23,8 +23,9 @@ class Sequence(Coordinates):
             0 in every document (unless ``position_ids`` are given).
         device: where the position tensors live.
 
-    ``relation(q, k) = pos_q − pos_k`` (positive when the key lies in the past); ``distance``
-    is its absolute value.
+    Capabilities: ``Positioned`` (one axis, tokens), ``Directed`` (``relation(q, k) = pos_q −
+    pos_k``, positive when the key lies in the past; ``causal``) and ``Metric`` (``distance =
+    |relation|``, ``extent`` = the query's position).
 
     Raises:
         ValueError: non-positive ``length``, negative ``offset``, ``position_ids`` or
@@ -33,7 +34,8 @@ class Sequence(Coordinates):
     """
 
     kind = "sequence"
-    directed = True
+    num_axes = 1
+    causal: bool
 
     def __init__(
         self,
@@ -64,6 +66,8 @@ class Sequence(Coordinates):
         # Keys cover the cache plus the new tokens; queries are the last `length` of them.
         self._key_ids = ids
         self._query_ids = ids[..., offset:]
+        # The key span bounds every distance of a bidirectional query (extent, no host sync).
+        self._key_lo, self._key_hi = ids.amin(dim=-1), ids.amax(dim=-1)
 
     @property
     def num_queries(self) -> int:
@@ -100,9 +104,22 @@ class Sequence(Coordinates):
         """Signed offset ``pos_q − pos_k`` in tokens (int64)."""
         return self.query_index(q_idx, b) - self.key_index(kv_idx, b)
 
+    def distance(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
+        """``|pos_q − pos_k|`` in tokens (float32)."""
+        return self.relation(q_idx, kv_idx, b).abs().to(torch.float32)
+
     def extent(self, q_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """The query's position ``i`` (tokens): FIRE's normaliser ``ψ(max(L, i))``."""
-        return self.query_index(q_idx, b).to(torch.float32)
+        """How far keys may lie from the query (tokens, float32): FIRE's normaliser ``ψ(max(L, i))``.
+
+        Causal: the query's position ``i`` (its farthest key is position 0). Bidirectional: the
+        distance to the farther end of the keys, ``max(i − first, last − i)``.
+        """
+        pos = self.query_index(q_idx, b)
+        if self.causal:
+            return pos.to(torch.float32)
+        lo, hi = (self._key_lo, self._key_hi) if self._key_lo.dim() == 0 else \
+            (self._key_lo[b], self._key_hi[b])
+        return torch.maximum(pos - lo, hi - pos).to(torch.float32)
 
     def mask_mod(self) -> MaskMod | None:
         docs, causal = self.document_ids, self.causal

@@ -40,12 +40,14 @@ class Sphere(Coordinates):
     * ``query_positions`` / ``key_positions``: ``[n, 2]`` or ``[b, n, 2]`` — ``(lat, lon)`` in
       radians; ``[..., 3]`` with the time stamp appended when ``time`` is given.
     * :attr:`unit_vectors`: ``[n, 3]`` or ``[b, n, 3]``, ``(cos φ cos λ, cos φ sin λ, sin φ)``.
-    * ``distance(q, k, b)`` = ``relation`` = the great-circle angle (**radians**, in ``[0, π]``)
+    * ``distance(q, k, b)`` = the great-circle angle (**radians**, in ``[0, π]``)
       by the haversine formula in its two-sided form (below), accurate for tiny and for
       antipodal angles. Multiply by the radius for a length (6371.0 km for the Earth). Time does
       not enter the distance: see :meth:`time_distance`.
     * ``extent`` is π, the diameter of the sphere (FIRE's normaliser).
     * ``distance``, ``extent`` and :meth:`time_distance` return float32 (attention's dtype).
+    * Capabilities: ``Metric``, ``Positioned`` (``(lat, lon[, time])``) and ``Spherical``; the
+      sphere has no direction, so it is not ``Directed``.
 
     With ``h = sin²(Δφ/2) + cos φ₁ cos φ₂ sin²(Δλ/2)`` (the haversine of the angle ``d``) and
     ``1 − h = sin²((φ₁+φ₂)/2) + cos φ₁ cos φ₂ cos²(Δλ/2)`` (the haversine of ``π − d``, the angle to
@@ -59,7 +61,6 @@ class Sphere(Coordinates):
     """
 
     kind = "sphere"
-    directed = False
 
     def __init__(
         self,
@@ -184,6 +185,11 @@ class Sphere(Coordinates):
         return self.query_positions
 
     @property
+    def num_axes(self) -> int:
+        """2 — ``(lat, lon)`` — or 3 with a time axis."""
+        return 2 if self._time is None else 3
+
+    @property
     def unit_vectors(self) -> Tensor:
         """Points as unit vectors ``(cos φ cos λ, cos φ sin λ, sin φ)``, ``[n, 3]`` or ``[b, n, 3]``."""
         return lat_lon_to_unit(self._lat, self._lon)
@@ -202,10 +208,6 @@ class Sphere(Coordinates):
         if b is None:
             raise ValueError("Sphere: batched positions [b, n] need the batch index b")
         return values[b, idx]
-
-    def relation(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """The great-circle angle (radians): the sphere has no direction, so it equals :meth:`distance`."""
-        return self.distance(q_idx, kv_idx, b)
 
     def distance(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
         """Great-circle angle between query ``q_idx`` and key ``kv_idx``, radians in ``[0, π]``.

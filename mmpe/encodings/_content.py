@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from mmpe.coords.base import index_grid
+from mmpe.coords.capabilities import Directed
 from mmpe.encodings.base import AttentionContext, ScoreEncoding
 
 
@@ -44,8 +45,8 @@ def require_qk(name: str, ctx: AttentionContext, *, x: bool = False) -> None:
 
 
 def require_causal(name: str, ctx: AttentionContext) -> None:
-    """Raise ``ValueError`` unless the coordinates are a causal sequence."""
-    if not getattr(ctx.coords, "causal", False):
+    """Raise ``ValueError`` unless the coordinates are ``Directed`` and causal."""
+    if not (isinstance(ctx.coords, Directed) and ctx.coords.causal):
         raise ValueError(f"{name}: is defined for causal attention; build the coordinates "
                          "with causal=True (e.g. Sequence(n, causal=True))")
 

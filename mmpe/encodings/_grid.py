@@ -9,15 +9,16 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mmpe.coords.base import Coordinates
+from mmpe.coords.capabilities import GridLayout, missing
 from mmpe.encodings.rope import apply_rotary
 
 
 def as_grid(name: str, coords: Coordinates):
-    """``coords`` as a :class:`~mmpe.coords.grid.Grid`, or ``TypeError`` naming the encoding."""
-    from mmpe.coords.grid import Grid
-
-    if not isinstance(coords, Grid):
-        raise TypeError(f"{name}: needs Grid coordinates, got {type(coords).__name__}")
+    """``coords`` after checking it provides ``GridLayout``, or ``TypeError`` naming the encoding."""
+    gaps = missing(coords, GridLayout)
+    if gaps:
+        raise TypeError(f"{name} needs coordinates with the GridLayout capability; "
+                        f"{type(coords).__name__} is missing {', '.join(gaps)}")
     return coords
 
 
@@ -33,8 +34,9 @@ def check_shape(name: str, arg: str, shape) -> tuple[int, ...]:
 
 
 def check_ndim(name: str, grid, ndim: int, what: str) -> None:
-    if grid.ndim != ndim:
-        raise ValueError(f"{name}: {what} has {ndim} axes but the grid {grid.shape} has {grid.ndim}")
+    if len(grid.shape) != ndim:
+        raise ValueError(f"{name}: {what} has {ndim} axes but the grid {grid.shape} has "
+                         f"{len(grid.shape)}")
 
 
 def rotate(x: Tensor, phase: Tensor, interleaved: bool) -> Tensor:

@@ -9,17 +9,13 @@ from mmpe.encodings.base import Encoding
 
 
 def sphere_angles(enc: Encoding, coords: Coordinates) -> tuple[Tensor, Tensor]:
-    """Latitude and longitude (radians) ``[s]`` or ``[b, s]`` of ``coords`` after the type check.
+    """Latitude and longitude (radians) ``[s]`` or ``[b, s]`` of ``coords`` after the check.
 
-    Any coordinates of kind ``"sphere"`` whose positions are ``(lat, lon[, …])`` in radians work
-    (:class:`mmpe.coords.Sphere`); extra axes such as time are ignored.
+    Any coordinates providing the ``Spherical`` capability (``lat``, ``lon`` in radians) work,
+    :class:`mmpe.coords.Sphere` or a user's own class.
     """
     enc.check_coords(coords)
-    pos = coords.query_positions
-    if pos.shape[-1] < 2:
-        raise ValueError(f"{type(enc).__name__}: sphere positions must be (lat, lon) radians, "
-                         f"got {pos.shape[-1]} axes")
-    return pos[..., 0], pos[..., 1]
+    return coords.lat, coords.lon
 
 
 def check_positive_int(name: str, arg: str, value: int) -> None:

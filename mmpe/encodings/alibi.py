@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor
 
+from mmpe.coords.capabilities import Metric
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
 from mmpe.registry import register
 
@@ -40,11 +41,10 @@ def alibi_slopes(num_heads: int) -> Tensor:
 
 
 @register(
-    "alibi", hook="score", coords=("sequence", "grid", "graph", "sphere", "table"),
+    "alibi", hook="score", needs=(Metric,),
     learnable=False, family="bias",
     paper="Press et al. 2022, Train Short, Test Long: Attention with Linear Biases Enables "
-          "Input Length Extrapolation (ICLR)",
-)
+          "Input Length Extrapolation (ICLR)", context=("num_heads", "distance_unit"))
 class ALiBi(ScoreEncoding):
     """Linear distance penalty per head: ``score + (−m_h · dist(i, j))`` (Press et al. 2022).
 

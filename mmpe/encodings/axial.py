@@ -8,16 +8,16 @@ import torch
 from torch import Tensor, nn
 
 from mmpe.coords.base import Coordinates
-from mmpe.encodings.base import InputEncoding, PositionOutOfRangeError
+from mmpe.coords.capabilities import Positioned1D
+from mmpe.encodings.base import InputEncoding, PositionOutOfRangeError, table_positions
 from mmpe.registry import register
 
 
 @register(
-    "axial", hook="input", coords=("sequence",), learnable=True, family="absolute",
+    "axial", hook="input", needs=(Positioned1D,), learnable=True, family="absolute",
     extrapolates=False, aliases=("axial_position",),
     paper="Kitaev, Kaiser & Levskaya 2020, Reformer: The Efficient Transformer (ICLR); axial "
-          "positional embeddings of the trax/HF Reformer",
-)
+          "positional embeddings of the trax/HF Reformer", context=("d_model", "max_len"))
 class AxialPE(InputEncoding):
     """Learned embeddings factored over a 2D grid of positions (Reformer).
 
@@ -63,7 +63,7 @@ class AxialPE(InputEncoding):
 
     def forward(self, coords: Coordinates) -> Tensor:
         self.check_coords(coords)
-        pos = coords.query_positions[..., 0]
+        pos = table_positions("axial", coords)
         top = int(pos.max())
         if top >= self.max_len:
             raise PositionOutOfRangeError(

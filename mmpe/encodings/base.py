@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from mmpe.coords.base import Coordinates, index_grid
+from mmpe.coords.capabilities import Capability, missing
 
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
@@ -60,23 +61,42 @@ class AttentionContext:
 
 
 class Encoding(nn.Module):
-    """Common base: the hook and the coordinate types an encoding supports."""
+    """Common base: the hook, and the coordinate capabilities an encoding needs.
+
+    ``needs`` is set by :func:`mmpe.registry.register` from its ``needs=`` argument (an
+    unregistered subclass may set it as a class attribute).
+    """
 
     hook: ClassVar[str] = ""
-    supported_coords: ClassVar[tuple[str, ...]] = ("sequence",)
+    needs: ClassVar[tuple[type[Capability], ...]] = ()
 
     def check_coords(self, coords: Coordinates) -> None:
-        """Raise ``TypeError`` if this encoding does not support ``coords``' type."""
+        """Raise unless ``coords`` provides every capability this encoding needs.
+
+        Raises:
+            TypeError: ``coords`` lacks members of a capability (naming both), or is not a
+                :class:`~mmpe.coords.base.Coordinates`.
+            ValueError: the members are there but a capability's condition is not met
+                (``causal == True`` for decoder-only methods, ``num_axes == 1`` for 1D ones).
+        """
+        name = getattr(self, "registry_name", type(self).__name__)
         if not isinstance(coords, Coordinates):
             raise TypeError(
-                f"{type(self).__name__}: coords must be an mmpe Coordinates object, "
-                f"got {type(coords).__name__}"
+                f"{name}: coords must be an mmpe Coordinates object, got {type(coords).__name__}"
             )
-        if coords.kind not in self.supported_coords:
-            raise TypeError(
-                f"{type(self).__name__} supports coordinates {self.supported_coords}, "
-                f"got {coords.kind!r}"
-            )
+        gaps = [(cap.__name__, missing(coords, cap)) for cap in self.needs]
+        gaps = [(cap, lacks) for cap, lacks in gaps if lacks]
+        if not gaps:
+            return
+        what = "; ".join(f"{cap} needs {', '.join(lacks)}" for cap, lacks in gaps)
+        message = (f"{name} needs coordinates providing {[c.__name__ for c in self.needs]}; "
+                   f"{type(coords).__name__} does not: {what}")
+        # Members absent: the wrong kind of coordinates. Members present but a condition
+        # unmet (causal == True, num_axes == 1): the right kind with the wrong values.
+        members = {m for cap in self.needs for m in cap.members}
+        if any(lack in members for _, lacks in gaps for lack in lacks):
+            raise TypeError(message)
+        raise ValueError(message)
 
 
 class InputEncoding(Encoding):
@@ -183,3 +203,17 @@ def check_qk(name: str, q: Tensor, k: Tensor, head_dim: int | None = None) -> No
         )
     if head_dim is not None and q.shape[-1] != head_dim:
         raise ValueError(f"{name}: q and k must have h_d={head_dim}, got {q.shape[-1]}")
+
+
+def table_positions(name: str, coords: Coordinates) -> Tensor:
+    """Query positions ``[s]`` or ``[b, s]`` of 1D coordinates as table rows (int64).
+
+    Raises:
+        ValueError: positions that are not integers (a learned table has one row per integer
+            position; continuous positions need a functional encoding such as ``sinusoidal``).
+    """
+    pos = coords.query_positions[..., 0]
+    if pos.dtype.is_floating_point or pos.dtype == torch.bool:
+        raise ValueError(f"{name}: a learned table needs integer positions, got {pos.dtype} "
+                         "positions; use a functional encoding (sinusoidal, rope) instead")
+    return pos.long()

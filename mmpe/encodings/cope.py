@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from mmpe.coords.capabilities import Causal
 from mmpe.encodings._content import (
     ContentScoreEncoding,
     batch_index,
@@ -34,10 +35,9 @@ def interpolate_logits(z: Tensor, positions: Tensor) -> Tensor:
 
 
 @register(
-    "cope", hook="score", coords=("sequence",), learnable=True, family="relative",
+    "cope", hook="score", needs=(Causal,), learnable=True, family="relative",
     paper="Golovneva, Wang, Weston & Sukhbaatar 2024, Contextual Position Encoding: Learning "
-          "to Count What's Important (arXiv:2405.18719), eqs. 3-5",
-)
+          "to Count What's Important (arXiv:2405.18719), eqs. 3-5", context=("head_dim", "max_len"))
 class CoPE(ContentScoreEncoding):
     """Contextual positions counted by sigmoid gates (Golovneva et al. 2024, eqs. 3-5).
 

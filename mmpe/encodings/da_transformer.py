@@ -6,16 +6,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mmpe.coords.capabilities import Metric
 from mmpe.encodings._content import check_positive_int
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
 from mmpe.registry import register
 
 
 @register(
-    "da_transformer", hook="score", coords=("sequence", "grid", "graph", "sphere", "table"),
+    "da_transformer", hook="score", needs=(Metric,),
     learnable=True, family="bias",
-    paper="Wu, Wu & Huang 2021, DA-Transformer: Distance-aware Transformer (NAACL), eqs. 5-8",
-)
+    paper="Wu, Wu & Huang 2021, DA-Transformer: Distance-aware Transformer (NAACL), eqs. 5-8", context=("num_heads",))
 class DATransformer(ScoreEncoding):
     """Rescale clipped logits by a learnable sigmoid of the weighted distance (Wu et al. 2021).
 

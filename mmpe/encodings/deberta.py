@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from mmpe.coords.capabilities import Directed
 from mmpe.encodings._content import (
     ContentScoreEncoding,
     batch_index,
@@ -41,10 +42,9 @@ def log_bucket_position(relative_pos: Tensor, bucket_size: int, max_position: in
 
 
 @register(
-    "deberta", hook="score", coords=("sequence",), learnable=True, family="relative",
+    "deberta", hook="score", needs=(Directed,), learnable=True, family="relative",
     paper="He, Liu, Gao & Chen 2021, DeBERTa: Decoding-enhanced BERT with Disentangled "
-          "Attention (ICLR), eqs. 2-4; log buckets of DeBERTa-v2/v3",
-)
+          "Attention (ICLR), eqs. 2-4; log buckets of DeBERTa-v2/v3", context=("d_model", "num_heads", "head_dim"))
 class DeBERTaRelative(ContentScoreEncoding):
     """Disentangled attention: content-to-position and position-to-content terms (He et al. 2021).
 

@@ -8,17 +8,17 @@ import torch
 from torch import Tensor, nn
 
 from mmpe.coords.base import Coordinates
+from mmpe.coords.capabilities import GridLayout
 from mmpe.encodings._grid import as_grid, check_ndim, check_shape, resample_table
 from mmpe.encodings.base import InputEncoding
 from mmpe.registry import register
 
 
 @register(
-    "factorized", hook="input", coords=("grid",), learnable=True, family="absolute",
+    "factorized", hook="input", needs=(GridLayout,), learnable=True, family="absolute",
     aliases=("factorised", "separable", "space_time"),
     paper="Bertasius et al. 2021, Is Space-Time Attention All You Need for Video Understanding? "
-          "(TimeSformer, ICML) §3; Arnab et al. 2021, ViViT: A Video Vision Transformer (ICCV) §3.3",
-)
+          "(TimeSformer, ICML) §3; Arnab et al. 2021, ViViT: A Video Vision Transformer (ICCV) §3.3", context=("d_model", "grid_shape", "prefix_tokens"))
 class FactorizedPE(InputEncoding):
     """Sum of learned embeddings over groups of axes: ``P[t, h, w] = E_time[t] + E_space[h, w]``.
 

@@ -6,16 +6,16 @@ import torch
 from torch import Tensor, nn
 
 from mmpe.coords.base import index_grid
+from mmpe.coords.capabilities import Metric
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
 from mmpe.registry import register
 
 
 @register(
-    "fire", hook="score", coords=("sequence", "grid", "graph", "sphere", "table"),
+    "fire", hook="score", needs=(Metric,),
     learnable=True, family="bias",
     paper="Li et al. 2024, Functional Interpolation for Relative Positions Improves Long "
-          "Context Transformers (ICLR), eq. 4",
-)
+          "Context Transformers (ICLR), eq. 4", context=("num_heads",))
 class FIRE(ScoreEncoding):
     """``b(i, j) = f_θ( ψ(i − j) / ψ(max(L, i)) )`` per head (Li et al. 2024, eq. 4).
 

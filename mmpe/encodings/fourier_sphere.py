@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from mmpe.coords.base import Coordinates
+from mmpe.coords.capabilities import Spherical
 from mmpe.coords.sphere import lat_lon_to_unit
 from mmpe.encodings._sphere import check_positive_int, sphere_angles
 from mmpe.encodings.base import InputEncoding
@@ -31,11 +32,10 @@ def nerf_frequencies(num_frequencies: int) -> Tensor:
 
 
 @register(
-    "fourier_sphere", hook="input", coords=("sphere",), learnable=True, family="sphere",
+    "fourier_sphere", hook="input", needs=(Spherical,), learnable=True, family="sphere",
     aliases=("fourier_features_sphere",),
     paper="Tancik et al. 2020, Fourier Features Let Networks Learn High Frequency Functions in "
-          "Low Dimensional Domains (NeurIPS); Mildenhall et al. 2020, NeRF (ECCV), eq. 4",
-)
+          "Low Dimensional Domains (NeurIPS); Mildenhall et al. 2020, NeRF (ECCV), eq. 4", context=("d_model",))
 class FourierSpherePE(InputEncoding):
     """``P = W γ(u) + c`` with ``u ∈ S²`` the point's unit vector and ``γ`` Fourier features.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mmpe.coords.capabilities import Causal
 from mmpe.encodings._content import (
     ContentScoreEncoding,
     batch_index,
@@ -17,11 +18,10 @@ from mmpe.registry import register
 
 
 @register(
-    "fox", hook="score", coords=("sequence",), learnable=True, family="gate",
+    "fox", hook="score", needs=(Causal,), learnable=True, family="gate",
     aliases=("forgetting_transformer",),
     paper="Lin, Nikishin, He & Courville 2025, Forgetting Transformer: Softmax Attention with "
-          "a Forget Gate (ICLR), eqs. 4-6",
-)
+          "a Forget Gate (ICLR), eqs. 4-6", context=("d_model", "num_heads"))
 class ForgettingGate(ContentScoreEncoding):
     """Per-head scalar forget gates turned into an additive decay (Lin et al. 2025).
 

@@ -1,5 +1,6 @@
 """Graphormer's structural encodings (Ying et al. 2021, "Do Transformers Really Perform Bad for
-Graph Representation?", NeurIPS), on :class:`mmpe.coords.Graph` coordinates.
+Graph Representation?", NeurIPS), on coordinates with the ``GraphLayout`` capability
+(:class:`mmpe.coords.Graph`, or any class with its members), read only through that protocol.
 
 * ``graphormer_centrality`` (input hook, eq. 5): ``h_i⁽⁰⁾ = x_i + z⁻[deg⁻(v_i)] + z⁺[deg⁺(v_i)]``.
 * ``graphormer_spatial`` (score hook, eq. 6): ``A_ij += b_φ(v_i, v_j)``, one learned scalar per
@@ -16,38 +17,41 @@ Graph Representation?", NeurIPS), on :class:`mmpe.coords.Graph` coordinates.
 
 from __future__ import annotations
 
+from typing import Any
+from weakref import WeakKeyDictionary
+
 import torch
 from torch import Tensor, nn
 
-from mmpe.coords.graph import UNREACHABLE, VIRTUAL, Graph
+from mmpe.coords.base import Coordinates
+from mmpe.coords.capabilities import GraphEdges, GraphLayout
+from mmpe.coords.graph import UNREACHABLE, VIRTUAL
 from mmpe.encodings.base import AttentionContext, InputEncoding, ScoreEncoding, ScoreMod
 from mmpe.registry import register
 
 PAPER = ("Ying et al. 2021, Do Transformers Really Perform Bad for Graph Representation? "
          "(NeurIPS)")
 
-
-def _check_graph(name: str, coords: object) -> Graph:
-    if not isinstance(coords, Graph):
-        raise TypeError(f"{name}: needs mmpe.coords.Graph coordinates, got {type(coords).__name__}")
-    return coords
+#: Parameter-free path-edge codes per coordinates object (shared by every GraphormerEdge, so
+#: the layers of one model derive them once per batch); entries vanish with the coordinates.
+_PATH_CODES: WeakKeyDictionary[Any, dict[Any, Any]] = WeakKeyDictionary()
 
 
 def spatial_buckets(spd: Tensor, max_distance: int) -> Tensor:
-    """Map ``Graph.spd`` codes to bucket ids: hops clipped to ``[0, max_distance]``,
+    """Map ``spd`` codes (``GraphLayout``) to bucket ids: hops clipped to ``[0, max_distance]``,
     unreachable → ``max_distance + 1``, virtual-token pairs → ``max_distance + 2``."""
     clipped = spd.clamp(min=0, max=max_distance)
     out = torch.where(spd == UNREACHABLE, torch.full_like(spd, max_distance + 1), clipped)
     return torch.where(spd == VIRTUAL, torch.full_like(spd, max_distance + 2), out)
 
 
-@register("graphormer_spatial", hook="score", coords=("graph",), learnable=True,
-          family="graph", paper=PAPER + ", eq. 6")
+@register("graphormer_spatial", hook="score", needs=(GraphLayout,), learnable=True,
+          family="graph", paper=PAPER + ", eq. 6", context=("num_heads",))
 class GraphormerSpatial(ScoreEncoding):
     """``score(i, j) += b[bucket(φ(v_i, v_j)), h]`` — a learned bias per SPD bucket and head.
 
-    ``φ`` is the shortest-path hop count of :class:`mmpe.coords.Graph` (``Graph.spd``); buckets
-    as :func:`spatial_buckets` (``max_distance + 3`` rows).
+    ``φ`` is the shortest-path hop count (the ``GraphLayout`` member ``spd``); buckets as
+    :func:`spatial_buckets` (``max_distance + 3`` rows).
 
     Args:
         num_heads: ``n_h``.
@@ -55,7 +59,7 @@ class GraphormerSpatial(ScoreEncoding):
 
     Raises:
         ValueError: ``num_heads`` or ``max_distance`` < 1.
-        TypeError: coordinates other than :class:`~mmpe.coords.Graph`.
+        TypeError: coordinates without the ``GraphLayout`` capability.
     """
 
     def __init__(self, num_heads: int, max_distance: int = 20) -> None:
@@ -68,8 +72,7 @@ class GraphormerSpatial(ScoreEncoding):
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
         self.check_context(ctx)
-        coords = _check_graph("graphormer_spatial", ctx.coords)
-        buckets = spatial_buckets(coords.spd, self.max_distance)  # [b, n, n]
+        buckets = spatial_buckets(ctx.coords.spd, self.max_distance)  # [b, n, n]
         table = self.table
 
         def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
@@ -80,12 +83,11 @@ class GraphormerSpatial(ScoreEncoding):
     def bias(self, ctx: AttentionContext) -> Tensor:
         """Eager path: ``table[bucket]`` on all pairs, ``[b, n_h, n, n]`` (equals the mod)."""
         self.check_context(ctx)
-        coords = _check_graph("graphormer_spatial", ctx.coords)
-        return self.table[spatial_buckets(coords.spd, self.max_distance)].permute(0, 3, 1, 2)
+        return self.table[spatial_buckets(ctx.coords.spd, self.max_distance)].permute(0, 3, 1, 2)
 
 
-@register("graphormer_edge", hook="score", coords=("graph",), learnable=True,
-          family="graph", paper=PAPER + ", eq. 7")
+@register("graphormer_edge", hook="score", needs=(GraphLayout, GraphEdges), learnable=True,
+          family="graph", paper=PAPER + ", eq. 7", context=("num_heads",))
 class GraphormerEdge(ScoreEncoding):
     """``score(i, j) += c_ij[h] = (1/N) Σ_{n ≤ N} Σ_{h'} x_{e_n}[h'] · W_n[h', h]``.
 
@@ -93,7 +95,8 @@ class GraphormerEdge(ScoreEncoding):
     type) through one table with a block of ``num_edge_types`` rows per feature column,
     averaged over columns, as Graphormer's reference model does; float features through a
     linear map. ``(e_1 … e_N)`` is the shortest path from ``v_i`` to ``v_j``
-    (:meth:`Graph.path_edge_attr`, first ``max_hops`` edges; ``N = min(SPD, max_hops)``);
+    (the ``GraphEdges`` member ``path_edge_attr``, first ``max_hops`` edges;
+    ``N = min(SPD, max_hops)``);
     ``W_n`` is a learned ``n_h × n_h`` matrix per hop. Pairs without a path (self pairs,
     unreachable pairs, the virtual token, padding) get ``c = 0``.
 
@@ -105,8 +108,9 @@ class GraphormerEdge(ScoreEncoding):
         max_hops: path edges used (Graphormer's ``multi_hop_max_dist``, 5 on PCQM4M).
 
     Raises:
-        ValueError: no ``edge_attr`` on the coordinates, integer features out of range,
+        ValueError: no edge features on the coordinates, integer features out of range,
             float features of a width other than ``edge_dim``.
+        TypeError: coordinates without the ``GraphLayout`` and ``GraphEdges`` capabilities.
     """
 
     def __init__(self, num_heads: int, num_edge_types: int = 32, edge_dim: int | None = None,
@@ -139,11 +143,11 @@ class GraphormerEdge(ScoreEncoding):
         offset = torch.arange(f, device=attr.device) * self.num_edge_types
         return self.embed(attr.long() + offset).mean(-2)
 
-    def _path_codes(self, coords: Graph) -> tuple[Tensor, Tensor, Tensor]:
-        """Parameter-free part, cached on the coordinates: the distinct integer edge-feature
-        rows ``[U, F]``, a gather index ``[b, n, n, P]`` into ``P·U + 1`` rows (hop ``p``,
-        row ``u`` → ``p·U + u``; no edge → the last, zero row) and ``N_ij`` ``[b, n, n, 1]``."""
-        attr, valid = coords.path_edge_attr(self.max_hops)  # [b,n,n,P,F], [b,n,n,P]
+    def _path_codes(self, attr: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Parameter-free part of integer features ``attr [b,n,n,P,F]`` (``valid [b,n,n,P]``):
+        the distinct edge-feature rows ``[U, F]``, a gather index ``[b, n, n, P]`` into
+        ``P·U + 1`` rows (hop ``p``, row ``u`` → ``p·U + u``; no edge → the last, zero row) and
+        ``N_ij`` ``[b, n, n, 1]``."""
         if attr.numel() and (int(attr.min()) < 0 or int(attr.max()) >= self.num_edge_types):
             raise ValueError(f"graphormer_edge: integer edge_attr values must lie in "
                              f"[0, num_edge_types={self.num_edge_types})")
@@ -160,15 +164,26 @@ class GraphormerEdge(ScoreEncoding):
         count = valid.sum(-1, keepdim=True).clamp(min=1)
         return rows, index, count
 
-    def pair_bias(self, coords: Graph) -> Tensor:
+    def _cached_path_codes(self, coords: Coordinates, attr: Tensor,
+                           valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """:meth:`_path_codes`, derived once per coordinates object (and hops, vocabulary)."""
+        key = (self.max_hops, self.num_edge_types)
+        try:
+            per_coords = _PATH_CODES.setdefault(coords, {})
+        except TypeError:  # coordinates that cannot be weakly referenced or hashed
+            return self._path_codes(attr, valid)
+        if key not in per_coords:
+            per_coords[key] = self._path_codes(attr, valid)
+        return per_coords[key]
+
+    def pair_bias(self, coords: Coordinates) -> Tensor:
         """``c`` on all pairs, ``[b, n_h, n, n]``."""
-        if coords.edge_attr is not None and coords.edge_attr.dtype.is_floating_point:
-            attr, valid = coords.path_edge_attr(self.max_hops)  # [b,n,n,P,F], [b,n,n,P]
+        attr, valid = coords.path_edge_attr(self.max_hops)  # [b,n,n,P,F], [b,n,n,P]
+        if attr.dtype.is_floating_point:
             x = self.edge_embedding(attr) * valid[..., None]  # [b,n,n,P,h']
             c = torch.einsum("bijph,phk->bijk", x, self.hop_weight)
             return (c / valid.sum(-1, keepdim=True).clamp(min=1)).permute(0, 3, 1, 2)
-        rows, index, count = coords.cached(("graphormer_edge", self.max_hops, self.num_edge_types),
-                                           lambda: self._path_codes(coords))
+        rows, index, count = self._cached_path_codes(coords, attr, valid)
         x = self.edge_embedding(rows)  # [U, h']
         per_hop = torch.einsum("uh,phk->puk", x, self.hop_weight).flatten(0, 1)  # [P·U, h]
         per_hop = torch.cat([per_hop, per_hop.new_zeros(1, per_hop.shape[-1])])
@@ -177,8 +192,7 @@ class GraphormerEdge(ScoreEncoding):
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
         self.check_context(ctx)
-        coords = _check_graph("graphormer_edge", ctx.coords)
-        c = self.pair_bias(coords)
+        c = self.pair_bias(ctx.coords)
 
         def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             return score + c[b, h, q_idx, kv_idx]
@@ -187,11 +201,11 @@ class GraphormerEdge(ScoreEncoding):
 
     def bias(self, ctx: AttentionContext) -> Tensor:
         self.check_context(ctx)
-        return self.pair_bias(_check_graph("graphormer_edge", ctx.coords))
+        return self.pair_bias(ctx.coords)
 
 
-@register("graphormer", hook="score", coords=("graph",), learnable=True, family="graph",
-          paper=PAPER + ", eqs. 6-7")
+@register("graphormer", hook="score", needs=(GraphLayout, GraphEdges), learnable=True, family="graph",
+          paper=PAPER + ", eqs. 6-7", context=("num_heads",))
 class GraphormerBias(ScoreEncoding):
     """Graphormer's attention bias ``b_φ(v_i, v_j) + c_ij``: :class:`GraphormerSpatial` plus
     :class:`GraphormerEdge` (skipped with ``use_edges=False``). Use it with
@@ -200,7 +214,11 @@ class GraphormerBias(ScoreEncoding):
     Args:
         num_heads, max_distance: as :class:`GraphormerSpatial`.
         num_edge_types, edge_dim, max_hops: as :class:`GraphormerEdge`.
-        use_edges: include the edge term (needs ``edge_attr`` on the coordinates).
+        use_edges: include the edge term (needs edge features on the coordinates).
+
+    Raises:
+        ValueError: as :class:`GraphormerSpatial` and :class:`GraphormerEdge`.
+        TypeError: coordinates without the ``GraphLayout`` and ``GraphEdges`` capabilities.
     """
 
     def __init__(self, num_heads: int, max_distance: int = 20, num_edge_types: int = 32,
@@ -226,12 +244,12 @@ class GraphormerBias(ScoreEncoding):
         return out if self.edge is None else out + self.edge.bias(ctx)
 
 
-@register("graphormer_centrality", hook="input", coords=("graph",), learnable=True,
-          family="graph", paper=PAPER + ", eq. 5")
+@register("graphormer_centrality", hook="input", needs=(GraphLayout,), learnable=True,
+          family="graph", paper=PAPER + ", eq. 5", context=("d_model",))
 class GraphormerCentrality(InputEncoding):
     """``P_i = z⁻[min(deg⁻(v_i), max_degree)] + z⁺[min(deg⁺(v_i), max_degree)]``.
 
-    Degrees from :class:`mmpe.coords.Graph` (``in_degree``, ``out_degree``); ``P`` is zero at
+    Degrees from the ``GraphLayout`` members ``in_degree``/``out_degree``; ``P`` is zero at
     padding and at the virtual token. On an undirected graph ``deg⁻ = deg⁺`` and the two
     tables act as one (the paper uses a single degree there).
 
@@ -240,6 +258,10 @@ class GraphormerCentrality(InputEncoding):
         max_degree: degrees above it share its row (Graphormer: 512).
 
     Shapes: ``forward(coords) -> [b, n_max, d_model]``.
+
+    Raises:
+        ValueError: ``d_model`` or ``max_degree`` < 1.
+        TypeError: coordinates without the ``GraphLayout`` capability.
     """
 
     def __init__(self, d_model: int, max_degree: int = 64) -> None:
@@ -252,16 +274,15 @@ class GraphormerCentrality(InputEncoding):
         nn.init.normal_(self.z_in.weight, std=0.02)
         nn.init.normal_(self.z_out.weight, std=0.02)
 
-    def forward(self, coords: Graph) -> Tensor:
+    def forward(self, coords: Coordinates) -> Tensor:
         self.check_coords(coords)
-        coords = _check_graph("graphormer_centrality", coords)
         p = (self.z_in(coords.in_degree.clamp(max=self.max_degree))
              + self.z_out(coords.out_degree.clamp(max=self.max_degree)))
         return p * coords.node_mask[..., None]
 
 
-@register("graphormer_virtual", hook="input", coords=("graph",), learnable=True,
-          family="graph", paper=PAPER + ", §3.1 (special node)")
+@register("graphormer_virtual", hook="input", needs=(GraphLayout,), learnable=True,
+          family="graph", paper=PAPER + ", §3.1 (special node)", context=("d_model",))
 class GraphormerVirtualToken(InputEncoding):
     """The virtual graph token's learned embedding, placed in slot 0 (zeros elsewhere).
 
@@ -269,19 +290,22 @@ class GraphormerVirtualToken(InputEncoding):
     ``x + P`` makes it the learned [VNode] vector. Read the graph representation from the
     transformer's output at slot 0.
 
+    Shapes: ``forward(coords) -> [b, n_max, d_model]``.
+
     Raises:
         ValueError: coordinates built without ``virtual_token=True``.
+        TypeError: coordinates without the ``GraphLayout`` capability.
     """
 
     def __init__(self, d_model: int) -> None:
         super().__init__()
         self.token = nn.Parameter(torch.randn(d_model) * 0.02)
 
-    def forward(self, coords: Graph) -> Tensor:
+    def forward(self, coords: Coordinates) -> Tensor:
         self.check_coords(coords)
-        coords = _check_graph("graphormer_virtual", coords)
         if not coords.virtual_token:
             raise ValueError("graphormer_virtual: build the coordinates with Graph(..., virtual_token=True)")
-        slot = torch.zeros(coords.num_graphs, coords.n_max, 1, device=coords.device)
+        mask = coords.node_mask  # [b, n_max]
+        slot = torch.zeros(*mask.shape, 1, device=mask.device, dtype=self.token.dtype)
         slot[:, 0] = 1.0
         return slot * self.token

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from mmpe.coords.capabilities import Directed
 from mmpe.encodings._content import (
     ContentScoreEncoding,
     batch_index,
@@ -60,8 +61,8 @@ class _ScalarMultiplier(ScoreEncoding):
         return mod
 
 
-@register("huang_1", hook="score", coords=("sequence",), learnable=True, family="relative",
-          paper=PAPER.format(1))
+@register("huang_1", hook="score", needs=(Directed,), learnable=True, family="relative",
+          paper=PAPER.format(1), context=("num_heads",))
 class HuangMethod1(_ScalarMultiplier):
     """Method 1: ``e_ij = (q_i·k_j/√d) · a_{h, min(|j − i|, k)}``, one scalar per head and distance.
 
@@ -77,8 +78,8 @@ class HuangMethod1(_ScalarMultiplier):
     signed = False
 
 
-@register("huang_2", hook="score", coords=("sequence",), learnable=True, family="relative",
-          paper=PAPER.format(2))
+@register("huang_2", hook="score", needs=(Directed,), learnable=True, family="relative",
+          paper=PAPER.format(2), context=("num_heads",))
 class HuangMethod2(_ScalarMultiplier):
     """Method 2: ``e_ij = (q_i·k_j/√d) · a_{h, clip(j − i, k)}``, direction-aware scalars.
 
@@ -94,8 +95,8 @@ class HuangMethod2(_ScalarMultiplier):
     signed = True
 
 
-@register("huang_3", hook="score", coords=("sequence",), learnable=True, family="relative",
-          paper=PAPER.format(3))
+@register("huang_3", hook="score", needs=(Directed,), learnable=True, family="relative",
+          paper=PAPER.format(3), context=("head_dim",))
 class HuangMethod3(ContentScoreEncoding):
     """Method 3: ``e_ij = Σ_c q_ic k_jc a_{r,c} / √d``, ``r = clip(j − i, k)``.
 
@@ -166,8 +167,8 @@ class HuangMethod3(ContentScoreEncoding):
         return mod
 
 
-@register("huang_4", hook="score", coords=("sequence",), learnable=True, family="relative",
-          paper=PAPER.format(4))
+@register("huang_4", hook="score", needs=(Directed,), learnable=True, family="relative",
+          paper=PAPER.format(4), context=("head_dim",))
 class HuangMethod4(ShawRelative):
     """Method 4: ``e_ij = (q_i·k_j + q_i·a_r + k_j·a_r)/√d`` — Shaw's key term plus ``k_j·a_r``.
 

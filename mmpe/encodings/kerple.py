@@ -5,13 +5,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from mmpe.coords.capabilities import Metric
 from mmpe.encodings._content import check_positive_int
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
 from mmpe.registry import register
 
 PAPER = ("Chi, Fan, Ramadge & Rudnicky 2022, KERPLE: Kernelized Relative Positional Embedding "
          "for Length Extrapolation (NeurIPS), eq. 8")
-COORDS = ("sequence", "grid", "graph", "sphere", "table")
+
 
 
 class _Kerple(ScoreEncoding):
@@ -45,7 +46,8 @@ class _Kerple(ScoreEncoding):
         return mod
 
 
-@register("kerple_log", hook="score", coords=COORDS, learnable=True, family="bias", paper=PAPER)
+@register("kerple_log", hook="score", needs=(Metric,), context=("num_heads",), learnable=True,
+          family="bias", paper=PAPER)
 class KerpleLog(_Kerple):
     """KERPLE-log: ``score + (−r1·log(1 + r2·|i − j|))`` per head, ``r1, r2 > 0`` (Chi et al. 2022).
 
@@ -63,7 +65,8 @@ class KerpleLog(_Kerple):
         return -r1 * torch.log1p(r2 * dist)
 
 
-@register("kerple_power", hook="score", coords=COORDS, learnable=True, family="bias", paper=PAPER)
+@register("kerple_power", hook="score", needs=(Metric,), context=("num_heads",), learnable=True,
+          family="bias", paper=PAPER)
 class KerplePower(_Kerple):
     """KERPLE-power: ``score + (−r1·|i − j|^{r2})`` per head, ``r1 > 0``, ``0 < r2 ≤ 2`` (Chi et al. 2022).
 

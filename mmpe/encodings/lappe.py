@@ -3,18 +3,20 @@
 Dwivedi & Bresson 2020 ("A Generalization of Transformer Networks to Graphs", AAAI-W) and
 Dwivedi et al. 2020 ("Benchmarking Graph Neural Networks"), as GraphGPS (Rampášek et al. 2022,
 NeurIPS) uses it: the ``k`` smallest non-trivial eigenvectors ``U [n, k]`` of the symmetric
-normalised Laplacian ``I − D^-½ A D^-½`` (:meth:`mmpe.coords.Graph.laplacian_pe`) are projected
-to the model width, ``P = proj(U)``, and added to the node embeddings. During training every
-eigenvector's sign is flipped at random (the sign is arbitrary), per graph.
+normalised Laplacian ``I − D^-½ A D^-½`` (the ``GraphLayout`` member ``laplacian_pe``;
+:func:`mmpe.graph_maths.laplacian_pe`) are projected to the model width, ``P = proj(U)``, and
+added to the node embeddings. During training every eigenvector's sign is flipped at random
+(the sign is arbitrary), per graph.
 """
 
 from __future__ import annotations
 
 from torch import Tensor, nn
 
-from mmpe.coords.graph import Graph
-from mmpe.coords.spectral import random_sign_flip
+from mmpe.coords.base import Coordinates
+from mmpe.coords.capabilities import GraphLayout
 from mmpe.encodings.base import InputEncoding
+from mmpe.graph_maths import random_sign_flip
 from mmpe.registry import register
 
 
@@ -28,11 +30,11 @@ def make_projection(k: int, d_model: int, kind: str, hidden: int | None = None) 
     raise ValueError(f"projection must be 'linear' or 'mlp', got {kind!r}")
 
 
-@register("lappe", hook="input", coords=("graph",), learnable=True, family="graph",
+@register("lappe", hook="input", needs=(GraphLayout,), learnable=True, family="graph",
           aliases=("laplacian_pe",),
           paper="Dwivedi & Bresson 2020, A Generalization of Transformer Networks to Graphs "
                 "(AAAI DLG workshop); Rampášek et al. 2022, Recipe for a General, Powerful, "
-                "Scalable Graph Transformer (NeurIPS)")
+                "Scalable Graph Transformer (NeurIPS)", context=("d_model",))
 class LapPE(InputEncoding):
     """``P_i = proj(s ⊙ U_i)``: Laplacian eigenvectors, random signs ``s ∈ {±1}^k`` in training.
 
@@ -44,6 +46,10 @@ class LapPE(InputEncoding):
         sign_flip: flip signs at random while ``self.training``.
 
     Shapes: ``forward(coords) -> [b, n_max, d_model]`` (zero at padding and virtual token).
+
+    Raises:
+        ValueError: ``k < 1``, an unknown ``projection``.
+        TypeError: coordinates without the ``GraphLayout`` capability.
     """
 
     def __init__(self, d_model: int, k: int = 8, projection: str = "linear",
@@ -54,10 +60,8 @@ class LapPE(InputEncoding):
         self.k, self.normalization, self.sign_flip = k, normalization, sign_flip
         self.proj = make_projection(k, d_model, projection)
 
-    def forward(self, coords: Graph) -> Tensor:
+    def forward(self, coords: Coordinates) -> Tensor:
         self.check_coords(coords)
-        if not isinstance(coords, Graph):
-            raise TypeError(f"lappe: needs mmpe.coords.Graph coordinates, got {type(coords).__name__}")
         pe, _ = coords.laplacian_pe(self.k, self.normalization)
         if self.training and self.sign_flip:
             pe = random_sign_flip(pe)

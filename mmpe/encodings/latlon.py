@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from mmpe.coords.base import Coordinates
+from mmpe.coords.capabilities import Spherical
 from mmpe.encodings._sphere import check_positive_int, sphere_angles
 from mmpe.encodings.base import InputEncoding
 from mmpe.encodings.sinusoidal import sinusoidal_table
@@ -21,10 +22,9 @@ from mmpe.registry import register
 
 
 @register(
-    "latlon_sincos", hook="input", coords=("sphere",), learnable=False, family="sphere",
+    "latlon_sincos", hook="input", needs=(Spherical,), learnable=False, family="sphere",
     paper="Vaswani et al. 2017 sinusoids applied per axis to (lat, lon) in degrees, as the 2D "
-          "sincos embedding of MAE (He et al. 2022) does on image rows/columns (flat baseline)",
-)
+          "sincos embedding of MAE (He et al. 2022) does on image rows/columns (flat baseline)", context=("d_model",))
 class LatLonSinCos(InputEncoding):
     """Fixed 2D sincos of raw ``(lat, lon)`` in degrees: ``[PE(lat°), PE(lon°)]``.
 
@@ -59,10 +59,9 @@ class LatLonSinCos(InputEncoding):
 
 
 @register(
-    "latlon_raw", hook="input", coords=("sphere",), learnable=True, family="sphere",
+    "latlon_raw", hook="input", needs=(Spherical,), learnable=True, family="sphere",
     paper="Direct (lat, lon) input, the 'direct'/'wrap'-free baseline of Mai et al. 2023 and "
-          "Rußwurm et al. 2024 (flat baseline)",
-)
+          "Rußwurm et al. 2024 (flat baseline)", context=("d_model",))
 class LatLonRaw(InputEncoding):
     """``P = W · (φ/(π/2), λ/π) + c``: raw latitude and longitude, scaled to ``[−1, 1]``, linear.
 

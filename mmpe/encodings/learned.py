@@ -6,15 +6,15 @@ import torch
 from torch import Tensor, nn
 
 from mmpe.coords.base import Coordinates
-from mmpe.encodings.base import InputEncoding, PositionOutOfRangeError
+from mmpe.coords.capabilities import Positioned1D
+from mmpe.encodings.base import InputEncoding, PositionOutOfRangeError, table_positions
 from mmpe.registry import register
 
 
 @register(
-    "learned", hook="input", coords=("sequence",), learnable=True, family="absolute",
+    "learned", hook="input", needs=(Positioned1D,), learnable=True, family="absolute",
     extrapolates=False, aliases=("learned_absolute",),
-    paper="Devlin et al. 2019 (BERT); Radford et al. 2018/2019 (GPT, GPT-2)",
-)
+    paper="Devlin et al. 2019 (BERT); Radford et al. 2018/2019 (GPT, GPT-2)", context=("d_model", "max_len"))
 class LearnedPE(InputEncoding):
     """A trainable vector per position, added to token embeddings (BERT; GPT).
 
@@ -50,7 +50,7 @@ class LearnedPE(InputEncoding):
 
     def forward(self, coords: Coordinates) -> Tensor:
         self.check_coords(coords)
-        pos = coords.query_positions[..., 0]
+        pos = table_positions("learned", coords)
         if self.out_of_range == "clamp":
             return self.table[pos.clamp(max=self.max_len - 1)]
         top = int(pos.max())

@@ -8,17 +8,17 @@ import torch
 from torch import Tensor, nn
 
 from mmpe.coords.base import Coordinates
+from mmpe.coords.capabilities import GridLayout
 from mmpe.encodings._grid import as_grid, check_ndim, check_shape, resample_table
 from mmpe.encodings.base import InputEncoding
 from mmpe.registry import register
 
 
 @register(
-    "learned_grid", hook="input", coords=("grid",), learnable=True, family="absolute",
+    "learned_grid", hook="input", needs=(GridLayout,), learnable=True, family="absolute",
     aliases=("learned_2d", "vit_pos_embed"),
     paper="Dosovitskiy et al. 2021, An Image is Worth 16x16 Words (ICLR), §3.1 and §3.2 "
-          "(2D interpolation of the pre-trained position embeddings for fine-tuning at higher resolution)",
-)
+          "(2D interpolation of the pre-trained position embeddings for fine-tuning at higher resolution)", context=("d_model", "grid_shape", "prefix_tokens"))
 class LearnedGridPE(InputEncoding):
     """A trainable vector per grid cell (and per prefix token), added to the patch embeddings (ViT).
 

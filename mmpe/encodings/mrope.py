@@ -6,9 +6,9 @@ import torch
 from torch import Tensor
 
 from mmpe.coords.base import Coordinates
-from mmpe.encodings._grid import rotate
+from mmpe.coords.capabilities import Positioned
 from mmpe.encodings.base import RotaryEncoding, check_qk
-from mmpe.encodings.rope import rope_inv_freq
+from mmpe.encodings.rope import apply_rotary, rope_inv_freq
 from mmpe.registry import register
 
 
@@ -23,11 +23,10 @@ def default_mrope_section(head_dim: int) -> tuple[int, int, int]:
 
 
 @register(
-    "mrope", hook="rotary", coords=("composite", "grid", "sequence"), learnable=False,
+    "mrope", hook="rotary", needs=(Positioned,), learnable=False,
     family="rotary", aliases=("m_rope", "qwen2vl_rope"),
     paper="Wang et al. 2024, Qwen2-VL: Enhancing Vision-Language Model's Perception of the World "
-          "at Any Resolution (arXiv:2409.12191), §2.1 Multimodal Rotary Position Embedding",
-)
+          "at Any Resolution (arXiv:2409.12191), §2.1 Multimodal Rotary Position Embedding", context=("head_dim",))
 class MRoPE(RotaryEncoding):
     """Rotary embedding whose frequency bands are split into temporal, height and width sections.
 
@@ -65,29 +64,35 @@ class MRoPE(RotaryEncoding):
         axis = torch.cat([torch.full((s,), c) for c, s in enumerate(section)])
         self.register_buffer("axis", axis.long(), persistent=False)
 
-    def position_ids(self, coords: Coordinates) -> Tensor:
-        """``[n, 3]`` ``(t, h, w)`` position ids of the coordinates' tokens."""
-        pos = coords.query_positions
-        if coords.kind == "composite":
-            return pos
-        if coords.kind == "sequence":
-            if pos.dim() != 2:
-                raise ValueError("mrope: batched sequence positions are not supported")
-            return pos.expand(-1, 3)
+    def position_ids(self, coords: Coordinates, keys: bool = False) -> Tensor:
+        """``[n, 3]`` (or ``[b, n, 3]``) ``(t, h, w)`` position ids of the query (or key) tokens.
+
+        Three axes are used as they are (``Composite``); one axis (text) is repeated,
+        ``(p, p, p)``; two axes (an image ``(h, w)``) get ``t = 0``.
+
+        Raises:
+            ValueError: more than 3 axes.
+        """
+        pos = coords.key_positions if keys else coords.query_positions
         axes = pos.shape[-1]
+        if axes == 1:
+            return pos.expand(*pos.shape[:-1], 3)
         if axes > 3:
-            raise ValueError(f"mrope: grids of at most 3 axes (t, h, w), got {axes}")
-        pad = pos.new_zeros(pos.shape[0], 3 - axes)
+            raise ValueError(f"mrope: positions of at most 3 axes (t, h, w), got {axes}")
+        pad = pos.new_zeros(*pos.shape[:-1], 3 - axes)
         return torch.cat((pad, pos), dim=-1)
 
-    def phase(self, coords: Coordinates) -> Tensor:
-        """``[n, h_d/2]`` rotation angles (float64)."""
-        ids = self.position_ids(coords).to(torch.float64)
+    def phase(self, coords: Coordinates, keys: bool = False) -> Tensor:
+        """``[n, h_d/2]`` (or ``[b, n, h_d/2]``) rotation angles (float64, radians)."""
+        ids = self.position_ids(coords, keys).to(torch.float64)
         inv = rope_inv_freq(self.head_dim, self.base).to(ids.device)
-        return ids[:, self.axis.to(ids.device)] * inv
+        return ids[..., self.axis.to(ids.device)] * inv
+
+    def _rotate(self, x: Tensor, phase: Tensor) -> Tensor:
+        return apply_rotary(x, phase.cos().float(), phase.sin().float(), False)
 
     def forward(self, q: Tensor, k: Tensor, coords: Coordinates) -> tuple[Tensor, Tensor]:
         self.check_coords(coords)
         check_qk("mrope", q, k, self.head_dim)
-        phase = self.phase(coords)
-        return rotate(q, phase, False), rotate(k, phase, False)
+        return (self._rotate(q, self.phase(coords)),
+                self._rotate(k, self.phase(coords, keys=True)))

@@ -9,7 +9,7 @@ from mmpe.registry import register
 
 
 @register(
-    "nope", hook="kernel", coords=("sequence", "grid", "graph", "table", "sphere", "composite"),
+    "nope", hook="kernel", needs=(),
     learnable=False, family="none",
     paper="Kazemnejad et al. 2023, The Impact of Positional Encoding on Length "
           "Generalization in Transformers (NeurIPS)",

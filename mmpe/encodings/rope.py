@@ -9,6 +9,7 @@ from einops import rearrange
 from torch import Tensor
 
 from mmpe.coords.base import Coordinates
+from mmpe.coords.capabilities import Positioned1D
 from mmpe.encodings.base import RotaryEncoding, check_qk
 from mmpe.registry import register
 
@@ -59,10 +60,9 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False)
 
 
 @register(
-    "rope", hook="rotary", coords=("sequence",), learnable=False, family="rotary",
+    "rope", hook="rotary", needs=(Positioned1D,), learnable=False, family="rotary",
     paper="Su et al. 2021, RoFormer: Enhanced Transformer with Rotary Position Embedding "
-          "(arXiv:2104.09864), eq. 34",
-)
+          "(arXiv:2104.09864), eq. 34", context=("head_dim",))
 class RoPE(RotaryEncoding):
     """Rotary position embedding (Su et al. 2021, eq. 34).
 

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from mmpe.coords.base import Coordinates
-from mmpe.encodings._grid import as_grid
+from mmpe.coords.capabilities import GridLayout, Positioned
 from mmpe.encodings.base import RotaryEncoding, check_qk
 from mmpe.encodings.rope import apply_rotary, rope_inv_freq
 from mmpe.registry import register
@@ -36,11 +36,10 @@ def axial_phase(positions: Tensor, head_dim: int, base: float = 10000.0) -> Tens
 
 
 @register(
-    "rope_axial", hook="rotary", coords=("grid",), learnable=False, family="rotary",
+    "rope_axial", hook="rotary", needs=(Positioned,), learnable=False, family="rotary",
     aliases=("rope_2d", "rope_nd", "axial_rope"),
     paper="Heo et al. 2024, Rotary Position Embedding for Vision Transformer (ECCV), eq. 9 "
-          "(RoPE-Axial); Su et al. 2021 (RoFormer)",
-)
+          "(RoPE-Axial); Su et al. 2021 (RoFormer)", context=("head_dim", "num_axes"))
 class AxialRoPE(RotaryEncoding):
     """RoPE on each grid axis over its own share of the head dimension (RoPE-Axial).
 
@@ -81,23 +80,35 @@ class AxialRoPE(RotaryEncoding):
         self.num_axes = num_axes
         self._cache: tuple[tuple, Tensor] | None = None
 
-    def phase(self, coords: Coordinates) -> Tensor:
-        """``[n, h_d/2]`` rotation angles of the tokens (float64, radians)."""
-        grid = as_grid("rope_axial", coords)
-        return axial_phase(grid.query_positions, self.head_dim, self.base)
+    def phase(self, coords: Coordinates, keys: bool = False) -> Tensor:
+        """``[n, h_d/2]`` (or ``[b, n, h_d/2]``) rotation angles of the query (or key) tokens
+        (float64, radians)."""
+        pos = coords.key_positions if keys else coords.query_positions
+        if self.num_axes is not None and pos.shape[-1] != self.num_axes:
+            raise ValueError(f"rope_axial: built for num_axes={self.num_axes}, the coordinates "
+                             f"have {pos.shape[-1]} axes")
+        return axial_phase(pos, self.head_dim, self.base)
 
-    def cos_sin(self, coords: Coordinates) -> tuple[Tensor, Tensor]:
-        """``cos``/``sin`` of :meth:`phase`, float32, cached per grid (shape, scale, prefix, device)."""
-        grid = as_grid("rope_axial", coords)
-        key = (grid.shape, grid.scale, grid.prefix_tokens, str(grid.device))
+    def _table(self, coords: Coordinates, keys: bool) -> tuple[Tensor, Tensor]:
+        phase = torch.remainder(self.phase(coords, keys), 2 * math.pi)
+        return phase.cos().float(), phase.sin().float()
+
+    def cos_sin(self, coords: Coordinates, keys: bool = False) -> tuple[Tensor, Tensor]:
+        """``cos``/``sin`` of :meth:`phase`, float32; cached per grid (shape, scale, prefix, device)
+        since a grid's positions follow from those, computed each call for other coordinates."""
+        if not isinstance(coords, GridLayout):
+            return self._table(coords, keys)
+        key = (coords.shape, getattr(coords, "scale", None), coords.prefix_tokens,
+               str(coords.device))
         if self._cache is None or self._cache[0] != key:
-            phase = torch.remainder(self.phase(grid), 2 * math.pi)
-            self._cache = (key, (phase.cos().float(), phase.sin().float()))
+            self._cache = (key, self._table(coords, False))
         return self._cache[1]
 
     def forward(self, q: Tensor, k: Tensor, coords: Coordinates) -> tuple[Tensor, Tensor]:
         self.check_coords(coords)
         check_qk("rope_axial", q, k, self.head_dim)
-        cos, sin = self.cos_sin(coords)
-        return (apply_rotary(q, cos, sin, self.interleaved),
-                apply_rotary(k, cos, sin, self.interleaved))
+        qcos, qsin = self.cos_sin(coords)
+        # A grid's keys are its queries; other coordinates may place keys elsewhere.
+        kcos, ksin = (qcos, qsin) if isinstance(coords, GridLayout) else self.cos_sin(coords, True)
+        return (apply_rotary(q, qcos, qsin, self.interleaved),
+                apply_rotary(k, kcos, ksin, self.interleaved))

@@ -8,7 +8,8 @@ import torch
 from torch import Tensor, nn
 
 from mmpe.coords.base import Coordinates
-from mmpe.encodings._grid import as_grid, rotate
+from mmpe.coords.capabilities import Positioned
+from mmpe.encodings._grid import rotate
 from mmpe.encodings.base import RotaryEncoding, check_qk
 from mmpe.registry import register
 
@@ -40,10 +41,9 @@ def init_mixed_freqs(head_dim: int, num_heads: int, num_axes: int = 2, base: flo
 
 
 @register(
-    "rope_mixed", hook="rotary", coords=("grid",), learnable=True, family="rotary",
+    "rope_mixed", hook="rotary", needs=(Positioned,), learnable=True, family="rotary",
     aliases=("rope_vit_mixed",),
-    paper="Heo et al. 2024, Rotary Position Embedding for Vision Transformer (ECCV), eq. 11 (RoPE-Mixed)",
-)
+    paper="Heo et al. 2024, Rotary Position Embedding for Vision Transformer (ECCV), eq. 11 (RoPE-Mixed)", context=("num_heads", "head_dim", "num_axes"))
 class MixedRoPE(RotaryEncoding):
     """RoPE whose pair frequencies mix the axes and are learned per head (RoPE-Mixed, eq. 11).
 
@@ -84,22 +84,22 @@ class MixedRoPE(RotaryEncoding):
         self.head_dim, self.num_heads, self.num_axes = head_dim, num_heads, num_axes
         self.freqs = nn.Parameter(init_mixed_freqs(head_dim, num_heads, num_axes, base, rotate))
 
-    def phase(self, coords: Coordinates) -> Tensor:
-        """``[n_h, n, h_d/2]`` angles ``Σ_a p_a θ^a`` (float32, differentiable in ``freqs``)."""
-        grid = as_grid("rope_mixed", coords)
-        if grid.ndim != self.num_axes:
-            raise ValueError(f"rope_mixed: built for num_axes={self.num_axes}, the grid "
-                             f"{grid.shape} has {grid.ndim}")
-        pos = grid.query_positions.to(self.freqs.device)  # [n, A]
-        return torch.einsum("na,ahj->hnj", pos.float(), self.freqs.float())
+    def phase(self, coords: Coordinates, keys: bool = False) -> Tensor:
+        """``[n_h, n, h_d/2]`` (``[b, n_h, n, h_d/2]`` for batched positions) angles
+        ``Σ_a p_a θ^a`` of the query (or key) tokens (float32, differentiable in ``freqs``)."""
+        pos = coords.key_positions if keys else coords.query_positions
+        if pos.shape[-1] != self.num_axes:
+            raise ValueError(f"rope_mixed: built for num_axes={self.num_axes}, the coordinates "
+                             f"have {pos.shape[-1]} axes")
+        pos = pos.to(self.freqs.device).float()  # [n, A] or [b, n, A]
+        return torch.einsum("...na,ahj->...hnj", pos, self.freqs.float())
 
     def forward(self, q: Tensor, k: Tensor, coords: Coordinates) -> tuple[Tensor, Tensor]:
         self.check_coords(coords)
         check_qk("rope_mixed", q, k, self.head_dim)
         if q.shape[1] != self.num_heads:
             raise ValueError(f"rope_mixed: built for num_heads={self.num_heads}, q has {q.shape[1]}")
-        phase = self.phase(coords)
-        return rotate(q, phase, True), rotate(k, phase, True)
+        return rotate(q, self.phase(coords), True), rotate(k, self.phase(coords, True), True)
 
     def no_weight_decay(self) -> set[str]:
         """The frequencies are excluded from weight decay (as in the paper's code and timm)."""

@@ -4,12 +4,12 @@ Each class is :class:`mmpe.encodings.rope.RoPE` with other inverse frequencies
 (:meth:`~mmpe.encodings.rope.RoPE.inv_freq`) and, for YaRN and LongRoPE, an attention scaling
 that multiplies ``cos`` and ``sin`` (so the logits by its square). Frequencies and scalings
 equal those of HF transformers' ``modeling_rope_utils.ROPE_INIT_FUNCTIONS`` for the same
-settings (tested). ``max_len`` is the *original* training context (HF's
+settings (tested). ``original_max_position_embeddings`` is the *original* training context (HF's
 ``original_max_position_embeddings``; ``max_position_embeddings`` for dynamic NTK). Notation:
 ``d`` = ``rotary_dim``, ``θ_i = base^(−2i/d)`` (radians per token), ``s`` = ``factor``.
 
 The scaling is applied at every length, as in a checkpoint fine-tuned with it (HF semantics);
-dynamic NTK and LongRoPE switch on lengths past ``max_len`` by themselves.
+dynamic NTK and LongRoPE switch on lengths past ``original_max_position_embeddings`` by themselves.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from collections.abc import Sequence as Seq
 import torch
 from torch import Tensor
 
+from mmpe.coords.capabilities import Positioned1D
 from mmpe.encodings.rope import RoPE, rope_inv_freq
 from mmpe.registry import register
 
@@ -30,10 +31,11 @@ def _check_factor(name: str, factor: float) -> float:
     return float(factor)
 
 
-def _check_len(name: str, max_len: int) -> int:
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
-        raise ValueError(f"{name}: max_len (original context, tokens) must be an int >= 1, got {max_len!r}")
-    return max_len
+def _check_len(name: str, length: int) -> int:
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise ValueError(f"{name}: original_max_position_embeddings (the training context, "
+                         f"tokens) must be an int >= 1, got {length!r}")
+    return length
 
 
 def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -42,11 +44,10 @@ def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
 
 
 @register(
-    "rope_pi", hook="rotary", coords=("sequence",), learnable=False, family="rotary",
+    "rope_pi", hook="rotary", needs=(Positioned1D,), learnable=False, family="rotary",
     aliases=("rope_linear", "position_interpolation"),
     paper="Chen, Wong, Chen & Tian 2023, Extending Context Window of Large Language Models via "
-          "Positional Interpolation (arXiv:2306.15595), eq. 4",
-)
+          "Positional Interpolation (arXiv:2306.15595), eq. 4", context=("head_dim",))
 class RoPEPositionInterpolation(RoPE):
     """Position interpolation: positions divided by ``s``, i.e. ``θ'_i = θ_i / s`` (Chen et al. 2023).
 
@@ -68,11 +69,10 @@ class RoPEPositionInterpolation(RoPE):
 
 
 @register(
-    "rope_ntk", hook="rotary", coords=("sequence",), learnable=False, family="rotary",
+    "rope_ntk", hook="rotary", needs=(Positioned1D,), learnable=False, family="rotary",
     aliases=("rope_ntk_aware",),
     paper="bloc97 2023, NTK-Aware Scaled RoPE (r/LocalLLaMA); as formalised in Peng et al. "
-          "2023, YaRN (arXiv:2309.00071), §3.1 eq. 14",
-)
+          "2023, YaRN (arXiv:2309.00071), §3.1 eq. 14", context=("head_dim",))
 class RoPENTK(RoPE):
     """NTK-aware scaling: a larger base ``b' = b·s^{d/(d−2)}`` (bloc97 2023; YaRN §3.1).
 
@@ -100,47 +100,45 @@ class RoPENTK(RoPE):
 
 
 @register(
-    "rope_dynamic_ntk", hook="rotary", coords=("sequence",), learnable=False, family="rotary",
+    "rope_dynamic_ntk", hook="rotary", needs=(Positioned1D,), learnable=False, family="rotary",
     aliases=("rope_dynamic",),
     paper="emozilla 2023, Dynamically Scaled RoPE (r/LocalLLaMA); Peng et al. 2023, YaRN "
-          "(arXiv:2309.00071), §3.3",
-)
+          "(arXiv:2309.00071), §3.3", context=("head_dim", "original_max_position_embeddings"))
 class RoPEDynamicNTK(RoPE):
-    """Dynamic NTK: plain RoPE up to ``max_len``, then the NTK base grows with the length.
+    """Dynamic NTK: plain RoPE up to ``original_max_position_embeddings``, then the NTK base grows with the length.
 
-    For ``n = max(seq_len, max_len)``: ``b' = b·(s·n/max_len − (s − 1))^{d/(d−2)}``
+    For ``n = max(seq_len, original_max_position_embeddings)``: ``b' = b·(s·n/original_max_position_embeddings − (s − 1))^{d/(d−2)}``
     (HF ``_compute_dynamic_ntk_parameters``; ``seq_len`` = largest key position + 1).
 
     Args:
         head_dim, base, rotary_dim, interleaved: as :class:`~mmpe.encodings.rope.RoPE`.
         factor: ``s`` (> 0; 4 by default).
-        max_len: the training context (tokens).
+        original_max_position_embeddings: the training context (tokens).
 
     Raises:
-        ValueError: ``factor ≤ 0``, ``max_len < 1``, ``rotary_dim < 4``, and RoPE's errors.
+        ValueError: ``factor ≤ 0``, ``original_max_position_embeddings < 1``, ``rotary_dim < 4``, and RoPE's errors.
     """
 
-    def __init__(self, head_dim: int, factor: float = 4.0, max_len: int = 2048,
+    def __init__(self, head_dim: int, factor: float = 4.0, original_max_position_embeddings: int = 2048,
                  base: float = 10000.0, rotary_dim: int | None = None,
                  interleaved: bool = False) -> None:
         super().__init__(head_dim, base, rotary_dim, interleaved)
         self.factor = _check_factor("rope_dynamic_ntk", factor)
-        self.max_len = _check_len("rope_dynamic_ntk", max_len)
+        self.original_max_position_embeddings = _check_len("rope_dynamic_ntk", original_max_position_embeddings)
         if self.rotary_dim < 4:
             raise ValueError(f"rope_dynamic_ntk: rotary_dim must be >= 4, got {self.rotary_dim}")
 
     def inv_freq(self, seq_len: int) -> Tensor:
-        d, n = self.rotary_dim, max(seq_len, self.max_len)
-        base = self.base * ((self.factor * n / self.max_len) - (self.factor - 1)) ** (d / (d - 2))
+        d, n = self.rotary_dim, max(seq_len, self.original_max_position_embeddings)
+        base = self.base * ((self.factor * n / self.original_max_position_embeddings) - (self.factor - 1)) ** (d / (d - 2))
         return rope_inv_freq(d, base)
 
 
 @register(
-    "rope_yarn", hook="rotary", coords=("sequence",), learnable=False, family="rotary",
+    "rope_yarn", hook="rotary", needs=(Positioned1D,), learnable=False, family="rotary",
     aliases=("yarn",),
     paper="Peng, Quesnelle, Fan & Shippole 2023, YaRN: Efficient Context Window Extension of "
-          "Large Language Models (arXiv:2309.00071), §3.2-3.4, eqs. 17-20",
-)
+          "Large Language Models (arXiv:2309.00071), §3.2-3.4, eqs. 17-20", context=("head_dim", "original_max_position_embeddings"))
 class RoPEYaRN(RoPE):
     """YaRN: "NTK-by-parts" interpolation plus an attention temperature (Peng et al. 2023).
 
@@ -155,23 +153,23 @@ class RoPEYaRN(RoPE):
     Args:
         head_dim, base, rotary_dim, interleaved: as :class:`~mmpe.encodings.rope.RoPE`.
         factor: ``s`` (> 0; 4 by default).
-        max_len: original context ``L`` (tokens).
+        original_max_position_embeddings: original context ``L`` (tokens).
         beta_fast, beta_slow: ``α = 32``, ``β = 1`` rotations (the paper's Llama values).
         attention_factor, mscale, mscale_all_dim, truncate: as HF ``_compute_yarn_parameters``.
 
     Raises:
-        ValueError: ``factor ≤ 0``, ``max_len < 1``, ``beta_fast ≤ beta_slow`` or
+        ValueError: ``factor ≤ 0``, ``original_max_position_embeddings < 1``, ``beta_fast ≤ beta_slow`` or
             ``beta_slow ≤ 0``, ``attention_factor ≤ 0``, and RoPE's errors.
     """
 
-    def __init__(self, head_dim: int, factor: float = 4.0, max_len: int = 2048,
+    def __init__(self, head_dim: int, factor: float = 4.0, original_max_position_embeddings: int = 2048,
                  base: float = 10000.0, beta_fast: float = 32.0, beta_slow: float = 1.0,
                  attention_factor: float | None = None, mscale: float | None = None,
                  mscale_all_dim: float | None = None, truncate: bool = True,
                  rotary_dim: int | None = None, interleaved: bool = False) -> None:
         super().__init__(head_dim, base, rotary_dim, interleaved)
         self.factor = _check_factor("rope_yarn", factor)
-        self.max_len = _check_len("rope_yarn", max_len)
+        self.original_max_position_embeddings = _check_len("rope_yarn", original_max_position_embeddings)
         if not 0 < beta_slow < beta_fast:
             raise ValueError(f"rope_yarn: need 0 < beta_slow < beta_fast, got {beta_slow}, {beta_fast}")
         self.beta_fast, self.beta_slow, self.truncate = float(beta_fast), float(beta_slow), truncate
@@ -186,7 +184,7 @@ class RoPEYaRN(RoPE):
 
     def correction_range(self) -> tuple[float, float]:
         """Dimension indices where the ramp starts and ends (YaRN eq. 17 inverted)."""
-        d, b, L = self.rotary_dim, self.base, self.max_len
+        d, b, L = self.rotary_dim, self.base, self.original_max_position_embeddings
 
         def dim_of(rotations: float) -> float:
             return d * math.log(L / (rotations * 2 * math.pi)) / (2 * math.log(b))
@@ -207,17 +205,16 @@ class RoPEYaRN(RoPE):
 
 
 @register(
-    "rope_longrope", hook="rotary", coords=("sequence",), learnable=False, family="rotary",
+    "rope_longrope", hook="rotary", needs=(Positioned1D,), learnable=False, family="rotary",
     aliases=("longrope",),
     paper="Ding et al. 2024, LongRoPE: Extending LLM Context Window Beyond 2 Million Tokens "
-          "(ICML), §3, eq. 4; the Phi-3 'su/longrope' scaling",
-)
+          "(ICML), §3, eq. 4; the Phi-3 'su/longrope' scaling", context=("head_dim", "original_max_position_embeddings"))
 class RoPELongRoPE(RoPE):
     """LongRoPE: a searched rescale factor per frequency, short and long sets (Ding et al. 2024).
 
-    ``θ'_i = θ_i / λ_i`` with ``λ = short_factor`` while ``seq_len ≤ max_len`` and
+    ``θ'_i = θ_i / λ_i`` with ``λ = short_factor`` while ``seq_len ≤ original_max_position_embeddings`` and
     ``long_factor`` beyond; cos and sin are multiplied by
-    ``√(1 + ln(s)/ln(max_len))`` (1 when ``s ≤ 1``) or ``attention_factor``.
+    ``√(1 + ln(s)/ln(original_max_position_embeddings))`` (1 when ``s ≤ 1``) or ``attention_factor``.
 
     Without searched factors (the paper finds them by evolutionary search per checkpoint), the
     defaults are ``short = 1`` and ``long = s^{2i/(d−2)}`` — the NTK-aware member of the
@@ -226,7 +223,7 @@ class RoPELongRoPE(RoPE):
     Args:
         head_dim, base, rotary_dim, interleaved: as :class:`~mmpe.encodings.rope.RoPE`.
         factor: ``s`` (> 0; 4 by default).
-        max_len: original context (tokens).
+        original_max_position_embeddings: original context (tokens).
         short_factor, long_factor: ``d/2`` positive rescale factors each.
         attention_factor: overrides the cos/sin scaling.
 
@@ -235,13 +232,13 @@ class RoPELongRoPE(RoPE):
             and RoPE's errors.
     """
 
-    def __init__(self, head_dim: int, factor: float = 4.0, max_len: int = 2048,
+    def __init__(self, head_dim: int, factor: float = 4.0, original_max_position_embeddings: int = 2048,
                  short_factor: Seq[float] | None = None, long_factor: Seq[float] | None = None,
                  attention_factor: float | None = None, base: float = 10000.0,
                  rotary_dim: int | None = None, interleaved: bool = False) -> None:
         super().__init__(head_dim, base, rotary_dim, interleaved)
         self.factor = _check_factor("rope_longrope", factor)
-        self.max_len = _check_len("rope_longrope", max_len)
+        self.original_max_position_embeddings = _check_len("rope_longrope", original_max_position_embeddings)
         half = self.rotary_dim // 2
         if short_factor is None:
             short_factor = [1.0] * half
@@ -257,26 +254,25 @@ class RoPELongRoPE(RoPE):
                              persistent=False)
         if attention_factor is None:
             attention_factor = (1.0 if self.factor <= 1
-                                else math.sqrt(1 + math.log(self.factor) / math.log(self.max_len)))
+                                else math.sqrt(1 + math.log(self.factor) / math.log(self.original_max_position_embeddings)))
         if attention_factor <= 0:
             raise ValueError(f"rope_longrope: attention_factor must be > 0, got {attention_factor}")
         self.attention_scaling = float(attention_factor)
 
     def inv_freq(self, seq_len: int) -> Tensor:
-        ext = self.long_factor if seq_len > self.max_len else self.short_factor
+        ext = self.long_factor if seq_len > self.original_max_position_embeddings else self.short_factor
         return rope_inv_freq(self.rotary_dim, self.base) / ext.cpu()
 
 
 @register(
-    "rope_llama3", hook="rotary", coords=("sequence",), learnable=False, family="rotary",
+    "rope_llama3", hook="rotary", needs=(Positioned1D,), learnable=False, family="rotary",
     aliases=("llama3",),
     paper="Meta 2024, The Llama 3 Herd of Models (arXiv:2407.21783); frequency scaling of the "
-          "Llama 3.1 reference code (apply_scaling)",
-)
+          "Llama 3.1 reference code (apply_scaling)", context=("head_dim", "original_max_position_embeddings"))
 class RoPELlama3(RoPE):
     """Llama-3.1 frequency scaling: wavelength-dependent interpolation.
 
-    With wavelength ``λ_i = 2π/θ_i`` and ``L`` = ``max_len``: ``λ < L/high_freq_factor`` keeps
+    With wavelength ``λ_i = 2π/θ_i`` and ``L`` = ``original_max_position_embeddings``: ``λ < L/high_freq_factor`` keeps
     ``θ_i``; ``λ > L/low_freq_factor`` uses ``θ_i/s``; between, ``θ'_i = (1 − γ)θ_i/s + γθ_i``
     with ``γ = (L/λ − low_freq_factor)/(high_freq_factor − low_freq_factor)``.
 
@@ -285,19 +281,19 @@ class RoPELlama3(RoPE):
         factor: ``s`` (8 in Llama 3.1, whose ``base`` is 500000; the default base here is
             10000 like the other RoPE variants).
         low_freq_factor, high_freq_factor: 1 and 4 in Llama 3.1 (``0 < low < high``).
-        max_len: original context ``L`` (8192 in Llama 3.1).
+        original_max_position_embeddings: original context ``L`` (8192 in Llama 3.1).
 
     Raises:
-        ValueError: ``factor ≤ 0``, ``max_len < 1``, ``low_freq_factor ≥ high_freq_factor``
+        ValueError: ``factor ≤ 0``, ``original_max_position_embeddings < 1``, ``low_freq_factor ≥ high_freq_factor``
             or ``low_freq_factor ≤ 0``, and RoPE's errors.
     """
 
     def __init__(self, head_dim: int, factor: float = 8.0, low_freq_factor: float = 1.0,
-                 high_freq_factor: float = 4.0, max_len: int = 8192, base: float = 10000.0,
+                 high_freq_factor: float = 4.0, original_max_position_embeddings: int = 8192, base: float = 10000.0,
                  rotary_dim: int | None = None, interleaved: bool = False) -> None:
         super().__init__(head_dim, base, rotary_dim, interleaved)
         self.factor = _check_factor("rope_llama3", factor)
-        self.max_len = _check_len("rope_llama3", max_len)
+        self.original_max_position_embeddings = _check_len("rope_llama3", original_max_position_embeddings)
         if not 0 < low_freq_factor < high_freq_factor:
             raise ValueError(f"rope_llama3: need 0 < low_freq_factor < high_freq_factor, got "
                              f"{low_freq_factor}, {high_freq_factor}")
@@ -305,7 +301,7 @@ class RoPELlama3(RoPE):
 
     def inv_freq(self, seq_len: int) -> Tensor:
         theta = rope_inv_freq(self.rotary_dim, self.base)
-        L, lo, hi, s = self.max_len, self.low_freq_factor, self.high_freq_factor, self.factor
+        L, lo, hi, s = self.original_max_position_embeddings, self.low_freq_factor, self.high_freq_factor, self.factor
         wavelen = 2 * math.pi / theta
         scaled = torch.where(wavelen > L / lo, theta / s, theta)
         smooth = (L / wavelen - lo) / (hi - lo)

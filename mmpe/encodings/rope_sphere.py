@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from mmpe.coords.base import Coordinates
+from mmpe.coords.capabilities import Spherical
 from mmpe.encodings._sphere import sphere_angles
 from mmpe.encodings.base import RotaryEncoding, check_qk
 from mmpe.encodings.rope import apply_rotary
@@ -30,12 +31,11 @@ def integer_frequencies(n: int, max_freq: float) -> Tensor:
 
 
 @register(
-    "rope_sphere", hook="rotary", coords=("sphere",), learnable=False, family="rotary",
+    "rope_sphere", hook="rotary", needs=(Spherical,), learnable=False, family="rotary",
     aliases=("rope_latlon",),
     paper="Su et al. 2021 (RoFormer) applied axially to (lat, lon) as in 2D RoPE (Heo et al. "
           "2024, Rotary Position Embedding for Vision Transformer), with integer longitude "
-          "frequencies so the rotation is 2π-periodic",
-)
+          "frequencies so the rotation is 2π-periodic", context=("head_dim",))
 class SphereRoPE(RotaryEncoding):
     """Axial rotary embedding on ``(φ, λ)`` (radians) with integer longitude frequencies.
 

@@ -6,16 +6,16 @@ import torch
 from torch import Tensor, nn
 
 from mmpe.coords.base import Coordinates
+from mmpe.coords.capabilities import Positioned1D
 from mmpe.encodings.base import InputEncoding
 from mmpe.encodings.sinusoidal import sinusoidal_table
 from mmpe.registry import register
 
 
 @register(
-    "scaled_sinusoidal", hook="input", coords=("sequence",), learnable=True, family="absolute",
+    "scaled_sinusoidal", hook="input", needs=(Positioned1D,), learnable=True, family="absolute",
     paper="Hua, Dai, Liu & Le 2022, Transformer Quality in Linear Time (ICML), App. A "
-          "(ScaledSinuEmbedding); x-transformers' ScaledSinusoidalEmbedding",
-)
+          "(ScaledSinuEmbedding); x-transformers' ScaledSinusoidalEmbedding", context=("d_model",))
 class ScaledSinusoidalPE(InputEncoding):
     """``P(p) = α · PE(p)``: the fixed sinusoid of Vaswani et al. times one learned scalar ``α``.
 

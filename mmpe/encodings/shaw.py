@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from mmpe.coords.capabilities import Directed
 from mmpe.encodings._content import (
     ContentScoreEncoding,
     batch_index,
@@ -23,11 +24,10 @@ def clipped_relative_index(ctx: AttentionContext, q_idx: Tensor, kv_idx: Tensor,
 
 
 @register(
-    "shaw", hook="score", coords=("sequence",), learnable=True, family="relative",
+    "shaw", hook="score", needs=(Directed,), learnable=True, family="relative",
     aliases=("relative_shaw",),
     paper="Shaw, Uszkoreit & Vaswani 2018, Self-Attention with Relative Position "
-          "Representations (NAACL), eqs. 3-4",
-)
+          "Representations (NAACL), eqs. 3-4", context=("head_dim",))
 class ShawRelative(ContentScoreEncoding):
     """Learned relative-position vectors on keys (and optionally values), Shaw et al. 2018.
 

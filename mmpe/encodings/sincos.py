@@ -7,7 +7,8 @@ from einops import rearrange
 from torch import Tensor
 
 from mmpe.coords.base import Coordinates
-from mmpe.encodings._grid import as_grid, zero_prefix
+from mmpe.coords.capabilities import GridLayout, Positioned
+from mmpe.encodings._grid import zero_prefix
 from mmpe.encodings.base import InputEncoding
 from mmpe.registry import register
 
@@ -62,17 +63,18 @@ def sincos_grid_embed(
 
 
 @register(
-    "sincos", hook="input", coords=("grid",), learnable=False, family="absolute",
+    "sincos", hook="input", needs=(Positioned,), learnable=False, family="absolute",
     aliases=("sincos2d", "sincos_grid"),
     paper="He et al. 2022, Masked Autoencoders Are Scalable Vision Learners (CVPR) — 2D sin-cos; "
-          "Carion et al. 2020, End-to-End Object Detection with Transformers (DETR)",
-)
+          "Carion et al. 2020, End-to-End Object Detection with Transformers (DETR)", context=("d_model",))
 class SinCosGrid(InputEncoding):
     """Fixed 2D/3D sine-cosine embedding added to the patch embeddings (MAE; DETR; Simple ViT).
 
     Each axis' coordinate gets a 1D sinusoid (Vaswani et al. 2017) over ``d_model / A``
-    channels (see :func:`sincos_grid_embed`); positions are the grid's (cell index × scale).
-    Prefix tokens (cls, registers) get the zero vector, as MAE's cls token.
+    channels (see :func:`sincos_grid_embed`). On a grid, positions are cell index × scale and
+    prefix tokens (cls, registers) get the zero vector, as MAE's cls token; on any other
+    ``Positioned`` coordinates (points in R^d, lat/lon) the tokens' positions are used as they
+    are (an absolute encoding: not invariant to rotations or translations).
 
     Args:
         d_model: embedding width, divisible by ``2·A`` (4 in 2D, 6 in 3D).
@@ -82,11 +84,12 @@ class SinCosGrid(InputEncoding):
             multiplied by ``2π`` (so any grid size spans ``(0, 2π]``). With ``layout="detr"``
             positions are 1-based as in DETR.
 
-    Shapes: ``forward(coords) -> [n, d_model]`` (``n = prefix + prod(shape)``).
+    Shapes: ``forward(coords) -> [n, d_model]`` (``n = prefix + prod(shape)`` on a grid) or
+    ``[b, n, d_model]`` for batched positions.
 
     Raises:
         ValueError: ``d_model`` not divisible by ``2·A`` at forward, unknown layout.
-        TypeError: non-grid coordinates.
+        TypeError: coordinates without positions.
     """
 
     def __init__(self, d_model: int, temperature: float = 10000.0, layout: str = "mae",
@@ -102,16 +105,24 @@ class SinCosGrid(InputEncoding):
         self.normalize = bool(normalize)
 
     def positions(self, coords: Coordinates) -> Tensor:
-        """Grid-token positions used for the embedding, ``[prod(shape), A]``."""
-        grid = as_grid("sincos", coords)
-        pos = grid.grid_positions
-        if self.layout == "detr" or self.normalize:
-            pos = pos + torch.tensor(grid.scale, device=pos.device)  # DETR's cumsum: 1-based
+        """Positions used for the embedding: ``[prod(shape), A]`` grid tokens on a grid (prefix
+        tokens excluded), else every token's ``[n, A]`` or ``[b, n, A]``."""
+        if isinstance(coords, GridLayout):
+            pos = coords.query_positions[coords.prefix_tokens:]
+            if self.layout == "detr" or self.normalize:  # DETR's cumsum: 1-based
+                pos = pos + torch.tensor(coords.scale, device=pos.device)
+        else:
+            pos = coords.query_positions.float()
         if self.normalize:
-            pos = pos / (pos.amax(dim=0, keepdim=True) + 1e-6) * (2 * torch.pi)
+            pos = pos / (pos.amax(dim=-2, keepdim=True) + 1e-6) * (2 * torch.pi)
         return pos
 
     def forward(self, coords: Coordinates) -> Tensor:
         self.check_coords(coords)
-        pe = sincos_grid_embed(self.positions(coords), self.d_model, self.temperature, self.layout)
-        return zero_prefix(pe, coords.prefix_tokens)
+        pos = self.positions(coords)
+        flat = sincos_grid_embed(pos.reshape(-1, pos.shape[-1]), self.d_model, self.temperature,
+                                 self.layout)
+        pe = flat.reshape(*pos.shape[:-1], self.d_model)
+        if isinstance(coords, GridLayout):
+            pe = zero_prefix(pe, coords.prefix_tokens)
+        return pe

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from mmpe.coords.base import Coordinates
+from mmpe.coords.capabilities import Positioned1D
 from mmpe.encodings.base import InputEncoding
 from mmpe.registry import register
 
@@ -32,9 +33,8 @@ def sinusoidal_table(positions: Tensor, d_model: int, base: float = 10000.0) -> 
 
 
 @register(
-    "sinusoidal", hook="input", coords=("sequence",), learnable=False, family="absolute",
-    paper="Vaswani et al. 2017, Attention Is All You Need, §3.5",
-)
+    "sinusoidal", hook="input", needs=(Positioned1D,), learnable=False, family="absolute",
+    paper="Vaswani et al. 2017, Attention Is All You Need, §3.5", context=("d_model",))
 class SinusoidalPE(InputEncoding):
     """Fixed sinusoidal absolute positions added to token embeddings (Vaswani et al. 2017, §3.5).
 

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from mmpe.coords.base import Coordinates
+from mmpe.coords.capabilities import Spherical
 from mmpe.encodings._sphere import check_positive_int, sphere_angles
 from mmpe.encodings.base import InputEncoding
 from mmpe.registry import register
@@ -109,28 +110,28 @@ class Sphere2Vec(InputEncoding):
         return self.proj(self.features(coords))
 
 
-@register("sphere_c", hook="input", coords=("sphere",), learnable=True, family="sphere",
+@register("sphere_c", hook="input", needs=(Spherical,), context=("d_model",), learnable=True, family="sphere",
           paper=PAPER)
 class SphereC(Sphere2Vec):
     __doc__ = Sphere2Vec.__doc__
     variant = "sphere_c"
 
 
-@register("sphere_c_plus", hook="input", coords=("sphere",), learnable=True, family="sphere",
+@register("sphere_c_plus", hook="input", needs=(Spherical,), context=("d_model",), learnable=True, family="sphere",
           paper=PAPER)
 class SphereCPlus(Sphere2Vec):
     __doc__ = Sphere2Vec.__doc__
     variant = "sphere_c_plus"
 
 
-@register("sphere_m", hook="input", coords=("sphere",), learnable=True, family="sphere",
+@register("sphere_m", hook="input", needs=(Spherical,), context=("d_model",), learnable=True, family="sphere",
           paper=PAPER)
 class SphereM(Sphere2Vec):
     __doc__ = Sphere2Vec.__doc__
     variant = "sphere_m"
 
 
-@register("sphere_m_plus", hook="input", coords=("sphere",), learnable=True, family="sphere",
+@register("sphere_m_plus", hook="input", needs=(Spherical,), context=("d_model",), learnable=True, family="sphere",
           paper=PAPER)
 class SphereMPlus(Sphere2Vec):
     __doc__ = Sphere2Vec.__doc__

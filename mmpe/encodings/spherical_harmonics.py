@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from mmpe.coords.base import Coordinates
+from mmpe.coords.capabilities import Spherical
 from mmpe.encodings._sphere import check_positive_int, sphere_angles
 from mmpe.encodings.base import InputEncoding
 from mmpe.registry import register
@@ -126,11 +127,10 @@ class SirenNet(nn.Module):
 
 
 @register(
-    "spherical_harmonics", hook="input", coords=("sphere",), learnable=True, family="sphere",
+    "spherical_harmonics", hook="input", needs=(Spherical,), learnable=True, family="sphere",
     aliases=("sh",),
     paper="Rußwurm et al. 2024, Geographic Location Encoding with Spherical Harmonics and "
-          "Sinusoidal Representation Networks (ICLR)",
-)
+          "Sinusoidal Representation Networks (ICLR)", context=("d_model",))
 class SphericalHarmonicsPE(InputEncoding):
     """``P = NN(Y(φ, λ))``: real spherical harmonics up to degree ``L`` through a small network.
 

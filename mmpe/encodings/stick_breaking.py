@@ -6,6 +6,8 @@ import torch
 from torch import Tensor
 
 from mmpe.coords.base import index_grid
+from mmpe.coords.capabilities import Causal
+from mmpe.encodings._content import require_causal
 from mmpe.encodings.base import AttentionContext, KernelEncoding
 from mmpe.registry import register
 
@@ -34,7 +36,7 @@ def stick_breaking_log_weights(logits: Tensor) -> Tensor:
 
 
 @register(
-    "stick_breaking", hook="kernel", coords=("sequence",), learnable=False, family="kernel",
+    "stick_breaking", hook="kernel", needs=(Causal,), learnable=False, family="kernel",
     paper="Tan, Shen, Yang, Courville & Panda 2024, Scaling Stick-Breaking Attention: An "
           "Efficient Implementation and In-depth Study (arXiv:2410.17980), eqs. 1-3",
 )
@@ -67,8 +69,7 @@ class StickBreaking(KernelEncoding):
     def weights(self, scores: Tensor, ctx: AttentionContext) -> Tensor:
         """Attention weights ``A`` ``[b, n_h, n_q, n_k]`` (float32)."""
         self.check_coords(ctx.coords)
-        if not getattr(ctx.coords, "causal", False):
-            raise ValueError("stick_breaking: needs causal coordinates (Sequence(n, causal=True))")
+        require_causal("stick_breaking", ctx)
         z = scores.float()
         if not self.attend_current:
             coords = ctx.coords

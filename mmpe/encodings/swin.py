@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mmpe.coords.capabilities import GridLayout
 from mmpe.encodings._grid import as_grid, check_ndim, check_shape
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
 from mmpe.registry import register
@@ -77,12 +78,11 @@ def offset_table_bias(grid, table: Tensor, prefix_entries: bool, cache: dict) ->
 
 
 @register(
-    "swin", hook="score", coords=("grid",), learnable=True, family="bias",
+    "swin", hook="score", needs=(GridLayout,), learnable=True, family="bias",
     aliases=("swin_bias", "beit_bias", "relpos_table"),
     paper="Liu et al. 2021, Swin Transformer: Hierarchical Vision Transformer using Shifted Windows "
           "(ICCV), §3.2 eq. 4; Bao et al. 2022, BEiT (ICLR) §2.6 (prefix-token entries, table "
-          "interpolation)",
-)
+          "interpolation)", context=("num_heads", "grid_shape"))
 class SwinRelativeBias(ScoreEncoding):
     """A learned bias per head for every relative offset on the grid: ``score + B̂[Δ, h]`` (Swin eq. 4).
 

@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from mmpe.coords.capabilities import GridLayout
 from mmpe.encodings._grid import as_grid, check_ndim, check_shape
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
 from mmpe.encodings.swin import offset_table_bias, offset_table_mod
@@ -29,11 +30,10 @@ def log_relative_coords(shape: tuple[int, ...], ref_shape: tuple[int, ...]) -> T
 
 
 @register(
-    "swinv2_cpb", hook="score", coords=("grid",), learnable=True, family="bias",
+    "swinv2_cpb", hook="score", needs=(GridLayout,), learnable=True, family="bias",
     aliases=("cpb", "swinv2"),
     paper="Liu et al. 2022, Swin Transformer V2: Scaling Up Capacity and Resolution (CVPR), "
-          "§3.3 log-spaced continuous position bias, eqs. 3-4",
-)
+          "§3.3 log-spaced continuous position bias, eqs. 3-4", context=("num_heads", "grid_shape"))
 class SwinV2CPB(ScoreEncoding):
     """``score + 16·σ(G(Δ̂))[h]``: a small MLP ``G`` on log-spaced per-axis offsets (SwinV2 §3.3).
 

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from mmpe.coords.base import index_grid
+from mmpe.coords.capabilities import Directed, Metric
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
 from mmpe.registry import register
 
@@ -47,11 +48,10 @@ def t5_bucket(
 
 
 @register(
-    "t5", hook="score", coords=("sequence", "grid", "graph", "sphere", "table"),
+    "t5", hook="score", needs=(Metric,),
     learnable=True, family="bias", aliases=("t5_bias",),
     paper="Raffel et al. 2020, Exploring the Limits of Transfer Learning with a Unified "
-          "Text-to-Text Transformer (JMLR), §2.1",
-)
+          "Text-to-Text Transformer (JMLR), §2.1", context=("num_heads", "distance_unit"))
 class T5RelativeBias(ScoreEncoding):
     """A learned scalar per head and relative-position bucket, added to the logits (T5, §2.1).
 
@@ -102,7 +102,7 @@ class T5RelativeBias(ScoreEncoding):
     def buckets(self, ctx: AttentionContext, q_idx: Tensor, kv_idx: Tensor, b: Tensor) -> Tensor:
         """Bucket of each pair, from the coordinates' relation or distance."""
         coords = ctx.coords
-        if coords.directed:
+        if isinstance(coords, Directed):
             rel = -coords.relation(q_idx, kv_idx, b)  # key − query, T5's sign
         else:
             rel = -(coords.distance(q_idx, kv_idx, b) / self.distance_unit).round().long()
@@ -112,7 +112,7 @@ class T5RelativeBias(ScoreEncoding):
         """The option, or inferred: bidirectional on directed, non-causal coordinates."""
         bidirectional = self.bidirectional
         if bidirectional is None:
-            bidirectional = coords.directed and not getattr(coords, "causal", False)
+            bidirectional = isinstance(coords, Directed) and not coords.causal
         if bidirectional and self.num_buckets % 2:
             raise ValueError(f"t5: num_buckets must be even when bidirectional, got {self.num_buckets}")
         return bidirectional
@@ -127,7 +127,7 @@ class T5RelativeBias(ScoreEncoding):
         coords = ctx.coords
         b, _, q, k = index_grid(coords.batch_size or 1, 1, coords.num_queries, coords.num_keys,
                                 coords.device)
-        if not coords.directed:
+        if not isinstance(coords, Directed):
             return super().bias(ctx)
         rel = -coords.relation(q, k, b)  # key − query, [b, 1, n_q, n_k]
         lo, hi = int(rel.min()), int(rel.max())

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from mmpe.coords.base import Coordinates
+from mmpe.coords.capabilities import FeatureGraph, Prefixed
 from mmpe.encodings.base import InputEncoding
 from mmpe.registry import register
 
@@ -37,11 +38,10 @@ def tabpet_table(eigvecs: Tensor, alpha: float, *, standardize: bool = True,
 
 
 @register(
-    "tabpet", hook="input", coords=("table",), learnable=False, family="spectral",
+    "tabpet", hook="input", needs=(FeatureGraph,), learnable=False, family="spectral",
     aliases=("tab_pet",),
     paper="Leng, Ghosh & Motani 2025, Tab-PET: Graph-Based Positional Encodings for Tabular "
-          "Transformers (AAAI 2026, arXiv:2511.13338)",
-)
+          "Transformers (AAAI 2026, arXiv:2511.13338)", context=("d_model",))
 class TabPET(InputEncoding):
     """Feature-graph Laplacian eigenvectors, scaled by ``α`` and concatenated to the tokens.
 
@@ -80,7 +80,7 @@ class TabPET(InputEncoding):
     Raises:
         ValueError: ``width`` not in ``[1, d_model − 1]``, negative ``alpha``; at forward, more
             eigenvectors than ``width``; in :meth:`combine`, ``x`` of the wrong shape.
-        TypeError: coordinates other than ``Table``.
+        TypeError: coordinates without the ``FeatureGraph`` capability (``spectral_positions``).
     """
 
     def __init__(self, d_model: int, width: int = 8, alpha: float = 1.0, standardize: bool = True,
@@ -105,14 +105,19 @@ class TabPET(InputEncoding):
         return self.d_model if self.project else self.d_model - self.width
 
     def forward(self, coords: Coordinates) -> Tensor:
-        """The PE channels of every token, ``[s, width]`` (``[CLS]`` and padding zero)."""
+        """The PE channels of every token, ``[s, width]``.
+
+        Reads ``spectral_positions`` (``FeatureGraph``); when the coordinates are also
+        ``Prefixed``, their ``prefix_tokens`` leading rows (``[CLS]``) get zeros and the
+        standardisation runs over the feature rows only.
+        """
         self.check_coords(coords)
-        pos = coords.query_positions
+        pos = coords.spectral_positions
         a = pos.shape[-1]
         if a > self.width:
             raise ValueError(f"tabpet: the table has {a} eigenvectors (k + k_high) but width={self.width}; "
                              "build the encoding with width >= k + k_high")
-        c = int(getattr(coords, "cls_token", False))
+        c = int(coords.prefix_tokens) if isinstance(coords, Prefixed) else 0
         out = torch.zeros(pos.shape[0], self.width, device=pos.device, dtype=torch.float32)
         out[c:, :a] = tabpet_table(pos[c:], self.alpha, standardize=self.standardize, clip=self.clip)
         return out

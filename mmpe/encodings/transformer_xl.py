@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from mmpe.coords.capabilities import Directed
 from mmpe.encodings._content import (
     ContentScoreEncoding,
     batch_index,
@@ -69,11 +70,10 @@ class _RelativeSinusoid(ContentScoreEncoding):
 
 
 @register(
-    "transformer_xl", hook="score", coords=("sequence",), learnable=True, family="relative",
+    "transformer_xl", hook="score", needs=(Directed,), learnable=True, family="relative",
     aliases=("txl",),
     paper="Dai et al. 2019, Transformer-XL: Attentive Language Models Beyond a Fixed-Length "
-          "Context (ACL), §3.3",
-)
+          "Context (ACL), §3.3", context=("d_model", "num_heads", "head_dim"))
 class TransformerXLRelative(_RelativeSinusoid):
     """Transformer-XL's relative attention score (Dai et al. 2019, §3.3).
 
@@ -111,10 +111,9 @@ class TransformerXLRelative(_RelativeSinusoid):
 
 
 @register(
-    "tener", hook="score", coords=("sequence",), learnable=True, family="relative",
+    "tener", hook="score", needs=(Directed,), learnable=True, family="relative",
     paper="Yan, Deng, Li & Qiu 2019, TENER: Adapting Transformer Encoder for Named Entity "
-          "Recognition (arXiv:1911.04474), eqs. 14-18",
-)
+          "Recognition (arXiv:1911.04474), eqs. 14-18", context=("num_heads", "head_dim"))
 class TENER(_RelativeSinusoid):
     """TENER's direction- and distance-aware relative attention (Yan et al. 2019, eqs. 14-18).
 

@@ -6,15 +6,15 @@ import torch
 from torch import Tensor
 
 from mmpe.coords.base import Coordinates
+from mmpe.coords.capabilities import Positioned1D
 from mmpe.encodings.base import check_qk
 from mmpe.encodings.rope import RoPE, apply_rotary, rope_cos_sin
 from mmpe.registry import register
 
 
 @register(
-    "xpos", hook="rotary", coords=("sequence",), learnable=False, family="rotary",
-    paper="Sun et al. 2022, A Length-Extrapolatable Transformer (arXiv:2212.10554), §3.2, eq. 10",
-)
+    "xpos", hook="rotary", needs=(Positioned1D,), learnable=False, family="rotary",
+    paper="Sun et al. 2022, A Length-Extrapolatable Transformer (arXiv:2212.10554), §3.2, eq. 10", context=("head_dim",))
 class XPos(RoPE):
     """Extrapolatable position embedding (Sun et al. 2022, eq. 10).
 

@@ -1,0 +1,265 @@
+"""Point sets in Euclidean space R^d: atoms in 3D, point clouds, sensor positions.
+
+A batch of point sets of different sizes is padded to ``[b, n_max, d]`` with a boolean mask
+(True = a real point). Position is geometry only: the pairwise distance between two points is
+all a distance-based score encoding (ALiBi, T5, FIRE, KERPLE, DA-Transformer) reads, so those
+are invariant to rotations, reflections and translations of the set and equivariant to
+permutations of its points. An absolute encoding of the coordinates (``Positioned``) is not.
+
+    >>> pts = Points(torch.tensor([[0.0, 0.0, 0.0], [3.0, 4.0, 0.0]]), units="Å")
+    >>> float(pts.distance(torch.tensor(0), torch.tensor(1)))
+    5.0
+    >>> float(pts.extent(torch.tensor(0)))
+    5.0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from mmpe.coords.base import Coordinates, MaskMod
+
+__all__ = ["Points"]
+
+_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+class Points(Coordinates):
+    """Tokens at points of R^d, batched and padded (units: the caller's, e.g. ``"Å"``, ``"m"``).
+
+    Args:
+        positions: coordinates ``[n, d]`` (one set) or ``[b, n, d]`` (a batch padded to ``n``
+            points), a float tensor (or an array / nested sequence of numbers). Integer
+            positions are converted to float32, float16/bfloat16 to float32; float32 and
+            float64 are kept. The rows of padded points may hold anything (NaN included):
+            they are stored as 0.
+        mask: which points are real, bool ``[n]`` for ``[n, d]`` positions or ``[b, n]`` for
+            ``[b, n, d]``; None = every point is real.
+        units: the unit of the coordinates, a free string shown in ``repr`` (``"Å"``, ``"m"``,
+            ``"px"``); distances are in this unit.
+        device: where the tensors live (default: ``positions``' device).
+
+    Positions: ``query_positions`` = ``key_positions`` = the stored positions ``[n, d]`` or
+    ``[b, n, d]`` (padded rows 0); ``num_axes = d``.
+
+    Pairs: ``distance(q, k, b)`` is the Euclidean distance ``‖x_q − x_k‖₂`` in ``units``,
+    computed in the positions' dtype from the gathered coordinates of the two points (one axis
+    at a time, elementwise ops only, so scalar FlexAttention indices and broadcast index grids
+    both work) and returned as float32. A pair that involves a padded point has distance 0
+    (padded keys are masked by :meth:`mask_mod` anyway; 0 keeps every bias finite and bounded
+    by the extent). ``extent(q, b)`` is the diameter of the query's example — the largest
+    distance between two of its real points (0 for a single point) — computed once at
+    construction in float64 (``O(b·n²)`` memory, once) and stored as float32 (FIRE's
+    normaliser). Both are differentiable in the positions (the gradient of a zero distance is
+    0), so forces ``−∂E/∂x`` can be taken by autograd through a distance-based encoding.
+
+    Capabilities: ``Metric`` and ``Positioned`` (``d`` axes). A point set has no direction, so
+    it is not ``Directed``. :meth:`mask_mod` masks padded keys (None when no point is padded).
+
+    Raises:
+        TypeError: ``positions`` not numeric (bool, complex, object), ``mask`` not a bool
+            tensor, ``units`` not a str.
+        ValueError: ``positions`` not of rank 2 or 3, with no points or no axes, or with a
+            non-finite coordinate at a real point; ``mask`` of a shape other than
+            ``positions.shape[:-1]``; an example without a real point.
+    """
+
+    kind = "points"
+
+    def __init__(
+        self,
+        positions: Tensor | np.ndarray | Seq,
+        mask: Tensor | None = None,
+        units: str = "",
+        *,
+        device: torch.device | str | None = None,
+    ) -> None:
+        if not isinstance(units, str):
+            raise TypeError(f"Points: units must be a str (e.g. 'Å', 'm'), "
+                            f"got {type(units).__name__}")
+        pos = _as_positions(positions, device)
+        valid = _check_mask(mask, pos)
+        if valid is not None:
+            pos = torch.where(valid.unsqueeze(-1), pos, torch.zeros_like(pos))
+        real = pos if valid is None else pos[valid]
+        if not bool(torch.isfinite(real).all()):
+            raise ValueError("Points: positions must be finite at every real point (NaN or inf "
+                             "given); mark padded points with mask=False instead")
+        self.units = units
+        self._pos = pos
+        # Key padding for mask_mod; None when no point is padded.
+        self._valid = None if valid is None or bool(valid.all()) else valid
+        self._axis_pos = [pos[..., a].contiguous() for a in range(pos.shape[-1])]
+        self._diameter = _diameters(pos, valid)
+
+    def to(self, device: torch.device | str) -> Points:
+        """These points on ``device`` (a shallow copy; the tensors are moved)."""
+        new = object.__new__(Points)
+        new.__dict__.update(self.__dict__)
+        new._pos = self._pos.to(device)
+        new._valid = None if self._valid is None else self._valid.to(device)
+        new._axis_pos = [a.to(device) for a in self._axis_pos]
+        new._diameter = self._diameter.to(device)
+        return new
+
+    # -- protocol -----------------------------------------------------------------------
+    @property
+    def num_queries(self) -> int:
+        """Point slots per example ``n`` (real and padded)."""
+        return self._pos.shape[-2]
+
+    @property
+    def num_keys(self) -> int:
+        return self._pos.shape[-2]
+
+    @property
+    def num_axes(self) -> int:
+        """Dimension ``d`` of the space."""
+        return self._pos.shape[-1]
+
+    @property
+    def query_positions(self) -> Tensor:
+        """``[n, d]`` or ``[b, n, d]`` coordinates (``units``; padded rows 0)."""
+        return self._pos
+
+    @property
+    def key_positions(self) -> Tensor:
+        """The queries' positions (self-attention over one point set)."""
+        return self._pos
+
+    @property
+    def device(self) -> torch.device:
+        return self._pos.device
+
+    @property
+    def batch_size(self) -> int | None:
+        """``b`` for ``[b, n, d]`` positions, None for one set ``[n, d]``."""
+        return self._pos.shape[0] if self._pos.dim() == 3 else None
+
+    @property
+    def padding_mask(self) -> Tensor:
+        """``[n]`` or ``[b, n]`` bool, True at real points."""
+        if self._valid is not None:
+            return self._valid
+        return torch.ones(self._pos.shape[:-1], dtype=torch.bool, device=self._pos.device)
+
+    @property
+    def num_points(self) -> Tensor:
+        """Real points per example, ``[b]`` int64 (a 0-d tensor for one set)."""
+        return self.padding_mask.sum(-1)
+
+    @property
+    def diameter(self) -> Tensor:
+        """Largest distance between two real points per example, ``[b]`` (or 0-d) float32."""
+        return self._diameter
+
+    def _gather(self, values: Tensor, idx: Tensor, b: Tensor | None) -> Tensor:
+        if values.dim() == 1:
+            return values[idx]
+        if b is None:
+            raise ValueError("Points: batched positions [b, n, d] need the batch index b")
+        return values[b, idx]
+
+    def distance(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
+        """Euclidean distance ``‖x_q − x_k‖₂`` (``units``, float32); 0 if either is padding."""
+        acc = None
+        for axis in self._axis_pos:
+            diff = self._gather(axis, q_idx, b) - self._gather(axis, kv_idx, b)
+            acc = diff * diff if acc is None else acc + diff * diff
+        # sqrt only where positive: d(i, i) = 0 gets gradient 0, not NaN (forces by autograd).
+        nonzero = acc > 0
+        dist = torch.where(nonzero, torch.sqrt(torch.where(nonzero, acc, torch.ones_like(acc))),
+                           torch.zeros_like(acc)).to(torch.float32)
+        if self._valid is not None:
+            real = self._gather(self._valid, q_idx, b) & self._gather(self._valid, kv_idx, b)
+            dist = torch.where(real, dist, torch.zeros_like(dist))
+        return dist
+
+    def extent(self, q_idx: Tensor, b: Tensor | None = None) -> Tensor:
+        """Diameter of the query's example (``units``, float32), broadcast to the indices' shape."""
+        diam = self._diameter
+        if diam.dim() == 1:
+            if b is None:
+                raise ValueError("Points: batched positions [b, n, d] need the batch index b")
+            diam = diam[b]
+        return diam + torch.zeros_like(q_idx, dtype=torch.float32)
+
+    def mask_mod(self) -> MaskMod | None:
+        """Key padding: every query may attend to the real points of its example only."""
+        valid = self._valid
+        if valid is None:
+            return None
+        batched = valid.dim() == 2
+
+        def mask(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return valid[b, kv_idx] if batched else valid[kv_idx]
+
+        return mask
+
+    def __repr__(self) -> str:
+        units = f", units={self.units!r}" if self.units else ""
+        return (f"Points(n={self.num_queries}, d={self.num_axes}, batch={self.batch_size}, "
+                f"padded={self._valid is not None}{units})")
+
+
+# -- validation --------------------------------------------------------------------------
+def _as_positions(value, device) -> Tensor:
+    if isinstance(value, Tensor):
+        t = value
+    else:
+        try:
+            t = torch.as_tensor(np.asarray(value))
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise TypeError("Points: positions must be numeric (a float tensor [n, d] or "
+                            f"[b, n, d]), got {type(value).__name__}") from err
+    if not (t.dtype.is_floating_point or t.dtype in _INT_DTYPES):
+        raise TypeError(f"Points: positions must hold real numbers ([n, d] or [b, n, d]), "
+                        f"got dtype {t.dtype}")
+    if t.dim() not in (2, 3):
+        raise ValueError(f"Points: positions must have shape [n, d] or [b, n, d], "
+                         f"got {tuple(t.shape)}")
+    if t.shape[-2] == 0 or t.shape[-1] == 0 or (t.dim() == 3 and t.shape[0] == 0):
+        raise ValueError(f"Points: positions must hold at least one point with at least one axis "
+                         f"([n, d] or [b, n, d] with n, d, b >= 1), got {tuple(t.shape)}")
+    if t.dtype not in (torch.float32, torch.float64):
+        t = t.to(torch.float32)
+    return t.to(device) if device is not None else t
+
+
+def _check_mask(mask, pos: Tensor) -> Tensor | None:
+    if mask is None:
+        return None
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        what = f"dtype {mask.dtype}" if isinstance(mask, Tensor) else type(mask).__name__
+        raise TypeError(f"Points: mask must be a bool tensor (True = real point), got {what}")
+    expected = tuple(pos.shape[:-1])
+    if tuple(mask.shape) != expected:
+        form = "[n]" if pos.dim() == 2 else "[b, n]"
+        raise ValueError(f"Points: mask must have shape {form} = {expected} to match positions "
+                         f"{tuple(pos.shape)}, got {tuple(mask.shape)}")
+    mask = mask.to(pos.device)
+    counts = mask.reshape(-1, mask.shape[-1]).sum(-1)
+    empty = torch.nonzero(counts == 0).flatten().tolist()
+    if empty:
+        where = "the point set" if pos.dim() == 2 else f"examples {empty}"
+        raise ValueError(f"Points: mask leaves no real point in {where}; every example needs one")
+    return mask
+
+
+def _diameters(pos: Tensor, valid: Tensor | None) -> Tensor:
+    """Largest pairwise distance among the real points of each example, float64 → float32."""
+    p = pos.to(torch.float64)
+    batched = p.dim() == 3
+    if not batched:
+        p = p.unsqueeze(0)
+        valid = None if valid is None else valid.unsqueeze(0)
+    dist = torch.cdist(p, p, compute_mode="donot_use_mm_for_euclid_dist")  # [b, n, n]
+    if valid is not None:
+        pair = valid.unsqueeze(-1) & valid.unsqueeze(-2)
+        dist = torch.where(pair, dist, torch.zeros_like(dist))
+    diam = dist.flatten(1).max(dim=1).values.to(torch.float32)
+    return diam if batched else diam[0]

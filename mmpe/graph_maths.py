@@ -1,0 +1,556 @@
+"""Graph maths as pure functions of one graph: shortest paths, random walks, spectra, degrees.
+
+Every function takes one graph as an edge list ``edge_index [2, E]`` (a numpy array or a torch
+tensor of integers; column ``e`` is the edge ``edge_index[0, e] → edge_index[1, e]``) and its
+node count ``num_nodes`` (node ids lie in ``[0, num_nodes)``; nodes without edges are isolated),
+and returns numpy arrays. Nothing is cached and nothing is padded: :class:`mmpe.coords.Graph`
+calls these per graph of a batch and lays the results out as padded ``[b, n_max]`` tokens, and
+the PyG transforms of :mod:`mmpe.integrations.pyg` call them to precompute.
+
+Conventions:
+
+* the edge list is **coalesced** (a duplicate edge counts once);
+* ``undirected=True`` symmetrises it (an edge ``u → v`` is also ``v → u``) — the default of
+  shortest paths; Laplacians are always built on the symmetrised graph;
+* self-loops are ignored by shortest paths and Laplacians; a random walk may take them (as in
+  PyG's ``AddRandomWalkPE``); degrees count them once (in and out);
+* distances are **hops** (edge counts), ``inf`` between nodes with no path.
+
+Functions (papers where a formula is implemented):
+
+=============================  ===============================================================
+:func:`adjacency`              coalesced 0/1 adjacency, ``scipy.sparse`` CSR ``[n, n]``
+:func:`shortest_path_hops`     all-pairs hops (BFS, ``scipy.sparse.csgraph``), predecessors
+:func:`random_walk_pe`         ``[(D⁻¹A)^t]_ii``, ``t = 1 … k`` (RWSE; Dwivedi et al. 2022)
+:func:`laplacian_pe`           ``k`` smallest non-trivial Laplacian eigenvectors (LapPE;
+                               Dwivedi & Bresson 2020), from :func:`laplacian_eigenvectors`
+:func:`degrees`                in- and out-degrees (Graphormer centrality; Ying et al. 2021)
+:func:`path_edge_ids`          the edges along one shortest path per pair (Graphormer eq. 7)
+:func:`path_edge_features`     their features ``x_{e_1} … x_{e_N}`` (Graphormer eq. 7)
+=============================  ===============================================================
+
+Spectral helpers (formerly :mod:`mmpe.coords.spectral`, still importable from there), for a
+symmetric, non-negative weighted adjacency ``A`` (``n × n``) with degrees ``D = diag(A·1)``:
+
+* ``normalization=None`` — combinatorial Laplacian ``L = D − A``;
+* ``normalization="sym"`` — ``L = I − D^{-1/2} A D^{-1/2}`` (eigenvalues in ``[0, 2]``).
+
+Both are built by :func:`scipy.sparse.csgraph.laplacian`, which **ignores the diagonal of**
+``A`` (self-loops do not enter the Laplacian) and gives an isolated node a zero row (so each
+connected component, isolated nodes included, contributes one zero eigenvalue; PyG's
+``get_laplacian`` instead puts 1 on an isolated node's diagonal).
+
+:func:`laplacian_eigenvectors` returns the ``k`` smallest **non-trivial** eigenpairs: the
+eigenpairs sorted by eigenvalue with the first (the trivial one, eigenvalue 0, vector
+``∝ D^{1/2}·1`` per component) dropped — the convention of PyG's
+``AddLaplacianEigenvectorPE``. On a disconnected graph the other zero eigenvalues (component
+indicators) are kept: they are informative positions.
+
+Sign convention (deterministic): every eigenvector is flipped so that its entry of largest
+absolute value is positive (ties within ``1e-8`` go to the lowest node index). Eigenvectors
+of a repeated eigenvalue are only defined up to a rotation of their subspace; the solver's
+basis is returned as is. Models should not rely on the sign: :func:`random_sign_flip`
+multiplies every eigenvector by an independent random ±1 (LapPE training augmentation,
+Dwivedi & Bresson 2020).
+
+References:
+    Dwivedi & Bresson 2020, "A Generalization of Transformer Networks to Graphs" (AAAI DLG).
+    Dwivedi, Luu, Laurent, Bengio & Bresson 2022, "Graph Neural Networks with Learnable
+    Structural and Positional Representations" (ICLR).
+    Ying et al. 2021, "Do Transformers Really Perform Bad for Graph Representation?" (NeurIPS).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from scipy.linalg import eigh
+from scipy.sparse.csgraph import laplacian, shortest_path
+from scipy.sparse.linalg import eigsh
+from torch import Tensor
+
+__all__ = [
+    "DENSE_THRESHOLD", "adjacency", "canonical_sign", "degrees", "graph_laplacian",
+    "laplacian_eigenvectors", "laplacian_pe", "path_edge_features", "path_edge_ids",
+    "random_sign_flip", "random_walk_pe", "shortest_path_hops",
+]
+
+#: Graphs with fewer nodes than this use the dense ``scipy.linalg.eigh``; larger ones ``eigsh``.
+DENSE_THRESHOLD = 100
+
+#: Nodes up to which :func:`random_walk_pe` multiplies dense matrices (sparse products above).
+_DENSE_WALK = 2000
+
+
+# ---------------------------------------------------------------------------- input checks
+def _num_nodes(num_nodes: Any, fn: str) -> int:
+    if isinstance(num_nodes, Tensor) and num_nodes.numel() == 1 and not num_nodes.is_floating_point():
+        num_nodes = int(num_nodes)
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, (int, np.integer)) or num_nodes < 0:
+        raise ValueError(f"{fn}: num_nodes must be an int >= 0, got {num_nodes!r}")
+    return int(num_nodes)
+
+
+def _positive_int(value: Any, name: str, fn: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{fn}: {name} must be an int >= 1, got {value!r}")
+    return int(value)
+
+
+def _edges(edge_index: Any, num_nodes: int, fn: str) -> np.ndarray:
+    """``edge_index`` as an int64 numpy ``[2, E]`` with ids in ``[0, num_nodes)``, or an error."""
+    if isinstance(edge_index, Tensor):
+        edge_index = edge_index.detach().cpu().numpy()
+    if not isinstance(edge_index, np.ndarray):
+        raise TypeError(f"{fn}: edge_index must be a numpy array or a torch.Tensor [2, E], "
+                        f"got {type(edge_index).__name__}")
+    if edge_index.ndim != 2 or edge_index.shape[0] != 2:
+        raise ValueError(f"{fn}: edge_index must have shape [2, E], got {tuple(edge_index.shape)}")
+    if edge_index.size and edge_index.dtype.kind not in "iu":
+        raise TypeError(f"{fn}: edge_index must hold integers, got dtype {edge_index.dtype}")
+    ei = edge_index.astype(np.int64, copy=False)
+    if ei.size and (int(ei.min()) < 0 or int(ei.max()) >= num_nodes):
+        raise ValueError(f"{fn}: edge_index holds node ids in [{int(ei.min())}, {int(ei.max())}], "
+                         f"outside [0, num_nodes={num_nodes})")
+    return ei
+
+
+def _normalization(normalization: Any, fn: str) -> str | None:
+    if normalization not in (None, "sym"):
+        raise ValueError(f"{fn}: normalization must be 'sym' or None, got {normalization!r}")
+    return normalization
+
+
+# ---------------------------------------------------------------------------- structure
+def adjacency(edge_index: np.ndarray | Tensor, num_nodes: int, *, undirected: bool = True,
+              self_loops: bool = False) -> sp.csr_matrix:
+    """The coalesced 0/1 adjacency of one graph.
+
+    Args:
+        edge_index: ``[2, E]`` integer node ids in ``[0, num_nodes)``.
+        num_nodes: ``n`` (>= 0).
+        undirected: add every edge's reverse (``A = max(A, Aᵀ)``).
+        self_loops: keep edges ``u → u`` (dropped otherwise).
+
+    Returns:
+        ``A [n, n]`` float64 ``scipy.sparse`` CSR, ``A[u, v] = 1`` for an edge ``u → v``
+        (duplicates count once).
+
+    Raises:
+        TypeError: ``edge_index`` not an integer array/tensor.
+        ValueError: ``edge_index`` not ``[2, E]``, node ids out of range, bad ``num_nodes``.
+    """
+    n = _num_nodes(num_nodes, "adjacency")
+    row, col = _edges(edge_index, n, "adjacency")
+    if not self_loops:
+        keep = row != col
+        row, col = row[keep], col[keep]
+    if undirected:
+        row, col = np.concatenate([row, col]), np.concatenate([col, row])
+    a = sp.csr_matrix((np.ones(len(row)), (row, col)), shape=(n, n))
+    a.data[:] = 1.0  # coalesce: duplicates count once
+    return a
+
+
+def shortest_path_hops(edge_index: np.ndarray | Tensor, num_nodes: int, undirected: bool = True,
+                       return_predecessors: bool = False) -> Any:
+    """All-pairs shortest-path hop counts of one graph (unweighted BFS).
+
+    ``scipy.sparse.csgraph.shortest_path`` on the coalesced adjacency without self-loops
+    (:func:`adjacency`); ``undirected=False`` follows edges ``u → v`` only.
+
+    Args:
+        edge_index: ``[2, E]`` integer node ids in ``[0, num_nodes)``.
+        num_nodes: ``n`` (>= 0).
+        undirected: treat every edge as undirected.
+        return_predecessors: also return the predecessor matrix.
+
+    Returns:
+        ``hops [n, n]`` float64 (units: hops; ``0`` on the diagonal, ``inf`` where no path
+        leads from ``i`` to ``j``), and with ``return_predecessors`` ``pred [n, n]`` int32: the
+        node before ``j`` on the chosen shortest path from ``i`` (−9999 where none).
+
+    Raises:
+        TypeError / ValueError: bad ``edge_index`` or ``num_nodes`` (see :func:`adjacency`).
+    """
+    n = _num_nodes(num_nodes, "shortest_path_hops")
+    ei = _edges(edge_index, n, "shortest_path_hops")
+    if n == 0:
+        hops = np.zeros((0, 0))
+        return (hops, np.zeros((0, 0), dtype=np.int32)) if return_predecessors else hops
+    adj = adjacency(ei, n, undirected=undirected, self_loops=False)
+    return shortest_path(adj, method="D", directed=not undirected, unweighted=True,
+                         return_predecessors=return_predecessors)
+
+
+def degrees(edge_index: np.ndarray | Tensor, num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    """In- and out-degrees of the coalesced edge list (Graphormer's centrality, Ying et al. 2021
+    eq. 5, reads them).
+
+    A node's in-degree counts the distinct edges ``u → v`` into it, its out-degree the distinct
+    edges leaving it; a self-loop counts once in each. A PyG undirected graph stores both
+    directions of every edge, so there in = out = the number of neighbours.
+
+    Args:
+        edge_index: ``[2, E]`` integer node ids in ``[0, num_nodes)``.
+        num_nodes: ``n`` (>= 0).
+
+    Returns:
+        ``(in_degree [n], out_degree [n])`` int64.
+
+    Raises:
+        TypeError / ValueError: bad ``edge_index`` or ``num_nodes``.
+    """
+    n = _num_nodes(num_nodes, "degrees")
+    ei = _edges(edge_index, n, "degrees")
+    if ei.size:
+        ei = np.unique(ei, axis=1)  # coalesce duplicates
+    return (np.bincount(ei[1], minlength=n).astype(np.int64),
+            np.bincount(ei[0], minlength=n).astype(np.int64))
+
+
+# ---------------------------------------------------------------------------- random walks
+def random_walk_pe(edge_index: np.ndarray | Tensor, num_nodes: int, k: int,
+                   undirected: bool = False) -> np.ndarray:
+    """Random-walk return probabilities ``[(D⁻¹A)^t]_ii``, ``t = 1 … k`` (RWSE/RWPE, Dwivedi et
+    al. 2022, eq. 6; as GraphGPS uses it).
+
+    ``A`` is the coalesced adjacency of ``edge_index`` (self-loops kept; symmetrised when
+    ``undirected``), ``D`` its out-degrees clamped to ≥ 1 (an isolated node never returns: its
+    row is 0). This is PyG's ``AddRandomWalkPE`` on a coalesced edge list.
+
+    Args:
+        edge_index: ``[2, E]`` integer node ids in ``[0, num_nodes)``.
+        num_nodes: ``n`` (>= 0).
+        k: walk lengths ``1 … k`` (>= 1).
+        undirected: symmetrise the edge list first.
+
+    Returns:
+        ``[n, k]`` float64 probabilities in ``[0, 1]``.
+
+    Raises:
+        TypeError / ValueError: bad ``edge_index`` or ``num_nodes``; ``k < 1``.
+    """
+    n = _num_nodes(num_nodes, "random_walk_pe")
+    k = _positive_int(k, "k", "random_walk_pe")
+    ei = _edges(edge_index, n, "random_walk_pe")
+    out = np.zeros((n, k))
+    if n == 0:
+        return out
+    adj = adjacency(ei, n, undirected=undirected, self_loops=True)
+    deg = np.maximum(np.asarray(adj.sum(axis=1)).ravel(), 1.0)
+    walk = sp.diags(1.0 / deg) @ adj
+    if n <= _DENSE_WALK:
+        walk = walk.toarray()
+        power = walk
+        for t in range(k):
+            out[:, t] = np.diag(power)
+            if t + 1 < k:
+                power = power @ walk
+    else:
+        power = walk.tocsr()
+        for t in range(k):
+            out[:, t] = power.diagonal()
+            if t + 1 < k:
+                power = power @ walk
+    return out
+
+
+# ---------------------------------------------------------------------------- spectra
+def _as_adjacency(adjacency: object) -> sp.csr_matrix | np.ndarray:
+    """Validate ``adjacency`` and return it as float64 CSR (sparse input) or ndarray (dense)."""
+    if isinstance(adjacency, Tensor):
+        adjacency = adjacency.detach().cpu().numpy()
+    if sp.issparse(adjacency):
+        a = sp.csr_matrix(adjacency, dtype=np.float64)
+        values = a.data
+    elif isinstance(adjacency, np.ndarray):
+        if adjacency.dtype == object or adjacency.dtype.kind not in "biuf":
+            raise TypeError(f"laplacian_eigenvectors: adjacency must hold real numbers, "
+                            f"got dtype {adjacency.dtype}")
+        a = np.asarray(adjacency, dtype=np.float64)
+        values = a
+    else:
+        raise TypeError("laplacian_eigenvectors: adjacency must be a scipy.sparse matrix, a numpy "
+                        f"array or a torch.Tensor, got {type(adjacency).__name__}")
+    if a.ndim != 2 or a.shape[0] != a.shape[1]:
+        raise ValueError(f"laplacian_eigenvectors: adjacency must be square [n, n], got {a.shape}")
+    if not np.all(np.isfinite(values)):
+        raise ValueError("laplacian_eigenvectors: adjacency has NaN or infinite weights")
+    if np.any(values < 0):
+        raise ValueError("laplacian_eigenvectors: adjacency weights must be non-negative")
+    asym = abs(a - a.T)
+    asym = asym.max() if asym.size else 0.0
+    if asym > 1e-8 * max(1.0, float(abs(a).max()) if a.size else 1.0):
+        raise ValueError("laplacian_eigenvectors: adjacency must be symmetric (undirected graph); "
+                         f"max |A - A^T| = {asym:.3g}")
+    return a
+
+
+def graph_laplacian(adjacency: object, normalization: str | None = "sym") -> sp.csr_matrix | np.ndarray:
+    """The Laplacian of ``adjacency`` (``None``: ``D − A``; ``"sym"``: ``I − D^-½ A D^-½``).
+
+    Same input rules as :func:`laplacian_eigenvectors`; the output is sparse for sparse input.
+
+    Raises:
+        TypeError: adjacency of an unsupported type or dtype.
+        ValueError: non-square, asymmetric, negative or non-finite adjacency; an unknown
+            ``normalization``.
+    """
+    if normalization not in (None, "sym"):
+        raise ValueError(f"normalization must be 'sym' or None, got {normalization!r}")
+    a = _as_adjacency(adjacency)
+    return laplacian(a, normed=normalization == "sym")
+
+
+def canonical_sign(eigvecs: np.ndarray, atol: float = 1e-8) -> np.ndarray:
+    """Flip each column so that its largest-|entry| (lowest index among ties) is positive.
+
+    Args:
+        eigvecs: ``[n, k]``.
+        atol: entries within ``atol`` of a column's largest magnitude count as ties.
+
+    Returns:
+        ``[n, k]`` float64 copy.
+    """
+    v = np.array(eigvecs, dtype=np.float64, copy=True)
+    if v.size == 0:
+        return v
+    mag = np.abs(v)
+    top = mag.max(axis=0, keepdims=True)
+    first = np.argmax(mag >= top - atol, axis=0)  # lowest index within atol of the max
+    signs = np.sign(v[first, np.arange(v.shape[1])])
+    signs[signs == 0] = 1.0
+    return v * signs
+
+
+def laplacian_eigenvectors(
+    adjacency: object,
+    k: int,
+    normalization: str | None = "sym",
+    *,
+    dense_threshold: int = DENSE_THRESHOLD,
+    return_mask: bool = False,
+    tol: float = 0.0,
+) -> tuple[np.ndarray, np.ndarray] | tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ``k`` smallest non-trivial eigenpairs of the graph Laplacian of ``adjacency``.
+
+    Args:
+        adjacency: symmetric non-negative weights ``[n, n]``: a ``scipy.sparse`` matrix, a
+            numpy array or a torch tensor. The diagonal (self-loops) is ignored.
+        k: number of eigenpairs (>= 1).
+        normalization: ``"sym"`` (``I − D^-½ A D^-½``) or ``None`` (``D − A``).
+        dense_threshold: graphs with ``n < dense_threshold`` use dense ``scipy.linalg.eigh``,
+            larger ones ``scipy.sparse.linalg.eigsh`` (``k+1`` smallest algebraic).
+        return_mask: also return ``mask [k]`` (bool, True where the eigenpair exists).
+        tol: ``eigsh`` tolerance (0 = machine precision).
+
+    Returns:
+        ``eigvals [k]`` (ascending, float64) and ``eigvecs [n, k]`` (float64, unit-norm columns,
+        sign convention of :func:`canonical_sign`). A graph with ``n < k + 1`` nodes has only
+        ``n − 1`` non-trivial eigenpairs: the missing columns (and eigenvalues) are zeros and
+        ``mask`` is False there. A graph with 0 nodes gives ``[k]`` zeros and ``[0, k]``.
+
+    Raises:
+        TypeError: adjacency of an unsupported type or dtype.
+        ValueError: non-square, asymmetric, negative or non-finite adjacency; ``k < 1``; an
+            unknown ``normalization``.
+    """
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"laplacian_eigenvectors: k must be an int >= 1, got {k!r}")
+    k = int(k)
+    lap = graph_laplacian(adjacency, normalization)
+    n = lap.shape[0]
+    m = min(k, max(n - 1, 0))  # non-trivial eigenpairs that exist
+    vals_out = np.zeros(k, dtype=np.float64)
+    vecs_out = np.zeros((n, k), dtype=np.float64)
+    mask = np.zeros(k, dtype=bool)
+    if m > 0:
+        if n < dense_threshold or m + 1 >= n - 1:
+            dense = lap.toarray() if sp.issparse(lap) else np.asarray(lap)
+            vals, vecs = eigh(dense, subset_by_index=[0, m])
+        else:
+            # Deterministic start vector so repeated calls give the same basis.
+            v0 = np.linspace(1.0, 2.0, n)
+            vals, vecs = eigsh(sp.csr_matrix(lap), k=m + 1, which="SA", v0=v0, tol=tol)
+        order = np.argsort(vals, kind="stable")
+        vals, vecs = vals[order], vecs[:, order]
+        vals_out[:m] = np.clip(vals[1:m + 1], 0.0, None)
+        vecs_out[:, :m] = canonical_sign(vecs[:, 1:m + 1])
+        mask[:m] = True
+    if return_mask:
+        return vals_out, vecs_out, mask
+    return vals_out, vecs_out
+
+
+def laplacian_pe(edge_index: np.ndarray | Tensor, num_nodes: int, k: int,
+                 normalization: str | None = "sym") -> tuple[np.ndarray, np.ndarray]:
+    """Laplacian eigenvector positions of one graph (LapPE, Dwivedi & Bresson 2020 §3.1).
+
+    The ``k`` smallest non-trivial eigenvectors (:func:`laplacian_eigenvectors`, deterministic
+    signs) of the Laplacian of the coalesced, symmetrised adjacency without self-loops
+    (:func:`adjacency`). Equal, up to sign and to rotations within repeated eigenvalues, to
+    PyG's ``AddLaplacianEigenvectorPE(k, is_undirected=True)`` on a coalesced, loop-free
+    undirected graph without isolated nodes (PyG gives an isolated node eigenvalue 1, this
+    function 0).
+
+    Args:
+        edge_index: ``[2, E]`` integer node ids in ``[0, num_nodes)``.
+        num_nodes: ``n`` (>= 0).
+        k: eigenvectors (>= 1).
+        normalization: ``"sym"`` (``I − D^-½ A D^-½``) or ``None`` (``D − A``).
+
+    Returns:
+        ``eigvecs [n, k]`` float64 (unit-norm columns; zero columns past the ``n − 1``
+        non-trivial eigenvectors a graph of ``n`` nodes has) and ``mask [k]`` bool (True where
+        the column exists).
+
+    Raises:
+        TypeError / ValueError: bad ``edge_index`` or ``num_nodes``; ``k < 1``; an unknown
+            ``normalization``.
+    """
+    n = _num_nodes(num_nodes, "laplacian_pe")
+    k = _positive_int(k, "k", "laplacian_pe")
+    _normalization(normalization, "laplacian_pe")
+    adj = adjacency(edge_index, n, undirected=True, self_loops=False)
+    _, vecs, mask = laplacian_eigenvectors(adj, k, normalization, return_mask=True)
+    return vecs, mask
+
+
+def random_sign_flip(eigvecs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """Multiply every eigenvector by an independent random sign (LapPE training augmentation,
+    Dwivedi & Bresson 2020).
+
+    Args:
+        eigvecs: ``[n, k]`` (one graph; one sign per column) or ``[b, n, k]`` (one sign per
+            graph and column).
+        generator: optional ``torch.Generator`` for reproducible flips.
+
+    Returns:
+        Tensor of the same shape and dtype.
+
+    Raises:
+        TypeError: ``eigvecs`` not a tensor.
+        ValueError: ``eigvecs`` not of rank 2 or 3.
+    """
+    if not isinstance(eigvecs, Tensor):
+        raise TypeError(f"random_sign_flip: eigvecs must be a torch.Tensor, got {type(eigvecs).__name__}")
+    if eigvecs.dim() not in (2, 3):
+        raise ValueError(f"random_sign_flip: eigvecs must be [n, k] or [b, n, k], got {tuple(eigvecs.shape)}")
+    shape = (eigvecs.shape[-1],) if eigvecs.dim() == 2 else (eigvecs.shape[0], 1, eigvecs.shape[-1])
+    bits = torch.randint(0, 2, shape, generator=generator, device="cpu").to(eigvecs.device)
+    return eigvecs * (2 * bits - 1).to(eigvecs.dtype)
+
+
+# ---------------------------------------------------------------------------- paths' edges
+def path_edge_ids(edge_index: np.ndarray | Tensor, num_nodes: int, max_hops: int, *,
+                  undirected: bool = True,
+                  paths: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``max_hops`` edges along one shortest path per pair (Graphormer's edge
+    encoding, Ying et al. 2021 eq. 7: ``SP_ij = (e_1, …, e_N)``).
+
+    The path ``i → j`` is the one scipy's predecessor matrix chooses (:func:`shortest_path_hops`).
+    Edge ``e_n`` (``n = 1 … N``, counted from ``i``) is named by its column in ``edge_index``;
+    when several columns join the same two nodes, the last one is used, and with
+    ``undirected=True`` a step ``v → u`` along an edge stored only as ``u → v`` uses that column.
+
+    Args:
+        edge_index: ``[2, E]`` integer node ids in ``[0, num_nodes)``.
+        num_nodes: ``n`` (>= 0).
+        max_hops: ``N_max`` edges kept per path (>= 1).
+        undirected: treat every edge as undirected.
+        paths: ``(hops, predecessors)`` already computed by
+            ``shortest_path_hops(edge_index, num_nodes, undirected, return_predecessors=True)``.
+
+    Returns:
+        ``ids [n, n, max_hops]`` int64 (column of ``edge_index``; −1 where no edge: past the
+        path's end, on the diagonal, between unreachable nodes) and ``valid = ids >= 0``.
+
+    Raises:
+        TypeError / ValueError: bad ``edge_index``, ``num_nodes`` or ``paths``; ``max_hops < 1``.
+    """
+    n = _num_nodes(num_nodes, "path_edge_ids")
+    max_hops = _positive_int(max_hops, "max_hops", "path_edge_ids")
+    edges = _edges(edge_index, n, "path_edge_ids")
+    if paths is None:
+        dist, pred = shortest_path_hops(edges, n, undirected, return_predecessors=True)
+    else:
+        dist, pred = (np.asarray(p) for p in paths)
+        if dist.shape != (n, n) or pred.shape != (n, n):
+            raise ValueError(f"path_edge_ids: paths must be (hops [n, n], predecessors [n, n]) with "
+                             f"n={n}, got {dist.shape} and {pred.shape}")
+    out = -np.ones((n, n, max_hops), dtype=np.int64)
+    if n == 0 or edges.shape[1] == 0:
+        return out, out >= 0
+    edge_ids = np.arange(edges.shape[1])
+    eid = -np.ones((n, n), dtype=np.int64)
+    # Later duplicates overwrite earlier ones: any edge between u and v is "the" edge.
+    eid[edges[0], edges[1]] = edge_ids
+    if undirected:
+        absent = eid[edges[1], edges[0]] < 0
+        eid[edges[1][absent], edges[0][absent]] = edge_ids[absent]
+    finite = np.isfinite(dist)
+    d = np.where(finite, dist, 0).astype(np.int64)
+    rows = np.repeat(np.arange(n)[:, None], n, axis=1)
+    cur = np.repeat(np.arange(n)[None, :], n, axis=0)  # walk back from j towards i
+    step = 0
+    while True:
+        active = finite & (d - step > 0)
+        if not active.any():
+            break
+        prev = np.where(active, pred[rows, cur], 0)
+        hop = d - 1 - step  # position of edge (prev → cur) on the path from i
+        keep = active & (hop < max_hops)
+        ii, jj = np.nonzero(keep)
+        out[ii, jj, hop[keep]] = eid[prev[keep], cur[keep]]
+        cur = np.where(active, prev, cur)
+        step += 1
+    return out, out >= 0
+
+
+def path_edge_features(edge_index: np.ndarray | Tensor, edge_attr: np.ndarray | Tensor,
+                       num_nodes: int, max_hops: int, *, undirected: bool = True,
+                       paths: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[Any, Any]:
+    """Edge features along one shortest path per pair: ``x_{e_1} … x_{e_N}`` of Graphormer's
+    edge encoding (Ying et al. 2021 eq. 7), for the edges of :func:`path_edge_ids`.
+
+    Args:
+        edge_index: ``[2, E]`` integer node ids in ``[0, num_nodes)``.
+        edge_attr: ``[E, F]`` (or ``[E]``, read as ``F = 1``) features of the edges, numpy or
+            torch, integer or float.
+        num_nodes, max_hops, undirected, paths: as :func:`path_edge_ids`.
+
+    Returns:
+        ``attr [n, n, max_hops, F]`` (``edge_attr``'s dtype; zeros where no edge) and
+        ``valid [n, n, max_hops]`` bool — torch tensors (on ``edge_attr``'s device) when
+        ``edge_attr`` is a tensor, numpy arrays otherwise.
+
+    Raises:
+        TypeError: ``edge_attr`` neither a numpy array nor a tensor.
+        ValueError: ``edge_attr`` not ``[E, F]``; the errors of :func:`path_edge_ids`.
+    """
+    is_tensor = isinstance(edge_attr, Tensor)
+    if not is_tensor and not isinstance(edge_attr, np.ndarray):
+        raise TypeError("path_edge_features: edge_attr must be a numpy array or a torch.Tensor "
+                        f"[E, F], got {type(edge_attr).__name__}")
+    n = _num_nodes(num_nodes, "path_edge_features")
+    edges = _edges(edge_index, n, "path_edge_features")
+    feat = edge_attr.detach().cpu() if is_tensor else torch.from_numpy(np.ascontiguousarray(edge_attr))
+    if feat.dim() == 1:
+        feat = feat.unsqueeze(-1)
+    if feat.dim() != 2 or feat.shape[0] != edges.shape[1]:
+        raise ValueError(f"path_edge_features: edge_attr must be [E={edges.shape[1]}, F], "
+                         f"got {tuple(edge_attr.shape)}")
+    ids, valid = path_edge_ids(edges, n, max_hops, undirected=undirected, paths=paths)
+    ids_t, valid_t = torch.from_numpy(ids), torch.from_numpy(valid)
+    if feat.shape[0]:
+        gathered = feat[ids_t.clamp(min=0)]
+        attr = torch.where(valid_t[..., None], gathered, torch.zeros_like(gathered))
+    else:
+        attr = feat.new_zeros((n, n, ids.shape[-1], feat.shape[1]))
+    if is_tensor:
+        return attr.to(edge_attr.device), valid_t.to(edge_attr.device)
+    return attr.numpy(), valid
