@@ -119,6 +119,7 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(
                 f"attention: x has s={x.shape[1]} tokens but coords has {coords.num_queries}"
             )
+        coords.prepare()
         q, k, v = rearrange(self.qkv(x), "b s (three h d) -> three b h s d", three=3, h=self.num_heads)
         for rotary in self.rotary:
             q, k = rotary(q, k, coords)

@@ -1,6 +1,8 @@
 """The ``mmpe`` command line.
 
-    mmpe list [--hook H] [--coords C]          registered encodings and their papers
+    mmpe list [--hook H] [--coords C]          registered encodings: hook, the coordinate
+                                               capabilities they need, the shipped coordinate
+                                               types that provide them, and their papers
     mmpe compare RECIPE [--encodings a,b|all] [--family F] [--out DIR] [--seed S] [-- LIGHTNING ARGS]
 
 Arguments after ``--`` go to the recipe's LightningCLI (e.g. ``--trainer.max_steps 200``).
@@ -19,7 +21,9 @@ def _list(args: argparse.Namespace) -> int:
     width = max((len(e.name) for e in entries), default=4)
     for e in entries:
         kind = "learned" if e.learnable else "fixed"
-        print(f"{e.name:<{width}}  {e.hook:<6}  {kind:<7}  {','.join(e.coords):<40}  {e.paper}")
+        needs = "+".join(c.__name__ for c in e.needs) or "any"
+        print(f"{e.name:<{width}}  {e.hook:<6}  {kind:<7}  {needs:<22}  "
+              f"{','.join(e.coords):<40}  {e.paper}")
     return 0
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from mmpe.attention import MultiHeadAttention
+from mmpe.context import check_context
 from mmpe.coords.base import Coordinates
 from mmpe.encodings.base import Encoding, InputEncoding
 from mmpe.registry import build
@@ -19,9 +20,12 @@ EncodingSpec = str | Mapping[str, Any] | Encoding
 def build_encodings(specs: Seq[EncodingSpec], **context: Any) -> list[Encoding]:
     """Build each spec (registry name, config dict, or an already built module).
 
-    ``context`` (``d_model``, ``num_heads``, ``head_dim``, ``max_len`` …) fills the options each
-    encoding takes and the spec does not set.
+    ``context`` (keys of :data:`mmpe.context.CONTEXT_KEYS`) fills the options each encoding
+    declares and the spec does not set.
     """
+    if isinstance(specs, (str, Mapping, Encoding)):
+        raise TypeError(f"encodings must be a list of encodings (names, config dicts or built "
+                        f"modules), got a single {type(specs).__name__} {specs!r}: write [{specs!r}]")
     return [s if isinstance(s, Encoding) else build(s, context=context) for s in specs]
 
 
@@ -60,7 +64,14 @@ class Transformer(nn.Module):
         encodings: registry names, config dicts or built encodings.
         mlp_ratio, dropout, backend: per block (see :class:`MultiHeadAttention`).
         share_encodings: share attention encodings across layers.
-        encoding_context: extra defaults for building encodings (e.g. ``max_len``).
+        encoding_context: model-wide values for building encodings, keys of
+            :data:`mmpe.context.CONTEXT_KEYS` (e.g. ``max_len``,
+            ``original_max_position_embeddings``, ``grid_shape``); ``d_model``, ``num_heads``
+            and ``head_dim`` are filled in.
+
+    Raises:
+        TypeError: ``encodings`` given as a single name/config/module instead of a list.
+        ValueError: ``depth < 1``; an unknown context key or an invalid context value.
 
     Shapes: ``forward(x [b, s, d_model], coords) -> [b, s, d_model]`` (final LayerNorm applied).
     """
@@ -81,8 +92,9 @@ class Transformer(nn.Module):
         super().__init__()
         if depth < 1:
             raise ValueError(f"transformer: depth must be >= 1, got {depth}")
-        context = {"d_model": d_model, "num_heads": num_heads, "head_dim": d_model // num_heads,
-                   **(encoding_context or {})}
+        context = check_context({"d_model": d_model, "num_heads": num_heads,
+                                 "head_dim": d_model // num_heads, **(encoding_context or {})},
+                                "Transformer(encoding_context=...)")
         built = build_encodings(encodings, **context)
         self.input_encodings = nn.ModuleList(e for e in built if isinstance(e, InputEncoding))
         specs = [s for s, e in zip(encodings, built, strict=True) if not isinstance(e, InputEncoding)]

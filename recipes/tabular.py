@@ -169,7 +169,7 @@ class TabularData(L.LightningDataModule):
         batch_size: rows per step.
         split_seed: seed of the fixed stratified 60/20/20 split.
         graph_method: ``"pearson"``, ``"spearman"``, ``"mi"`` or ``"auto"`` (MI if the table has
-            categorical columns, else Spearman); see :func:`mmpe.coords.table.feature_graph`.
+            categorical columns, else Spearman); see :func:`mmpe.table_maths.feature_graph`.
         sparsify: ``"knn"``, ``"threshold"`` or ``None``.
         knn: neighbours per feature for ``"knn"``.
         k, k_high: low/high-frequency Laplacian eigenvectors in the coordinates.

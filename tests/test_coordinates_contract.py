@@ -13,12 +13,6 @@ from mmpe.testing import assert_coordinates_contract
 
 # -- shipped coordinate types --------------------------------------------------------------
 
-# Graph: padded query slots are max_distance + 1 from every real key, the extent is the diameter.
-GRAPH_PADDED_QUERIES = pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="padded query slots of the smaller graph are max_distance + 1 hops from the real "
-           "keys they may attend to, above the extent (graph diameter)")
-
 
 def _graph(sizes: tuple[int, ...], virtual_token: bool = False) -> mmpe.Graph:
     """A batch of path graphs 0-1-…-(n-1) of the given sizes (both edge directions)."""
@@ -74,9 +68,11 @@ COORDS = {
     "sphere_batched": lambda: mmpe.Sphere(torch.rand(2, 6) * 180 - 90, torch.rand(2, 6) * 360),
     "graph_same_sizes": lambda: _graph((4, 4)),
     "graph_same_sizes_virtual": lambda: _graph((3, 3), virtual_token=True),
-    "graph_sizes_3_5": pytest.param(lambda: _graph((3, 5)), marks=GRAPH_PADDED_QUERIES),
-    "graph_sizes_3_5_virtual": pytest.param(lambda: _graph((3, 5), virtual_token=True),
-                                            marks=GRAPH_PADDED_QUERIES),
+    "graph_sizes_3_5": lambda: _graph((3, 5)),
+    "graph_sizes_3_5_virtual": lambda: _graph((3, 5), virtual_token=True),
+    "graph_disconnected": lambda: mmpe.Graph(torch.tensor([[0, 1, 3], [1, 0, 4]]), num_nodes=5),
+    "graph_single_node_virtual": lambda: mmpe.Graph(torch.zeros(2, 0, dtype=torch.long),
+                                                    num_nodes=1, virtual_token=True),
     "table": _table,
     "points_batched_padded": _points,
     "points_single": lambda: mmpe.Points(torch.randn(6, 2), units="m"),

@@ -75,7 +75,7 @@ def test_edge_bias_matches_formula(batch: Batch) -> None:
     bad = Graph(batch.edge_index, batch.num_nodes, batch.batch, edge_attr=batch.edge_attr + 40)
     with pytest.raises(ValueError, match="num_edge_types"):
         enc.bias(ctx(bad))
-    with pytest.raises(ValueError, match="edge_attr"):
+    with pytest.raises(ValueError, match="edge_attr|has_edge_features"):
         enc.bias(ctx(Graph(batch.edge_index, batch.num_nodes, batch.batch)))
 
 
@@ -98,7 +98,7 @@ def test_virtual_token_encoding(batch: Batch) -> None:
     coords = Graph(batch, virtual_token=True)
     p = enc(coords)
     assert torch.equal(p[:, 0], enc.token.expand(4, 8)) and torch.all(p[:, 1:] == 0)
-    with pytest.raises(ValueError, match="virtual_token=True"):
+    with pytest.raises(ValueError, match="virtual_token"):
         enc(Graph(batch))
 
 
@@ -204,3 +204,45 @@ def test_graph_encodings_reject_other_coords() -> None:
         enc.score_mod(AttentionContext(coords=Sequence(4), num_heads=2, head_dim=4, batch=1))
     with pytest.raises(ValueError, match="num_heads"):
         enc.score_mod(ctx(Graph(torch.tensor([[0], [1]]), 2), heads=3))
+
+
+class ProtocolOnlyGraph(mmpe.coords.Coordinates):
+    """A graph class written outside mmpe: only the GraphLayout/GraphEdges members, no Graph."""
+
+    def __init__(self, graph: Graph, edges: bool = True) -> None:
+        self._g = graph
+        self.virtual_token = graph.virtual_token
+        if edges:
+            self.path_edge_attr = graph.path_edge_attr
+
+    num_queries = property(lambda self: self._g.n_max)
+    batch_size = property(lambda self: self._g.num_graphs)
+    spd = property(lambda self: self._g.spd)
+    node_mask = property(lambda self: self._g.node_mask)
+    in_degree = property(lambda self: self._g.in_degree)
+    out_degree = property(lambda self: self._g.out_degree)
+
+    def laplacian_pe(self, k: int, normalization: str | None = "sym"):
+        return self._g.laplacian_pe(k, normalization)
+
+    def rwse(self, k: int):
+        return self._g.rwse(k)
+
+
+def test_graph_encodings_read_only_the_protocol(batch: Batch) -> None:
+    from mmpe.coords.capabilities import GraphEdges, GraphLayout
+
+    graph = Graph(batch, virtual_token=True)
+    toy = ProtocolOnlyGraph(graph)
+    assert isinstance(toy, GraphLayout) and isinstance(toy, GraphEdges) and not isinstance(toy, Graph)
+    torch.manual_seed(0)
+    for name in ("lappe", "rwse", "graphormer_centrality", "graphormer_virtual"):
+        enc = mmpe.build(name, d_model=8).eval()
+        assert torch.equal(enc(toy), enc(graph)), name
+    for name in ("graphormer_spatial", "graphormer_edge", "graphormer"):
+        enc = mmpe.build(name, num_heads=HEADS)
+        assert torch.equal(enc.bias(ctx(toy)), enc.bias(ctx(graph))), name
+    no_edges = ProtocolOnlyGraph(graph, edges=False)
+    with pytest.raises(TypeError, match="GraphEdges"):
+        mmpe.build("graphormer_edge", num_heads=HEADS).bias(ctx(no_edges))
+    assert mmpe.build("graphormer_spatial", num_heads=HEADS).bias(ctx(no_edges)).shape[1] == HEADS

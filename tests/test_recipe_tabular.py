@@ -60,7 +60,7 @@ def test_prepare_is_fit_on_training_rows_only(monkeypatch):
     a = prepare("breast_cancer", 0, "spearman", "knn", 4, 4, 2)
     monkeypatch.setattr(tabular, "load_table", lambda name: tampered)
     b = prepare("breast_cancer", 0, "spearman", "knn", 4, 4, 2)
-    assert torch.equal(a["table"].query_positions, b["table"].query_positions)
+    assert torch.equal(a["table"].spectral_positions, b["table"].spectral_positions)
     assert torch.equal(a["table"].hops, b["table"].hops)
     assert torch.equal(a["train"][0], b["train"][0])  # the scaler saw training rows only
     assert not torch.equal(a["test"][0], b["test"][0])

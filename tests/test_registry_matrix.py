@@ -26,10 +26,11 @@ D_MODEL, HEADS = 48, 2  # head_dim 24: divisible by 2·axes for 1, 2 and 3 axes,
 MATRIX_CASES: list[tuple[str, str, str]] = []  # (encoding, coordinates, check), read by conftest
 
 
-def _graph():
+def _graph(virtual_token: bool = False):
     # Two graphs (a 4-cycle with a chord, a 3-path) batched as PyG would batch them.
     edges = torch.tensor([[0, 1, 2, 3, 0, 4, 5], [1, 2, 3, 0, 2, 5, 6]])
-    return mmpe.Graph(edges, num_nodes=7, batch=torch.tensor([0, 0, 0, 0, 1, 1, 1]))
+    return mmpe.Graph(edges, num_nodes=7, batch=torch.tensor([0, 0, 0, 0, 1, 1, 1]),
+                      edge_attr=torch.arange(7) % 3, virtual_token=virtual_token)
 
 
 def _table():
@@ -40,12 +41,9 @@ def _table():
 
 
 def _points():
-    points = getattr(mmpe, "Points", None)
-    if points is None:
-        pytest.skip("mmpe.Points is not available")
     mask = torch.ones(2, 5, dtype=torch.bool)
     mask[1, 3:] = False
-    return points(torch.randn(2, 5, 3), mask=mask)
+    return mmpe.Points(torch.randn(2, 5, 3, generator=torch.Generator().manual_seed(0)), mask=mask)
 
 
 COORDS = {
@@ -56,6 +54,7 @@ COORDS = {
     "sphere": lambda: Sphere(torch.tensor([10.0, -20.0, 45.0, 80.0, -60.0]),
                              torch.tensor([0.0, 90.0, -170.0, 30.0, 179.0])),
     "graph": _graph,
+    "graph_virtual": lambda: _graph(virtual_token=True),
     "table": _table,
     "points": _points,
 }
@@ -72,21 +71,19 @@ def _context(coords) -> dict:
     return ctx
 
 
-def _cases():
+def _pairs(supported: bool) -> list:
+    """(encoding, coordinates) pairs the registry says are (or are not) supported."""
     out = []
-    for entry in mmpe.available():
-        for cname, make in COORDS.items():
-            out.append(pytest.param(entry.name, cname, id=f"{entry.name}-{cname}"))
+    for cname, make in COORDS.items():
+        coords = make()
+        for entry in mmpe.available():
+            if entry.supports(coords) == supported:
+                out.append(pytest.param(entry.name, cname, id=f"{entry.name}-{cname}"))
     return out
 
 
 def _make(name: str, cname: str):
-    try:
-        coords = COORDS[cname]()
-    except (ImportError, ModuleNotFoundError) as err:  # optional data/maths packages
-        pytest.skip(f"{cname}: {err}")
-    if not mmpe.get(name).supports(coords):
-        return None, None
+    coords = COORDS[cname]()
     return coords, mmpe.build(name, context=_context(coords))
 
 
@@ -100,12 +97,9 @@ def _paths(enc) -> list[str]:
     return ["math"] if math_only else ["flex", "sdpa", "math"]
 
 
-@pytest.mark.parametrize(("name", "cname"), _cases())
+@pytest.mark.parametrize(("name", "cname"), _pairs(supported=True))
 def test_encoding_on_coordinates(name: str, cname: str) -> None:
     coords, enc = _make(name, cname)
-    if enc is None:
-        # The registry refuses it, and so does the encoding itself, naming a capability.
-        pytest.skip(f"{cname} does not provide what {name} needs")
     MATRIX_CASES.append((name, cname, "build"))
     if isinstance(enc, InputEncoding):
         _check_input(name, cname, enc, coords)
@@ -180,6 +174,23 @@ def _check_grads_and_state(name, cname, module, run) -> None:
     with torch.no_grad():
         torch.testing.assert_close(run(clone), run(module))
     MATRIX_CASES.append((name, cname, "state_dict"))
+
+
+@pytest.mark.parametrize(("name", "cname"), _pairs(supported=False))
+def test_unsupported_coordinates_are_refused(name: str, cname: str) -> None:
+    """Where the registry says no, the encoding itself refuses, naming a capability."""
+    coords, enc = _make_unsupported(name, cname)
+    needs = "|".join(c.__name__ for c in enc.needs)
+    with pytest.raises((TypeError, ValueError), match=needs):
+        enc.check_coords(coords)
+
+
+def _make_unsupported(name: str, cname: str):
+    coords = COORDS[cname]()
+    ctx = _context(coords)
+    ctx.setdefault("grid_shape", (2, 3))
+    ctx.pop("num_axes", None)
+    return coords, mmpe.build(name, context=ctx)
 
 
 def test_refusal_names_the_missing_capability() -> None:

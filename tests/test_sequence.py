@@ -44,12 +44,35 @@ def test_batched_position_ids():
         ({}, "give length"),
         ({"length": 3, "offset": -1}, "offset"),
         ({"position_ids": torch.tensor([0.0, 1.0])}, "integers"),
-        ({"length": 3, "position_ids": torch.tensor([0, 1])}, r"\[n\] or \[b, n\] with n=3"),
+        ({"length": 3, "position_ids": torch.tensor([0, 1])}, r"\[n_k\] or \[b, n_k\] with n_k=3"),
         ({"position_ids": torch.zeros(1, 2, 3, dtype=torch.long)}, "shape"),
         ({"position_ids": torch.tensor([0, -1])}, ">= 0"),
-        ({"length": 2, "offset": 2, "position_ids": torch.tensor([0, 1])}, "offset cannot"),
+        ({"length": 2, "offset": 2, "position_ids": torch.tensor([0, 1])}, "n_k=4"),
+        ({"length": 2, "padding_mask": torch.ones(2, dtype=torch.long)}, "bool"),
+        ({"length": 2, "padding_mask": torch.ones(3, dtype=torch.bool)}, "padding_mask"),
+        ({"position_ids": torch.zeros(2, 3, dtype=torch.long),
+          "padding_mask": torch.ones(3, 3, dtype=torch.bool)}, "batch size"),
     ],
 )
 def test_bad_input_raises_clear_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         Sequence(**kwargs)
+
+
+def test_offset_with_explicit_ids_and_left_padding():
+    # Left-padded batch of two prompts (3 and 5 real tokens) plus one cached decoding step.
+    pad = torch.tensor([[False, False, True, True, True, True],
+                        [True, True, True, True, True, True]])
+    s = Sequence(1, offset=5, padding_mask=pad, causal=True)
+    assert s.num_queries == 1 and s.num_keys == 6 and s.batch_size == 2
+    assert s.key_positions[..., 0].tolist() == [[0, 0, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5]]
+    assert s.query_positions[..., 0].tolist() == [[3], [5]]
+    mask = s.dense_mask()[:, 0, 0]
+    assert mask.tolist() == [[False, False, True, True, True, True], [True] * 6]
+    # A padded query still sees itself (a finite row); padded keys stay hidden from real ones.
+    full = Sequence(6, padding_mask=pad, causal=True).dense_mask()[0, 0]
+    assert full[0, 0] and not full[2:, :2].any()
+    assert full[3].tolist() == [False, False, True, True, False, False]
+    docs = Sequence(2, offset=2, document_ids=torch.tensor([0, 0, 1, 1]), causal=True)
+    assert docs.dense_mask()[0, 0].tolist() == [[False, False, True, False],
+                                                [False, False, True, True]]

@@ -113,7 +113,7 @@ def test_eigenvectors_are_orthonormal_laplacian_eigenpairs(normalization):
     X = load_breast_cancer().data[:300]
     t = Table.from_data(X, method="spearman", sparsify="knn", knn=4, k=5, k_high=3,
                         normalization=normalization)
-    V = t.query_positions.double().numpy()  # [30, 8]
+    V = t.spectral_positions.double().numpy()  # [30, 8]
     lam = t.eigenvalues.double().numpy()
     L = graph_laplacian(t.adjacency.double().numpy(), normalization)
     L = L.toarray() if hasattr(L, "toarray") else L
@@ -130,8 +130,8 @@ def test_cls_token_gets_zero_position_and_prefix_index():
     plain = Table.from_data(X, k=3)
     with_cls = Table.from_data(X, k=3, cls_token=True)
     assert with_cls.num_tokens == plain.num_tokens + 1 == 14
-    assert torch.all(with_cls.query_positions[0] == 0)
-    torch.testing.assert_close(with_cls.query_positions[1:], plain.query_positions)
+    assert torch.all(with_cls.spectral_positions[0] == 0)
+    torch.testing.assert_close(with_cls.spectral_positions[1:], plain.spectral_positions)
     torch.testing.assert_close(with_cls.hops[1:, 1:], plain.hops)
     assert with_cls.batch_size is None and with_cls.mask_mod() is None
 
@@ -144,7 +144,7 @@ def test_no_leakage_changing_test_rows_does_not_change_the_encoding():
 
     def encode(X):
         t = Table.from_data(X[train_idx], method="spearman", knn=4, k=4, k_high=2, cls_token=True)
-        return t.query_positions, t.hops
+        return t.spectral_positions, t.hops
 
     pos, hops = encode(data)
     tampered = data.copy()

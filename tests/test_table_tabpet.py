@@ -35,7 +35,7 @@ def test_concatenation_shapes_and_values(table):
     assert torch.all(pe[:, 0] == 0)  # [CLS] has no position
     assert torch.all(pe[..., 6:] == 0)  # k + k_high = 6 channels, 2 zero-padding channels
     # PE = alpha * z-scored eigenvectors (feature rows), identical for every row of the batch
-    V = table.query_positions[1:].double()
+    V = table.spectral_positions[1:].double()
     z = (V - V.mean(0)) / V.std(0)
     torch.testing.assert_close(pe[0, 1:, :6].double(), 0.5 * z, atol=1e-5, rtol=0)
     torch.testing.assert_close(pe[0], pe[4])
@@ -83,6 +83,24 @@ def test_errors(table):
         TabPET(32, width=32)
     with pytest.raises(ValueError, match="alpha must be >= 0"):
         TabPET(32, alpha=-1.0)
-    with pytest.raises(TypeError, match="supports coordinates"):
+    with pytest.raises(TypeError, match=r"FeatureGraph.*spectral_positions"):
         TabPET(32)(Sequence(10))
+
+
+def test_any_feature_graph_provider_works(table):
+    """Tab-PET reads only the protocol: spectral_positions, and prefix_tokens when Prefixed."""
+    from mmpe.coords.base import Coordinates
+    from mmpe.coords.capabilities import FeatureGraph, Prefixed
+
+    class Columns(Coordinates):  # a third-party table without a [CLS] token
+        def __init__(self, positions):
+            self.spectral_positions = positions
+
+        num_queries = property(lambda self: self.spectral_positions.shape[0])
+
+    assert isinstance(table, Prefixed) and table.prefix_tokens == 1
+    cols = Columns(table.spectral_positions[1:])
+    assert isinstance(cols, FeatureGraph) and not isinstance(cols, Prefixed)
+    enc = TabPET(32, width=8, alpha=0.5)
+    torch.testing.assert_close(enc(cols), enc(table)[1:])
 

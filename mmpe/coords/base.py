@@ -66,6 +66,19 @@ class Coordinates(ABC):
         """Number of key tokens ``n_k``: ``n_q`` in self-attention; a cached decoder has more."""
         return self.num_queries
 
+    def prepare(self) -> None:
+        """Compute lazily built tables now (attention calls this before FlexAttention traces the
+        score mods, which must only index tensors). The default has nothing to build."""
+        return None
+
+    @property
+    def key_mask(self) -> Tensor | None:
+        """``[n_k]`` or ``[b, n_k]`` bool, True at real keys, where the keys are padded; or None.
+
+        Cross-attention reads it to mask a padded key side.
+        """
+        return None
+
     def mask_mod(self) -> MaskMod | None:
         """FlexAttention-style ``mask_mod(b, h, q_idx, kv_idx) -> bool`` (True = may attend), or None."""
         return None

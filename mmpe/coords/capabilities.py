@@ -219,6 +219,23 @@ class GraphEdges(Capability):
 
     def path_edge_attr(self, max_hops: int) -> tuple[Tensor, Tensor]: ...
 
+    @classmethod
+    def unmet(cls, coords: Any) -> list[str]:
+        # An object may say it has no edge features (``has_edge_features``); a class may.
+        if isinstance(coords, type) or getattr(coords, "has_edge_features", True):
+            return []
+        return ["has_edge_features == True"]
+
+
+class VirtualNode(GraphLayout):
+    """``GraphLayout`` with Graphormer's virtual graph token in slot 0 (``virtual_token`` true)."""
+
+    @classmethod
+    def unmet(cls, coords: Any) -> list[str]:
+        if isinstance(coords, type) or getattr(coords, "virtual_token", False) is True:
+            return []
+        return ["virtual_token == True"]
+
 
 class Prefixed(Capability):
     """Leading tokens without a coordinate: ``prefix_tokens`` (int; ``[CLS]``, registers).
@@ -232,4 +249,4 @@ class Prefixed(Capability):
     prefix_tokens: int
 
 
-__all__ += ["GraphEdges", "Prefixed"]
+__all__ += ["GraphEdges", "Prefixed", "VirtualNode"]

@@ -451,9 +451,31 @@ class Graph(Coordinates):
         return self.spd[self._b(b), q_idx, kv_idx]
 
     def extent(self, q_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """Diameter (hops) of the query's graph, broadcast to ``q_idx``'s shape (float32)."""
-        diam = self.diameter[self._b(b)]
-        return diam + torch.zeros_like(q_idx, dtype=diam.dtype)
+        """How far the query's keys lie (hops, float32): the diameter of its graph, or more for
+        a query that also sees unreachable nodes (another component: ``max_distance + 1``) —
+        so ``extent ≥ distance`` on every pair the mask allows."""
+        return self._extent[self._b(b), q_idx]
+
+    @property
+    def _extent(self) -> Tensor:
+        if "extent" not in self._cache:
+            seen = self.distances.masked_fill(~self.valid[:, None, :], 0.0).amax(dim=-1)
+            self._cache["extent"] = torch.maximum(seen, self.diameter[:, None])
+        return self._cache["extent"]
+
+    @property
+    def has_edge_features(self) -> bool:
+        """Whether :meth:`path_edge_attr` can answer: edge features given or precomputed."""
+        return self.edge_attr is not None or "path_edge_attr" in self.precomputed
+
+    def prepare(self) -> None:
+        """Build the hop tables (scipy, on the host) before FlexAttention traces a score mod."""
+        _ = self.distances, self._extent
+
+    @property
+    def key_mask(self) -> Tensor:
+        """``[b, n_max]`` bool, True at real tokens (nodes and the virtual token)."""
+        return self.valid
 
     def mask_mod(self) -> MaskMod | None:
         """Key padding: a query may attend to every real token of its graph, never to padding."""

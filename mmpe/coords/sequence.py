@@ -16,11 +16,16 @@ class Sequence(Coordinates):
             or ``document_ids`` give it.
         offset: tokens already in the key/value cache (cached decoding). Queries sit at
             ``offset … offset+n-1`` and keys at ``0 … offset+n-1``.
-        position_ids: explicit integer positions, ``[n]`` or ``[b, n]`` (queries and keys alike).
+        position_ids: explicit integer positions of every key, ``[n_k]`` or ``[b, n_k]`` with
+            ``n_k = offset + n`` (the queries are the last ``n``).
         causal: queries attend only to keys at the same or earlier positions.
-        document_ids: integer document id per token, ``[n]`` or ``[b, n]``, for packed
+        document_ids: integer document id per key, ``[n_k]`` or ``[b, n_k]``, for packed
             sequences: tokens attend only within their document, and positions restart at
             0 in every document (unless ``position_ids`` are given).
+        padding_mask: ``[n_k]`` or ``[b, n_k]`` bool, True at real tokens (a left-padded batch
+            for generation): padded keys are masked (a padded query still sees itself, so its
+            row stays finite), and unless ``position_ids`` are given the real tokens of each
+            example are numbered ``0, 1, …`` from their first one (HF's convention).
         device: where the position tensors live.
 
     Capabilities: ``Positioned`` (one axis, tokens), ``Directed`` (``relation(q, k) = pos_q −
@@ -28,9 +33,9 @@ class Sequence(Coordinates):
     |relation|``, ``extent`` = the query's position).
 
     Raises:
-        ValueError: non-positive ``length``, negative ``offset``, ``position_ids`` or
-            ``document_ids`` of the wrong rank, dtype or length, negative positions, or
-            ``offset`` combined with explicit ids.
+        ValueError: non-positive ``length``, negative ``offset``, ``position_ids``,
+            ``document_ids`` or ``padding_mask`` of the wrong rank, dtype or length (naming the
+            expected shape), negative positions, batch sizes that differ between them.
     """
 
     kind = "sequence"
@@ -45,22 +50,28 @@ class Sequence(Coordinates):
         position_ids: Tensor | None = None,
         causal: bool = False,
         document_ids: Tensor | None = None,
+        padding_mask: Tensor | None = None,
         device: torch.device | str | None = None,
     ) -> None:
-        length = _resolve_length(length, position_ids, document_ids)
-        if not isinstance(offset, int) or offset < 0:
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise ValueError(f"Sequence: offset must be an int >= 0, got {offset!r}")
-        if offset and (position_ids is not None or document_ids is not None):
-            raise ValueError("Sequence: offset cannot be combined with position_ids or document_ids")
+        length = _resolve_length(length, offset, position_ids, document_ids, padding_mask)
         self.length, self.offset, self.causal = length, offset, bool(causal)
-        self.document_ids = _check_ids("document_ids", document_ids, length)
-        ids = _check_ids("position_ids", position_ids, length)
+        n_k = offset + length
+        self.document_ids = _check_ids("document_ids", document_ids, n_k)
+        self.padding_mask = _check_mask(padding_mask, n_k)
+        ids = _check_ids("position_ids", position_ids, n_k)
+        _check_batches(self.document_ids, self.padding_mask, ids)
         if ids is not None and bool((ids < 0).any()):
             raise ValueError("Sequence: position_ids must be >= 0")
         if ids is None and self.document_ids is not None:
             ids = _restart_per_document(self.document_ids)
+        if ids is None and self.padding_mask is not None:
+            ids = (self.padding_mask.long().cumsum(-1) - 1).clamp(min=0)
+        self._max_position = None
         if ids is None:
             ids = torch.arange(offset + length, device=device)
+            self._max_position = offset + length - 1
         else:
             ids = ids.to(device) if device is not None else ids
         # Keys cover the cache plus the new tokens; queries are the last `length` of them.
@@ -89,8 +100,11 @@ class Sequence(Coordinates):
 
     @property
     def max_position(self) -> int:
-        """Largest position of any token (tokens)."""
-        return int(self._key_ids.max())
+        """Largest position of any token (tokens): known without a device read for implicit
+        positions, read once and remembered for explicit ``position_ids``/``document_ids``."""
+        if self._max_position is None:
+            self._max_position = int(self._key_ids.max())
+        return self._max_position
 
     def query_index(self, q_idx: Tensor, b: Tensor | None = None) -> Tensor:
         """Position (tokens) of query ``q_idx``; ``b`` selects the example when ids are batched."""
@@ -121,17 +135,33 @@ class Sequence(Coordinates):
             (self._key_lo[b], self._key_hi[b])
         return torch.maximum(pos - lo, hi - pos).to(torch.float32)
 
+    @property
+    def batch_size(self) -> int | None:
+        """``b`` when positions, documents or padding differ per example, else None."""
+        for t in (self._key_ids, self.document_ids, self.padding_mask):
+            if t is not None and t.dim() == 2:
+                return t.shape[0]
+        return None
+
+    @property
+    def key_mask(self) -> Tensor | None:
+        """``[n_k]`` or ``[b, n_k]`` bool, True at real (unpadded) keys, or None."""
+        return self.padding_mask
+
     def mask_mod(self) -> MaskMod | None:
-        docs, causal = self.document_ids, self.causal
-        if docs is None and not causal:
+        docs, causal, pad, offset = self.document_ids, self.causal, self.padding_mask, self.offset
+        if docs is None and not causal and pad is None:
             return None
 
         def mask(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             allowed = torch.ones((), dtype=torch.bool, device=q_idx.device)
+            slot = q_idx + offset  # the query's own key slot
             if causal:
                 allowed = allowed & (self.relation(q_idx, kv_idx, b) >= 0)
             if docs is not None:
-                allowed = allowed & (_gather(docs, q_idx, b) == _gather(docs, kv_idx, b))
+                allowed = allowed & (_gather(docs, slot, b) == _gather(docs, kv_idx, b))
+            if pad is not None:
+                allowed = allowed & (_gather(pad, kv_idx, b) | (kv_idx == slot))
             return allowed
 
         return mask
@@ -149,12 +179,12 @@ def _gather(ids: Tensor, idx: Tensor, b: Tensor | None) -> Tensor:
     return ids[b, idx]
 
 
-def _resolve_length(length: int | None, *ids: Tensor | None) -> int:
+def _resolve_length(length: int | None, offset: int, *ids: Tensor | None) -> int:
     if length is None:
-        given = [t for t in ids if t is not None]
+        given = [t for t in ids if isinstance(t, Tensor) and t.dim() > 0]
         if not given:
-            raise ValueError("Sequence: give length, position_ids or document_ids")
-        length = given[0].shape[-1]
+            raise ValueError("Sequence: give length, position_ids, document_ids or padding_mask")
+        length = given[0].shape[-1] - offset
     if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
         raise ValueError(f"Sequence: length must be a positive int (tokens), got {length!r}")
     return length
@@ -169,9 +199,29 @@ def _check_ids(name: str, ids: Tensor | None, length: int) -> Tensor | None:
         raise ValueError(f"Sequence: {name} must hold integers, got dtype {ids.dtype}")
     if ids.dim() not in (1, 2) or ids.shape[-1] != length:
         raise ValueError(
-            f"Sequence: {name} must have shape [n] or [b, n] with n={length}, got {tuple(ids.shape)}"
+            f"Sequence: {name} must have shape [n_k] or [b, n_k] with n_k={length} (offset + "
+            f"length), got {tuple(ids.shape)}"
         )
     return ids.long()
+
+
+def _check_mask(mask: Tensor | None, n_k: int) -> Tensor | None:
+    if mask is None:
+        return None
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        kind = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
+        raise ValueError(f"Sequence: padding_mask must be a bool tensor, got {kind}")
+    if mask.dim() not in (1, 2) or mask.shape[-1] != n_k:
+        raise ValueError(f"Sequence: padding_mask must have shape [n_k] or [b, n_k] with "
+                         f"n_k={n_k} (offset + length), got {tuple(mask.shape)}")
+    return mask
+
+
+def _check_batches(*tensors: Tensor | None) -> None:
+    batches = {t.shape[0] for t in tensors if t is not None and t.dim() == 2}
+    if len(batches) > 1:
+        raise ValueError(f"Sequence: position_ids, document_ids and padding_mask must share the "
+                         f"batch size, got {sorted(batches)}")
 
 
 def _restart_per_document(docs: Tensor) -> Tensor:

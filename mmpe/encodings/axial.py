@@ -9,7 +9,12 @@ from torch import Tensor, nn
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Positioned1D
-from mmpe.encodings.base import InputEncoding, PositionOutOfRangeError, table_positions
+from mmpe.encodings.base import (
+    InputEncoding,
+    PositionOutOfRangeError,
+    position_bound,
+    table_positions,
+)
 from mmpe.registry import register
 
 
@@ -64,7 +69,7 @@ class AxialPE(InputEncoding):
     def forward(self, coords: Coordinates) -> Tensor:
         self.check_coords(coords)
         pos = table_positions("axial", coords)
-        top = int(pos.max())
+        top = position_bound(coords) - 1  # read once per coordinates object
         if top >= self.max_len:
             raise PositionOutOfRangeError(
                 f"axial: position {top} is past the {self.shape[0]}x{self.shape[1]} = {self.max_len} "

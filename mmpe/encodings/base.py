@@ -120,9 +120,17 @@ class InputEncoding(Encoding):
 
 
 class RotaryEncoding(Encoding):
-    """Rotary hook: rotate queries and keys by their positions."""
+    """Rotary hook: rotate queries and keys by their positions.
+
+    Class attributes:
+        length_dependent: the rotation of a token depends on how many tokens there are (dynamic
+            NTK, LongRoPE's switch, xPos's centre), so a key cached at an earlier step would be
+            stale: the attention module then caches unrotated keys and rotates all of them at
+            every step. Fixed-frequency methods leave it False and have keys rotated once.
+    """
 
     hook = "rotary"
+    length_dependent: ClassVar[bool] = False
 
     def forward(self, q: Tensor, k: Tensor, coords: Coordinates) -> tuple[Tensor, Tensor]:
         """Rotate ``q`` ``[b, n_h, n_q, h_d]`` and ``k`` ``[b, n_h, n_k, h_d]``."""
@@ -191,18 +199,61 @@ class KernelEncoding(Encoding):
         raise NotImplementedError  # pragma: no cover - abstract
 
 
-def check_qk(name: str, q: Tensor, k: Tensor, head_dim: int | None = None) -> None:
-    """Validate rotary inputs: rank 4, matching batch/heads/head dim."""
+def check_qk(name: str, q: Tensor, k: Tensor, head_dim: int | None = None,
+             coords: Coordinates | None = None) -> None:
+    """Validate rotary inputs ``q`` ``[b, n_h, n_q, h_d]`` and ``k`` ``[b, n_kv, s_k, h_d]``.
+
+    Rank 4; the same ``b`` and ``h_d``; ``n_h`` a multiple of ``n_kv`` (grouped-query
+    attention); with ``coords``, ``n_q`` equal to its query count and ``s_k`` at most its key
+    count (a cached decoder passes only the newest keys: they are the *last* ``s_k`` keys).
+
+    Raises:
+        ValueError: naming the argument and the expected shape.
+    """
     for arg, t in (("q", q), ("k", k)):
         if not isinstance(t, Tensor) or t.dim() != 4:
             shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
             raise ValueError(f"{name}: {arg} must be [b, n_h, s, h_d] (rank 4), got {shape}")
-    if q.shape[0] != k.shape[0] or q.shape[1] != k.shape[1] or q.shape[-1] != k.shape[-1]:
+    if q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1] or q.shape[1] % k.shape[1]:
         raise ValueError(
-            f"{name}: q {tuple(q.shape)} and k {tuple(k.shape)} must share b, n_h and h_d"
+            f"{name}: q {tuple(q.shape)} and k {tuple(k.shape)} must share b and h_d, and q's "
+            "heads must be a multiple of k's"
         )
     if head_dim is not None and q.shape[-1] != head_dim:
         raise ValueError(f"{name}: q and k must have h_d={head_dim}, got {q.shape[-1]}")
+    if coords is not None:
+        if q.shape[-2] != coords.num_queries:
+            raise ValueError(f"{name}: q has {q.shape[-2]} tokens but the coordinates have "
+                             f"{coords.num_queries} queries")
+        if k.shape[-2] > coords.num_keys:
+            raise ValueError(f"{name}: k has {k.shape[-2]} tokens but the coordinates have only "
+                             f"{coords.num_keys} keys")
+
+
+def position_bound(coords: Coordinates) -> int:
+    """One more than the largest key position (1D coordinates), computed once per object.
+
+    ``Sequence`` knows it without reading the device (``max_position``); for other coordinates
+    the value is read once and remembered on the object, so the layers of a model share it
+    instead of each stalling the device.
+    """
+    known = getattr(coords, "max_position", None)
+    if isinstance(known, int):
+        return known + 1
+    memo = coords.__dict__.get("_mmpe_position_bound")
+    if memo is None:
+        memo = coords.__dict__["_mmpe_position_bound"] = int(coords.key_positions[..., 0].max()) + 1
+    return memo
+
+
+def rotary_positions(coords: Coordinates, k: Tensor) -> tuple[Tensor, Tensor]:
+    """Positions ``[.., n_q, a]`` of the queries and ``[.., s_k, a]`` of the keys ``k`` holds.
+
+    A cached decoder rotates only its new keys: they are the last ``s_k`` of the coordinates'
+    keys, so the cache keeps keys already rotated at their own positions.
+    """
+    kpos = coords.key_positions
+    return coords.query_positions, kpos[..., kpos.shape[-2] - k.shape[-2]:, :]
 
 
 def table_positions(name: str, coords: Coordinates) -> Tensor:

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from mmpe.coords.base import Coordinates
-from mmpe.coords.capabilities import GraphEdges, GraphLayout
+from mmpe.coords.capabilities import GraphEdges, GraphLayout, VirtualNode
 from mmpe.coords.graph import UNREACHABLE, VIRTUAL
 from mmpe.encodings.base import AttentionContext, InputEncoding, ScoreEncoding, ScoreMod
 from mmpe.registry import register
@@ -281,7 +281,7 @@ class GraphormerCentrality(InputEncoding):
         return p * coords.node_mask[..., None]
 
 
-@register("graphormer_virtual", hook="input", needs=(GraphLayout,), learnable=True,
+@register("graphormer_virtual", hook="input", needs=(VirtualNode,), learnable=True,
           family="graph", paper=PAPER + ", §3.1 (special node)", context=("d_model",))
 class GraphormerVirtualToken(InputEncoding):
     """The virtual graph token's learned embedding, placed in slot 0 (zeros elsewhere).

@@ -7,7 +7,12 @@ from torch import Tensor, nn
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Positioned1D
-from mmpe.encodings.base import InputEncoding, PositionOutOfRangeError, table_positions
+from mmpe.encodings.base import (
+    InputEncoding,
+    PositionOutOfRangeError,
+    position_bound,
+    table_positions,
+)
 from mmpe.registry import register
 
 
@@ -53,7 +58,7 @@ class LearnedPE(InputEncoding):
         pos = table_positions("learned", coords)
         if self.out_of_range == "clamp":
             return self.table[pos.clamp(max=self.max_len - 1)]
-        top = int(pos.max())
+        top = position_bound(coords) - 1  # read once per coordinates object
         if top >= self.max_len:
             raise PositionOutOfRangeError(
                 f"learned: position {top} is past the table of max_len={self.max_len} positions; "

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Positioned1D
-from mmpe.encodings.base import RotaryEncoding, check_qk
+from mmpe.encodings.base import RotaryEncoding, check_qk, position_bound, rotary_positions
 from mmpe.registry import register
 
 
@@ -141,9 +141,9 @@ class RoPE(RotaryEncoding):
 
     def forward(self, q: Tensor, k: Tensor, coords: Coordinates) -> tuple[Tensor, Tensor]:
         self.check_coords(coords)
-        check_qk("rope", q, k, self.head_dim)
-        qpos, kpos = coords.query_positions[..., 0], coords.key_positions[..., 0]
-        top = int(kpos.max()) + 1
+        check_qk("rope", q, k, self.head_dim, coords)
+        qpos, kpos = (p[..., 0] for p in rotary_positions(coords, k))
+        top = position_bound(coords)
         inv_freq = self.inv_freq(top)
         qcos, qsin = self.cos_sin(qpos, inv_freq, top)
         kcos, ksin = self.cos_sin(kpos, inv_freq, top)

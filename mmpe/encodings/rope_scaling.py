@@ -119,6 +119,8 @@ class RoPEDynamicNTK(RoPE):
         ValueError: ``factor ≤ 0``, ``original_max_position_embeddings < 1``, ``rotary_dim < 4``, and RoPE's errors.
     """
 
+    length_dependent = True  # rotations change with the number of tokens
+
     def __init__(self, head_dim: int, factor: float = 4.0, original_max_position_embeddings: int = 2048,
                  base: float = 10000.0, rotary_dim: int | None = None,
                  interleaved: bool = False) -> None:
@@ -231,6 +233,8 @@ class RoPELongRoPE(RoPE):
         ValueError: ``factor ≤ 0``, factor lists of the wrong length or with values ≤ 0,
             and RoPE's errors.
     """
+
+    length_dependent = True  # rotations change with the number of tokens
 
     def __init__(self, head_dim: int, factor: float = 4.0, original_max_position_embeddings: int = 2048,
                  short_factor: Seq[float] | None = None, long_factor: Seq[float] | None = None,

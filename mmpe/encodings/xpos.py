@@ -7,7 +7,7 @@ from torch import Tensor
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Positioned1D
-from mmpe.encodings.base import check_qk
+from mmpe.encodings.base import check_qk, position_bound, rotary_positions
 from mmpe.encodings.rope import RoPE, apply_rotary, rope_cos_sin
 from mmpe.registry import register
 
@@ -36,6 +36,8 @@ class XPos(RoPE):
         ValueError: ``scale_base ≤ 0``, ``gamma ≤ 0``, and RoPE's errors (odd rotary dim …).
     """
 
+    length_dependent = True  # rotations change with the number of tokens
+
     def __init__(self, head_dim: int, base: float = 10000.0, scale_base: float = 512.0,
                  gamma: float = 0.4, rotary_dim: int | None = None, interleaved: bool = False) -> None:
         super().__init__(head_dim, base, rotary_dim, interleaved)
@@ -52,9 +54,9 @@ class XPos(RoPE):
 
     def forward(self, q: Tensor, k: Tensor, coords: Coordinates) -> tuple[Tensor, Tensor]:
         self.check_coords(coords)
-        check_qk("xpos", q, k, self.head_dim)
-        qpos, kpos = coords.query_positions[..., 0], coords.key_positions[..., 0]
-        top = int(kpos.max()) + 1
+        check_qk("xpos", q, k, self.head_dim, coords)
+        qpos, kpos = (p[..., 0] for p in rotary_positions(coords, k))
+        top = position_bound(coords)
         inv_freq = self.inv_freq(top)
         log_zeta = self.zeta().log().to(qpos.device)
 
