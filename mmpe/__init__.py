@@ -8,10 +8,22 @@ registered encoding by its paper's name; ``mmpe.functional`` holds the pure func
 one-call FlexAttention ``score_mod``; ``mmpe.testing`` the coordinates contract.
 """
 
-from mmpe import functional, testing
-from mmpe.attention import MultiHeadAttention
+from mmpe import cache, functional, generation, testing
+from mmpe.attention import CrossAttention, MultiHeadAttention
+from mmpe.cache import KVCache, ModelCache
 from mmpe.context import CONTEXT_KEYS
-from mmpe.coords import Composite, Coordinates, Graph, Grid, Points, Sequence, Sphere, Table
+from mmpe.coords import (
+    Composite,
+    Coordinates,
+    Cross,
+    Graph,
+    Grid,
+    Latents,
+    Points,
+    Sequence,
+    Sphere,
+    Table,
+)
 from mmpe.coords.capabilities import (
     Causal,
     Directed,
@@ -24,12 +36,15 @@ from mmpe.coords.capabilities import (
     Spherical,
 )
 from mmpe.registry import available, build, get, register
+from mmpe.generation import generate
+from mmpe.lm import CausalLM
 from mmpe.transformer import Transformer, TransformerBlock
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "CONTEXT_KEYS", "Causal", "Composite", "Coordinates", "Directed", "FeatureGraph", "Graph",
+    "CONTEXT_KEYS", "CausalLM", "Causal", "Composite", "CrossAttention", "Cross", "KVCache",
+    "Latents", "ModelCache", "cache", "generate", "generation", "Coordinates", "Directed", "FeatureGraph", "Graph",
     "GraphLayout", "Grid", "GridLayout", "Metric", "MultiHeadAttention", "Points", "Positioned",
     "Positioned1D", "Sequence", "Sphere", "Spherical", "Table", "Transformer",
     "TransformerBlock", "available", "build", "functional", "get", "register", "testing",

@@ -16,6 +16,10 @@ give the same numbers:
 SDPA, whose flash kernels are fastest without a bias); on CPU, SDPA — measured on torch
 2.13/2.15, FlexAttention has no backward pass on the CPU, its CPU kernel is 4–5× slower than
 SDPA, and without a BlockMask its CPU scratch memory is O(n²).
+
+:class:`MultiHeadAttention` is self-attention with grouped-query heads and an optional
+:class:`~mmpe.cache.KVCache`; :class:`CrossAttention` attends from one token set to another,
+each with its own coordinates (see :class:`~mmpe.coords.cross.Cross`).
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from mmpe.cache import KVCache
 from mmpe.coords.base import Coordinates, index_grid
+from mmpe.coords.cross import Cross
 from mmpe.encodings.base import (
     AttentionContext,
     Encoding,
@@ -38,6 +44,7 @@ from mmpe.encodings.base import (
     ScoreEncoding,
     ScoreMod,
 )
+from mmpe.prepare import forward_scope, memoized
 
 BACKENDS = ("auto", "flex", "sdpa", "math")
 
@@ -62,70 +69,66 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
-class MultiHeadAttention(nn.Module):
-    """Self-attention with positional encodings at the rotary, score and kernel hooks.
+@functools.cache
+def _compiled_block_mask():
+    from torch.nn.attention.flex_attention import create_block_mask
 
-    Args:
-        d_model: model width.
-        num_heads: ``n_h``.
-        encodings: built encodings (rotary, score, kernel; input encodings belong to the
-            model's embedding, see :class:`mmpe.transformer.Transformer`). At most one kernel.
-        head_dim: ``h_d``; defaults to ``d_model // num_heads``.
-        qkv_bias: bias in the q/k/v projection.
-        backend: ``"auto"``, ``"flex"``, ``"sdpa"`` or ``"math"`` (see the module docstring).
+    return torch.compile(create_block_mask)
 
-    Shapes: ``forward(x [b, s, d_model], coords) -> [b, s, d_model]``; ``coords`` gives
-    ``n_q = s`` queries (and ``n_k = s`` keys: this module keeps no cache).
 
-    Raises:
-        ValueError: ``d_model`` not divisible by ``num_heads`` (with no ``head_dim``), an input
-            encoding or more than one kernel in ``encodings``, an unknown ``backend``, or ``x``
-            not ``[b, s, d_model]`` with ``s`` equal to the coordinates' token count.
-    """
+def _check_positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"attention: {name} must be an int >= 1, got {value!r}")
+    return value
 
-    def __init__(
-        self,
-        d_model: int,
-        num_heads: int,
-        encodings: Seq[Encoding] = (),
-        *,
-        head_dim: int | None = None,
-        qkv_bias: bool = True,
-        backend: str = "auto",
-    ) -> None:
-        super().__init__()
-        if num_heads < 1:
-            raise ValueError(f"attention: num_heads must be >= 1, got {num_heads}")
-        if head_dim is None:
-            if d_model % num_heads:
-                raise ValueError(
-                    f"attention: d_model={d_model} must be divisible by num_heads={num_heads}"
-                )
-            head_dim = d_model // num_heads
+
+class _Attention(nn.Module):
+    """What self- and cross-attention share: encodings by hook, path choice, the three paths."""
+
+    def _setup(self, num_heads: int, num_kv_heads: int | None, head_dim: int,
+               encodings: Seq[Encoding], backend: str) -> None:
+        _check_positive("num_heads", num_heads)
+        num_kv_heads = num_heads if num_kv_heads is None else _check_positive("num_kv_heads",
+                                                                              num_kv_heads)
+        if num_heads % num_kv_heads:
+            raise ValueError(f"attention: num_heads={num_heads} must be a multiple of "
+                             f"num_kv_heads={num_kv_heads}")
         if backend not in BACKENDS:
             raise ValueError(f"attention: backend must be one of {BACKENDS}, got {backend!r}")
-        self.d_model, self.num_heads, self.head_dim, self.backend = d_model, num_heads, head_dim, backend
-        self.qkv = nn.Linear(d_model, 3 * num_heads * head_dim, bias=qkv_bias)
-        self.proj = nn.Linear(num_heads * head_dim, d_model)
+        if isinstance(encodings, (str, Encoding)):
+            raise TypeError("attention: encodings must be a list of built encodings, got a "
+                            f"single {type(encodings).__name__}")
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.backend = backend
         self.rotary, self.scores, kernels = _split_by_hook(encodings)
         if len(kernels) > 1:
             raise ValueError(f"attention: at most one kernel encoding, got {len(kernels)}")
         self.kernel = kernels[0] if kernels else None
 
-    def forward(self, x: Tensor, coords: Coordinates) -> Tensor:
-        if x.dim() != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(f"attention: x must be [b, s, d_model={self.d_model}], got {tuple(x.shape)}")
-        if x.shape[1] != coords.num_queries:
-            raise ValueError(
-                f"attention: x has s={x.shape[1]} tokens but coords has {coords.num_queries}"
-            )
-        coords.prepare()
-        q, k, v = rearrange(self.qkv(x), "b s (three h d) -> three b h s d", three=3, h=self.num_heads)
+    def _check_x(self, arg: str, x: Tensor, width: int, tokens: int, what: str) -> None:
+        if not isinstance(x, Tensor):
+            raise TypeError(f"attention: {arg} must be a torch.Tensor, got {type(x).__name__}")
+        if not x.is_floating_point():
+            raise TypeError(f"attention: {arg} must be a floating-point tensor, got {x.dtype}")
+        if x.dim() != 3 or x.shape[-1] != width:
+            raise ValueError(f"attention: {arg} must be [b, s, {width}], got {tuple(x.shape)}")
+        if x.shape[1] != tokens:
+            raise ValueError(f"attention: {arg} has s={x.shape[1]} tokens but the coordinates "
+                             f"have {tokens} {what}")
+
+    def _check_batch(self, x: Tensor, coords: Coordinates) -> None:
+        if coords.batch_size is not None and coords.batch_size != x.shape[0]:
+            raise ValueError(f"attention: x has batch {x.shape[0]} but the coordinates hold "
+                             f"positions for {coords.batch_size} examples")
+
+    def _rotate(self, q: Tensor, k: Tensor, coords: Coordinates) -> tuple[Tensor, Tensor]:
         for rotary in self.rotary:
             q, k = rotary(q, k, coords)
-        ctx = AttentionContext(coords, self.num_heads, self.head_dim, x.shape[0], x, q, k, v)
-        out = self.attend(ctx)
-        return self.proj(rearrange(out, "b h s d -> b s (h d)"))
+        return q, k
+
+    def _expand_kv(self, t: Tensor) -> Tensor:
+        groups = self.num_heads // t.shape[1]
+        return t if groups == 1 else t.repeat_interleave(groups, dim=1)
 
     # -- path selection -------------------------------------------------------------------
     def path(self, device: torch.device) -> str:
@@ -159,30 +162,28 @@ class MultiHeadAttention(nn.Module):
         return self._math(ctx, scale)
 
     def _flex(self, ctx: AttentionContext, scale: float) -> Tensor:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        from torch.nn.attention.flex_attention import flex_attention
 
         score_mod = compose_score_mods([e.score_mod(ctx) for e in self.scores])
-        mask_mod = ctx.coords.mask_mod()
-        block_mask = None
-        if mask_mod is not None:
-            block_mask = create_block_mask(
-                mask_mod, ctx.coords.batch_size, None, ctx.coords.num_queries,
-                ctx.coords.num_keys, device=ctx.q.device,
-            )
+        block_mask = _block_mask(ctx.coords, ctx.q.device)
         fn = _compiled_flex() if ctx.q.device.type == "cuda" else flex_attention
         return fn(ctx.q, ctx.k, ctx.v, score_mod=score_mod, block_mask=block_mask, scale=scale)
 
     def _sdpa(self, ctx: AttentionContext, scale: float) -> Tensor:
+        coords = ctx.coords
         bias = None
         for enc in self.scores:
-            term = enc.bias(ctx)
+            term = _bias(enc, ctx)
             bias = term if bias is None else bias + term
-        mask = ctx.coords.dense_mask()
-        if bias is not None:
+        if bias is None:
+            if _plain_causal(coords):  # the fused causal kernel, no dense mask
+                return F.scaled_dot_product_attention(ctx.q, ctx.k, ctx.v, is_causal=True,
+                                                      scale=scale)
+            attn_mask = _dense_mask(coords)
+        else:
+            mask = _dense_mask(coords)
             bias = bias.to(ctx.q.dtype)
             attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
-        else:
-            attn_mask = mask
         return F.scaled_dot_product_attention(ctx.q, ctx.k, ctx.v, attn_mask=attn_mask, scale=scale)
 
     def _math(self, ctx: AttentionContext, scale: float) -> Tensor:
@@ -193,7 +194,7 @@ class MultiHeadAttention(nn.Module):
             b, h, qi, ki = index_grid(coords.batch_size or 1, ctx.num_heads, coords.num_queries,
                                       coords.num_keys, scores.device)
             scores = score_mod(scores, b, h, qi, ki)
-        mask = coords.dense_mask()
+        mask = _dense_mask(coords)
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         v = ctx.v.float()
@@ -212,6 +213,206 @@ class MultiHeadAttention(nn.Module):
                 if term is not None:
                     out = out + term
         return out.to(ctx.q.dtype)
+
+
+class MultiHeadAttention(_Attention):
+    """Self-attention with positional encodings at the rotary, score and kernel hooks.
+
+    Args:
+        d_model: model width.
+        num_heads: query heads ``n_h``.
+        encodings: built encodings (rotary, score, kernel; input encodings belong to the
+            model's embedding, see :class:`mmpe.transformer.Transformer`). At most one kernel.
+        num_kv_heads: key/value heads ``n_kv`` for grouped-query attention (Ainslie et al.
+            2023; ``1`` is multi-query attention, Shazeer 2019); a divisor of ``num_heads``,
+            default ``num_heads``. The cache keeps ``n_kv`` heads.
+        head_dim: ``h_d``; defaults to ``d_model // num_heads``.
+        qkv_bias: bias in the q/k/v projection.
+        backend: ``"auto"``, ``"flex"``, ``"sdpa"`` or ``"math"`` (see the module docstring).
+
+    Shapes: ``forward(x [b, s, d_model], coords, cache=None) -> [b, s, d_model]``; ``coords``
+    has ``n_q = s`` queries and ``n_k`` keys: ``s`` without a cache, ``cache.length + s``
+    with one (``Sequence(s, offset=cache.length, causal=True)``).
+
+    Raises:
+        ValueError: ``d_model`` not divisible by ``num_heads`` (with no ``head_dim``), heads
+            that do not divide, an input encoding or more than one kernel in ``encodings``, an
+            unknown ``backend``; at forward, ``x`` not ``[b, s, d_model]`` with ``s`` equal to
+            the coordinates' queries, a batch that differs from the coordinates', or
+            coordinates whose key count is not ``cache.length + s``.
+        TypeError: ``x`` not a floating-point tensor, ``encodings`` not a list.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        encodings: Seq[Encoding] = (),
+        *,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        qkv_bias: bool = True,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        _check_positive("d_model", d_model)
+        _check_positive("num_heads", num_heads)
+        if head_dim is None:
+            if d_model % num_heads:
+                raise ValueError(
+                    f"attention: d_model={d_model} must be divisible by num_heads={num_heads}"
+                )
+            head_dim = d_model // num_heads
+        _check_positive("head_dim", head_dim)
+        self._setup(num_heads, num_kv_heads, head_dim, encodings, backend)
+        self.d_model = d_model
+        width = (num_heads + 2 * self.num_kv_heads) * head_dim
+        self.qkv = nn.Linear(d_model, width, bias=qkv_bias)
+        self.proj = nn.Linear(num_heads * head_dim, d_model)
+
+    def forward(self, x: Tensor, coords: Coordinates, cache: KVCache | None = None) -> Tensor:
+        if not isinstance(coords, Coordinates):
+            raise TypeError(f"attention: coords must be an mmpe Coordinates object, got "
+                            f"{type(coords).__name__}")
+        self._check_x("x", x, self.d_model, coords.num_queries, "queries")
+        self._check_batch(x, coords)
+        past = 0 if cache is None else cache.length
+        if coords.num_keys != past + x.shape[1]:
+            raise ValueError(f"attention: the coordinates have {coords.num_keys} keys but there "
+                             f"are {past} cached + {x.shape[1]} new tokens; build them with "
+                             f"offset={past} (e.g. Sequence({x.shape[1]}, offset={past}, "
+                             "causal=True))")
+        with forward_scope(coords):
+            coords.prepare()
+            q, k, v = self._project(x)
+            # Length-dependent rotations (dynamic NTK, xPos …) re-rotate every key each step.
+            lazy = cache is not None and any(r.length_dependent for r in self.rotary)
+            if not lazy:
+                q, k = self._rotate(q, k, coords)
+            if cache is not None:
+                k, v = cache.update(k, v)
+            if lazy:
+                q, k = self._rotate(q, k, coords)
+            ctx = AttentionContext(coords, self.num_heads, self.head_dim, x.shape[0], x, q,
+                                   self._expand_kv(k), self._expand_kv(v), cache=cache)
+            out = self.attend(ctx)
+        return self.proj(rearrange(out, "b h s d -> b s (h d)"))
+
+    def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        d, hq, hkv = self.head_dim, self.num_heads, self.num_kv_heads
+        q, k, v = self.qkv(x).split((hq * d, hkv * d, hkv * d), dim=-1)
+        return (rearrange(q, "b s (h d) -> b h s d", h=hq),
+                rearrange(k, "b s (h d) -> b h s d", h=hkv),
+                rearrange(v, "b s (h d) -> b h s d", h=hkv))
+
+
+class CrossAttention(_Attention):
+    """Attention from queries ``x`` to another token set ``memory``, each with its coordinates.
+
+    The coordinates of the call are ``Cross(coords, memory_coords)``
+    (:class:`~mmpe.coords.cross.Cross`): rotary encodings rotate ``q`` by the query side's
+    positions and ``k`` by the key side's; a distance-based score needs a distance between the
+    two sides (both on one grid, sequence, sphere or point space) and is refused with an
+    error naming the ``Metric`` capability otherwise; latent queries
+    (:class:`~mmpe.coords.cross.Latents`) have no position. With identical coordinates on both
+    sides and ``memory is x`` it computes what :class:`MultiHeadAttention` does.
+
+    Args:
+        d_model: width of ``x`` (and of the output).
+        num_heads, num_kv_heads, head_dim, qkv_bias, backend: as :class:`MultiHeadAttention`.
+        encodings: built rotary/score/kernel encodings.
+        kv_dim: width of ``memory`` (default ``d_model``).
+
+    Shapes: ``forward(x [b, n_q, d_model], coords, memory [b, n_k, kv_dim], memory_coords)
+    -> [b, n_q, d_model]``.
+
+    Raises:
+        ValueError: as :class:`MultiHeadAttention`, for ``x`` and for ``memory`` against
+            ``memory_coords``' keys.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        encodings: Seq[Encoding] = (),
+        *,
+        kv_dim: int | None = None,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        qkv_bias: bool = True,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        _check_positive("d_model", d_model)
+        _check_positive("num_heads", num_heads)
+        kv_dim = d_model if kv_dim is None else _check_positive("kv_dim", kv_dim)
+        if head_dim is None:
+            if d_model % num_heads:
+                raise ValueError(
+                    f"attention: d_model={d_model} must be divisible by num_heads={num_heads}"
+                )
+            head_dim = d_model // num_heads
+        self._setup(num_heads, num_kv_heads, head_dim, encodings, backend)
+        self.d_model, self.kv_dim = d_model, kv_dim
+        self.q_proj = nn.Linear(d_model, num_heads * head_dim, bias=qkv_bias)
+        self.kv_proj = nn.Linear(kv_dim, 2 * self.num_kv_heads * head_dim, bias=qkv_bias)
+        self.proj = nn.Linear(num_heads * head_dim, d_model)
+
+    def forward(self, x: Tensor, coords: Coordinates, memory: Tensor,
+                memory_coords: Coordinates) -> Tensor:
+        pair = coords if isinstance(coords, Cross) else Cross(coords, memory_coords)
+        self._check_x("x", x, self.d_model, pair.num_queries, "queries")
+        self._check_x("memory", memory, self.kv_dim, pair.num_keys, "keys")
+        if memory.shape[0] != x.shape[0]:
+            raise ValueError(f"attention: x has batch {x.shape[0]} but memory {memory.shape[0]}")
+        self._check_batch(x, pair)
+        with forward_scope(pair):
+            pair.prepare()
+            q = rearrange(self.q_proj(x), "b s (h d) -> b h s d", h=self.num_heads)
+            k, v = rearrange(self.kv_proj(memory), "b s (two h d) -> two b h s d", two=2,
+                             h=self.num_kv_heads)
+            q, k = self._rotate(q, k, pair)
+            ctx = AttentionContext(pair, self.num_heads, self.head_dim, x.shape[0], x, q,
+                                   self._expand_kv(k), self._expand_kv(v))
+            out = self.attend(ctx)
+        return self.proj(rearrange(out, "b h s d -> b s (h d)"))
+
+
+def _bias(enc: ScoreEncoding, ctx: AttentionContext) -> Tensor:
+    """The encoding's eager bias; content-free ones once per forward (shared by layers)."""
+    if not enc.content_free:
+        return enc.bias(ctx)
+    key = ("bias", id(enc), ctx.num_heads, ctx.coords.num_queries, ctx.coords.num_keys)
+    return memoized(ctx.coords, key, lambda: enc.bias(ctx))
+
+
+def _dense_mask(coords: Coordinates) -> Tensor | None:
+    return memoized(coords, ("dense_mask",), coords.dense_mask)
+
+
+def _plain_causal(coords: Coordinates) -> bool:
+    """A causal mask with nothing else: square, no cache, no documents, no padding."""
+    return (getattr(coords, "causal", False) is True and coords.num_queries == coords.num_keys
+            and getattr(coords, "document_ids", None) is None and coords.key_mask is None
+            and type(coords).__name__ == "Sequence" and coords.batch_size is None
+            and getattr(coords, "_max_position", None) == coords.num_keys - 1)
+
+
+def _block_mask(coords: Coordinates, device: torch.device):
+    """The ``BlockMask`` of the coordinates' ``mask_mod``, built once per forward."""
+    mask_mod = coords.mask_mod()
+    if mask_mod is None:
+        return None
+
+    def build():
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        fn = _compiled_block_mask() if device.type == "cuda" else create_block_mask
+        return fn(mask_mod, coords.batch_size, None, coords.num_queries, coords.num_keys,
+                  device=device)
+
+    return memoized(coords, ("block_mask", str(device)), build)
 
 
 def _split_by_hook(

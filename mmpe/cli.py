@@ -4,6 +4,11 @@
                                                capabilities they need, the shipped coordinate
                                                types that provide them, and their papers
     mmpe compare RECIPE [--encodings a,b|all] [--family F] [--out DIR] [--seed S] [-- LIGHTNING ARGS]
+    mmpe plot NAME[,NAME...] [--kind auto|matrix|similarity|bias|row|decay|sphere|graph]
+              [--length N] [--grid H W] [--d-model D] [--heads H] [--head-dim D]
+              [--option key=value ...] [--checkpoint PATH [--prefix P] [--query Q]]
+              [--smiles S] [--features] [--out DIR] [--show]
+                                               PNG figures of an encoding (docs/plot.md)
 
 Arguments after ``--`` go to the recipe's LightningCLI (e.g. ``--trainer.max_steps 200``).
 """
@@ -36,6 +41,21 @@ def _compare(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
+def _plot(args: argparse.Namespace) -> int:
+    from mmpe.plot import plot_command, show
+
+    paths = plot_command(args.name, args.kind, length=args.length, grid=args.grid,
+                         d_model=args.d_model, heads=args.heads, head_dim=args.head_dim,
+                         options=args.option, checkpoint=args.checkpoint, prefix=args.prefix,
+                         query=args.query, smiles=args.smiles, features=args.features,
+                         out=args.out)
+    for path in paths:
+        print(path)
+    if args.show and not show(paths):
+        print("mmpe plot: no display; --show ignored (the PNGs are written)", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     rest: list[str] = []
@@ -54,14 +74,51 @@ def main(argv: list[str] | None = None) -> int:
     p_cmp.add_argument("--family", help="every encoding of one family (e.g. rotary, bias)")
     p_cmp.add_argument("--out", help="output folder (default runs/compare/RECIPE)")
     p_cmp.add_argument("--seed", type=int, default=0)
+    _add_plot_parser(sub)
     args = parser.parse_args(argv)
     try:
         if args.command == "list":
             return _list(args)
+        if args.command == "plot":
+            return _plot(args)
         return _compare(args, rest)
     except (KeyError, ValueError) as err:
         print(f"mmpe: error: {err}", file=sys.stderr)
         return 2
+
+
+def _add_plot_parser(sub: argparse._SubParsersAction) -> None:
+    from mmpe.plot import DEFAULT_SMILES, KINDS
+
+    p = sub.add_parser(
+        "plot", help="PNG figures of an encoding",
+        description="Draw an encoding: matrix and similarity (input), bias against distance or "
+                    "one query's bias row (score), q.k decay (rotary), world map (sphere), "
+                    "molecule coloured by Laplacian eigenvectors (graph). Prints the paths.")
+    p.add_argument("name", help="registry name; comma-separated rotary names are overlaid")
+    p.add_argument("--kind", choices=KINDS, default="auto",
+                   help="figure kind (auto: by the encoding's hook and capabilities)")
+    p.add_argument("--length", type=int, help="tokens (input: 128; bias: max distance 128; "
+                   "decay: max distance 1024)")
+    p.add_argument("--grid", type=int, nargs="+", metavar="N",
+                   help="draw on a grid of this shape, e.g. --grid 14 14")
+    p.add_argument("--d-model", type=int, default=64, help="d_model of input encodings (64)")
+    p.add_argument("--heads", type=int, help="heads of score encodings (8, or the checkpoint's)")
+    p.add_argument("--head-dim", type=int, help="head_dim (rotary: 128)")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="an encoding option, or a context key such as "
+                        "original_max_position_embeddings=256 (repeatable)")
+    p.add_argument("--checkpoint", help="read a score encoding's parameters from this "
+                   "checkpoint (torch.load(PATH)['state_dict'])")
+    p.add_argument("--prefix", help="its module in the state dict, e.g. "
+                   "transformer.blocks.0.attn.scores.0 (default: found by parameter names)")
+    p.add_argument("--query", type=int, help="the query of the bias row (default 128)")
+    p.add_argument("--smiles", default=DEFAULT_SMILES,
+                   help="molecule for graph encodings (default: caffeine)")
+    p.add_argument("--features", action="store_true",
+                   help="sphere: map the raw features (e.g. the harmonics Y_l^m)")
+    p.add_argument("--out", default="plots", help="output folder (default ./plots)")
+    p.add_argument("--show", action="store_true", help="also open the figures on a display")
 
 
 if __name__ == "__main__":

@@ -9,9 +9,11 @@ from typing import Any
 from torch import Tensor, nn
 
 from mmpe.attention import MultiHeadAttention
+from mmpe.cache import KVCache, ModelCache
 from mmpe.context import check_context
 from mmpe.coords.base import Coordinates
 from mmpe.encodings.base import Encoding, InputEncoding
+from mmpe.prepare import forward_scope
 from mmpe.registry import build
 
 EncodingSpec = str | Mapping[str, Any] | Encoding
@@ -36,17 +38,19 @@ class TransformerBlock(nn.Module):
     """
 
     def __init__(self, d_model: int, num_heads: int, encodings: Seq[Encoding] = (),
-                 mlp_ratio: float = 4.0, dropout: float = 0.0, backend: str = "auto") -> None:
+                 mlp_ratio: float = 4.0, dropout: float = 0.0, backend: str = "auto",
+                 num_kv_heads: int | None = None) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(d_model)
-        self.attn = MultiHeadAttention(d_model, num_heads, encodings, backend=backend)
+        self.attn = MultiHeadAttention(d_model, num_heads, encodings, backend=backend,
+                                       num_kv_heads=num_kv_heads)
         self.norm2 = nn.LayerNorm(d_model)
         hidden = int(d_model * mlp_ratio)
         self.mlp = nn.Sequential(nn.Linear(d_model, hidden), nn.GELU(), nn.Linear(hidden, d_model))
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, coords: Coordinates) -> Tensor:
-        x = x + self.drop(self.attn(self.norm1(x), coords))
+    def forward(self, x: Tensor, coords: Coordinates, cache: KVCache | None = None) -> Tensor:
+        x = x + self.drop(self.attn(self.norm1(x), coords, cache))
         return x + self.drop(self.mlp(self.norm2(x)))
 
 
@@ -62,7 +66,7 @@ class Transformer(nn.Module):
         num_heads: ``n_h``.
         depth: number of blocks.
         encodings: registry names, config dicts or built encodings.
-        mlp_ratio, dropout, backend: per block (see :class:`MultiHeadAttention`).
+        mlp_ratio, dropout, backend, num_kv_heads: per block (see :class:`MultiHeadAttention`).
         share_encodings: share attention encodings across layers.
         encoding_context: model-wide values for building encodings, keys of
             :data:`mmpe.context.CONTEXT_KEYS` (e.g. ``max_len``,
@@ -73,7 +77,11 @@ class Transformer(nn.Module):
         TypeError: ``encodings`` given as a single name/config/module instead of a list.
         ValueError: ``depth < 1``; an unknown context key or an invalid context value.
 
-    Shapes: ``forward(x [b, s, d_model], coords) -> [b, s, d_model]`` (final LayerNorm applied).
+    Shapes: ``forward(x [b, s, d_model], coords, cache=None) -> [b, s, d_model]`` (final
+    LayerNorm applied). For cached decoding pass ``cache = model.make_cache()`` and, each step,
+    coordinates with ``offset = cache.length`` (see :mod:`mmpe.cache`). Position-derived
+    tensors (rotary tables, shared biases, masks) are computed once per forward and shared by
+    the layers (:mod:`mmpe.prepare`).
     """
 
     def __init__(
@@ -88,6 +96,7 @@ class Transformer(nn.Module):
         backend: str = "auto",
         share_encodings: bool = True,
         encoding_context: Mapping[str, Any] | None = None,
+        num_kv_heads: int | None = None,
     ) -> None:
         super().__init__()
         if depth < 1:
@@ -104,14 +113,23 @@ class Transformer(nn.Module):
             return shared if share_encodings else build_encodings(specs, **context)
 
         self.blocks = nn.ModuleList(
-            TransformerBlock(d_model, num_heads, layer_encodings(), mlp_ratio, dropout, backend)
+            TransformerBlock(d_model, num_heads, layer_encodings(), mlp_ratio, dropout, backend,
+                             num_kv_heads)
             for _ in range(depth)
         )
         self.norm = nn.LayerNorm(d_model)
 
-    def forward(self, x: Tensor, coords: Coordinates) -> Tensor:
-        for enc in self.input_encodings:
-            x = enc.combine(x, coords)
-        for block in self.blocks:
-            x = block(x, coords)
+    def forward(self, x: Tensor, coords: Coordinates, cache: ModelCache | None = None) -> Tensor:
+        if cache is not None and len(cache) != len(self.blocks):
+            raise ValueError(f"transformer: cache has {len(cache)} layers, the model "
+                             f"{len(self.blocks)}; make it with model.make_cache()")
+        with forward_scope(coords):
+            for enc in self.input_encodings:
+                x = enc.combine(x, coords)
+            for i, block in enumerate(self.blocks):
+                x = block(x, coords, None if cache is None else cache[i])
         return self.norm(x)
+
+    def make_cache(self) -> ModelCache:
+        """An empty key/value cache with one :class:`~mmpe.cache.KVCache` per layer."""
+        return ModelCache(len(self.blocks))

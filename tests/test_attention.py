@@ -85,9 +85,19 @@ def test_bad_input():
     with pytest.raises(ValueError, match="at most one kernel"):
         MultiHeadAttention(32, 4, [mmpe.build("nope"), mmpe.build("nope")])
     mha = _mha(["alibi"], d=32)
-    with pytest.raises(ValueError, match=r"x must be \[b, s, d_model=32\]"):
+    with pytest.raises(ValueError, match=r"x must be \[b, s, 32\]"):
         mha(torch.randn(5, 32), Sequence(5))
-    with pytest.raises(ValueError, match="s=6 tokens but coords has 5"):
+    with pytest.raises(ValueError, match="s=6 tokens but the coordinates have 5 queries"):
         mha(torch.randn(1, 6, 32), Sequence(5))
+    with pytest.raises(TypeError, match="floating-point"):
+        mha(torch.ones(1, 5, 32, dtype=torch.long), Sequence(5))
+    with pytest.raises(ValueError, match="batch 3 but the coordinates hold positions for 2"):
+        mha(torch.randn(3, 5, 32), Sequence(position_ids=torch.zeros(2, 5, dtype=torch.long)))
+    with pytest.raises(ValueError, match="8 keys but there are 0 cached"):
+        mha(torch.randn(1, 5, 32), Sequence(5, offset=3))
+    with pytest.raises(TypeError, match="Coordinates"):
+        mha(torch.randn(1, 5, 32), 5)
+    with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+        MultiHeadAttention(32, 4, num_kv_heads=3)
     with pytest.raises(ValueError, match="depth"):
         Transformer(32, 4, 0)

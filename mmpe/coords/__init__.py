@@ -2,6 +2,7 @@
 
 from mmpe.coords.base import Coordinates, index_grid
 from mmpe.coords.composite import Composite
+from mmpe.coords.cross import Cross, Latents, register_cross_distance
 from mmpe.coords.graph import Graph
 from mmpe.coords.grid import Grid
 from mmpe.coords.points import Points
@@ -9,5 +10,5 @@ from mmpe.coords.sequence import Sequence
 from mmpe.coords.sphere import Sphere
 from mmpe.coords.table import Table
 
-__all__ = ["Graph", "Grid", "Composite", "Coordinates", "Points", "Sequence", "Sphere", "Table",
-           "index_grid"]
+__all__ = ["Composite", "Coordinates", "Cross", "Graph", "Grid", "Latents", "Points", "Sequence",
+           "Sphere", "Table", "index_grid", "register_cross_distance"]

@@ -59,6 +59,8 @@ def check_positive_int(name: str, arg: str, value: int, minimum: int = 1) -> Non
 class ContentScoreEncoding(ScoreEncoding):
     """A score encoding whose additive term depends on the batch's content (q, k or x)."""
 
+    content_free = False
+
     def bias(self, ctx: AttentionContext) -> Tensor:
         """The term on every pair, ``[b, n_h, n_q, n_k]``, from the same ``score_mod``."""
         coords = ctx.coords

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -33,6 +33,11 @@ ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 class PositionOutOfRangeError(ValueError):
     """A position lies outside what an encoding can represent (e.g. past a learned table)."""
+
+
+class CachedDecodingError(ValueError):
+    """Cached (incremental) decoding would not reproduce a full recomputation for this
+    encoding at these positions; decode without a cache instead."""
 
 
 @dataclass
@@ -48,6 +53,8 @@ class AttentionContext:
         q: queries after rotary encodings, ``[b, n_h, n_q, h_d]``.
         k: keys after rotary encodings, ``[b, n_h, n_k, h_d]``.
         v: values, ``[b, n_h, n_k, h_d]``.
+        cache: the layer's :class:`~mmpe.cache.KVCache` in cached decoding (``k``/``v`` then
+            hold every cached key); encodings keep incremental state in ``cache.state``.
     """
 
     coords: Coordinates
@@ -58,6 +65,7 @@ class AttentionContext:
     q: Tensor | None = None
     k: Tensor | None = None
     v: Tensor | None = None
+    cache: Any = None
 
 
 class Encoding(nn.Module):
@@ -149,11 +157,15 @@ class ScoreEncoding(Encoding):
             pass it to SDPA as an additive mask). Set False for rescaling methods.
         needs_probs: the encoding also adds a term computed from the attention probabilities
             (value-side relative terms); see :meth:`value_term`.
+        content_free: the term does not read the layer's q, k or x.
     """
 
     hook = "score"
     additive: ClassVar[bool] = True
     needs_probs: ClassVar[bool] = False
+    #: the term depends on positions and parameters only (not on q, k, x): its eager bias is
+    #: computed once per forward and shared by the layers that share the encoding.
+    content_free: ClassVar[bool] = True
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:  # pragma: no cover - abstract
         raise NotImplementedError

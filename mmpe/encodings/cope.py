@@ -13,6 +13,7 @@ from mmpe.encodings._content import (
     require_causal,
     require_qk,
 )
+from mmpe.encodings._precision import full_precision
 from mmpe.encodings.base import AttentionContext, ScoreMod
 from mmpe.registry import register
 
@@ -69,14 +70,17 @@ class CoPE(ContentScoreEncoding):
 
     def term(self, ctx: AttentionContext, gates: Tensor | None = None) -> Tensor:
         """``q_i·e[p_ij]`` on every pair ``[b, n_h, n_q, n_k]`` (``gates`` override for tests)."""
-        q, k = ctx.q.float(), ctx.k.float()
-        if gates is None:
-            gates = torch.sigmoid(q @ k.transpose(-2, -1) * ctx.head_dim ** -0.5)
-            mask = ctx.coords.dense_mask()
-            if mask is not None:
-                gates = gates.masked_fill(~mask, 0.0)
-        pos = contextual_positions(gates).clamp(max=self.npos_max - 1)
-        return interpolate_logits(q @ self.pos_emb, pos)
+        # Gates, their cumulative sum and the interpolation weights are precision-critical (a
+        # bf16 cumsum of 300 gates has a resolution of 2 positions): float32, no autocast.
+        with full_precision(ctx.q.device):
+            q, k = ctx.q.float(), ctx.k.float()
+            if gates is None:
+                gates = torch.sigmoid(q @ k.transpose(-2, -1) * ctx.head_dim ** -0.5)
+                mask = ctx.coords.dense_mask()
+                if mask is not None:
+                    gates = gates.masked_fill(~mask, 0.0)
+            pos = contextual_positions(gates.float()).clamp(max=self.npos_max - 1)
+            return interpolate_logits(q @ self.pos_emb.float(), pos)
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
         self.check_coords(ctx.coords)

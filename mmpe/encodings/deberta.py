@@ -100,8 +100,10 @@ class DeBERTaRelative(ContentScoreEncoding):
             raise ValueError(f"deberta: built for num_heads={self.num_heads}, head_dim={self.head_dim}; "
                              f"attention has {ctx.num_heads}, {ctx.head_dim}")
         rows = 2 * self.span
-        kr = self.pos_key_proj(self.rel_embeddings).view(rows, self.num_heads, self.head_dim)
-        qr = self.pos_query_proj(self.rel_embeddings).view(rows, self.num_heads, self.head_dim)
+        # The [2·span] position tables in float32, as the content the einsums read (a module
+        # cast to bf16 has bf16 projections; under autocast the einsums run in bf16).
+        kr = self.pos_key_proj(self.rel_embeddings).float().view(rows, self.num_heads, self.head_dim)
+        qr = self.pos_query_proj(self.rel_embeddings).float().view(rows, self.num_heads, self.head_dim)
         scale = self.softmax_scale(ctx.head_dim)
         c2p = torch.einsum("bhnd,rhd->bhnr", ctx.q.float(), kr) * scale
         p2c = torch.einsum("bhnd,rhd->bhnr", ctx.k.float(), qr) * scale

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmpe.coords.base import index_grid
@@ -58,7 +59,7 @@ class FIRE(ScoreEncoding):
         self.mlp = nn.Sequential(nn.Linear(1, mlp_width), nn.ReLU(), nn.Linear(mlp_width, num_heads))
 
     def _psi(self, x: Tensor) -> Tensor:
-        return torch.log(torch.abs(self.c * x) + 1.0)
+        return torch.log(torch.abs(self.c.float() * x) + 1.0)
 
     def normalised_distance(self, ctx: AttentionContext, q_idx: Tensor, kv_idx: Tensor,
                             b: Tensor) -> Tensor:
@@ -66,13 +67,14 @@ class FIRE(ScoreEncoding):
         coords = ctx.coords
         rel = coords.distance(q_idx, kv_idx, b).float()
         i = coords.extent(q_idx, b).float()
-        threshold = torch.abs(self.L_mult * self.init_L)
+        threshold = torch.abs(self.L_mult.float() * self.init_L.float())
         return self._psi(rel) / (self._psi(torch.maximum(i, threshold)) + self.eps)
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
         self.check_context(ctx)
-        w1, b1 = self.mlp[0].weight[:, 0], self.mlp[0].bias
-        w2, b2 = self.mlp[2].weight, self.mlp[2].bias
+        # float32 weights: the normalised distance is float32 (a bf16 module keeps bf16 ones).
+        w1, b1 = self.mlp[0].weight[:, 0].float(), self.mlp[0].bias.float()
+        w2, b2 = self.mlp[2].weight.float(), self.mlp[2].bias.float()
 
         def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             x = self.normalised_distance(ctx, q_idx, kv_idx, b)
@@ -91,6 +93,8 @@ class FIRE(ScoreEncoding):
         b, _, q, k = index_grid(coords.batch_size or 1, 1, coords.num_queries, coords.num_keys,
                                 coords.device)
         x = self.normalised_distance(ctx, q, k, b)  # [b, 1, n_q, n_k]
-        out = self.mlp(x.unsqueeze(-1)).squeeze(1)  # [b, n_q, n_k, n_h]
+        lin1, lin2 = self.mlp[0], self.mlp[2]  # in float32 (or autocast's dtype), as the mod
+        hidden = torch.relu(F.linear(x.unsqueeze(-1), lin1.weight.float(), lin1.bias.float()))
+        out = F.linear(hidden, lin2.weight.float(), lin2.bias.float()).squeeze(1)  # [b, n_q, n_k, n_h]
         return out.permute(0, 3, 1, 2)
 

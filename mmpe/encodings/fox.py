@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -30,8 +31,10 @@ class ForgettingGate(ContentScoreEncoding):
     sums ``c_i = Σ_{l ≤ i} log f_l`` the term is ``D_ij = c_i − c_j``, so the score mod reads
     two ``[b, n_h, n]`` vectors: memory O(n), never an ``n×n`` tensor (the FlexAttention form
     the paper recommends). All gates 1 (``log f = 0``) give ``D = 0``: no positional term.
-    ``log f`` is computed with ``logsigmoid`` (no underflow). Causal attention only; the gates
-    are read from the attention input ``x``, so a key/value cache is not supported.
+    ``log f`` is computed with ``logsigmoid`` (no underflow) and summed in float32 whatever the
+    model's dtype or autocast (a bf16 running sum drifts by whole nats). Causal attention only.
+    Cached decoding is exact: the cumulative sums of the cached tokens are kept in the layer's
+    cache (``cache.state``) and a step extends them with its own gates.
 
     Args:
         d_model: width of ``x``.
@@ -49,20 +52,45 @@ class ForgettingGate(ContentScoreEncoding):
         self.num_heads = num_heads
         self.gate = nn.Linear(d_model, num_heads)
 
-    def cumulative_log_forget(self, x: Tensor) -> Tensor:
-        """``c [b, n_h, n]``: cumulative sum over tokens of ``log f`` from ``x [b, n, d_model]``."""
-        log_f = F.logsigmoid(self.gate(x.float()))  # [b, n, n_h]
-        return log_f.cumsum(dim=1).transpose(1, 2)
+    def cumulative_log_forget(self, x: Tensor, start: Tensor | None = None) -> Tensor:
+        """``c [b, n_h, n]`` float32: running sum over tokens of ``log f`` from ``x [b, n, d_model]``,
+        continuing from ``start`` ``[b, n_h]`` (the last cached token's sum) when given."""
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            w, b = self.gate.weight.float(), self.gate.bias.float()
+            log_f = F.logsigmoid(F.linear(x.float(), w, b))  # [b, n, n_h]
+            c = log_f.cumsum(dim=1).transpose(1, 2)
+        return c if start is None else c + start.unsqueeze(-1)
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
         self.check_coords(ctx.coords)
-        require_qk("fox", ctx, x=True)
         require_causal("fox", ctx)
         self.check_context(ctx)
-        c, batch = self.cumulative_log_forget(ctx.x), ctx.batch
+        c, batch = self._sums(ctx), ctx.batch
+        first = ctx.coords.num_keys - ctx.coords.num_queries  # the queries' own key slots
 
         def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             bb = batch_index(b, batch)
-            return score + c[bb, h, q_idx] - c[bb, h, kv_idx]
+            return score + c[bb, h, q_idx + first] - c[bb, h, kv_idx]
 
         return mod
+
+    def _sums(self, ctx: AttentionContext) -> Tensor:
+        """``c`` for every key: from ``x`` alone, or the cached sums extended by this step's."""
+        cache = ctx.cache
+        if cache is None:
+            require_qk("fox", ctx, x=True)
+            return self.cumulative_log_forget(ctx.x)
+        key = ("fox", id(self))
+        past = cache.state.get(key)
+        if past is not None and past.shape[-1] == ctx.coords.num_keys:
+            return past  # this step's sums are already in (a second call in one forward)
+        if past is None and ctx.coords.num_keys != ctx.x.shape[1]:
+            raise ValueError("fox: the cache holds keys but no forget-gate sums for them; fill "
+                             "the cache through this model from its first token")
+        start = None if past is None else past[..., -1]
+        c = self.cumulative_log_forget(ctx.x, start)
+        c = c if past is None else torch.cat((past, c), dim=-1)
+        if c.shape[-1] != ctx.coords.num_keys:
+            raise ValueError(f"fox: {c.shape[-1]} gate sums for {ctx.coords.num_keys} keys")
+        cache.state[key] = c
+        return c

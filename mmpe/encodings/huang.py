@@ -137,10 +137,11 @@ class HuangMethod3(ContentScoreEncoding):
         b, _, qi, ki = index_grid(coords.batch_size or 1, 1, coords.num_queries, coords.num_keys,
                                   coords.device)
         rows = clipped_relative_index(ctx, qi, ki, b, kk)[:, 0]  # [b or 1, n_q, n_k]
-        delta = self.table - 1.0
+        delta = self.table.float() - 1.0
         kt = k.transpose(-2, -1)
-        out = ((rows == 2 * kk).unsqueeze(1) * ((q * delta[2 * kk]) @ kt)
-               + (rows == 0).unsqueeze(1) * ((q * delta[0]) @ kt))
+        # The products may run in bf16 under autocast; the sum is accumulated in float32.
+        out = ((rows == 2 * kk).unsqueeze(1) * ((q * delta[2 * kk]) @ kt).float()
+               + (rows == 0).unsqueeze(1) * ((q * delta[0]) @ kt).float())
         pb, pi, pj = torch.nonzero((rows > 0) & (rows < 2 * kk), as_tuple=True)
         if pi.numel():
             r = rows[pb, pi, pj]
@@ -189,7 +190,7 @@ class HuangMethod4(ShawRelative):
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
         self._check(ctx)
         qa = self.key_logits(ctx)
-        ka = torch.einsum("bhnd,rd->bhnr", ctx.k.float(), self.key_table) * ctx.head_dim ** -0.5
+        ka = torch.einsum("bhnd,rd->bhnr", ctx.k.float(), self.key_table.float()) * ctx.head_dim ** -0.5
         k, batch = self.k, ctx.batch
 
         def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:

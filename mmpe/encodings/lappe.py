@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import GraphLayout
+from mmpe.encodings._precision import module_dtype
 from mmpe.encodings.base import InputEncoding
 from mmpe.graph_maths import random_sign_flip
 from mmpe.registry import register
@@ -65,4 +66,4 @@ class LapPE(InputEncoding):
         pe, _ = coords.laplacian_pe(self.k, self.normalization)
         if self.training and self.sign_flip:
             pe = random_sign_flip(pe)
-        return self.proj(pe) * coords.node_mask[..., None]
+        return self.proj(pe.to(module_dtype(self.proj))) * coords.node_mask[..., None]

@@ -83,4 +83,4 @@ class LatLonRaw(InputEncoding):
     def forward(self, coords: Coordinates) -> Tensor:
         lat, lon = sphere_angles(self, coords)
         x = torch.stack((lat.float() / (math.pi / 2), lon.float() / math.pi), dim=-1)
-        return self.proj(x)
+        return self.proj(x.to(self.proj.weight.dtype))

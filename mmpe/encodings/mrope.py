@@ -64,7 +64,8 @@ class MRoPE(RotaryEncoding):
         axis = torch.cat([torch.full((s,), c) for c, s in enumerate(section)])
         self.register_buffer("axis", axis.long(), persistent=False)
 
-    def position_ids(self, coords: Coordinates, keys: bool = False) -> Tensor:
+    def position_ids(self, coords: Coordinates, keys: bool = False,
+                     n_keys: int | None = None) -> Tensor:
         """``[n, 3]`` (or ``[b, n, 3]``) ``(t, h, w)`` position ids of the query (or key) tokens.
 
         Three axes are used as they are (``Composite``); one axis (text) is repeated,
@@ -74,6 +75,8 @@ class MRoPE(RotaryEncoding):
             ValueError: more than 3 axes.
         """
         pos = coords.key_positions if keys else coords.query_positions
+        if keys and n_keys is not None:  # the newest keys (cached decoding)
+            pos = pos[..., pos.shape[-2] - n_keys:, :]
         axes = pos.shape[-1]
         if axes == 1:
             return pos.expand(*pos.shape[:-1], 3)
@@ -82,9 +85,9 @@ class MRoPE(RotaryEncoding):
         pad = pos.new_zeros(*pos.shape[:-1], 3 - axes)
         return torch.cat((pad, pos), dim=-1)
 
-    def phase(self, coords: Coordinates, keys: bool = False) -> Tensor:
+    def phase(self, coords: Coordinates, keys: bool = False, n_keys: int | None = None) -> Tensor:
         """``[n, h_d/2]`` (or ``[b, n, h_d/2]``) rotation angles (float64, radians)."""
-        ids = self.position_ids(coords, keys).to(torch.float64)
+        ids = self.position_ids(coords, keys, n_keys).to(torch.float64)
         inv = rope_inv_freq(self.head_dim, self.base).to(ids.device)
         return ids[..., self.axis.to(ids.device)] * inv
 
@@ -93,6 +96,6 @@ class MRoPE(RotaryEncoding):
 
     def forward(self, q: Tensor, k: Tensor, coords: Coordinates) -> tuple[Tensor, Tensor]:
         self.check_coords(coords)
-        check_qk("mrope", q, k, self.head_dim)
+        check_qk("mrope", q, k, self.head_dim, coords)
         return (self._rotate(q, self.phase(coords)),
-                self._rotate(k, self.phase(coords, keys=True)))
+                self._rotate(k, self.phase(coords, keys=True, n_keys=k.shape[-2])))

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Positioned1D
-from mmpe.encodings.base import RotaryEncoding, check_qk, position_bound, rotary_positions
+from mmpe.encodings.base import CachedDecodingError, RotaryEncoding, check_qk, position_bound, rotary_positions
 from mmpe.registry import register
 
 
@@ -139,11 +139,25 @@ class RoPE(RotaryEncoding):
             cache = self._cache = (inv_freq, scale, cos, sin)
         return cache[2][positions], cache[3][positions]
 
+    def _check_cached(self, coords: Coordinates, top: int) -> None:
+        """Refuse cached steps past the length where a length-dependent scaling switches on:
+        its frequencies then depend on the total length, so the hidden states of earlier
+        tokens (computed at a shorter length) differ from a full recomputation's."""
+        limit = getattr(self, "original_max_position_embeddings", None)
+        cached_step = coords.num_keys > coords.num_queries
+        if self.length_dependent and limit is not None and top > limit and cached_step:
+            name = getattr(self, "registry_name", type(self).__name__)
+            raise CachedDecodingError(
+                f"{name}: cached decoding past original_max_position_embeddings={limit} "
+                f"tokens (now {top}) is not exact: the rotation of every token depends on the "
+                "total length; decode without a cache (generate(..., use_cache=False))")
+
     def forward(self, q: Tensor, k: Tensor, coords: Coordinates) -> tuple[Tensor, Tensor]:
         self.check_coords(coords)
         check_qk("rope", q, k, self.head_dim, coords)
         qpos, kpos = (p[..., 0] for p in rotary_positions(coords, k))
         top = position_bound(coords)
+        self._check_cached(coords, top)
         inv_freq = self.inv_freq(top)
         qcos, qsin = self.cos_sin(qpos, inv_freq, top)
         kcos, ksin = self.cos_sin(kpos, inv_freq, top)

@@ -80,24 +80,28 @@ class AxialRoPE(RotaryEncoding):
         self.num_axes = num_axes
         self._cache: tuple[tuple, Tensor] | None = None
 
-    def phase(self, coords: Coordinates, keys: bool = False) -> Tensor:
-        """``[n, h_d/2]`` (or ``[b, n, h_d/2]``) rotation angles of the query (or key) tokens
-        (float64, radians)."""
+    def phase(self, coords: Coordinates, keys: bool = False, n_keys: int | None = None) -> Tensor:
+        """``[n, h_d/2]`` (or ``[b, n, h_d/2]``) rotation angles of the query (or the last
+        ``n_keys`` key) tokens (float64, radians)."""
         pos = coords.key_positions if keys else coords.query_positions
+        if keys and n_keys is not None:  # the newest keys (cached decoding)
+            pos = pos[..., pos.shape[-2] - n_keys:, :]
         if self.num_axes is not None and pos.shape[-1] != self.num_axes:
             raise ValueError(f"rope_axial: built for num_axes={self.num_axes}, the coordinates "
                              f"have {pos.shape[-1]} axes")
         return axial_phase(pos, self.head_dim, self.base)
 
-    def _table(self, coords: Coordinates, keys: bool) -> tuple[Tensor, Tensor]:
-        phase = torch.remainder(self.phase(coords, keys), 2 * math.pi)
+    def _table(self, coords: Coordinates, keys: bool,
+               n_keys: int | None = None) -> tuple[Tensor, Tensor]:
+        phase = torch.remainder(self.phase(coords, keys, n_keys), 2 * math.pi)
         return phase.cos().float(), phase.sin().float()
 
-    def cos_sin(self, coords: Coordinates, keys: bool = False) -> tuple[Tensor, Tensor]:
+    def cos_sin(self, coords: Coordinates, keys: bool = False,
+                n_keys: int | None = None) -> tuple[Tensor, Tensor]:
         """``cos``/``sin`` of :meth:`phase`, float32; cached per grid (shape, scale, prefix, device)
         since a grid's positions follow from those, computed each call for other coordinates."""
         if not isinstance(coords, GridLayout):
-            return self._table(coords, keys)
+            return self._table(coords, keys, n_keys)
         key = (coords.shape, getattr(coords, "scale", None), coords.prefix_tokens,
                str(coords.device))
         if self._cache is None or self._cache[0] != key:
@@ -106,9 +110,10 @@ class AxialRoPE(RotaryEncoding):
 
     def forward(self, q: Tensor, k: Tensor, coords: Coordinates) -> tuple[Tensor, Tensor]:
         self.check_coords(coords)
-        check_qk("rope_axial", q, k, self.head_dim)
+        check_qk("rope_axial", q, k, self.head_dim, coords)
         qcos, qsin = self.cos_sin(coords)
         # A grid's keys are its queries; other coordinates may place keys elsewhere.
-        kcos, ksin = (qcos, qsin) if isinstance(coords, GridLayout) else self.cos_sin(coords, True)
+        kcos, ksin = (qcos, qsin) if isinstance(coords, GridLayout) else \
+            self.cos_sin(coords, True, k.shape[-2])
         return (apply_rotary(q, qcos, qsin, self.interleaved),
                 apply_rotary(k, kcos, ksin, self.interleaved))

@@ -84,10 +84,12 @@ class MixedRoPE(RotaryEncoding):
         self.head_dim, self.num_heads, self.num_axes = head_dim, num_heads, num_axes
         self.freqs = nn.Parameter(init_mixed_freqs(head_dim, num_heads, num_axes, base, rotate))
 
-    def phase(self, coords: Coordinates, keys: bool = False) -> Tensor:
+    def phase(self, coords: Coordinates, keys: bool = False, n_keys: int | None = None) -> Tensor:
         """``[n_h, n, h_d/2]`` (``[b, n_h, n, h_d/2]`` for batched positions) angles
         ``Σ_a p_a θ^a`` of the query (or key) tokens (float32, differentiable in ``freqs``)."""
         pos = coords.key_positions if keys else coords.query_positions
+        if keys and n_keys is not None:  # the newest keys (cached decoding)
+            pos = pos[..., pos.shape[-2] - n_keys:, :]
         if pos.shape[-1] != self.num_axes:
             raise ValueError(f"rope_mixed: built for num_axes={self.num_axes}, the coordinates "
                              f"have {pos.shape[-1]} axes")
@@ -96,10 +98,13 @@ class MixedRoPE(RotaryEncoding):
 
     def forward(self, q: Tensor, k: Tensor, coords: Coordinates) -> tuple[Tensor, Tensor]:
         self.check_coords(coords)
-        check_qk("rope_mixed", q, k, self.head_dim)
+        check_qk("rope_mixed", q, k, self.head_dim, coords)
+        if k.shape[1] != self.num_heads:
+            raise ValueError(f"rope_mixed: its frequencies are per head; k has {k.shape[1]} heads "
+                             f"but it was built for num_heads={self.num_heads} (no GQA)")
         if q.shape[1] != self.num_heads:
             raise ValueError(f"rope_mixed: built for num_heads={self.num_heads}, q has {q.shape[1]}")
-        return rotate(q, self.phase(coords), True), rotate(k, self.phase(coords, True), True)
+        return rotate(q, self.phase(coords), True), rotate(k, self.phase(coords, True, k.shape[-2]), True)
 
     def no_weight_decay(self) -> set[str]:
         """The frequencies are excluded from weight decay (as in the paper's code and timm)."""

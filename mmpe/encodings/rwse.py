@@ -14,6 +14,7 @@ from torch import Tensor
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import GraphLayout
+from mmpe.encodings._precision import module_dtype
 from mmpe.encodings.base import InputEncoding
 from mmpe.encodings.lappe import make_projection
 from mmpe.registry import register
@@ -47,4 +48,4 @@ class RWSE(InputEncoding):
 
     def forward(self, coords: Coordinates) -> Tensor:
         self.check_coords(coords)
-        return self.proj(coords.rwse(self.k)) * coords.node_mask[..., None]
+        return self.proj(coords.rwse(self.k).to(module_dtype(self.proj))) * coords.node_mask[..., None]

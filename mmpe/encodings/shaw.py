@@ -71,7 +71,7 @@ class ShawRelative(ContentScoreEncoding):
 
     def key_logits(self, ctx: AttentionContext) -> Tensor:
         """``q_i · w_r / sqrt(h_d)`` for every query and clipped offset, ``[b, n_h, n_q, 2k+1]``."""
-        return torch.einsum("bhnd,rd->bhnr", ctx.q.float(), self.key_table) * ctx.head_dim ** -0.5
+        return torch.einsum("bhnd,rd->bhnr", ctx.q.float(), self.key_table.float()) * ctx.head_dim ** -0.5
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
         self._check(ctx)

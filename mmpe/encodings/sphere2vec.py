@@ -7,6 +7,7 @@ from torch import Tensor, nn
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Spherical
+from mmpe.encodings._precision import KeepDtypeBuffers
 from mmpe.encodings._sphere import check_positive_int, sphere_angles
 from mmpe.encodings.base import InputEncoding
 from mmpe.registry import register
@@ -55,7 +56,7 @@ def sphere2vec_features(lat: Tensor, lon: Tensor, freqs: Tensor, variant: str) -
     return torch.cat(feats, dim=-1)
 
 
-class Sphere2Vec(InputEncoding):
+class Sphere2Vec(KeepDtypeBuffers, InputEncoding):
     """``P = W · PE_S(φ, λ) + c``: a Sphere2Vec multi-scale encoding and a learned projection.
 
     Mai et al. 2023 lift Space2Vec's multi-scale sinusoids to the sphere. ``S`` scales with
@@ -85,6 +86,7 @@ class Sphere2Vec(InputEncoding):
     """
 
     variant = "sphere_c"
+    keep_dtype_buffers = ("freqs",)  # float64 scales: the phases ω_s·φ stay exact in bf16 models
 
     def __init__(self, d_model: int, num_scales: int = 16, min_radius: float = 0.01,
                  max_radius: float = 1.0, periodic: bool = False) -> None:
@@ -107,7 +109,7 @@ class Sphere2Vec(InputEncoding):
         return sphere2vec_features(lat, lon, self.freqs, self.variant).float()
 
     def forward(self, coords: Coordinates) -> Tensor:
-        return self.proj(self.features(coords))
+        return self.proj(self.features(coords).to(self.proj.weight.dtype))
 
 
 @register("sphere_c", hook="input", needs=(Spherical,), context=("d_model",), learnable=True, family="sphere",

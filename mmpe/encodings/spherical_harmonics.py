@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Spherical
+from mmpe.encodings._precision import module_dtype
 from mmpe.encodings._sphere import check_positive_int, sphere_angles
 from mmpe.encodings.base import InputEncoding
 from mmpe.registry import register
@@ -186,4 +187,4 @@ class SphericalHarmonicsPE(InputEncoding):
         return real_spherical_harmonics(lat, lon, self.max_degree).float()
 
     def forward(self, coords: Coordinates) -> Tensor:
-        return self.net(self.features(coords))
+        return self.net(self.features(coords).to(module_dtype(self.net)))

@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmpe.coords.capabilities import GridLayout
 from mmpe.encodings._grid import as_grid, check_ndim, check_shape
+from mmpe.encodings._precision import full_precision
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
 from mmpe.encodings.swin import offset_table_bias, offset_table_mod
 from mmpe.registry import register
@@ -72,7 +74,12 @@ class SwinV2CPB(ScoreEncoding):
         if shape not in self._coords_cache:
             self._coords_cache[shape] = log_relative_coords(shape, self.grid_shape)
         coords = self._coords_cache[shape].to(self.mlp[0].weight.device)
-        return 16 * torch.sigmoid(self.mlp(coords))
+        # A table of Π (2 s_a − 1) rows: computed in float32 whatever the module's or the
+        # autocast dtype (16·σ turns a bf16 rounding of the logit into ±0.03 of bias).
+        lin1, lin2 = self.mlp[0], self.mlp[2]
+        with full_precision(coords.device):
+            hidden = torch.relu(F.linear(coords, lin1.weight.float(), lin1.bias.float()))
+            return 16 * torch.sigmoid(F.linear(hidden, lin2.weight.float()))
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
         self.check_context(ctx)

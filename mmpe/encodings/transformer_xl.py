@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmpe.coords.capabilities import Directed
@@ -57,8 +58,9 @@ class _RelativeSinusoid(ContentScoreEncoding):
         r = self._relative_vectors(rel)  # [L, n_h, h_d]
         scale = self._scale(ctx)
         q, k = ctx.q.float(), ctx.k.float()
-        bd = torch.einsum("bhnd,lhd->bhnl", q + self.v[None, :, None], r) * scale  # (b) + (d)
-        uk = torch.einsum("bhnd,hd->bhn", k, self.u) * scale  # (c)
+        u, v = self.u.float(), self.v.float()  # float32 even in a bf16 module, as q and k here
+        bd = torch.einsum("bhnd,lhd->bhnl", q + v[None, :, None], r.float()) * scale  # (b) + (d)
+        uk = torch.einsum("bhnd,hd->bhn", k, u) * scale  # (c)
         coords, batch = ctx.coords, ctx.batch
 
         def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
@@ -106,7 +108,8 @@ class TransformerXLRelative(_RelativeSinusoid):
         self.v = nn.Parameter(torch.randn(num_heads, head_dim) * 0.02)
 
     def _relative_vectors(self, rel: Tensor) -> Tensor:
-        r = self.r_net(xl_sinusoid(rel, self.d_model))
+        # The sinusoid's phase is float64, its value float32; W_R is read in float32 too.
+        r = F.linear(xl_sinusoid(rel, self.d_model), self.r_net.weight.float())
         return r.view(rel.shape[0], self.num_heads, self.head_dim)
 
 

@@ -1,0 +1,94 @@
+"""Key/value caches for cached (incremental) decoding, in the style of HF and torchtune.
+
+A decoder that generates token by token keeps each layer's keys and values of the tokens seen
+so far, so a step costs O(n) instead of recomputing O(n²). The coordinates of a step say where
+its tokens sit: ``Sequence(s_new, offset=cache.length, causal=True)`` — queries at ``offset …
+offset + s_new − 1``, keys ``0 … offset + s_new − 1`` — optionally with a ``padding_mask``
+covering every key for a left-padded batch.
+
+    >>> import torch, mmpe
+    >>> model = mmpe.Transformer(32, 4, 2, ["rope", "alibi"])
+    >>> cache = model.make_cache()
+    >>> x = torch.randn(1, 5, 32)
+    >>> y = model(x, mmpe.Sequence(5, causal=True), cache=cache)             # prompt
+    >>> y1 = model(torch.randn(1, 1, 32), mmpe.Sequence(1, offset=5, causal=True), cache=cache)
+    >>> cache.length
+    6
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+class KVCache:
+    """One attention layer's cached keys and values, ``[b, n_kv, s, h_d]`` each.
+
+    Attributes:
+        k, v: the cached tensors (None before the first step).
+        state: per-encoding incremental state, keyed by the encoding (e.g. FoX's cumulative
+            log forget gates of every cached token); an encoding that needs more than the
+            keys and values keeps it here.
+    """
+
+    def __init__(self) -> None:
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+        self.state: dict[Any, Any] = {}
+
+    @property
+    def length(self) -> int:
+        """Tokens cached so far."""
+        return 0 if self.k is None else self.k.shape[-2]
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append this step's ``k``, ``v`` ``[b, n_kv, s_new, h_d]``; return all of them.
+
+        Raises:
+            ValueError: a batch, head count or head dimension that differs from the cache's.
+        """
+        if self.k is None:
+            self.k, self.v = k, v
+            return k, v
+        if k.shape[:2] != self.k.shape[:2] or k.shape[-1] != self.k.shape[-1]:
+            raise ValueError(f"KVCache: new keys {tuple(k.shape)} do not continue the cached "
+                             f"{tuple(self.k.shape)} (batch, heads and head dim must match)")
+        self.k = torch.cat((self.k, k), dim=-2)
+        self.v = torch.cat((self.v, v), dim=-2)
+        return self.k, self.v
+
+    def reset(self) -> None:
+        """Forget every cached token and encoding state."""
+        self.k = self.v = None
+        self.state.clear()
+
+
+class ModelCache:
+    """The caches of every layer of a model (``Transformer.make_cache()``).
+
+    Index it by layer; :attr:`length` is the number of tokens cached (the ``offset`` of the
+    next step's coordinates).
+    """
+
+    def __init__(self, num_layers: int) -> None:
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+            raise ValueError(f"ModelCache: num_layers must be an int >= 1, got {num_layers!r}")
+        self.layers = [KVCache() for _ in range(num_layers)]
+
+    def __getitem__(self, i: int) -> KVCache:
+        return self.layers[i]
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    @property
+    def length(self) -> int:
+        """Tokens cached so far (the next step's ``offset``)."""
+        return self.layers[0].length
+
+    def reset(self) -> None:
+        for layer in self.layers:
+            layer.reset()

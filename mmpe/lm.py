@@ -1,0 +1,56 @@
+"""A small causal language model around :class:`mmpe.Transformer`, for generation and tests."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from collections.abc import Sequence as Seq
+from typing import Any
+
+from torch import Tensor, nn
+
+from mmpe.cache import ModelCache
+from mmpe.coords.sequence import Sequence
+from mmpe.transformer import EncodingSpec, Transformer
+
+
+class CausalLM(nn.Module):
+    """Token embedding → causal :class:`~mmpe.transformer.Transformer` → logits.
+
+    Args:
+        vocab_size: number of token ids.
+        d_model, num_heads, depth, encodings: as :class:`~mmpe.transformer.Transformer`.
+        **transformer_options: further :class:`~mmpe.transformer.Transformer` options
+            (``num_kv_heads``, ``encoding_context``, ``mlp_ratio`` …).
+
+    Shapes: ``forward(tokens [b, s] int64, coords=None, cache=None) -> logits [b, s, vocab]``;
+    ``coords`` defaults to ``Sequence(s, offset=cache.length, causal=True)``.
+
+    Raises:
+        ValueError: ``vocab_size < 1``; ``tokens`` not ``[b, s]`` integers.
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, num_heads: int, depth: int,
+                 encodings: Seq[EncodingSpec] = (), *,
+                 encoding_context: Mapping[str, Any] | None = None,
+                 **transformer_options: Any) -> None:
+        super().__init__()
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+            raise ValueError(f"CausalLM: vocab_size must be an int >= 1, got {vocab_size!r}")
+        self.embed = nn.Embedding(vocab_size, d_model)
+        self.transformer = Transformer(d_model, num_heads, depth, encodings,
+                                       encoding_context=encoding_context, **transformer_options)
+        self.head = nn.Linear(d_model, vocab_size)
+
+    def forward(self, tokens: Tensor, coords: Sequence | None = None,
+                cache: ModelCache | None = None) -> Tensor:
+        if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.is_floating_point():
+            shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
+            raise ValueError(f"CausalLM: tokens must be [b, s] integer ids, got {shape}")
+        if coords is None:
+            offset = 0 if cache is None else cache.length
+            coords = Sequence(tokens.shape[1], offset=offset, causal=True, device=tokens.device)
+        return self.head(self.transformer(self.embed(tokens), coords, cache=cache))
+
+    def make_cache(self) -> ModelCache:
+        """An empty key/value cache for :meth:`forward` (see :mod:`mmpe.cache`)."""
+        return self.transformer.make_cache()

@@ -1,0 +1,44 @@
+"""Position-derived tensors computed once per model forward and shared by every layer.
+
+Rotary cos/sin tables, the eager bias of an encoding shared across layers, the dense mask and
+the FlexAttention ``BlockMask`` depend only on the coordinates (and the encoding's parameters,
+which do not change during a forward). ``Transformer.forward`` opens a :func:`forward_scope` on
+its coordinates; inside it :func:`memoized` computes each such tensor once. Outside a scope
+(a single attention call) it simply computes. The memo is dropped when the forward ends, so a
+coordinates object reused across training steps never serves a tensor from an earlier step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+_MEMO = "_mmpe_forward_memo"
+
+
+@contextmanager
+def forward_scope(coords: Any) -> Iterator[None]:
+    """Share :func:`memoized` values across the layers of one forward on ``coords``.
+
+    Nested scopes on the same object share the outer one's memo.
+    """
+    owner = _MEMO not in coords.__dict__
+    if owner:
+        coords.__dict__[_MEMO] = {}
+    try:
+        yield
+    finally:
+        if owner:
+            coords.__dict__.pop(_MEMO, None)
+
+
+def memoized(coords: Any, key: Hashable, compute: Callable[[], T]) -> T:
+    """``compute()``, once per key inside a :func:`forward_scope` on ``coords``."""
+    memo = coords.__dict__.get(_MEMO)
+    if memo is None:
+        return compute()
+    if key not in memo:
+        memo[key] = compute()
+    return memo[key]
