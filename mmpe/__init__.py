@@ -35,9 +35,9 @@ from mmpe.coords.capabilities import (
     Positioned1D,
     Spherical,
 )
-from mmpe.registry import available, build, get, register
 from mmpe.generation import generate
 from mmpe.lm import CausalLM
+from mmpe.registry import available, build, get, register
 from mmpe.transformer import Transformer, TransformerBlock
 
 __version__ = "0.1.0"

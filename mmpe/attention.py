@@ -167,7 +167,9 @@ class _Attention(nn.Module):
         score_mod = compose_score_mods([e.score_mod(ctx) for e in self.scores])
         block_mask = _block_mask(ctx.coords, ctx.q.device)
         fn = _compiled_flex() if ctx.q.device.type == "cuda" else flex_attention
-        return fn(ctx.q, ctx.k, ctx.v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+        # Inductor's flex kernel refuses q/k/v that are views of one projection buffer.
+        q, k, v = (t.contiguous() for t in (ctx.q, ctx.k, ctx.v))
+        return fn(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
 
     def _sdpa(self, ctx: AttentionContext, scale: float) -> Tensor:
         coords = ctx.coords

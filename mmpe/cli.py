@@ -7,7 +7,7 @@
     mmpe plot NAME[,NAME...] [--kind auto|matrix|similarity|bias|row|decay|sphere|graph]
               [--length N] [--grid H W] [--d-model D] [--heads H] [--head-dim D]
               [--option key=value ...] [--checkpoint PATH [--prefix P] [--query Q]]
-              [--smiles S] [--features] [--out DIR] [--show]
+              [--smiles S] [--features] [--out DIR] [--stem S] [--show]
                                                PNG figures of an encoding (docs/plot.md)
 
 Arguments after ``--`` go to the recipe's LightningCLI (e.g. ``--trainer.max_steps 200``).
@@ -48,7 +48,7 @@ def _plot(args: argparse.Namespace) -> int:
                          d_model=args.d_model, heads=args.heads, head_dim=args.head_dim,
                          options=args.option, checkpoint=args.checkpoint, prefix=args.prefix,
                          query=args.query, smiles=args.smiles, features=args.features,
-                         out=args.out)
+                         out=args.out, stem=args.stem)
     for path in paths:
         print(path)
     if args.show and not show(paths):
@@ -98,17 +98,18 @@ def _add_plot_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("name", help="registry name; comma-separated rotary names are overlaid")
     p.add_argument("--kind", choices=KINDS, default="auto",
                    help="figure kind (auto: by the encoding's hook and capabilities)")
-    p.add_argument("--length", type=int, help="tokens (input: 128; bias: max distance 128; "
-                   "decay: max distance 1024)")
+    p.add_argument("--length", type=int, help="tokens of the sequence (128; a bias row: "
+                   "query + 1); decay: the largest distance (1024)")
     p.add_argument("--grid", type=int, nargs="+", metavar="N",
                    help="draw on a grid of this shape, e.g. --grid 14 14")
-    p.add_argument("--d-model", type=int, default=64, help="d_model of input encodings (64)")
+    p.add_argument("--d-model", type=int, help="d_model of input encodings (64, or the "
+                   "checkpoint's)")
     p.add_argument("--heads", type=int, help="heads of score encodings (8, or the checkpoint's)")
     p.add_argument("--head-dim", type=int, help="head_dim (rotary: 128)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="an encoding option, or a context key such as "
                         "original_max_position_embeddings=256 (repeatable)")
-    p.add_argument("--checkpoint", help="read a score encoding's parameters from this "
+    p.add_argument("--checkpoint", help="read the encoding's parameters from this "
                    "checkpoint (torch.load(PATH)['state_dict'])")
     p.add_argument("--prefix", help="its module in the state dict, e.g. "
                    "transformer.blocks.0.attn.scores.0 (default: found by parameter names)")
@@ -118,6 +119,7 @@ def _add_plot_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--features", action="store_true",
                    help="sphere: map the raw features (e.g. the harmonics Y_l^m)")
     p.add_argument("--out", default="plots", help="output folder (default ./plots)")
+    p.add_argument("--stem", help="file names OUT/STEM_KIND.png (default: the names, '+'-joined)")
     p.add_argument("--show", action="store_true", help="also open the figures on a display")
 
 

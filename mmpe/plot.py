@@ -52,7 +52,7 @@ from torch import Tensor
 from mmpe import registry
 from mmpe.context import CONTEXT_KEYS, check_context
 from mmpe.coords.base import Coordinates, index_grid
-from mmpe.coords.capabilities import Directed, GraphLayout, GridLayout
+from mmpe.coords.capabilities import Directed, GraphLayout, GridLayout, VirtualNode
 from mmpe.coords.graph import Graph
 from mmpe.coords.grid import Grid
 from mmpe.coords.sequence import Sequence
@@ -96,6 +96,10 @@ def _finish(fig: Figure, path: str | os.PathLike | None) -> Figure:
     return fig
 
 
+def _a(word: str) -> str:
+    return f"{'an' if word[:1] in 'aeiou' else 'a'} {word}"
+
+
 def _name(enc: Any) -> str:
     return getattr(enc, "registry_name", type(enc).__name__)
 
@@ -108,8 +112,8 @@ def _build(fn: str, enc: Any, base: type[Encoding], context: Mapping[str, Any] |
         enc = registry.build(enc, context={k: v for k, v in ctx.items() if k in entry.context})
     if not isinstance(enc, base):
         hook = getattr(enc, "hook", None)
-        what = f"a {hook} encoding" if hook else f"a {type(enc).__name__}"
-        raise ValueError(f"{fn}: {_name(enc)} is {what}; {fn} needs a {base.hook} encoding")
+        what = f"{_a(hook)} encoding" if hook else _a(type(enc).__name__)
+        raise ValueError(f"{fn}: {_name(enc)} is {what}; {fn} needs {_a(base.hook)} encoding")
     return enc
 
 
@@ -216,7 +220,7 @@ def plot_similarity(enc: InputEncoding | str, coords: Coordinates | None = None,
                 mosaic[i * (h + 1):i * (h + 1) + h, j * (w + 1):j * (w + 1) + w] = sim[i, j]
         fig = _figure(6.4, 5.6)
         ax = fig.add_subplot()
-        im = ax.imshow(mosaic, cmap="viridis", vmin=min(float(np.nanmin(mosaic)), 0.0), vmax=1,
+        im = ax.imshow(mosaic, cmap="viridis", vmin=float(np.nanmin(mosaic)), vmax=1,
                        interpolation="nearest")
         ax.set_xticks([j * (w + 1) + (w - 1) / 2 for j in range(w)], [str(j + 1) for j in range(w)])
         ax.set_yticks([i * (h + 1) + (h - 1) / 2 for i in range(h)], [str(i + 1) for i in range(h)])
@@ -231,7 +235,7 @@ def plot_similarity(enc: InputEncoding | str, coords: Coordinates | None = None,
     sim = _cosine(pe).numpy()
     fig = _figure(5.6, 4.8)
     ax = fig.add_subplot()
-    im = ax.imshow(sim, cmap="viridis", vmin=min(float(sim.min()), 0.0), vmax=1,
+    im = ax.imshow(sim, cmap="viridis", vmin=float(sim.min()), vmax=1,
                    interpolation="nearest")
     ax.set_xlabel("position j")
     ax.set_ylabel("position i")
@@ -253,7 +257,8 @@ def _score_terms(fn: str, enc: ScoreEncoding, coords: Coordinates,
         try:
             mod = score_mod(enc, coords, num_heads=num_heads)
         except ValueError as err:
-            raise ValueError(f"{fn}: {_name(enc)} cannot be plotted without content: {err}") from err
+            raise ValueError(f"{fn}: no position-only bias of {_name(enc)} on "
+                             f"{type(coords).__name__}: {err}") from err
         b, h, q, k = index_grid(1, num_heads, coords.num_queries, coords.num_keys, coords.device)
         bias = mod(torch.zeros(()), b, h, q, k)
     bias = bias.expand(1, num_heads, coords.num_queries, coords.num_keys)[0].float().cpu().numpy()
@@ -314,13 +319,16 @@ def plot_bias_vs_distance(enc: ScoreEncoding | str, coords: Coordinates | int | 
     fig = _figure(6.4, 4.2)
     ax = fig.add_subplot()
     colors = _head_colors(num_heads)
+    slopes = getattr(enc, "slopes", None)
+    labels = [f"head {h}" + (f", m = {float(slopes[h]):.3g}" if isinstance(slopes, Tensor)
+                             and slopes.numel() == num_heads else "") for h in range(num_heads)]
     if isinstance(coords, Directed):
         row = coords.num_queries - 1
         keep = allowed[row]
         order = np.argsort(dist[row][keep], kind="stable")
         x = dist[row][keep][order]
         for h in range(num_heads):
-            ax.plot(x, bias[h, row][keep][order], color=colors[h], lw=1.4, label=f"head {h}")
+            ax.plot(x, bias[h, row][keep][order], color=colors[h], lw=1.4, label=labels[h])
         ax.set_xlabel(f"distance from query {row} (tokens)")
     else:
         keys = np.round(dist[allowed], 6)
@@ -329,7 +337,7 @@ def plot_bias_vs_distance(enc: ScoreEncoding | str, coords: Coordinates | int | 
         for h in range(num_heads):
             mean = np.bincount(inverse, weights=bias[h][allowed], minlength=len(x)) / counts
             ax.plot(x, mean, color=colors[h], lw=1.4, marker="." if len(x) < 40 else None,
-                    label=f"head {h}")
+                    label=labels[h])
         ax.set_xlabel(f"distance ({type(coords).__name__}; bias averaged over pairs)")
     ax.set_ylabel("bias added to the logit")
     ax.set_title(f"{_name(enc)}: bias against distance")
@@ -338,9 +346,9 @@ def plot_bias_vs_distance(enc: ScoreEncoding | str, coords: Coordinates | int | 
     return _finish(fig, path)
 
 
-def load_encoding(enc: str | Mapping[str, Any] | ScoreEncoding | Encoding,
-                  checkpoint: str | os.PathLike, prefix: str | None = None, *,
-                  context: Mapping[str, Any] | None = None, **options: Any) -> Encoding:
+def load_encoding(enc: str | Mapping[str, Any] | Encoding, checkpoint: str | os.PathLike,
+                  prefix: str | None = None, *, context: Mapping[str, Any] | None = None,
+                  defaults: Mapping[str, Any] | None = None, **options: Any) -> Encoding:
     """An encoding with its parameters read from a training checkpoint.
 
     Reads ``torch.load(checkpoint)["state_dict"]`` (a Lightning checkpoint; a plain state dict
@@ -348,8 +356,10 @@ def load_encoding(enc: str | Mapping[str, Any] | ScoreEncoding | Encoding,
     ``"transformer.blocks.0.attn.scores.0"``) into the encoding. Without ``prefix`` the first
     module of the state dict holding every parameter name of the encoding is used. A Lightning
     checkpoint's ``hyper_parameters`` fill the context keys it holds (``num_heads``,
-    ``d_model`` …; ``head_dim = d_model // num_heads``) and, when its ``encoding`` is this one,
-    the ``encoding_options``; ``context`` and ``options`` given here win.
+    ``d_model`` …; ``head_dim = d_model // num_heads``; ``grid_shape`` from ``image_size`` /
+    ``patch_size`` as in ``recipes/vision.py``) and, when its ``encoding`` is this one, the
+    ``encoding_options``; ``context`` and ``options`` given here win, and ``defaults`` fill
+    the context keys neither gives.
 
     The file is loaded with ``weights_only=True`` first; a checkpoint that needs more (pickled
     objects in its hyperparameters) is loaded fully, so only read checkpoints you trust.
@@ -380,7 +390,12 @@ def load_encoding(enc: str | Mapping[str, Any] | ScoreEncoding | Encoding,
                  if k in CONTEXT_KEYS and CONTEXT_KEYS[k].valid(v)}
         if "head_dim" not in known and "d_model" in known and "num_heads" in known:
             known["head_dim"] = known["d_model"] // known["num_heads"]
-        ctx = {**known, **check_context(context, "load_encoding(context=...)")}
+        size, patch = hparams.get("image_size"), hparams.get("patch_size")
+        if "grid_shape" not in known and isinstance(size, int) and isinstance(patch, int) \
+                and 0 < patch <= size:
+            known["grid_shape"] = (size // patch, size // patch)
+        ctx = {**check_context(defaults, "load_encoding(defaults=...)"), **known,
+               **check_context(context, "load_encoding(context=...)")}
         saved = hparams.get("encoding_options") if hparams.get("encoding") == entry.name else None
         opts = {**(dict(saved) if isinstance(saved, Mapping) else {}), **options}
         try:
@@ -552,14 +567,20 @@ def plot_rotary_decay(encs: Any, max_distance: int = 1024, *, head_dim: int = 12
         except (TypeError, ValueError) as err:
             raise ValueError(f"{fn}: {_name(enc)} does not rotate 1D positions: {err}") from err
         d = int(getattr(enc, "head_dim", head_dim))
+        n_h = getattr(enc, "num_heads", None)
+        n_h = n_h if isinstance(n_h, int) else 1  # per-head frequencies (RoPE-Mixed): every head
         if qk == "ones":
             x = torch.ones(1, 1, 1, d)
         else:
             x = torch.randn(samples, 1, 1, d, generator=gen)
-        x = x.expand(-1, 1, length, d).contiguous()
+        x = x.expand(-1, n_h, length, d).contiguous()
         with _evaluating(enc):
-            q, k = enc(x, x.clone(), coords)
-        score = (q[:, :, -1:, :].double() * k.double()).sum(-1).mean(dim=(0, 1)) / d  # [L]
+            try:
+                q, k = enc(x, x.clone(), coords)
+            except ValueError as err:
+                raise ValueError(f"{fn}: {err}") from err
+        # [L]: mean over the vectors x and the heads
+        score = (q[:, :, -1:, :].double() * k.double()).sum(-1).mean(dim=(0, 1)) / d
         curve = score.flip(0).numpy()  # distance m − n = 0 … max_distance
         ax.plot(dist[1:] if log_x else dist, curve[1:] if log_x else curve, lw=1.1,
                 label=label or _label(enc))
@@ -713,10 +734,14 @@ def _molecule(smiles: str) -> tuple[Tensor, int, np.ndarray, list[str], list[flo
     return edge_index, mol.GetNumAtoms(), xy, labels, orders
 
 
-def molecule_graph(smiles: str) -> Graph:
-    """:class:`~mmpe.Graph` coordinates of a molecule given as SMILES (RDKit; atoms = nodes)."""
-    edge_index, n, *_ = _molecule(smiles)
-    return Graph(edge_index, num_nodes=n)
+def molecule_graph(smiles: str, *, virtual_token: bool = False) -> Graph:
+    """:class:`~mmpe.Graph` coordinates of a molecule given as SMILES (RDKit; atoms = nodes),
+    with the bond type as an integer edge feature (0 single, 1 double, 2 triple, 3 aromatic)."""
+    edge_index, n, _, _, orders = _molecule(smiles)
+    codes = {1.0: 0, 2.0: 1, 3.0: 2, 1.5: 3}
+    kind = torch.tensor([codes.get(o, 0) for o in orders] * 2, dtype=torch.long)
+    return Graph(edge_index, num_nodes=n, edge_attr=kind.reshape(-1, 1),
+                 virtual_token=virtual_token)
 
 
 def plot_graph_eigenvectors(graph: str | Graph, k: int | None = None, *, encoding: Any = None,
@@ -838,7 +863,7 @@ def _coords_for(entry: registry.Entry, *, length: int, grid: Seq[int] | None,
     if entry.supports("sphere"):
         return Sphere.grid(90, 180)
     if entry.supports("graph"):
-        return molecule_graph(smiles)
+        return molecule_graph(smiles, virtual_token=VirtualNode in entry.needs)
     raise ValueError(f"mmpe plot: no figure for {entry.name}: it needs "
                      f"{[c.__name__ for c in entry.needs]}, which none of sequence, grid, "
                      "sphere or graph coordinates provide")
@@ -870,11 +895,13 @@ _HOOK_OF_KIND = {"matrix": "input", "similarity": "input", "sphere": "input", "g
 
 
 def plot_command(name: str, kind: str = "auto", *, length: int | None = None,
-                 grid: Seq[int] | None = None, d_model: int = 64, heads: int | None = None,
-                 head_dim: int | None = None, options: Seq[str] | Mapping[str, Any] = (),
+                 grid: Seq[int] | None = None, d_model: int | None = None,
+                 heads: int | None = None, head_dim: int | None = None,
+                 options: Seq[str] | Mapping[str, Any] = (),
                  checkpoint: str | os.PathLike | None = None, prefix: str | None = None,
                  query: int | None = None, smiles: str = DEFAULT_SMILES,
-                 features: bool = False, out: str | os.PathLike = "plots") -> list[Path]:
+                 features: bool = False, out: str | os.PathLike = "plots",
+                 stem: str | None = None) -> list[Path]:
     """``mmpe plot NAME``: build the encoding, draw the figures, return the PNG paths.
 
     ``kind="auto"`` picks from the hook and the capabilities the encoding needs: input on a
@@ -886,8 +913,11 @@ def plot_command(name: str, kind: str = "auto", *, length: int | None = None,
 
     ``options`` (``key=value`` strings or a mapping) are encoding options; keys of
     :data:`mmpe.context.CONTEXT_KEYS` (``original_max_position_embeddings``, ``grid_shape`` …)
-    go into the context instead, so every encoding of an overlay gets those it takes. Files are
-    ``OUT/<name>_<kind>.png``.
+    go into the context instead, so every encoding of an overlay gets those it takes. Defaults:
+    ``d_model`` 64, 8 heads, ``head_dim = d_model // heads`` (rotary: 128), ``max_len`` 1024.
+    With ``checkpoint`` the encoding NAME is read from it (:func:`load_encoding`): its saved
+    hyperparameters replace those defaults, values given here replace both. Files are
+    ``OUT/<stem>_<kind>.png``, the stem by default the names joined by ``+``.
 
     Raises:
         KeyError: an unknown encoding name (with close matches).
@@ -904,51 +934,51 @@ def plot_command(name: str, kind: str = "auto", *, length: int | None = None,
     if len(entries) > 1 and any(e.hook != "rotary" for e in entries):
         raise ValueError("mmpe plot: several names (a,b,...) overlay rotary encodings only; got "
                          + ", ".join(f"{e.name} ({e.hook})" for e in entries))
-    opts = dict(options) if isinstance(options, Mapping) else dict(map(parse_option, options))
-    ctx_opts = {k: opts.pop(k) for k in list(opts) if k in CONTEXT_KEYS}
     if kind != "auto" and entry.hook != _HOOK_OF_KIND[kind]:
         raise ValueError(f"mmpe plot: --kind {kind} draws {_HOOK_OF_KIND[kind]} encodings; "
-                         f"{entry.name} is a {entry.hook} encoding")
+                         f"{entry.name} is {_a(entry.hook)} encoding")
     if entry.hook == "kernel":
         _auto_kinds(entry, Sequence(1), None)  # raises: nothing to plot
-    context: dict[str, Any] = {"d_model": d_model, "num_heads": 8 if heads is None else heads,
-                               "max_len": max(1024, length or 0)}
+    stem = stem or "+".join(e.name for e in entries)
+    if "/" in stem or os.sep in stem:
+        raise ValueError(f"mmpe plot: --stem is a file name stem, not a path; got {stem!r}")
+    opts = dict(options) if isinstance(options, Mapping) else dict(map(parse_option, options))
+    given = {k: opts.pop(k) for k in list(opts) if k in CONTEXT_KEYS}
+    for key, value in (("d_model", d_model), ("num_heads", heads), ("head_dim", head_dim),
+                       ("grid_shape", None if grid is None else tuple(grid))):
+        if value is not None:
+            given.setdefault(key, value)
+    given = check_context(given, "mmpe plot")
+    defaults: dict[str, Any] = {"d_model": 64, "num_heads": 8, "max_len": max(1024, length or 0)}
     coords: Coordinates | None = None
     if entry.hook == "rotary":
         kinds = ["decay"]
-        context["head_dim"] = 128 if head_dim is None else head_dim
+        defaults["head_dim"] = 128
     else:
-        if head_dim is not None:
-            context["head_dim"] = head_dim
-        default_len = 129 if kind == "row" or (checkpoint is not None and kind == "auto") else 128
+        defaults["head_dim"] = max(1, given.get("d_model", 64) // given.get("num_heads", 8))
+        row = kind == "row" or (checkpoint is not None and kind == "auto")
+        default_len = (129 if query is None else query + 1) if row else 128
         coords = _coords_for(entry, length=length or default_len, grid=grid, smiles=smiles)
         kinds = _auto_kinds(entry, coords, checkpoint) if kind == "auto" else [kind]
         if isinstance(coords, Grid):
-            context["grid_shape"] = coords.shape
-    context = check_context({**context, **ctx_opts}, "mmpe plot")
+            defaults["grid_shape"] = coords.shape
+    context = {**defaults, **given}
 
     def build(n: str) -> Any:
         e = registry.get(n)
+        if checkpoint is not None and e.name == entry.name:
+            return load_encoding(n, checkpoint, prefix, context=_only(given, e),
+                                 defaults=_only(defaults, e), **opts)
         try:
-            return registry.build(n, context={k: v for k, v in context.items() if k in e.context},
+            return registry.build(n, context=_only(context, e),
                                   **(opts if e.name == entry.name else {}))
         except TypeError as err:
             raise ValueError(f"mmpe plot: {err}") from err
 
-    def score_encoding() -> Any:
-        if checkpoint is None:
-            return build(entry.name)
-        # From a checkpoint its saved hyperparameters give the head count unless --heads does.
-        ctx = {k: v for k, v in context.items() if k in entry.context}
-        if heads is None:
-            ctx.pop("num_heads", None)
-        return load_encoding(entry.name, checkpoint, prefix, context=ctx, **opts)
-
     out = Path(out)
-    slug = "+".join(e.name for e in entries)
     written: list[Path] = []
     for k in kinds:
-        path = out / f"{slug}_{k}.png"
+        path = out / f"{stem}_{k}.png"
         if k == "decay":
             overlay = ["rope", entry.name] if len(names) == 1 and entry.name != "rope" else names
             plot_rotary_decay([build(n) for n in overlay], length or 1024, path=path)
@@ -966,17 +996,21 @@ def plot_command(name: str, kind: str = "auto", *, length: int | None = None,
                                  f"runs on {type(coords).__name__}")
             plot_graph_eigenvectors(smiles, encoding=build(entry.name), path=path)
         elif k == "bias":
-            plot_bias_vs_distance(score_encoding(), coords, path=path)
+            plot_bias_vs_distance(build(entry.name), coords, path=path)
         else:  # row
             q = query
             if isinstance(coords, Sequence):
                 q = coords.num_queries - 1 if q is None else q
                 if q >= coords.num_queries:
                     coords = Sequence(q + 1, causal=coords.causal)
-            plot_bias_row(score_encoding(), coords, q, checkpoint=checkpoint, prefix=prefix,
+            plot_bias_row(build(entry.name), coords, q, checkpoint=checkpoint, prefix=prefix,
                           path=path)
         written.append(path)
     return written
+
+
+def _only(context: Mapping[str, Any], entry: registry.Entry) -> dict[str, Any]:
+    return {k: v for k, v in context.items() if k in entry.context}
 
 
 def show(paths: Seq[str | os.PathLike]) -> bool:
@@ -991,6 +1025,7 @@ def show(paths: Seq[str | os.PathLike]) -> bool:
         ax = fig.add_subplot()
         ax.imshow(plt.imread(p))
         ax.set_axis_off()
-        fig.canvas.manager.set_window_title(Path(p).name)
+        if fig.canvas.manager is not None:
+            fig.canvas.manager.set_window_title(Path(p).name)
     plt.show()
     return True

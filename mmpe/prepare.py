@@ -6,6 +6,7 @@ which do not change during a forward). ``Transformer.forward`` opens a :func:`fo
 its coordinates; inside it :func:`memoized` computes each such tensor once. Outside a scope
 (a single attention call) it simply computes. The memo is dropped when the forward ends, so a
 coordinates object reused across training steps never serves a tensor from an earlier step.
+Under ``torch.compile`` the memo is bypassed: the traced graph shares the computation itself.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
+
+import torch
 
 T = TypeVar("T")
 _MEMO = "_mmpe_forward_memo"
@@ -24,6 +27,9 @@ def forward_scope(coords: Any) -> Iterator[None]:
 
     Nested scopes on the same object share the outer one's memo.
     """
+    if torch.compiler.is_compiling():  # the compiler shares common subexpressions itself
+        yield
+        return
     owner = _MEMO not in coords.__dict__
     if owner:
         coords.__dict__[_MEMO] = {}
@@ -36,6 +42,8 @@ def forward_scope(coords: Any) -> Iterator[None]:
 
 def memoized(coords: Any, key: Hashable, compute: Callable[[], T]) -> T:
     """``compute()``, once per key inside a :func:`forward_scope` on ``coords``."""
+    if torch.compiler.is_compiling():
+        return compute()
     memo = coords.__dict__.get(_MEMO)
     if memo is None:
         return compute()

@@ -148,6 +148,11 @@ class Points(Coordinates):
         return torch.ones(self._pos.shape[:-1], dtype=torch.bool, device=self._pos.device)
 
     @property
+    def key_mask(self) -> Tensor | None:
+        """``[n]`` or ``[b, n]`` bool, True at real points; None when nothing is padded."""
+        return self._valid
+
+    @property
     def num_points(self) -> Tensor:
         """Real points per example, ``[b]`` int64 (a 0-d tensor for one set)."""
         return self.padding_mask.sum(-1)

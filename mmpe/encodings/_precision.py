@@ -3,7 +3,7 @@
 The rules (docs/architecture.md, "Mixed precision and checkpoints"):
 
 * phases, cumulative sums, distances and frequency tables are formed in float32 or float64,
-  whatever the module's or the autocast dtype (:func:`full_precision`, :class:`KeepDtypeBuffers`);
+  whatever the module's or the autocast dtype (:func:`full_precision`, :class:`KeepDtype`);
 * small learned tables read by an additive score term are upcast to float32 where the term is
   built (the math path adds the terms to float32 logits; SDPA casts the summed bias once);
 * features computed in float32/float64 are cast to the dtype of the layer that reads them
@@ -43,23 +43,33 @@ def module_dtype(module: nn.Module, default: torch.dtype = torch.float32) -> tor
     return default
 
 
-class KeepDtypeBuffers(nn.Module):
-    """Mixin: the buffers named in :attr:`keep_dtype_buffers` follow the module's device but
-    never its dtype (``.to(torch.bfloat16)``, ``.half()`` …): frequency tables and phase
-    matrices rounded to bf16 would rotate a token by a wrong angle (a 2⁻⁹ relative error in a
-    frequency is ~1 rad at phase 500).
+class KeepDtype(nn.Module):
+    """Mixin: the buffers and parameters named in :attr:`keep_dtype` follow the module's device
+    but never its dtype (``.to(torch.bfloat16)``, ``.half()`` …).
+
+    For frequency tables and phase matrices: rounded to bf16 they would rotate a token by a
+    wrong angle (a 2⁻⁹ relative error in a frequency is ~1 rad at phase 500). A kept parameter
+    stays float32 in a bf16 model (its optimizer state too); its gradient follows it.
     """
 
-    keep_dtype_buffers: ClassVar[tuple[str, ...]] = ()
+    keep_dtype: ClassVar[tuple[str, ...]] = ()
 
     def _apply(self, fn, recurse=True):  # type: ignore[override]
-        kept = {name: self._buffers[name] for name in self.keep_dtype_buffers
-                if self._buffers.get(name) is not None}
+        buffers = {name: self._buffers[name] for name in self.keep_dtype
+                   if self._buffers.get(name) is not None}
+        params = {name: self._parameters[name].data for name in self.keep_dtype
+                  if self._parameters.get(name) is not None}
         out = super()._apply(fn, recurse)
-        for name, old in kept.items():
+        for name, old in buffers.items():
             moved = self._buffers[name]
             if moved is not None and moved.dtype != old.dtype:
                 self._buffers[name] = old.to(moved.device)
+        for name, old in params.items():
+            param = self._parameters[name]
+            if param is not None and param.dtype != old.dtype:
+                param.data = old.to(param.device)
+                if param.grad is not None:
+                    param.grad = param.grad.to(param.dtype)
         return out
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from mmpe.coords.capabilities import Metric
+from mmpe.encodings._precision import KeepDtype
+from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
 from mmpe.registry import register
 
@@ -45,26 +47,35 @@ def alibi_slopes(num_heads: int) -> Tensor:
     learnable=False, family="bias",
     paper="Press et al. 2022, Train Short, Test Long: Attention with Linear Biases Enables "
           "Input Length Extrapolation (ICLR)", context=("num_heads", "distance_unit"))
-class ALiBi(ScoreEncoding):
+class ALiBi(KeepDtype, SavesSettings, ScoreEncoding):
     """Linear distance penalty per head: ``score + (−m_h · dist(i, j))`` (Press et al. 2022).
 
     ``m_h`` are the fixed slopes of :func:`alibi_slopes`. ``dist`` is the coordinates'
     distance: ``|i − j|`` tokens on a sequence (for a causal decoder exactly the paper's
     ``−m·(i − j)``), Euclidean patches on a grid, hops on a graph, angles on the sphere.
 
+    The slopes are saved in the state_dict (a float32 buffer that a bf16/fp16 cast leaves in
+    float32; with ``learnable_slopes`` a parameter), and ``distance_unit`` is saved as a setting
+    checked on load.
+
     Args:
         num_heads: ``n_h``.
-        slopes: optional explicit slopes ``[n_h]`` (e.g. learned or per-modality).
+        slopes: optional explicit slopes ``[n_h]`` (e.g. per-modality); the initial values when
+            ``learnable_slopes``.
         distance_unit: the distance that counts as one step (1 token or hop; e.g. the angle
             between neighbouring grid points on the sphere, in radians).
+        learnable_slopes: make the slopes an ``nn.Parameter`` (trained with the model).
 
     Raises:
         ValueError: ``num_heads < 1``, ``slopes`` not of shape ``[num_heads]``, or
             ``distance_unit <= 0``.
     """
 
+    saved_settings = ("distance_unit",)
+    keep_dtype = ("slopes",)  # a fixed slope is a frequency: float32 in bf16 models too
+
     def __init__(self, num_heads: int, slopes: Tensor | None = None,
-                 distance_unit: float = 1.0) -> None:
+                 distance_unit: float = 1.0, learnable_slopes: bool = False) -> None:
         super().__init__()
         if slopes is None:
             slopes = alibi_slopes(num_heads)
@@ -73,11 +84,15 @@ class ALiBi(ScoreEncoding):
         if distance_unit <= 0:
             raise ValueError(f"alibi: distance_unit must be > 0, got {distance_unit}")
         self.num_heads, self.distance_unit = num_heads, float(distance_unit)
-        self.register_buffer("slopes", slopes.float(), persistent=False)
+        slopes = torch.as_tensor(slopes, dtype=torch.float32).detach().clone()
+        if learnable_slopes:
+            self.slopes = nn.Parameter(slopes)
+        else:
+            self.register_buffer("slopes", slopes)
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
         self.check_context(ctx)
-        coords, slopes, unit = ctx.coords, self.slopes, self.distance_unit
+        coords, slopes, unit = ctx.coords, self.slopes.float(), self.distance_unit
 
         def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             dist = coords.distance(q_idx, kv_idx, b)

@@ -14,6 +14,7 @@ from mmpe.encodings._content import (
     check_positive_int,
     require_qk,
 )
+from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import AttentionContext, ScoreMod
 from mmpe.registry import register
 
@@ -45,7 +46,7 @@ def log_bucket_position(relative_pos: Tensor, bucket_size: int, max_position: in
     "deberta", hook="score", needs=(Directed,), learnable=True, family="relative",
     paper="He, Liu, Gao & Chen 2021, DeBERTa: Decoding-enhanced BERT with Disentangled "
           "Attention (ICLR), eqs. 2-4; log buckets of DeBERTa-v2/v3", context=("d_model", "num_heads", "head_dim"))
-class DeBERTaRelative(ContentScoreEncoding):
+class DeBERTaRelative(SavesSettings, ContentScoreEncoding):
     """Disentangled attention: content-to-position and position-to-content terms (He et al. 2021).
 
     ``Ã_ij = Q^c_i·K^c_j + Q^c_i·K^r_{δ(i,j)} + K^c_j·Q^r_{δ(i,j)}``, then scaled by
@@ -68,6 +69,8 @@ class DeBERTaRelative(ContentScoreEncoding):
         ValueError: ``position_buckets < 2``, ``max_relative_positions ≤ position_buckets/2 + 1``,
             non-positive sizes; q/k missing from the context.
     """
+
+    saved_settings = {"max_relative_positions": "max_position"}
 
     def __init__(self, d_model: int, num_heads: int, head_dim: int, position_buckets: int = 256,
                  max_relative_positions: int = 512) -> None:

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import GridLayout
 from mmpe.encodings._grid import as_grid, check_ndim, check_shape, resample_table
+from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import InputEncoding
 from mmpe.registry import register
 
@@ -19,7 +20,7 @@ from mmpe.registry import register
     aliases=("factorised", "separable", "space_time"),
     paper="Bertasius et al. 2021, Is Space-Time Attention All You Need for Video Understanding? "
           "(TimeSformer, ICML) §3; Arnab et al. 2021, ViViT: A Video Vision Transformer (ICCV) §3.3", context=("d_model", "grid_shape", "prefix_tokens"))
-class FactorizedPE(InputEncoding):
+class FactorizedPE(SavesSettings, InputEncoding):
     """Sum of learned embeddings over groups of axes: ``P[t, h, w] = E_time[t] + E_space[h, w]``.
 
     TimeSformer adds a spatial embedding per patch and a temporal embedding per frame; ViViT's
@@ -47,6 +48,8 @@ class FactorizedPE(InputEncoding):
         ValueError: ``groups`` not a partition of the axes, bad sizes, a grid with a different
             number of axes, mismatched prefix counts.
     """
+
+    saved_settings = ("grid_shape", "interpolation_1d")
 
     def __init__(self, d_model: int, grid_shape: tuple[int, ...],
                  groups: tuple[tuple[int, ...], ...] | None = None, prefix_tokens: int = 0,

@@ -8,6 +8,7 @@ from torch import Tensor, nn
 
 from mmpe.coords.base import index_grid
 from mmpe.coords.capabilities import Metric
+from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
 from mmpe.registry import register
 
@@ -17,7 +18,7 @@ from mmpe.registry import register
     learnable=True, family="bias",
     paper="Li et al. 2024, Functional Interpolation for Relative Positions Improves Long "
           "Context Transformers (ICLR), eq. 4", context=("num_heads",))
-class FIRE(ScoreEncoding):
+class FIRE(SavesSettings, ScoreEncoding):
     """``b(i, j) = f_θ( ψ(i − j) / ψ(max(L, i)) )`` per head (Li et al. 2024, eq. 4).
 
     ``ψ(x) = log(c·|x| + 1)`` with learnable ``c > 0``; ``L`` is a learnable threshold
@@ -38,6 +39,8 @@ class FIRE(ScoreEncoding):
     Raises:
         ValueError: non-positive ``num_heads``, ``mlp_width``, ``init_c`` or ``init_L``.
     """
+
+    saved_settings = ("eps",)
 
     def __init__(
         self,

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Spherical
 from mmpe.coords.sphere import lat_lon_to_unit
-from mmpe.encodings._precision import KeepDtypeBuffers, module_dtype
+from mmpe.encodings._precision import KeepDtype, module_dtype
 from mmpe.encodings._sphere import check_positive_int, sphere_angles
 from mmpe.encodings.base import InputEncoding
 from mmpe.registry import register
@@ -37,7 +37,7 @@ def nerf_frequencies(num_frequencies: int) -> Tensor:
     aliases=("fourier_features_sphere",),
     paper="Tancik et al. 2020, Fourier Features Let Networks Learn High Frequency Functions in "
           "Low Dimensional Domains (NeurIPS); Mildenhall et al. 2020, NeRF (ECCV), eq. 4", context=("d_model",))
-class FourierSpherePE(KeepDtypeBuffers, InputEncoding):
+class FourierSpherePE(KeepDtype, InputEncoding):
     """``P = W γ(u) + c`` with ``u ∈ S²`` the point's unit vector and ``γ`` Fourier features.
 
     ``γ(u) = [cos(2π B u), sin(2π B u)]`` (Tancik et al. 2020). With ``random=True`` the rows
@@ -91,7 +91,7 @@ class FourierSpherePE(KeepDtypeBuffers, InputEncoding):
             feats = torch.cat((u, feats), dim=-1)
         return feats.float()
 
-    keep_dtype_buffers = ("B",)
+    keep_dtype = ("B",)
 
     def forward(self, coords: Coordinates) -> Tensor:
         return self.proj(self.features(coords).to(module_dtype(self.proj)))

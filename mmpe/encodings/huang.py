@@ -142,6 +142,11 @@ class HuangMethod3(ContentScoreEncoding):
         # The products may run in bf16 under autocast; the sum is accumulated in float32.
         out = ((rows == 2 * kk).unsqueeze(1) * ((q * delta[2 * kk]) @ kt).float()
                + (rows == 0).unsqueeze(1) * ((q * delta[0]) @ kt).float())
+        if torch.compiler.is_compiling():
+            # Static shapes for the compiler: one product per interior row (no nonzero()).
+            for r in range(1, 2 * kk):
+                out = out + (rows == r).unsqueeze(1) * ((q * delta[r]) @ kt).float()
+            return out * ctx.head_dim ** -0.5
         pb, pi, pj = torch.nonzero((rows > 0) & (rows < 2 * kk), as_tuple=True)
         if pi.numel():
             r = rows[pb, pi, pj]

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import GraphLayout
 from mmpe.encodings._precision import module_dtype
+from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import InputEncoding
 from mmpe.graph_maths import random_sign_flip
 from mmpe.registry import register
@@ -36,7 +37,7 @@ def make_projection(k: int, d_model: int, kind: str, hidden: int | None = None) 
           paper="Dwivedi & Bresson 2020, A Generalization of Transformer Networks to Graphs "
                 "(AAAI DLG workshop); Rampášek et al. 2022, Recipe for a General, Powerful, "
                 "Scalable Graph Transformer (NeurIPS)", context=("d_model",))
-class LapPE(InputEncoding):
+class LapPE(SavesSettings, InputEncoding):
     """``P_i = proj(s ⊙ U_i)``: Laplacian eigenvectors, random signs ``s ∈ {±1}^k`` in training.
 
     Args:
@@ -52,6 +53,8 @@ class LapPE(InputEncoding):
         ValueError: ``k < 1``, an unknown ``projection``.
         TypeError: coordinates without the ``GraphLayout`` capability.
     """
+
+    saved_settings = ("normalization",)
 
     def __init__(self, d_model: int, k: int = 8, projection: str = "linear",
                  normalization: str | None = "sym", sign_flip: bool = True) -> None:

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Spherical
 from mmpe.encodings._sphere import check_positive_int, sphere_angles
+from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import InputEncoding
 from mmpe.encodings.sinusoidal import sinusoidal_table
 from mmpe.registry import register
@@ -25,7 +26,7 @@ from mmpe.registry import register
     "latlon_sincos", hook="input", needs=(Spherical,), learnable=False, family="sphere",
     paper="Vaswani et al. 2017 sinusoids applied per axis to (lat, lon) in degrees, as the 2D "
           "sincos embedding of MAE (He et al. 2022) does on image rows/columns (flat baseline)", context=("d_model",))
-class LatLonSinCos(InputEncoding):
+class LatLonSinCos(SavesSettings, InputEncoding):
     """Fixed 2D sincos of raw ``(lat, lon)`` in degrees: ``[PE(lat°), PE(lon°)]``.
 
     Half of ``d_model`` holds ``sinusoidal_table(lat°, d_model/2)``, the other half the same for
@@ -42,6 +43,8 @@ class LatLonSinCos(InputEncoding):
         ValueError: ``d_model`` not a positive multiple of 4; ``base <= 0``.
         TypeError: coordinates not on the sphere.
     """
+
+    saved_settings = ("base",)
 
     def __init__(self, d_model: int, base: float = 10000.0) -> None:
         super().__init__()

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import GridLayout
 from mmpe.encodings._grid import as_grid, check_ndim, check_shape, resample_table
+from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import InputEncoding
 from mmpe.registry import register
 
@@ -19,7 +20,7 @@ from mmpe.registry import register
     aliases=("learned_2d", "vit_pos_embed"),
     paper="Dosovitskiy et al. 2021, An Image is Worth 16x16 Words (ICLR), §3.1 and §3.2 "
           "(2D interpolation of the pre-trained position embeddings for fine-tuning at higher resolution)", context=("d_model", "grid_shape", "prefix_tokens"))
-class LearnedGridPE(InputEncoding):
+class LearnedGridPE(SavesSettings, InputEncoding):
     """A trainable vector per grid cell (and per prefix token), added to the patch embeddings (ViT).
 
     The table ``E`` ``[prod(grid_shape), d_model]`` (init N(0, 0.02²), timm's truncated normal)
@@ -44,6 +45,8 @@ class LearnedGridPE(InputEncoding):
             different number of axes than ``grid_shape``, or prefix counts that differ (the
             coordinates have ``k > 0`` prefix tokens and the table holds ``j > 0``, ``j != k``).
     """
+
+    saved_settings = ("grid_shape", "interpolation", "antialias")
 
     def __init__(self, d_model: int, grid_shape: tuple[int, ...], prefix_tokens: int = 0,
                  interpolation: str = "bicubic", antialias: bool = True) -> None:

@@ -7,6 +7,7 @@ from torch import Tensor
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Positioned
+from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import RotaryEncoding, check_qk
 from mmpe.encodings.rope import apply_rotary, rope_inv_freq
 from mmpe.registry import register
@@ -27,7 +28,7 @@ def default_mrope_section(head_dim: int) -> tuple[int, int, int]:
     family="rotary", aliases=("m_rope", "qwen2vl_rope"),
     paper="Wang et al. 2024, Qwen2-VL: Enhancing Vision-Language Model's Perception of the World "
           "at Any Resolution (arXiv:2409.12191), §2.1 Multimodal Rotary Position Embedding", context=("head_dim",))
-class MRoPE(RotaryEncoding):
+class MRoPE(SavesSettings, RotaryEncoding):
     """Rotary embedding whose frequency bands are split into temporal, height and width sections.
 
     The ``h_d/2`` RoPE frequencies ``θ_j = base^(−2j/h_d)`` are cut into consecutive sections
@@ -48,6 +49,8 @@ class MRoPE(RotaryEncoding):
         ValueError: odd ``head_dim``, a section that does not sum to ``h_d/2`` or has negative
             entries, grids of more than 3 axes.
     """
+
+    saved_settings = ("mrope_section", "base")
 
     def __init__(self, head_dim: int, mrope_section: tuple[int, int, int] | None = None,
                  base: float = 10000.0) -> None:

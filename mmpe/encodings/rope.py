@@ -10,7 +10,13 @@ from torch import Tensor
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Positioned1D
-from mmpe.encodings.base import CachedDecodingError, RotaryEncoding, check_qk, position_bound, rotary_positions
+from mmpe.encodings.base import (
+    CachedDecodingError,
+    RotaryEncoding,
+    check_qk,
+    position_bound,
+    rotary_positions,
+)
 from mmpe.registry import register
 
 
@@ -112,32 +118,38 @@ class RoPE(RotaryEncoding):
         #: multiplies cos and sin (so the logits by its square); YaRN's temperature uses it.
         self.attention_scaling = 1.0
         # cos/sin table for positions 0..size-1, built once in float64 and gathered by position.
-        self._cache: tuple[Tensor, float, Tensor, Tensor] | None = None
+        self._cache: tuple[object, Tensor, Tensor] | None = None
 
     def inv_freq(self, seq_len: int) -> Tensor:
         """Angular frequencies ``θ_i`` (radians per token), float64, ``[rotary_dim/2]``.
 
         ``seq_len`` (tokens seen by this call) lets dynamic scaling methods adapt.
         """
-        if not hasattr(self, "_inv_freq"):
-            self._inv_freq = rope_inv_freq(self.rotary_dim, self.base)
-        return self._inv_freq
+        return rope_inv_freq(self.rotary_dim, self.base)  # rotary_dim/2 values: not worth a cache
 
     #: positions up to this many are served from the cached table; larger ones are computed.
     cache_limit = 1 << 16
 
+    def freq_key(self, seq_len: int) -> object:
+        """What the frequencies depend on besides the constructor's arguments: nothing for
+        fixed-frequency RoPE; dynamic scalings return the length they adapt to. The cos/sin
+        table is rebuilt when it changes (and when the device or the scaling changes)."""
+        return None
+
     def cos_sin(self, positions: Tensor, inv_freq: Tensor, top: int) -> tuple[Tensor, Tensor]:
         """``cos``/``sin`` of ``positions`` (``top`` = max position + 1) from the cached table."""
         scale = self.attention_scaling
-        if positions.is_floating_point() or top > self.cache_limit:
+        if positions.is_floating_point() or top > self.cache_limit or \
+                torch.compiler.is_compiling():  # a compiled graph computes them, no side effect
             return rope_cos_sin(positions, inv_freq, scale)
+        key = (self.freq_key(top), scale, positions.device, self.base, self.rotary_dim,
+               getattr(self, "factor", None))
         cache = self._cache
-        if (cache is None or cache[2].device != positions.device or cache[2].shape[0] < top
-                or cache[1] != scale or not torch.equal(cache[0], inv_freq)):
+        if cache is None or cache[0] != key or cache[1].shape[0] < top:
             size = max(256, 1 << (top - 1).bit_length())
             cos, sin = rope_cos_sin(torch.arange(size, device=positions.device), inv_freq, scale)
-            cache = self._cache = (inv_freq, scale, cos, sin)
-        return cache[2][positions], cache[3][positions]
+            cache = self._cache = (key, cos, sin)
+        return cache[1][positions], cache[2][positions]
 
     def _check_cached(self, coords: Coordinates, top: int) -> None:
         """Refuse cached steps past the length where a length-dependent scaling switches on:

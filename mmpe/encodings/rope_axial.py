@@ -9,6 +9,7 @@ from torch import Tensor
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import GridLayout, Positioned
+from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import RotaryEncoding, check_qk
 from mmpe.encodings.rope import apply_rotary, rope_inv_freq
 from mmpe.registry import register
@@ -40,7 +41,7 @@ def axial_phase(positions: Tensor, head_dim: int, base: float = 10000.0) -> Tens
     aliases=("rope_2d", "rope_nd", "axial_rope"),
     paper="Heo et al. 2024, Rotary Position Embedding for Vision Transformer (ECCV), eq. 9 "
           "(RoPE-Axial); Su et al. 2021 (RoFormer)", context=("head_dim", "num_axes"))
-class AxialRoPE(RotaryEncoding):
+class AxialRoPE(SavesSettings, RotaryEncoding):
     """RoPE on each grid axis over its own share of the head dimension (RoPE-Axial).
 
     With ``A`` axes each axis owns ``h_d/A`` channels (``h_d/(2A)`` rotation pairs): in 2D the
@@ -64,6 +65,8 @@ class AxialRoPE(RotaryEncoding):
     Raises:
         ValueError: ``head_dim`` not divisible by ``2·axes`` (naming both), bad q/k shapes.
     """
+
+    saved_settings = ("base", "interleaved")  # num_axes is checked against the coordinates
 
     def __init__(self, head_dim: int, base: float = 10000.0, interleaved: bool = False,
                  num_axes: int | None = None) -> None:
@@ -100,7 +103,7 @@ class AxialRoPE(RotaryEncoding):
                 n_keys: int | None = None) -> tuple[Tensor, Tensor]:
         """``cos``/``sin`` of :meth:`phase`, float32; cached per grid (shape, scale, prefix, device)
         since a grid's positions follow from those, computed each call for other coordinates."""
-        if not isinstance(coords, GridLayout):
+        if not isinstance(coords, GridLayout) or torch.compiler.is_compiling():
             return self._table(coords, keys, n_keys)
         key = (coords.shape, getattr(coords, "scale", None), coords.prefix_tokens,
                str(coords.device))

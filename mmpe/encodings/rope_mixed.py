@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Positioned
 from mmpe.encodings._grid import rotate
+from mmpe.encodings._precision import KeepDtype, full_precision
 from mmpe.encodings.base import RotaryEncoding, check_qk
 from mmpe.registry import register
 
@@ -44,7 +45,7 @@ def init_mixed_freqs(head_dim: int, num_heads: int, num_axes: int = 2, base: flo
     "rope_mixed", hook="rotary", needs=(Positioned,), learnable=True, family="rotary",
     aliases=("rope_vit_mixed",),
     paper="Heo et al. 2024, Rotary Position Embedding for Vision Transformer (ECCV), eq. 11 (RoPE-Mixed)", context=("num_heads", "head_dim", "num_axes"))
-class MixedRoPE(RotaryEncoding):
+class MixedRoPE(KeepDtype, RotaryEncoding):
     """RoPE whose pair frequencies mix the axes and are learned per head (RoPE-Mixed, eq. 11).
 
     Pair ``j`` of head ``h`` rotates a token at ``(p_x, p_y)`` by
@@ -52,7 +53,9 @@ class MixedRoPE(RotaryEncoding):
     vector per pair, so heads can attend along diagonals — the paper's fix for axial RoPE's
     missing mixed-axis frequencies. Initialised with :func:`init_mixed_freqs` (``base`` 10 as
     in the paper). One instance holds one layer's frequencies ``[A, n_h, h_d/2]``; the paper
-    learns them per layer (``Transformer(share_encodings=False)``).
+    learns them per layer (``Transformer(share_encodings=False)``). The frequencies stay
+    float32 when the module is cast to bf16/fp16, and the phases are formed in float32 outside
+    autocast (a bf16 frequency is off by ~4 rad at position 4000).
 
     The rotated pairs are interleaved ``(2i, 2i+1)``, matching timm's ``RotaryEmbeddingMixed``
     (``get_embed(shape)[layer]`` with ``apply_rot_embed_cat``): timm's default
@@ -84,6 +87,8 @@ class MixedRoPE(RotaryEncoding):
         self.head_dim, self.num_heads, self.num_axes = head_dim, num_heads, num_axes
         self.freqs = nn.Parameter(init_mixed_freqs(head_dim, num_heads, num_axes, base, rotate))
 
+    keep_dtype = ("freqs",)
+
     def phase(self, coords: Coordinates, keys: bool = False, n_keys: int | None = None) -> Tensor:
         """``[n_h, n, h_d/2]`` (``[b, n_h, n, h_d/2]`` for batched positions) angles
         ``Σ_a p_a θ^a`` of the query (or key) tokens (float32, differentiable in ``freqs``)."""
@@ -94,7 +99,8 @@ class MixedRoPE(RotaryEncoding):
             raise ValueError(f"rope_mixed: built for num_axes={self.num_axes}, the coordinates "
                              f"have {pos.shape[-1]} axes")
         pos = pos.to(self.freqs.device).float()  # [n, A] or [b, n, A]
-        return torch.einsum("...na,ahj->...hnj", pos, self.freqs.float())
+        with full_precision(pos.device):
+            return torch.einsum("...na,ahj->...hnj", pos, self.freqs.float())
 
     def forward(self, q: Tensor, k: Tensor, coords: Coordinates) -> tuple[Tensor, Tensor]:
         self.check_coords(coords)

@@ -10,6 +10,11 @@ settings (tested). ``original_max_position_embeddings`` is the *original* traini
 
 The scaling is applied at every length, as in a checkpoint fine-tuned with it (HF semantics);
 dynamic NTK and LongRoPE switch on lengths past ``original_max_position_embeddings`` by themselves.
+
+Every setting that defines the rotations (``factor``, ``original_max_position_embeddings``, the
+per-method ones, and RoPE's ``base``, ``rotary_dim``, ``interleaved``) is saved in the
+state_dict and checked on load (:class:`~mmpe.encodings._state.SavesSettings`): a checkpoint
+built for another length or scaling does not load silently.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import torch
 from torch import Tensor
 
 from mmpe.coords.capabilities import Positioned1D
+from mmpe.encodings._precision import KeepDtype
+from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.rope import RoPE, rope_inv_freq
 from mmpe.registry import register
 
@@ -38,6 +45,10 @@ def _check_len(name: str, length: int) -> int:
     return length
 
 
+#: RoPE's own settings (rope.py saves none of them itself).
+_ROPE_SETTINGS = ("base", "rotary_dim", "interleaved")
+
+
 def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
     """YaRN's attention factor ``0.1·mscale·ln(s) + 1`` (1 for ``s ≤ 1``)."""
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
@@ -48,7 +59,7 @@ def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
     aliases=("rope_linear", "position_interpolation"),
     paper="Chen, Wong, Chen & Tian 2023, Extending Context Window of Large Language Models via "
           "Positional Interpolation (arXiv:2306.15595), eq. 4", context=("head_dim",))
-class RoPEPositionInterpolation(RoPE):
+class RoPEPositionInterpolation(SavesSettings, RoPE):
     """Position interpolation: positions divided by ``s``, i.e. ``θ'_i = θ_i / s`` (Chen et al. 2023).
 
     Args:
@@ -58,6 +69,8 @@ class RoPEPositionInterpolation(RoPE):
     Raises:
         ValueError: ``factor ≤ 0``, and RoPE's errors (odd rotary dimension …).
     """
+
+    saved_settings = ("factor", *_ROPE_SETTINGS)
 
     def __init__(self, head_dim: int, factor: float = 4.0, base: float = 10000.0,
                  rotary_dim: int | None = None, interleaved: bool = False) -> None:
@@ -73,7 +86,7 @@ class RoPEPositionInterpolation(RoPE):
     aliases=("rope_ntk_aware",),
     paper="bloc97 2023, NTK-Aware Scaled RoPE (r/LocalLLaMA); as formalised in Peng et al. "
           "2023, YaRN (arXiv:2309.00071), §3.1 eq. 14", context=("head_dim",))
-class RoPENTK(RoPE):
+class RoPENTK(SavesSettings, RoPE):
     """NTK-aware scaling: a larger base ``b' = b·s^{d/(d−2)}`` (bloc97 2023; YaRN §3.1).
 
     High frequencies are kept (local order stays sharp) while the lowest one is divided by
@@ -86,6 +99,8 @@ class RoPENTK(RoPE):
     Raises:
         ValueError: ``factor ≤ 0``, ``rotary_dim < 4``, and RoPE's errors.
     """
+
+    saved_settings = ("factor", *_ROPE_SETTINGS)
 
     def __init__(self, head_dim: int, factor: float = 4.0, base: float = 10000.0,
                  rotary_dim: int | None = None, interleaved: bool = False) -> None:
@@ -104,7 +119,7 @@ class RoPENTK(RoPE):
     aliases=("rope_dynamic",),
     paper="emozilla 2023, Dynamically Scaled RoPE (r/LocalLLaMA); Peng et al. 2023, YaRN "
           "(arXiv:2309.00071), §3.3", context=("head_dim", "original_max_position_embeddings"))
-class RoPEDynamicNTK(RoPE):
+class RoPEDynamicNTK(SavesSettings, RoPE):
     """Dynamic NTK: plain RoPE up to ``original_max_position_embeddings``, then the NTK base grows with the length.
 
     For ``n = max(seq_len, original_max_position_embeddings)``: ``b' = b·(s·n/original_max_position_embeddings − (s − 1))^{d/(d−2)}``
@@ -120,6 +135,7 @@ class RoPEDynamicNTK(RoPE):
     """
 
     length_dependent = True  # rotations change with the number of tokens
+    saved_settings = ("factor", "original_max_position_embeddings", *_ROPE_SETTINGS)
 
     def __init__(self, head_dim: int, factor: float = 4.0, original_max_position_embeddings: int = 2048,
                  base: float = 10000.0, rotary_dim: int | None = None,
@@ -129,6 +145,9 @@ class RoPEDynamicNTK(RoPE):
         self.original_max_position_embeddings = _check_len("rope_dynamic_ntk", original_max_position_embeddings)
         if self.rotary_dim < 4:
             raise ValueError(f"rope_dynamic_ntk: rotary_dim must be >= 4, got {self.rotary_dim}")
+
+    def freq_key(self, seq_len: int) -> object:
+        return max(seq_len, self.original_max_position_embeddings)
 
     def inv_freq(self, seq_len: int) -> Tensor:
         d, n = self.rotary_dim, max(seq_len, self.original_max_position_embeddings)
@@ -141,7 +160,7 @@ class RoPEDynamicNTK(RoPE):
     aliases=("yarn",),
     paper="Peng, Quesnelle, Fan & Shippole 2023, YaRN: Efficient Context Window Extension of "
           "Large Language Models (arXiv:2309.00071), §3.2-3.4, eqs. 17-20", context=("head_dim", "original_max_position_embeddings"))
-class RoPEYaRN(RoPE):
+class RoPEYaRN(SavesSettings, RoPE):
     """YaRN: "NTK-by-parts" interpolation plus an attention temperature (Peng et al. 2023).
 
     Per frequency, with ``r_i = L/λ_i`` rotations over the original context ``L``: a ramp
@@ -163,6 +182,12 @@ class RoPEYaRN(RoPE):
         ValueError: ``factor ≤ 0``, ``original_max_position_embeddings < 1``, ``beta_fast ≤ beta_slow`` or
             ``beta_slow ≤ 0``, ``attention_factor ≤ 0``, and RoPE's errors.
     """
+
+    saved_settings = {"factor": "factor",
+                      "original_max_position_embeddings": "original_max_position_embeddings",
+                      "beta_fast": "beta_fast", "beta_slow": "beta_slow", "truncate": "truncate",
+                      "attention_factor": "attention_scaling",  # from mscale, mscale_all_dim
+                      **{name: name for name in _ROPE_SETTINGS}}
 
     def __init__(self, head_dim: int, factor: float = 4.0, original_max_position_embeddings: int = 2048,
                  base: float = 10000.0, beta_fast: float = 32.0, beta_slow: float = 1.0,
@@ -211,7 +236,7 @@ class RoPEYaRN(RoPE):
     aliases=("longrope",),
     paper="Ding et al. 2024, LongRoPE: Extending LLM Context Window Beyond 2 Million Tokens "
           "(ICML), §3, eq. 4; the Phi-3 'su/longrope' scaling", context=("head_dim", "original_max_position_embeddings"))
-class RoPELongRoPE(RoPE):
+class RoPELongRoPE(KeepDtype, SavesSettings, RoPE):
     """LongRoPE: a searched rescale factor per frequency, short and long sets (Ding et al. 2024).
 
     ``θ'_i = θ_i / λ_i`` with ``λ = short_factor`` while ``seq_len ≤ original_max_position_embeddings`` and
@@ -235,6 +260,12 @@ class RoPELongRoPE(RoPE):
     """
 
     length_dependent = True  # rotations change with the number of tokens
+    keep_dtype = ("short_factor", "long_factor")  # float64 rescale factors in bf16 models too
+    saved_settings = {"factor": "factor",
+                      "original_max_position_embeddings": "original_max_position_embeddings",
+                      "short_factor": "short_factor", "long_factor": "long_factor",
+                      "attention_factor": "attention_scaling",
+                      **{name: name for name in _ROPE_SETTINGS}}
 
     def __init__(self, head_dim: int, factor: float = 4.0, original_max_position_embeddings: int = 2048,
                  short_factor: Seq[float] | None = None, long_factor: Seq[float] | None = None,
@@ -263,6 +294,9 @@ class RoPELongRoPE(RoPE):
             raise ValueError(f"rope_longrope: attention_factor must be > 0, got {attention_factor}")
         self.attention_scaling = float(attention_factor)
 
+    def freq_key(self, seq_len: int) -> object:
+        return seq_len > self.original_max_position_embeddings
+
     def inv_freq(self, seq_len: int) -> Tensor:
         ext = self.long_factor if seq_len > self.original_max_position_embeddings else self.short_factor
         return rope_inv_freq(self.rotary_dim, self.base) / ext.cpu()
@@ -273,7 +307,7 @@ class RoPELongRoPE(RoPE):
     aliases=("llama3",),
     paper="Meta 2024, The Llama 3 Herd of Models (arXiv:2407.21783); frequency scaling of the "
           "Llama 3.1 reference code (apply_scaling)", context=("head_dim", "original_max_position_embeddings"))
-class RoPELlama3(RoPE):
+class RoPELlama3(SavesSettings, RoPE):
     """Llama-3.1 frequency scaling: wavelength-dependent interpolation.
 
     With wavelength ``λ_i = 2π/θ_i`` and ``L`` = ``original_max_position_embeddings``: ``λ < L/high_freq_factor`` keeps
@@ -291,6 +325,9 @@ class RoPELlama3(RoPE):
         ValueError: ``factor ≤ 0``, ``original_max_position_embeddings < 1``, ``low_freq_factor ≥ high_freq_factor``
             or ``low_freq_factor ≤ 0``, and RoPE's errors.
     """
+
+    saved_settings = ("factor", "low_freq_factor", "high_freq_factor",
+                      "original_max_position_embeddings", *_ROPE_SETTINGS)
 
     def __init__(self, head_dim: int, factor: float = 8.0, low_freq_factor: float = 1.0,
                  high_freq_factor: float = 4.0, original_max_position_embeddings: int = 8192, base: float = 10000.0,

@@ -9,8 +9,9 @@ from torch import Tensor
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Spherical
-from mmpe.encodings._precision import KeepDtypeBuffers
+from mmpe.encodings._precision import KeepDtype
 from mmpe.encodings._sphere import sphere_angles
+from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import RotaryEncoding, check_qk
 from mmpe.encodings.rope import apply_rotary
 from mmpe.registry import register
@@ -37,7 +38,7 @@ def integer_frequencies(n: int, max_freq: float) -> Tensor:
     paper="Su et al. 2021 (RoFormer) applied axially to (lat, lon) as in 2D RoPE (Heo et al. "
           "2024, Rotary Position Embedding for Vision Transformer), with integer longitude "
           "frequencies so the rotation is 2π-periodic", context=("head_dim",))
-class SphereRoPE(KeepDtypeBuffers, RotaryEncoding):
+class SphereRoPE(KeepDtype, SavesSettings, RotaryEncoding):
     """Axial rotary embedding on ``(φ, λ)`` (radians) with integer longitude frequencies.
 
     The ``h_d/2`` channel pairs are split: the first ``n_lat`` pairs rotate by ``a_i · φ``, the
@@ -81,7 +82,8 @@ class SphereRoPE(KeepDtypeBuffers, RotaryEncoding):
         self.register_buffer("lon_freq", integer_frequencies(pairs - n_lat, max_freq),
                              persistent=False)
 
-    keep_dtype_buffers = ("lat_freq", "lon_freq")  # float64 frequencies in bf16 models too
+    keep_dtype = ("lat_freq", "lon_freq")  # float64 frequencies in bf16 models too
+    saved_settings = ("lat_freq", "lon_freq")  # what max_freq and lat_fraction define
 
     def cos_sin(self, coords: Coordinates) -> tuple[Tensor, Tensor]:
         """``cos``/``sin`` of the phases, ``[s, h_d/2]`` or ``[b, s, h_d/2]`` float32."""

@@ -7,6 +7,7 @@ from torch import Tensor, nn
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Positioned1D
+from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import InputEncoding
 from mmpe.encodings.sinusoidal import sinusoidal_table
 from mmpe.registry import register
@@ -16,7 +17,7 @@ from mmpe.registry import register
     "scaled_sinusoidal", hook="input", needs=(Positioned1D,), learnable=True, family="absolute",
     paper="Hua, Dai, Liu & Le 2022, Transformer Quality in Linear Time (ICML), App. A "
           "(ScaledSinuEmbedding); x-transformers' ScaledSinusoidalEmbedding", context=("d_model",))
-class ScaledSinusoidalPE(InputEncoding):
+class ScaledSinusoidalPE(SavesSettings, InputEncoding):
     """``P(p) = α · PE(p)``: the fixed sinusoid of Vaswani et al. times one learned scalar ``α``.
 
     ``PE(p, 2i) = sin(p/10000^{2i/d})``, ``PE(p, 2i+1) = cos(…)`` (interleaved; x-transformers
@@ -32,6 +33,8 @@ class ScaledSinusoidalPE(InputEncoding):
     Raises:
         ValueError: odd or non-positive ``d_model``, ``base ≤ 0``.
     """
+
+    saved_settings = ("base",)
 
     def __init__(self, d_model: int, base: float = 10000.0, init_scale: float | None = None) -> None:
         super().__init__()

@@ -9,6 +9,7 @@ from torch import Tensor
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import GridLayout, Positioned
 from mmpe.encodings._grid import zero_prefix
+from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import InputEncoding
 from mmpe.registry import register
 
@@ -67,7 +68,7 @@ def sincos_grid_embed(
     aliases=("sincos2d", "sincos_grid"),
     paper="He et al. 2022, Masked Autoencoders Are Scalable Vision Learners (CVPR) — 2D sin-cos; "
           "Carion et al. 2020, End-to-End Object Detection with Transformers (DETR)", context=("d_model",))
-class SinCosGrid(InputEncoding):
+class SinCosGrid(SavesSettings, InputEncoding):
     """Fixed 2D/3D sine-cosine embedding added to the patch embeddings (MAE; DETR; Simple ViT).
 
     Each axis' coordinate gets a 1D sinusoid (Vaswani et al. 2017) over ``d_model / A``
@@ -91,6 +92,8 @@ class SinCosGrid(InputEncoding):
         ValueError: ``d_model`` not divisible by ``2·A`` at forward, unknown layout.
         TypeError: coordinates without positions.
     """
+
+    saved_settings = ("temperature", "layout", "normalize")
 
     def __init__(self, d_model: int, temperature: float = 10000.0, layout: str = "mae",
                  normalize: bool = False) -> None:

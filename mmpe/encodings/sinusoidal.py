@@ -7,6 +7,7 @@ from torch import Tensor
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Positioned1D
+from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import InputEncoding
 from mmpe.registry import register
 
@@ -35,7 +36,7 @@ def sinusoidal_table(positions: Tensor, d_model: int, base: float = 10000.0) -> 
 @register(
     "sinusoidal", hook="input", needs=(Positioned1D,), learnable=False, family="absolute",
     paper="Vaswani et al. 2017, Attention Is All You Need, §3.5", context=("d_model",))
-class SinusoidalPE(InputEncoding):
+class SinusoidalPE(SavesSettings, InputEncoding):
     """Fixed sinusoidal absolute positions added to token embeddings (Vaswani et al. 2017, §3.5).
 
     ``PE(p, 2i) = sin(p / 10000^(2i/d_model))``, ``PE(p, 2i+1) = cos(p / 10000^(2i/d_model))``,
@@ -51,6 +52,8 @@ class SinusoidalPE(InputEncoding):
     Raises:
         ValueError: odd or non-positive ``d_model``; non-positive ``base``.
     """
+
+    saved_settings = ("base",)
 
     def __init__(self, d_model: int, base: float = 10000.0) -> None:
         super().__init__()

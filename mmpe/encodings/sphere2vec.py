@@ -7,8 +7,9 @@ from torch import Tensor, nn
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Spherical
-from mmpe.encodings._precision import KeepDtypeBuffers
+from mmpe.encodings._precision import KeepDtype
 from mmpe.encodings._sphere import check_positive_int, sphere_angles
+from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import InputEncoding
 from mmpe.registry import register
 
@@ -56,7 +57,7 @@ def sphere2vec_features(lat: Tensor, lon: Tensor, freqs: Tensor, variant: str) -
     return torch.cat(feats, dim=-1)
 
 
-class Sphere2Vec(KeepDtypeBuffers, InputEncoding):
+class Sphere2Vec(KeepDtype, SavesSettings, InputEncoding):
     """``P = W · PE_S(φ, λ) + c``: a Sphere2Vec multi-scale encoding and a learned projection.
 
     Mai et al. 2023 lift Space2Vec's multi-scale sinusoids to the sphere. ``S`` scales with
@@ -86,7 +87,8 @@ class Sphere2Vec(KeepDtypeBuffers, InputEncoding):
     """
 
     variant = "sphere_c"
-    keep_dtype_buffers = ("freqs",)  # float64 scales: the phases ω_s·φ stay exact in bf16 models
+    keep_dtype = ("freqs",)  # float64 scales: the phases ω_s·φ stay exact in bf16 models
+    saved_settings = ("freqs",)  # what num_scales, the radii and periodic define
 
     def __init__(self, d_model: int, num_scales: int = 16, min_radius: float = 0.01,
                  max_radius: float = 1.0, periodic: bool = False) -> None:

@@ -11,6 +11,7 @@ from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Spherical
 from mmpe.encodings._precision import module_dtype
 from mmpe.encodings._sphere import check_positive_int, sphere_angles
+from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import InputEncoding
 from mmpe.registry import register
 
@@ -82,8 +83,10 @@ def real_spherical_harmonics(lat: Tensor, lon: Tensor, max_degree: int) -> Tenso
     return torch.stack(cols, dim=-1).to(out_dtype)
 
 
-class Sine(nn.Module):
-    """``sin(w0 · x)``."""
+class Sine(SavesSettings, nn.Module):
+    """``sin(w0 · x)`` (``w0`` saved in the state_dict and checked on load)."""
+
+    saved_settings = ("w0",)
 
     def __init__(self, w0: float) -> None:
         super().__init__()

@@ -8,6 +8,7 @@ from torch import Tensor
 from mmpe.coords.base import index_grid
 from mmpe.coords.capabilities import Causal
 from mmpe.encodings._content import require_causal
+from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import AttentionContext, KernelEncoding
 from mmpe.registry import register
 
@@ -40,7 +41,7 @@ def stick_breaking_log_weights(logits: Tensor) -> Tensor:
     paper="Tan, Shen, Yang, Courville & Panda 2024, Scaling Stick-Breaking Attention: An "
           "Efficient Implementation and In-depth Study (arXiv:2410.17980), eqs. 1-3",
 )
-class StickBreaking(KernelEncoding):
+class StickBreaking(SavesSettings, KernelEncoding):
     """Stick-breaking attention (Tan et al. 2024): ``A_ij = β_ij Π_{j<k<i} (1 − β_ik)``.
 
     ``β_ij = σ(z_ij)`` with ``z_ij = q_i·k_j/√d`` (plus any score terms). Each query breaks a
@@ -61,6 +62,7 @@ class StickBreaking(KernelEncoding):
     """
 
     is_softmax = False
+    saved_settings = ("attend_current",)
 
     def __init__(self, attend_current: bool = False) -> None:
         super().__init__()

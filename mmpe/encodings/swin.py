@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from mmpe.coords.capabilities import GridLayout
 from mmpe.encodings._grid import as_grid, check_ndim, check_shape
+from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
 from mmpe.registry import register
 
@@ -67,10 +68,13 @@ def offset_table_mod(grid, table: Tensor, prefix_entries: bool) -> ScoreMod:
 def offset_table_bias(grid, table: Tensor, prefix_entries: bool, cache: dict) -> Tensor:
     """Eager form of :func:`offset_table_mod`: ``[1, n_h, n, n]`` by one gather of a cached index."""
     key = (grid.shape, grid.prefix_tokens, str(table.device))
-    if key not in cache:
-        cache.clear()
-        cache[key] = relative_position_index(grid.shape, grid.prefix_tokens).to(table.device)
-    index = cache[key]
+    if torch.compiler.is_compiling():  # no side effect in a compiled graph
+        index = relative_position_index(grid.shape, grid.prefix_tokens).to(table.device)
+    else:
+        if key not in cache:
+            cache.clear()
+            cache[key] = relative_position_index(grid.shape, grid.prefix_tokens).to(table.device)
+        index = cache[key]
     if grid.prefix_tokens and not prefix_entries:  # prefix pairs read a zero row
         r = math.prod(2 * s - 1 for s in grid.shape)
         table = torch.cat((table[:r], table.new_zeros(3, table.shape[1])), dim=0)
@@ -83,7 +87,7 @@ def offset_table_bias(grid, table: Tensor, prefix_entries: bool, cache: dict) ->
     paper="Liu et al. 2021, Swin Transformer: Hierarchical Vision Transformer using Shifted Windows "
           "(ICCV), §3.2 eq. 4; Bao et al. 2022, BEiT (ICLR) §2.6 (prefix-token entries, table "
           "interpolation)", context=("num_heads", "grid_shape"))
-class SwinRelativeBias(ScoreEncoding):
+class SwinRelativeBias(SavesSettings, ScoreEncoding):
     """A learned bias per head for every relative offset on the grid: ``score + B̂[Δ, h]`` (Swin eq. 4).
 
     The table ``B̂`` ``[Π (2 s_a − 1) (+3), n_h]`` holds one entry per possible per-axis offset
@@ -104,6 +108,8 @@ class SwinRelativeBias(ScoreEncoding):
     Raises:
         ValueError: bad ``num_heads`` / ``grid_shape``; a grid whose number of axes differs.
     """
+
+    saved_settings = ("grid_shape",)  # (2, 3) and (3, 2) have tables of one size
 
     def __init__(self, num_heads: int, grid_shape: tuple[int, ...], prefix_bias: bool = True) -> None:
         super().__init__()
@@ -127,7 +133,8 @@ class SwinRelativeBias(ScoreEncoding):
         if shape == self.grid_shape:
             return self.table
         key = (shape, self.table._version, self.table.data_ptr())
-        if not torch.is_grad_enabled() and self._cache is not None and self._cache[0] == key:
+        if (not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+                and self._cache is not None and self._cache[0] == key):
             return self._cache[1]
         extra = self.table[self.num_relative:]
         body = self.table[: self.num_relative]
@@ -151,7 +158,7 @@ class SwinRelativeBias(ScoreEncoding):
             vol = F.interpolate(vol.float(), size=new_sizes, mode=mode, align_corners=True)
             body = vol.reshape(self.num_heads, -1).T.to(self.table.dtype)
         table = torch.cat((body, extra), dim=0)
-        if not torch.is_grad_enabled():
+        if not torch.is_grad_enabled() and not torch.compiler.is_compiling():
             self._cache = (key, table)
         return table
 

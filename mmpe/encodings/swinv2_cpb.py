@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from mmpe.coords.capabilities import GridLayout
 from mmpe.encodings._grid import as_grid, check_ndim, check_shape
 from mmpe.encodings._precision import full_precision
+from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
 from mmpe.encodings.swin import offset_table_bias, offset_table_mod
 from mmpe.registry import register
@@ -36,7 +37,7 @@ def log_relative_coords(shape: tuple[int, ...], ref_shape: tuple[int, ...]) -> T
     aliases=("cpb", "swinv2"),
     paper="Liu et al. 2022, Swin Transformer V2: Scaling Up Capacity and Resolution (CVPR), "
           "§3.3 log-spaced continuous position bias, eqs. 3-4", context=("num_heads", "grid_shape"))
-class SwinV2CPB(ScoreEncoding):
+class SwinV2CPB(SavesSettings, ScoreEncoding):
     """``score + 16·σ(G(Δ̂))[h]``: a small MLP ``G`` on log-spaced per-axis offsets (SwinV2 §3.3).
 
     ``G`` is ``A → hidden → n_h`` with ReLU (bias on the first layer only, as the official
@@ -56,6 +57,8 @@ class SwinV2CPB(ScoreEncoding):
     Raises:
         ValueError: bad ``num_heads`` / ``grid_shape`` / ``hidden``; a grid with another number of axes.
     """
+
+    saved_settings = ("grid_shape",)  # the offset normalisation
 
     def __init__(self, num_heads: int, grid_shape: tuple[int, ...], hidden: int = 512) -> None:
         super().__init__()

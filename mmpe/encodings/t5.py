@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from mmpe.coords.base import index_grid
 from mmpe.coords.capabilities import Directed, Metric
+from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
 from mmpe.registry import register
 
@@ -52,7 +53,7 @@ def t5_bucket(
     learnable=True, family="bias", aliases=("t5_bias",),
     paper="Raffel et al. 2020, Exploring the Limits of Transfer Learning with a Unified "
           "Text-to-Text Transformer (JMLR), §2.1", context=("num_heads", "distance_unit"))
-class T5RelativeBias(ScoreEncoding):
+class T5RelativeBias(SavesSettings, ScoreEncoding):
     """A learned scalar per head and relative-position bucket, added to the logits (T5, §2.1).
 
     ``score(i, j) += B[bucket(pos_j − pos_i), h]`` with :func:`t5_bucket`. Distances past
@@ -72,6 +73,8 @@ class T5RelativeBias(ScoreEncoding):
         ValueError: ``num_buckets < 2``, odd ``num_buckets`` when bidirectional, or
             ``max_distance`` not larger than the exact range.
     """
+
+    saved_settings = ("max_distance", "bidirectional", "distance_unit")
 
     def __init__(
         self,
@@ -120,8 +123,9 @@ class T5RelativeBias(ScoreEncoding):
     def bias(self, ctx: AttentionContext) -> Tensor:
         """Eager path: bucket each distinct offset once, then gather, ``[b or 1, n_h, n_q, n_k]``.
 
-        The offsets of a sequence take at most ``n_q + n_k − 1`` values, so the log-bucketing
-        runs on those instead of on all ``n_q·n_k`` pairs; the result equals :meth:`score_mod`.
+        The offsets of a sequence whose positions lie in ``0 … max_position`` take at most
+        ``2·max_position + 1`` values, so the log-bucketing runs on those instead of on all
+        ``n_q·n_k`` pairs (with no device read); the result equals :meth:`score_mod`.
         """
         self.check_context(ctx)
         coords = ctx.coords
@@ -129,11 +133,12 @@ class T5RelativeBias(ScoreEncoding):
                                 coords.device)
         if not isinstance(coords, Directed):
             return super().bias(ctx)
-        rel = -coords.relation(q, k, b)  # key − query, [b, 1, n_q, n_k]
-        lo, hi = int(rel.min()), int(rel.max())
-        if hi - lo + 1 > rel.numel():  # sparse explicit positions: bucket the pairs directly
-            return super().bias(ctx)
-        offsets = torch.arange(lo, hi + 1, device=rel.device)
+        top = getattr(coords, "max_position", None)  # a host int: no device read
+        if not isinstance(top, int) or 2 * top + 1 > coords.num_queries * coords.num_keys:
+            return super().bias(ctx)  # sparse or unknown positions: bucket the pairs directly
+        rel = -coords.relation(q, k, b)  # key − query, [b, 1, n_q, n_k], within ±top
+        lo = -top
+        offsets = torch.arange(-top, top + 1, device=rel.device)
         buckets = t5_bucket(offsets, self._bidirectional(coords), self.num_buckets, self.max_distance)
         table = self.table[buckets]  # [n_offsets, n_h]
         return table[rel.squeeze(1) - lo].permute(0, 3, 1, 2)

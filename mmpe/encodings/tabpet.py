@@ -7,6 +7,7 @@ from torch import Tensor, nn
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import FeatureGraph, Prefixed
+from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import InputEncoding
 from mmpe.registry import register
 
@@ -42,7 +43,7 @@ def tabpet_table(eigvecs: Tensor, alpha: float, *, standardize: bool = True,
     aliases=("tab_pet",),
     paper="Leng, Ghosh & Motani 2025, Tab-PET: Graph-Based Positional Encodings for Tabular "
           "Transformers (AAAI 2026, arXiv:2511.13338)", context=("d_model",))
-class TabPET(InputEncoding):
+class TabPET(SavesSettings, InputEncoding):
     """Feature-graph Laplacian eigenvectors, scaled by ``α`` and concatenated to the tokens.
 
     Tab-PET (Leng et al. 2025) estimates a graph over the feature columns from the training
@@ -82,6 +83,8 @@ class TabPET(InputEncoding):
             eigenvectors than ``width``; in :meth:`combine`, ``x`` of the wrong shape.
         TypeError: coordinates without the ``FeatureGraph`` capability (``spectral_positions``).
     """
+
+    saved_settings = ("width", "alpha", "standardize", "clip")
 
     def __init__(self, d_model: int, width: int = 8, alpha: float = 1.0, standardize: bool = True,
                  clip: float | None = 10.0, project: bool = False) -> None:

@@ -13,6 +13,7 @@ from mmpe.encodings._content import (
     check_positive_int,
     require_qk,
 )
+from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import AttentionContext, ScoreMod
 from mmpe.encodings.sinusoidal import sinusoidal_table
 from mmpe.registry import register
@@ -117,7 +118,7 @@ class TransformerXLRelative(_RelativeSinusoid):
     "tener", hook="score", needs=(Directed,), learnable=True, family="relative",
     paper="Yan, Deng, Li & Qiu 2019, TENER: Adapting Transformer Encoder for Named Entity "
           "Recognition (arXiv:1911.04474), eqs. 14-18", context=("num_heads", "head_dim"))
-class TENER(_RelativeSinusoid):
+class TENER(SavesSettings, _RelativeSinusoid):
     """TENER's direction- and distance-aware relative attention (Yan et al. 2019, eqs. 14-18).
 
     ``A_tj = Q_tᵀK_j + Q_tᵀR_{t−j} + uᵀK_j + vᵀR_{t−j}``, with the fixed, unprojected sinusoid
@@ -136,6 +137,8 @@ class TENER(_RelativeSinusoid):
     Raises:
         ValueError: odd or non-positive ``head_dim``, non-positive ``num_heads``.
     """
+
+    saved_settings = ("scaled",)
 
     def __init__(self, num_heads: int, head_dim: int, scaled: bool = False) -> None:
         super().__init__()

@@ -7,6 +7,7 @@ from torch import Tensor
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Positioned1D
+from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import check_qk, position_bound, rotary_positions
 from mmpe.encodings.rope import RoPE, apply_rotary, rope_cos_sin
 from mmpe.registry import register
@@ -15,7 +16,7 @@ from mmpe.registry import register
 @register(
     "xpos", hook="rotary", needs=(Positioned1D,), learnable=False, family="rotary",
     paper="Sun et al. 2022, A Length-Extrapolatable Transformer (arXiv:2212.10554), §3.2, eq. 10", context=("head_dim",))
-class XPos(RoPE):
+class XPos(SavesSettings, RoPE):
     """Extrapolatable position embedding (Sun et al. 2022, eq. 10).
 
     Queries at position ``n`` are rotated as RoPE and multiplied by ``ζ_i^{n/γ_B}``, keys at
@@ -37,6 +38,7 @@ class XPos(RoPE):
     """
 
     length_dependent = True  # rotations change with the number of tokens
+    saved_settings = ("base", "rotary_dim", "interleaved", "scale_base", "gamma")
 
     def __init__(self, head_dim: int, base: float = 10000.0, scale_base: float = 512.0,
                  gamma: float = 0.4, rotary_dim: int | None = None, interleaved: bool = False) -> None:

@@ -1,0 +1,176 @@
+"""Checkpoints: what defines an encoding's function travels with its state_dict.
+
+For every registered encoding and every constructor argument (except the shape arguments
+``d_model``, ``num_heads``, ``head_dim``, whose mismatch the attention refuses at run time), two
+modules are built with two different values of that argument (non-default where the argument
+has more than one non-default value); the first one's ``state_dict`` is loaded strictly into the
+second (inside a :class:`mmpe.MultiHeadAttention`, so the attention weights travel too). The load
+must raise, or the two must give identical outputs on every coordinate sample both run on — a
+setting that changes the numbers and loads silently is a bug (LongRoPE built for another
+length, SwinV2 for another window, ALiBi's explicit slopes …).
+
+Settings no tensor holds are saved as ``<module>.settings.<name>`` entries
+(:class:`mmpe.encodings._state.SavesSettings`); a mismatch names the setting and both values.
+"""
+
+from __future__ import annotations
+
+import inspect
+import io
+
+import pytest
+import torch
+from test_registry_matrix import COORDS, D_MODEL, HEADS, _context
+
+import mmpe
+from mmpe.coords import Grid, Sequence
+from mmpe.encodings.base import InputEncoding
+
+SHAPE_ARGS = {"d_model", "num_heads", "head_dim"}
+SAMPLES = {
+    **COORDS,
+    "sequence_long": lambda: Sequence(40, causal=True),
+    "sequence_far": lambda: Sequence(position_ids=torch.tensor([0, 1, 5, 99, 100, 300, 1000]),
+                                     causal=True),
+    "grid_resized": lambda: Grid((3, 4), prefix_tokens=1),  # tables resized from (2, 3)
+}
+EXTRA_CONTEXT = {"sequence_far": {"max_len": 1024}, "grid_resized": {"grid_shape": (2, 3)}}
+HALF = D_MODEL // HEADS // 2  # rotary pairs per head (12)
+
+#: (encoding or "*", argument) -> two values; other arguments get generic alternatives.
+VALUES: dict[tuple[str, str], tuple] = {
+    ("alibi", "slopes"): (torch.tensor([0.5, 0.25]), torch.tensor([1.0, 0.125])),
+    ("axial", "shape"): ((4, 16), (16, 4)),
+    ("axial", "dims"): ((16, 32), (32, 16)),
+    ("cope", "npos_max"): (8, 16),
+    ("factorized", "groups"): (((0,), (1,)), ((0, 1),)),
+    ("factorized", "interpolation_1d"): ("linear", "nearest"),
+    ("fourier_sphere", "num_frequencies"): (8, 16),
+    ("graphormer", "edge_dim"): (4, 8),
+    ("graphormer_edge", "edge_dim"): (4, 8),
+    ("lappe", "projection"): ("mlp", "linear"),
+    ("lappe", "normalization"): (None, "sym"),
+    ("learned", "out_of_range"): ("clamp", "error"),
+    ("learned_grid", "interpolation"): ("bilinear", "nearest"),
+    ("mrope", "mrope_section"): ((4, 4, 4), (2, 5, 5)),
+    ("rope_longrope", "short_factor"): ([1.0] * HALF, [2.0] * HALF),
+    ("rope_longrope", "long_factor"): ([3.0] * HALF, [5.0] * HALF),
+    ("rope_longrope", "attention_factor"): (1.5, 2.0),
+    ("rope_axial", "num_axes"): (1, 2),
+    ("rope_sphere", "lat_fraction"): (0.25, 0.75),
+    ("rope_yarn", "attention_factor"): (1.5, 2.0),
+    ("rwse", "projection"): ("mlp", "linear"),
+    ("rope_yarn", "mscale"): (0.5, 1.0),
+    ("rope_yarn", "mscale_all_dim"): (0.5, 1.0),
+    ("scaled_sinusoidal", "init_scale"): (0.5, 2.0),
+    ("sincos", "layout"): ("timm", "detr"),
+    ("spherical_harmonics", "network"): ("mlp", "linear"),
+    ("t5", "bidirectional"): (True, False),
+    ("tabpet", "width"): (4, 6),
+    ("*", "rotary_dim"): (8, 16),
+    ("*", "grid_shape"): ((3, 2), (2, 3)),  # swin's tables of these have one size
+    ("*", "original_max_position_embeddings"): (4, 16),
+    ("*", "max_len"): (48, 64),
+    ("*", "num_axes"): (2, 3),
+    ("*", "mscale"): (0.5, 1.0),
+}
+#: (encoding, argument) -> why it may change the output silently (xfail, strict): files owned
+#: elsewhere.
+KNOWN_SILENT = {
+    ("rope", arg): "rope.py saves none of its settings; RoPE needs SavesSettings with "
+                   "saved_settings = ('base', 'rotary_dim', 'interleaved')"
+    for arg in ("base", "rotary_dim", "interleaved")
+}
+
+
+def _alternatives(name: str, param: inspect.Parameter) -> tuple | None:
+    for key in ((name, param.name), ("*", param.name)):
+        if key in VALUES:
+            return VALUES[key]
+    d = param.default
+    if isinstance(d, bool):
+        return (d, not d)
+    if isinstance(d, int):
+        return (d // 2, d * 2) if d >= 2 else (d + 1, d + 2)
+    if isinstance(d, float):
+        return (d / 2, d * 2) if d else (0.5, 1.0)
+    return None
+
+
+def _arguments() -> list:
+    out = []
+    for entry in mmpe.available():
+        for param in inspect.signature(entry.cls).parameters.values():
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD) or param.name in SHAPE_ARGS:
+                continue
+            reason = KNOWN_SILENT.get((entry.name, param.name))
+            marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
+            out.append(pytest.param(entry.name, param.name, marks=marks,
+                                    id=f"{entry.name}-{param.name}"))
+    return out
+
+
+def _pair(name: str, arg: str, cname: str, values: tuple):
+    """Two modules (encoding, or attention around it) built with ``arg`` = each value."""
+    coords = SAMPLES[cname]()
+    context = {**_context(coords), **EXTRA_CONTEXT.get(cname, {})}
+    built = []
+    for value in values:
+        torch.manual_seed(len(built))  # different initial parameters: the load must copy them
+        try:
+            enc = mmpe.build(name, context=context, **{arg: value})
+        except (ValueError, TypeError):
+            return coords, None
+        module = enc if isinstance(enc, InputEncoding) else mmpe.MultiHeadAttention(
+            D_MODEL, HEADS, [enc], backend="math")
+        with torch.no_grad():  # non-trivial parameters (T5's table starts at 0), signs kept
+            for p in module.parameters():
+                noise = torch.randn(p.shape, generator=torch.Generator().manual_seed(len(built)))
+                p.mul_(1 + 0.1 * noise).add_(0.05 * noise.abs())
+        built.append(module.eval())
+    return coords, built
+
+
+def _output(module, coords, x):
+    with torch.no_grad():
+        if isinstance(module, InputEncoding):
+            if getattr(module, "width", None) and not getattr(module, "project", True):
+                x = x[..., : D_MODEL - module.width]
+            return module.combine(x, coords)
+        return module(x, coords)
+
+
+@pytest.mark.parametrize(("name", "arg"), _arguments())
+def test_a_setting_that_changes_the_output_is_saved_or_checked(name: str, arg: str) -> None:
+    param = inspect.signature(mmpe.get(name).cls).parameters[arg]
+    values = _alternatives(name, param)
+    assert values is not None, f"give {name}.{arg} two values in VALUES"
+    compared = refused = 0
+    for cname, make in SAMPLES.items():
+        if not mmpe.get(name).supports(make()):
+            continue
+        coords, modules = _pair(name, arg, cname, values)
+        if modules is None:  # a value invalid for these coordinates' context
+            continue
+        source, target = modules
+        buffer = io.BytesIO()
+        torch.save(source.state_dict(), buffer)
+        buffer.seek(0)
+        try:
+            target.load_state_dict(torch.load(buffer), strict=True)
+        except RuntimeError:
+            refused += 1
+            continue
+        x = torch.randn(coords.batch_size or 2, coords.num_queries, D_MODEL,
+                        generator=torch.Generator().manual_seed(3))
+        try:
+            expected = _output(source, coords, x)
+            got = _output(target, coords, x)
+        except (ValueError, TypeError):
+            refused += 1  # refused at run time (positions out of range, wrong axes …)
+            continue
+        compared += 1
+        assert torch.equal(expected, got), (
+            f"{name} built with {arg}={values[1]!r} loaded the state_dict of one built with "
+            f"{arg}={values[0]!r} without an error and gives other outputs on {cname}")
+    assert compared or refused, f"no coordinate sample ran {name} with {arg}={values}"
