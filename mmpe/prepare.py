@@ -19,6 +19,17 @@ import torch
 
 T = TypeVar("T")
 _MEMO = "_mmpe_forward_memo"
+_ENABLED = [True]
+
+
+@contextmanager
+def sharing(enabled: bool) -> Iterator[None]:
+    """Turn the per-forward sharing on or off inside the block (benchmarks measure both)."""
+    before, _ENABLED[0] = _ENABLED[0], bool(enabled)
+    try:
+        yield
+    finally:
+        _ENABLED[0] = before
 
 
 @contextmanager
@@ -42,7 +53,7 @@ def forward_scope(coords: Any) -> Iterator[None]:
 
 def memoized(coords: Any, key: Hashable, compute: Callable[[], T]) -> T:
     """``compute()``, once per key inside a :func:`forward_scope` on ``coords``."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or not _ENABLED[0]:
         return compute()
     memo = coords.__dict__.get(_MEMO)
     if memo is None:

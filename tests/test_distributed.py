@@ -104,7 +104,8 @@ def write_tones(root: Path, labels: int = 4, speakers: int = 7, sr: int = 16000)
 
 
 SMALL = ["--model.d_model", "16", "--model.depth", "1", "--model.num_heads", "2"]
-NO_BAR = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+NO_BAR = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+          "--trainer.log_every_n_steps", "1"]
 
 TINY: dict[str, list[str]] = {
     "text": ["--config", str(CONFIGS / "text/default.yaml"), *SMALL, "--data.context_length", "16",

@@ -106,3 +106,22 @@ def test_bad_input():
     with pytest.raises(TypeError, match="Coordinates"):
         rope(torch.randn(1, 1, 5, 16), torch.randn(1, 1, 5, 16), "sequence")
     assert issubclass(Sequence, Coordinates)
+
+
+def test_apply_rotary_layouts_agree_and_refuse_bad_input():
+    import pytest
+
+    from mmpe.encodings.rope import apply_rotary, rope_cos_sin, rope_inv_freq
+
+    x = torch.randn(2, 4, 7, 16)  # [b, n_h, s, h_d]
+    cos, sin = rope_cos_sin(torch.arange(7), rope_inv_freq(16))
+    ref = apply_rotary(x, cos, sin)
+    out = apply_rotary(x.transpose(1, 2), cos, sin, layout="bshd").transpose(1, 2)
+    torch.testing.assert_close(out, ref)
+    bcos, bsin = rope_cos_sin(torch.arange(7).expand(2, 7), rope_inv_freq(16))
+    torch.testing.assert_close(apply_rotary(x.transpose(1, 2), bcos, bsin, layout="bshd")
+                               .transpose(1, 2), ref)
+    with pytest.raises(ValueError, match="layout"):
+        apply_rotary(x, cos, sin, layout="sbhd")
+    with pytest.raises(ValueError, match="rank 4"):
+        apply_rotary(x[0], cos, sin)

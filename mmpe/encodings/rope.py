@@ -37,16 +37,34 @@ def rope_cos_sin(positions: Tensor, inv_freq: Tensor, scale: float = 1.0) -> tup
     return (phase.cos() * scale).to(torch.float32), (phase.sin() * scale).to(torch.float32)
 
 
-def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False) -> Tensor:
-    """Rotate the first ``2·cos.shape[-1]`` channels of ``x`` ``[b, n_h, s, h_d]`` pairwise.
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False,
+                 layout: str = "bhsd") -> Tensor:
+    """Rotate the first ``2·cos.shape[-1]`` channels of ``x`` pairwise.
 
-    ``cos``/``sin`` are ``[s, r/2]`` or ``[b, s, r/2]``. With ``interleaved`` the pairs are
-    channels ``(2i, 2i+1)`` (RoFormer, GPT-J); otherwise ``(i, i + r/2)`` (GPT-NeoX, Llama, HF).
-    The product is taken in at least float32 and cast back to ``x.dtype``.
+    ``x`` is ``[b, n_h, s, h_d]`` (``layout="bhsd"``, PyTorch's SDPA/FlexAttention layout) or
+    ``[b, s, n_h, h_d]`` (``layout="bshd"``, flash-attn's and HF's projection layout);
+    ``cos``/``sin`` are ``[s, r/2]`` or ``[b, s, r/2]`` (or already broadcastable to ``x``'s
+    rank). With ``interleaved`` the pairs are channels ``(2i, 2i+1)`` (RoFormer, GPT-J);
+    otherwise ``(i, i + r/2)`` (GPT-NeoX, Llama, HF). The product is taken in at least float32
+    and cast back to ``x.dtype``.
+
+    Raises:
+        ValueError: an unknown ``layout``, ``x`` not rank 4, or more rotated channels than
+            ``x`` has.
     """
+    if layout not in ("bhsd", "bshd"):
+        raise ValueError(f"apply_rotary: layout must be 'bhsd' or 'bshd', got {layout!r}")
+    if x.dim() != 4:
+        raise ValueError(f"apply_rotary: x must be rank 4 ({layout}), got {tuple(x.shape)}")
     half = cos.shape[-1]
+    if 2 * half > x.shape[-1]:
+        raise ValueError(f"apply_rotary: cos/sin rotate {2 * half} channels but x has "
+                         f"{x.shape[-1]}")
     rot = x[..., : 2 * half]
-    if cos.dim() == 3:  # per-example positions: insert the head axis
+    if cos.dim() == 3:  # per-example positions [b, s, r/2]: insert the head axis
+        axis = 1 if layout == "bhsd" else 2
+        cos, sin = cos.unsqueeze(axis), sin.unsqueeze(axis)
+    elif cos.dim() == 2 and layout == "bshd":  # [s, r/2] against [b, s, n_h, r]
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     rot = rot.to(torch.promote_types(x.dtype, torch.float32))
     if interleaved:
