@@ -27,7 +27,7 @@ def main(n: int = 1024, depth: int = 12, d_model: int = 256, heads: int = 8) -> 
     for names in CASES:
         model = mmpe.Transformer(d_model, heads, depth, names).eval()
 
-        def run() -> None:
+        def run(model: mmpe.Transformer = model) -> None:
             with torch.no_grad():
                 model(x, mmpe.Sequence(n, causal=True))
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import mmpe
-from mmpe import CrossAttention, Cross, Grid, Latents, MultiHeadAttention, Sequence, Sphere
+from mmpe import Cross, CrossAttention, Grid, Latents, MultiHeadAttention, Sequence, Sphere
 from mmpe.cross_blocks import DecoderBlock, GatedCrossAttentionBlock, PerceiverResampler
 
 D, H = 32, 4
