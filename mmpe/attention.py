@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from collections.abc import Sequence as Seq
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from einops import rearrange
 from torch import Tensor, nn
 
@@ -173,6 +175,8 @@ class _Attention(nn.Module):
 
     def _sdpa(self, ctx: AttentionContext, scale: float) -> Tensor:
         coords = ctx.coords
+        if self.scores and _bias_bytes(ctx, coords.num_queries) > block_bytes():
+            return self._sdpa_blocks(ctx, scale)
         bias = None
         for enc in self.scores:
             term = _bias(enc, ctx)
@@ -188,8 +192,37 @@ class _Attention(nn.Module):
             attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
         return F.scaled_dot_product_attention(ctx.q, ctx.k, ctx.v, attn_mask=attn_mask, scale=scale)
 
+    def _sdpa_blocks(self, ctx: AttentionContext, scale: float) -> Tensor:
+        """SDPA over blocks of queries, each with only its rows of the bias and mask: peak
+        memory O(block × n_k) instead of O(n_q × n_k). With gradients, each block is
+        recomputed in the backward pass (activation checkpointing) rather than kept."""
+        n_q = ctx.coords.num_queries
+        rows = max(1, block_bytes() // max(1, _bias_bytes(ctx, 1)))
+        outs = []
+        for start in range(0, n_q, rows):
+            stop = min(n_q, start + rows)
+            run = functools.partial(self._sdpa_rows, ctx, scale, start, stop)
+            if torch.is_grad_enabled():
+                outs.append(torch.utils.checkpoint.checkpoint(run, use_reentrant=False))
+            else:
+                outs.append(run())
+        return torch.cat(outs, dim=2)
+
+    def _sdpa_rows(self, ctx: AttentionContext, scale: float, start: int, stop: int) -> Tensor:
+        bias = None
+        for enc in self.scores:
+            term = enc.bias_rows(ctx, start, stop)
+            bias = term if bias is None else bias + term
+        bias = bias.to(ctx.q.dtype)
+        mask = _mask_rows(ctx.coords, start, stop)
+        if mask is not None:
+            bias = bias.masked_fill(~mask, float("-inf"))
+        return F.scaled_dot_product_attention(ctx.q[:, :, start:stop], ctx.k, ctx.v,
+                                              attn_mask=bias, scale=scale)
+
     def _math(self, ctx: AttentionContext, scale: float) -> Tensor:
         coords = ctx.coords
+        _check_memory(3 * _bias_bytes(ctx, coords.num_queries), "the math path's scores", ctx)
         scores = (ctx.q @ ctx.k.transpose(-2, -1)).float() * scale
         score_mod = compose_score_mods([e.score_mod(ctx) for e in self.scores])
         if score_mod is not None:
@@ -387,6 +420,45 @@ def _bias(enc: ScoreEncoding, ctx: AttentionContext) -> Tensor:
         return enc.bias(ctx)
     key = ("bias", id(enc), ctx.num_heads, ctx.coords.num_queries, ctx.coords.num_keys)
     return memoized(ctx.coords, key, lambda: enc.bias(ctx))
+
+
+#: default budget of one block of bias rows on the CPU path (bytes); ``MMPE_ATTN_BLOCK_BYTES``
+#: overrides it.
+BLOCK_BYTES = 1 << 28
+
+
+def block_bytes() -> int:
+    """Bytes one block of bias rows may take before SDPA runs block by block over queries."""
+    return int(os.environ.get("MMPE_ATTN_BLOCK_BYTES", BLOCK_BYTES))
+
+
+def _bias_bytes(ctx: AttentionContext, rows: int) -> int:
+    return ctx.q.shape[0] * ctx.num_heads * rows * ctx.coords.num_keys * 4
+
+
+def _check_memory(needed: int, what: str, ctx: AttentionContext) -> None:
+    """Fail before allocating what this machine cannot hold, naming the size and alternatives."""
+    if ctx.q.device.type != "cpu":
+        return
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") \
+        else None
+    if total and needed > total:
+        raise MemoryError(
+            f"attention: {what} for b={ctx.q.shape[0]}, n_h={ctx.num_heads}, "
+            f"n_q={ctx.coords.num_queries}, n_k={ctx.coords.num_keys} need {needed / 2**30:.1f} "
+            f"GiB, more than this machine's {total / 2**30:.1f} GiB; use the block-wise SDPA "
+            "path (backend='sdpa' with softmax and additive terms), FlexAttention on a GPU "
+            "(backend='flex'), or shorter sequences")
+
+
+def _mask_rows(coords: Coordinates, start: int, stop: int) -> Tensor | None:
+    """The mask of queries ``start … stop−1``, ``[b or 1, 1, rows, n_k]`` bool, or None."""
+    mod = coords.mask_mod()
+    if mod is None:
+        return None
+    batch = coords.batch_size or 1
+    b, h, q, k = index_grid(batch, 1, coords.num_queries, coords.num_keys, coords.device)
+    return mod(b, h, q[:, :, start:stop], k).expand(batch, 1, stop - start, coords.num_keys)
 
 
 def _dense_mask(coords: Coordinates) -> Tensor | None:

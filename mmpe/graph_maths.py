@@ -42,9 +42,17 @@ connected component, isolated nodes included, contributes one zero eigenvalue; P
 
 :func:`laplacian_eigenvectors` returns the ``k`` smallest **non-trivial** eigenpairs: the
 eigenpairs sorted by eigenvalue with the first (the trivial one, eigenvalue 0, vector
-``∝ D^{1/2}·1`` per component) dropped — the convention of PyG's
-``AddLaplacianEigenvectorPE``. On a disconnected graph the other zero eigenvalues (component
-indicators) are kept: they are informative positions.
+``∝ D^{1/2}·1``; ``∝ 1`` for ``D − A``) dropped — the convention of PyG's
+``AddLaplacianEigenvectorPE``. On a disconnected graph (isolated nodes are components of their
+own) the zero eigenspace has one dimension per component; it is built in closed form (the
+per-component vectors ``∝ D^{1/2}·1_C``, ``e_i`` for an isolated node), the graph-wide trivial
+vector is dropped from it, and the other ``c − 1`` zero eigenvalues are kept, with a fixed
+orthonormal basis of the rest: they are informative positions (which component a node is in).
+The non-zero eigenpairs are those of each component's own Laplacian (the Laplacian is block
+diagonal over components), found per component: dense ``eigh`` below
+:data:`DENSE_THRESHOLD` nodes, shift-invert ``eigsh`` above, with a deflation pass that finds
+every copy of a repeated eigenvalue (Lanczos from one start vector sees one vector per
+eigenspace). Both paths give the same eigenvalues and eigenspaces (tested).
 
 Sign convention (deterministic): every eigenvector is flipped so that its entry of largest
 absolute value is positive (ties within ``1e-8`` go to the lowest node index). Eigenvectors
@@ -68,8 +76,8 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 from scipy.linalg import eigh
-from scipy.sparse.csgraph import laplacian, shortest_path
-from scipy.sparse.linalg import eigsh
+from scipy.sparse.csgraph import connected_components, laplacian, shortest_path
+from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh, splu
 from torch import Tensor
 
 __all__ = [
@@ -78,7 +86,8 @@ __all__ = [
     "random_sign_flip", "random_walk_pe", "shortest_path_hops",
 ]
 
-#: Graphs with fewer nodes than this use the dense ``scipy.linalg.eigh``; larger ones ``eigsh``.
+#: Connected components with fewer nodes than this use the dense ``scipy.linalg.eigh``; larger
+#: ones ``eigsh`` (shift-invert Lanczos, :func:`laplacian_eigenvectors`).
 DENSE_THRESHOLD = 100
 
 #: Nodes up to which :func:`random_walk_pe` multiplies dense matrices (sparse products above).
@@ -338,13 +347,19 @@ def laplacian_eigenvectors(
 ) -> tuple[np.ndarray, np.ndarray] | tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The ``k`` smallest non-trivial eigenpairs of the graph Laplacian of ``adjacency``.
 
+    The Laplacian is block diagonal over connected components (an isolated node is one), so
+    its eigenpairs are those of the components: the zero eigenspace in closed form (one vector
+    per component, the graph-wide trivial vector ``∝ D^{1/2}·1`` — ``∝ 1`` for ``D − A`` —
+    dropped, see the module docstring), the non-zero eigenpairs per component.
+
     Args:
         adjacency: symmetric non-negative weights ``[n, n]``: a ``scipy.sparse`` matrix, a
             numpy array or a torch tensor. The diagonal (self-loops) is ignored.
         k: number of eigenpairs (>= 1).
         normalization: ``"sym"`` (``I − D^-½ A D^-½``) or ``None`` (``D − A``).
-        dense_threshold: graphs with ``n < dense_threshold`` use dense ``scipy.linalg.eigh``,
-            larger ones ``scipy.sparse.linalg.eigsh`` (``k+1`` smallest algebraic).
+        dense_threshold: components with fewer nodes use dense ``scipy.linalg.eigh``, larger
+            ones ``scipy.sparse.linalg.eigsh`` (shift-invert, with deflation passes until no
+            eigenvalue below the ones found is missing: repeated eigenvalues are complete).
         return_mask: also return ``mask [k]`` (bool, True where the eigenpair exists).
         tol: ``eigsh`` tolerance (0 = machine precision).
 
@@ -361,29 +376,135 @@ def laplacian_eigenvectors(
     """
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"laplacian_eigenvectors: k must be an int >= 1, got {k!r}")
+    if normalization not in (None, "sym"):
+        raise ValueError(f"normalization must be 'sym' or None, got {normalization!r}")
     k = int(k)
-    lap = graph_laplacian(adjacency, normalization)
+    a = sp.csr_matrix(_as_adjacency(adjacency))
+    a.setdiag(0.0)  # self-loops do not enter the Laplacian
+    a.eliminate_zeros()
+    lap = sp.csr_matrix(laplacian(a, normed=normalization == "sym"))
     n = lap.shape[0]
     m = min(k, max(n - 1, 0))  # non-trivial eigenpairs that exist
     vals_out = np.zeros(k, dtype=np.float64)
     vecs_out = np.zeros((n, k), dtype=np.float64)
     mask = np.zeros(k, dtype=bool)
     if m > 0:
-        if n < dense_threshold or m + 1 >= n - 1:
-            dense = lap.toarray() if sp.issparse(lap) else np.asarray(lap)
-            vals, vecs = eigh(dense, subset_by_index=[0, m])
-        else:
-            # Deterministic start vector so repeated calls give the same basis.
-            v0 = np.linspace(1.0, 2.0, n)
-            vals, vecs = eigsh(sp.csr_matrix(lap), k=m + 1, which="SA", v0=v0, tol=tol)
-        order = np.argsort(vals, kind="stable")
-        vals, vecs = vals[order], vecs[:, order]
-        vals_out[:m] = np.clip(vals[1:m + 1], 0.0, None)
-        vecs_out[:, :m] = canonical_sign(vecs[:, 1:m + 1])
+        vals, vecs = _smallest_nontrivial(a, lap, m, normalization, dense_threshold, tol)
+        vals_out[:m] = np.clip(vals, 0.0, None)
+        vecs_out[:, :m] = canonical_sign(vecs)
         mask[:m] = True
     if return_mask:
         return vals_out, vecs_out, mask
     return vals_out, vecs_out
+
+
+def _smallest_nontrivial(a: sp.csr_matrix, lap: sp.csr_matrix, m: int, normalization: str | None,
+                         dense_threshold: int, tol: float) -> tuple[np.ndarray, np.ndarray]:
+    """The ``m`` smallest eigenpairs of ``lap`` after the trivial one (see the caller)."""
+    n = lap.shape[0]
+    count, labels = connected_components(a, directed=False)
+    members = [np.flatnonzero(labels == c) for c in range(count)]
+    deg = np.asarray(a.sum(axis=1)).ravel()
+    # Zero eigenspace: one unit vector per component, z_C ∝ D^½·1_C (sym) or 1_C; an isolated
+    # node (no degree) gets e_i. The trivial vector t = Σ w_C z_C ∝ D^½·1 (∝ 1 for D − A, or
+    # when there are no edges); the kept zero eigenvectors are an orthonormal basis of the
+    # rest of the eigenspace, the Householder reflection's columns 2… (deterministic).
+    z = np.zeros((n, count))
+    weight = np.zeros(count)
+    for c, idx in enumerate(members):
+        vec = np.sqrt(deg[idx]) if normalization == "sym" else np.ones(len(idx))
+        weight[c] = np.linalg.norm(vec)  # t's weight: 0 for an isolated node under "sym"
+        if not vec.any():
+            vec = np.ones(len(idx))
+        z[idx, c] = vec / np.linalg.norm(vec)
+    if not weight.any():
+        weight[:] = 1.0
+    w = weight / np.linalg.norm(weight)
+    u = w.copy()
+    u[0] += 1.0 if w[0] >= 0 else -1.0
+    house = np.eye(count) - 2.0 * np.outer(u, u) / (u @ u)  # maps w to ∓e_1; columns orthonormal
+    vals = [np.zeros(count - 1)]
+    vecs = [z @ house[:, 1:]]
+    need = m - (count - 1)
+    if need > 0:
+        for idx in members:
+            q = min(need, len(idx) - 1)
+            if q < 1:
+                continue
+            sub = lap[idx][:, idx]
+            if len(idx) < dense_threshold or q + 1 >= len(idx) - 1:
+                cv, cvec = eigh(sub.toarray(), subset_by_index=[0, q])
+                cv, cvec = cv[1:], cvec[:, 1:]  # a component's own null vector comes first
+            else:
+                null = z[idx][:, labels[idx[0]]]
+                bound = 2.0 if normalization == "sym" else 2.0 * float(deg[idx].max())
+                cv, cvec = _component_eigsh(sub, q, null, bound, tol)
+            full = np.zeros((n, len(cv)))
+            full[idx] = cvec
+            vals.append(cv)
+            vecs.append(full)
+    all_vals, all_vecs = np.concatenate(vals), np.concatenate(vecs, axis=1)
+    order = np.argsort(all_vals, kind="stable")[:m]
+    return all_vals[order], all_vecs[:, order]
+
+
+def _component_eigsh(sub: sp.csr_matrix, q: int, null: np.ndarray, bound: float,
+                     tol: float) -> tuple[np.ndarray, np.ndarray]:
+    """The ``q`` smallest non-zero eigenpairs of one connected component's Laplacian ``sub``.
+
+    Shift-invert Lanczos (``σ = −0.01``, factorisation of ``sub − σI`` reused) on ``sub`` with
+    every eigenvector found so far deflated (moved up by ``bound + 1``, past the spectrum; the
+    known null vector from the start): Lanczos from one start vector finds one vector of an
+    exactly repeated eigenvalue, so passes are repeated, each with the eigenvectors found
+    deflated, until a pass finds nothing below the ``q``-th eigenvalue kept. A pass that does
+    not converge contributes the eigenpairs that did (the next pass deflates them); one where
+    none did falls back to the dense solver for this component.
+    """
+    size = sub.shape[0]
+    sigma, shift = -0.01, bound + 1.0
+    lu = splu(sp.csc_matrix(sub - sigma * sp.identity(size)))
+    found_vals, found_vecs = np.zeros(1), null[:, None]
+    rng = np.random.default_rng(0)
+    while True:
+        room = size - found_vecs.shape[1]
+        kk = min(q, room - 1)
+        if kk < 1:
+            break
+        lam, basis = found_vals, found_vecs
+        damp = 1.0 / (lam - sigma) - 1.0 / (lam + shift - sigma)
+
+        def opinv(x: np.ndarray, lu=lu, basis=basis, damp=damp) -> np.ndarray:
+            x = np.asarray(x).reshape(size, -1)
+            return (lu.solve(x) - basis @ (damp[:, None] * (basis.T @ x))).reshape(-1)
+
+        def matvec(x: np.ndarray, basis=basis) -> np.ndarray:
+            x = np.asarray(x).reshape(size, -1)
+            return (sub @ x + shift * basis @ (basis.T @ x)).reshape(-1)
+
+        op = LinearOperator((size, size), matvec=matvec, dtype=np.float64)
+        inv = LinearOperator((size, size), matvec=opinv, dtype=np.float64)
+        try:
+            new_vals, new_vecs = eigsh(op, k=kk, sigma=sigma, which="LM", OPinv=inv,
+                                       v0=rng.standard_normal(size), tol=tol,
+                                       ncv=min(room, max(2 * kk + 1, kk + 32)))
+        except ArpackNoConvergence as err:  # a large exactly repeated eigenvalue at the edge
+            new_vals, new_vecs = err.eigenvalues, err.eigenvectors
+        if not len(new_vals):
+            vals, vecs = eigh(sub.toarray(), subset_by_index=[0, q])
+            return vals[1:], vecs[:, 1:]
+        kept = np.sort(found_vals[1:])
+        cutoff = kept[q - 1] if len(kept) >= q else np.inf
+        fresh = new_vals < cutoff - 1e-9 * max(1.0, bound)
+        if not fresh.any():
+            break
+        # Eigenvectors of the deflated operator below the shift are orthogonal to the found
+        # ones; remove what Lanczos' accuracy leaves and renormalise (no mixing of columns).
+        add = new_vecs[:, fresh] - found_vecs @ (found_vecs.T @ new_vecs[:, fresh])
+        add /= np.linalg.norm(add, axis=0, keepdims=True)
+        found_vecs = np.concatenate([found_vecs, add], axis=1)
+        found_vals = np.concatenate([found_vals, new_vals[fresh]])
+    order = np.argsort(found_vals[1:], kind="stable")[:q] + 1
+    return found_vals[order], found_vecs[:, order]
 
 
 def laplacian_pe(edge_index: np.ndarray | Tensor, num_nodes: int, k: int,

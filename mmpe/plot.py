@@ -36,6 +36,7 @@ the capabilities it needs, builds coordinates, and writes the PNGs.
 from __future__ import annotations
 
 import ast
+import inspect
 import math
 import os
 import sys
@@ -57,6 +58,7 @@ from mmpe.coords.graph import Graph
 from mmpe.coords.grid import Grid
 from mmpe.coords.sequence import Sequence
 from mmpe.coords.sphere import Sphere
+from mmpe.encodings._state import SETTINGS_PREFIX, decode_setting
 from mmpe.encodings.base import (
     Encoding,
     InputEncoding,
@@ -68,9 +70,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
 __all__ = [
-    "KINDS", "load_encoding", "plot_bias_row", "plot_bias_vs_distance", "plot_command",
-    "plot_graph_eigenvectors", "plot_input_matrix", "plot_rotary_decay", "plot_similarity",
-    "plot_sphere",
+    "KINDS", "load_encoding", "molecule_graph", "parse_option", "plot_bias_row",
+    "plot_bias_vs_distance", "plot_command", "plot_graph_eigenvectors", "plot_input_matrix",
+    "plot_rotary_decay", "plot_similarity", "plot_sphere", "show",
 ]
 
 #: figure kinds of ``mmpe plot --kind``.
@@ -283,8 +285,8 @@ def _legend(ax, n: int) -> None:
         ax.legend(fontsize=7, ncols=2 if n > 8 else 1, loc="best", frameon=False)
 
 
-def plot_bias_vs_distance(enc: ScoreEncoding | str, coords: Coordinates | int | None = None, *,
-                          num_heads: int | None = None, max_distance: int = 128,
+def plot_bias_vs_distance(enc: ScoreEncoding | str, coords: Coordinates | int | None = None,
+                          num_heads: int | None = None, *, max_distance: int = 128,
                           context: Mapping[str, Any] | None = None,
                           path: str | os.PathLike | None = None) -> Figure:
     """A score encoding's bias against distance, one line per head (ALiBi's slopes, T5's
@@ -382,7 +384,7 @@ def load_encoding(enc: str | Mapping[str, Any] | Encoding, checkpoint: str | os.
     state = ckpt.get("state_dict", ckpt)
     hparams = ckpt.get("hyper_parameters") or {}
     if isinstance(enc, Encoding):
-        built = enc
+        built, rebuild = enc, None
     else:
         name = enc if isinstance(enc, str) else enc.get("name", "")
         entry = registry.get(name)
@@ -394,16 +396,20 @@ def load_encoding(enc: str | Mapping[str, Any] | Encoding, checkpoint: str | os.
         if "grid_shape" not in known and isinstance(size, int) and isinstance(patch, int) \
                 and 0 < patch <= size:
             known["grid_shape"] = (size // patch, size // patch)
-        ctx = {**check_context(defaults, "load_encoding(defaults=...)"), **known,
-               **check_context(context, "load_encoding(context=...)")}
+        explicit = check_context(context, "load_encoding(context=...)")
+        ctx = {**check_context(defaults, "load_encoding(defaults=...)"), **known, **explicit}
         saved = hparams.get("encoding_options") if hparams.get("encoding") == entry.name else None
         opts = {**(dict(saved) if isinstance(saved, Mapping) else {}), **options}
-        try:
-            built = registry.build(enc, context={k: v for k, v in ctx.items() if k in entry.context},
-                                   **opts)
-        except TypeError as err:
-            raise ValueError(f"load_encoding: {err}") from err
-    wanted = list(built.state_dict())
+
+        def rebuild(extra: Mapping[str, Any]) -> Encoding:
+            try:
+                return registry.build(enc, context={k: v for k, v in ctx.items()
+                                                    if k in entry.context}, **{**extra, **opts})
+            except TypeError as err:
+                raise ValueError(f"load_encoding: {err}") from err
+
+        built = rebuild({})
+    wanted = [k for k in built.state_dict() if not _is_setting(k)]
     if prefix is None:
         prefix = _find_prefix(state, wanted)
         if prefix is None:
@@ -414,12 +420,33 @@ def load_encoding(enc: str | Mapping[str, Any] | Encoding, checkpoint: str | os.
     sub = {k[len(prefix) + 1:]: v for k, v in state.items() if k.startswith(prefix + ".")}
     if not sub and wanted:
         raise ValueError(f"load_encoding: {path} has no tensors under {prefix!r}")
+    if rebuild is not None:
+        # Settings saved with the tensors (T5's max_distance, a RoPE scaling's training length
+        # …) that the constructor takes and nobody gave here: build with the saved values.
+        accepted = set(inspect.signature(registry.get(_name(built)).cls).parameters)
+        extra = {k[len(SETTINGS_PREFIX):]: decode_setting(v) for k, v in sub.items()
+                 if k.startswith(SETTINGS_PREFIX)}
+        extra = {k: v for k, v in extra.items()
+                 if k in accepted and k not in options and k not in explicit}
+        current = getattr(built, "function_settings", dict)()
+        if any(k not in current or current[k] != v for k, v in extra.items()):
+            built = rebuild(extra)
     try:
-        built.load_state_dict(sub, strict=True)
+        # strict=False: settings a checkpoint saved before they existed are absent; every
+        # tensor must still be there, and saved settings that differ still fail the load.
+        result = built.load_state_dict(sub, strict=False)
     except RuntimeError as err:
         raise ValueError(f"load_encoding: the tensors under {prefix!r} do not fit "
                          f"{_name(built)} as built (pass its options, e.g. num_heads): {err}") from err
+    missing = [k for k in result.missing_keys if not _is_setting(k)]
+    if missing or result.unexpected_keys:
+        raise ValueError(f"load_encoding: the tensors under {prefix!r} do not fit {_name(built)}: "
+                         f"missing {missing}, unexpected {list(result.unexpected_keys)}")
     return built
+
+
+def _is_setting(key: str) -> bool:
+    return key.startswith(SETTINGS_PREFIX) or f".{SETTINGS_PREFIX}" in key
 
 
 def _find_prefix(state: Mapping[str, Any], wanted: list[str]) -> str | None:

@@ -16,6 +16,7 @@ Settings no tensor holds are saved as ``<module>.settings.<name>`` entries
 from __future__ import annotations
 
 import inspect
+import re
 import io
 
 import pytest
@@ -174,3 +175,85 @@ def test_a_setting_that_changes_the_output_is_saved_or_checked(name: str, arg: s
             f"{name} built with {arg}={values[1]!r} loaded the state_dict of one built with "
             f"{arg}={values[0]!r} without an error and gives other outputs on {cname}")
     assert compared or refused, f"no coordinate sample ran {name} with {arg}={values}"
+
+
+def _attention(enc):
+    torch.manual_seed(0)
+    return mmpe.MultiHeadAttention(D_MODEL, HEADS, [enc], backend="math").eval()
+
+
+def test_alibi_explicit_slopes_are_saved():
+    coords, x = Sequence(6), torch.randn(2, 6, D_MODEL)
+    source = _attention(mmpe.build("alibi", num_heads=HEADS, slopes=torch.tensor([0.9, 0.3])))
+    target = _attention(mmpe.build("alibi", num_heads=HEADS))  # default slopes 1/16, 1/256
+    assert "scores.0.slopes" in source.state_dict()
+    target.load_state_dict(source.state_dict())
+    torch.testing.assert_close(target.scores[0].slopes, torch.tensor([0.9, 0.3]))
+    with torch.no_grad():
+        assert torch.equal(target(x, coords), source(x, coords))
+
+
+def test_alibi_learnable_slopes():
+    enc = mmpe.build("alibi", num_heads=HEADS, learnable_slopes=True)
+    assert isinstance(enc.slopes, torch.nn.Parameter)
+    torch.testing.assert_close(enc.slopes.detach(), mmpe.functional.alibi_slopes(HEADS))
+    mha, coords = _attention(enc), Sequence(6, causal=True)
+    for backend in ("math", "sdpa"):
+        mha.backend, enc.slopes.grad = backend, None
+        mha(torch.randn(2, 6, D_MODEL), coords).pow(2).mean().backward()
+        assert enc.slopes.grad is not None and bool(enc.slopes.grad.abs().sum() > 0), backend
+    with torch.no_grad():
+        enc.slopes.mul_(3.0)
+    other = _attention(mmpe.build("alibi", num_heads=HEADS, learnable_slopes=True))
+    other.load_state_dict(mha.state_dict())
+    torch.testing.assert_close(other.scores[0].slopes, enc.slopes)
+    # A bf16 cast keeps fixed slopes in float32 (they multiply distances of thousands).
+    fixed = mmpe.build("alibi", num_heads=3).to(torch.bfloat16)
+    assert fixed.slopes.dtype == torch.float32
+
+
+@pytest.mark.parametrize(("name", "arg", "saved", "built"), [
+    ("rope_longrope", "original_max_position_embeddings", 4096, 2048),
+    ("rope_llama3", "original_max_position_embeddings", 8192, 2048),
+    ("rope_yarn", "factor", 8.0, 4.0),
+    ("swinv2_cpb", "grid_shape", (8, 8), (12, 12)),
+    ("t5", "max_distance", 128, 256),
+])
+def test_a_mismatched_setting_is_a_load_error_naming_both_values(name, arg, saved, built):
+    context = {"head_dim": 16, "num_heads": 4}
+    source = mmpe.build(name, context=context, **{arg: saved})
+    target = mmpe.build(name, context=context, **{arg: built})
+    state = source.state_dict()
+    for strict in (True, False):
+        with pytest.raises(RuntimeError, match=rf"settings\.{arg}: {name} was saved with "
+                           rf"{arg}={re.escape(repr(saved))} but this module was built with "
+                           rf"{arg}={re.escape(repr(built))}"):
+            target.load_state_dict(state, strict=strict)
+
+
+def test_a_state_dict_without_settings_loads_only_non_strictly():
+    source = mmpe.build("rope_longrope", head_dim=16, original_max_position_embeddings=4096)
+    target = mmpe.build("rope_longrope", head_dim=16, original_max_position_embeddings=2048)
+    old = {k: v for k, v in source.state_dict().items() if ".settings." not in f".{k}"}
+    with pytest.raises(RuntimeError, match="Missing key.*settings.original_max_position_embeddings"):
+        target.load_state_dict(old)
+    target.load_state_dict(old, strict=False)  # unchecked, as before settings were saved
+
+
+def test_settings_are_plain_cpu_tensors_that_casts_leave_alone(tmp_path):
+    enc = mmpe.build("rope_yarn", head_dim=16, original_max_position_embeddings=1000)
+    enc.to(torch.bfloat16)
+    state = enc.state_dict()
+    assert state["settings.base"].dtype == torch.float64
+    assert state["settings.original_max_position_embeddings"].dtype == torch.int64
+    assert state["settings.truncate"].dtype == torch.bool
+    torch.save(state, tmp_path / "enc.pt")
+    loaded = torch.load(tmp_path / "enc.pt", weights_only=True)
+    mmpe.build("rope_yarn", head_dim=16, original_max_position_embeddings=1000).load_state_dict(loaded)
+    safetensors = pytest.importorskip("safetensors.torch")
+    grid = mmpe.build("sincos", d_model=16, layout="detr")
+    safetensors.save_file(grid.state_dict(), tmp_path / "grid.safetensors")
+    back = safetensors.load_file(tmp_path / "grid.safetensors")
+    mmpe.build("sincos", d_model=16, layout="detr").load_state_dict(back)
+    with pytest.raises(RuntimeError, match="layout='detr' but this module was built with layout='mae'"):
+        mmpe.build("sincos", d_model=16).load_state_dict(back)

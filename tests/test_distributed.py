@@ -153,14 +153,35 @@ def recorder_arg(out: Path) -> list[str]:
                                                 "init_args": {"out": str(out)}}])]
 
 
-def run_cli(recipe: str, folder: Path, args: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
-    """``python -m recipes.<recipe> fit ARGS`` in ``folder`` (relative paths land there)."""
+def run_cli(recipe: str, folder: Path, args: list[str], launcher: str = "python",
+            timeout: int = 600) -> None:
+    """``python -m recipes.<recipe> fit ARGS`` in ``folder`` (relative paths land there).
+
+    ``launcher``: ``"python"`` (one process; under ``--trainer.strategy ddp`` Lightning starts the
+    other ranks), ``"torchrun"`` (``torchrun --standalone --nproc_per_node 2 -m recipes.<recipe> fit …``) or
+    ``"slurm"`` (two processes with the environment ``srun --ntasks-per-node 2`` gives its tasks).
+    """
     prepare(recipe, folder)
-    cmd = [sys.executable, "-m", f"recipes.{recipe}", "fit", *TINY[recipe], *NO_BAR, *args]
-    run = subprocess.run(cmd, cwd=folder, env=recipe_env(), capture_output=True, text=True,
-                         timeout=timeout)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
-    return run
+    command = ["-m", f"recipes.{recipe}", "fit", *TINY[recipe], *NO_BAR, *args]
+    env = recipe_env()
+    if launcher == "torchrun":
+        torchrun = Path(sys.executable).with_name("torchrun")
+        runs = [subprocess.Popen([str(torchrun), "--standalone", "--nproc_per_node", "2", *command], cwd=folder, env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
+    elif launcher == "slurm":
+        slurm = {"SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NNODES": "1",
+                 "SLURM_JOB_NUM_NODES": "1", "SLURM_NODEID": "0", "SLURM_NODELIST": "localhost",
+                 "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "mmpe-test"}
+        runs = [subprocess.Popen([sys.executable, *command], cwd=folder, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True,
+                                 env={**env, **slurm, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)})
+                for r in range(2)]
+    else:
+        runs = [subprocess.Popen([sys.executable, *command], cwd=folder, env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
+    for run in runs:
+        out, err = run.communicate(timeout=timeout)
+        assert run.returncode == 0, out[-3000:] + err[-6000:]
 
 
 def run_in_process(recipe: str, folder: Path, args: list[str], monkeypatch: pytest.MonkeyPatch) -> Any:
@@ -191,16 +212,18 @@ def max_param_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> fl
 STEPS = 4
 
 
-def check_ddp(recipe: str, folder: Path, monkeypatch: pytest.MonkeyPatch | None = None) -> dict[str, Any]:
-    """Train ``recipe`` on 2 ranks (``ddp`` subprocesses, or ``ddp_fork`` in-process when given
-    ``monkeypatch``) and check what each rank saw."""
+def check_ddp(recipe: str, folder: Path, launcher: str = "python",
+              monkeypatch: pytest.MonkeyPatch | None = None) -> dict[str, Any]:
+    """Train ``recipe`` on 2 CPU ranks with ``--trainer.strategy ddp`` (launched by ``launcher``,
+    see :func:`run_cli`; ``"fork"``: ``ddp_fork`` in this process) and check what each rank saw."""
     out = folder / "record"
     args = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.max_steps", str(STEPS),
             "--checkpoint.every_n_train_steps", "2", *recorder_arg(out)]
-    if monkeypatch is None:
-        run_cli(recipe, folder, [*args, "--trainer.strategy", "ddp"])
-    else:
+    if launcher == "fork":
+        assert monkeypatch is not None
         run_in_process(recipe, folder, [*args, "--trainer.strategy", "ddp_fork"], monkeypatch)
+    else:
+        run_cli(recipe, folder, [*args, "--trainer.strategy", "ddp"], launcher)
     ranks = load_records(out, 2)
     assert [r["world_size"] for r in ranks] == [2, 2]
     assert all(len(r["steps"]) == STEPS for r in ranks), [len(r["steps"]) for r in ranks]
@@ -229,7 +252,7 @@ def check_ddp(recipe: str, folder: Path, monkeypatch: pytest.MonkeyPatch | None 
 
 def test_text_ddp_two_ranks_disjoint_batches_equal_parameters(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    result = check_ddp("text", tmp_path, monkeypatch)
+    result = check_ddp("text", tmp_path, "fork", monkeypatch)
     assert result["overlaps"] == [0, 0]  # 24 windows per epoch, 3 batches of 4 per rank: 2 epochs
 
 
@@ -239,3 +262,10 @@ def test_recipe_ddp_two_ranks_disjoint_batches_equal_parameters(recipe: str, tmp
     result = check_ddp(recipe, tmp_path)
     print(f"\nDDP {recipe}: overlaps per epoch {result['overlaps']} (allowed {result['pad']}), "
           f"rank parameter difference {result['param_diff']}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["torchrun", "slurm"])
+def test_text_ddp_under_torchrun_and_slurm(launcher: str, tmp_path: Path) -> None:
+    """The launch lines of docs/distributed.md: ``torchrun``, and the environment of ``srun``."""
+    assert check_ddp("text", tmp_path, launcher)["overlaps"] == [0, 0]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import networkx as nx
 import numpy as np
 import pytest
+import scipy.sparse as sp
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -269,3 +270,149 @@ def test_path_edge_features_on_a_path_graph() -> None:
 def test_bad_input_names_the_argument(call, err, match) -> None:
     with pytest.raises(err, match=match):
         call()
+
+
+# ---------------------------------------------------------------- sparse (eigsh) vs dense path
+def _component(kind: str, size: int, rng: np.random.Generator) -> list[tuple[int, int]]:
+    """Edges of one connected component on nodes 0 … size−1."""
+    if size == 1:
+        return []
+    if kind == "path":
+        return [(i, i + 1) for i in range(size - 1)]
+    if kind == "cycle":  # every non-zero eigenvalue twice
+        return [(i, (i + 1) % size) for i in range(size)] if size > 2 else [(0, 1)]
+    if kind == "star":  # eigenvalue 1 (sym) with multiplicity size − 2
+        return [(0, i) for i in range(1, size)]
+    if kind == "complete":
+        return [(i, j) for i in range(size) for j in range(i + 1, size)]
+    if kind == "hypercube":  # on the first 2^d nodes: eigenvalue 2 (D − A) with multiplicity d
+        d = size.bit_length() - 1
+        cube = [(i, i ^ (1 << b)) for i in range(2 ** d) for b in range(d) if i < i ^ (1 << b)]
+        return cube + [(i, 0) for i in range(2 ** d, size)]
+    tree = [(i, int(rng.integers(0, i))) for i in range(1, size)]  # random tree + extra edges
+    extra = [tuple(int(v) for v in rng.integers(0, size, 2)) for _ in range(size // 3)]
+    return tree + [(u, v) for u, v in extra if u != v]
+
+
+@st.composite
+def big_graphs(draw):
+    """``(adjacency [n, n] CSR, n)``: 100–300 nodes in several components — random, path, cycle,
+    star, complete, repeated copies — isolated nodes, labels shuffled, unit or random weights."""
+    rng = np.random.default_rng(draw(st.integers(0, 2 ** 32 - 1)))
+    kinds = st.sampled_from(["random", "random", "path", "cycle", "star", "complete", "hypercube"])
+    parts = [(draw(kinds), draw(st.integers(100, 220)))] if draw(st.booleans()) else []
+    parts += draw(st.lists(st.tuples(kinds, st.integers(2, 60)), min_size=1, max_size=5))
+    if draw(st.booleans()):  # identical copies: eigenvalues repeated across components
+        parts.append(parts[-1])
+    isolated = draw(st.integers(1, 8))
+    n_comp = sum(size if kind != "complete" else min(size, 30) for kind, size in parts)
+    n = max(100, min(300, n_comp + isolated))
+    edges, start = [], 0
+    for kind, size in parts:
+        size = min(size if kind != "complete" else min(size, 30), n - start)
+        if size < 1:
+            break
+        edges += [(start + u, start + v) for u, v in _component(kind, size, rng)]
+        start += size
+    perm = rng.permutation(n)
+    ei = perm[np.array(edges, dtype=np.int64).T.reshape(2, -1)]
+    adj = gm.adjacency(ei, n)
+    if draw(st.booleans()):  # weighted: symmetric positive weights
+        upper = sp.triu(adj, 1).tocoo()
+        w = rng.choice([0.5, 1.0, 2.0, 3.0], size=upper.nnz)
+        half = sp.csr_matrix((w, (upper.row, upper.col)), shape=(n, n))
+        adj = half + half.T
+    return adj, n
+
+
+def _one_blas_thread():
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
+        import contextlib
+
+        return contextlib.nullcontext()
+    return threadpool_limits(1)
+
+
+def _clusters(vals: np.ndarray, atol: float = 1e-7) -> list[tuple[int, int]]:
+    out, start = [], 0
+    while start < len(vals):
+        end = start + 1
+        while end < len(vals) and vals[end] - vals[start] < atol:
+            end += 1
+        out.append((start, end))
+        start = end
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(big_graphs(), st.integers(1, 12), st.sampled_from(["sym", None]),
+       st.sampled_from([2, 20, gm.DENSE_THRESHOLD]))
+def test_sparse_path_equals_dense_path(graph, k: int, normalization, threshold: int) -> None:
+    """The eigsh path (components of ``threshold`` nodes and more) gives the dense path's
+    eigenvalues — the k smallest of the whole spectrum after the trivial 0, isolated nodes'
+    and components' zeros included — and the same eigenspaces (projectors; within an eigenvalue
+    cut by the k-th, the vectors are eigenvectors of it)."""
+    adj, n = graph
+    lap = gm.graph_laplacian(adj, normalization).toarray()
+    with _one_blas_thread():  # a multi-threaded BLAS on a busy 2-core machine is 30x slower
+        full_vals, full_vecs = np.linalg.eigh(lap)
+        m = min(k, n - 1)
+        sparse_vals, sparse_vecs = gm.laplacian_eigenvectors(adj, k, normalization,
+                                                             dense_threshold=threshold)
+        dense_vals, dense_vecs = gm.laplacian_eigenvectors(adj, k, normalization,
+                                                           dense_threshold=10 ** 9)
+    np.testing.assert_allclose(sparse_vals[:m], full_vals[1:m + 1], atol=1e-8)
+    np.testing.assert_allclose(dense_vals[:m], full_vals[1:m + 1], atol=1e-8)
+    # The trivial vector the zero eigenspace loses: ∝ D^½·1 (sym, with edges) or ∝ 1.
+    deg = np.asarray(adj.sum(axis=1)).ravel()
+    trivial = np.sqrt(deg) if normalization == "sym" and deg.any() else np.ones(n)
+    trivial /= np.linalg.norm(trivial)
+    for vals, vecs in ((sparse_vals, sparse_vecs), (dense_vals, dense_vecs)):
+        v = vecs[:, :m]
+        np.testing.assert_allclose(v.T @ v, np.eye(m), atol=1e-8)
+        np.testing.assert_allclose(lap @ v, v * vals[:m], atol=1e-7)
+        np.testing.assert_allclose(trivial @ v, 0.0, atol=1e-8)
+    for start, end in _clusters(full_vals[1:m + 1]):
+        value = full_vals[1 + start]
+        complete = end < m or m + 1 >= n or full_vals[m + 1] - value > 1e-7
+        if not complete:
+            continue  # the k-th eigenvalue's eigenspace is cut: any basis part is right
+        proj_sparse = sparse_vecs[:, start:end] @ sparse_vecs[:, start:end].T
+        proj_dense = dense_vecs[:, start:end] @ dense_vecs[:, start:end].T
+        np.testing.assert_allclose(proj_sparse, proj_dense, atol=1e-6)
+        space = np.abs(full_vals - value) < 1e-7
+        truth = full_vecs[:, space] @ full_vecs[:, space].T
+        if value < 1e-7:
+            truth = truth - np.outer(trivial, trivial)
+        np.testing.assert_allclose(proj_dense, truth, atol=1e-6)
+
+
+def test_sparse_path_keeps_the_zeros_of_isolated_nodes() -> None:
+    """The reported case: a 150-node component, 5 isolated nodes and a 10-node path (eigsh path):
+    six zero eigenvalues come before the component's own."""
+    rng = np.random.default_rng(0)
+    edges = [(i, int(rng.integers(0, i))) for i in range(1, 150)]
+    edges += [(155 + i, 156 + i) for i in range(9)]
+    adj = gm.adjacency(np.array(edges).T, 165)
+    vals, vecs = gm.laplacian_eigenvectors(adj, 8)
+    full = np.linalg.eigvalsh(gm.graph_laplacian(adj).toarray())
+    np.testing.assert_allclose(vals, full[1:9], atol=1e-10)
+    assert np.count_nonzero(vals < 1e-10) == 6
+
+
+@pytest.mark.parametrize("d", [8, 9])
+def test_sparse_path_finds_every_copy_of_a_repeated_eigenvalue(d: int) -> None:
+    """A hypercube (2^d nodes, eigsh path): D − A has eigenvalue 2 with multiplicity d and 4
+    with d(d−1)/2; the 12 smallest after 0 are d twos and then fours (ARPACK alone does not
+    converge at d = 9: the deflation passes and the larger Krylov space do)."""
+    n = 2 ** d
+    edges = [(i, i ^ (1 << b)) for i in range(n) for b in range(d) if i < i ^ (1 << b)]
+    adj = gm.adjacency(np.array(edges).T, n)
+    with _one_blas_thread():
+        vals, vecs = gm.laplacian_eigenvectors(adj, 12, None)
+    np.testing.assert_allclose(vals, [2.0] * d + [4.0] * (12 - d), atol=1e-8)
+    lap = gm.graph_laplacian(adj, None)
+    np.testing.assert_allclose(lap @ vecs, vecs * vals, atol=1e-8)
+    np.testing.assert_allclose(vecs.T @ vecs, np.eye(12), atol=1e-8)

@@ -170,6 +170,26 @@ def test_bias_row_from_a_trained_fire_checkpoint(tmp_path, fire_checkpoint):
         plot.load_encoding("t5", path)
 
 
+def test_load_encoding_builds_with_the_saved_settings(tmp_path):
+    t5 = mmpe.build("t5", num_heads=2, max_distance=64)
+    with torch.no_grad():
+        t5.table.normal_()
+    state = {f"model.bias.{k}": v for k, v in t5.state_dict().items()}
+    assert "model.bias.settings.max_distance" in state
+    torch.save({"state_dict": state}, tmp_path / "t5.ckpt")
+    loaded = plot.load_encoding("t5", tmp_path / "t5.ckpt", context={"num_heads": 2})
+    assert loaded.max_distance == 64  # not the default 128: read from the saved settings
+    torch.testing.assert_close(loaded.table, t5.table)
+    # A checkpoint from before settings were saved loads too (unchecked), with what is given.
+    old = {k: v for k, v in state.items() if ".settings." not in k}
+    torch.save({"state_dict": old}, tmp_path / "old.ckpt")
+    loaded = plot.load_encoding("t5", tmp_path / "old.ckpt", context={"num_heads": 2},
+                                max_distance=64)
+    torch.testing.assert_close(loaded.table, t5.table)
+    with pytest.raises(ValueError, match="max_distance"):  # a contradicting explicit option
+        plot.load_encoding("t5", tmp_path / "t5.ckpt", context={"num_heads": 2}, max_distance=32)
+
+
 # -- rotary encodings ----------------------------------------------------------------------
 def test_rotary_decay_rope_and_its_scalings(tmp_path):
     names = ["rope", "rope_pi", "rope_ntk", "rope_yarn"]

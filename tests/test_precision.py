@@ -39,7 +39,7 @@ import torch
 from test_registry_matrix import COORDS, D_MODEL, HEADS, _context
 
 import mmpe
-from mmpe.coords import Sequence
+from mmpe.coords import Grid, Sequence
 from mmpe.encodings.base import InputEncoding
 
 TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 3e-3}
@@ -54,9 +54,11 @@ SAMPLES = {
     "sequence_long": lambda: Sequence(128, causal=True),
     "sequence_far": lambda: Sequence(
         position_ids=torch.tensor([0, 1, 2, 999, 1000, 2047, 3000, 4000]), causal=True),
+    "grid_resized": lambda: Grid((3, 4), prefix_tokens=1),  # tables resized from (2, 3)
 }
 # Learned tables must hold every position of the 1D samples.
-EXTRA_CONTEXT = {"sequence_long": {"max_len": 128}, "sequence_far": {"max_len": 4096}}
+EXTRA_CONTEXT = {"sequence_long": {"max_len": 128}, "sequence_far": {"max_len": 4096},
+                 "grid_resized": {"grid_shape": (2, 3)}}
 
 #: (encoding, coordinates) -> reason, for failures in files owned elsewhere (xfail, strict).
 KNOWN_FAILURES: dict[tuple[str, str], str] = {}

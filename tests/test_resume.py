@@ -16,7 +16,14 @@ from typing import Any
 
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from test_distributed import TINY, max_param_diff, recorder_arg, run_in_process
+
+from recipes import tabular
+from recipes.common import CONFIGS, planned_steps
+
+# A resumed run logs to a new version directory; Lightning notes that the checkpoint's did change.
+pytestmark = pytest.mark.filterwarnings("ignore:The dirpath has changed")
 
 #: Extra arguments so that the N + N steps cross an epoch boundary on one device.
 EPOCHS: dict[str, list[str]] = {"vision": ["--data.train_samples", "24"]}
@@ -76,6 +83,31 @@ def test_text_resume_under_ddp_is_exact(tmp_path: Path, monkeypatch: pytest.Monk
     diff = check_resume("text", tmp_path, monkeypatch, n=4, extra=[
         "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp_fork"])
     print(f"\ntext resume under DDP (2 ranks): max parameter difference {diff}")
+
+
+@pytest.mark.slow
+def test_text_resume_with_workers_is_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Workers prefetch batches: the loader counts the batches it hands out, not those fetched.
+    diff = check_resume("text", tmp_path, monkeypatch, n=4, extra=["--data.num_workers", "2"])
+    print(f"\ntext resume with 2 workers: max parameter difference {diff}")
+
+
+def test_tabular_schedule_length_is_lightnings_estimate(tmp_path: Path) -> None:
+    """The tabular recipe sizes its schedule without loading the data (which would break resume)
+    and gets the number Lightning estimates once the data is loaded."""
+    cli = tabular.make_cli(["--config", str(CONFIGS / "tabular/default.yaml"), "--data.batch_size", "16",
+                            "--trainer.max_epochs", "2", "--trainer.accumulate_grad_batches", "2",
+                            "--trainer.limit_train_batches", "5", "--trainer.limit_val_batches", "0",
+                            "--trainer.logger", "false",
+                            "--trainer.enable_checkpointing", "false", "--model.d_model", "8",
+                            "--model.depth", "1", "--model.num_heads", "2",
+                            "--trainer.default_root_dir", str(tmp_path)], run=False)
+    cli.trainer.fit(cli.model, cli.datamodule)
+    size = len(cli.datamodule.data["train"][2])
+    assert not any(isinstance(c, ModelCheckpoint) for c in cli.trainer.callbacks)
+    for max_steps in (-1, 4):  # the epoch count decides, then max_steps
+        cli.trainer.fit_loop.epoch_loop.max_steps = max_steps
+        assert planned_steps(cli.trainer, size, 16) == cli.trainer.estimated_stepping_batches
 
 
 @pytest.mark.slow

@@ -194,6 +194,22 @@ class ScoreEncoding(Encoding):
         out = self.score_mod(ctx)(zero, b, h, q, k)
         return out.expand(b.shape[0], ctx.num_heads, coords.num_queries, coords.num_keys)
 
+    def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+        """The additive term of queries ``start … stop−1`` only, ``[b or 1, n_h, stop−start,
+        n_k]``: the memory-bounded CPU path evaluates a bias block by block with it. The
+        default evaluates :meth:`score_mod` on those rows' index grid (equal by construction);
+        an encoding with a faster eager form overrides it."""
+        if not self.additive:
+            raise TypeError(f"{type(self).__name__} rescales scores; it has no additive bias")
+        coords = ctx.coords
+        batch = ctx.batch if not self.content_free else (coords.batch_size or 1)
+        b, h, q, k = index_grid(batch, ctx.num_heads, coords.num_queries, coords.num_keys,
+                                coords.device)
+        q = q[:, :, start:stop]
+        zero = torch.zeros((), device=coords.device)
+        out = self.score_mod(ctx)(zero, b, h, q, k)
+        return out.expand(batch, ctx.num_heads, stop - start, coords.num_keys)
+
     def value_term(self, probs: Tensor, ctx: AttentionContext) -> Tensor | None:
         """Extra output ``[b, n_h, n_q, h_d]`` from probabilities ``[b, n_h, n_q, n_k]``, or None."""
         return None

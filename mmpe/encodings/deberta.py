@@ -25,6 +25,12 @@ def log_bucket_position(relative_pos: Tensor, bucket_size: int, max_position: in
     With ``mid = bucket_size // 2``: offsets with ``|δ| ≤ mid`` keep their value; larger ones
     map to ``sign(δ)·(mid + ⌈log(|δ|/mid)/log((max_position−1)/mid)·(mid−1)⌉)``.
 
+    The arithmetic is HF's, operation for operation, in the default float dtype (float32): both
+    logarithms are taken by ``torch.log`` of float32 values, so at ``|δ| = max_position − 1``
+    (where ``|δ|/mid`` and ``(max_position−1)/mid`` round to the same float32) their ratio is
+    exactly 1 and the ceiling lands on ``mid − 1``, as in HF. (A float64 ``math.log`` of the
+    constant made the ratio ``1 + 1 ulp`` there and moved the offset one bucket up.)
+
     Args:
         relative_pos: integer offsets ``i − j`` (tokens).
         bucket_size: ``position_buckets`` (≥ 2).
@@ -34,12 +40,13 @@ def log_bucket_position(relative_pos: Tensor, bucket_size: int, max_position: in
         int64 tensor of ``relative_pos``'s shape, in ``[−(bucket_size−1), bucket_size−1]``
         for offsets up to ``max_position``.
     """
-    rel = relative_pos.to(torch.float32)
+    rel = relative_pos if relative_pos.is_floating_point() else relative_pos.long()
     sign = torch.sign(rel)
     mid = bucket_size // 2
     abs_pos = torch.where((rel < mid) & (rel > -mid), torch.full_like(rel, mid - 1), rel.abs())
-    log_pos = torch.ceil(torch.log(abs_pos / mid) / math.log((max_position - 1) / mid) * (mid - 1)) + mid
-    return torch.where(abs_pos <= mid, rel, log_pos * sign).long()
+    log_ratio = torch.log(torch.tensor((max_position - 1) / mid))  # as HF: a float32 log
+    log_pos = torch.ceil(torch.log(abs_pos / mid) / log_ratio * (mid - 1)) + mid
+    return torch.where(abs_pos <= mid, rel.type_as(log_pos), log_pos * sign).long()
 
 
 @register(

@@ -91,11 +91,15 @@ class FIRE(SavesSettings, ScoreEncoding):
 
     def bias(self, ctx: AttentionContext) -> Tensor:
         """Eager path: run the MLP once on all pairs, ``[b or 1, n_h, n_q, n_k]``."""
+        return self.bias_rows(ctx, 0, ctx.coords.num_queries)
+
+    def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+        """The MLP on the pairs of queries ``start … stop−1``, ``[b or 1, n_h, stop−start, n_k]``."""
         self.check_context(ctx)
         coords = ctx.coords
         b, _, q, k = index_grid(coords.batch_size or 1, 1, coords.num_queries, coords.num_keys,
                                 coords.device)
-        x = self.normalised_distance(ctx, q, k, b)  # [b, 1, n_q, n_k]
+        x = self.normalised_distance(ctx, q[:, :, start:stop], k, b)  # [b, 1, rows, n_k]
         lin1, lin2 = self.mlp[0], self.mlp[2]  # in float32 (or autocast's dtype), as the mod
         hidden = torch.relu(F.linear(x.unsqueeze(-1), lin1.weight.float(), lin1.bias.float()))
         out = F.linear(hidden, lin2.weight.float(), lin2.bias.float()).squeeze(1)  # [b, n_q, n_k, n_h]
