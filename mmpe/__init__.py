@@ -8,7 +8,7 @@ registered encoding by its paper's name; ``mmpe.functional`` holds the pure func
 one-call FlexAttention ``score_mod``; ``mmpe.testing`` the coordinates contract.
 """
 
-from mmpe import cache, functional, generation, testing
+from mmpe import cache, functional, generation, plot, testing
 from mmpe.attention import CrossAttention, MultiHeadAttention
 from mmpe.cache import KVCache, ModelCache
 from mmpe.context import CONTEXT_KEYS
@@ -44,7 +44,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CONTEXT_KEYS", "CausalLM", "Causal", "Composite", "CrossAttention", "Cross", "KVCache",
-    "Latents", "ModelCache", "cache", "generate", "generation", "Coordinates", "Directed", "FeatureGraph", "Graph",
+    "Latents", "ModelCache", "cache", "generate", "generation", "plot", "Coordinates", "Directed", "FeatureGraph", "Graph",
     "GraphLayout", "Grid", "GridLayout", "Metric", "MultiHeadAttention", "Points", "Positioned",
     "Positioned1D", "Sequence", "Sphere", "Spherical", "Table", "Transformer",
     "TransformerBlock", "available", "build", "functional", "get", "register", "testing",

@@ -1,5 +1,6 @@
 """The ``mmpe`` command line.
 
+    mmpe show NAME                             one encoding: paper, hook, capabilities, options
     mmpe list [--hook H] [--coords C]          registered encodings: hook, the coordinate
                                                capabilities they need, the shipped coordinate
                                                types that provide them, and their papers
@@ -74,11 +75,16 @@ def main(argv: list[str] | None = None) -> int:
     p_cmp.add_argument("--family", help="every encoding of one family (e.g. rotary, bias)")
     p_cmp.add_argument("--out", help="output folder (default runs/compare/RECIPE)")
     p_cmp.add_argument("--seed", type=int, default=0)
+    p_show = sub.add_parser("show", help="one encoding: paper, hook, capabilities, options")
+    p_show.add_argument("name")
     _add_plot_parser(sub)
     args = parser.parse_args(argv)
     try:
         if args.command == "list":
             return _list(args)
+        if args.command == "show":
+            print(registry.describe(args.name))
+            return 0
         if args.command == "plot":
             return _plot(args)
         return _compare(args, rest)

@@ -130,9 +130,66 @@ def register(
     return decorator
 
 
+#: entry-point group through which an installed package registers its own encodings: in its
+#: ``pyproject.toml``, ``[project.entry-points."mmpe.encodings"] my_pe = "my_pkg.my_pe"``; the
+#: module is imported (its ``@register`` decorators run) the first time the registry is read.
+ENTRY_POINT_GROUP = "mmpe.encodings"
+_PLUGINS_LOADED: list[bool] = []
+
+
 def _ensure_loaded() -> None:
     # Importing the package registers every built-in encoding (each module decorates its class).
     import mmpe.encodings  # noqa: F401
+
+    if not _PLUGINS_LOADED:
+        _PLUGINS_LOADED.append(True)
+        load_plugins()
+
+
+def load_plugins() -> list[str]:
+    """Import every module registered under the ``mmpe.encodings`` entry-point group.
+
+    Returns the entry-point names loaded. A plugin that fails to import raises an
+    ``ImportError`` naming the entry point and its distribution (never silently skipped).
+    """
+    from importlib.metadata import entry_points
+
+    loaded = []
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            ep.load()
+        except Exception as err:  # name the plugin: a bare traceback hides which package broke
+            dist = getattr(ep.dist, "name", "?")
+            raise ImportError(f"mmpe: the encoding plugin {ep.name!r} = {ep.value!r} (from "
+                              f"{dist}) failed to import: {err}") from err
+        loaded.append(ep.name)
+    return loaded
+
+
+def describe(name: str) -> str:
+    """A readable card of one encoding: hook, paper, capabilities, context keys, options."""
+    entry = get(name)
+    params = inspect.signature(entry.cls).parameters.values()
+    options = [f"  {p.name}" + ("" if p.default is p.empty else f" = {p.default!r}")
+               + ("  (from the model's context)" if p.name in entry.context else "")
+               for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    doc = inspect.getdoc(entry.cls) or ""
+    summary = doc.split("\n\n")[0].replace("\n", " ")
+    needs = ", ".join(f"{c.__name__} ({', '.join(c.members)})" for c in entry.needs) or "none"
+    lines = [
+        f"{entry.name}: {summary}",
+        f"hook:          {entry.hook}  ({'learnable' if entry.learnable else 'fixed'}"
+        f"{'' if entry.extrapolates else ', does not extrapolate'}; family {entry.family})",
+        f"paper:         {entry.paper}",
+        f"needs:         {needs}",
+        f"coordinates:   {', '.join(entry.coords) or '(none shipped)'}",
+        f"context keys:  {', '.join(entry.context) or 'none'}",
+        f"aliases:       {', '.join(entry.aliases) or 'none'}",
+        f"class:         {entry.cls.__module__}.{entry.cls.__qualname__}",
+        "options:",
+        *options,
+    ]
+    return "\n".join(lines)
 
 
 def get(name: str) -> Entry:

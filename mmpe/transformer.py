@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 from typing import Any
@@ -28,7 +29,23 @@ def build_encodings(specs: Seq[EncodingSpec], **context: Any) -> list[Encoding]:
     if isinstance(specs, (str, Mapping, Encoding)):
         raise TypeError(f"encodings must be a list of encodings (names, config dicts or built "
                         f"modules), got a single {type(specs).__name__} {specs!r}: write [{specs!r}]")
-    return [s if isinstance(s, Encoding) else build(s, context=context) for s in specs]
+    built = [s if isinstance(s, Encoding) else build(s, context=context) for s in specs]
+    _warn_duplicates(built)
+    return built
+
+
+def _warn_duplicates(encodings: Seq[Encoding]) -> None:
+    """Two rotary or two input encodings of one kind apply position twice: almost always a
+    configuration mistake (RoPE on RoPE rotates by twice the angle)."""
+    seen: dict[tuple[str, str], int] = {}
+    for enc in encodings:
+        if enc.hook in ("rotary", "input"):
+            key = (enc.hook, getattr(enc, "registry_name", type(enc).__name__))
+            seen[key] = seen.get(key, 0) + 1
+    for (hook, name), count in seen.items():
+        if count > 1:
+            warnings.warn(f"{count} {hook} encodings {name!r} in one model: position is applied "
+                          f"{count} times", UserWarning, stacklevel=3)
 
 
 class TransformerBlock(nn.Module):

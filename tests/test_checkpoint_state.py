@@ -16,8 +16,8 @@ Settings no tensor holds are saved as ``<module>.settings.<name>`` entries
 from __future__ import annotations
 
 import inspect
-import re
 import io
+import re
 
 import pytest
 import torch

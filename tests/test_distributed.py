@@ -15,6 +15,7 @@ ranks forked instead of re-imported: seconds instead of a minute on two busy cor
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import json
@@ -184,17 +185,25 @@ def run_cli(recipe: str, folder: Path, args: list[str], launcher: str = "python"
         assert run.returncode == 0, out[-3000:] + err[-6000:]
 
 
+@contextlib.contextmanager
+def one_thread(monkeypatch: pytest.MonkeyPatch):
+    """Recipes started in this process use one thread (tiny steps on a busy machine run far
+    faster); the process's thread count is restored afterwards."""
+    threads = torch.get_num_threads()
+    monkeypatch.setenv("MMPE_THREADS", "1")
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def run_in_process(recipe: str, folder: Path, args: list[str], monkeypatch: pytest.MonkeyPatch) -> Any:
     """The same ``fit`` command through ``recipes.<recipe>.make_cli`` in this process, in ``folder``."""
     prepare(recipe, folder)
     monkeypatch.chdir(folder)
-    monkeypatch.setenv("MMPE_THREADS", "1")
-    threads = torch.get_num_threads()
-    try:
+    with one_thread(monkeypatch):
         module = importlib.import_module(f"recipes.{recipe}")
         return module.make_cli(["fit", *TINY[recipe], *NO_BAR, *args])
-    finally:
-        torch.set_num_threads(threads)
 
 
 def load_records(out: Path, world_size: int) -> list[dict[str, Any]]:

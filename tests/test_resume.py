@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from test_distributed import TINY, max_param_diff, recorder_arg, run_in_process
+from test_distributed import TINY, max_param_diff, one_thread, recorder_arg, run_in_process
 
 from recipes import tabular
 from recipes.common import CONFIGS, planned_steps
 
-# A resumed run logs to a new version directory; Lightning notes that the checkpoint's did change.
+# A resumed run logs to a new version directory; Lightning warns that the checkpoint directory changed.
 pytestmark = pytest.mark.filterwarnings("ignore:The dirpath has changed")
 
 #: Extra arguments so that the N + N steps cross an epoch boundary on one device.
@@ -92,17 +92,18 @@ def test_text_resume_with_workers_is_exact(tmp_path: Path, monkeypatch: pytest.M
     print(f"\ntext resume with 2 workers: max parameter difference {diff}")
 
 
-def test_tabular_schedule_length_is_lightnings_estimate(tmp_path: Path) -> None:
+def test_tabular_schedule_length_is_lightnings_estimate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The tabular recipe sizes its schedule without loading the data (which would break resume)
     and gets the number Lightning estimates once the data is loaded."""
-    cli = tabular.make_cli(["--config", str(CONFIGS / "tabular/default.yaml"), "--data.batch_size", "16",
-                            "--trainer.max_epochs", "2", "--trainer.accumulate_grad_batches", "2",
-                            "--trainer.limit_train_batches", "5", "--trainer.limit_val_batches", "0",
-                            "--trainer.logger", "false",
-                            "--trainer.enable_checkpointing", "false", "--model.d_model", "8",
-                            "--model.depth", "1", "--model.num_heads", "2",
-                            "--trainer.default_root_dir", str(tmp_path)], run=False)
-    cli.trainer.fit(cli.model, cli.datamodule)
+    with one_thread(monkeypatch):
+        cli = tabular.make_cli(["--config", str(CONFIGS / "tabular/default.yaml"), "--data.batch_size", "16",
+                                "--trainer.max_epochs", "2", "--trainer.accumulate_grad_batches", "2",
+                                "--trainer.limit_train_batches", "5", "--trainer.limit_val_batches", "0",
+                                "--trainer.logger", "false",
+                                "--trainer.enable_checkpointing", "false", "--model.d_model", "8",
+                                "--model.depth", "1", "--model.num_heads", "2",
+                                "--trainer.default_root_dir", str(tmp_path)], run=False)
+        cli.trainer.fit(cli.model, cli.datamodule)
     size = len(cli.datamodule.data["train"][2])
     assert not any(isinstance(c, ModelCheckpoint) for c in cli.trainer.callbacks)
     for max_steps in (-1, 4):  # the epoch count decides, then max_steps

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
-import timm
 import torch
 
-from mmpe.integrations.timm import TimmAttention, apply_encoding
+timm = pytest.importorskip("timm")
+
+import mmpe  # noqa: E402
+from mmpe.integrations.timm import TimmAttention, apply_encoding  # noqa: E402
 
 
 def vit(**kw):
@@ -128,3 +132,132 @@ def test_docstring_examples_run():
     for module in (mmpe.coords.grid, mmpe.coords.composite, mmpe.integrations.timm):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, module.__name__
+
+
+# ----------------------------------------------------------------------------- beyond the plain ViT
+def timm_model(name, **kw):
+    torch.manual_seed(0)
+    args = dict(pretrained=False, num_classes=5, img_size=32, patch_size=8, embed_dim=32, depth=2,
+                num_heads=2)
+    args.update(kw)
+    return timm.create_model(name, **args).eval()
+
+
+SWIN = dict(img_size=64, patch_size=4, window_size=4, embed_dim=16, depths=(2, 2), num_heads=(2, 4),
+            depth=None)
+EVA = ["vit_small_patch16_rope_224", "vit_small_patch16_rope_mixed_224", "eva02_tiny_patch14_224"]
+
+
+def swin_model():
+    args = {k: v for k, v in SWIN.items() if v is not None}
+    torch.manual_seed(0)
+    return timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, num_classes=5,
+                             **args).eval()
+
+
+def test_distilled_deit_learned_grid_reproduces_timm():
+    ref = timm_model("deit_tiny_distilled_patch16_224")
+    model = timm_model("deit_tiny_distilled_patch16_224")
+    assert model.num_prefix_tokens == 2
+    pos = model.pos_embed.detach().clone()
+    apply_encoding(model, "learned_grid")  # was: timm crashed adding a None pos_embed
+    enc = model.mmpe_encodings[0]
+    with torch.no_grad():
+        enc.prefix.copy_(pos[0, :2])  # cls, then the distillation token
+        enc.table.copy_(pos[0, 2:])
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(model(x), ref(x), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", EVA)
+def test_eva_keeps_or_replaces_its_rope(name):
+    ref = timm_model(name)
+    x = torch.randn(2, 3, 32, 32)
+    kept = timm_model(name)  # a zero-slope ALiBi forces mmpe's attention; timm's RoPE still applied
+    apply_encoding(kept, {"name": "alibi", "slopes": torch.zeros(2)}, keep_pos_embed=True)
+    assert isinstance(kept.blocks[0].attn, TimmAttention) and kept.rope is not None
+    assert set(ref.state_dict()) == {k for k in kept.state_dict() if not k.startswith("mmpe_")}
+    torch.testing.assert_close(kept(x), ref(x), atol=1e-5, rtol=1e-4)
+    model = timm_model(name, dynamic_img_size=True)  # was: "patch dropout" error, then an unpack error
+    apply_encoding(model, "rope_axial")
+    assert model.rope is None and getattr(model, "pos_embed", None) is None
+    out, theirs = model.forward_features(x), ref.forward_features(x)
+    assert torch.isfinite(out).all()
+    if name == "vit_small_patch16_rope_224":  # timm's RoPE-ViT axial RoPE (base 100) is rope_axial
+        torch.testing.assert_close(out, theirs, atol=1e-5, rtol=1e-4)
+    if name.startswith("eva02"):  # EVA-02: base 10⁴ RoPE plus a learned pos_embed, both dropped
+        assert not torch.allclose(out, theirs, atol=1e-3)
+    assert model(torch.randn(1, 3, 48, 40)).shape == (1, 5)  # a 6x5 grid
+
+
+@pytest.mark.parametrize("name,kw", [("beit_base_patch16_224", {}),
+                                     ("swin_tiny_patch4_window7_224", {"prefix_bias": False})])
+def test_bias_tables_as_mmpe_swin_reproduce_timm(name, kw):
+    """BEiT's and Swin's relative bias tables are mmpe's ``swin`` encoding (per block)."""
+    ref = swin_model() if name.startswith("swin") else timm_model(name)
+    with torch.no_grad():  # timm starts them at 0: give them values
+        for n, p in ref.named_parameters():
+            if n.endswith("relative_position_bias_table"):
+                p.normal_()
+    model = copy.deepcopy(ref)
+    tables = [blk.attn.relative_position_bias_table.detach().clone() for blk in _blocks(model)]
+    apply_encoding(model, {"name": "swin", **kw}, share_encodings=False)
+    for blk, table in zip(_blocks(model), tables, strict=True):
+        assert blk.attn.encodings[0].table.shape == table.shape
+        with torch.no_grad():
+            blk.attn.encodings[0].table.copy_(table)
+    assert not any("relative_position_bias_table" in k for k in model.state_dict())
+    size = 64 if name.startswith("swin") else 32
+    x = torch.randn(2, 3, size, size)
+    torch.testing.assert_close(model(x), ref(x), atol=1e-5, rtol=1e-4)
+    kept = copy.deepcopy(ref)  # keep_pos_embed: timm's tables stay, mmpe adds to them
+    apply_encoding(kept, {"name": "alibi", "slopes": torch.zeros(kept_heads(kept))}
+                   if not name.startswith("swin") else [], keep_pos_embed=True)
+    torch.testing.assert_close(kept(x), ref(x), atol=1e-5, rtol=1e-4)
+
+
+def _blocks(model):
+    if hasattr(model, "layers"):
+        return [blk for stage in model.layers for blk in stage.blocks]
+    return list(model.blocks)
+
+
+def kept_heads(model):
+    return model.blocks[0].attn.num_heads
+
+
+@pytest.mark.parametrize("name,encodings,share", [
+    ("deit_tiny_distilled_patch16_224", ["learned_grid", "alibi"], True),
+    ("vit_small_patch16_rope_224", ["rope_axial", "t5"], True),
+    ("eva02_tiny_patch14_224", ["rope_mixed"], False),
+    ("beit_base_patch16_224", ["t5"], True),
+    ("swin_tiny_patch4_window7_224", ["rope_axial", "swin"], True),
+])
+def test_tested_models_train_and_round_trip(name, encodings, share):
+    make = swin_model if name.startswith("swin") else (lambda: timm_model(name))
+    model = make()
+    apply_encoding(model, encodings, share_encodings=share)
+    model.train()
+    size = 64 if name.startswith("swin") else 32
+    x, y = torch.randn(2, 3, size, size), torch.randint(0, 5, (2,))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    torch.optim.AdamW(model.parameters(), lr=1e-2).step()  # grads are tiny: timm's head starts ~0
+    enc_keys = [k for k in model.state_dict() if "encodings" in k and model.state_dict()[k].is_floating_point()]
+    assert any(not torch.equal(model.state_dict()[k], before[k]) for k in enc_keys)
+    model.eval()
+    fresh = make()
+    apply_encoding(fresh, encodings, share_encodings=share)
+    fresh.load_state_dict(model.state_dict())
+    torch.testing.assert_close(fresh(x), model(x))
+
+
+def test_swin_and_eva_errors():
+    with pytest.raises(ValueError, match="no input encodings"):
+        apply_encoding(swin_model(), "sincos")
+    with pytest.raises(ValueError, match="additive"):
+        apply_encoding(swin_model(), "da_transformer")
+    with pytest.raises(ValueError, match="names or configs"):
+        apply_encoding(swin_model(), mmpe.build("alibi", num_heads=2))
+    with pytest.raises(ValueError, match="patch dropout"):
+        apply_encoding(timm_model("eva02_tiny_patch14_224", patch_drop_rate=0.5), "rope_axial")
