@@ -243,3 +243,93 @@ def test_layer_precomputed_needs_data() -> None:
         layer(torch.randn(3, 8), torch.tensor([[0, 1], [1, 2]]))
     with pytest.raises(ValueError, match="unknown keys"):
         GraphTransformer(8, 2, precomputed={"random_walk": "rw"})
+
+
+# ---------------------------------------------------------------- GPS: mmpe biases in PyG's layer
+def gps_batch():
+    graphs = [from_smiles(s) for s in SMILES]
+    return next(iter(DataLoader(graphs, batch_size=len(graphs))))
+
+
+def pyg_gps(seed: int = 0):
+    from torch_geometric.nn import GINConv, GPSConv
+
+    torch.manual_seed(seed)
+    mlp = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16))
+    return GPSConv(16, GINConv(mlp), heads=4)
+
+
+def test_pyg_gpsconv_has_no_custom_attention_hook() -> None:
+    """Why MMPEGPSConv exists: GPSConv builds nn.MultiheadAttention or a Performer by name."""
+    from torch_geometric.nn import GPSConv
+
+    with pytest.raises(ValueError, match="not supported"):
+        GPSConv(16, None, heads=4, attn_type="mmpe")
+
+
+def test_mmpe_gpsconv_without_encodings_equals_pyg_gpsconv() -> None:
+    from torch_geometric.nn import GPSConv
+
+    from mmpe.integrations.pyg import MMPEGPSConv
+
+    batch = gps_batch()
+    x = torch.randn(batch.num_nodes, 16)
+    gps = pyg_gps()
+    gps.train()
+    gps(x, batch.edge_index, batch.batch)  # batch-norm running statistics, then eval
+    gps.eval()
+    ours = MMPEGPSConv.from_gpsconv(gps)
+    assert isinstance(ours, GPSConv) and not ours.training
+    theirs_keys = {k for k in gps.state_dict() if not k.startswith("attn.")}
+    assert theirs_keys == {k for k in ours.state_dict() if not k.startswith("attn.")}
+    with torch.no_grad():
+        ref = gps(x, batch.edge_index, batch.batch)
+        out = ours(x, batch.edge_index, batch.batch)
+    assert torch.allclose(out, ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["graphormer_spatial", "alibi", "t5", "fire"])
+def test_mmpe_gpsconv_biases_change_the_output_and_train(name: str) -> None:
+    from mmpe.integrations.pyg import MMPEGPSConv
+
+    batch = gps_batch()
+    x = torch.randn(batch.num_nodes, 16, requires_grad=True)
+    gps = pyg_gps().eval()
+    ours = MMPEGPSConv.from_gpsconv(gps, [name]).eval()
+    with torch.no_grad():
+        for p in ours.attn.attn.scores.parameters():
+            p.normal_()  # T5's table starts at 0
+        assert not torch.allclose(ours(x, batch.edge_index, batch.batch),
+                                  gps(x, batch.edge_index, batch.batch), atol=1e-4)
+    coords = Graph.from_pyg(batch)  # hops once, shared by a stack of layers
+    second = MMPEGPSConv(16, None, heads=4, encodings=[name], norm="layer_norm")
+    out = second(ours(x, batch.edge_index, batch.batch, coords=coords), batch.edge_index, batch.batch,
+                 coords=coords)
+    assert out.shape == (batch.num_nodes, 16) and torch.isfinite(out).all()
+    out.square().sum().backward()
+    grads = [p.grad for p in ours.attn.attn.scores.parameters()]  # none for ALiBi (fixed slopes)
+    assert name == "alibi" or any(g is not None and g.abs().sum() > 0 for g in grads)
+    assert x.grad.abs().sum() > 0
+
+
+def test_graph_attention_pads_inside_and_reads_precomputed_data() -> None:
+    from mmpe.integrations.pyg import GraphAttention
+
+    graphs = [PRE(from_smiles(s)) for s in SMILES]
+    batch = next(iter(DataLoader(graphs, batch_size=len(graphs))))
+    layer = GraphAttention(16, 4, ["graphormer_spatial", "alibi"],
+                           precomputed=graph_kwargs(PRE)).eval()
+    x = torch.randn(batch.num_nodes, 16)
+    with torch.no_grad():
+        out = layer(x, batch.batch, edge_index=batch.edge_index)
+        coords = Graph(batch)
+        manual = coords.unpad_nodes(layer.attn(coords.pad_nodes(x), coords))
+        assert torch.allclose(out, manual, atol=1e-6)
+        assert torch.allclose(layer(x, data=batch), out, atol=1e-6)  # spd read from the batch
+        assert torch.allclose(layer(x, coords=coords), out, atol=1e-6)
+    with pytest.raises(ValueError, match="input encodings"):
+        GraphAttention(16, 4, ["rwse"])
+    with pytest.raises(ValueError, match="num_nodes, channels"):
+        layer(torch.randn(3))
+    with pytest.raises(ValueError, match="nodes"):
+        layer(torch.randn(4, 16), coords=coords)

@@ -407,3 +407,20 @@ def test_docstring_example_runs():
 
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_save_pretrained_keeps_the_encodings(tmp_path):
+    from safetensors.torch import load_file
+
+    model = randomize(apply_score_encodings(tiny(), "t5"))
+    replace_rotary(model)
+    model.save_pretrained(tmp_path)
+    loaded = LlamaForCausalLM.from_pretrained(tmp_path).eval()
+    apply_score_encodings(loaded, "t5")  # the bridge is code: apply it again, then load its tensors
+    replace_rotary(loaded)
+    state = load_file(tmp_path / "model.safetensors")
+    assert any(k.startswith("mmpe_encodings.") for k in state)
+    loaded.load_state_dict(state, strict=False)
+    ids = torch.randint(1, 100, (1, 8))
+    with torch.no_grad():
+        assert torch.allclose(loaded(ids).logits, model(ids).logits, atol=1e-6)

@@ -35,21 +35,41 @@ signs; PyG's are random).
                              precomputed=graph_kwargs(pre))
     for batch in DataLoader(graphs, batch_size=32):
         h = layer(x_embed(batch.x), batch.edge_index, batch.batch, data=batch)   # [N, 64]
+
+Inside PyG's GPS recipe: :class:`GraphAttention` is mmpe attention on node-level inputs
+(``x [N, d]``, ``batch``; padding to ``[b, n_max, d]`` and back is done inside), and
+:class:`MMPEGPSConv` is PyG's ``GPSConv`` (same local MPNN, MLP, norms and residuals; a
+``GPSConv`` subclass) whose global attention is a :class:`GraphAttention` with mmpe's graph
+score biases (``graphormer_spatial``, ``alibi``/``t5``/``fire`` over hops …). PyG's own
+``GPSConv`` cannot take such a module: it builds ``torch.nn.MultiheadAttention`` or a Performer
+from ``attn_type`` and dispatches on those two classes, with no hook for pairwise biases.
+
+    coords = Graph.from_pyg(batch)                    # hops computed once, shared by layers
+    layers = [MMPEGPSConv(64, GINEConv(...), heads=4, encodings=["graphormer_spatial"])
+              for _ in range(4)]
+    for layer in layers:
+        h = layer(h, batch.edge_index, batch.batch, coords=coords, edge_attr=e)
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.data import Data
 from torch_geometric.data.datapipes import functional_transform
+from torch_geometric.nn import GPSConv
+from torch_geometric.nn.inits import reset
 from torch_geometric.transforms import BaseTransform
 
+from mmpe.attention import MultiHeadAttention
 from mmpe.coords.graph import PRECOMPUTED, Graph
+from mmpe.encodings.base import Encoding, InputEncoding
 from mmpe.graph_maths import (
     degrees,
     laplacian_pe,
@@ -57,10 +77,11 @@ from mmpe.graph_maths import (
     random_walk_pe,
     shortest_path_hops,
 )
+from mmpe.registry import build
 from mmpe.transformer import EncodingSpec, Transformer
 
-__all__ = ["AddDegree", "AddLaplacianPE", "AddRWSE", "AddShortestPaths", "GraphTransformer",
-           "graph_kwargs"]
+__all__ = ["AddDegree", "AddLaplacianPE", "AddRWSE", "AddShortestPaths", "GraphAttention",
+           "GraphTransformer", "MMPEGPSConv", "graph_kwargs"]
 
 #: Substrings that make PyG's batching offset or re-concatenate an attribute (``Data.__inc__``,
 #: ``Data.__cat_dim__``): an ``attr_name`` must avoid them.
@@ -345,3 +366,185 @@ class GraphTransformer(nn.Module):
                              f"{tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__}")
         coords = self.coords(x, edge_index, batch, edge_attr, data)
         return coords.unpad_nodes(self.transformer(coords.pad_nodes(x), coords))
+
+
+def _check_nodes(owner: str, x: Any) -> None:
+    if not isinstance(x, Tensor) or x.dim() != 2:
+        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"{owner}: x must be [num_nodes, channels], got {shape}")
+
+
+class GraphAttention(nn.Module):
+    """mmpe self-attention over the nodes of a PyG batch: ``(x [N, d], batch) -> [N, d]``.
+
+    Builds (or takes) :class:`mmpe.coords.Graph` coordinates, pads the nodes to
+    ``[b, n_max, d]`` (:meth:`~mmpe.coords.Graph.pad_nodes`), runs
+    :class:`mmpe.attention.MultiHeadAttention` with the encodings (padded keys masked) and
+    returns the nodes in PyG order — the global-attention half of a GPS layer.
+
+    Args:
+        channels: node feature width ``d``.
+        heads: attention heads (a divisor of ``channels``).
+        encodings: score or rotary encodings (registry names, configs or built), built with
+            ``d_model=channels``, ``num_heads=heads``, ``head_dim=channels // heads``:
+            ``graphormer_spatial``, ``graphormer`` (needs edge features), ``alibi``, ``t5``,
+            ``fire`` … (distances in hops).
+        max_distance: hop clip of coordinates built here.
+        precomputed: :meth:`~mmpe.coords.Graph.from_pyg` keywords for ``data=``
+            (:func:`graph_kwargs` of the transforms).
+        **kwargs: passed to :class:`~mmpe.attention.MultiHeadAttention` (``num_kv_heads``,
+            ``qkv_bias``, ``backend``).
+
+    Shapes: ``forward(x [N, d], batch [N] | None = None, coords: Graph | None = None, *,
+    edge_index [2, E] | None = None, edge_attr [E, F] | None = None, data=None) -> [N, d]``.
+    Coordinates: ``coords`` if given (build them once per batch and share them between
+    layers), else from ``data`` (:meth:`~mmpe.coords.Graph.from_pyg`), else from
+    ``edge_index`` (no edges: every pair is "unreachable", for encodings that need no hops).
+
+    Raises:
+        ValueError: an input encoding (add those to the node features instead); ``x`` not
+            ``[N, channels]``; coordinates for another number of nodes.
+    """
+
+    def __init__(self, channels: int, heads: int = 1, encodings: Sequence[EncodingSpec] = (), *,
+                 max_distance: int = 20, precomputed: Mapping[str, Any] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__()
+        if channels % heads:
+            raise ValueError(f"GraphAttention: channels={channels} must be divisible by heads={heads}")
+        context = {"d_model": channels, "num_heads": heads, "head_dim": channels // heads}
+        built = [e if isinstance(e, Encoding) else build(e, context=context)
+                 for e in ([encodings] if isinstance(encodings, str | Mapping | Encoding) else encodings)]
+        bad = [type(e).__name__ for e in built if isinstance(e, InputEncoding)]
+        if bad:
+            raise ValueError(f"GraphAttention: input encodings ({bad}) belong to the node features "
+                             "(add them before the layer, or use GraphTransformer)")
+        self.channels, self.heads, self.max_distance = channels, heads, max_distance
+        self.precomputed = dict(precomputed or {})
+        self.attn = MultiHeadAttention(channels, heads, built, **kwargs)
+
+    @classmethod
+    def from_multihead(cls, mha: nn.MultiheadAttention, encodings: Sequence[EncodingSpec] = (),
+                       **kwargs: Any) -> GraphAttention:
+        """A :class:`GraphAttention` with the projections of a ``torch.nn.MultiheadAttention``
+        (PyG ``GPSConv``'s ``attn``): without encodings it computes what that module does.
+
+        Raises:
+            ValueError: a module with separate q/k/v widths or without projection biases.
+        """
+        if not mha._qkv_same_embed_dim or mha.in_proj_bias is None:
+            raise ValueError("GraphAttention.from_multihead: needs equal q/k/v widths and biases")
+        out = cls(mha.embed_dim, mha.num_heads, encodings, **kwargs)
+        with torch.no_grad():
+            out.attn.qkv.weight.copy_(mha.in_proj_weight)
+            out.attn.qkv.bias.copy_(mha.in_proj_bias)
+            out.attn.proj.weight.copy_(mha.out_proj.weight)
+            out.attn.proj.bias.copy_(mha.out_proj.bias)
+        return out
+
+    def reset_parameters(self) -> None:
+        """Re-initialise the projections (what PyG's ``reset_parameters`` convention expects)."""
+        self.attn.qkv.reset_parameters()
+        self.attn.proj.reset_parameters()
+
+    def coords(self, x: Tensor, batch: Tensor | None = None, *, edge_index: Tensor | None = None,
+               edge_attr: Tensor | None = None, data: Data | None = None) -> Graph:
+        """The :class:`~mmpe.coords.Graph` the layer attends over (built per call)."""
+        if data is not None:
+            return Graph.from_pyg(data, **self.precomputed, max_distance=self.max_distance,
+                                  device=x.device)
+        if edge_index is None:
+            edge_index = torch.empty(2, 0, dtype=torch.long, device=x.device)
+        return Graph(edge_index, x.shape[0], batch, edge_attr=edge_attr,
+                     max_distance=self.max_distance, device=x.device)
+
+    def forward(self, x: Tensor, batch: Tensor | None = None, coords: Graph | None = None, *,
+                edge_index: Tensor | None = None, edge_attr: Tensor | None = None,
+                data: Data | None = None) -> Tensor:
+        _check_nodes("GraphAttention", x)
+        if coords is None:
+            coords = self.coords(x, batch, edge_index=edge_index, edge_attr=edge_attr, data=data)
+        elif not isinstance(coords, Graph):
+            raise TypeError(f"GraphAttention: coords must be an mmpe Graph, got {type(coords).__name__}")
+        if coords.node_slot[0].numel() != x.shape[0]:
+            raise ValueError(f"GraphAttention: the coordinates hold {coords.node_slot[0].numel()} "
+                             f"nodes, x has {x.shape[0]}")
+        return coords.unpad_nodes(self.attn(coords.pad_nodes(x), coords))
+
+
+class MMPEGPSConv(GPSConv):
+    """PyG's ``GPSConv`` (Rampášek et al. 2022) with mmpe graph biases in its global attention.
+
+    Same structure and numbers as ``torch_geometric.nn.GPSConv`` — local MPNN ``conv`` + residual
+    + norm, global attention + residual + norm, their sum, MLP + residual + norm — but ``attn``
+    is a :class:`GraphAttention` (``GPSConv`` only builds ``nn.MultiheadAttention`` or a
+    Performer and has no hook for pairwise terms). Without encodings it equals a ``GPSConv``
+    with the same weights (:meth:`from_gpsconv`; tested).
+
+    Args:
+        channels, conv, heads, dropout, act, act_kwargs, norm, norm_kwargs: as ``GPSConv``.
+        encodings, max_distance, precomputed, **attn_kwargs: as :class:`GraphAttention`.
+
+    Shapes: ``forward(x [N, d], edge_index, batch [N] | None = None, *, coords: Graph | None =
+    None, data=None, **kwargs) -> [N, d]``; ``kwargs`` go to ``conv`` (``edge_attr`` …).
+    Pass ``coords`` (``Graph.from_pyg(batch)``) to build the hops once for a stack of layers.
+    """
+
+    def __init__(self, channels: int, conv: nn.Module | None, heads: int = 1, dropout: float = 0.0,
+                 act: str = "relu", act_kwargs: dict[str, Any] | None = None,
+                 norm: str | None = "batch_norm", norm_kwargs: dict[str, Any] | None = None,
+                 encodings: Sequence[EncodingSpec] = (), *, max_distance: int = 20,
+                 precomputed: Mapping[str, Any] | None = None, **attn_kwargs: Any) -> None:
+        super().__init__(channels, conv, heads=heads, dropout=dropout, act=act, act_kwargs=act_kwargs,
+                         norm=norm, norm_kwargs=norm_kwargs, attn_type="multihead")
+        self.attn_type = "mmpe"
+        self.attn = GraphAttention(channels, heads, encodings, max_distance=max_distance,
+                                   precomputed=precomputed, **attn_kwargs)
+
+    @classmethod
+    def from_gpsconv(cls, gps: GPSConv, encodings: Sequence[EncodingSpec] = (),
+                     **kwargs: Any) -> MMPEGPSConv:
+        """A copy of a multi-head ``GPSConv`` (its conv, MLP, norms and attention weights) with
+        mmpe encodings in the attention.
+
+        Raises:
+            ValueError: a ``GPSConv`` whose ``attn_type`` is not ``"multihead"``.
+        """
+        if not isinstance(gps.attn, nn.MultiheadAttention):
+            raise ValueError(f"MMPEGPSConv.from_gpsconv: needs attn_type='multihead', got {gps.attn_type!r}")
+        out = cls(gps.channels, None, heads=gps.heads, dropout=gps.dropout, norm=None)
+        out.conv, out.mlp = copy.deepcopy(gps.conv), copy.deepcopy(gps.mlp)
+        out.norm1, out.norm2, out.norm3 = (copy.deepcopy(n) for n in (gps.norm1, gps.norm2, gps.norm3))
+        out.norm_with_batch = gps.norm_with_batch
+        out.attn = GraphAttention.from_multihead(gps.attn, encodings, **kwargs)
+        return out.train(gps.training)
+
+    def reset_parameters(self) -> None:
+        if self.conv is not None:
+            self.conv.reset_parameters()
+        self.attn.reset_parameters()
+        reset(self.mlp)
+        for norm in (self.norm1, self.norm2, self.norm3):
+            if norm is not None:
+                norm.reset_parameters()
+
+    def _norm(self, norm: nn.Module | None, h: Tensor, batch: Tensor | None) -> Tensor:
+        if norm is None:
+            return h
+        return norm(h, batch=batch) if self.norm_with_batch else norm(h)
+
+    def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None, *,
+                coords: Graph | None = None, data: Data | None = None, **kwargs: Any) -> Tensor:
+        _check_nodes("MMPEGPSConv", x)
+        hs = []
+        if self.conv is not None:  # local MPNN
+            h = self.conv(x, edge_index, **kwargs)
+            h = F.dropout(h, p=self.dropout, training=self.training)
+            hs.append(self._norm(self.norm1, h + x, batch))
+        h = self.attn(x, batch, coords, edge_index=edge_index, edge_attr=kwargs.get("edge_attr"),
+                      data=data)
+        h = F.dropout(h, p=self.dropout, training=self.training)
+        hs.append(self._norm(self.norm2, h + x, batch))
+        out = sum(hs)
+        out = out + self.mlp(out)
+        return self._norm(self.norm3, out, batch)

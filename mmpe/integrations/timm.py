@@ -422,7 +422,7 @@ def _apply_swin(model: nn.Module, specs: list[EncodingSpec], share_encodings: bo
         raise ValueError("apply_encoding: Swin builds encodings per block (heads change between "
                          "stages); pass names or configs")
     stages = []
-    for s, stage in enumerate(model.layers):
+    for stage in model.layers:
         attns = [blk.attn for blk in stage.blocks]
         if not attns:
             continue
