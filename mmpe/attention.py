@@ -188,7 +188,7 @@ class _Attention(nn.Module):
             attn_mask = _dense_mask(coords)
         else:
             mask = _dense_mask(coords)
-            bias = bias.to(ctx.q.dtype)
+            bias = _cast_bias(bias, ctx.q.dtype)
             attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
         return F.scaled_dot_product_attention(ctx.q, ctx.k, ctx.v, attn_mask=attn_mask, scale=scale)
 
@@ -213,7 +213,7 @@ class _Attention(nn.Module):
         for enc in self.scores:
             term = enc.bias_rows(ctx, start, stop)
             bias = term if bias is None else bias + term
-        bias = bias.to(ctx.q.dtype)
+        bias = _cast_bias(bias, ctx.q.dtype)
         mask = _mask_rows(ctx.coords, start, stop)
         if mask is not None:
             bias = bias.masked_fill(~mask, float("-inf"))
@@ -438,10 +438,9 @@ def _bias_bytes(ctx: AttentionContext, rows: int) -> int:
 
 def _check_memory(needed: int, what: str, ctx: AttentionContext) -> None:
     """Fail before allocating what this machine cannot hold, naming the size and alternatives."""
-    if ctx.q.device.type != "cpu":
+    if ctx.q.device.type != "cpu" or torch.compiler.is_compiling():
         return
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") \
-        else None
+    total = _physical_memory()
     if total and needed > total:
         raise MemoryError(
             f"attention: {what} for b={ctx.q.shape[0]}, n_h={ctx.num_heads}, "
@@ -449,6 +448,15 @@ def _check_memory(needed: int, what: str, ctx: AttentionContext) -> None:
             f"GiB, more than this machine's {total / 2**30:.1f} GiB; use the block-wise SDPA "
             "path (backend='sdpa' with softmax and additive terms), FlexAttention on a GPU "
             "(backend='flex'), or shorter sequences")
+
+
+@functools.cache
+def _physical_memory() -> int | None:
+    """Bytes of physical memory (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 def _mask_rows(coords: Coordinates, start: int, stop: int) -> Tensor | None:
@@ -459,6 +467,15 @@ def _mask_rows(coords: Coordinates, start: int, stop: int) -> Tensor | None:
     batch = coords.batch_size or 1
     b, h, q, k = index_grid(batch, 1, coords.num_queries, coords.num_keys, coords.device)
     return mod(b, h, q[:, :, start:stop], k).expand(batch, 1, stop - start, coords.num_keys)
+
+
+def _cast_bias(bias: Tensor, dtype: torch.dtype) -> Tensor:
+    """The summed bias in the attention dtype. In bf16/fp16 the row maximum is taken out first
+    (softmax ignores it): a large bias such as SwinV2's (up to 16) then keeps its differences
+    instead of losing |bias|·2⁻⁹ to rounding."""
+    if dtype == bias.dtype or not dtype.is_floating_point or torch.finfo(dtype).bits > 16:
+        return bias.to(dtype)
+    return (bias - bias.amax(dim=-1, keepdim=True).detach()).to(dtype)
 
 
 def _dense_mask(coords: Coordinates) -> Tensor | None:

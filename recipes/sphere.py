@@ -43,7 +43,6 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.cli import LightningCLI
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -52,10 +51,13 @@ from mmpe.coords import Sphere
 from mmpe.transformer import Transformer
 from recipes.common import (
     MissingDataError,
+    RecipeCLI,
+    epoch_loader,
     fit_for_compare,
     make_lightning_cli,
     make_optimizer,
     require,
+    split_index,
 )
 
 LAND_INSTALL = "pip install global-land-mask"
@@ -150,7 +152,10 @@ def sample_sphere(rng: np.random.Generator, n: int, region: str = "all", *, cap_
 
 
 class GlobeExamples(Dataset):
-    """Examples of one task, each made from its own RNG stream ``(seed, index)`` (reproducible).
+    """Examples of one task, each made from its own RNG stream (reproducible, in any order).
+
+    Item ``i`` (or ``(0, i)``) uses the stream ``(seed, i)``; item ``(epoch, i)`` with
+    ``epoch > 0`` (training epochs after the first) uses ``(seed, i, epoch)``: fresh points.
 
     Land: ``{"lat", "lon" [n] (degrees), "label" [n] float 0/1}``. Geoid: ``{"lat", "lon",
     "value" [n] (normalised heights; queries hold their target), "observed" [n] bool}`` with the
@@ -166,8 +171,9 @@ class GlobeExamples(Dataset):
     def __len__(self) -> int:
         return self.size
 
-    def __getitem__(self, i: int) -> dict[str, Tensor]:
-        rng = np.random.default_rng([self.seed, i])
+    def __getitem__(self, index: int | tuple[int, int]) -> dict[str, Tensor]:
+        epoch, i = split_index(index)
+        rng = np.random.default_rng([self.seed, i] if epoch == 0 else [self.seed, i, epoch])
         kw = {"cap_deg": self.cap, "band_deg": self.band}
         if self.task == "land":
             lat, lon = sample_sphere(rng, self.n_obs, "all", **kw)
@@ -194,7 +200,7 @@ class GlobeData(L.LightningDataModule):
         n_obs: points per land example, observations per geoid example.
         n_query: query points per geoid example.
         batch_size: examples per step.
-        train_examples: examples per training epoch (fresh points each).
+        train_examples: examples per training epoch (in order; fresh points each epoch).
         test_examples: examples per test set (fixed seeds; per region for the geoid).
         polar_cap_deg: southern edge of the held-out polar cap (°N).
         dateline_halfwidth_deg: half width of the held-out date-line band (degrees of longitude).
@@ -237,8 +243,9 @@ class GlobeData(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
-        return DataLoader(self.dataset("train", hp.train_examples, hp.seed), batch_size=hp.batch_size,
-                          shuffle=False)
+        # In order, every example from its own (seed, epoch, index) stream; sharded under DDP.
+        return epoch_loader(self.dataset("train", hp.train_examples, hp.seed), hp.batch_size,
+                            shuffle=False, with_epoch=True)
 
     def val_dataloader(self) -> DataLoader:
         hp = self.hparams
@@ -294,6 +301,8 @@ class GlobeModel(L.LightningModule):
                                        encoding_context=context)
         self.token = nn.Parameter(torch.randn(2, d_model) * 0.02)  # [observed, query] / land
         self.value_in = nn.Linear(1, d_model)
+        if task == "land":  # no observed values: frozen, so DDP need not look for unused parameters
+            self.value_in.requires_grad_(False)
         self.head = nn.Linear(d_model, 1)
 
     def forward(self, batch: dict[str, Tensor]) -> Tensor:
@@ -327,11 +336,11 @@ class GlobeModel(L.LightningModule):
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         _, metric = self.loss_and_metric(batch)
-        self.log("val/metric", metric, prog_bar=True, batch_size=batch["lat"].shape[0])
+        self.log("val/metric", metric, prog_bar=True, batch_size=batch["lat"].shape[0], sync_dist=True)
 
     def test_step(self, batch: dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         _, metric = self.loss_and_metric(batch)
-        self.log("test/metric", metric, batch_size=batch["lat"].shape[0])
+        self.log("test/metric", metric, batch_size=batch["lat"].shape[0], sync_dist=True)
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
@@ -357,8 +366,9 @@ def evaluate(model: GlobeModel, loader: DataLoader) -> float:
     return metric * 100 if model.hparams.task == "land" else math.sqrt(metric) * model.hparams.value_std
 
 
-class GlobeCLI(LightningCLI):
+class GlobeCLI(RecipeCLI):
     def add_arguments_to_parser(self, parser) -> None:
+        super().add_arguments_to_parser(parser)
         parser.link_arguments("data.task", "model.task")
         parser.link_arguments("data.value_std", "model.value_std", apply_on="instantiate")
 

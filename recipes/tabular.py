@@ -44,14 +44,21 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.cli import LightningCLI
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from mmpe.compare import CompareSpec
 from mmpe.coords import Table
 from mmpe.transformer import Transformer
-from recipes.common import fit_for_compare, make_lightning_cli, make_optimizer, require
+from recipes.common import (
+    RecipeCLI,
+    epoch_loader,
+    fit_for_compare,
+    make_lightning_cli,
+    make_optimizer,
+    planned_steps,
+    require,
+)
 
 DATASETS = ("breast_cancer", "wine", "image_segments", "oj")
 SEEDS = 5
@@ -191,19 +198,19 @@ class TabularData(L.LightningDataModule):
         return {"num_numeric": d["num_numeric"], "cat_cardinalities": list(d["cat_cardinalities"]),
                 "num_classes": d["num_classes"], "table": d["table"]}
 
-    def _loader(self, part: str, shuffle: bool) -> DataLoader:
-        return DataLoader(TensorDataset(*self.data[part]), batch_size=self.hparams.batch_size,
-                          shuffle=shuffle)
+    def _loader(self, part: str) -> DataLoader:
+        return DataLoader(TensorDataset(*self.data[part]), batch_size=self.hparams.batch_size)
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader("train", True)
+        # Shuffled per epoch from the run's seed; under DDP Lightning shards the order.
+        return epoch_loader(TensorDataset(*self.data["train"]), self.hparams.batch_size)
 
     def val_dataloader(self) -> list[DataLoader]:
         """Validation and test: the model keeps the test accuracy of its best validation epoch."""
-        return [self._loader("val", False), self._loader("test", False)]
+        return [self._loader("val"), self._loader("test")]
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader("test", False)
+        return self._loader("test")
 
 
 # ----------------------------------------------------------------------------- model
@@ -227,6 +234,9 @@ class FeatureTokenizer(nn.Module):
         self.cls = nn.Parameter(torch.empty(1, 1, d_token).uniform_(-s, s))
         self.embed = nn.Embedding(max(1, sum(cat_cardinalities)), d_token)
         nn.init.uniform_(self.embed.weight, -s, s)
+        # No categorical column: the (placeholder) table gets no gradient; frozen, DDP need not
+        # look for unused parameters.
+        self.embed.weight.requires_grad_(bool(cat_cardinalities))
         offsets = torch.tensor([0, *cat_cardinalities[:-1]], dtype=torch.long).cumsum(0)
         self.register_buffer("offsets", offsets[: len(cat_cardinalities)], persistent=False)
         self.num_numeric = num_numeric
@@ -296,9 +306,11 @@ class FTTransformerClassifier(L.LightningModule):
             float(F.cross_entropy(logits, y, reduction="sum"))])
 
     def on_validation_epoch_end(self) -> None:
-        (v_ok, v_n, v_loss), (t_ok, t_n, _) = self._counts.tolist()
+        # Under DDP each rank counted its shard: sum the counts (a no-op on one device).
+        counts = self.trainer.strategy.reduce(self._counts.to(self.device), reduce_op="sum")
+        (v_ok, v_n, v_loss), (t_ok, t_n, _) = counts.cpu().tolist()
         val_acc, val_loss, test_acc = v_ok / max(v_n, 1), v_loss / max(v_n, 1), t_ok / max(t_n, 1)
-        self.log_dict({"val/acc": val_acc, "val/loss": val_loss})
+        self.log_dict({"val/acc": val_acc, "val/loss": val_loss}, sync_dist=True)
         if self.trainer.sanity_checking:
             return
         best = self.best
@@ -309,16 +321,27 @@ class FTTransformerClassifier(L.LightningModule):
     def test_step(self, batch: tuple[Tensor, Tensor, Tensor], batch_idx: int) -> None:
         x_num, x_cat, y = batch
         acc = (self(x_num, x_cat).argmax(-1) == y).float().mean()
-        self.log("test/acc", acc, batch_size=len(y))
+        self.log("test/acc", acc, batch_size=len(y), sync_dist=True)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["best"] = dict(self.best)  # the best-validation record survives a resume
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.best = dict(checkpoint.get("best", {}))
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
-        return make_optimizer(self, hp.lr, hp.weight_decay, hp.warmup_steps,
-                              max(1, int(self.trainer.estimated_stepping_batches)))
+        # Not trainer.estimated_stepping_batches: it would load the training data before a resumed
+        # run restores the loader's place in the epoch (see recipes.common.planned_steps).
+        data = self.trainer.datamodule
+        total = (planned_steps(self.trainer, len(data.data["train"][2]), data.hparams.batch_size)
+                 if isinstance(data, TabularData) else int(self.trainer.estimated_stepping_batches))
+        return make_optimizer(self, hp.lr, hp.weight_decay, hp.warmup_steps, max(1, total))
 
 
-class TabularCLI(LightningCLI):
+class TabularCLI(RecipeCLI):
     def add_arguments_to_parser(self, parser) -> None:
+        super().add_arguments_to_parser(parser)
         parser.link_arguments("data.schema", "model.schema", apply_on="instantiate")
 
 

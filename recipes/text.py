@@ -31,7 +31,6 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.cli import LightningCLI
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -39,10 +38,15 @@ from mmpe.compare import CompareSpec
 from mmpe.coords import Sequence
 from mmpe.transformer import Transformer
 from recipes.common import (
+    RecipeCLI,
+    epoch_loader,
     fit_for_compare,
     make_lightning_cli,
     make_optimizer,
+    mix_seed,
     require,
+    run_seed,
+    split_index,
     test_or_none,
 )
 
@@ -95,16 +99,29 @@ def split_plays(names: list[str], n_val: int, n_test: int, seed: int = 0) -> dic
 
 
 class RandomWindows(Dataset):
-    """``num_samples`` random windows of ``length + 1`` characters (inputs and next-char targets)."""
+    """``num_samples`` random windows of ``length + 1`` characters (inputs and next-char targets).
 
-    def __init__(self, ids: Tensor, length: int, num_samples: int) -> None:
-        self.ids, self.length, self.num_samples = ids, length, num_samples
+    Item ``(epoch, i)`` (or ``i``: epoch 0) starts at a position drawn from a generator seeded by
+    ``(seed, epoch, i)``: the same window on every rank, in every worker and after a resume,
+    and fresh windows every epoch. The draw never touches the global RNG.
+    """
+
+    def __init__(self, ids: Tensor, length: int, num_samples: int, seed: int = 0) -> None:
+        if len(ids) < length + 2:
+            raise ValueError(f"RandomWindows: {len(ids)} characters cannot hold a window of {length + 1}")
+        self.ids, self.length, self.num_samples, self.seed = ids, length, num_samples, seed
 
     def __len__(self) -> int:
         return self.num_samples
 
-    def __getitem__(self, i: int) -> Tensor:
-        start = int(torch.randint(0, len(self.ids) - self.length - 1, ()))
+    def start(self, index: int | tuple[int, int]) -> int:
+        """First character of window ``index`` (uniform over ``[0, len(ids) - length - 1)``)."""
+        epoch, i = split_index(index)
+        g = torch.Generator().manual_seed(mix_seed(self.seed, epoch, i))
+        return int(torch.randint(0, len(self.ids) - self.length - 1, (), generator=g))
+
+    def __getitem__(self, index: int | tuple[int, int]) -> Tensor:
+        start = self.start(index)
         return self.ids[start:start + self.length + 1]
 
 
@@ -130,7 +147,9 @@ class ShakespeareData(L.LightningDataModule):
         batch_size: windows per step.
         val_plays, test_plays: plays held out for validation and test.
         eval_chars: characters of validation/test text scored (the same at every length).
-        samples_per_epoch: random training windows per epoch.
+        samples_per_epoch: random training windows per epoch (drawn afresh each epoch from the
+            run's seed, see :class:`RandomWindows`).
+        num_workers: DataLoader workers.
     """
 
     def __init__(self, context_length: int = 64, batch_size: int = 64, val_plays: int = 4,
@@ -156,8 +175,10 @@ class ShakespeareData(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
-        ds = RandomWindows(self.ids["train"], hp.context_length, hp.samples_per_epoch)
-        return DataLoader(ds, batch_size=hp.batch_size, num_workers=hp.num_workers)
+        ds = RandomWindows(self.ids["train"], hp.context_length, hp.samples_per_epoch, seed=run_seed())
+        # The windows are random already: no shuffle; under DDP Lightning shards the indices.
+        return epoch_loader(ds, hp.batch_size, shuffle=False, with_epoch=True,
+                            num_workers=hp.num_workers)
 
     def val_dataloader(self) -> DataLoader:
         return self.eval_dataloader("val", self.hparams.context_length)
@@ -214,10 +235,11 @@ class CharLM(L.LightningModule):
         return bpc * math.log(2)
 
     def validation_step(self, batch: Tensor, batch_idx: int) -> None:
-        self.log("val/bpc", self.bits_per_char(batch), prog_bar=True, batch_size=batch.shape[0])
+        self.log("val/bpc", self.bits_per_char(batch), prog_bar=True, batch_size=batch.shape[0],
+                 sync_dist=True)
 
     def test_step(self, batch: Tensor, batch_idx: int) -> None:
-        self.log("test/bpc", self.bits_per_char(batch), batch_size=batch.shape[0])
+        self.log("test/bpc", self.bits_per_char(batch), batch_size=batch.shape[0], sync_dist=True)
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
@@ -225,8 +247,9 @@ class CharLM(L.LightningModule):
                               max(1, self.trainer.max_steps))
 
 
-class TextCLI(LightningCLI):
+class TextCLI(RecipeCLI):
     def add_arguments_to_parser(self, parser) -> None:
+        super().add_arguments_to_parser(parser)
         parser.link_arguments("data.context_length", "model.max_len")
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
 

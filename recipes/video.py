@@ -36,13 +36,12 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from einops import rearrange
-from lightning.pytorch.cli import LightningCLI
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from mmpe.compare import CompareSpec
 from mmpe.encodings.base import PositionOutOfRangeError
-from recipes.common import fit_for_compare, make_lightning_cli
+from recipes.common import RecipeCLI, epoch_loader, fit_for_compare, make_lightning_cli
 from recipes.vision import MNIST_MEAN, MNIST_STD, GridClassifier, GridEncoder, load_mnist
 
 EVAL_FRAMES = (8, 12, 16)
@@ -174,8 +173,9 @@ class MovingDigitsData(L.LightningDataModule):
         return MovingDigits(x, y, num, frames, hp.max_frames, hp.frame_size, hp.speed, seed)
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.make("train", self.hparams.frames), batch_size=self.hparams.batch_size,
-                          shuffle=True, drop_last=True, num_workers=self.hparams.num_workers)
+        # Shuffled per epoch from the run's seed; under DDP Lightning shards the order.
+        return epoch_loader(self.make("train", self.hparams.frames), self.hparams.batch_size,
+                            drop_last=True, num_workers=self.hparams.num_workers)
 
     def val_dataloader(self) -> DataLoader:
         return self.eval_dataloader("val", self.hparams.frames)
@@ -239,17 +239,19 @@ class VideoClassifier(GridClassifier):
         d_logits, m_logits = self(clips)
         loss = F.cross_entropy(d_logits, digit) + F.cross_entropy(m_logits, direction)
         d_ok, m_ok = d_logits.argmax(-1) == digit, m_logits.argmax(-1) == direction
-        n = len(digit)
-        self.log(f"{stage}/loss", loss, batch_size=n, prog_bar=stage == "train")
-        self.log(f"{stage}/acc", (d_ok & m_ok).float().mean(), batch_size=n, prog_bar=stage != "train")
-        self.log(f"{stage}/digit_acc", d_ok.float().mean(), batch_size=n)
-        self.log(f"{stage}/direction_acc", m_ok.float().mean(), batch_size=n)
+        n, sync = len(digit), stage != "train"
+        self.log(f"{stage}/loss", loss, batch_size=n, prog_bar=stage == "train", sync_dist=sync)
+        self.log(f"{stage}/acc", (d_ok & m_ok).float().mean(), batch_size=n, prog_bar=stage != "train",
+                 sync_dist=sync)
+        self.log(f"{stage}/digit_acc", d_ok.float().mean(), batch_size=n, sync_dist=sync)
+        self.log(f"{stage}/direction_acc", m_ok.float().mean(), batch_size=n, sync_dist=sync)
         return loss
 
 
 
-class VideoCLI(LightningCLI):
+class VideoCLI(RecipeCLI):
     def add_arguments_to_parser(self, parser) -> None:
+        super().add_arguments_to_parser(parser)
         parser.link_arguments("data.frames", "model.frames")
         parser.link_arguments("data.frame_size", "model.frame_size")
 

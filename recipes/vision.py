@@ -37,7 +37,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from einops import rearrange
-from lightning.pytorch.cli import LightningCLI
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -45,6 +44,8 @@ from mmpe.compare import CompareSpec
 from mmpe.coords.grid import Grid
 from mmpe.transformer import Transformer
 from recipes.common import (
+    RecipeCLI,
+    epoch_loader,
     fit_for_compare,
     make_lightning_cli,
     make_optimizer,
@@ -132,9 +133,10 @@ class MNISTData(L.LightningDataModule):
         return TensorDataset(((x - MNIST_MEAN) / MNIST_STD).unsqueeze(1), y)
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self._dataset("train", self.hparams.train_samples), shuffle=True,
-                          batch_size=self.hparams.batch_size, num_workers=self.hparams.num_workers,
-                          drop_last=True)
+        # Shuffled per epoch from the run's seed; under DDP Lightning shards the order.
+        return epoch_loader(self._dataset("train", self.hparams.train_samples),
+                            self.hparams.batch_size, num_workers=self.hparams.num_workers,
+                            drop_last=True)
 
     def val_dataloader(self) -> DataLoader:
         return self.eval_dataloader("val", 28)
@@ -222,8 +224,9 @@ class GridClassifier(L.LightningModule):
         logits = self(x)
         loss = F.cross_entropy(logits, y)
         acc = (logits.argmax(-1) == y).float().mean()
-        self.log(f"{stage}/loss", loss, batch_size=len(y), prog_bar=stage == "train")
-        self.log(f"{stage}/acc", acc, batch_size=len(y), prog_bar=stage != "train")
+        sync = stage != "train"  # epoch-level metrics: averaged over the ranks under DDP
+        self.log(f"{stage}/loss", loss, batch_size=len(y), prog_bar=stage == "train", sync_dist=sync)
+        self.log(f"{stage}/acc", acc, batch_size=len(y), prog_bar=stage != "train", sync_dist=sync)
         return loss
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
@@ -280,7 +283,7 @@ class ViTClassifier(GridClassifier):
 
 
 
-class VisionCLI(LightningCLI):
+class VisionCLI(RecipeCLI):
     pass
 
 

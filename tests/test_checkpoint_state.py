@@ -77,11 +77,7 @@ VALUES: dict[tuple[str, str], tuple] = {
 }
 #: (encoding, argument) -> why it may change the output silently (xfail, strict): files owned
 #: elsewhere.
-KNOWN_SILENT = {
-    ("rope", arg): "rope.py saves none of its settings; RoPE needs SavesSettings with "
-                   "saved_settings = ('base', 'rotary_dim', 'interleaved')"
-    for arg in ("base", "rotary_dim", "interleaved")
-}
+KNOWN_SILENT: dict = {}
 
 
 def _alternatives(name: str, param: inspect.Parameter) -> tuple | None:

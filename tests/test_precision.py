@@ -66,19 +66,13 @@ SAMPLES = {
 EXTRA_CONTEXT = {"sequence_long": {"max_len": 128}, "sequence_far": {"max_len": 4096},
                  "grid_resized": {"grid_shape": (2, 3)}}
 
-#: (encoding, coordinates) -> reason, for failures in files owned elsewhere (xfail, strict).
-KNOWN_FAILURES: dict[tuple[str, str], str] = {}
-
-
 def _cases() -> list:
     out = []
     for cname, make in SAMPLES.items():
         coords = make()
         for entry in mmpe.available():
             if entry.supports(coords):
-                reason = KNOWN_FAILURES.get((entry.name, cname))
-                marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
-                out.append(pytest.param(entry.name, cname, marks=marks, id=f"{entry.name}-{cname}"))
+                out.append(pytest.param(entry.name, cname, id=f"{entry.name}-{cname}"))
     return out
 
 

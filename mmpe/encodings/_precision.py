@@ -28,7 +28,8 @@ def full_precision(device: torch.device | str | None) -> Iterator[None]:
     (possibly bf16) parameters upcasts them itself.
     """
     kind = torch.device(device).type if device is not None else "cpu"
-    if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
+    # torch.is_autocast_enabled(kind) alone: Dynamo cannot trace is_autocast_available().
+    if kind in ("cpu", "cuda", "xpu", "mps") and torch.is_autocast_enabled(kind):
         with torch.autocast(kind, enabled=False):
             yield
     else:

@@ -76,7 +76,10 @@ class FactorizedPE(SavesSettings, InputEncoding):
                 torch.empty(math.prod(self.grid_shape[a] for a in g), d_model), std=0.02))
             for g in groups
         )
-        self.prefix = nn.Parameter(nn.init.trunc_normal_(torch.empty(prefix_tokens, d_model), std=0.02))
+        # No zero-size parameter without prefix tokens: it would never get a gradient (DDP
+        # refuses unused parameters).
+        self.prefix = (nn.Parameter(nn.init.trunc_normal_(torch.empty(prefix_tokens, d_model), std=0.02))
+                       if prefix_tokens else None)
 
     def _group_table(self, i: int, shape: tuple[int, ...]) -> Tensor:
         g = self.groups[i]

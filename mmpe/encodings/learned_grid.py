@@ -62,7 +62,10 @@ class LearnedGridPE(SavesSettings, InputEncoding):
         self.d_model, self.prefix_tokens = d_model, prefix_tokens
         self.interpolation, self.antialias = interpolation, antialias
         self.table = nn.Parameter(nn.init.trunc_normal_(torch.empty(math.prod(self.grid_shape), d_model), std=0.02))
-        self.prefix = nn.Parameter(nn.init.trunc_normal_(torch.empty(prefix_tokens, d_model), std=0.02))
+        # No zero-size parameter without prefix tokens: it would never get a gradient (DDP
+        # refuses unused parameters).
+        self.prefix = (nn.Parameter(nn.init.trunc_normal_(torch.empty(prefix_tokens, d_model), std=0.02))
+                       if prefix_tokens else None)
 
     def grid_table(self, shape: tuple[int, ...]) -> Tensor:
         """The cell table for a grid of ``shape``, ``[prod(shape), d_model]`` (resampled if needed)."""

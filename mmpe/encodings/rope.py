@@ -10,6 +10,7 @@ from torch import Tensor
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Positioned1D
+from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import (
     CachedDecodingError,
     RotaryEncoding,
@@ -87,7 +88,7 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False,
     "rope", hook="rotary", needs=(Positioned1D,), learnable=False, family="rotary",
     paper="Su et al. 2021, RoFormer: Enhanced Transformer with Rotary Position Embedding "
           "(arXiv:2104.09864), eq. 34", context=("head_dim",))
-class RoPE(RotaryEncoding):
+class RoPE(SavesSettings, RotaryEncoding):
     """Rotary position embedding (Su et al. 2021, eq. 34).
 
     Each channel pair ``(x_{2i}, x_{2i+1})`` of a query at position ``m`` is rotated by the angle
@@ -113,6 +114,10 @@ class RoPE(RotaryEncoding):
     Subclasses (position interpolation, NTK, YaRN …) override :meth:`inv_freq` and
     :attr:`attention_scaling`.
     """
+
+    #: what changes the rotation without being a tensor: saved in the state_dict and checked
+    #: on load (:mod:`mmpe.encodings._state`); the scalings extend it.
+    saved_settings = ("base", "rotary_dim", "interleaved")
 
     def __init__(
         self,

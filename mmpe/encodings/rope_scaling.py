@@ -27,7 +27,6 @@ from torch import Tensor
 
 from mmpe.coords.capabilities import Positioned1D
 from mmpe.encodings._precision import KeepDtype
-from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.rope import RoPE, rope_inv_freq
 from mmpe.registry import register
 
@@ -59,7 +58,7 @@ def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
     aliases=("rope_linear", "position_interpolation"),
     paper="Chen, Wong, Chen & Tian 2023, Extending Context Window of Large Language Models via "
           "Positional Interpolation (arXiv:2306.15595), eq. 4", context=("head_dim",))
-class RoPEPositionInterpolation(SavesSettings, RoPE):
+class RoPEPositionInterpolation(RoPE):
     """Position interpolation: positions divided by ``s``, i.e. ``θ'_i = θ_i / s`` (Chen et al. 2023).
 
     Args:
@@ -86,7 +85,7 @@ class RoPEPositionInterpolation(SavesSettings, RoPE):
     aliases=("rope_ntk_aware",),
     paper="bloc97 2023, NTK-Aware Scaled RoPE (r/LocalLLaMA); as formalised in Peng et al. "
           "2023, YaRN (arXiv:2309.00071), §3.1 eq. 14", context=("head_dim",))
-class RoPENTK(SavesSettings, RoPE):
+class RoPENTK(RoPE):
     """NTK-aware scaling: a larger base ``b' = b·s^{d/(d−2)}`` (bloc97 2023; YaRN §3.1).
 
     High frequencies are kept (local order stays sharp) while the lowest one is divided by
@@ -119,7 +118,7 @@ class RoPENTK(SavesSettings, RoPE):
     aliases=("rope_dynamic",),
     paper="emozilla 2023, Dynamically Scaled RoPE (r/LocalLLaMA); Peng et al. 2023, YaRN "
           "(arXiv:2309.00071), §3.3", context=("head_dim", "original_max_position_embeddings"))
-class RoPEDynamicNTK(SavesSettings, RoPE):
+class RoPEDynamicNTK(RoPE):
     """Dynamic NTK: plain RoPE up to ``original_max_position_embeddings``, then the NTK base grows with the length.
 
     For ``n = max(seq_len, original_max_position_embeddings)``: ``b' = b·(s·n/original_max_position_embeddings − (s − 1))^{d/(d−2)}``
@@ -160,7 +159,7 @@ class RoPEDynamicNTK(SavesSettings, RoPE):
     aliases=("yarn",),
     paper="Peng, Quesnelle, Fan & Shippole 2023, YaRN: Efficient Context Window Extension of "
           "Large Language Models (arXiv:2309.00071), §3.2-3.4, eqs. 17-20", context=("head_dim", "original_max_position_embeddings"))
-class RoPEYaRN(SavesSettings, RoPE):
+class RoPEYaRN(RoPE):
     """YaRN: "NTK-by-parts" interpolation plus an attention temperature (Peng et al. 2023).
 
     Per frequency, with ``r_i = L/λ_i`` rotations over the original context ``L``: a ramp
@@ -236,7 +235,7 @@ class RoPEYaRN(SavesSettings, RoPE):
     aliases=("longrope",),
     paper="Ding et al. 2024, LongRoPE: Extending LLM Context Window Beyond 2 Million Tokens "
           "(ICML), §3, eq. 4; the Phi-3 'su/longrope' scaling", context=("head_dim", "original_max_position_embeddings"))
-class RoPELongRoPE(KeepDtype, SavesSettings, RoPE):
+class RoPELongRoPE(KeepDtype, RoPE):
     """LongRoPE: a searched rescale factor per frequency, short and long sets (Ding et al. 2024).
 
     ``θ'_i = θ_i / λ_i`` with ``λ = short_factor`` while ``seq_len ≤ original_max_position_embeddings`` and
@@ -307,7 +306,7 @@ class RoPELongRoPE(KeepDtype, SavesSettings, RoPE):
     aliases=("llama3",),
     paper="Meta 2024, The Llama 3 Herd of Models (arXiv:2407.21783); frequency scaling of the "
           "Llama 3.1 reference code (apply_scaling)", context=("head_dim", "original_max_position_embeddings"))
-class RoPELlama3(SavesSettings, RoPE):
+class RoPELlama3(RoPE):
     """Llama-3.1 frequency scaling: wavelength-dependent interpolation.
 
     With wavelength ``λ_i = 2π/θ_i`` and ``L`` = ``original_max_position_embeddings``: ``λ < L/high_freq_factor`` keeps

@@ -76,7 +76,7 @@ def offset_table_bias(grid, table: Tensor, prefix_entries: bool, cache: dict) ->
             cache[key] = relative_position_index(grid.shape, grid.prefix_tokens).to(table.device)
         index = cache[key]
     if grid.prefix_tokens and not prefix_entries:  # prefix pairs read a zero row
-        r = math.prod(2 * s - 1 for s in grid.shape)
+        r = math.prod([2 * s - 1 for s in grid.shape])
         table = torch.cat((table[:r], table.new_zeros(3, table.shape[1])), dim=0)
     return table[index].permute(2, 0, 1).unsqueeze(0)
 

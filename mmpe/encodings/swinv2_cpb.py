@@ -74,9 +74,13 @@ class SwinV2CPB(SavesSettings, ScoreEncoding):
     def table_for(self, shape: tuple[int, ...]) -> Tensor:
         """``[Π (2 s_a − 1), n_h]`` biases ``16·σ(G(Δ̂))`` for every offset of a grid of ``shape``."""
         shape = tuple(shape)
-        if shape not in self._coords_cache:
-            self._coords_cache[shape] = log_relative_coords(shape, self.grid_shape)
-        coords = self._coords_cache[shape].to(self.mlp[0].weight.device)
+        if torch.compiler.is_compiling():  # no side effect in a compiled graph
+            coords = log_relative_coords(shape, self.grid_shape)
+        else:
+            if shape not in self._coords_cache:
+                self._coords_cache[shape] = log_relative_coords(shape, self.grid_shape)
+            coords = self._coords_cache[shape]
+        coords = coords.to(self.mlp[0].weight.device)
         # A table of Π (2 s_a − 1) rows: computed in float32 whatever the module's or the
         # autocast dtype (16·σ turns a bf16 rounding of the logit into ±0.03 of bias).
         lin1, lin2 = self.mlp[0], self.mlp[2]

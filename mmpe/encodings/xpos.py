@@ -7,7 +7,6 @@ from torch import Tensor
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Positioned1D
-from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import check_qk, position_bound, rotary_positions
 from mmpe.encodings.rope import RoPE, apply_rotary, rope_cos_sin
 from mmpe.registry import register
@@ -16,7 +15,7 @@ from mmpe.registry import register
 @register(
     "xpos", hook="rotary", needs=(Positioned1D,), learnable=False, family="rotary",
     paper="Sun et al. 2022, A Length-Extrapolatable Transformer (arXiv:2212.10554), §3.2, eq. 10", context=("head_dim",))
-class XPos(SavesSettings, RoPE):
+class XPos(RoPE):
     """Extrapolatable position embedding (Sun et al. 2022, eq. 10).
 
     Queries at position ``n`` are rotated as RoPE and multiplied by ``ζ_i^{n/γ_B}``, keys at

@@ -1,0 +1,93 @@
+"""Helpers shared by the geometry encodings (not a registered module: the name starts with ``_``).
+
+:class:`DistanceFeatureBias` is the common shape of the distance-kernel biases of molecular
+transformers (Graphormer-3D / Transformer-M / Uni-Mol Gaussian kernels, SchNet and DimeNet
+radial bases): a function ``f_h(d)`` of the pairwise distance alone, one value per head, added
+to the logits, evaluated vectorised over a trailing feature axis; FlexAttention gathers
+from the table the eager path builds (see the class docstring for why not unrolled code).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from mmpe.coords.base import index_grid
+from mmpe.encodings._precision import full_precision
+from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
+
+
+def select_head(values: Tensor, h: Tensor) -> Tensor:
+    """``values[..., h]`` for a head index that is a scalar (flex) or an index grid (eager).
+
+    ``values`` ``[..., n_h]`` (pair axes first); ``h`` a 0-d tensor, or ``[1, H, 1, 1]`` from
+    :func:`mmpe.coords.index_grid` against ``values`` ``[B, 1, Q, K, n_h]``. Returns the
+    broadcast ``[B, H, Q, K]`` without materialising ``[B, H, Q, K, n_h]``.
+    """
+    if h.dim() == 0:
+        return values[..., h]
+    shape = torch.broadcast_shapes(values.shape[:-1], h.shape)
+    index = h.expand(shape).unsqueeze(-1)
+    return torch.gather(values.expand(*shape, values.shape[-1]), -1, index).squeeze(-1)
+
+
+def safe_sqrt(x: Tensor) -> Tensor:
+    """``√x`` for ``x ≥ 0`` with gradient 0 (not NaN) where ``x == 0``."""
+    positive = x > 0
+    return torch.where(positive, torch.sqrt(torch.where(positive, x, torch.ones_like(x))),
+                       torch.zeros_like(x))
+
+
+class DistanceFeatureBias(ScoreEncoding):
+    """``score + f_h(d(q, k))``: a per-head function of the coordinates' distance.
+
+    A subclass implements :meth:`head_values` (``d [...] -> [..., n_h]``, vectorised over a
+    trailing feature axis, from the float32 parameter snapshot of :meth:`parameters_f32`).
+
+    :meth:`bias_rows` evaluates it on index grids (SDPA, block by block). The ``score_mod``
+    gathers from the table :meth:`bias` builds once per call, ``table[b, h, q_idx, kv_idx]``:
+    a FlexAttention-compatible mod (a gather, as a learned bias; gradients reach the
+    parameters through the table) that is the eager bias exactly. An unrolled scalar MLP is
+    not an option at the papers' sizes: FlexAttention traces the mod on every call, and the
+    ``K·W ≈ 16k`` scalar operations of a 128-kernel, 128-wide MLP take minutes to trace.
+    Memory: the table is ``[b or 1, n_h, n_q, n_k]`` float32, the size of one score matrix.
+    """
+
+    num_heads: int
+
+    def parameters_f32(self) -> dict[str, Tensor]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def head_values(self, p: dict[str, Tensor], d: Tensor) -> Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+        table = self.bias(ctx)  # checks the context
+        if table.shape[0] == 1:  # positions shared by the batch: no batch index
+            shared = table[0]
+
+            def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+                return score + shared[h, q_idx, kv_idx]
+
+            return mod
+
+        def mod_batched(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor,
+                        kv_idx: Tensor) -> Tensor:
+            return score + table[b, h, q_idx, kv_idx]
+
+        return mod_batched
+
+    def bias(self, ctx: AttentionContext) -> Tensor:
+        """The term on every pair, ``[b or 1, n_h, n_q, n_k]`` float32 (eager path)."""
+        return self.bias_rows(ctx, 0, ctx.coords.num_queries)
+
+    def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+        """The term of queries ``start … stop−1``, ``[b or 1, n_h, stop−start, n_k]``."""
+        self.check_context(ctx)
+        coords = ctx.coords
+        b, _, q, k = index_grid(coords.batch_size or 1, 1, coords.num_queries, coords.num_keys,
+                                coords.device)
+        d = coords.distance(q[:, :, start:stop], k, b).float()  # [b or 1, 1, rows, n_k]
+        with full_precision(d.device):  # float32 features and MLP, also under autocast
+            values = self.head_values(self.parameters_f32(), d)  # [b or 1, 1, rows, n_k, n_h]
+        return values.squeeze(1).permute(0, 3, 1, 2)

@@ -1,0 +1,148 @@
+"""Relative displacement and distance as a per-head bias (MeshGraphNets' edge features)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mmpe.coords.base import Coordinates
+from mmpe.coords.capabilities import Positioned
+from mmpe.encodings._geometry import safe_sqrt
+from mmpe.encodings._precision import full_precision
+from mmpe.encodings._state import SavesSettings
+from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
+from mmpe.registry import register
+
+
+def _float_positions(pos: Tensor) -> Tensor:
+    return pos.to(torch.float64 if pos.dtype == torch.float64 else torch.float32)
+
+
+@register(
+    "mesh_displacement", hook="score", needs=(Positioned,), learnable=True, family="geometry",
+    aliases=("meshgraphnet_edges",),
+    paper="Pfaff et al. 2021, Learning Mesh-Based Simulation with Graph Networks (ICLR; "
+          "MeshGraphNets), §3.1 edge features",
+    context=("num_heads", "num_axes"))
+class MeshDisplacementBias(SavesSettings, ScoreEncoding):
+    """``score + MLP([x_q − x_k, ‖x_q − x_k‖] / L)_h``: MeshGraphNets' edge features as a bias.
+
+    MeshGraphNets (Pfaff et al. 2021, §3.1) encode a mesh edge from node ``j`` to node ``i`` by
+    the relative displacement and its norm, ``e_ij = [x_i − x_j, |x_i − x_j|]``, and an MLP.
+    Here every (query ``i``, key ``j``) pair is such an edge: the ``A + 1`` features (divided by
+    a fixed ``length_scale`` L, in place of MeshGraphNets' running normaliser) go through
+    ``Linear(A + 1, W) → ReLU → Linear(W, n_h)``, one bias per head. ``x`` are the coordinates'
+    positions (mesh-space coordinates of :class:`mmpe.Points`, grid cells, …).
+
+    The displacement is relative, so the bias is invariant to translations of all positions,
+    but its components are not invariant to rotations (the MLP sees the direction): MeshGraphNets
+    is translation-equivariant, not rotation-equivariant. Tokens without a coordinate (a grid's
+    prefix tokens) sit at 0, as the coordinates report them.
+
+    FlexAttention: the features and the MLP are unrolled into ``≈ W·(A + 4)`` scalar operations
+    per score (FIRE's form, O(n) memory); the eager :meth:`bias` runs the MLP as matrix
+    products on every pair, with the same numbers.
+
+    Args:
+        num_heads: ``n_h``.
+        num_axes: ``A``, axes of the positions (2 for MeshGraphNets' CFD meshes, 3 in world
+            space); checked against the coordinates.
+        mlp_width: hidden width ``W``.
+        length_scale: ``L`` (coordinate units): typical edge length, so that the MLP reads
+            features of order 1.
+
+    Shapes: bias ``[b or 1, n_h, n_q, n_k]``.
+
+    Raises:
+        ValueError: non-positive ``num_heads``, ``num_axes``, ``mlp_width`` or
+            ``length_scale``; coordinates with another number of axes; attention with another
+            head count.
+        TypeError: coordinates without positions (``Positioned``).
+    """
+
+    saved_settings = ("length_scale",)
+
+    def __init__(self, num_heads: int, num_axes: int = 2, mlp_width: int = 32,
+                 length_scale: float = 1.0) -> None:
+        super().__init__()
+        for arg, val in (("num_heads", num_heads), ("num_axes", num_axes), ("mlp_width", mlp_width)):
+            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+                raise ValueError(f"mesh_displacement: {arg} must be a positive int, got {val!r}")
+        if not (isinstance(length_scale, (int, float)) and math.isfinite(length_scale)
+                and length_scale > 0):
+            raise ValueError(f"mesh_displacement: length_scale must be a finite float > 0 "
+                             f"(coordinate units), got {length_scale!r}")
+        self.num_heads, self.num_axes, self.length_scale = num_heads, num_axes, float(length_scale)
+        self.mlp = nn.Sequential(nn.Linear(num_axes + 1, mlp_width), nn.ReLU(),
+                                 nn.Linear(mlp_width, num_heads))
+
+    def _positions(self, coords: Coordinates) -> tuple[Tensor, Tensor]:
+        qpos, kpos = coords.query_positions, coords.key_positions
+        if qpos.shape[-1] != self.num_axes or kpos.shape[-1] != self.num_axes:
+            raise ValueError(f"mesh_displacement: built for num_axes={self.num_axes}, the "
+                             f"coordinates have {qpos.shape[-1]} axes")
+        return _float_positions(qpos), _float_positions(kpos)
+
+    def features(self, coords: Coordinates) -> Tensor:
+        """``[Δ_1 … Δ_A, ‖Δ‖] / L`` with ``Δ = x_q − x_k``, ``[(b,) n_q, n_k, A + 1]`` float32."""
+        self.check_coords(coords)
+        qpos, kpos = self._positions(coords)
+        diff = (qpos.unsqueeze(-2) - kpos.unsqueeze(-3)) / self.length_scale
+        dist = safe_sqrt((diff * diff).sum(-1, keepdim=True))
+        return torch.cat((diff, dist), dim=-1).float()
+
+    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+        self.check_context(ctx)
+        qpos, kpos = self._positions(ctx.coords)
+        q_axes = [qpos[..., a].contiguous() for a in range(self.num_axes)]
+        k_axes = [kpos[..., a].contiguous() for a in range(self.num_axes)]
+        scale = 1.0 / self.length_scale
+        lin1, lin2 = self.mlp[0], self.mlp[2]
+        w1, b1 = lin1.weight.float(), lin1.bias.float()
+        w2, b2 = lin2.weight.float(), lin2.bias.float()
+
+        def take(values: Tensor, idx: Tensor, b: Tensor) -> Tensor:
+            return values[b, idx] if values.dim() == 2 else values[idx]
+
+        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            diffs = [((take(qa, q_idx, b) - take(ka, kv_idx, b)) * scale).float()
+                     for qa, ka in zip(q_axes, k_axes, strict=True)]
+            square = diffs[0] * diffs[0]
+            for diff in diffs[1:]:
+                square = square + diff * diff
+            feats = [*diffs, safe_sqrt(square)]
+            # The MLP unrolled over its hidden units so FlexAttention sees scalar ops only.
+            out = b2[h]
+            for u in range(w1.shape[0]):
+                pre = b1[u]
+                for i, feat in enumerate(feats):
+                    pre = pre + w1[u, i] * feat
+                out = out + w2[h, u] * torch.relu(pre)
+            return score + out
+
+        return mod
+
+    def bias(self, ctx: AttentionContext) -> Tensor:
+        """Eager path: the MLP on every pair at once, ``[b or 1, n_h, n_q, n_k]``."""
+        return self.bias_rows(ctx, 0, ctx.coords.num_queries)
+
+    def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+        """The MLP on the pairs of queries ``start … stop−1``, ``[b or 1, n_h, stop−start, n_k]``."""
+        self.check_context(ctx)
+        qpos, kpos = self._positions(ctx.coords)
+        qpos = qpos[..., start:stop, :]
+        lin1, lin2 = self.mlp[0], self.mlp[2]
+        # float32 even under autocast: displacements of thousands of units in a bf16 matmul
+        # would be off by whole units (the scalar mod is float32 too).
+        with full_precision(qpos.device):
+            diff = ((qpos.unsqueeze(-2) - kpos.unsqueeze(-3)) / self.length_scale).float()
+            dist = safe_sqrt((diff * diff).sum(-1, keepdim=True))
+            feats = torch.cat((diff, dist), dim=-1)  # [(b,) rows, n_k, A + 1]
+            hidden = torch.relu(F.linear(feats, lin1.weight.float(), lin1.bias.float()))
+            out = F.linear(hidden, lin2.weight.float(), lin2.bias.float())  # [(b,) rows, n_k, n_h]
+        if out.dim() == 3:
+            out = out.unsqueeze(0)
+        return out.permute(0, 3, 1, 2)
