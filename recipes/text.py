@@ -24,6 +24,7 @@ import glob
 import math
 import os
 import random
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,9 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from mmpe.compare import CompareSpec
+from mmpe.cache import ModelCache
 from mmpe.coords import Sequence
+from mmpe.generation import generate
 from mmpe.transformer import Transformer
 from recipes.common import (
     RecipeCLI,
@@ -220,10 +223,18 @@ class CharLM(L.LightningModule):
                                                          "original_max_position_embeddings": max_len})
         self.head = nn.Linear(d_model, vocab_size)
 
-    def forward(self, tokens: Tensor) -> Tensor:
-        """Logits ``[b, s, vocab]`` for tokens ``[b, s]``."""
-        coords = Sequence(tokens.shape[1], causal=True, device=tokens.device)
-        return self.head(self.transformer(self.embed(tokens), coords))
+    def forward(self, tokens: Tensor, coords: Sequence | None = None,
+                cache: ModelCache | None = None) -> Tensor:
+        """Logits ``[b, s, vocab]`` for tokens ``[b, s]`` (``coords`` default: causal, after the
+        ``cache``'s tokens; see :func:`mmpe.generate`)."""
+        if coords is None:
+            offset = 0 if cache is None else cache.length
+            coords = Sequence(tokens.shape[1], offset=offset, causal=True, device=tokens.device)
+        return self.head(self.transformer(self.embed(tokens), coords, cache=cache))
+
+    def make_cache(self) -> ModelCache:
+        """An empty key/value cache for token-by-token generation."""
+        return self.transformer.make_cache()
 
     def bits_per_char(self, batch: Tensor) -> Tensor:
         logits = self(batch[:, :-1])
@@ -271,5 +282,57 @@ def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> 
     return evaluate_lengths(cli.trainer, cli.model, cli.datamodule)
 
 
+def generate_text(checkpoint: str | Path, prompt: str, max_new_tokens: int = 200, *,
+                  temperature: float = 0.0, top_k: int | None = None, seed: int = 0,
+                  use_cache: bool = True) -> str:
+    """Continue ``prompt`` with a model trained by this recipe (a Lightning checkpoint).
+
+    The vocabulary is rebuilt from the checkpoint's data settings (the training plays), so a
+    prompt character never seen in training maps to ``<unk>``. Greedy when ``temperature`` is 0.
+
+    Raises:
+        FileNotFoundError: no such checkpoint.
+        ValueError: an empty prompt, or a prompt longer than a learned table can hold.
+    """
+    path = Path(checkpoint)
+    if not path.is_file():
+        raise FileNotFoundError(f"generate: no checkpoint at {path}")
+    if not prompt:
+        raise ValueError("generate: prompt must be a non-empty string")
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    data_hp = dict(ckpt.get("datamodule_hyper_parameters", {}))
+    data = ShakespeareData(**{k: v for k, v in data_hp.items()
+                              if k in ("context_length", "val_plays", "test_plays")})
+    model = CharLM.load_from_checkpoint(path, map_location="cpu").eval()
+    index = {c: i for i, c in enumerate(data.vocab)}
+    ids = torch.tensor([[index.get(c, 0) for c in prompt]])
+    out = generate(model, ids, max_new_tokens, use_cache=use_cache, temperature=temperature,
+                   top_k=top_k, generator=torch.Generator().manual_seed(seed))
+    # One character per token: <unk> (id 0) prints as the replacement character.
+    return prompt + "".join(data.vocab[i] if i else "\ufffd" for i in out[0, ids.shape[1]:].tolist())
+
+
+def generate_main(argv: list[str] | None = None) -> int:
+    """``python -m recipes.text generate --checkpoint PATH --prompt TEXT [...]``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m recipes.text generate",
+                                     description="Sample text from a trained checkpoint.")
+    parser.add_argument("--checkpoint", required=True, help="a .ckpt written by `fit`")
+    parser.add_argument("--prompt", default="ROMEO.\n")
+    parser.add_argument("--max_new_tokens", type=int, default=300)
+    parser.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
+    parser.add_argument("--top_k", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no_cache", action="store_true", help="recompute every step")
+    args = parser.parse_args(argv)
+    print(generate_text(args.checkpoint, args.prompt, args.max_new_tokens,
+                        temperature=args.temperature, top_k=args.top_k, seed=args.seed,
+                        use_cache=not args.no_cache))
+    return 0
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "generate":
+        sys.exit(generate_main(sys.argv[2:]))
     make_cli()

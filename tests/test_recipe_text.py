@@ -49,3 +49,19 @@ def test_default_training_learns_well_below_unigram(tmp_path):
     out = text.run_one("alibi", seed=0, out_dir=tmp_path, cli_args=["--trainer.enable_progress_bar", "false"])
     assert out["1x"] < 3.0  # unigram entropy of the text is ~4.8 bits/char
     assert out["16x"] < out["1x"] + 0.1  # ALiBi holds past the training length
+
+
+def test_generate_from_a_trained_checkpoint_with_and_without_cache(tmp_path, capsys):
+    text.run_one("rope", seed=0, out_dir=tmp_path, cli_args=TINY)
+    ckpt = next(tmp_path.rglob("last.ckpt"))
+    greedy = text.generate_text(ckpt, "ROMEO.\n", 24, temperature=0.0)
+    assert greedy.startswith("ROMEO.\n") and len(greedy) == len("ROMEO.\n") + 24
+    assert greedy == text.generate_text(ckpt, "ROMEO.\n", 24, temperature=0.0, use_cache=False)
+    sampled = text.generate_text(ckpt, "To be", 12, temperature=0.8, top_k=10, seed=3)
+    vocab = set(text.ShakespeareData(context_length=16).vocab)
+    assert len(sampled) == 17 and set(sampled[5:]) <= vocab | {"\ufffd"}
+    assert text.generate_main(["--checkpoint", str(ckpt), "--prompt", "KING", "--max_new_tokens",
+                               "8", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.startswith("KING")
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        text.generate_text(tmp_path / "missing.ckpt", "x")
