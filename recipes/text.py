@@ -35,8 +35,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-from mmpe.compare import CompareSpec
 from mmpe.cache import ModelCache
+from mmpe.compare import CompareSpec
 from mmpe.coords import Sequence
 from mmpe.generation import generate
 from mmpe.transformer import Transformer

@@ -91,3 +91,20 @@ class DistanceFeatureBias(ScoreEncoding):
         with full_precision(d.device):  # float32 features and MLP, also under autocast
             values = self.head_values(self.parameters_f32(), d)  # [b or 1, 1, rows, n_k, n_h]
         return values.squeeze(1).permute(0, 3, 1, 2)
+
+
+def pad_axes(name: str, positions: Tensor, num_axes: int) -> Tensor:
+    """``positions [..., a]`` embedded in ``num_axes ≥ a`` axes (zeros appended: a line or a
+    plane is a line or a plane in 3D space).
+
+    Raises:
+        ValueError: more axes than ``num_axes`` (naming both).
+    """
+    axes = positions.shape[-1]
+    if axes > num_axes:
+        raise ValueError(f"{name}: built for num_axes={num_axes}, the coordinates have {axes} "
+                         f"axes; build it with num_axes={axes}")
+    if axes == num_axes:
+        return positions
+    pad = positions.new_zeros(*positions.shape[:-1], num_axes - axes)
+    return torch.cat((positions, pad), dim=-1)

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Positioned
+from mmpe.encodings._geometry import pad_axes
 from mmpe.encodings._precision import KeepDtype, module_dtype
 from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import InputEncoding
@@ -56,10 +57,7 @@ def _check_positive(name: str, arg: str, value: float) -> None:
 def _positions(name: str, enc: InputEncoding, coords: Coordinates, num_axes: int) -> Tensor:
     enc.check_coords(coords)
     pos = coords.query_positions
-    if pos.shape[-1] != num_axes:
-        raise ValueError(f"{name}: built for num_axes={num_axes}, the coordinates have "
-                         f"{pos.shape[-1]} axes")
-    return pos
+    return pad_axes(name, pos.to(torch.float64), num_axes)  # phases are formed in float64
 
 
 @register(
@@ -81,7 +79,8 @@ class RandomFourierFeatures(KeepDtype, SavesSettings, InputEncoding):
 
     Args:
         d_model: output width.
-        num_axes: ``a``, axes of the positions (2 for images; the model context passes it).
+        num_axes: ``a``, axes of the positions (the model context passes the coordinates';
+            positions with fewer axes get zeros appended, more are an error).
         num_frequencies: ``m`` (256 in the paper).
         sigma: ``σ``, std of ``B``'s entries (cycles per unit).
         seed: seed of the generator that draws ``B``.
@@ -90,13 +89,13 @@ class RandomFourierFeatures(KeepDtype, SavesSettings, InputEncoding):
 
     Raises:
         ValueError: non-positive ``d_model``, ``num_axes``, ``num_frequencies`` or ``sigma``;
-            coordinates with another number of axes.
+            coordinates with more than ``num_axes`` axes.
         TypeError: coordinates without positions (``Positioned``).
     """
 
     keep_dtype = ("B",)  # frequencies: float32 in a bf16 model (2πBv at v = 1000 needs it)
 
-    def __init__(self, d_model: int, num_axes: int = 2, num_frequencies: int = 256,
+    def __init__(self, d_model: int, num_axes: int = 3, num_frequencies: int = 256,
                  sigma: float = 1.0, seed: int = 0) -> None:
         super().__init__()
         for arg, val in (("d_model", d_model), ("num_axes", num_axes),
@@ -136,7 +135,8 @@ class NeRFEncoding(SavesSettings, InputEncoding):
 
     Args:
         d_model: output width.
-        num_axes: ``a`` (3 for NeRF's points; the model context passes it).
+        num_axes: ``a`` (3 for NeRF's points; the model context passes the coordinates';
+            positions with fewer axes get zeros appended, more are an error).
         num_frequencies: ``L``.
         scale: ``s``, positions are multiplied by it (inverse coordinate units).
         include_input: also feed ``s·p`` itself (NeRF's code does; the paper's γ does not).
@@ -145,7 +145,7 @@ class NeRFEncoding(SavesSettings, InputEncoding):
 
     Raises:
         ValueError: non-positive ``d_model``, ``num_axes``, ``num_frequencies`` or ``scale``;
-            coordinates with another number of axes.
+            coordinates with more than ``num_axes`` axes.
         TypeError: coordinates without positions (``Positioned``).
     """
 

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Positioned
-from mmpe.encodings._geometry import safe_sqrt
+from mmpe.encodings._geometry import pad_axes, safe_sqrt
 from mmpe.encodings._precision import full_precision
 from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
@@ -48,8 +48,9 @@ class MeshDisplacementBias(SavesSettings, ScoreEncoding):
 
     Args:
         num_heads: ``n_h``.
-        num_axes: ``A``, axes of the positions (2 for MeshGraphNets' CFD meshes, 3 in world
-            space); checked against the coordinates.
+        num_axes: ``A``, axes of the displacement (2 for MeshGraphNets' CFD meshes, 3 in world
+            space; the model context passes the coordinates'). Positions with fewer axes are
+            embedded with zeros appended (a planar mesh in 3D); more axes are an error.
         mlp_width: hidden width ``W``.
         length_scale: ``L`` (coordinate units): typical edge length, so that the MLP reads
             features of order 1.
@@ -58,14 +59,14 @@ class MeshDisplacementBias(SavesSettings, ScoreEncoding):
 
     Raises:
         ValueError: non-positive ``num_heads``, ``num_axes``, ``mlp_width`` or
-            ``length_scale``; coordinates with another number of axes; attention with another
-            head count.
+            ``length_scale``; coordinates with more than ``num_axes`` axes; attention with
+            another head count.
         TypeError: coordinates without positions (``Positioned``).
     """
 
     saved_settings = ("length_scale",)
 
-    def __init__(self, num_heads: int, num_axes: int = 2, mlp_width: int = 32,
+    def __init__(self, num_heads: int, num_axes: int = 3, mlp_width: int = 32,
                  length_scale: float = 1.0) -> None:
         super().__init__()
         for arg, val in (("num_heads", num_heads), ("num_axes", num_axes), ("mlp_width", mlp_width)):
@@ -81,10 +82,8 @@ class MeshDisplacementBias(SavesSettings, ScoreEncoding):
 
     def _positions(self, coords: Coordinates) -> tuple[Tensor, Tensor]:
         qpos, kpos = coords.query_positions, coords.key_positions
-        if qpos.shape[-1] != self.num_axes or kpos.shape[-1] != self.num_axes:
-            raise ValueError(f"mesh_displacement: built for num_axes={self.num_axes}, the "
-                             f"coordinates have {qpos.shape[-1]} axes")
-        return _float_positions(qpos), _float_positions(kpos)
+        return (pad_axes("mesh_displacement", _float_positions(qpos), self.num_axes),
+                pad_axes("mesh_displacement", _float_positions(kpos), self.num_axes))
 
     def features(self, coords: Coordinates) -> Tensor:
         """``[Δ_1 … Δ_A, ‖Δ‖] / L`` with ``Δ = x_q − x_k``, ``[(b,) n_q, n_k, A + 1]`` float32."""

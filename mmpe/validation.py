@@ -1,0 +1,223 @@
+"""Argument checks shared by every public constructor and function (one module, no copies).
+
+Every check raises ``ValueError`` (a value of the right kind out of range: ``0`` heads, a NaN
+base) or ``TypeError`` (a value of the wrong kind: ``"8"`` heads, a list where a tensor is
+expected), and the message always names the argument: ``"rope: head_dim must be an int >= 2,
+got '8'"``.
+
+:func:`check_options` validates a registered encoding's constructor arguments from its
+signature's annotations (``int``, ``float``, ``bool``, tuples of ints) and from the ranges
+of :data:`OPTION_RANGES` (by argument name: every shipped encoding uses a name with one
+meaning); :func:`mmpe.register` runs it before the constructor, so the constructor's own
+checks (parities, sums, relations between arguments) see well-typed values.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import numbers
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "OPTION_RANGES",
+    "check_bool",
+    "check_finite_float",
+    "check_int",
+    "check_options",
+    "check_positive_int",
+    "check_tensor",
+]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_int(where: str, arg: str, value: object, minimum: int | None = 1,
+              maximum: int | None = None) -> int:
+    """``value`` as an int in ``[minimum, maximum]``; ``TypeError``/``ValueError`` naming ``arg``."""
+    if not _is_int(value):
+        raise TypeError(f"{where}: {arg} must be an int, got {value!r} "
+                        f"({type(value).__name__})")
+    value = int(value)
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        bound = (f">= {minimum}" if maximum is None else
+                 f"in [{minimum}, {maximum}]" if minimum is not None else f"<= {maximum}")
+        raise ValueError(f"{where}: {arg} must be an int {bound}, got {value!r}")
+    return value
+
+
+def check_positive_int(where: str, arg: str, value: object, minimum: int = 1) -> None:
+    """Raise unless ``value`` is an int ``>= minimum`` (``ValueError`` naming ``arg``).
+
+    Kept with its historic signature (``ValueError`` for every bad value) for the encodings
+    that call it; new code uses :func:`check_int`.
+    """
+    if not _is_int(value) or value < minimum:
+        raise ValueError(f"{where}: {arg} must be an int >= {minimum}, got {value!r}")
+
+
+def check_finite_float(where: str, arg: str, value: object, *, low: float | None = None,
+                       low_open: bool = False, high: float | None = None) -> float:
+    """``value`` as a finite float, optionally ``> low`` (``low_open``) or ``>= low``, ``<= high``."""
+    if not _is_real(value):
+        raise TypeError(f"{where}: {arg} must be a real number, got {value!r} "
+                        f"({type(value).__name__})")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{where}: {arg} must be finite, got {value!r}")
+    if low is not None and (value <= low if low_open else value < low):
+        raise ValueError(f"{where}: {arg} must be {'>' if low_open else '>='} {low}, got {value!r}")
+    if high is not None and value > high:
+        raise ValueError(f"{where}: {arg} must be <= {high}, got {value!r}")
+    return value
+
+
+def check_bool(where: str, arg: str, value: object) -> bool:
+    """``value`` when it is a bool (numpy bools too), else ``TypeError`` naming ``arg``."""
+    if not isinstance(value, (bool, __import__("numpy").bool_)):
+        raise TypeError(f"{where}: {arg} must be a bool, got {value!r} ({type(value).__name__})")
+    return bool(value)
+
+
+def check_tensor(where: str, arg: str, value: object, *, dims: tuple[int, ...] | None = None,
+                 floating: bool | None = None, finite: bool = False,
+                 convert: bool = True) -> Tensor:
+    """``value`` as a tensor (a list/tuple/array converted when ``convert``), checked.
+
+    Raises:
+        TypeError: not a tensor (nor convertible), or not floating/integer as asked.
+        ValueError: a rank not in ``dims``, or non-finite entries when ``finite``.
+    """
+    if not isinstance(value, Tensor):
+        if not convert or isinstance(value, (str, bytes, Mapping)) or value is None:
+            raise TypeError(f"{where}: {arg} must be a torch.Tensor, got {type(value).__name__}")
+        try:
+            value = torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise TypeError(f"{where}: {arg} must be a torch.Tensor (or convertible to one), "
+                            f"got {type(value).__name__}: {err}") from None
+    if floating is True and not value.is_floating_point():
+        if value.dtype == torch.bool or value.is_complex():
+            raise TypeError(f"{where}: {arg} must be a real tensor, got {value.dtype}")
+        value = value.float()
+    if floating is False and (value.is_floating_point() or value.is_complex()
+                              or value.dtype == torch.bool):
+        raise TypeError(f"{where}: {arg} must be an integer tensor, got {value.dtype}")
+    if dims is not None and value.dim() not in dims:
+        raise ValueError(f"{where}: {arg} must have {' or '.join(map(str, dims))} dims, "
+                         f"got shape {tuple(value.shape)}")
+    if finite and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+        raise ValueError(f"{where}: {arg} must be finite (it holds NaN or inf)")
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# constructor options, by annotation and name
+# --------------------------------------------------------------------------------------------
+
+#: int options whose smallest valid value is not 1 (the default for an ``int`` option).
+_INT_MINIMUM: dict[str, int | None] = {
+    "prefix_tokens": 0,     # no cls/register tokens
+    "seed": 0,              # a generator seed
+    "max_relative_positions": -1,  # DeBERTa: -1 means "use position_buckets" (HF convention)
+    "head_dim": 2,          # rotary pairs / sin-cos pairs need two channels
+    "npos_max": 2,
+    "position_buckets": 2,
+    "max_hops": 1,
+    "num_buckets": 2,
+}
+
+#: float options: (lowest value, whether it is excluded, highest value). Options not listed
+#: only need to be finite; an option listed as ``None`` may be any real (finite) number.
+OPTION_RANGES: dict[str, tuple[float | None, bool, float | None]] = {
+    "base": (1.0, True, None),
+    "temperature": (1.0, True, None),
+    "factor": (0.0, True, None),
+    "distance_unit": (0.0, True, None),
+    "eps": (0.0, True, None),
+    "scale": (0.0, True, None),
+    "sigma": (0.0, True, None),
+    "init_L": (0.0, True, None),
+    "init_c": (0.0, True, None),
+    "max_freq": (0.0, True, None),
+    "lat_fraction": (0.0, False, 1.0),
+    "cutoff": (0.0, True, None),
+    "gamma": (0.0, False, None),
+    "w0": (0.0, True, None),
+    "w0_initial": (0.0, True, None),
+    "scale_base": (0.0, True, None),
+    "beta_fast": (0.0, True, None),
+    "beta_slow": (0.0, True, None),
+    "low_freq_factor": (0.0, True, None),
+    "high_freq_factor": (0.0, True, None),
+    "attention_factor": (0.0, True, None),
+    "min_radius": (0.0, True, None),
+    "max_radius": (0.0, True, None),
+    "init_std": (0.0, False, None),
+    "init_range": (0.0, True, None),
+    "length_scale": (0.0, True, None),
+    "alpha": (0.0, True, None),
+    "clip": (0.0, True, None),
+    "init_scale": (0.0, True, None),
+}
+
+
+def _kind(annotation: object) -> tuple[str | None, bool]:
+    """(``"int"``/``"float"``/``"bool"``/``"shape"``/``None``, whether ``None`` is allowed)."""
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__",
+                                                                  str(annotation))
+    text = str(text).replace(" ", "")
+    optional = "None" in text.split("|") or text.startswith("Optional")
+    base = [t for t in text.split("|") if t != "None"]
+    if len(base) != 1:
+        return None, optional
+    t = base[0]
+    if t in ("int", "float", "bool"):
+        return t, optional
+    if t.startswith("tuple[int"):
+        return "shape", optional
+    return None, optional
+
+
+def check_option(where: str, arg: str, annotation: object, value: object) -> None:
+    """Check one constructor option against its annotation and :data:`OPTION_RANGES`."""
+    kind, optional = _kind(annotation)
+    if kind is None or (value is None and optional):
+        return
+    if kind == "int":
+        check_int(where, arg, value, _INT_MINIMUM.get(arg, 1))
+    elif kind == "float":
+        low, open_, high = OPTION_RANGES.get(arg, (None, False, None))
+        check_finite_float(where, arg, value, low=low, low_open=open_, high=high)
+    elif kind == "bool":
+        check_bool(where, arg, value)
+    elif kind == "shape":
+        if not isinstance(value, (tuple, list)):
+            raise TypeError(f"{where}: {arg} must be a tuple of ints, got {value!r}")
+        if not value or not all(_is_int(v) and v >= 1 for v in value):
+            raise ValueError(f"{where}: {arg} must be a non-empty tuple of ints >= 1, "
+                             f"got {value!r}")
+
+
+def check_options(where: str, cls: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+    """Check the arguments of ``cls(*args, **kwargs)`` by annotation (see :func:`check_option`)."""
+    try:
+        bound = inspect.signature(cls).bind(*args, **kwargs)
+    except TypeError:
+        return  # the constructor itself reports a missing/unknown argument
+    params = inspect.signature(cls).parameters
+    for arg, value in bound.arguments.items():
+        p = params[arg]
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        check_option(where, arg, p.annotation, value)
