@@ -100,8 +100,31 @@ class FIRE(SavesSettings, ScoreEncoding):
         b, _, q, k = index_grid(coords.batch_size or 1, 1, coords.num_queries, coords.num_keys,
                                 coords.device)
         x = self.normalised_distance(ctx, q[:, :, start:stop], k, b)  # [b, 1, rows, n_k]
-        lin1, lin2 = self.mlp[0], self.mlp[2]  # in float32 (or autocast's dtype), as the mod
-        hidden = torch.relu(F.linear(x.unsqueeze(-1), lin1.weight.float(), lin1.bias.float()))
-        out = F.linear(hidden, lin2.weight.float(), lin2.bias.float()).squeeze(1)  # [b, n_q, n_k, n_h]
-        return out.permute(0, 3, 1, 2)
+        slope, intercept, cuts = self.pieces()
+        # The MLP is piecewise linear in its one input: find each pair's piece, then one
+        # multiply-add per head instead of a hidden layer per pair.
+        piece = torch.searchsorted(cuts, x.detach().contiguous())  # [b, 1, rows, n_k]
+        out = slope[piece] * x.unsqueeze(-1) + intercept[piece]  # [b, 1, rows, n_k, n_h]
+        return out.squeeze(1).permute(0, 3, 1, 2)
+
+    def pieces(self) -> tuple[Tensor, Tensor, Tensor]:
+        """The MLP ``f(x) = W₂ relu(w₁x + b₁) + b₂`` as linear pieces (float32).
+
+        Returns ``slope``, ``intercept`` ``[W+1, n_h]`` and the sorted breakpoints ``cuts``
+        ``[W]`` (``−b₁/w₁``): on the piece between two cuts the set of active hidden units is
+        fixed, so ``f(x) = slope[p]·x + intercept[p]`` exactly, with gradients to every MLP
+        parameter (the active sets are constants almost everywhere, as for the ReLU itself).
+        """
+        w1, b1 = self.mlp[0].weight[:, 0].float(), self.mlp[0].bias.float()
+        w2, b2 = self.mlp[2].weight.float(), self.mlp[2].bias.float()
+        with torch.no_grad():
+            flat = w1 == 0
+            cuts = torch.where(flat, torch.full_like(b1, 1e6),
+                               (-b1 / torch.where(flat, torch.ones_like(w1), w1)).clamp(-1e6, 1e6))
+            cuts = cuts.sort().values
+            probe = torch.cat((cuts[:1] - 1, (cuts[:-1] + cuts[1:]) / 2, cuts[-1:] + 1))
+            active = (probe[:, None] * w1 + b1 > 0).float()  # [W+1, W]
+        slope = (active * w1) @ w2.T  # [W+1, n_h]
+        intercept = (active * b1) @ w2.T + b2
+        return slope, intercept, cuts
 
