@@ -31,7 +31,7 @@ lint: setup
 	$(VENV)/bin/ruff check mmpe recipes tests benchmarks
 
 bench: setup
-	for f in benchmarks/bench_*.py; do $(PY) $$f || exit 1; done
+	for f in benchmarks/bench_*.py benchmarks/gpu/bench_*.py; do $(PY) $$f || exit 1; done
 
 # Debian data packages (needs root): espeak-ng for the audio recipe, proj-data for the geoid.
 apt:
