@@ -47,7 +47,8 @@ def attention_rows(n_values: list[int]) -> None:
                                                                         "head_dim": 64})]
             attn = mmpe.MultiHeadAttention(1024, 16, encs).cuda().to(torch.bfloat16)
             torch.cuda.reset_peak_memory_stats()
-            t = cuda_time(lambda attn=attn: attn(x, coords).float().square().mean().backward())
+            t = cuda_time(lambda attn=attn, x=x, coords=coords:
+                          attn(x, coords).float().square().mean().backward())
             base = base or t
             peak = torch.cuda.max_memory_allocated() / 2**30
             print(f"| {n} | {name} | {t * 1e3:.2f} | {t / base:.2f} | {peak:.2f} |")
