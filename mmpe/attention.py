@@ -47,6 +47,7 @@ from mmpe.encodings.base import (
     ScoreMod,
 )
 from mmpe.prepare import forward_scope, memoized
+from mmpe.validation import check_positive_int
 
 BACKENDS = ("auto", "flex", "sdpa", "math")
 
@@ -79,9 +80,16 @@ def _compiled_block_mask():
 
 
 def _check_positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"attention: {name} must be an int >= 1, got {value!r}")
-    return value
+    check_positive_int("attention", name, value)
+    return int(value)
+
+
+def _autocast(x: Tensor) -> bool:
+    """Whether autocast is on for ``x``'s device (then x and the weights may differ in dtype)."""
+    try:
+        return torch.is_autocast_enabled(x.device.type)
+    except TypeError:  # torch < 2.4: no device argument
+        return torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
 
 
 class _Attention(nn.Module):
@@ -112,6 +120,11 @@ class _Attention(nn.Module):
             raise TypeError(f"attention: {arg} must be a torch.Tensor, got {type(x).__name__}")
         if not x.is_floating_point():
             raise TypeError(f"attention: {arg} must be a floating-point tensor, got {x.dtype}")
+        weight = next((p for p in self.parameters() if p.is_floating_point()), None)
+        if weight is not None and x.dtype != weight.dtype and not _autocast(x):
+            raise TypeError(f"attention: {arg} is {x.dtype} but the layer's weights are "
+                            f"{weight.dtype}; cast one to the other (x.to(dtype) or "
+                            "module.to(dtype)) or run under torch.autocast")
         if x.dim() != 3 or x.shape[-1] != width:
             raise ValueError(f"attention: {arg} must be [b, s, {width}], got {tuple(x.shape)}")
         if x.shape[1] != tokens:

@@ -70,6 +70,7 @@ References:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -80,8 +81,12 @@ from scipy.sparse.csgraph import connected_components, laplacian, shortest_path
 from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh, splu
 from torch import Tensor
 
+from mmpe.validation import check_positive_int
+
 __all__ = [
-    "DENSE_THRESHOLD", "adjacency", "canonical_sign", "degrees", "graph_laplacian",
+    "BATCHED_DENSE_MAX", "DENSE_THRESHOLD", "adjacency", "batched_degrees",
+    "batched_laplacian_eigenvectors", "batched_laplacian_pe", "batched_random_walk_pe",
+    "batched_shortest_path_hops", "collate_edges", "canonical_sign", "degrees", "graph_laplacian",
     "laplacian_eigenvectors", "laplacian_pe", "path_edge_features", "path_edge_ids",
     "random_sign_flip", "random_walk_pe", "shortest_path_hops",
 ]
@@ -104,8 +109,7 @@ def _num_nodes(num_nodes: Any, fn: str) -> int:
 
 
 def _positive_int(value: Any, name: str, fn: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{fn}: {name} must be an int >= 1, got {value!r}")
+    check_positive_int(fn, name, value)
     return int(value)
 
 
@@ -407,29 +411,9 @@ def _smallest_nontrivial(a: sp.csr_matrix, lap: sp.csr_matrix, m: int, normaliza
     sizes = np.bincount(labels, minlength=count)
     members = np.split(order, np.cumsum(sizes)[:-1])
     deg = np.asarray(a.sum(axis=1)).ravel()
-    # Zero eigenspace: one unit vector per component, z_C ∝ D^½·1_C (sym) or 1_C; an isolated
-    # node (no degree) gets e_i. The trivial vector t = Σ_C w_C z_C ∝ D^½·1 (∝ 1 for D − A, or
-    # when there are no edges); the kept zero eigenvectors are an orthonormal basis of the
-    # rest of the eigenspace: columns 2… of the Householder reflection H that maps w to ∓e_1,
-    # in the z basis (deterministic; only the columns needed are formed, never n × c).
-    if normalization == "sym":
-        mass = np.bincount(labels, weights=deg, minlength=count)  # Σ_C d_i
-        weight = np.sqrt(mass)
-        zval = np.where(mass[labels] > 0, np.sqrt(deg) / np.sqrt(np.where(mass > 0, mass, 1.0))[labels],
-                        1.0 / np.sqrt(sizes[labels]))
-    else:
-        weight = np.sqrt(sizes.astype(np.float64))
-        zval = 1.0 / np.sqrt(sizes[labels])
-    if not weight.any():
-        weight = np.ones(count)
-    u = weight / np.linalg.norm(weight)
-    u[0] += 1.0  # weights are >= 0: H w = −e_1
-    uu = float(u @ u)
-    zeros = min(m, count - 1)
-    cols = np.arange(1, zeros + 1)
-    vals = [np.zeros(zeros)]
-    vecs = [zval[:, None] * ((labels[:, None] == cols[None, :])
-                             - 2.0 * u[labels][:, None] * u[cols][None, :] / uu)]
+    zval, zero_vecs = _zero_eigenspace(labels, count, sizes, deg, normalization, m)
+    vals = [np.zeros(zero_vecs.shape[1])]
+    vecs = [zero_vecs]
     need = m - (count - 1)
     if need > 0:
         for idx in members:
@@ -451,6 +435,35 @@ def _smallest_nontrivial(a: sp.csr_matrix, lap: sp.csr_matrix, m: int, normaliza
     all_vals, all_vecs = np.concatenate(vals), np.concatenate(vecs, axis=1)
     order = np.argsort(all_vals, kind="stable")[:m]
     return all_vals[order], all_vecs[:, order]
+
+
+def _zero_eigenspace(labels: np.ndarray, count: int, sizes: np.ndarray, deg: np.ndarray,
+                     normalization: str | None, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(zval [n], vecs [n, min(m, count − 1)])``: each node's entry of its component's unit
+    null vector, and the kept zero eigenvectors (see :func:`_smallest_nontrivial`)."""
+    # Zero eigenspace: one unit vector per component, z_C ∝ D^½·1_C (sym) or 1_C; an isolated
+    # node (no degree) gets e_i. The trivial vector t = Σ_C w_C z_C ∝ D^½·1 (∝ 1 for D − A, or
+    # when there are no edges); the kept zero eigenvectors are an orthonormal basis of the
+    # rest of the eigenspace: columns 2… of the Householder reflection H that maps w to ∓e_1,
+    # in the z basis (deterministic; only the columns needed are formed, never n × c).
+    if normalization == "sym":
+        mass = np.bincount(labels, weights=deg, minlength=count)  # Σ_C d_i
+        weight = np.sqrt(mass)
+        zval = np.where(mass[labels] > 0, np.sqrt(deg) / np.sqrt(np.where(mass > 0, mass, 1.0))[labels],
+                        1.0 / np.sqrt(sizes[labels]))
+    else:
+        weight = np.sqrt(sizes.astype(np.float64))
+        zval = 1.0 / np.sqrt(sizes[labels])
+    if not weight.any():
+        weight = np.ones(count)
+    u = weight / np.linalg.norm(weight)
+    u[0] += 1.0  # weights are >= 0: H w = −e_1
+    uu = float(u @ u)
+    zeros = min(m, count - 1)
+    cols = np.arange(1, zeros + 1)
+    vecs = (zval[:, None] * ((labels[:, None] == cols[None, :])
+                             - 2.0 * u[labels][:, None] * u[cols][None, :] / uu))
+    return zval, vecs
 
 
 def _component_eigsh(sub: sp.csr_matrix, q: int, null: np.ndarray, bound: float,
@@ -680,3 +693,275 @@ def path_edge_features(edge_index: np.ndarray | Tensor, edge_attr: np.ndarray | 
     if is_tensor:
         return attr.to(edge_attr.device), valid_t.to(edge_attr.device)
     return attr.numpy(), valid
+
+
+# ---------------------------------------------------------------------------- many graphs at once
+#: Most float64 entries one stacked dense ``[G, n, n]`` block may hold (chunks of a size group).
+_STACK_ENTRIES = 1 << 21
+
+#: Nodes up to which :func:`batched_laplacian_eigenvectors` stacks dense Laplacians (larger
+#: graphs go through :func:`laplacian_eigenvectors` one by one).
+BATCHED_DENSE_MAX = 256
+
+
+def _layout(edge_index: Any, batch: Any, num_graphs: Any, fn: str
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(edges [2, E] int64, batch [N] int64, sizes [G], ptr [G + 1])`` of a batch of graphs,
+    or an error: ``batch`` sorted (PyG's layout: graph ``g``'s nodes are ``ptr[g] … ptr[g+1]−1``),
+    every edge inside one graph."""
+    if isinstance(batch, Tensor):
+        batch = batch.detach().cpu().numpy()
+    batch = np.asarray(batch)
+    if batch.ndim != 1 or (batch.size and batch.dtype.kind not in "iu"):
+        raise ValueError(f"{fn}: batch must be a 1-D integer array [N], got shape {batch.shape}, "
+                         f"dtype {batch.dtype}")
+    batch = batch.astype(np.int64, copy=False)
+    if batch.size and (int(batch.min()) < 0 or np.any(np.diff(batch) < 0)):
+        raise ValueError(f"{fn}: batch must be sorted graph ids >= 0 (PyG's layout)")
+    top = int(batch[-1]) + 1 if batch.size else 0
+    g = top if num_graphs is None else _num_nodes(num_graphs, fn)
+    if g < top:
+        raise ValueError(f"{fn}: batch names graph {top - 1}, num_graphs={g}")
+    ei = _edges(edge_index, len(batch), fn)
+    if ei.size and np.any(batch[ei[0]] != batch[ei[1]]):
+        raise ValueError(f"{fn}: an edge joins two graphs of the batch")
+    sizes = np.bincount(batch, minlength=g).astype(np.int64)
+    ptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    return ei, batch, sizes, ptr
+
+
+def collate_edges(edge_indices: Sequence[Any], num_nodes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """One batch ``(edge_index [2, ΣE], batch [Σn])`` from per-graph edge lists (node ids offset
+    by the nodes before), the input of the ``batched_*`` functions."""
+    sizes = np.asarray([int(n) for n in num_nodes], dtype=np.int64)
+    if len(sizes) != len(edge_indices):
+        raise ValueError("collate_edges: one num_nodes per edge_index needed")
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    parts = [np.asarray(e.detach().cpu().numpy() if isinstance(e, Tensor) else e, dtype=np.int64)
+             .reshape(2, -1) + o for e, o in zip(edge_indices, offsets, strict=True)]
+    ei = np.concatenate(parts, axis=1) if parts else np.zeros((2, 0), dtype=np.int64)
+    return ei, np.repeat(np.arange(len(sizes)), sizes)
+
+
+def _size_groups(sizes: np.ndarray, lo: int, hi: int) -> list[tuple[int, np.ndarray]]:
+    """``(n, graph ids)`` for every node count ``lo <= n <= hi``, chunked so that one stacked
+    ``[G, n, n]`` block stays under :data:`_STACK_ENTRIES` entries."""
+    out = []
+    for n in np.unique(sizes):
+        n = int(n)
+        if n < lo or n > hi:
+            continue
+        ids = np.flatnonzero(sizes == n)
+        step = max(1, _STACK_ENTRIES // (n * n))
+        out += [(n, ids[s:s + step]) for s in range(0, len(ids), step)]
+    return out
+
+
+def _stack_dense(mat: sp.csr_matrix, ptr: np.ndarray, n: int, ids: np.ndarray) -> np.ndarray:
+    """The diagonal blocks of the block-diagonal ``mat`` for graphs ``ids`` (all of ``n`` nodes)
+    as a dense ``[len(ids), n, n]`` float64 array."""
+    out = np.zeros((len(ids), n, n))
+    coo = mat.tocoo()
+    starts = ptr[ids]
+    # Graphs of one size group need not be contiguous: map each row to its slot in the stack.
+    slot = np.full(mat.shape[0], -1, dtype=np.int64)
+    local = np.zeros(mat.shape[0], dtype=np.int64)
+    nodes = (starts[:, None] + np.arange(n)[None, :])
+    slot[nodes.ravel()] = np.repeat(np.arange(len(ids)), n)
+    local[nodes.ravel()] = np.tile(np.arange(n), len(ids))
+    keep = slot[coo.row] >= 0
+    r, c = coo.row[keep], coo.col[keep]
+    out[slot[r], local[r], local[c]] = coo.data[keep]
+    return out
+
+
+def batched_shortest_path_hops(edge_index: np.ndarray | Tensor, batch: np.ndarray | Tensor,
+                               undirected: bool = True, *, num_graphs: int | None = None,
+                               bucket_nodes: int = 512) -> list[np.ndarray]:
+    """:func:`shortest_path_hops` of every graph of a batch, at once.
+
+    The graphs are cut into buckets of consecutive graphs of about ``bucket_nodes`` nodes; each
+    bucket's block-diagonal adjacency goes through ``scipy.sparse.csgraph.shortest_path`` once
+    (BFS never leaves a graph's block, so a block of the result is that graph's hops).
+
+    Args:
+        edge_index: ``[2, E]`` node ids of the whole batch (PyG ``Batch.edge_index``).
+        batch: ``[N]`` sorted graph id of every node (PyG ``Batch.batch``).
+        undirected: treat every edge as undirected.
+        num_graphs: ``G`` (default ``batch.max() + 1``; more for trailing empty graphs).
+        bucket_nodes: nodes per ``shortest_path`` call (a larger graph is a bucket of its own).
+
+    Returns:
+        ``G`` arrays ``hops [n_g, n_g]`` float64, equal to ``shortest_path_hops`` per graph.
+
+    Raises:
+        ValueError / TypeError: bad ``edge_index``, unsorted ``batch``, an edge between graphs.
+    """
+    ei, _, sizes, ptr = _layout(edge_index, batch, num_graphs, "batched_shortest_path_hops")
+    adj = adjacency(ei, int(ptr[-1]), undirected=undirected, self_loops=False)
+    out: list[np.ndarray] = []
+    g, count = 0, len(sizes)
+    while g < count:
+        end = g + 1
+        while end < count and ptr[end + 1] - ptr[g] <= bucket_nodes:
+            end += 1
+        lo, hi = int(ptr[g]), int(ptr[end])
+        if hi > lo:
+            dist = shortest_path(adj[lo:hi, lo:hi], method="D", directed=not undirected,
+                                 unweighted=True)
+        for h in range(g, end):
+            a, b = int(ptr[h]) - lo, int(ptr[h + 1]) - lo
+            out.append(dist[a:b, a:b].copy() if b > a else np.zeros((0, 0)))
+        g = end
+    return out
+
+
+def batched_degrees(edge_index: np.ndarray | Tensor, batch: np.ndarray | Tensor, *,
+                    num_graphs: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """:func:`degrees` of every graph of a batch (one ``unique`` and two ``bincount``).
+
+    Returns:
+        ``G`` pairs ``(in_degree [n_g], out_degree [n_g])`` int64.
+    """
+    ei, _, sizes, ptr = _layout(edge_index, batch, num_graphs, "batched_degrees")
+    total = int(ptr[-1])
+    if ei.size:
+        ei = np.unique(ei, axis=1)
+    ins = np.bincount(ei[1], minlength=total).astype(np.int64)
+    outs = np.bincount(ei[0], minlength=total).astype(np.int64)
+    return [(ins[ptr[g]:ptr[g + 1]], outs[ptr[g]:ptr[g + 1]]) for g in range(len(sizes))]
+
+
+def batched_random_walk_pe(edge_index: np.ndarray | Tensor, batch: np.ndarray | Tensor, k: int,
+                           undirected: bool = False, *,
+                           num_graphs: int | None = None) -> list[np.ndarray]:
+    """:func:`random_walk_pe` of every graph of a batch, at once.
+
+    Graphs with the same node count ``n`` (up to 2000) are stacked as dense ``[G, n, n]``
+    transition matrices ``D⁻¹A``; ``k − 1`` stacked matrix products (``numpy.matmul``, float64)
+    give the powers, whose diagonals are the return probabilities. Larger graphs go through
+    :func:`random_walk_pe` (sparse products) one by one.
+
+    Args:
+        edge_index, batch, num_graphs: as :func:`batched_shortest_path_hops`.
+        k: walk lengths ``1 … k`` (>= 1).
+        undirected: symmetrise the edge list first.
+
+    Returns:
+        ``G`` arrays ``[n_g, k]`` float64, equal to ``random_walk_pe`` per graph up to rounding.
+    """
+    k = _positive_int(k, "k", "batched_random_walk_pe")
+    ei, _, sizes, ptr = _layout(edge_index, batch, num_graphs, "batched_random_walk_pe")
+    total = int(ptr[-1])
+    adj = adjacency(ei, total, undirected=undirected, self_loops=True)
+    out: list[np.ndarray] = [np.zeros((int(n), k)) for n in sizes]
+    for n, ids in _size_groups(sizes, 1, _DENSE_WALK):
+        a = _stack_dense(adj, ptr, n, ids)
+        walk = a / np.maximum(a.sum(-1, keepdims=True), 1.0)
+        power, diag = walk, np.empty((len(ids), n, k))
+        for t in range(k):
+            diag[:, :, t] = np.diagonal(power, axis1=1, axis2=2)
+            if t + 1 < k:
+                power = np.matmul(power, walk)  # stacked products (torch.bmm in float64 is slower on CPU)
+        for j, g in enumerate(ids):
+            out[g] = diag[j]
+    for g in np.flatnonzero(sizes > _DENSE_WALK):
+        lo, hi = int(ptr[g]), int(ptr[g + 1])
+        sub = adj[lo:hi, lo:hi].tocoo()
+        out[g] = random_walk_pe(np.stack([sub.row, sub.col]), hi - lo, k)
+    return out
+
+
+def batched_laplacian_eigenvectors(
+    edge_index: np.ndarray | Tensor, batch: np.ndarray | Tensor, k: int,
+    normalization: str | None = "sym", *, num_graphs: int | None = None,
+    dense_max: int = BATCHED_DENSE_MAX,
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """:func:`laplacian_eigenvectors` (with ``return_mask``) of the Laplacian of every graph of
+    a batch (coalesced, symmetrised, loop-free adjacency, as :func:`laplacian_pe`), at once.
+
+    One ``scipy.sparse.csgraph.laplacian`` and ``connected_components`` over the block-diagonal
+    adjacency; graphs with the same node count ``n <= dense_max`` are stacked as dense
+    ``[G, n, n]`` Laplacians and solved by one ``numpy.linalg.eigh``. The spectrum of a graph
+    with ``c`` components starts with ``c`` zero eigenvalues: those columns are replaced by the
+    closed-form zero eigenspace of :func:`laplacian_eigenvectors` (trivial vector dropped, the
+    same deterministic basis), the rest are the non-zero eigenpairs in ascending order; signs
+    follow :func:`canonical_sign`. Eigenvalues equal the per-graph ones to rounding, eigenvectors
+    up to sign for simple eigenvalues and up to a rotation within a repeated eigenvalue's
+    subspace (the solvers differ). Larger graphs go through :func:`laplacian_eigenvectors`.
+
+    Args:
+        edge_index, batch, num_graphs: as :func:`batched_shortest_path_hops`.
+        k: eigenpairs (>= 1).
+        normalization: ``"sym"`` or ``None``.
+        dense_max: largest node count solved by the stacked dense ``eigh``.
+
+    Returns:
+        ``G`` triples ``(eigvals [k], eigvecs [n_g, k], mask [k])`` as
+        ``laplacian_eigenvectors(..., return_mask=True)``.
+    """
+    fn = "batched_laplacian_eigenvectors"
+    k = _positive_int(k, "k", fn)
+    _normalization(normalization, fn)
+    ei, _, sizes, ptr = _layout(edge_index, batch, num_graphs, fn)
+    total = int(ptr[-1])
+    if total == 0:
+        return [(np.zeros(k), np.zeros((0, k)), np.zeros(k, dtype=bool)) for _ in sizes]
+    adj = adjacency(ei, total, undirected=True, self_loops=False)
+    lap = sp.csr_matrix(laplacian(adj, normed=normalization == "sym"))
+    _, labels = connected_components(adj, directed=False)
+    # Components never span graphs: a graph's component count is its number of labels.
+    comp_graph = np.zeros(int(labels.max()) + 1, dtype=np.int64)
+    comp_graph[labels] = np.repeat(np.arange(len(sizes)), sizes)
+    comps = np.bincount(comp_graph, minlength=len(sizes))
+    out: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = [None] * len(sizes)  # type: ignore[list-item]
+    for g in np.flatnonzero(sizes <= 1):
+        mask = np.zeros(k, dtype=bool)
+        out[g] = (np.zeros(k), np.zeros((int(sizes[g]), k)), mask)
+    for n, ids in _size_groups(sizes, 2, dense_max):
+        m = min(k, n - 1)
+        vals, vecs = np.linalg.eigh(_stack_dense(lap, ptr, n, ids))
+        c = comps[ids]
+        sel_vals = vals[:, 1:m + 1].copy()
+        sel_vecs = vecs[:, :, 1:m + 1].copy()
+        for j in np.flatnonzero(c > 1):  # the zero eigenspace, in closed form
+            g, cj = int(ids[j]), int(c[j])
+            lo, hi = int(ptr[g]), int(ptr[g + 1])
+            sub = adj[lo:hi, lo:hi]
+            count, lab = connected_components(sub, directed=False)
+            csize = np.bincount(lab, minlength=count)
+            deg = np.asarray(sub.sum(axis=1)).ravel()
+            _, zero = _zero_eigenspace(lab, count, csize, deg, normalization, m)
+            rest = m - zero.shape[1]
+            sel_vals[j] = np.concatenate([np.zeros(zero.shape[1]), vals[j, cj:cj + rest]])
+            sel_vecs[j] = np.concatenate([zero, vecs[j, :, cj:cj + rest]], axis=1)
+        sel_vals = np.clip(sel_vals, 0.0, None)
+        # canonical_sign over the stack: largest |entry| (lowest index within 1e-8) positive
+        mag = np.abs(sel_vecs)
+        top = mag.max(axis=1, keepdims=True)
+        pick = np.argmax(mag >= top - 1e-8, axis=1)  # [G, m]
+        signs = np.sign(np.take_along_axis(sel_vecs, pick[:, None, :], axis=1))
+        signs[signs == 0] = 1.0
+        sel_vecs = sel_vecs * signs
+        for j, g in enumerate(ids):
+            ev, vv, mask = np.zeros(k), np.zeros((n, k)), np.zeros(k, dtype=bool)
+            ev[:m], vv[:, :m], mask[:m] = sel_vals[j], sel_vecs[j], True
+            out[g] = (ev, vv, mask)
+    for g in np.flatnonzero(sizes > dense_max):
+        lo, hi = int(ptr[g]), int(ptr[g + 1])
+        out[g] = laplacian_eigenvectors(adj[lo:hi, lo:hi], k, normalization, return_mask=True)
+    return out
+
+
+def batched_laplacian_pe(edge_index: np.ndarray | Tensor, batch: np.ndarray | Tensor, k: int,
+                         normalization: str | None = "sym", *,
+                         num_graphs: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """:func:`laplacian_pe` of every graph of a batch, at once
+    (:func:`batched_laplacian_eigenvectors`; same numbers up to eigenvector sign and rotations
+    within repeated eigenvalues).
+
+    Returns:
+        ``G`` pairs ``(eigvecs [n_g, k] float64, mask [k] bool)``.
+    """
+    return [(vecs, mask) for _, vecs, mask in
+            batched_laplacian_eigenvectors(edge_index, batch, k, normalization, num_graphs=num_graphs)]

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from typing import Any
 from mmpe.context import CONTEXT_KEYS, check_context
 from mmpe.coords.base import coordinate_types
 from mmpe.coords.capabilities import Capability, provides
+from mmpe.validation import check_options
 
 HOOKS = ("input", "rotary", "score", "kernel")
 
@@ -123,6 +125,7 @@ def register(
         for alias in aliases:
             _ALIASES[alias] = name
         cls.registry_name = name  # type: ignore[attr-defined]
+        _validate_options(cls, name)
         # One source of truth: the coordinate check at run time reads the registry metadata.
         cls.needs = needs  # type: ignore[attr-defined]
         return cls
@@ -250,6 +253,23 @@ def build(
         return entry.cls(**options)
     except TypeError as err:
         raise TypeError(f"build({entry.name!r}): {err}") from err
+
+
+def _validate_options(cls: Any, name: str) -> None:
+    """Check the constructor's arguments by annotation before it runs (mmpe.validation)."""
+    if not isinstance(cls, type) or cls.__init__ is object.__init__:
+        return
+    init = cls.__init__  # its own or inherited: a registered parent's is already wrapped
+    if getattr(init, "_mmpe_validated", False):
+        return
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        check_options(getattr(type(self), "registry_name", name), init, (self, *args), kwargs)
+        init(self, *args, **kwargs)
+
+    __init__._mmpe_validated = True  # type: ignore[attr-defined]
+    cls.__init__ = __init__
 
 
 def _accepted_kwargs(cls: Callable[..., Any]) -> set[str]:

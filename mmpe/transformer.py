@@ -140,6 +140,8 @@ class Transformer(nn.Module):
         if cache is not None and len(cache) != len(self.blocks):
             raise ValueError(f"transformer: cache has {len(cache)} layers, the model "
                              f"{len(self.blocks)}; make it with model.make_cache()")
+        attn = self.blocks[0].attn
+        attn._check_x("x", x, attn.d_model, coords.num_queries, "queries")
         with forward_scope(coords):
             for enc in self.input_encodings:
                 x = enc.combine(x, coords)

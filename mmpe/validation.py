@@ -20,6 +20,7 @@ import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -50,9 +51,11 @@ def check_int(where: str, arg: str, value: object, minimum: int | None = 1,
                         f"({type(value).__name__})")
     value = int(value)
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-        bound = (f">= {minimum}" if maximum is None else
-                 f"in [{minimum}, {maximum}]" if minimum is not None else f"<= {maximum}")
-        raise ValueError(f"{where}: {arg} must be an int {bound}, got {value!r}")
+        bound = ("a positive int (>= 1)" if minimum == 1 and maximum is None else
+                 f">= {minimum} (an int)" if maximum is None else
+                 f"an int in [{minimum}, {maximum}]" if minimum is not None else
+                 f"<= {maximum} (an int)")
+        raise ValueError(f"{where}: {arg} must be {bound}, got {value!r}")
     return value
 
 
@@ -63,7 +66,8 @@ def check_positive_int(where: str, arg: str, value: object, minimum: int = 1) ->
     that call it; new code uses :func:`check_int`.
     """
     if not _is_int(value) or value < minimum:
-        raise ValueError(f"{where}: {arg} must be an int >= {minimum}, got {value!r}")
+        what = "a positive int (>= 1)" if minimum == 1 else f"an int >= {minimum}"
+        raise ValueError(f"{where}: {arg} must be {what}, got {value!r}")
 
 
 def check_finite_float(where: str, arg: str, value: object, *, low: float | None = None,
@@ -84,7 +88,7 @@ def check_finite_float(where: str, arg: str, value: object, *, low: float | None
 
 def check_bool(where: str, arg: str, value: object) -> bool:
     """``value`` when it is a bool (numpy bools too), else ``TypeError`` naming ``arg``."""
-    if not isinstance(value, (bool, __import__("numpy").bool_)):
+    if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{where}: {arg} must be a bool, got {value!r} ({type(value).__name__})")
     return bool(value)
 
@@ -129,7 +133,6 @@ def check_tensor(where: str, arg: str, value: object, *, dims: tuple[int, ...] |
 _INT_MINIMUM: dict[str, int | None] = {
     "prefix_tokens": 0,     # no cls/register tokens
     "seed": 0,              # a generator seed
-    "max_relative_positions": -1,  # DeBERTa: -1 means "use position_buckets" (HF convention)
     "head_dim": 2,          # rotary pairs / sin-cos pairs need two channels
     "npos_max": 2,
     "position_buckets": 2,

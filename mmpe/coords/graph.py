@@ -207,6 +207,11 @@ class Graph(Coordinates):
             raise ValueError("Graph: batch must be sorted (nodes of each graph contiguous, as in PyG)")
         if int(batch.min()) < 0:
             raise ValueError("Graph: batch ids must be >= 0")
+        gap = num_nodes > 1 and bool((batch[1:] - batch[:-1] > 1).any())
+        if batch.numel() and (int(batch[0]) != 0 or gap):
+            raise ValueError("Graph: batch ids must run 0, 1, … with no gap (every graph id "
+                             f"from 0 to {int(batch.max())} needs a node), got ids "
+                             f"{torch.unique(batch).tolist()[:16]}")
         ei = edge_index.long().cpu()
         if ei.numel() and bool((batch[ei[0]] != batch[ei[1]]).any()):
             raise ValueError("Graph: edge_index has edges joining nodes of different graphs")

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from mmpe.coords.base import Coordinates, MaskMod
+from mmpe.validation import check_bool
 
 
 class Sequence(Coordinates):
@@ -56,7 +57,8 @@ class Sequence(Coordinates):
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise ValueError(f"Sequence: offset must be an int >= 0, got {offset!r}")
         length = _resolve_length(length, offset, position_ids, document_ids, padding_mask)
-        self.length, self.offset, self.causal = length, offset, bool(causal)
+        self.length, self.offset = length, offset
+        self.causal = check_bool("Sequence", "causal", causal)
         n_k = offset + length
         self.document_ids = _check_ids("document_ids", document_ids, n_k)
         self.padding_mask = _check_mask(padding_mask, n_k)

@@ -16,6 +16,7 @@ from torch import Tensor
 from mmpe.coords.base import index_grid
 from mmpe.coords.capabilities import Directed
 from mmpe.encodings.base import AttentionContext, ScoreEncoding
+from mmpe.validation import check_positive_int  # noqa: F401  (re-exported: the one copy)
 
 
 def batch_index(b: Tensor, batch: int) -> Tensor:
@@ -49,11 +50,6 @@ def require_causal(name: str, ctx: AttentionContext) -> None:
     if not (isinstance(ctx.coords, Directed) and ctx.coords.causal):
         raise ValueError(f"{name}: is defined for causal attention; build the coordinates "
                          "with causal=True (e.g. Sequence(n, causal=True))")
-
-
-def check_positive_int(name: str, arg: str, value: int, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}: {arg} must be an int >= {minimum}, got {value!r}")
 
 
 class ContentScoreEncoding(ScoreEncoding):

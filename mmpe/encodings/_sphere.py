@@ -6,6 +6,7 @@ from torch import Tensor
 
 from mmpe.coords.base import Coordinates
 from mmpe.encodings.base import Encoding
+from mmpe.validation import check_positive_int  # noqa: F401  (re-exported: the one copy)
 
 
 def sphere_angles(enc: Encoding, coords: Coordinates) -> tuple[Tensor, Tensor]:
@@ -16,8 +17,3 @@ def sphere_angles(enc: Encoding, coords: Coordinates) -> tuple[Tensor, Tensor]:
     """
     enc.check_coords(coords)
     return coords.lat, coords.lon
-
-
-def check_positive_int(name: str, arg: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}: {arg} must be a positive int, got {value!r}")

@@ -12,6 +12,7 @@ from mmpe.encodings._precision import KeepDtype
 from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
 from mmpe.registry import register
+from mmpe.validation import check_positive_int
 
 
 def alibi_slopes(num_heads: int) -> Tensor:
@@ -28,8 +29,7 @@ def alibi_slopes(num_heads: int) -> Tensor:
     Raises:
         ValueError: ``num_heads < 1``.
     """
-    if not isinstance(num_heads, int) or num_heads < 1:
-        raise ValueError(f"alibi: num_heads must be a positive int, got {num_heads!r}")
+    check_positive_int("alibi", "num_heads", num_heads)
 
     def power_of_two(n: int) -> list[float]:
         start = 2.0 ** (-8.0 / n)

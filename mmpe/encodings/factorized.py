@@ -13,6 +13,7 @@ from mmpe.encodings._grid import as_grid, check_ndim, check_shape, resample_tabl
 from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import InputEncoding
 from mmpe.registry import register
+from mmpe.validation import check_int
 
 
 @register(
@@ -61,6 +62,13 @@ class FactorizedPE(SavesSettings, InputEncoding):
         ndim = len(self.grid_shape)
         if groups is None:
             groups = ((0,), tuple(range(1, ndim))) if ndim >= 2 else ((0,),)
+        if (not isinstance(groups, (tuple, list))
+                or not all(isinstance(g, (tuple, list)) for g in groups)):
+            raise TypeError(f"factorized: groups must be a tuple of tuples of axis numbers, "
+                            f"got {groups!r}")
+        for g in groups:
+            for a in g:
+                check_int("factorized", "groups", a, 0, ndim - 1)
         groups = tuple(tuple(int(a) for a in g) for g in groups)
         flat = sorted(a for g in groups for a in g)
         if flat != list(range(ndim)) or any(not g for g in groups):

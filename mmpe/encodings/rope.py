@@ -19,10 +19,20 @@ from mmpe.encodings.base import (
     rotary_positions,
 )
 from mmpe.registry import register
+from mmpe.validation import check_finite_float, check_int
 
 
 def rope_inv_freq(rotary_dim: int, base: float = 10000.0) -> Tensor:
-    """``θ_i = base^(−2i/d)`` for ``i = 0 … d/2−1``, float64 (radians per token)."""
+    """``θ_i = base^(−2i/d)`` for ``i = 0 … d/2−1``, float64 (radians per token).
+
+    Raises:
+        TypeError/ValueError: ``rotary_dim`` not a positive even int, ``base`` not a finite
+            number > 1.
+    """
+    check_int("rope_inv_freq", "rotary_dim", rotary_dim, 2)
+    if rotary_dim % 2:
+        raise ValueError(f"rope_inv_freq: rotary_dim must be even (channel pairs), got {rotary_dim}")
+    check_finite_float("rope_inv_freq", "base", base, low=1.0, low_open=True)
     return base ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
 
 

@@ -29,6 +29,7 @@ from mmpe.coords.capabilities import Positioned1D
 from mmpe.encodings._precision import KeepDtype
 from mmpe.encodings.rope import RoPE, rope_inv_freq
 from mmpe.registry import register
+from mmpe.validation import check_finite_float
 
 
 def _check_factor(name: str, factor: float) -> float:
@@ -279,6 +280,9 @@ class RoPELongRoPE(KeepDtype, RoPE):
         if long_factor is None:
             long_factor = [self.factor ** (2 * i / max(self.rotary_dim - 2, 1)) for i in range(half)]
         for arg, vals in (("short_factor", short_factor), ("long_factor", long_factor)):
+            if isinstance(vals, (str, bytes)) or not hasattr(vals, "__len__"):
+                raise TypeError(f"rope_longrope: {arg} must be a sequence of floats, got {vals!r}")
+            vals = [float(check_finite_float("rope_longrope", arg, v)) for v in vals]
             if len(vals) != half or any(not v > 0 for v in vals):
                 raise ValueError(f"rope_longrope: {arg} must hold rotary_dim/2={half} values > 0, "
                                  f"got {len(vals)} values")

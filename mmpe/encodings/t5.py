@@ -12,6 +12,7 @@ from mmpe.coords.capabilities import Directed, Metric
 from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
 from mmpe.registry import register
+from mmpe.validation import check_bool, check_int
 
 
 def t5_bucket(
@@ -31,6 +32,14 @@ def t5_bucket(
     Returns:
         int64 tensor of ``relative_position``'s shape, values in ``[0, num_buckets)``.
     """
+    if not isinstance(relative_position, Tensor):
+        raise TypeError(f"t5_bucket: relative_position must be a torch.Tensor, "
+                        f"got {type(relative_position).__name__}")
+    check_bool("t5_bucket", "bidirectional", bidirectional)
+    # each half needs an exact bucket and a log bucket: 4 buckets bidirectional, 2 causal
+    check_int("t5_bucket", "num_buckets", num_buckets, 4 if bidirectional else 2)
+    exact = (num_buckets // 2 if bidirectional else num_buckets) // 2
+    check_int("t5_bucket", "max_distance", max_distance, exact + 1)
     rel = relative_position.long()
     buckets = torch.zeros_like(rel)
     if bidirectional:
