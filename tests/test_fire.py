@@ -46,6 +46,7 @@ def test_score_mod_equals_eager_bias_and_gradients_reach_c_and_L():
 
 
 def test_bad_options():
-    for kwargs in ({"num_heads": 0}, {"num_heads": 2, "init_c": 0}, {"num_heads": 2, "init_L": -1}):
-        with pytest.raises(ValueError, match="fire: .* must be > 0"):
+    for kwargs, arg in (({"num_heads": 0}, "num_heads"), ({"num_heads": 2, "init_c": 0}, "init_c"),
+                        ({"num_heads": 2, "init_L": -1}, "init_L")):
+        with pytest.raises(ValueError, match=f"fire: {arg} must be"):
             mmpe.build("fire", **kwargs)
