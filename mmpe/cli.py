@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     p_list.add_argument("--hook", choices=registry.HOOKS)
     p_list.add_argument("--coords")
     p_cmp = sub.add_parser("compare", help="train a recipe with several encodings")
-    p_cmp.add_argument("recipe", help="text, vision, video, audio, graph, tabular, sphere")
+    p_cmp.add_argument("recipe", help="text, vision, video, audio, graph, tabular, sphere, multimodal")
     p_cmp.add_argument("--encodings", help="comma-separated registry names, or 'all'")
     p_cmp.add_argument("--family", help="every encoding of one family (e.g. rotary, bias)")
     p_cmp.add_argument("--out", help="output folder (default runs/compare/RECIPE)")
