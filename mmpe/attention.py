@@ -115,12 +115,20 @@ class _Attention(nn.Module):
             raise ValueError(f"attention: at most one kernel encoding, got {len(kernels)}")
         self.kernel = kernels[0] if kernels else None
 
+    def _projection_weight(self) -> Tensor | None:
+        """The input projection's weight (encodings may keep float32 tables in a bf16 model)."""
+        for name in ("qkv", "q_proj"):
+            layer = getattr(self, name, None)
+            if isinstance(layer, nn.Linear):
+                return layer.weight
+        return next((p for p in self.parameters() if p.is_floating_point()), None)
+
     def _check_x(self, arg: str, x: Tensor, width: int, tokens: int, what: str) -> None:
         if not isinstance(x, Tensor):
             raise TypeError(f"attention: {arg} must be a torch.Tensor, got {type(x).__name__}")
         if not x.is_floating_point():
             raise TypeError(f"attention: {arg} must be a floating-point tensor, got {x.dtype}")
-        weight = next((p for p in self.parameters() if p.is_floating_point()), None)
+        weight = self._projection_weight()
         if weight is not None and x.dtype != weight.dtype and not _autocast(x):
             raise TypeError(f"attention: {arg} is {x.dtype} but the layer's weights are "
                             f"{weight.dtype}; cast one to the other (x.to(dtype) or "
@@ -200,9 +208,7 @@ class _Attention(nn.Module):
                                                       scale=scale)
             attn_mask = _dense_mask(coords)
         else:
-            mask = _dense_mask(coords)
-            bias = _cast_bias(bias, ctx.q.dtype)
-            attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+            attn_mask = _cast_bias(bias, ctx.q.dtype, _dense_mask(coords))
         return F.scaled_dot_product_attention(ctx.q, ctx.k, ctx.v, attn_mask=attn_mask, scale=scale)
 
     def _sdpa_blocks(self, ctx: AttentionContext, scale: float) -> Tensor:
@@ -226,10 +232,7 @@ class _Attention(nn.Module):
         for enc in self.scores:
             term = enc.bias_rows(ctx, start, stop)
             bias = term if bias is None else bias + term
-        bias = _cast_bias(bias, ctx.q.dtype)
-        mask = _mask_rows(ctx.coords, start, stop)
-        if mask is not None:
-            bias = bias.masked_fill(~mask, float("-inf"))
+        bias = _cast_bias(bias, ctx.q.dtype, _mask_rows(ctx.coords, start, stop))
         return F.scaled_dot_product_attention(ctx.q[:, :, start:stop], ctx.k, ctx.v,
                                               attn_mask=bias, scale=scale)
 
@@ -482,13 +485,18 @@ def _mask_rows(coords: Coordinates, start: int, stop: int) -> Tensor | None:
     return mod(b, h, q[:, :, start:stop], k).expand(batch, 1, stop - start, coords.num_keys)
 
 
-def _cast_bias(bias: Tensor, dtype: torch.dtype) -> Tensor:
-    """The summed bias in the attention dtype. In bf16/fp16 the row maximum is taken out first
-    (softmax ignores it): a large bias such as SwinV2's (up to 16) then keeps its differences
-    instead of losing |bias|·2⁻⁹ to rounding."""
+def _cast_bias(bias: Tensor, dtype: torch.dtype, mask: Tensor | None) -> Tensor:
+    """The summed bias, masked pairs at ``-inf``, in the attention dtype. In bf16/fp16 the
+    maximum over each row's allowed pairs is taken out first (softmax ignores it): a large bias
+    (SwinV2's up to 16, FoX's long decays) then keeps its differences instead of losing
+    |bias|·2⁻⁹ to rounding."""
+    if mask is not None:
+        bias = bias.masked_fill(~mask, float("-inf"))
     if dtype == bias.dtype or not dtype.is_floating_point or torch.finfo(dtype).bits > 16:
         return bias.to(dtype)
-    return (bias - bias.amax(dim=-1, keepdim=True).detach()).to(dtype)
+    top = bias.amax(dim=-1, keepdim=True).detach()
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    return (bias - top).to(dtype)
 
 
 def _dense_mask(coords: Coordinates) -> Tensor | None:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from mmpe.attention import MultiHeadAttention
@@ -32,6 +33,19 @@ def build_encodings(specs: Seq[EncodingSpec], **context: Any) -> list[Encoding]:
     built = [s if isinstance(s, Encoding) else build(s, context=context) for s in specs]
     _warn_duplicates(built)
     return built
+
+
+def _check_input(x: Tensor, weight: Tensor) -> None:
+    """Type and dtype of the model input (its width may change: input encodings concatenate)."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"transformer: x must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"transformer: x must be a floating-point tensor, got {x.dtype}")
+    if x.dim() != 3:
+        raise ValueError(f"transformer: x must be [b, s, d], got {tuple(x.shape)}")
+    if x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
+        raise TypeError(f"transformer: x is {x.dtype} but the model's weights are "
+                        f"{weight.dtype}; cast one to the other or run under torch.autocast")
 
 
 def _warn_duplicates(encodings: Seq[Encoding]) -> None:
@@ -140,8 +154,7 @@ class Transformer(nn.Module):
         if cache is not None and len(cache) != len(self.blocks):
             raise ValueError(f"transformer: cache has {len(cache)} layers, the model "
                              f"{len(self.blocks)}; make it with model.make_cache()")
-        attn = self.blocks[0].attn
-        attn._check_x("x", x, attn.d_model, coords.num_queries, "queries")
+        _check_input(x, self.norm.weight)
         with forward_scope(coords):
             for enc in self.input_encodings:
                 x = enc.combine(x, coords)

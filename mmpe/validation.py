@@ -169,7 +169,7 @@ OPTION_RANGES: dict[str, tuple[float | None, bool, float | None]] = {
     "init_std": (0.0, False, None),
     "init_range": (0.0, True, None),
     "length_scale": (0.0, True, None),
-    "alpha": (0.0, True, None),
+    "alpha": (0.0, False, None),  # Tab-PET: 0 switches the spectral code off
     "clip": (0.0, True, None),
     "init_scale": (0.0, True, None),
 }

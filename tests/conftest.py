@@ -54,3 +54,26 @@ def pytest_terminal_summary(terminalreporter) -> None:
         f"{len({e for e, _ in pairs})} encodings and {len({c for _, c in pairs})} coordinate "
         f"samples; {paths} (encoding, coordinates, path) attention runs; {len(cases)} checks"
     )
+
+
+def run_in_fresh_process(test_file: str, test_name: str) -> bool:
+    """Run one test in a new interpreter and return True there; return False inside it.
+
+    Fork-based DDP (``ddp_fork``) refuses a parent process in which autograd has already run
+    (its worker threads cannot be forked), which is the case after any earlier test in the
+    same session. Call as ``if run_in_fresh_process(__file__, "test_x"): return``.
+    """
+    import subprocess
+    import sys
+
+    if os.environ.get("MMPE_FRESH_PROCESS") == "1":
+        return False
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-s",
+         f"{test_file}::{test_name}"],
+        capture_output=True, text=True, timeout=900,
+        env={**os.environ, "MMPE_FRESH_PROCESS": "1"},
+    )
+    assert run.returncode == 0, (run.stdout[-4000:] + run.stderr[-4000:])
+    print(run.stdout[-2000:])
+    return True

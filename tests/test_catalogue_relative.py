@@ -201,7 +201,7 @@ def test_gradients_reach_every_parameter(name, kw):
     ("huang_2", dict(max_relative_position=-1), "max_relative_position"),
     ("huang_3", dict(max_relative_position=0), "max_relative_position"),
     ("huang_4", dict(max_relative_position=0), "max_relative_position"),
-    ("deberta", dict(position_buckets=1), "bucket count"),
+    ("deberta", dict(position_buckets=1), "position_buckets"),
     ("deberta", dict(position_buckets=64, max_relative_positions=20), "max_relative_positions"),
     ("cope", dict(npos_max=1), "npos_max"),
     ("tener", dict(head_dim=7), "head_dim"),

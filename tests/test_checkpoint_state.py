@@ -40,6 +40,9 @@ HALF = D_MODEL // HEADS // 2  # rotary pairs per head (12)
 
 #: (encoding or "*", argument) -> two values; other arguments get generic alternatives.
 VALUES: dict[tuple[str, str], tuple] = {
+    ("conv_pe", "groups"): (8, 4),
+    ("spacetime", "spatial"): ("spherical_harmonics", "latlon_sincos"),
+    ("spacetime", "temporal"): ("sinusoidal", "scaled_sinusoidal"),
     ("alibi", "slopes"): (torch.tensor([0.5, 0.25]), torch.tensor([1.0, 0.125])),
     ("axial", "shape"): ((4, 16), (16, 4)),
     ("axial", "dims"): ((16, 32), (32, 16)),

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import run_in_fresh_process
 from lightning.pytorch.callbacks import Callback
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -261,6 +262,8 @@ def check_ddp(recipe: str, folder: Path, launcher: str = "python",
 
 def test_text_ddp_two_ranks_disjoint_batches_equal_parameters(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    if run_in_fresh_process(__file__, "test_text_ddp_two_ranks_disjoint_batches_equal_parameters"):
+        return
     result = check_ddp("text", tmp_path, "fork", monkeypatch)
     assert result["overlaps"] == [0, 0]  # 24 windows per epoch, 3 batches of 4 per rank: 2 epochs
 

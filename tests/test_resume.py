@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import run_in_fresh_process
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from test_distributed import TINY, max_param_diff, one_thread, recorder_arg, run_in_process
@@ -80,6 +81,8 @@ def test_text_resume_at_epoch_end_is_exact(tmp_path: Path, monkeypatch: pytest.M
 
 def test_text_resume_under_ddp_is_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # 2 ranks x 3 batches per epoch: the checkpoint at step 4 is mid-epoch 1.
+    if run_in_fresh_process(__file__, "test_text_resume_under_ddp_is_exact"):
+        return
     diff = check_resume("text", tmp_path, monkeypatch, n=4, extra=[
         "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp_fork"])
     print(f"\ntext resume under DDP (2 ranks): max parameter difference {diff}")

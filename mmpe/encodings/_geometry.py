@@ -5,6 +5,7 @@ transformers (Graphormer-3D / Transformer-M / Uni-Mol Gaussian kernels, SchNet a
 radial bases): a function ``f_h(d)`` of the pairwise distance alone, one value per head, added
 to the logits, evaluated vectorised over a trailing feature axis; FlexAttention gathers
 from the table the eager path builds (see the class docstring for why not unrolled code).
+:func:`safe_sqrt` and :func:`pad_axes` serve the position-based ones.
 """
 
 from __future__ import annotations
@@ -15,20 +16,6 @@ from torch import Tensor
 from mmpe.coords.base import index_grid
 from mmpe.encodings._precision import full_precision
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
-
-
-def select_head(values: Tensor, h: Tensor) -> Tensor:
-    """``values[..., h]`` for a head index that is a scalar (flex) or an index grid (eager).
-
-    ``values`` ``[..., n_h]`` (pair axes first); ``h`` a 0-d tensor, or ``[1, H, 1, 1]`` from
-    :func:`mmpe.coords.index_grid` against ``values`` ``[B, 1, Q, K, n_h]``. Returns the
-    broadcast ``[B, H, Q, K]`` without materialising ``[B, H, Q, K, n_h]``.
-    """
-    if h.dim() == 0:
-        return values[..., h]
-    shape = torch.broadcast_shapes(values.shape[:-1], h.shape)
-    index = h.expand(shape).unsqueeze(-1)
-    return torch.gather(values.expand(*shape, values.shape[-1]), -1, index).squeeze(-1)
 
 
 def safe_sqrt(x: Tensor) -> Tensor:
@@ -81,16 +68,33 @@ class DistanceFeatureBias(ScoreEncoding):
         """The term on every pair, ``[b or 1, n_h, n_q, n_k]`` float32 (eager path)."""
         return self.bias_rows(ctx, 0, ctx.coords.num_queries)
 
+    #: channels of the widest per-pair intermediate (kernels, hidden units): bounds the rows
+    #: evaluated at once so that ``[b, rows, n_k, feature_width]`` fits the block budget.
+    feature_width: int = 1
+
     def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
-        """The term of queries ``start … stop−1``, ``[b or 1, n_h, stop−start, n_k]``."""
+        """The term of queries ``start … stop−1``, ``[b or 1, n_h, stop−start, n_k]``.
+
+        Evaluated a chunk of rows at a time, so that the per-pair features ``[b, rows, n_k, K]``
+        stay within ``mmpe.attention.block_bytes()`` (they are ``K/n_h`` times the bias).
+        """
+        from mmpe.attention import block_bytes  # the attention module imports the encodings
+
         self.check_context(ctx)
         coords = ctx.coords
-        b, _, q, k = index_grid(coords.batch_size or 1, 1, coords.num_queries, coords.num_keys,
-                                coords.device)
-        d = coords.distance(q[:, :, start:stop], k, b).float()  # [b or 1, 1, rows, n_k]
-        with full_precision(d.device):  # float32 features and MLP, also under autocast
-            values = self.head_values(self.parameters_f32(), d)  # [b or 1, 1, rows, n_k, n_h]
-        return values.squeeze(1).permute(0, 3, 1, 2)
+        batch = coords.batch_size or 1
+        b, _, q, k = index_grid(batch, 1, coords.num_queries, coords.num_keys, coords.device)
+        per_row = batch * coords.num_keys * max(self.feature_width, self.num_heads) * 4
+        step = max(1, block_bytes() // max(1, per_row))
+        p = self.parameters_f32()
+        chunks = []
+        for lo in range(start, stop, step):
+            hi = min(stop, lo + step)
+            d = coords.distance(q[:, :, lo:hi], k, b).float()  # [b or 1, 1, rows, n_k]
+            with full_precision(d.device):  # float32 features and MLP, also under autocast
+                values = self.head_values(p, d)  # [b or 1, 1, rows, n_k, n_h]
+            chunks.append(values.squeeze(1).permute(0, 3, 1, 2))
+        return chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=2)
 
 
 def pad_axes(name: str, positions: Tensor, num_axes: int) -> Tensor:

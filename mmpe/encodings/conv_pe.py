@@ -14,6 +14,7 @@ from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Capability, GridLayout, Positioned1D, missing
 from mmpe.encodings.base import InputEncoding
 from mmpe.registry import register
+from mmpe.validation import check_int
 
 
 class FrameAxis(Capability):
@@ -98,8 +99,7 @@ class ConvPositionalEmbedding(InputEncoding):
     def __init__(self, d_model: int, kernel_size: int = 128, groups: int = 16) -> None:
         super().__init__()
         for arg, val in (("d_model", d_model), ("kernel_size", kernel_size), ("groups", groups)):
-            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-                raise ValueError(f"conv_pe: {arg} must be a positive int, got {val!r}")
+            check_int("conv_pe", arg, val)
         if d_model % groups:
             raise ValueError(f"conv_pe: d_model={d_model} must be divisible by groups={groups}")
         self.d_model, self.kernel_size, self.groups = d_model, kernel_size, groups

@@ -15,6 +15,7 @@ from mmpe.encodings._precision import KeepDtype, module_dtype
 from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import InputEncoding
 from mmpe.registry import register
+from mmpe.validation import check_bool, check_finite_float, check_int
 
 
 def random_fourier_features(positions: Tensor, B: Tensor) -> Tensor:
@@ -41,17 +42,6 @@ def nerf_encoding(positions: Tensor, num_frequencies: int) -> Tensor:
     freqs = (2.0 ** torch.arange(num_frequencies, dtype=torch.float64, device=p.device)) * math.pi
     phase = p.unsqueeze(-2) * freqs.unsqueeze(-1)  # [..., L, a]
     return torch.stack((phase.sin(), phase.cos()), dim=-2).flatten(-3).to(torch.float32)
-
-
-def _check_int(name: str, arg: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}: {arg} must be a positive int, got {value!r}")
-
-
-def _check_positive(name: str, arg: str, value: float) -> None:
-    if not (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value) and value > 0):
-        raise ValueError(f"{name}: {arg} must be a finite float > 0, got {value!r}")
 
 
 def _positions(name: str, enc: InputEncoding, coords: Coordinates, num_axes: int) -> Tensor:
@@ -100,10 +90,9 @@ class RandomFourierFeatures(KeepDtype, SavesSettings, InputEncoding):
         super().__init__()
         for arg, val in (("d_model", d_model), ("num_axes", num_axes),
                          ("num_frequencies", num_frequencies)):
-            _check_int("fourier_features", arg, val)
-        _check_positive("fourier_features", "sigma", sigma)
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"fourier_features: seed must be an int, got {seed!r}")
+            check_int("fourier_features", arg, val)
+        sigma = check_finite_float("fourier_features", "sigma", sigma, low=0.0, low_open=True)
+        check_int("fourier_features", "seed", seed, minimum=0)
         self.num_axes, self.sigma = num_axes, float(sigma)
         gen = torch.Generator().manual_seed(seed)
         self.register_buffer("B", torch.randn(num_frequencies, num_axes, generator=gen) * self.sigma)
@@ -156,8 +145,9 @@ class NeRFEncoding(SavesSettings, InputEncoding):
         super().__init__()
         for arg, val in (("d_model", d_model), ("num_axes", num_axes),
                          ("num_frequencies", num_frequencies)):
-            _check_int("nerf", arg, val)
-        _check_positive("nerf", "scale", scale)
+            check_int("nerf", arg, val)
+        scale = check_finite_float("nerf", "scale", scale, low=0.0, low_open=True)
+        include_input = check_bool("nerf", "include_input", include_input)
         self.num_axes, self.num_frequencies = num_axes, num_frequencies
         self.scale, self.include_input = float(scale), bool(include_input)
         width = 2 * num_frequencies * num_axes + (num_axes if include_input else 0)

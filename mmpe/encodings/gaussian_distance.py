@@ -13,6 +13,7 @@ from mmpe.coords.capabilities import Metric
 from mmpe.encodings._geometry import DistanceFeatureBias
 from mmpe.encodings._state import SavesSettings
 from mmpe.registry import register
+from mmpe.validation import check_finite_float, check_int
 
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
@@ -91,12 +92,12 @@ class GaussianDistanceBias(SavesSettings, DistanceFeatureBias):
         super().__init__()
         for arg, val in (("num_heads", num_heads), ("num_kernels", num_kernels),
                          ("mlp_width", mlp_width)):
-            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-                raise ValueError(f"gaussian_distance: {arg} must be a positive int, got {val!r}")
-        for arg, val in (("init_range", init_range), ("eps", eps)):
-            if not (isinstance(val, (int, float)) and math.isfinite(val) and val > 0):
-                raise ValueError(f"gaussian_distance: {arg} must be a finite float > 0, got {val!r}")
+            check_int("gaussian_distance", arg, val)
+        init_range = check_finite_float("gaussian_distance", "init_range", init_range, low=0.0,
+                                        low_open=True)
+        eps = check_finite_float("gaussian_distance", "eps", eps, low=0.0, low_open=True)
         self.num_heads, self.num_kernels, self.eps = num_heads, num_kernels, float(eps)
+        self.feature_width = max(num_kernels, mlp_width)
         self.means = nn.Parameter(torch.empty(num_kernels).uniform_(0.0, float(init_range)))
         self.stds = nn.Parameter(torch.empty(num_kernels).uniform_(0.0, float(init_range)))
         self.mul = nn.Parameter(torch.ones(()))

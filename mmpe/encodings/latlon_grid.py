@@ -13,6 +13,7 @@ from mmpe.earth import area_weights, weighted_mean, weighted_rmse
 from mmpe.encodings._sphere import sphere_angles
 from mmpe.encodings.base import InputEncoding
 from mmpe.registry import register
+from mmpe.validation import check_finite_float, check_int
 
 __all__ = ["LatLonGridPE", "area_weights", "latlon_cells", "weighted_mean", "weighted_rmse"]
 
@@ -64,12 +65,12 @@ class LatLonGridPE(InputEncoding):
     Args:
         d_model: width.
         grid_shape: ``(n_lat, n_lon)`` of the table (FourCastNet's patch grid: ``(90, 180)``).
-        init_std: std of the truncated-normal initialisation (0.02).
+        init_std: std of the truncated-normal initialisation (0.02; 0 = zeros).
 
     Shapes: ``forward(coords) -> [n, d_model]`` or ``[b, n, d_model]``.
 
     Raises:
-        ValueError: ``grid_shape`` not two positive ints, non-positive ``d_model`` or
+        ValueError: ``grid_shape`` not two positive ints, non-positive ``d_model``, negative
             ``init_std``; coordinates from ``Sphere.grid`` of another ``(n_lat, n_lon)``.
         TypeError: coordinates not on the sphere (``Spherical``).
     """
@@ -77,18 +78,17 @@ class LatLonGridPE(InputEncoding):
     def __init__(self, d_model: int, grid_shape: tuple[int, int] = (90, 180),
                  init_std: float = 0.02) -> None:
         super().__init__()
-        if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
-            raise ValueError(f"latlon_grid: d_model must be a positive int, got {d_model!r}")
+        check_int("latlon_grid", "d_model", d_model)
         shape = tuple(grid_shape) if isinstance(grid_shape, (tuple, list)) else None
         if shape is None or len(shape) != 2 or not all(
                 isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in shape):
             raise ValueError(f"latlon_grid: grid_shape must be (n_lat, n_lon), two positive ints, "
                              f"got {grid_shape!r}")
-        if not (isinstance(init_std, (int, float)) and math.isfinite(init_std) and init_std > 0):
-            raise ValueError(f"latlon_grid: init_std must be a finite float > 0, got {init_std!r}")
+        init_std = check_finite_float("latlon_grid", "init_std", init_std, low=0.0)
         self.grid_shape = shape
-        self.table = nn.Parameter(torch.empty(*shape, d_model))
-        nn.init.trunc_normal_(self.table, std=float(init_std))
+        self.table = nn.Parameter(torch.zeros(*shape, d_model))
+        if init_std > 0:  # 0: a zero-initialised table
+            nn.init.trunc_normal_(self.table, std=init_std)
 
     def cells(self, coords: Coordinates) -> tuple[Tensor, Tensor]:
         """Each token's cell ``(i, j)``, ``[n]`` or ``[b, n]`` int64."""

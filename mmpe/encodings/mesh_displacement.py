@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -15,6 +13,7 @@ from mmpe.encodings._precision import full_precision
 from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
 from mmpe.registry import register
+from mmpe.validation import check_finite_float, check_int
 
 
 def _float_positions(pos: Tensor) -> Tensor:
@@ -70,12 +69,9 @@ class MeshDisplacementBias(SavesSettings, ScoreEncoding):
                  length_scale: float = 1.0) -> None:
         super().__init__()
         for arg, val in (("num_heads", num_heads), ("num_axes", num_axes), ("mlp_width", mlp_width)):
-            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-                raise ValueError(f"mesh_displacement: {arg} must be a positive int, got {val!r}")
-        if not (isinstance(length_scale, (int, float)) and math.isfinite(length_scale)
-                and length_scale > 0):
-            raise ValueError(f"mesh_displacement: length_scale must be a finite float > 0 "
-                             f"(coordinate units), got {length_scale!r}")
+            check_int("mesh_displacement", arg, val)
+        length_scale = check_finite_float("mesh_displacement", "length_scale", length_scale,
+                                          low=0.0, low_open=True)
         self.num_heads, self.num_axes, self.length_scale = num_heads, num_axes, float(length_scale)
         self.mlp = nn.Sequential(nn.Linear(num_axes + 1, mlp_width), nn.ReLU(),
                                  nn.Linear(mlp_width, num_heads))
@@ -129,19 +125,29 @@ class MeshDisplacementBias(SavesSettings, ScoreEncoding):
         return self.bias_rows(ctx, 0, ctx.coords.num_queries)
 
     def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
-        """The MLP on the pairs of queries ``start … stop−1``, ``[b or 1, n_h, stop−start, n_k]``."""
+        """The MLP on the pairs of queries ``start … stop−1``, ``[b or 1, n_h, stop−start, n_k]``
+        (a chunk of rows at a time: the hidden layer ``[b, rows, n_k, W]`` stays within
+        ``mmpe.attention.block_bytes()``)."""
+        from mmpe.attention import block_bytes  # the attention module imports the encodings
+
         self.check_context(ctx)
         qpos, kpos = self._positions(ctx.coords)
-        qpos = qpos[..., start:stop, :]
         lin1, lin2 = self.mlp[0], self.mlp[2]
-        # float32 even under autocast: displacements of thousands of units in a bf16 matmul
-        # would be off by whole units (the scalar mod is float32 too).
-        with full_precision(qpos.device):
-            diff = ((qpos.unsqueeze(-2) - kpos.unsqueeze(-3)) / self.length_scale).float()
-            dist = safe_sqrt((diff * diff).sum(-1, keepdim=True))
-            feats = torch.cat((diff, dist), dim=-1)  # [(b,) rows, n_k, A + 1]
-            hidden = torch.relu(F.linear(feats, lin1.weight.float(), lin1.bias.float()))
-            out = F.linear(hidden, lin2.weight.float(), lin2.bias.float())  # [(b,) rows, n_k, n_h]
-        if out.dim() == 3:
-            out = out.unsqueeze(0)
-        return out.permute(0, 3, 1, 2)
+        batch = qpos.shape[0] if qpos.dim() == 3 else 1
+        per_row = batch * kpos.shape[-2] * max(lin1.out_features, self.num_axes + 1) * 4
+        step = max(1, block_bytes() // max(1, per_row))
+        chunks = []
+        for lo in range(start, stop, step):
+            rows = qpos[..., lo:min(stop, lo + step), :]
+            # float32 even under autocast: displacements of thousands of units in a bf16 matmul
+            # would be off by whole units (the scalar mod is float32 too).
+            with full_precision(rows.device):
+                diff = ((rows.unsqueeze(-2) - kpos.unsqueeze(-3)) / self.length_scale).float()
+                dist = safe_sqrt((diff * diff).sum(-1, keepdim=True))
+                feats = torch.cat((diff, dist), dim=-1)  # [(b,) rows, n_k, A + 1]
+                hidden = torch.relu(F.linear(feats, lin1.weight.float(), lin1.bias.float()))
+                out = F.linear(hidden, lin2.weight.float(), lin2.bias.float())  # [.., n_h]
+            if out.dim() == 3:
+                out = out.unsqueeze(0)
+            chunks.append(out.permute(0, 3, 1, 2))
+        return chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=2)

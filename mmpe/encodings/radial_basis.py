@@ -23,6 +23,7 @@ from mmpe.coords.capabilities import Metric
 from mmpe.encodings._geometry import DistanceFeatureBias
 from mmpe.encodings._state import SavesSettings
 from mmpe.registry import register
+from mmpe.validation import check_finite_float, check_int
 
 
 def cosine_cutoff(d: Tensor, cutoff: float) -> Tensor:
@@ -67,12 +68,9 @@ def bessel_rbf(d: Tensor, cutoff: float, num_radial: int) -> Tensor:
 
 
 def _check(name: str, num_heads: int, count_arg: str, count: int, cutoff: float) -> None:
-    for arg, val in (("num_heads", num_heads), (count_arg, count)):
-        if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-            raise ValueError(f"{name}: {arg} must be a positive int, got {val!r}")
-    if not (isinstance(cutoff, (int, float)) and math.isfinite(cutoff) and cutoff > 0):
-        raise ValueError(f"{name}: cutoff must be a finite float > 0 (coordinate units, e.g. Å), "
-                         f"got {cutoff!r}")
+    check_int(name, "num_heads", num_heads)
+    check_int(name, count_arg, count)
+    check_finite_float(name, "cutoff", cutoff, low=0.0, low_open=True)
 
 
 class _RadialBias(SavesSettings, DistanceFeatureBias):
@@ -80,7 +78,7 @@ class _RadialBias(SavesSettings, DistanceFeatureBias):
 
     def __init__(self, num_heads: int, num_features: int) -> None:
         super().__init__()
-        self.num_heads = num_heads
+        self.num_heads, self.feature_width = num_heads, num_features
         self.weight = nn.Parameter(torch.randn(num_heads, num_features) / math.sqrt(num_features))
 
     def basis(self, d: Tensor) -> Tensor:  # pragma: no cover - abstract
@@ -128,8 +126,7 @@ class RadialGaussianBias(_RadialBias):
     def __init__(self, num_heads: int, num_basis: int = 50, cutoff: float = 5.0,
                  gamma: float = 10.0) -> None:
         _check("radial_gaussian", num_heads, "num_basis", num_basis, cutoff)
-        if not (isinstance(gamma, (int, float)) and math.isfinite(gamma) and gamma > 0):
-            raise ValueError(f"radial_gaussian: gamma must be a finite float > 0 (unit⁻²), got {gamma!r}")
+        check_finite_float("radial_gaussian", "gamma", gamma, low=0.0, low_open=True)
         super().__init__(num_heads, num_basis)
         self.num_basis, self.cutoff, self.gamma = num_basis, float(cutoff), float(gamma)
 
@@ -177,8 +174,7 @@ class RadialBesselBias(_RadialBias):
     def __init__(self, num_heads: int, num_radial: int = 6, cutoff: float = 5.0,
                  envelope_p: int = 6) -> None:
         _check("radial_bessel", num_heads, "num_radial", num_radial, cutoff)
-        if isinstance(envelope_p, bool) or not isinstance(envelope_p, int) or envelope_p < 1:
-            raise ValueError(f"radial_bessel: envelope_p must be a positive int, got {envelope_p!r}")
+        check_int("radial_bessel", "envelope_p", envelope_p)
         super().__init__(num_heads, num_radial)
         self.num_radial, self.cutoff, self.envelope_p = num_radial, float(cutoff), envelope_p
 

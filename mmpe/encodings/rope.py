@@ -29,10 +29,12 @@ def rope_inv_freq(rotary_dim: int, base: float = 10000.0) -> Tensor:
         TypeError/ValueError: ``rotary_dim`` not a positive even int, ``base`` not a finite
             number > 1.
     """
-    check_int("rope_inv_freq", "rotary_dim", rotary_dim, 2)
-    if rotary_dim % 2:
-        raise ValueError(f"rope_inv_freq: rotary_dim must be even (channel pairs), got {rotary_dim}")
-    check_finite_float("rope_inv_freq", "base", base, low=1.0, low_open=True)
+    if not torch.compiler.is_compiling():  # checked eagerly; a traced base may be symbolic
+        check_int("rope_inv_freq", "rotary_dim", rotary_dim, 2)
+        if rotary_dim % 2:
+            raise ValueError(f"rope_inv_freq: rotary_dim must be even (channel pairs), got "
+                             f"{rotary_dim}")
+        check_finite_float("rope_inv_freq", "base", base, low=1.0, low_open=True)
     return base ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
 
 

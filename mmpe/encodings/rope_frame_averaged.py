@@ -17,6 +17,7 @@ from mmpe.encodings.base import AttentionContext, ScoreMod
 from mmpe.encodings.rope import apply_rotary
 from mmpe.encodings.rope_axial import axial_phase
 from mmpe.registry import register
+from mmpe.validation import check_finite_float, check_int
 
 
 def pca_frames(positions: Tensor, mask: Tensor | None = None,
@@ -65,38 +66,48 @@ def pca_frames(positions: Tensor, mask: Tensor | None = None,
           "PCA frames (§3.3); axial RoPE of Heo et al. 2024 / Su et al. 2021 in each frame",
     context=("head_dim", "num_axes"))
 class FrameAveragedRoPE(SavesSettings, ContentScoreEncoding):
-    """Axial RoPE averaged over the PCA frames of the point set: an invariant rotary score.
+    """Axial RoPE averaged over the PCA frames of the point set: an E(d)-invariant rotary score.
 
     Axial RoPE (``rope_axial``) scores ``q · R(x_k − x_q) k``: it depends on the displacement,
     so it is translation-invariant, but on the displacement's *components*, so a rotation of the
-    point set changes it. Frame Averaging (Puny et al. 2022) makes any function invariant by
-    averaging it over a small equivariant set of frames ``F(X)``: here the PCA frames of the
-    keys' positions (:func:`pca_frames`; 8 in 3D with reflections, 4 without). The score is
+    point set changes it. Frame Averaging (Puny et al. 2022) makes a function invariant by
+    averaging it over a small equivariant set of frames ``F(X)``: here the ``2^d`` PCA frames
+    of the keys' positions (:func:`pca_frames`: the covariance eigenvectors with every choice of
+    signs; 8 in 3D). The score is
 
         ``s(q, k) = (1/|F|) Σ_{O ∈ F(X)} q · R(Oᵀ(x_k − x_q)) k``
 
     with ``R`` the axial RoPE rotation of the displacement expressed in frame ``O``. When the
-    points are rotated (or reflected, with ``reflections``) by ``Q`` and translated, the frames
-    become ``Q·O`` — the same set of frame coordinates — so ``s`` is unchanged, and a permutation
-    of the points permutes it. An average of scores is not one rotation of ``q`` and ``k``, so
-    this is a score-hook encoding: it adds ``(s(q, k) − q·k) / √h_d`` to the logits, which
-    therefore become ``s / √h_d`` (use it without another rotary encoding; with one, ``q``, ``k``
-    are the rotated ones). Equivalently ``s = Q_F · K_F`` with
-    ``Q_F = [R(y_q^O) q]_O / |F|`` concatenated over the frames (``y^O = Oᵀ(x − t)``) and
-    ``K_F = [R(y_k^O) k]_O``; the FlexAttention mod computes the difference as one dot product
-    of ``(|F| + 1)·h_d`` scalar terms per score, the eager :meth:`bias` as one matrix product.
+    points are rotated or reflected by ``Q`` and translated, the frames become ``Q·O`` — the same
+    set of frame coordinates — so ``s`` is unchanged, and a permutation of the points permutes
+    it (given distinct covariance eigenvalues; a degenerate spectrum has no unique frame).
 
-    The frames are those of the key positions (padded keys left out; a grid's prefix tokens,
-    at 0, count as points). On causal coordinates with several axes they therefore depend on
-    all keys' positions (not contents); in 1D the two frames are ``±1`` and the score is the
-    sign-averaged RoPE ``Σ_j (q·k)_j cos(θ_j Δ)``, independent of the other tokens.
+    Exact reduction: the axial score is a sum of per-axis terms ``A_j cos(θ_j Δ_a) + B_j
+    sin(θ_j Δ_a)``, each depending on one axis' sign only, so over the sign frames the odd
+    (sine) parts cancel and ``s = Σ_j A_j cos(θ_j (Vᵀ(x_k − x_q))_a)`` — the same as averaging
+    over the two frames ``{V, −V}``, which is what is computed (4× fewer than the 8 frames in
+    3D, identical numbers; the tests compare with the explicit 8-frame average). The proper
+    ``SE(d)`` frame set gives the same average for ``d ≥ 2``, so the score is
+    reflection-invariant too.
+
+    An average of scores is not one rotation of ``q`` and ``k``, so this is a score-hook
+    encoding: it adds ``(s(q, k) − q·k) / √h_d`` to the logits, which therefore become
+    ``s / √h_d`` (use it without another rotary encoding; with one, ``q``, ``k`` are the rotated
+    ones). With ``y^± = ±Vᵀ(x − t)``, ``s = Q_F · K_F`` for ``Q_F = [R(y_q^+) q, R(y_q^−) q] / 2``
+    and ``K_F = [R(y_k^+) k, R(y_k^−) k]``; the FlexAttention mod computes ``s − q·k`` as one
+    dot product of ``3·h_d`` scalar terms per score, the eager :meth:`bias` as one matrix
+    product.
+
+    The frame is that of the key positions (padded keys left out; a grid's prefix tokens, at
+    0, count as points). On causal coordinates with several axes it therefore depends on all
+    keys' positions (not contents); in 1D the frames are ``±1`` and the score is the
+    sign-averaged RoPE ``Σ_j A_j cos(θ_j Δ)``, independent of the other tokens.
 
     Args:
         head_dim: ``h_d``, divisible by ``2·A`` for ``A`` axes.
         base: RoPE frequency base (per axis ``θ_j = base^(−2j/(h_d/A))``, radians per
-            coordinate unit).
-        reflections: average over the ``E(d)`` frames (invariant to reflections too) or only
-            the proper ``SE(d)`` ones.
+            coordinate unit: 10000 leaves most channels nearly constant over a molecule in Å;
+            a base of 10–100 resolves ångströms).
         num_axes: if given, ``head_dim`` is checked at construction and the coordinates' axes
             at run time.
 
@@ -106,27 +117,25 @@ class FrameAveragedRoPE(SavesSettings, ContentScoreEncoding):
         TypeError: coordinates without positions (``Positioned``).
     """
 
-    saved_settings = ("base", "reflections")
+    saved_settings = ("base",)
 
-    def __init__(self, head_dim: int, base: float = 10000.0, reflections: bool = True,
-                 num_axes: int | None = None) -> None:
+    def __init__(self, head_dim: int, base: float = 10000.0, num_axes: int | None = None) -> None:
         super().__init__()
-        if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 2 or head_dim % 2:
-            raise ValueError(f"rope_frame_averaged: head_dim must be a positive even int, got {head_dim!r}")
-        if num_axes is not None and (isinstance(num_axes, bool) or not isinstance(num_axes, int)
-                                     or num_axes < 1 or head_dim % (2 * num_axes)):
-            raise ValueError(f"rope_frame_averaged: head_dim={head_dim} must be divisible by "
-                             f"2·num_axes (num_axes={num_axes!r})")
-        if not (isinstance(base, (int, float)) and math.isfinite(base) and base > 1):
-            raise ValueError(f"rope_frame_averaged: base must be a finite float > 1, got {base!r}")
-        if not isinstance(reflections, bool):
-            raise TypeError(f"rope_frame_averaged: reflections must be a bool, got {reflections!r}")
-        self.head_dim, self.base, self.reflections = head_dim, float(base), reflections
+        check_int("rope_frame_averaged", "head_dim", head_dim, minimum=2)
+        if head_dim % 2:
+            raise ValueError(f"rope_frame_averaged: head_dim must be even, got {head_dim}")
+        if num_axes is not None:
+            check_int("rope_frame_averaged", "num_axes", num_axes)
+            if head_dim % (2 * num_axes):
+                raise ValueError(f"rope_frame_averaged: head_dim={head_dim} must be divisible by "
+                                 f"2·num_axes = {2 * num_axes}")
+        base = check_finite_float("rope_frame_averaged", "base", base, low=1.0, low_open=True)
+        self.head_dim, self.base = head_dim, float(base)
         self.num_axes = num_axes
 
     def frame_positions(self, coords: Coordinates) -> tuple[Tensor, Tensor]:
-        """The queries' and keys' positions in every frame, ``y = Oᵀ(x − t)``:
-        ``[b or 1, F, n_q, A]`` and ``[b or 1, F, n_k, A]`` (float64)."""
+        """The queries' and keys' positions in the PCA frame and its negation,
+        ``y^± = ±Vᵀ(x − t)``: ``[b or 1, 2, n_q, A]`` and ``[b or 1, 2, n_k, A]`` (float64)."""
         self.check_coords(coords)
         qpos, kpos = coords.query_positions, coords.key_positions
         axes = kpos.shape[-1]
@@ -145,15 +154,14 @@ class FrameAveragedRoPE(SavesSettings, ContentScoreEncoding):
         mask = coords.key_mask
         if mask is not None and mask.dim() == 1:
             mask = mask.unsqueeze(0)
-        centroid, frames = pca_frames(kpos, mask, self.reflections)  # [B, d], [B, F, d, d]
+        centroid, frames = pca_frames(kpos, mask)  # [B, d], [B, 2^d, d, d]; frame 0 = V
+        both = torch.stack((frames[:, 0], -frames[:, 0]), dim=1)  # {V, −V}
         c = centroid[:, None, None, :]
-        yq = (qpos.unsqueeze(1) - c) @ frames  # [B, F, n_q, d]
-        yk = (kpos.unsqueeze(1) - c) @ frames
-        return yq, yk
+        return (qpos.unsqueeze(1) - c) @ both, (kpos.unsqueeze(1) - c) @ both
 
     def _operands(self, ctx: AttentionContext) -> tuple[Tensor, Tensor]:
-        """``Q_x = [R(y_q^O) q / |F| …, −q]`` and ``K_x = [R(y_k^O) k …, k]`` (float32), so
-        that ``Q_x · K_x = s(q, k) − q·k``: ``[b, n_h, n, (|F|+1)·h_d]``."""
+        """``Q_x = [R(y_q^+) q / 2, R(y_q^−) q / 2, −q]`` and ``K_x = [R(y_k^+) k, R(y_k^−) k, k]``
+        (float32), so that ``Q_x · K_x = s(q, k) − q·k``: ``[b, n_h, n, 3·h_d]``."""
         require_qk("rope_frame_averaged", ctx)
         if ctx.q.shape[-1] != self.head_dim:
             raise ValueError(f"rope_frame_averaged: q and k must have h_d={self.head_dim}, "

@@ -15,6 +15,7 @@ from mmpe.encodings._sphere import sphere_angles
 from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import InputEncoding
 from mmpe.registry import build, get, register
+from mmpe.validation import check_bool, check_int
 
 Spec = str | Mapping[str, Any]
 
@@ -120,11 +121,10 @@ class SpaceTimePE(SavesSettings, InputEncoding):
     def __init__(self, d_model: int, spatial: Spec = "spherical_harmonics",
                  temporal: Spec = "sinusoidal", concat: bool = False, time_dim: int = 16) -> None:
         super().__init__()
-        if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
-            raise ValueError(f"spacetime: d_model must be a positive int, got {d_model!r}")
-        if isinstance(time_dim, bool) or not isinstance(time_dim, int):
-            raise ValueError(f"spacetime: time_dim must be an int, got {time_dim!r}")
-        if concat and not 1 <= time_dim <= d_model - 1:
+        check_int("spacetime", "d_model", d_model)
+        check_int("spacetime", "time_dim", time_dim)
+        concat = check_bool("spacetime", "concat", concat)
+        if concat and time_dim > d_model - 1:
             raise ValueError(f"spacetime: time_dim must lie in [1, d_model - 1] = [1, {d_model - 1}] "
                              f"with concat=True, got {time_dim}")
         s_name, s_opts, self.spatial_spec = _canonical(spatial, "spatial")
