@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_in_fresh_process
 import torch
+from conftest import run_in_fresh_process
 from lightning.pytorch.callbacks import ModelCheckpoint
 from test_distributed import TINY, max_param_diff, one_thread, recorder_arg, run_in_process
 
