@@ -43,6 +43,8 @@ ALLOWED = {
     ("*", "seed", 0),              # any non-negative generator seed
     ("*", "prefix_tokens", 0),     # no cls/register tokens
     ("*", "init_std", 0.0),        # zero-initialised table
+    ("tabpet", "alpha", 0),        # Tab-PET with alpha 0: the spectral code switched off
+    ("tabpet", "alpha", 0.0),
     ("rope_yarn", "mscale", -1.0),  # HF YaRN: any real (0.1·mscale·ln s + 1)
     ("rope_yarn", "mscale", 0.0),
     ("rope_yarn", "mscale_all_dim", -1.0),
