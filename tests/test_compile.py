@@ -98,9 +98,16 @@ def _score_encodings() -> list[str]:
             and not e.cls.needs_probs]
 
 
+# Inductor's CPU FlexAttention template finds no kernel for these mods ("NoValidChoicesError",
+# torch 2.11); the eager flex path and SDPA agree for them (registry matrix). Not a GPU result.
+CPU_INDUCTOR_GAPS = {"kerple_log", "mesh_displacement"}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", _score_encodings())
 def test_compiled_flex_forward_equals_sdpa(name: str) -> None:
+    if name in CPU_INDUCTOR_GAPS:
+        pytest.xfail("inductor's CPU flex template has no kernel choice for this score_mod")
     enc_cls = mmpe.get(name).cls
     if not getattr(enc_cls, "additive", True):
         pytest.skip(f"{name} rescales scores: the flex mod is compared on the math path")
