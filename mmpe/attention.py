@@ -92,6 +92,19 @@ def _autocast(x: Tensor) -> bool:
         return torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
 
 
+def _head_dim(d_model: int, num_heads: int, head_dim: int | None) -> int:
+    """``h_d``: given, or ``d_model // num_heads`` (which must divide)."""
+    _check_positive("d_model", d_model)
+    _check_positive("num_heads", num_heads)
+    if head_dim is None:
+        if d_model % num_heads:
+            raise ValueError(
+                f"attention: d_model={d_model} must be divisible by num_heads={num_heads}"
+            )
+        return d_model // num_heads
+    return _check_positive("head_dim", head_dim)
+
+
 class _Attention(nn.Module):
     """What self- and cross-attention share: encodings by hook, path choice, the three paths."""
 
@@ -232,7 +245,7 @@ class _Attention(nn.Module):
         for enc in self.scores:
             term = enc.bias_rows(ctx, start, stop)
             bias = term if bias is None else bias + term
-        bias = _cast_bias(bias, ctx.q.dtype, _mask_rows(ctx.coords, start, stop))
+        bias = _cast_bias(bias, ctx.q.dtype, ctx.coords.dense_mask(start, stop))
         return F.scaled_dot_product_attention(ctx.q[:, :, start:stop], ctx.k, ctx.v,
                                               attn_mask=bias, scale=scale)
 
@@ -306,15 +319,7 @@ class MultiHeadAttention(_Attention):
         backend: str = "auto",
     ) -> None:
         super().__init__()
-        _check_positive("d_model", d_model)
-        _check_positive("num_heads", num_heads)
-        if head_dim is None:
-            if d_model % num_heads:
-                raise ValueError(
-                    f"attention: d_model={d_model} must be divisible by num_heads={num_heads}"
-                )
-            head_dim = d_model // num_heads
-        _check_positive("head_dim", head_dim)
+        head_dim = _head_dim(d_model, num_heads, head_dim)
         self._setup(num_heads, num_kv_heads, head_dim, encodings, backend)
         self.d_model = d_model
         width = (num_heads + 2 * self.num_kv_heads) * head_dim
@@ -395,15 +400,8 @@ class CrossAttention(_Attention):
         backend: str = "auto",
     ) -> None:
         super().__init__()
-        _check_positive("d_model", d_model)
-        _check_positive("num_heads", num_heads)
+        head_dim = _head_dim(d_model, num_heads, head_dim)
         kv_dim = d_model if kv_dim is None else _check_positive("kv_dim", kv_dim)
-        if head_dim is None:
-            if d_model % num_heads:
-                raise ValueError(
-                    f"attention: d_model={d_model} must be divisible by num_heads={num_heads}"
-                )
-            head_dim = d_model // num_heads
         self._setup(num_heads, num_kv_heads, head_dim, encodings, backend)
         self.d_model, self.kv_dim = d_model, kv_dim
         self.q_proj = nn.Linear(d_model, num_heads * head_dim, bias=qkv_bias)
@@ -473,16 +471,6 @@ def _physical_memory() -> int | None:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
         return None
-
-
-def _mask_rows(coords: Coordinates, start: int, stop: int) -> Tensor | None:
-    """The mask of queries ``start … stop−1``, ``[b or 1, 1, rows, n_k]`` bool, or None."""
-    mod = coords.mask_mod()
-    if mod is None:
-        return None
-    batch = coords.batch_size or 1
-    b, h, q, k = index_grid(batch, 1, coords.num_queries, coords.num_keys, coords.device)
-    return mod(b, h, q[:, :, start:stop], k).expand(batch, 1, stop - start, coords.num_keys)
 
 
 def _cast_bias(bias: Tensor, dtype: torch.dtype, mask: Tensor | None) -> Tensor:

@@ -98,13 +98,16 @@ class Coordinates(ABC):
             return pos.shape[0] if pos.dim() == 3 else None
         return None
 
-    def dense_mask(self) -> Tensor | None:
-        """The :meth:`mask_mod` evaluated on all pairs, ``[b or 1, 1, n_q, n_k]`` bool, or None."""
+    def dense_mask(self, start: int = 0, stop: int | None = None) -> Tensor | None:
+        """The :meth:`mask_mod` evaluated on all pairs of queries ``start … stop−1`` (default:
+        every query), ``[b or 1, 1, rows, n_k]`` bool, or None."""
         mod = self.mask_mod()
         if mod is None:
             return None
-        b, h, q, k = index_grid(self.batch_size or 1, 1, self.num_queries, self.num_keys, self.device)
-        return mod(b, h, q, k).expand(self.batch_size or 1, 1, self.num_queries, self.num_keys)
+        stop = self.num_queries if stop is None else stop
+        batch = self.batch_size or 1
+        b, h, q, k = index_grid(batch, 1, self.num_queries, self.num_keys, self.device)
+        return mod(b, h, q[:, :, start:stop], k).expand(batch, 1, stop - start, self.num_keys)
 
 
 def index_grid(

@@ -3,7 +3,7 @@
 A content-dependent term depends on the layer's queries/keys, so it carries the true batch
 axis ``b``. The attention module evaluates score mods on index grids whose batch axis is 1 when
 positions are shared by the batch (:func:`mmpe.coords.index_grid`); :func:`batch_index`
-widens that axis to the content's batch, and :class:`ContentScoreEncoding.bias` evaluates the
+widens that axis to the content's batch, and :meth:`ScoreEncoding.bias_rows` evaluates the
 mod on a full ``[b, n_h, n_q, n_k]`` grid. Inside FlexAttention ``b`` is a scalar and is used
 as is, so the same mod serves every path.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from mmpe.coords.base import index_grid
 from mmpe.coords.capabilities import Directed
 from mmpe.encodings.base import AttentionContext, ScoreEncoding
 from mmpe.validation import check_positive_int  # noqa: F401  (re-exported: the one copy)
@@ -56,12 +55,3 @@ class ContentScoreEncoding(ScoreEncoding):
     """A score encoding whose additive term depends on the batch's content (q, k or x)."""
 
     content_free = False
-
-    def bias(self, ctx: AttentionContext) -> Tensor:
-        """The term on every pair, ``[b, n_h, n_q, n_k]``, from the same ``score_mod``."""
-        coords = ctx.coords
-        b, h, q, k = index_grid(ctx.batch, ctx.num_heads, coords.num_queries, coords.num_keys,
-                                coords.device)
-        zero = torch.zeros((), device=coords.device)
-        out = self.score_mod(ctx)(zero, b, h, q, k)
-        return out.expand(ctx.batch, ctx.num_heads, coords.num_queries, coords.num_keys)

@@ -64,10 +64,6 @@ class DistanceFeatureBias(ScoreEncoding):
 
         return mod_batched
 
-    def bias(self, ctx: AttentionContext) -> Tensor:
-        """The term on every pair, ``[b or 1, n_h, n_q, n_k]`` float32 (eager path)."""
-        return self.bias_rows(ctx, 0, ctx.coords.num_queries)
-
     #: channels of the widest per-pair intermediate (kernels, hidden units): bounds the rows
     #: evaluated at once so that ``[b, rows, n_k, feature_width]`` fits the block budget.
     feature_width: int = 1

@@ -184,15 +184,9 @@ class ScoreEncoding(Encoding):
         return None
 
     def bias(self, ctx: AttentionContext) -> Tensor:
-        """The additive term on every pair, ``[b or 1, n_h, n_q, n_k]`` (eager path)."""
-        if not self.additive:
-            raise TypeError(f"{type(self).__name__} rescales scores; it has no additive bias")
-        coords = ctx.coords
-        b, h, q, k = index_grid(coords.batch_size or 1, ctx.num_heads, coords.num_queries,
-                                coords.num_keys, coords.device)
-        zero = torch.zeros((), device=coords.device)
-        out = self.score_mod(ctx)(zero, b, h, q, k)
-        return out.expand(b.shape[0], ctx.num_heads, coords.num_queries, coords.num_keys)
+        """The additive term on every pair, ``[b or 1, n_h, n_q, n_k]`` (eager path): all the
+        rows of :meth:`bias_rows` (``b`` is the content's batch for content-dependent terms)."""
+        return self.bias_rows(ctx, 0, ctx.coords.num_queries)
 
     def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
         """The additive term of queries ``start … stop−1`` only, ``[b or 1, n_h, stop−start,
@@ -280,8 +274,14 @@ def rotary_positions(coords: Coordinates, k: Tensor) -> tuple[Tensor, Tensor]:
     A cached decoder rotates only its new keys: they are the last ``s_k`` of the coordinates'
     keys, so the cache keeps keys already rotated at their own positions.
     """
+    return coords.query_positions, newest_key_positions(coords, k.shape[-2])
+
+
+def newest_key_positions(coords: Coordinates, n_keys: int | None) -> Tensor:
+    """Positions ``[.., n_keys, a]`` of the last ``n_keys`` keys (all keys for None): the keys
+    a cached step holds."""
     kpos = coords.key_positions
-    return coords.query_positions, kpos[..., kpos.shape[-2] - k.shape[-2]:, :]
+    return kpos if n_keys is None else kpos[..., kpos.shape[-2] - n_keys:, :]
 
 
 def table_positions(name: str, coords: Coordinates) -> Tensor:

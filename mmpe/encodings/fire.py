@@ -88,10 +88,6 @@ class FIRE(SavesSettings, ScoreEncoding):
 
         return mod
 
-    def bias(self, ctx: AttentionContext) -> Tensor:
-        """Eager path: run the MLP once on all pairs, ``[b or 1, n_h, n_q, n_k]``."""
-        return self.bias_rows(ctx, 0, ctx.coords.num_queries)
-
     def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
         """The MLP on the pairs of queries ``start … stop−1``, ``[b or 1, n_h, stop−start, n_k]``."""
         self.check_context(ctx)

@@ -120,10 +120,6 @@ class MeshDisplacementBias(SavesSettings, ScoreEncoding):
 
         return mod
 
-    def bias(self, ctx: AttentionContext) -> Tensor:
-        """Eager path: the MLP on every pair at once, ``[b or 1, n_h, n_q, n_k]``."""
-        return self.bias_rows(ctx, 0, ctx.coords.num_queries)
-
     def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
         """The MLP on the pairs of queries ``start … stop−1``, ``[b or 1, n_h, stop−start, n_k]``
         (a chunk of rows at a time: the hidden layer ``[b, rows, n_k, W]`` stays within

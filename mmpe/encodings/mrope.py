@@ -8,7 +8,7 @@ from torch import Tensor
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Positioned
 from mmpe.encodings._state import SavesSettings
-from mmpe.encodings.base import RotaryEncoding, check_qk
+from mmpe.encodings.base import RotaryEncoding, check_qk, newest_key_positions
 from mmpe.encodings.rope import apply_rotary, rope_inv_freq
 from mmpe.registry import register
 
@@ -77,9 +77,7 @@ class MRoPE(SavesSettings, RotaryEncoding):
         Raises:
             ValueError: more than 3 axes.
         """
-        pos = coords.key_positions if keys else coords.query_positions
-        if keys and n_keys is not None:  # the newest keys (cached decoding)
-            pos = pos[..., pos.shape[-2] - n_keys:, :]
+        pos = newest_key_positions(coords, n_keys) if keys else coords.query_positions
         axes = pos.shape[-1]
         if axes == 1:
             return pos.expand(*pos.shape[:-1], 3)

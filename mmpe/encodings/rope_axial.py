@@ -10,7 +10,7 @@ from torch import Tensor
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import GridLayout, Positioned
 from mmpe.encodings._state import SavesSettings
-from mmpe.encodings.base import RotaryEncoding, check_qk
+from mmpe.encodings.base import RotaryEncoding, check_qk, newest_key_positions
 from mmpe.encodings.rope import apply_rotary, rope_inv_freq
 from mmpe.registry import register
 
@@ -86,9 +86,7 @@ class AxialRoPE(SavesSettings, RotaryEncoding):
     def phase(self, coords: Coordinates, keys: bool = False, n_keys: int | None = None) -> Tensor:
         """``[n, h_d/2]`` (or ``[b, n, h_d/2]``) rotation angles of the query (or the last
         ``n_keys`` key) tokens (float64, radians)."""
-        pos = coords.key_positions if keys else coords.query_positions
-        if keys and n_keys is not None:  # the newest keys (cached decoding)
-            pos = pos[..., pos.shape[-2] - n_keys:, :]
+        pos = newest_key_positions(coords, n_keys) if keys else coords.query_positions
         if self.num_axes is not None and pos.shape[-1] != self.num_axes:
             raise ValueError(f"rope_axial: built for num_axes={self.num_axes}, the coordinates "
                              f"have {pos.shape[-1]} axes")

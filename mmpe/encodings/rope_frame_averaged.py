@@ -193,10 +193,6 @@ class FrameAveragedRoPE(SavesSettings, ContentScoreEncoding):
 
         return mod
 
-    def bias(self, ctx: AttentionContext) -> Tensor:
-        """``(s(q, k) − q·k) / √h_d`` on every pair, ``[b, n_h, n_q, n_k]`` (eager path)."""
-        return self.bias_rows(ctx, 0, ctx.coords.num_queries)
-
     def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
         """The term of queries ``start … stop−1``, ``[b, n_h, stop−start, n_k]``."""
         self.check_context(ctx)

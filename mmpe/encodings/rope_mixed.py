@@ -11,7 +11,7 @@ from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Positioned
 from mmpe.encodings._grid import rotate
 from mmpe.encodings._precision import KeepDtype, full_precision
-from mmpe.encodings.base import RotaryEncoding, check_qk
+from mmpe.encodings.base import RotaryEncoding, check_qk, newest_key_positions
 from mmpe.registry import register
 
 
@@ -92,9 +92,7 @@ class MixedRoPE(KeepDtype, RotaryEncoding):
     def phase(self, coords: Coordinates, keys: bool = False, n_keys: int | None = None) -> Tensor:
         """``[n_h, n, h_d/2]`` (``[b, n_h, n, h_d/2]`` for batched positions) angles
         ``Σ_a p_a θ^a`` of the query (or key) tokens (float32, differentiable in ``freqs``)."""
-        pos = coords.key_positions if keys else coords.query_positions
-        if keys and n_keys is not None:  # the newest keys (cached decoding)
-            pos = pos[..., pos.shape[-2] - n_keys:, :]
+        pos = newest_key_positions(coords, n_keys) if keys else coords.query_positions
         if pos.shape[-1] != self.num_axes:
             raise ValueError(f"rope_mixed: built for num_axes={self.num_axes}, the coordinates "
                              f"have {pos.shape[-1]} axes")
