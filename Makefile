@@ -5,13 +5,13 @@ STAMP   := $(VENV)/.installed
 PYTEST  := $(PY) -m pytest
 APT_PKGS := espeak-ng proj-data
 
-.PHONY: setup run test test-slow lint bench data-audio apt clean
+.PHONY: setup run test test-slow test-core lint bench docs data-audio apt clean
 
 $(STAMP): pyproject.toml requirements/torch.txt requirements/nodeps.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements/torch.txt
-	$(PY) -m pip install -q -e ".[dev,data]"
+	$(PY) -m pip install -q -e ".[recipes,timm,pyg,hf,data,docs,dev]"
 	$(PY) -m pip install -q --no-deps -r requirements/nodeps.txt
 	touch $(STAMP)
 
@@ -27,6 +27,15 @@ test: setup
 test-slow: setup
 	$(PYTEST) -q -m slow
 
+# The core tests with every optional package hidden (as with `pip install mmpe` alone):
+# the integration and recipe tests must skip, everything else must pass.
+test-core: setup
+	MMPE_HIDE_EXTRAS=1 $(PYTEST) -q
+
+# The documentation site (mkdocs material + mkdocstrings), offline, warnings as errors.
+docs: setup
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
 lint: setup
 	$(VENV)/bin/ruff check mmpe recipes tests benchmarks
 
@@ -38,7 +47,7 @@ apt:
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PKGS)
 
 data-audio: setup
-	$(PY) -m recipes.audio_data --out data/spoken_digits
+	$(PY) -m mmpe.recipes.audio_data --out data/spoken_digits
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs site .pytest_cache

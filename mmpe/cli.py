@@ -34,7 +34,13 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace, rest: list[str]) -> int:
-    from mmpe.compare import compare
+    try:
+        from mmpe.recipes.compare import compare
+    except ImportError as err:
+        # The recipes are an extra: say which install brings the missing package.
+        print(f"mmpe compare: {err}; the recipes need `pip install 'mmpe[recipes,data]'`",
+              file=sys.stderr)
+        return 2
 
     table = compare(args.recipe, encodings=args.encodings, family=args.family,
                     out_dir=args.out, seed=args.seed, cli_args=rest)

@@ -32,6 +32,7 @@ from scipy.sparse.csgraph import shortest_path
 from scipy.stats import rankdata
 from torch import Tensor
 
+from mmpe._optional import require
 from mmpe.graph_maths import laplacian_eigenvectors
 
 __all__ = ["GRAPH_METHODS", "abs_pearson", "abs_spearman", "feature_graph", "feature_hops",
@@ -136,6 +137,7 @@ def mutual_information(X: object, categorical: Seq[int] = (), *, random_state: i
         TypeError / ValueError: as :func:`abs_pearson`; ``categorical`` indices out of range or
             repeated.
     """
+    require("sklearn", "mutual_information")
     from sklearn.feature_selection import mutual_info_classif, mutual_info_regression
 
     arr = _check_table(X)

@@ -1,5 +1,21 @@
 """Lightning recipes: the same transformer trained with any registered encoding on real data.
 
-One module per modality; each defines ``COMPARE`` and ``run_one`` for ``mmpe compare``
-(see :mod:`mmpe.compare`) and a LightningCLI entry point (``python -m recipes.<modality>``).
+Installed as ``mmpe.recipes`` (the repository keeps them in ``recipes/``; configs ship as
+``mmpe.configs``). One module per modality; each defines ``COMPARE`` and ``run_one`` for
+``mmpe compare`` (see :mod:`mmpe.recipes.compare`) and a LightningCLI entry point
+(``python -m mmpe.recipes.<modality>``). They need the ``mmpe[recipes]`` extra (Lightning,
+jsonargparse, matplotlib) and, for their data, ``mmpe[data]``.
 """
+
+#: Every recipe ``mmpe compare`` knows, by name: its module and one line on what it trains.
+#: A static table, so that listing recipes imports none of them (nor Lightning).
+RECIPES: dict[str, tuple[str, str]] = {
+    "text": ("mmpe.recipes.text", "character LM on Shakespeare; bpc at 1x-8x the training length"),
+    "vision": ("mmpe.recipes.vision", "MNIST ViT; accuracy at larger resolutions"),
+    "video": ("mmpe.recipes.video", "moving-MNIST clips; accuracy at longer clips"),
+    "audio": ("mmpe.recipes.audio", "espeak-ng spoken digits on spectrograms; held-out speakers"),
+    "graph": ("mmpe.recipes.graph", "molecular property regression (solubility, FreeSolv)"),
+    "tabular": ("mmpe.recipes.tabular", "ISLP/scikit-learn tables; feature-graph encodings"),
+    "sphere": ("mmpe.recipes.sphere", "land/sea and geoid height on the sphere"),
+    "multimodal": ("mmpe.recipes.multimodal", "read a strip of MNIST digits as text"),
+}

@@ -1,7 +1,7 @@
 """Spoken-digit recognition with a spectrogram transformer (AST-style), on held-out voices.
 
 Data: the words "zero" … "nine" synthesised by espeak-ng (Debian ``espeak-ng``; run
-``make data-audio`` = ``python -m recipes.audio_data --out data/spoken_digits``, or let the data
+``make data-audio`` = ``python -m mmpe.recipes.audio_data --out data/spoken_digits``, or let the data
 module do it on first use): 192 voices (8 English accents × 24 voice variants) at several speaking
 rates and pitches, plus the held-out voices at a slow 80 words per minute. Voices are held out by
 variant: no test or validation voice shares its variant (timbre) with a training voice. Any folder
@@ -20,7 +20,7 @@ same words, the grid twice as long along time, the rest silence), and on the hel
 speaking slowly (80 wpm, about 1.4–2.2 s) in a 2 s window — longer speech, more time patches.
 
     make data-audio
-    python -m recipes.audio fit --config configs/audio/default.yaml --model.encoding rope_axial
+    python -m mmpe.recipes.audio fit --config configs/audio/default.yaml --model.encoding rope_axial
     mmpe compare audio --encodings learned_grid,sincos,rope_axial,swin,alibi,nope
 """
 
@@ -36,12 +36,8 @@ import lightning as L
 import numpy as np
 import torch
 from einops import rearrange
-from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset
-
-from mmpe.compare import CompareSpec
-from recipes.audio_data import INSTALL, generate, group_of, speaker_of, split_groups
-from recipes.common import (
+from mmpe.recipes.audio_data import INSTALL, generate, group_of, speaker_of, split_groups
+from mmpe.recipes.common import (
     RecipeCLI,
     epoch_loader,
     fit_for_compare,
@@ -51,7 +47,10 @@ from recipes.common import (
     split_index,
     test_or_none,
 )
-from recipes.vision import GridClassifier, GridEncoder
+from mmpe.recipes.compare import CompareSpec
+from mmpe.recipes.vision import GridClassifier, GridEncoder
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
 
 DEFAULT_ROOT = "data/spoken_digits"
 SAMPLE_RATE = 16000
@@ -204,12 +203,12 @@ class SpokenDigitsData(L.LightningDataModule):
         n_mels: mel bands.
         window_seconds: training window (the 1 s column).
         test_fraction, val_fraction, split_seed: the held-out speaker groups
-            (:func:`recipes.audio_data.split_groups` over :func:`recipes.audio_data.group_of`).
+            (:func:`mmpe.recipes.audio_data.split_groups` over :func:`mmpe.recipes.audio_data.group_of`).
         batch_size: clips per step.
 
     Raises:
         FileNotFoundError: ``root`` holds no ``<label>/*.wav``.
-        recipes.audio_data.MissingEspeakError: the default data is missing and espeak-ng is not
+        mmpe.recipes.audio_data.MissingEspeakError: the default data is missing and espeak-ng is not
             installed (``apt-get install espeak-ng``).
     """
 
@@ -291,7 +290,7 @@ class SpectrogramTransformer(GridClassifier):
         window_frames: training window in 10 ms frames (linked); sets the training grid.
         patch: ``(time frames, mel bands)`` per patch; ``n_mels`` and every window must divide.
         d_model, num_heads, depth, mlp_ratio, dropout: transformer size.
-        eval_positions: see :class:`recipes.vision.GridEncoder`.
+        eval_positions: see :class:`mmpe.recipes.vision.GridEncoder`.
         lr, weight_decay, warmup_steps: AdamW with warm-up and cosine decay.
 
     Shapes: ``forward(features [b, frames, n_mels]) -> logits [b, num_classes]``.

@@ -1,6 +1,6 @@
 """Synthesise spoken digits with espeak-ng (Debian) for the audio recipe.
 
-    python -m recipes.audio_data --out data/spoken_digits        # `make data-audio`
+    python -m mmpe.recipes.audio_data --out data/spoken_digits        # `make data-audio`
 
 writes ``<out>/main/<digit>/<voice>_r<rate>_p<pitch>.wav`` — the English words "zero" … "nine"
 spoken by every *voice* (an espeak-ng English accent + a voice variant, e.g. ``en-us+f3``) at a

@@ -22,13 +22,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import mmpe.configs
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from torch.utils.data import DataLoader, Sampler
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+#: The recipes' YAML configs: ``configs/`` in the repository, ``mmpe.configs`` when installed.
+CONFIGS = Path(mmpe.configs.__file__).resolve().parent
 
 
 class MissingDataError(RuntimeError):

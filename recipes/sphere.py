@@ -23,8 +23,8 @@ everywhere (including inside the region) and queries inside the region. A flat e
 ``(lat, lon)`` meets positions it never saw there, and at the date line puts 179.9°E far from
 179.9°W; encodings built on the sphere see neighbours as neighbours.
 
-    python -m recipes.sphere fit --config configs/sphere/default.yaml --model.encoding spherical_harmonics
-    python -m recipes.sphere fit --config configs/sphere/land.yaml --model.encoding fourier_sphere
+    python -m mmpe.recipes.sphere fit --config configs/sphere/default.yaml --model.encoding spherical_harmonics
+    python -m mmpe.recipes.sphere fit --config configs/sphere/land.yaml --model.encoding fourier_sphere
     mmpe compare sphere --encodings latlon_raw,latlon_sincos,fourier_sphere,spherical_harmonics,alibi
 
 Score encodings (``alibi``, ``t5``, ``fire``) read the great-circle angle; the model passes
@@ -43,13 +43,7 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset
-
-from mmpe.compare import CompareSpec
-from mmpe.coords import Sphere
-from mmpe.transformer import Transformer
-from recipes.common import (
+from mmpe.recipes.common import (
     MissingDataError,
     RecipeCLI,
     epoch_loader,
@@ -59,6 +53,12 @@ from recipes.common import (
     require,
     split_index,
 )
+from mmpe.recipes.compare import CompareSpec
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
+
+from mmpe.coords import Sphere
+from mmpe.transformer import Transformer
 
 LAND_INSTALL = "pip install global-land-mask"
 GEOID_PATH = "/usr/share/proj/egm96_15.gtx"
@@ -96,7 +96,7 @@ def load_geoid() -> np.ndarray:
     """EGM96 geoid heights ``[721, 1440]`` (metres), rows lat −90…90°, columns lon −180…179.75°.
 
     Raises:
-        recipes.common.MissingDataError: ``proj-data`` is not installed (names the apt command).
+        mmpe.recipes.common.MissingDataError: ``proj-data`` is not installed (names the apt command).
     """
     path = Path(GEOID_PATH)
     if not path.exists():
@@ -208,7 +208,7 @@ class GlobeData(L.LightningDataModule):
 
     Raises:
         ValueError: unknown ``task`` or non-positive sizes.
-        recipes.common.MissingDataError: the task's data package is missing (names its install).
+        mmpe.recipes.common.MissingDataError: the task's data package is missing (names its install).
     """
 
     def __init__(self, task: str = "geoid", n_obs: int = 192, n_query: int = 64, batch_size: int = 16,

@@ -25,7 +25,7 @@ column embedding), ``tabpet`` (feature-graph Laplacian eigenvectors scaled by α
 concatenated; the tokenizer is narrowed by the PE width so the transformer keeps its size),
 and score encodings on feature-graph hops (``alibi``, ``t5``, ``fire``).
 
-    python -m recipes.tabular fit --config configs/tabular/default.yaml --model.encoding tabpet \
+    python -m mmpe.recipes.tabular fit --config configs/tabular/default.yaml --model.encoding tabpet \
         --data.dataset wine
     mmpe compare tabular --encodings nope,tabpet,alibi
     mmpe compare tabular -- --compare.seeds 3 --compare.datasets wine,oj   # subset, fewer seeds
@@ -44,13 +44,7 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
-from torch.utils.data import DataLoader, TensorDataset
-
-from mmpe.compare import CompareSpec
-from mmpe.coords import Table
-from mmpe.transformer import Transformer
-from recipes.common import (
+from mmpe.recipes.common import (
     RecipeCLI,
     epoch_loader,
     fit_for_compare,
@@ -59,6 +53,12 @@ from recipes.common import (
     planned_steps,
     require,
 )
+from mmpe.recipes.compare import CompareSpec
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from mmpe.coords import Table
+from mmpe.transformer import Transformer
 
 DATASETS = ("breast_cancer", "wine", "image_segments", "oj")
 SEEDS = 5
@@ -332,7 +332,7 @@ class FTTransformerClassifier(L.LightningModule):
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
         # Not trainer.estimated_stepping_batches: it would load the training data before a resumed
-        # run restores the loader's place in the epoch (see recipes.common.planned_steps).
+        # run restores the loader's place in the epoch (see mmpe.recipes.common.planned_steps).
         data = self.trainer.datamodule
         total = (planned_steps(self.trainer, len(data.data["train"][2]), data.hparams.batch_size)
                  if isinstance(data, TabularData) else int(self.trainer.estimated_stepping_batches))

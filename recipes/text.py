@@ -13,7 +13,7 @@ Protocol (as in Press et al. 2022, Fig. 1): train a causal decoder at context ``
 for ``k`` in 1, 2, 4, 8, 16. Every position in a window is predicted from the characters
 before it in that window.
 
-    python -m recipes.text fit --config configs/text/default.yaml --model.encoding alibi
+    python -m mmpe.recipes.text fit --config configs/text/default.yaml --model.encoding alibi
     mmpe compare text --encodings sinusoidal,learned,rope,alibi,t5,fire,nope
 """
 
@@ -32,15 +32,7 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset
-
-from mmpe.cache import ModelCache
-from mmpe.compare import CompareSpec
-from mmpe.coords import Sequence
-from mmpe.generation import generate
-from mmpe.transformer import Transformer
-from recipes.common import (
+from mmpe.recipes.common import (
     RecipeCLI,
     epoch_loader,
     fit_for_compare,
@@ -52,6 +44,14 @@ from recipes.common import (
     split_index,
     test_or_none,
 )
+from mmpe.recipes.compare import CompareSpec
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
+
+from mmpe.cache import ModelCache
+from mmpe.coords import Sequence
+from mmpe.generation import generate
+from mmpe.transformer import Transformer
 
 EVAL_MULTIPLIERS = (1, 2, 4, 8, 16)
 POEMS = frozenset({"sonnets", "lovers_complaint", "passionate_pilgrim", "phoenix_and_the_turtle",
@@ -313,10 +313,10 @@ def generate_text(checkpoint: str | Path, prompt: str, max_new_tokens: int = 200
 
 
 def generate_main(argv: list[str] | None = None) -> int:
-    """``python -m recipes.text generate --checkpoint PATH --prompt TEXT [...]``."""
+    """``python -m mmpe.recipes.text generate --checkpoint PATH --prompt TEXT [...]``."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m recipes.text generate",
+    parser = argparse.ArgumentParser(prog="python -m mmpe.recipes.text generate",
                                      description="Sample text from a trained checkpoint.")
     parser.add_argument("--checkpoint", required=True, help="a .ckpt written by `fit`")
     parser.add_argument("--prompt", default="ROMEO.\n")

@@ -21,7 +21,7 @@ grows along time: 8 → 16 tubelets). Compared: a separable (factorised) space-t
 (TimeSformer / ViViT), joint 3D sine-cosine, 3D axial RoPE, 3D ALiBi, a learned 3D table
 (resampled) and no position at all.
 
-    python -m recipes.video fit --config configs/video/default.yaml --model.encoding factorized
+    python -m mmpe.recipes.video fit --config configs/video/default.yaml --model.encoding factorized
     mmpe compare video --encodings factorized,sincos,rope_axial,alibi,learned_grid,nope
 """
 
@@ -36,13 +36,13 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from einops import rearrange
+from mmpe.recipes.common import RecipeCLI, epoch_loader, fit_for_compare, make_lightning_cli
+from mmpe.recipes.compare import CompareSpec
+from mmpe.recipes.vision import MNIST_MEAN, MNIST_STD, GridClassifier, GridEncoder, load_mnist
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-from mmpe.compare import CompareSpec
 from mmpe.encodings.base import PositionOutOfRangeError
-from recipes.common import RecipeCLI, epoch_loader, fit_for_compare, make_lightning_cli
-from recipes.vision import MNIST_MEAN, MNIST_STD, GridClassifier, GridEncoder, load_mnist
 
 EVAL_FRAMES = (8, 12, 16)
 #: (dy, dx) per direction label, image rows grow downwards: 0 E, 1 NE, 2 N, 3 NW, 4 W, 5 SW, 6 S, 7 SE.
@@ -198,7 +198,7 @@ class VideoClassifier(GridClassifier):
         tubelet: ``(t, p)``: frames and pixels per tubelet side.
         d_model, num_heads, depth, mlp_ratio, dropout: transformer size (``head_dim`` must suit
             the encoding: 3D axial RoPE needs it divisible by 6).
-        eval_positions: see :class:`recipes.vision.GridEncoder`.
+        eval_positions: see :class:`mmpe.recipes.vision.GridEncoder`.
         lr, weight_decay, warmup_steps: AdamW with warm-up and cosine decay.
 
     Shapes: ``forward(clips [b, T, H, W]) -> (digit logits [b, 10], direction logits [b, 8])``.

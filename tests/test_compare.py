@@ -3,9 +3,10 @@ import sys
 import types
 
 import pytest
+from mmpe.recipes import RECIPES
+from mmpe.recipes.compare import CompareSpec, compare, format_table, resolve_encodings
 
 from mmpe import cli
-from mmpe.compare import CompareSpec, compare, format_table, resolve_encodings
 
 SPEC = CompareSpec(metric="bpc", columns=["1x", "2x"], xlabel="length", lower_is_better=True,
                    default_encodings=["rope", "alibi"], title="toy")
@@ -35,9 +36,10 @@ def test_compare_writes_table_json_and_plot(tmp_path, monkeypatch):
         calls.append((encoding, seed, tuple(cli_args)))
         return {"1x": 2.0 if encoding == "rope" else 3.0, "2x": None}
 
-    fake = types.ModuleType("recipes.toy")
+    fake = types.ModuleType("mmpe.recipes.toy")
     fake.COMPARE, fake.run_one = SPEC, run_one
-    monkeypatch.setitem(sys.modules, "recipes.toy", fake)
+    monkeypatch.setitem(sys.modules, "mmpe.recipes.toy", fake)
+    monkeypatch.setitem(RECIPES, "toy", ("mmpe.recipes.toy", "a stand-in"))
     table = compare("toy", "rope,alibi", out_dir=tmp_path, seed=3, cli_args=["--x", "1"])
     assert calls == [("rope", 3, ("--x", "1")), ("alibi", 3, ("--x", "1"))]
     assert "| rope | 2.000 | n/a |" in table and "| alibi | 3.000 | n/a |" in table

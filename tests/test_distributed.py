@@ -6,7 +6,7 @@ to even out the ranks), different batches at every step, and end with equal para
 must leave its resolved config and its checkpoints in its log directory.
 
 The ``slow`` tests (``make test-slow``) launch every recipe the way a user does, as
-``python -m recipes.<name> fit --trainer.strategy ddp --trainer.devices 2`` (Lightning starts
+``python -m mmpe.recipes.<name> fit --trainer.strategy ddp --trainer.devices 2`` (Lightning starts
 the second rank as a subprocess). The default session runs the text recipe through the same
 ``fit`` command in-process with ``--trainer.strategy ddp_fork`` (the same DDP strategy, the
 ranks forked instead of re-imported: seconds instead of a minute on two busy cores).
@@ -27,6 +27,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+pytest.importorskip("lightning", reason="the recipes need mmpe[recipes]")
+
 import torch
 from conftest import run_in_fresh_process
 from lightning.pytorch.callbacks import Callback
@@ -157,14 +160,14 @@ def recorder_arg(out: Path) -> list[str]:
 
 def run_cli(recipe: str, folder: Path, args: list[str], launcher: str = "python",
             timeout: int = 600) -> None:
-    """``python -m recipes.<recipe> fit ARGS`` in ``folder`` (relative paths land there).
+    """``python -m mmpe.recipes.<recipe> fit ARGS`` in ``folder`` (relative paths land there).
 
     ``launcher``: ``"python"`` (one process; under ``--trainer.strategy ddp`` Lightning starts the
-    other ranks), ``"torchrun"`` (``torchrun --standalone --nproc_per_node 2 -m recipes.<recipe> fit …``) or
+    other ranks), ``"torchrun"`` (``torchrun --standalone --nproc_per_node 2 -m mmpe.recipes.<recipe> fit …``) or
     ``"slurm"`` (two processes with the environment ``srun --ntasks-per-node 2`` gives its tasks).
     """
     prepare(recipe, folder)
-    command = ["-m", f"recipes.{recipe}", "fit", *TINY[recipe], *NO_BAR, *args]
+    command = ["-m", f"mmpe.recipes.{recipe}", "fit", *TINY[recipe], *NO_BAR, *args]
     env = recipe_env()
     if launcher == "torchrun":
         torchrun = Path(sys.executable).with_name("torchrun")
@@ -199,11 +202,11 @@ def one_thread(monkeypatch: pytest.MonkeyPatch):
 
 
 def run_in_process(recipe: str, folder: Path, args: list[str], monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The same ``fit`` command through ``recipes.<recipe>.make_cli`` in this process, in ``folder``."""
+    """The same ``fit`` command through ``mmpe.recipes.<recipe>.make_cli`` in this process, in ``folder``."""
     prepare(recipe, folder)
     monkeypatch.chdir(folder)
     with one_thread(monkeypatch):
-        module = importlib.import_module(f"recipes.{recipe}")
+        module = importlib.import_module(f"mmpe.recipes.{recipe}")
         return module.make_cli(["fit", *TINY[recipe], *NO_BAR, *args])
 
 

@@ -7,6 +7,9 @@ import math
 import networkx as nx
 import numpy as np
 import pytest
+
+pytest.importorskip("torch_geometric", reason="PyG (mmpe[pyg]) builds the graphs and reference values")
+
 import scipy.sparse as sp
 import torch
 from torch_geometric.data import Batch, Data

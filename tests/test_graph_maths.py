@@ -11,6 +11,9 @@ from __future__ import annotations
 import networkx as nx
 import numpy as np
 import pytest
+
+pytest.importorskip("torch_geometric", reason="PyG (mmpe[pyg]) builds the graphs and reference values")
+
 import scipy.sparse as sp
 import torch
 from hypothesis import given, settings

@@ -5,6 +5,9 @@ from __future__ import annotations
 import networkx as nx
 import numpy as np
 import pytest
+
+pytest.importorskip("torch_geometric", reason="PyG (mmpe[pyg]) builds the graphs and reference values")
+
 import torch
 from torch.utils.data import IterDataPipe
 from torch_geometric.data import Data

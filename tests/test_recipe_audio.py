@@ -8,12 +8,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+pytest.importorskip("lightning", reason="the recipes need mmpe[recipes]")
+pytest.importorskip("soundfile", reason="the audio recipe needs mmpe[data]")
+
 import soundfile as sf
 import torch
 from conftest import require_debian
-
-from recipes import audio, audio_data
-from recipes.common import CONFIGS
+from mmpe.recipes import audio, audio_data
+from mmpe.recipes.common import CONFIGS
 
 
 def write_tone_folder(root: Path, sr: int = 22050) -> None:

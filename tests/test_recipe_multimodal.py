@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
-from recipes import multimodal as mm
+pytest.importorskip("lightning", reason="the recipes need mmpe[recipes]")
+
+import torch
+from mmpe.recipes import multimodal as mm
 
 SMALL = {"d_model": 32, "num_heads": 2, "depth": 2, "encoder_depth": 1, "num_latents": 8,
          "resampler_depth": 1}

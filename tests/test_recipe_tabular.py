@@ -7,10 +7,13 @@ import sys
 
 import numpy as np
 import pytest
-import torch
 
-from recipes import tabular
-from recipes.common import MissingDataError
+pytest.importorskip("lightning", reason="the recipes need mmpe[recipes]")
+pytest.importorskip("sklearn", reason="scikit-learn (mmpe[data]) gives the data and reference values")
+
+import torch
+from mmpe.recipes import tabular
+from mmpe.recipes.common import MissingDataError
 
 
 def test_compare_spec_columns_are_the_tables():

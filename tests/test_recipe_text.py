@@ -1,9 +1,11 @@
 import math
 
 import pytest
-import torch
 
-from recipes import text
+pytest.importorskip("lightning", reason="the recipes need mmpe[recipes]")
+
+import torch
+from mmpe.recipes import text
 
 TINY = ["--trainer.max_steps", "4", "--trainer.val_check_interval", "2",
         "--trainer.limit_val_batches", "2", "--trainer.enable_progress_bar", "false",

@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 
-from recipes import video
-from recipes.common import CONFIGS
+pytest.importorskip("lightning", reason="the recipes need mmpe[recipes]")
+
+import torch
+from mmpe.recipes import video
+from mmpe.recipes.common import CONFIGS
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,13 @@ import math
 import sys
 
 import pytest
-import torch
 
-from recipes import vision
-from recipes.common import CONFIGS, MissingDataError
+pytest.importorskip("lightning", reason="the recipes need mmpe[recipes]")
+pytest.importorskip("timm", reason="timm (mmpe[timm]) gives the reference values")
+
+import torch
+from mmpe.recipes import vision
+from mmpe.recipes.common import CONFIGS, MissingDataError
 
 
 def test_mnist_splits_shapes_and_labels() -> None:

@@ -15,13 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+pytest.importorskip("lightning", reason="the recipes need mmpe[recipes]")
+
 import torch
 from conftest import run_in_fresh_process
 from lightning.pytorch.callbacks import ModelCheckpoint
+from mmpe.recipes import tabular
+from mmpe.recipes.common import CONFIGS, planned_steps
 from test_distributed import TINY, max_param_diff, one_thread, recorder_arg, run_in_process
-
-from recipes import tabular
-from recipes.common import CONFIGS, planned_steps
 
 # A resumed run logs to a new version directory; Lightning warns that the checkpoint directory changed.
 pytestmark = pytest.mark.filterwarnings("ignore:The dirpath has changed")

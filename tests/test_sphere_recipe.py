@@ -6,11 +6,13 @@ import math
 
 import numpy as np
 import pytest
+
+pytest.importorskip("lightning", reason="the recipes need mmpe[recipes]")
+
 import torch
 from conftest import require_debian
-
-from recipes import sphere as recipe
-from recipes.common import MissingDataError
+from mmpe.recipes import sphere as recipe
+from mmpe.recipes.common import MissingDataError
 
 GTX = "/usr/share/proj/egm96_15.gtx"
 

@@ -7,6 +7,9 @@ import math
 import networkx as nx
 import numpy as np
 import pytest
+
+pytest.importorskip("sklearn", reason="scikit-learn (mmpe[data]) gives the data and reference values")
+
 import scipy.stats
 import torch
 from sklearn.datasets import load_breast_cancer, load_wine

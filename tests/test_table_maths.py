@@ -6,6 +6,9 @@ from __future__ import annotations
 import networkx as nx
 import numpy as np
 import pytest
+
+pytest.importorskip("sklearn", reason="scikit-learn (mmpe[data]) gives the data and reference values")
+
 import scipy.stats
 import torch
 from hypothesis import given, settings

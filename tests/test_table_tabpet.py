@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import pytest
+
+pytest.importorskip("sklearn", reason="scikit-learn (mmpe[data]) gives the data and reference values")
+
 import torch
 from sklearn.datasets import load_breast_cancer
 

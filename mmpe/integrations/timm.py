@@ -69,6 +69,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from mmpe._optional import require
 from mmpe.attention import MultiHeadAttention
 from mmpe.coords.grid import Grid
 from mmpe.encodings.base import (
@@ -80,6 +81,8 @@ from mmpe.encodings.base import (
     ScoreEncoding,
 )
 from mmpe.registry import build
+
+require("timm", "mmpe.integrations.timm")
 
 EncodingSpec = str | Mapping[str, Any] | Encoding
 

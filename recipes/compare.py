@@ -1,6 +1,6 @@
 """Train one recipe with several encodings and compare them: a markdown table and a plot.
 
-A recipe module ``recipes.<modality>`` takes part by defining
+A recipe module ``mmpe.recipes.<modality>`` takes part by defining
 
 * ``COMPARE``: a :class:`CompareSpec` (metric name, evaluation columns, defaults), and
 * ``run_one(encoding, *, seed, out_dir, cli_args) -> dict[str, float | None]``: train with one
@@ -51,17 +51,16 @@ class CompareSpec:
 
 
 def load_recipe(modality: str):
-    """Import ``recipes.<modality>``; raise ``ValueError`` naming the known recipes if missing."""
-    try:
-        return importlib.import_module(f"recipes.{modality}")
-    except ModuleNotFoundError as err:
-        if err.name != f"recipes.{modality}":
-            raise
-        import recipes
+    """Import the recipe ``modality`` named in :data:`mmpe.recipes.RECIPES`.
 
-        known = sorted(p.stem for p in Path(recipes.__file__).parent.glob("*.py")
-                       if not p.stem.startswith("_") and p.stem != "common")
-        raise ValueError(f"unknown recipe {modality!r}; known recipes: {', '.join(known)}") from err
+    Raises:
+        ValueError: ``modality`` is not a known recipe (names the known ones).
+    """
+    from mmpe.recipes import RECIPES
+
+    if modality not in RECIPES:
+        raise ValueError(f"unknown recipe {modality!r}; known recipes: {', '.join(sorted(RECIPES))}")
+    return importlib.import_module(RECIPES[modality][0])
 
 
 def resolve_encodings(spec: CompareSpec, encodings: str | None, family: str | None) -> list[str]:

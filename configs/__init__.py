@@ -1,0 +1,1 @@
+"""The recipes' YAML configs, installed as package data under ``mmpe.configs``."""
