@@ -14,7 +14,7 @@ EXTRAS = {
     "jsonargparse": "recipes",
     "matplotlib": "recipes",
     "sklearn": "data",
-    "networkx": "data",
+    "networkx": "recipes",
     "rdkit": "data",
     "cartopy": "data",
 }

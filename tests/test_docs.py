@@ -1,5 +1,9 @@
-"""Every Python example in docs/*.md runs as written: each doc's examples, in order, as one
-script in a fresh interpreter (the walk-throughs register encodings and define classes)."""
+"""Every Python example in docs/**/*.md runs as written: each doc's examples, in order, as one
+script in a fresh interpreter (the walk-throughs register encodings and define classes).
+
+README sections a page includes (``--8<-- "README.md:NAME"``) are not part of the page's file:
+their examples run in tests/test_readme.py. Non-runnable blocks are ```bash or ```text.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-DOCS = sorted((Path(__file__).resolve().parent.parent / "docs").glob("*.md"))
+DOCS_DIR = Path(__file__).resolve().parent.parent / "docs"
+DOCS = sorted(DOCS_DIR.rglob("*.md"))
 
 
-@pytest.mark.parametrize("doc", DOCS, ids=[d.name for d in DOCS])
+@pytest.mark.parametrize("doc", DOCS, ids=[d.relative_to(DOCS_DIR).as_posix() for d in DOCS])
 def test_doc_examples_run(doc: Path, tmp_path: Path) -> None:
     blocks = re.findall(r"```python\n(.*?)```", doc.read_text(encoding="utf-8"), flags=re.S)
     if not blocks:
