@@ -114,3 +114,23 @@ def run_in_fresh_process(test_file: str, test_name: str) -> bool:
     assert run.returncode == 0, (run.stdout[-4000:] + run.stderr[-4000:])
     print(run.stdout[-2000:])
     return True
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test that needs an extra which is not installed skips, naming it (core-only installs).
+
+    Only a ``ModuleNotFoundError`` for one of :data:`EXTRA_MODULES` that really cannot be found
+    becomes a skip; any other import error still fails.
+    """
+    outcome = yield
+    report = outcome.get_result()
+    if call.excinfo is None or not call.excinfo.errisinstance(ModuleNotFoundError):
+        return
+    top = (call.excinfo.value.name or "").split(".")[0]
+    import importlib.util
+
+    if top in EXTRA_MODULES and importlib.util.find_spec(top) is None:
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1] or 0,
+                           f"Skipped: needs {top!r}, an optional extra that is not installed")
