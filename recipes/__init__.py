@@ -15,7 +15,9 @@ RECIPES: dict[str, tuple[str, str]] = {
     "video": ("mmpe.recipes.video", "moving-MNIST clips; accuracy at longer clips"),
     "audio": ("mmpe.recipes.audio", "espeak-ng spoken digits on spectrograms; held-out speakers"),
     "graph": ("mmpe.recipes.graph", "molecular property regression (solubility, FreeSolv)"),
+    "molecules3d": ("mmpe.recipes.molecules3d", "graph molecules + RDKit conformers: SPD, 3D distance, both"),
     "tabular": ("mmpe.recipes.tabular", "ISLP/scikit-learn tables; feature-graph encodings"),
     "sphere": ("mmpe.recipes.sphere", "land/sea and geoid height on the sphere"),
+    "sst": ("mmpe.recipes.sst", "SST: next-month anomaly (OSTIA) and global infilling (HadISST)"),
     "multimodal": ("mmpe.recipes.multimodal", "read a strip of MNIST digits as text"),
 }

@@ -17,7 +17,7 @@ import importlib
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +37,10 @@ class CompareSpec:
         coords: coordinate type used to resolve ``all`` and ``--family``.
         title: plot title.
         fmt: number format of the table.
+        notes: lines printed under the table.
+        check_encoding: validates one ``--encodings`` name before any training (raises on an
+            unknown one); defaults to the registry lookup. A recipe that accepts its own
+            names (aliases, ``a+b`` combinations) passes its parser.
     """
 
     metric: str
@@ -48,6 +52,7 @@ class CompareSpec:
     title: str = ""
     fmt: str = "{:.3f}"
     notes: list[str] = field(default_factory=list)
+    check_encoding: Callable[[str], object] | None = None
 
 
 def load_recipe(modality: str):
@@ -77,7 +82,8 @@ def resolve_encodings(spec: CompareSpec, encodings: str | None, family: str | No
         return [e.name for e in registry.available(coords=spec.coords)]
     names = [n.strip() for n in encodings.split(",") if n.strip()]
     for name in names:
-        registry.get(name)  # unknown names fail before any training starts
+        # Unknown names fail before any training starts.
+        (spec.check_encoding or registry.get)(name)
     return names
 
 

@@ -54,3 +54,14 @@ def test_cli_list_and_errors(capsys):
     assert "alibi" in out and "Press et al. 2022" in out and "rope " not in out
     assert cli.main(["compare", "nosuchrecipe"]) == 2
     assert "unknown recipe 'nosuchrecipe'" in capsys.readouterr().err
+
+
+def test_a_recipe_can_accept_its_own_encoding_names():
+    """``check_encoding`` replaces the registry lookup (aliases, ``a+b`` combinations)."""
+    seen = []
+    spec = CompareSpec(metric="m", columns=["x"], xlabel="x", lower_is_better=True,
+                       default_encodings=["rope"], check_encoding=seen.append)
+    assert resolve_encodings(spec, "spd,spd+alibi", None) == ["spd", "spd+alibi"]
+    assert seen == ["spd", "spd+alibi"]
+    with pytest.raises(KeyError):
+        resolve_encodings(SPEC, "spd+alibi", None)
