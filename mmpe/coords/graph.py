@@ -9,8 +9,10 @@ node ``i`` sits in slot ``(g, i)``; slots past the graph's size are padding, mas
 :class:`Graph` holds that layout and answers the coordinate protocol (``Metric``:
 ``distance``/``extent``; ``GraphLayout``: ``spd``, ``node_mask``, degrees, ``laplacian_pe``,
 ``rwse``, ``virtual_token``; ``GraphEdges``: ``path_edge_attr``). The maths lives in
-:mod:`mmpe.graph_maths`; the members call it per graph on first use and cache the padded
-result on the object:
+:mod:`mmpe.graph_maths`; the members compute on first use and cache the padded result on the
+object — for a batch of several graphs with the ``batched_*`` functions (all graphs at once:
+stacked dense kernels for graphs of one size, block-diagonal BFS for large ones), for one
+graph with the per-graph functions; both give the same numbers:
 
 * ``spd`` — all-pairs shortest-path hop counts (:func:`~mmpe.graph_maths.shortest_path_hops`),
   clipped at ``max_distance``; an unreachable pair has its own code :data:`UNREACHABLE` (−1),
@@ -50,6 +52,9 @@ from torch import Tensor
 from mmpe.coords.base import Coordinates, MaskMod
 from mmpe.graph_maths import (
     adjacency,
+    batched_laplacian_pe,
+    batched_random_walk_pe,
+    batched_shortest_path_hops,
     degrees,
     laplacian_pe,
     path_edge_ids,
@@ -413,13 +418,22 @@ class Graph(Coordinates):
         return self.cached(("paths", g), lambda: shortest_path_hops(
             self.graph_edges(g), int(self.sizes[g]), self.undirected, return_predecessors=True))
 
-    def _per_graph(self, width: int, compute: Any, dtype: torch.dtype = torch.float32) -> Tensor:
-        """``compute(g, n) -> [n, width]`` for every graph, laid out as ``[b, n_max, width]``."""
-        out = torch.zeros(self.num_graphs, self.n_max, width, dtype=dtype)
-        for g in range(self.num_graphs):
-            n = int(self.sizes[g])
-            out[g, self.offset:self.offset + n] = torch.as_tensor(compute(g, n), dtype=dtype)
-        return out
+    def _hops(self) -> list[np.ndarray]:
+        """Hops ``[n_g, n_g]`` (float64, ``inf``: no path) of every graph: the cached
+        ``(hops, predecessors)`` where :meth:`path_edge_attr` computed them, else one graph by
+        :func:`~mmpe.graph_maths.shortest_path_hops` and several at once by
+        :func:`~mmpe.graph_maths.batched_shortest_path_hops` (no predecessors: the dense
+        small-graph path)."""
+        if all(("paths", g) in self._cache for g in range(self.num_graphs)):
+            return [self._cache[("paths", g)][0] for g in range(self.num_graphs)]
+        if self.num_graphs == 1:
+            return [shortest_path_hops(self.graph_edges(0), int(self.sizes[0]), self.undirected)]
+        return batched_shortest_path_hops(self.edge_index, self.batch_vector, self.undirected,
+                                          num_graphs=self.num_graphs)
+
+    def _node_rows(self, rows: list[np.ndarray]) -> Tensor:
+        """Per-graph rows ``[n_g, k]`` (graph order) → padded ``[b, n_max, k]`` float32."""
+        return self.scatter_nodes(torch.from_numpy(np.concatenate(rows)).float())
 
     # ------------------------------------------------------------------ protocol
     @property
@@ -517,11 +531,11 @@ class Graph(Coordinates):
                 out[self._pair_slots()] = torch.where(vals < 0, UNREACHABLE, vals)
             else:
                 o = self.offset
-                for g in range(self.num_graphs):
-                    n = int(self.sizes[g])
-                    hops, _ = self._paths(g)
-                    out[g, o:o + n, o:o + n] = torch.from_numpy(
-                        np.where(np.isinf(hops), UNREACHABLE, hops)).long()
+                codes = np.full(tuple(out.shape), UNREACHABLE, dtype=np.int64)
+                for g, hops in enumerate(self._hops()):
+                    n = hops.shape[0]
+                    codes[g, o:o + n, o:o + n] = np.where(np.isinf(hops), UNREACHABLE, hops)
+                out = torch.from_numpy(codes)
             finite = out >= 0
             out = torch.where(finite, out.clamp(max=self.max_distance), out)
             if self.virtual_token:
@@ -610,15 +624,14 @@ class Graph(Coordinates):
             pe = self._precomputed_columns("laplacian_pe", k, f"AddLaplacianPE({k})")
             if pe is not None:
                 mask = pe.abs().sum(1) > 0
-            else:
-                mask = torch.zeros(self.num_graphs, k, dtype=torch.bool)
-
-                def one(g: int, n: int) -> np.ndarray:
-                    vecs, m = laplacian_pe(self.graph_edges(g), n, k, normalization)
-                    mask[g] = torch.from_numpy(m)
-                    return vecs
-
-                pe = self._per_graph(k, one)
+            elif self.num_graphs == 1:
+                vecs, m = laplacian_pe(self.graph_edges(0), int(self.sizes[0]), k, normalization)
+                pe, mask = self._node_rows([vecs]), torch.from_numpy(m)[None]
+            else:  # all graphs at once (stacked dense eigh for graphs of one size)
+                pairs = batched_laplacian_pe(self.edge_index, self.batch_vector, k, normalization,
+                                             num_graphs=self.num_graphs)
+                pe = self._node_rows([vecs for vecs, _ in pairs])
+                mask = torch.from_numpy(np.stack([m for _, m in pairs]))
             self._cache[key] = (pe.to(self.device_), mask.to(self.device_))
         return self._cache[key]
 
@@ -634,9 +647,13 @@ class Graph(Coordinates):
         key = ("rwse", k)
         if key not in self._cache:
             pe = self._precomputed_columns("rwse", k, f"AddRWSE({k})")
-            if pe is None:
-                pe = self._per_graph(k, lambda g, n: random_walk_pe(self.graph_edges(g), n, k,
-                                                                    undirected=False))
+            if pe is None and self.num_graphs == 1:
+                pe = self._node_rows([random_walk_pe(self.graph_edges(0), int(self.sizes[0]), k,
+                                                     undirected=False)])
+            elif pe is None:  # all graphs at once (stacked dense products)
+                pe = self._node_rows(batched_random_walk_pe(
+                    self.edge_index, self.batch_vector, k, undirected=False,
+                    num_graphs=self.num_graphs))
             self._cache[key] = pe.to(self.device_)
         return self._cache[key]
 

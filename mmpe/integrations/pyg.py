@@ -54,6 +54,7 @@ from ``attn_type`` and dispatches on those two classes, with no hook for pairwis
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -121,6 +122,21 @@ def _collate(data_list: Sequence[Data], owner: str) -> tuple[list[Data], np.ndar
     return [copy.copy(d) for d in data_list], ei, batch, len(graphs)
 
 
+def _pair_index(n: int) -> Tensor:
+    """All ordered node pairs ``[2, n²]`` (row-major), as ``AddShortestPaths`` stores them: a
+    new tensor (a copy of a cached one for small graphs, where building it costs as much as
+    the hops)."""
+    return _small_pair_index(n).clone() if n <= 256 else _all_pairs(n)
+
+
+def _all_pairs(n: int) -> Tensor:
+    ii, jj = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
+    return torch.stack([ii.flatten(), jj.flatten()])
+
+
+_small_pair_index = functools.lru_cache(maxsize=None)(_all_pairs)
+
+
 class _GraphTransform(BaseTransform):
     """Base of the mmpe transforms: :attr:`graph_kwargs` says where the results are stored."""
 
@@ -172,11 +188,11 @@ class AddShortestPaths(_GraphTransform):
 
     def forward(self, data: Data) -> Data:
         ei, n = _one_graph(data, "AddShortestPaths")
-        paths = shortest_path_hops(ei, n, self.undirected, return_predecessors=True)
-        hops = paths[0]
-        ii, jj = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
-        data[self.attr_name] = torch.from_numpy(np.where(np.isinf(hops), -1, hops)).long().flatten()
-        data[f"{self.attr_name}_index"] = torch.stack([ii.flatten(), jj.flatten()])
+        # Predecessors only for the path edges: without them small graphs take the dense path.
+        paths = shortest_path_hops(ei, n, self.undirected, return_predecessors=bool(self.edge_hops))
+        hops = paths[0] if self.edge_hops else paths
+        data[self.attr_name] = torch.from_numpy(np.where(np.isinf(hops), -1, hops).astype(np.int64).ravel())
+        data[f"{self.attr_name}_index"] = _pair_index(n)
         if self.edge_hops:
             edge_attr = getattr(data, "edge_attr", None)
             if edge_attr is None:
@@ -192,14 +208,9 @@ class AddShortestPaths(_GraphTransform):
             return [self(d) for d in data_list]
         out, ei, batch, count = _collate(data_list, "AddShortestPaths")
         hops = batched_shortest_path_hops(ei, batch, self.undirected, num_graphs=count)
-        pairs: dict[int, Tensor] = {}
         for data, h in zip(out, hops, strict=True):
-            n = h.shape[0]
-            if n not in pairs:
-                ii, jj = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
-                pairs[n] = torch.stack([ii.flatten(), jj.flatten()])
-            data[self.attr_name] = torch.from_numpy(np.where(np.isinf(h), -1, h)).long().flatten()
-            data[f"{self.attr_name}_index"] = pairs[n].clone()
+            data[self.attr_name] = torch.from_numpy(np.where(np.isinf(h), -1, h).astype(np.int64).ravel())
+            data[f"{self.attr_name}_index"] = _pair_index(h.shape[0])
         return out
 
     def __repr__(self) -> str:
