@@ -279,8 +279,7 @@ class Graph(Coordinates):
 
         Args:
             data: a PyG ``Data`` or ``Batch``.
-            spd, spd_index, path_edge_attr, path_edge_mask, laplacian_pe, rwse, in_degree,
-                out_degree: attribute names (or tensors) of the precomputed values, with the
+            spd, spd_index, path_edge_attr, path_edge_mask, laplacian_pe, rwse, in_degree, out_degree: attribute names (or tensors) of the precomputed values, with the
                 layout of the :class:`Graph` keywords. ``spd_index`` defaults to
                 ``spd + "_index"`` when ``spd`` is a name (the layout of ``AddShortestPaths``).
             laplacian_normalization: the Laplacian the ``laplacian_pe`` attribute was computed
