@@ -20,6 +20,9 @@ from mmpe.registry import build
 
 EncodingSpec = str | Mapping[str, Any] | Encoding
 
+#: How :class:`Transformer` combines an input encoding's ``P`` with the token embeddings.
+INPUT_COMBINE = ("add", "concat")
+
 
 def build_encodings(specs: Seq[EncodingSpec], **context: Any) -> list[Encoding]:
     """Build each spec (registry name, config dict, or an already built module).
@@ -62,6 +65,89 @@ def _warn_duplicates(encodings: Seq[Encoding]) -> None:
                           f"{count} times", UserWarning, stacklevel=3)
 
 
+def check_input_combine(value: Any, owner: str = "transformer") -> str:
+    """``value`` if it is one of :data:`INPUT_COMBINE`, else ``ValueError`` naming the option."""
+    if not isinstance(value, str) or value not in INPUT_COMBINE:
+        raise ValueError(f"{owner}: input_combine must be one of {', '.join(map(repr, INPUT_COMBINE))}, "
+                         f"got {value!r}")
+    return value
+
+
+def pe_width(enc: InputEncoding, d_model: int) -> int:
+    """``d_pe``: the channels of an input encoding's ``P`` (``width`` for encodings that set it,
+    such as ``tabpet``; otherwise the encoding's ``d_model``, by default the model's)."""
+    for attr in ("width", "d_model"):
+        value = getattr(enc, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return d_model
+
+
+def input_term(enc: InputEncoding, x: Tensor, coords: Coordinates) -> Tensor:
+    """The encoding's ``P`` for tokens ``x``: ``enc.term(x, coords)`` for content-dependent
+    encodings that define it (``conv_pe``: ``GELU(conv(x))``), else ``enc(coords)``."""
+    term = getattr(enc, "term", None)
+    return term(x, coords) if callable(term) else enc(coords)
+
+
+class ConcatProjection(nn.Module):
+    """``Linear(d_model + d_pe → d_model)([x ; P])``: an input encoding concatenated with the
+    token embeddings and projected back to the model width.
+
+    ``P`` (``[s, d_pe]`` or ``[b, s, d_pe]``) is broadcast over the batch. The weight
+    ``W = [W_x | W_p]`` starts as ``[I | I]`` (the leading ``min(d_model, d_pe)`` channels of
+    ``P`` on the diagonal) and the bias at 0, so at initialisation the output is exactly
+    ``x + P`` (for ``d_pe = d_model``): the concatenated model starts as the added one and
+    training moves ``W_x`` and ``W_p`` from there. Building it draws nothing from the global
+    RNG, so with one seed the rest of a model is initialised as in its ``add`` twin. Since ``W [x ; P] = W_x x + W_p P``,
+    concatenation is addition of a learned linear map of ``P`` (and of ``x``).
+
+    Shapes: ``forward(x [b, s, d_model], pe [s, d_pe] or [b, s, d_pe]) -> [b, s, d_model]``.
+
+    Raises:
+        ValueError: non-positive widths; ``x`` or ``pe`` of the wrong shape (naming the
+            expected shape).
+    """
+
+    def __init__(self, d_model: int, d_pe: int, name: str = "input encoding") -> None:
+        super().__init__()
+        for arg, val in (("d_model", d_model), ("d_pe", d_pe)):
+            if not isinstance(val, int) or isinstance(val, bool) or val < 1:
+                raise ValueError(f"ConcatProjection: {arg} must be a positive int, got {val!r}")
+        self.d_model, self.d_pe, self.name = d_model, d_pe, name
+        # nn.Linear's random init is overwritten below; drawing it must not move the global RNG,
+        # or every module built after this one (blocks, heads) would start elsewhere than in
+        # the "add" model of the same seed.
+        with torch.random.fork_rng(devices=[]):
+            self.proj = nn.Linear(d_model + d_pe, d_model)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """``W = [I | I]``, ``b = 0``: the projection starts as ``x + P``."""
+        with torch.no_grad():
+            self.proj.weight.zero_()
+            eye = torch.eye(self.d_model, dtype=self.proj.weight.dtype)
+            self.proj.weight[:, :self.d_model].copy_(eye)
+            self.proj.weight[:, self.d_model:].copy_(torch.eye(self.d_model, self.d_pe))
+            self.proj.bias.zero_()
+
+    def forward(self, x: Tensor, pe: Tensor) -> Tensor:
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"{self.name} (input_combine='concat'): x must be "
+                             f"[b, s, {self.d_model}], got {tuple(x.shape)}")
+        b, s = x.shape[0], x.shape[1]
+        if pe.dim() not in (2, 3) or pe.shape[-2:] != (s, self.d_pe) or (
+                pe.dim() == 3 and pe.shape[0] not in (1, b)):
+            raise ValueError(f"{self.name} (input_combine='concat'): P must be [{s}, {self.d_pe}] "
+                             f"or [{b}, {s}, {self.d_pe}] (the tokens of x, d_pe), got "
+                             f"{tuple(pe.shape)}")
+        pe = pe.to(x.dtype).expand(b, s, self.d_pe)
+        return self.proj(torch.cat((x, pe), dim=-1))
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, d_pe={self.d_pe}"
+
+
 class TransformerBlock(nn.Module):
     """Pre-norm block: ``x + attn(LN(x))`` then ``x + MLP(LN(x))`` (GELU MLP).
 
@@ -89,7 +175,10 @@ class Transformer(nn.Module):
     """Encoder or decoder stack (causality comes from the coordinates) with any encodings.
 
     Input encodings are applied once to the embeddings; rotary, score and kernel encodings
-    enter every layer's attention. By default one set of attention encodings is shared by all
+    enter every layer's attention. ``input_combine`` says how an input encoding's ``P`` meets
+    the embeddings ``x``: ``"add"`` (``x + P``: the encoding's own ``combine``) or
+    ``"concat"`` (``Linear(d_model + d_pe → d_model)([x ; P])``, one learned
+    :class:`ConcatProjection` per input encoding, started at ``x + P``). By default one set of attention encodings is shared by all
     layers, as T5 shares its relative bias; ``share_encodings=False`` gives each layer its own.
 
     Args:
@@ -103,10 +192,13 @@ class Transformer(nn.Module):
             :data:`mmpe.context.CONTEXT_KEYS` (e.g. ``max_len``,
             ``original_max_position_embeddings``, ``grid_shape``); ``d_model``, ``num_heads``
             and ``head_dim`` are filled in.
+        input_combine: ``"add"`` (default) or ``"concat"`` (see above; models without an
+            input encoding are unchanged and warn).
 
     Raises:
         TypeError: ``encodings`` given as a single name/config/module instead of a list.
-        ValueError: ``depth < 1``; an unknown context key or an invalid context value.
+        ValueError: ``depth < 1``; an unknown context key or an invalid context value;
+            ``input_combine`` not ``"add"`` or ``"concat"``.
 
     Shapes: ``forward(x [b, s, d_model], coords, cache=None) -> [b, s, d_model]`` (final
     LayerNorm applied). For cached decoding pass ``cache = model.make_cache()`` and, each step,
@@ -128,10 +220,12 @@ class Transformer(nn.Module):
         share_encodings: bool = True,
         encoding_context: Mapping[str, Any] | None = None,
         num_kv_heads: int | None = None,
+        input_combine: str = "add",
     ) -> None:
         super().__init__()
         if depth < 1:
             raise ValueError(f"transformer: depth must be >= 1, got {depth}")
+        self.input_combine = check_input_combine(input_combine)
         context = check_context({"d_model": d_model, "num_heads": num_heads,
                                  "head_dim": d_model // num_heads, **(encoding_context or {})},
                                 "Transformer(encoding_context=...)")
@@ -139,6 +233,13 @@ class Transformer(nn.Module):
         self.input_encodings = nn.ModuleList(e for e in built if isinstance(e, InputEncoding))
         specs = [s for s, e in zip(encodings, built, strict=True) if not isinstance(e, InputEncoding)]
         shared = [e for e in built if not isinstance(e, InputEncoding)]
+        # One projection per input encoding under "concat" (empty, and no state, under "add").
+        self.input_projections = nn.ModuleList(
+            ConcatProjection(d_model, pe_width(e, d_model), getattr(e, "registry_name", type(e).__name__))
+            for e in (self.input_encodings if input_combine == "concat" else ()))
+        if input_combine == "concat" and not self.input_encodings:
+            warnings.warn("transformer: input_combine='concat' has no effect: the model has no "
+                          "input encoding", UserWarning, stacklevel=2)
 
         def layer_encodings() -> list[Encoding]:
             return shared if share_encodings else build_encodings(specs, **context)
@@ -156,8 +257,12 @@ class Transformer(nn.Module):
                              f"{len(self.blocks)}; make it with model.make_cache()")
         _check_input(x, self.norm.weight)
         with forward_scope(coords):
-            for enc in self.input_encodings:
-                x = enc.combine(x, coords)
+            if self.input_projections:
+                for enc, proj in zip(self.input_encodings, self.input_projections, strict=True):
+                    x = proj(x, input_term(enc, x, coords))
+            else:
+                for enc in self.input_encodings:
+                    x = enc.combine(x, coords)
             for i, block in enumerate(self.blocks):
                 x = block(x, coords, None if cache is None else cache[i])
         return self.norm(x)

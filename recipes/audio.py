@@ -21,7 +21,12 @@ speaking slowly (80 wpm, about 1.4–2.2 s) in a 2 s window — longer speech, m
 
     make data-audio
     python -m mmpe.recipes.audio fit --config configs/audio/default.yaml --model.encoding rope_axial
-    mmpe compare audio --encodings learned_grid,sincos,rope_axial,swin,alibi,nope
+    mmpe compare audio --encodings learned_grid,sincos,rope_axial,swin,alibi,nope,conv_pe
+
+``conv_pe`` is wav2vec 2.0 / HuBERT's convolutional position embedding (a grouped convolution
+over the frames, GELU, added): on the (time, mel) grid it slides along the time axis of every
+mel band with one kernel (default ``K = 128`` patches, 16 groups: at 10 or 20 time patches it
+spans the whole window).
 """
 
 from __future__ import annotations
@@ -63,7 +68,7 @@ COMPARE = CompareSpec(
     columns=[name for name, _, _ in EVAL_SETTINGS],
     xlabel="test input (held-out voices; trained on 1 s windows)",
     lower_is_better=False,
-    default_encodings=["learned_grid", "sincos", "rope_axial", "swin", "alibi", "nope"],
+    default_encodings=["learned_grid", "sincos", "rope_axial", "swin", "alibi", "nope", "conv_pe"],
     coords="grid",
     title="Spoken digits (espeak-ng, held-out voices): accuracy vs input length",
     notes=[
@@ -292,6 +297,8 @@ class SpectrogramTransformer(GridClassifier):
         d_model, num_heads, depth, mlp_ratio, dropout: transformer size.
         eval_positions: see :class:`mmpe.recipes.vision.GridEncoder`.
         lr, weight_decay, warmup_steps: AdamW with warm-up and cosine decay.
+        input_combine: ``"add"`` or ``"concat"``: how an input encoding meets the patch
+            tokens (:class:`mmpe.Transformer`, docs/add_vs_concat.md).
 
     Shapes: ``forward(features [b, frames, n_mels]) -> logits [b, num_classes]``.
     """
@@ -300,7 +307,8 @@ class SpectrogramTransformer(GridClassifier):
                  num_classes: int = 10, n_mels: int = 40, window_frames: int = 100,
                  patch: Seq[int] = (10, 8), d_model: int = 64, num_heads: int = 4, depth: int = 3,
                  mlp_ratio: float = 2.0, dropout: float = 0.1, eval_positions: str = "cells",
-                 lr: float = 2e-3, weight_decay: float = 0.05, warmup_steps: int = 50) -> None:
+                 lr: float = 2e-3, weight_decay: float = 0.05, warmup_steps: int = 50,
+                 input_combine: str = "add") -> None:
         super().__init__()
         self.save_hyperparameters()
         self.pt, self.pf = (int(v) for v in patch)
@@ -310,7 +318,8 @@ class SpectrogramTransformer(GridClassifier):
         self.embed = nn.Conv2d(1, d_model, (self.pt, self.pf), stride=(self.pt, self.pf))
         train_grid = (window_frames // self.pt, n_mels // self.pf)
         self.encoder = GridEncoder(encoding, encoding_options, train_grid, d_model, num_heads,
-                                   depth, mlp_ratio, dropout, eval_positions=eval_positions)
+                                   depth, mlp_ratio, dropout, eval_positions=eval_positions,
+                                   input_combine=input_combine)
         self.head = nn.Linear(d_model, num_classes)
 
     def forward(self, features: Tensor) -> Tensor:

@@ -15,6 +15,10 @@ before it in that window.
 
     python -m mmpe.recipes.text fit --config configs/text/default.yaml --model.encoding alibi
     mmpe compare text --encodings sinusoidal,learned,rope,alibi,t5,fire,nope
+
+Input encodings are added to the embeddings; ``--model.input_combine concat`` concatenates
+them and projects back (``mmpe compare text --encodings sinusoidal,learned --out
+runs/compare/text_concat -- --model.input_combine concat``; docs/add_vs_concat.md).
 """
 
 from __future__ import annotations
@@ -207,18 +211,22 @@ class CharLM(L.LightningModule):
             learned table holds, and the original context the RoPE scalings extend from.
         d_model, num_heads, depth, mlp_ratio, dropout: transformer size.
         lr, weight_decay, warmup_steps: AdamW with warm-up and cosine decay.
+        input_combine: how an input encoding (sinusoidal, learned, …) meets the character
+            embeddings: ``"add"`` or ``"concat"`` (``Linear(2·d_model → d_model)([x ; P])``);
+            see :class:`mmpe.Transformer` and ``docs/add_vs_concat.md``.
     """
 
     def __init__(self, encoding: str = "rope", encoding_options: dict[str, Any] | None = None,
                  vocab_size: int = 85, max_len: int = 64, d_model: int = 128, num_heads: int = 4,
                  depth: int = 3, mlp_ratio: float = 4.0, dropout: float = 0.0, lr: float = 2e-3,
-                 weight_decay: float = 0.1, warmup_steps: int = 100) -> None:
+                 weight_decay: float = 0.1, warmup_steps: int = 100,
+                 input_combine: str = "add") -> None:
         super().__init__()
         self.save_hyperparameters()
         spec = {"name": encoding, **(encoding_options or {})}
         self.embed = nn.Embedding(vocab_size, d_model)
         self.transformer = Transformer(d_model, num_heads, depth, [spec], mlp_ratio=mlp_ratio,
-                                       dropout=dropout,
+                                       dropout=dropout, input_combine=input_combine,
                                        encoding_context={"max_len": max_len,
                                                          "original_max_position_embeddings": max_len})
         self.head = nn.Linear(d_model, vocab_size)

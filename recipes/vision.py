@@ -16,6 +16,7 @@ extent (cell spacing ``train/new``: interpolation rather than extrapolation).
 
     python -m mmpe.recipes.vision fit --config configs/vision/default.yaml --model.encoding rope_axial
     mmpe compare vision --encodings learned_grid,sincos,rope_axial,rope_mixed,swin,alibi
+    mmpe compare vision --encodings learned_grid,sincos --out runs/compare/vision_concat -- --model.input_combine concat
 
 This module also holds the pieces the video and audio recipes share: :class:`GridEncoder` (cls
 token + :class:`mmpe.Transformer` over a grid of tokens) and :class:`GridClassifier` (optimiser,
@@ -174,6 +175,8 @@ class GridEncoder(nn.Module):
         eval_positions: ``"cells"`` (a larger grid has larger coordinates: extrapolation) or
             ``"stretch"`` (a grid of a new shape is mapped onto the training extent: the spacing
             along axis ``a`` becomes ``scale_a · (train_a − 1) / (new_a − 1)``).
+        input_combine: ``"add"`` or ``"concat"``: how an input encoding meets the tokens
+            (:class:`mmpe.Transformer`).
 
     Shapes: ``forward(tokens [b, *grid, d_model]) -> [b, 1 + prod(grid), d_model]``.
     """
@@ -181,7 +184,7 @@ class GridEncoder(nn.Module):
     def __init__(self, encoding: str, encoding_options: dict[str, Any] | None,
                  train_grid: Seq[int], d_model: int, num_heads: int, depth: int,
                  mlp_ratio: float = 4.0, dropout: float = 0.0, scale: Seq[float] | None = None,
-                 eval_positions: str = "cells") -> None:
+                 eval_positions: str = "cells", input_combine: str = "add") -> None:
         super().__init__()
         if eval_positions not in ("cells", "stretch"):
             raise ValueError(f"eval_positions must be 'cells' or 'stretch', got {eval_positions!r}")
@@ -196,7 +199,8 @@ class GridEncoder(nn.Module):
         self.cls = nn.Parameter(torch.zeros(1, 1, d_model))
         nn.init.normal_(self.cls, std=0.02)
         self.transformer = Transformer(d_model, num_heads, depth, [spec], mlp_ratio=mlp_ratio,
-                                       dropout=dropout, encoding_context=context)
+                                       dropout=dropout, encoding_context=context,
+                                       input_combine=input_combine)
 
     def grid(self, shape: Seq[int], device: torch.device | None = None) -> Grid:
         """The coordinates of a token grid of ``shape`` (one prefix token)."""
@@ -255,6 +259,8 @@ class ViTClassifier(GridClassifier):
         d_model, num_heads, depth, mlp_ratio, dropout: transformer size.
         eval_positions: see :class:`GridEncoder`.
         lr, weight_decay, warmup_steps: AdamW with warm-up and cosine decay.
+        input_combine: ``"add"`` or ``"concat"`` (see :class:`GridEncoder`,
+            docs/add_vs_concat.md).
 
     Shapes: ``forward(images [b, 1, H, W]) -> logits [b, num_classes]``; ``H`` and ``W`` any
     multiples of ``patch_size``.
@@ -264,13 +270,15 @@ class ViTClassifier(GridClassifier):
                  image_size: int = 28, patch_size: int = 7, num_classes: int = 10,
                  d_model: int = 64, num_heads: int = 4, depth: int = 3, mlp_ratio: float = 2.0,
                  dropout: float = 0.0, eval_positions: str = "cells", lr: float = 2e-3,
-                 weight_decay: float = 0.05, warmup_steps: int = 50) -> None:
+                 weight_decay: float = 0.05, warmup_steps: int = 50,
+                 input_combine: str = "add") -> None:
         super().__init__()
         self.save_hyperparameters()
         grid = Grid.from_image(image_size, image_size, patch_size)
         self.patch = nn.Conv2d(1, d_model, patch_size, stride=patch_size)
         self.encoder = GridEncoder(encoding, encoding_options, grid.shape, d_model, num_heads,
-                                   depth, mlp_ratio, dropout, eval_positions=eval_positions)
+                                   depth, mlp_ratio, dropout, eval_positions=eval_positions,
+                                   input_combine=input_combine)
         self.head = nn.Linear(d_model, num_classes)
 
     def forward(self, images: Tensor) -> Tensor:

@@ -124,3 +124,25 @@ def test_training_smoke_and_longer_input_eval(tmp_path: Path) -> None:
     results = audio.evaluate_inputs(cli.trainer, cli.model, cli.datamodule)
     assert results["slow 2s"] is None  # no slow folder given
     assert all(math.isfinite(results[k]) and 0.0 <= results[k] <= 1.0 for k in ("1s", "2s"))
+
+
+@pytest.mark.parametrize("combine", ["add", "concat"])
+def test_conv_pe_trains_and_evaluates_longer_inputs(tmp_path: Path, combine: str) -> None:
+    # wav2vec 2.0's convolutional position embedding over the time axis of the (t, f) grid
+    write_tone_folder(tmp_path / "wavs")
+    cli = audio.make_cli([
+        "--config", str(CONFIGS / "audio" / "default.yaml"), "--model.encoding", "conv_pe",
+        "--model.encoding_options", "{kernel_size: 4, groups: 4}",
+        "--model.input_combine", combine,
+        "--data.root", str(tmp_path / "wavs"), "--data.slow_root", "null",
+        "--trainer.max_steps", "2", "--trainer.val_check_interval", "2",
+        "--trainer.default_root_dir", str(tmp_path), "--trainer.logger", "false",
+        "--trainer.enable_progress_bar", "false", "--data.batch_size", "4",
+        "--model.d_model", "32", "--model.depth", "1", "--model.warmup_steps", "1",
+    ], run=False)
+    transformer = cli.model.encoder.transformer
+    assert type(transformer.input_encodings[0]).__name__ == "ConvPositionalEmbedding"
+    assert len(transformer.input_projections) == (combine == "concat")
+    cli.trainer.fit(cli.model, cli.datamodule)
+    results = audio.evaluate_inputs(cli.trainer, cli.model, cli.datamodule)
+    assert all(math.isfinite(results[k]) and 0.0 <= results[k] <= 1.0 for k in ("1s", "2s"))

@@ -6,6 +6,7 @@ pytest.importorskip("lightning", reason="the recipes need mmpe[recipes]")
 
 import torch
 from mmpe.recipes import text
+from mmpe.recipes.common import CONFIGS
 
 TINY = ["--trainer.max_steps", "4", "--trainer.val_check_interval", "2",
         "--trainer.limit_val_batches", "2", "--trainer.enable_progress_bar", "false",
@@ -67,3 +68,19 @@ def test_generate_from_a_trained_checkpoint_with_and_without_cache(tmp_path, cap
     assert capsys.readouterr().out.startswith("KING")
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         text.generate_text(tmp_path / "missing.ckpt", "x")
+
+
+@pytest.mark.parametrize("combine", ["add", "concat"])
+def test_input_combine_is_a_cli_option(combine):
+    cli = text.make_cli(["--config", str(CONFIGS / "text" / "default.yaml"),
+                         "--model.encoding", "sinusoidal", "--model.input_combine", combine,
+                         "--trainer.logger", "false", *TINY], run=False)
+    model = cli.model
+    assert model.hparams.input_combine == combine
+    assert len(model.transformer.input_projections) == (combine == "concat")
+    assert model(torch.randint(0, model.hparams.vocab_size, (2, 16))).shape[:2] == (2, 16)
+
+
+def test_input_combine_rejects_other_values():
+    with pytest.raises(ValueError, match="input_combine must be one of 'add', 'concat'"):
+        text.CharLM("learned", input_combine="sum")

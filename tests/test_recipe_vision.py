@@ -84,3 +84,18 @@ def test_training_smoke_and_resolution_eval(tmp_path) -> None:
     results = vision.evaluate_resolutions(cli.trainer, cli.model, cli.datamodule)
     assert list(results) == ["28px", "42px", "56px"]
     assert all(v is not None and math.isfinite(v) and 0.0 <= v <= 1.0 for v in results.values())
+
+
+@pytest.mark.parametrize("encoding", ["sincos", "learned_grid"])
+def test_input_combine_concat_from_the_cli(encoding: str) -> None:
+    cli = vision.make_cli([
+        "--config", str(CONFIGS / "vision" / "default.yaml"), "--model.encoding", encoding,
+        "--model.input_combine", "concat", "--trainer.logger", "false",
+        "--trainer.enable_progress_bar", "false", "--data.train_samples", "64",
+        "--data.eval_samples", "32", "--model.d_model", "32", "--model.depth", "1",
+    ], run=False)
+    transformer = cli.model.encoder.transformer
+    assert transformer.input_combine == "concat" and len(transformer.input_projections) == 1
+    assert transformer.input_projections[0].proj.weight.shape == (32, 64)
+    for res in (28, 56):  # training grid and a larger one
+        assert cli.model(torch.randn(2, 1, res, res)).shape == (2, 10)
