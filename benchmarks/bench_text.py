@@ -3,24 +3,31 @@
     python benchmarks/bench_text.py [--quick]
 
 Rows:
-* RoPE apply (q and k, [b, h, s, d]): mmpe vs HF transformers (Llama) vs rotary-embedding-torch.
+* RoPE apply (q and k, [b, h, s, d]): mmpe vs HF transformers (Llama) in float32 and bfloat16
+  (both rotate bf16 in bf16), and interleaved vs rotary-embedding-torch.
 * ALiBi bias + attention: mmpe (SDPA with the bias from its score_mod) vs x-transformers'
   AlibiPositionalBias + SDPA.
 * T5 bias: mmpe vs HF transformers' T5Attention.compute_bias.
 * Attention paths: mmpe flex (uncompiled on CPU, compiled on CUDA) vs SDPA, same encoding.
 * RoPE precision: max score error at positions shifted by 10⁷ (float32 inputs), per library.
+* RoPE rotation error per input dtype: max |rotated − float64 rotation| / (eps · max |x|), the
+  error mmpe accepts by rotating bf16/fp16 in their own dtype (bounded in
+  tests/test_rope_dtype.py), with HF's for comparison.
 
-Times are medians of repeated runs; ratio = peer time / mmpe time (> 1: mmpe faster).
+mmpe and the peer are timed alternately, round after round (``paired``), so load from other
+jobs on the machine hits both alike; times are medians, the ratio is the median of the
+per-round ratios peer time / mmpe time (> 1: mmpe faster).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
+import time
 import warnings
 from collections.abc import Callable
 
 import torch
-from _timing import timeit
 
 import mmpe
 from mmpe import MultiHeadAttention, Sequence
@@ -29,30 +36,86 @@ from mmpe.encodings.base import AttentionContext
 warnings.filterwarnings("ignore")
 
 
+def paired(ours: Callable[[], object], peer: Callable[[], object],
+           repeat: int) -> tuple[float, float, float]:
+    """``(mmpe s, peer s, peer/mmpe)``: medians over ``repeat`` rounds, each timing both calls
+    back to back (alternating which goes first), after one warm-up call each."""
+    ours(), peer()
+    t_ours, t_peer, ratios = [], [], []
+    for i in range(repeat):
+        pair = []
+        for fn in ((ours, peer) if i % 2 == 0 else (peer, ours)):
+            start = time.perf_counter()
+            fn()
+            pair.append(time.perf_counter() - start)
+        a, b = pair if i % 2 == 0 else pair[::-1]
+        t_ours.append(a)
+        t_peer.append(b)
+        ratios.append(b / a)
+    return statistics.median(t_ours), statistics.median(t_peer), statistics.median(ratios)
 
-def rope_rows(b: int, h: int, s: int, d: int, repeat: int) -> list[tuple[str, str, float, float]]:
+
+def rope_rows(b: int, h: int, s: int, d: int, repeat: int) -> list[tuple]:
     from rotary_embedding_torch import RotaryEmbedding
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-    q, k = torch.randn(b, h, s, d), torch.randn(b, h, s, d)
-    ours = mmpe.build("rope", head_dim=d)
     coords = Sequence(s)
-    t_ours = timeit(lambda: ours(q, k, coords), repeat)
     hf = LlamaRotaryEmbedding(LlamaConfig(hidden_size=h * d, num_attention_heads=h,
                                           num_key_value_heads=h))
     pos = torch.arange(s).expand(b, s)
+    ours = mmpe.build("rope", head_dim=d)
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k = torch.randn(b, h, s, d, dtype=dtype), torch.randn(b, h, s, d, dtype=dtype)
 
-    def hf_apply():
-        cos, sin = hf(q, pos)
-        return apply_rotary_pos_emb(q, k, cos, sin)
+        def hf_apply(q=q, k=k):  # HF casts its float32 cos/sin to q's dtype and rotates in it
+            cos, sin = hf(q, pos)
+            return apply_rotary_pos_emb(q, k, cos, sin)
 
+        name = "RoPE apply (half layout)" + ("" if dtype == torch.float32 else ", bfloat16")
+        rows.append((name, "HF transformers",
+                     *paired(lambda q=q, k=k: ours(q, k, coords), hf_apply, repeat)))
+
+    q, k = torch.randn(b, h, s, d), torch.randn(b, h, s, d)
     ret = RotaryEmbedding(dim=d, cache_if_possible=False)
     ours_inter = mmpe.build("rope", head_dim=d, interleaved=True)
-    t_inter = timeit(lambda: ours_inter(q, k, coords), repeat)
-    t_ret = timeit(lambda: (ret.rotate_queries_or_keys(q), ret.rotate_queries_or_keys(k)), repeat)
-    return [("RoPE apply (half layout)", "HF transformers", t_ours, timeit(hf_apply, repeat)),
-            ("RoPE apply (interleaved)", "rotary-embedding-torch", t_inter, t_ret)]
+    rows.append(("RoPE apply (interleaved)", "rotary-embedding-torch",
+                 *paired(lambda: ours_inter(q, k, coords),
+                         lambda: (ret.rotate_queries_or_keys(q), ret.rotate_queries_or_keys(k)),
+                         repeat)))
+    return rows
+
+
+def rotation_error_rows(b: int, h: int, s: int, d: int) -> list[str]:
+    """max |rotated q − float64 rotation of the same q| / (eps · max |q|), positions 0 … s−1.
+
+    The reference rotates the input's own values (converted to float64) with float64 cos/sin,
+    so the number is the rotation's error alone, in units of the dtype's eps.
+    """
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    from mmpe.encodings.rope import apply_rotary, rope_inv_freq
+
+    coords = Sequence(s)
+    phase = torch.arange(s, dtype=torch.float64)[:, None] * rope_inv_freq(d)
+    cos64, sin64 = phase.cos(), phase.sin()
+    hf = LlamaRotaryEmbedding(LlamaConfig(hidden_size=h * d, num_attention_heads=h,
+                                          num_key_value_heads=h))
+    pos = torch.arange(s).expand(b, s)
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        q = torch.randn(b, h, s, d, generator=torch.Generator().manual_seed(3)).to(dtype)
+        ref = apply_rotary(q.double(), cos64, sin64)
+        unit = torch.finfo(dtype).eps * float(q.abs().max())
+        ours, _ = mmpe.build("rope", head_dim=d)(q, q, coords)
+        cos, sin = hf(q, pos)
+        theirs, _ = apply_rotary_pos_emb(q, q, cos, sin)
+        rows.append(f"| {str(dtype).removeprefix('torch.')} | "
+                    f"{float((ours.double() - ref).abs().max()) / unit:.2f} | "
+                    f"{float((theirs.double() - ref).abs().max()) / unit:.2f} |")
+    return rows
 
 
 def alibi_row(b: int, h: int, s: int, d: int, repeat: int) -> tuple[str, str, float, float]:
@@ -69,8 +132,8 @@ def alibi_row(b: int, h: int, s: int, d: int, repeat: int) -> tuple[str, str, fl
         bias = peer(s, s).masked_fill(~causal, float("-inf"))
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
 
-    return ("ALiBi bias + causal attention", "x-transformers", timeit(lambda: ours.attend(ctx), repeat),
-            timeit(peer_attend, repeat))
+    return ("ALiBi bias + causal attention", "x-transformers",
+            *paired(lambda: ours.attend(ctx), peer_attend, repeat))
 
 
 def t5_row(h: int, s: int, repeat: int) -> tuple[str, str, float, float]:
@@ -81,9 +144,8 @@ def t5_row(h: int, s: int, repeat: int) -> tuple[str, str, float, float]:
     ours = mmpe.build("t5", num_heads=h)
     ctx = AttentionContext(Sequence(s), h, 64, 1)
     with torch.no_grad():
-        t_ours = timeit(lambda: ours.bias(ctx), repeat)
-        t_peer = timeit(lambda: peer.compute_bias(s, s), repeat)
-    return ("T5 relative bias (bidirectional)", "HF transformers", t_ours, t_peer)
+        return ("T5 relative bias (bidirectional)", "HF transformers",
+                *paired(lambda: ours.bias(ctx), lambda: peer.compute_bias(s, s), repeat))
 
 
 def paths_row(b: int, h: int, s: int, d: int, repeat: int) -> tuple[str, str, float, float]:
@@ -99,7 +161,7 @@ def paths_row(b: int, h: int, s: int, d: int, repeat: int) -> tuple[str, str, fl
         return f
 
     return ("mmpe SDPA path (row) vs flex path (peer column)", "mmpe flex",
-            timeit(run("sdpa"), repeat), timeit(run("flex"), max(1, repeat // 3)))
+            *paired(run("sdpa"), run("flex"), max(1, repeat // 3)))
 
 
 def precision_rows() -> list[str]:
@@ -150,16 +212,25 @@ def main() -> None:
     b, h, s, d, rep = (2, 4, 256, 32, 5) if args.quick else (4, 8, 1024, 64, 10)
     rows = [*rope_rows(b, h, s, d, rep), alibi_row(b, h, s, d, rep), t5_row(h, s, rep),
             paths_row(1, h, min(s, 512), d, rep)]
+    errors = rotation_error_rows(b, h, s, d)
     print(f"## 1D encodings on {'CUDA' if torch.cuda.is_available() else 'CPU'}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads, b={b} h={h} s={s} d={d}\n")
     print("| operation | peer | mmpe ms | peer ms | peer / mmpe |")
     print("|---|---|---|---|---|")
-    for op, peer, t_ours, t_peer in rows:
-        print(f"| {op} | {peer} | {t_ours * 1e3:.2f} | {t_peer * 1e3:.2f} | {t_peer / t_ours:.2f} |")
+    for op, peer, t_ours, t_peer, ratio in rows:
+        print(f"| {op} | {peer} | {t_ours * 1e3:.2f} | {t_peer * 1e3:.2f} | {ratio:.2f} |")
     print("\n## RoPE precision: |score(m+1e7, n+1e7) - score(m, n)| / (|q||k|), float32 inputs\n")
     print("| library | relative error |")
     print("|---|---|")
     print("\n".join(precision_rows()))
+    print("\n## RoPE rotation error per input dtype: max |out - float64 rotation| / (eps * max|q|),"
+          f" positions 0..{s - 1}\n")
+    print("mmpe rotates bf16/fp16 in their own dtype with cos/sin rounded once from float64 "
+          "phases (tests/test_rope_dtype.py bounds it by 1.0); HF's float32 phases add "
+          "phase error in float32.\n")
+    print("| dtype | mmpe | HF transformers |")
+    print("|---|---|---|")
+    print("\n".join(errors))
 
 
 if __name__ == "__main__":

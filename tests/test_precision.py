@@ -24,16 +24,23 @@ float32), and close to the float32 output:
 ==========  ==========  ==============================  ==========================================
 dtype       tolerance   max measured (cast / autocast)  largest cases
 ==========  ==========  ==============================  ==========================================
-bfloat16    2e-2        8.7e-3 / 9.1e-3                 swinv2_cpb on SDPA (its bias, up to 16, is
-                                                        rounded to bf16 as SDPA's attn_mask);
-                                                        then TENER ≤ 7.1e-3 (unscaled logits)
-float16     3e-3        1.2e-3 / 1.2e-3                 the same; every other pair ≤ 8.9e-4
+bfloat16    2e-2        6.4e-3 / 7.1e-3                 TENER on 128 tokens (unscaled logits);
+                                                        RoPE family ≤ 5.2e-3, swin / swinv2_cpb
+                                                        ≤ 4.7e-3 (cast)
+float16     3e-3        6.9e-4 / 8.9e-4                 TENER; RoPE family ≤ 7.1e-4
 ==========  ==========  ==============================  ==========================================
 
-(torch 2.11, CPU, the seeds below; ``pytest -s`` prints the maxima of a run). The tolerances
-leave a 2.2-2.5× margin; a precision bug is far outside them: FoX's bf16 cumulative sum of
-log-forget gates gave 5.2e-2 at 128 tokens (6.1e-3 in fp16) and 0.54 at 2048, a bf16 phase at
-position 3000 is off by radians.
+(torch 2.11, CPU, the seeds below; ``pytest -s`` prints the maxima of a run; earlier versions
+of the library measured up to 8.7e-3 / 9.1e-3 bf16, swinv2_cpb on SDPA.) The
+tolerances leave a 2.8-3.4× margin; a precision bug is far outside them: FoX's bf16 cumulative
+sum of log-forget gates gave 5.2e-2 at 128 tokens (6.1e-3 in fp16) and 0.54 at 2048, a bf16
+phase at position 3000 is off by radians.
+
+The rotary encodings rotate bf16/fp16 queries and keys in their own dtype (cos/sin from
+float64 phases, rounded once; :func:`mmpe.encodings.rope.rotation_dtype`), whose error alone
+``tests/test_rope_dtype.py`` measures and bounds (≤ 0.81 eps of the largest input, bound 1.0).
+Here that moved the RoPE family's errors by under ±10% (bf16 max 4.7e-3 → 5.2e-3, fp16
+6.2e-4 → 7.1e-4, against rotating in float32 and rounding once).
 """
 
 from __future__ import annotations

@@ -111,6 +111,7 @@ def _check_input(name: str, cname: str, enc, coords) -> None:
     x = _x(coords)
     if getattr(enc, "width", None) and not getattr(enc, "project", True):
         x = x[..., : D_MODEL - enc.width]  # Tab-PET concatenates its width-channel code
+    _check_inference_mode(name, cname, enc, lambda: enc.combine(x, coords))
     y = enc.combine(x, coords)
     assert y.shape[:-1] == x.shape[:-1] and y.shape[-1] == D_MODEL and torch.isfinite(y).all()
     MATRIX_CASES.append((name, cname, "forward"))
@@ -121,6 +122,8 @@ def _check_attention(name: str, cname: str, enc, coords) -> None:
     torch.manual_seed(1)
     mha = mmpe.MultiHeadAttention(D_MODEL, HEADS, [enc])
     x = _x(coords)
+    mha.backend = _paths(enc)[0]
+    _check_inference_mode(name, cname, mha, lambda: mha(x, coords))
     outs = {}
     with torch.no_grad():
         for path in _paths(enc):
@@ -135,6 +138,24 @@ def _check_attention(name: str, cname: str, enc, coords) -> None:
         _check_bias_equals_score_mod(name, cname, enc, mha, x, coords)
     mha.backend = "math"
     _check_grads_and_state(name, cname, mha, lambda m: m(x, coords))
+
+
+def _check_inference_mode(name: str, cname: str, module, run) -> None:
+    """Evaluation under ``torch.inference_mode`` (Lightning's validate/test) as the very first
+    call — caches start empty — gives the numbers of ``no_grad``, again on a second call, and
+    leaves nothing behind (inference tensors have no version counter, cannot be saved for
+    backward) that breaks the training forward that follows. In eval mode: encodings such as
+    LapPE flip signs at random in training."""
+    module.eval()
+    with torch.inference_mode():
+        first = run().clone()
+    with torch.no_grad():
+        ref = run()
+    torch.testing.assert_close(first, ref, atol=2e-5, rtol=1e-4, msg="first call in inference_mode")
+    with torch.inference_mode():
+        torch.testing.assert_close(run(), ref, atol=2e-5, rtol=1e-4, msg="inference_mode again")
+    module.train()
+    MATRIX_CASES.append((name, cname, "inference_mode"))
 
 
 def _check_bias_equals_score_mod(name, cname, enc, mha, x, coords) -> None:

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 import torch
+import torch.utils._pytree as pytree
 from torch import Tensor
 
 from mmpe.coords.base import Coordinates, MaskMod
@@ -89,6 +90,19 @@ def _int_tensor(value: Any, name: str) -> Tensor:
             raise ValueError(f"Graph: {name} must hold whole numbers, got non-integral values")
     return value.detach().long().cpu()
 
+
+
+class _NormalTensorCache(dict):
+    """The per-coordinates cache; values computed under ``torch.inference_mode`` (Lightning's
+    validation) are stored as normal tensors, so a later training forward on the same
+    coordinates can save them for backward."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if any(isinstance(t, Tensor) and t.is_inference() for t in pytree.tree_leaves(value)):
+            with torch.inference_mode(False):
+                value = pytree.tree_map(
+                    lambda t: t.clone() if isinstance(t, Tensor) and t.is_inference() else t, value)
+        super().__setitem__(key, value)
 
 class Graph(Coordinates):
     """Coordinates of a batch of graphs (units: hops).
@@ -233,7 +247,7 @@ class Graph(Coordinates):
         self.node_slot = (batch, local + self.offset)  # where node v sits in [b, n_max]
         edge_graph = batch[ei[0]] if ei.numel() else torch.zeros(0, dtype=torch.long)
         self._edge_graph = edge_graph
-        self._cache: dict[Any, Any] = {}
+        self._cache: dict[Any, Any] = _NormalTensorCache()
         valid = torch.zeros(self.num_graphs, self.n_max, dtype=torch.bool)
         valid[self.node_slot] = True
         if virtual_token:

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import GridLayout, missing
-from mmpe.encodings.rope import apply_rotary
+from mmpe.encodings.rope import apply_rotary, rotation_dtype
 
 
 def as_grid(name: str, coords: Coordinates):
@@ -39,15 +39,25 @@ def check_ndim(name: str, grid, ndim: int, what: str) -> None:
                          f"{len(grid.shape)}")
 
 
+def phase_cos_sin(phase: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """``cos``/``sin`` of ``phase`` (radians, any float dtype) rounded once to ``dtype``, in the
+    shape :func:`~mmpe.encodings.rope.apply_rotary` reads: ``[s, r/2]`` stays, a per-head
+    ``[n_h, s, r/2]`` becomes ``[1, n_h, s, r/2]`` (rank-4 tables are used as they are)."""
+    if phase.dim() == 3:
+        phase = phase.unsqueeze(0)
+    return phase.cos().to(dtype), phase.sin().to(dtype)
+
+
 def rotate(x: Tensor, phase: Tensor, interleaved: bool) -> Tensor:
     """Rotate channel pairs of ``x`` ``[b, n_h, s, h_d]`` by ``phase`` (radians).
 
     ``phase``: ``[s, h_d/2]`` (shared by heads) or ``[n_h, s, h_d/2]`` (per head). Pairs are
     ``(2i, 2i+1)`` when ``interleaved`` (timm's default layout), else ``(i, i + h_d/2)``.
+    Returns ``x``'s shape and dtype; bf16/fp16 are rotated in their own dtype
+    (:func:`~mmpe.encodings.rope.rotation_dtype`).
     """
-    if phase.dim() == 3:
-        phase = phase.unsqueeze(0)  # [1, n_h, s, r/2]: apply_rotary leaves rank-4 tables alone
-    return apply_rotary(x, phase.cos().float(), phase.sin().float(), interleaved)
+    cos, sin = phase_cos_sin(phase, rotation_dtype(x.dtype))
+    return apply_rotary(x, cos, sin, interleaved)
 
 
 def resample_table(table: Tensor, old: tuple[int, ...], new: tuple[int, ...],

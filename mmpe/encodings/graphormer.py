@@ -173,7 +173,10 @@ class GraphormerEdge(ScoreEncoding):
         except TypeError:  # coordinates that cannot be weakly referenced or hashed
             return self._path_codes(attr, valid)
         if key not in per_coords:
-            per_coords[key] = self._path_codes(attr, valid)
+            # Normal tensors even under inference_mode: a later training forward on the same
+            # coordinates saves them for backward.
+            with torch.inference_mode(False):
+                per_coords[key] = self._path_codes(attr, valid)
         return per_coords[key]
 
     def pair_bias(self, coords: Coordinates) -> Tensor:

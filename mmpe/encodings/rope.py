@@ -38,16 +38,44 @@ def rope_inv_freq(rotary_dim: int, base: float = 10000.0) -> Tensor:
     return base ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
 
 
-def rope_cos_sin(positions: Tensor, inv_freq: Tensor, scale: float = 1.0) -> tuple[Tensor, Tensor]:
+def rope_cos_sin(positions: Tensor, inv_freq: Tensor, scale: float = 1.0,
+                 dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
     """``cos(m·θ_i)`` and ``sin(m·θ_i)`` for positions ``m``, each ``[*positions.shape, d/2]``.
 
-    The phase ``m·θ`` is formed and reduced modulo 2π in float64, then cos/sin are returned in
-    float32. Building positions in the input's dtype would round them (bf16 turns 257 into
-    256), and a float32 phase is off by ~0.5 rad at m = 10⁷.
+    The phase ``m·θ`` is formed and reduced modulo 2π in float64, then cos/sin (times
+    ``scale``) are rounded once to ``dtype`` (float32 by default; :func:`rotation_dtype` gives
+    the one :class:`RoPE` uses for a given input). Building positions in the input's dtype
+    would round them (bf16 turns 257 into 256), and a float32 phase is off by ~0.5 rad at
+    m = 10⁷.
     """
     phase = positions.to(torch.float64).unsqueeze(-1) * inv_freq.to(positions.device)
     phase = torch.remainder(phase, 2 * math.pi)
-    return (phase.cos() * scale).to(torch.float32), (phase.sin() * scale).to(torch.float32)
+    return (phase.cos() * scale).to(dtype), (phase.sin() * scale).to(dtype)
+
+
+#: Input dtypes rotated in their own dtype, with cos/sin tables rounded to it (see
+#: :func:`rotation_dtype`); every other dtype is rotated in float32 (float64 in float64).
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def rotation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the cos/sin tables (and so of the arithmetic, see :func:`apply_rotary`) with
+    which RoPE rotates a tensor of ``dtype``.
+
+    bfloat16 and float16 are rotated in their own dtype: the output is rounded to that dtype
+    anyway, and rotating in it reads and writes half the bytes with no float32 copy of
+    ``q``/``k`` (HF transformers does the same). The price is two more roundings (the table's
+    and one product's). Measured against a float64 rotation of the same input values
+    (``tests/test_rope_dtype.py``, which bounds it by 1.0 and 0.5; ``benchmarks/bench_text.py``
+    prints it): max |error| / (eps · max |x|) 0.67–0.81 and ‖error‖ / (eps · ‖out‖) ≤ 0.36 for
+    bf16, fp16 and float32 alike, against 0.29–0.56 and ~0.2 when bf16/fp16 are rotated in
+    float32 and rounded once (still what :func:`apply_rotary` does given float32 tables).
+    float64 stays float64; float32 and every other dtype use float32. The phases are always
+    formed in float64 (:func:`rope_cos_sin`), so positions far out lose nothing.
+    """
+    if dtype in LOW_PRECISION or dtype == torch.float64:
+        return dtype
+    return torch.float32
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False,
@@ -58,8 +86,20 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False,
     ``[b, s, n_h, h_d]`` (``layout="bshd"``, flash-attn's and HF's projection layout);
     ``cos``/``sin`` are ``[s, r/2]`` or ``[b, s, r/2]`` (or already broadcastable to ``x``'s
     rank). With ``interleaved`` the pairs are channels ``(2i, 2i+1)`` (RoFormer, GPT-J);
-    otherwise ``(i, i + r/2)`` (GPT-NeoX, Llama, HF). The product is taken in at least float32
-    and cast back to ``x.dtype``.
+    otherwise ``(i, i + r/2)`` (GPT-NeoX, Llama, HF). Returns a new tensor of ``x``'s shape and
+    dtype (the channels past ``r`` copied unchanged).
+
+    Arithmetic dtype: the wider of ``x.dtype`` and the tables' dtype, then cast back to
+    ``x.dtype``. float32 tables (what :func:`rope_cos_sin` returns by default) therefore rotate
+    bf16/fp16 inputs in float32, as before; tables in the input's own dtype (what
+    :class:`RoPE` passes, see :func:`rotation_dtype`) rotate it in that dtype, without a float32
+    copy. Same results either way up to rounding in the arithmetic dtype.
+
+    Paths (same formula ``(x₁ cos − x₂ sin, x₂ cos + x₁ sin)``): interleaved float32/float64
+    inputs multiply by ``cos + i·sin`` as complex numbers (one pass, differentiable); without
+    autograd the products are written into one output tensor (no temporaries); under autograd,
+    under ``torch.compile`` (inductor fuses it) and when the tables are wider than ``x`` the
+    plain out-of-place formula is used.
 
     Raises:
         ValueError: an unknown ``layout``, ``x`` not rank 4, or more rotated channels than
@@ -73,13 +113,73 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False,
     if 2 * half > x.shape[-1]:
         raise ValueError(f"apply_rotary: cos/sin rotate {2 * half} channels but x has "
                          f"{x.shape[-1]}")
-    rot = x[..., : 2 * half]
     if cos.dim() == 3:  # per-example positions [b, s, r/2]: insert the head axis
         axis = 1 if layout == "bhsd" else 2
         cos, sin = cos.unsqueeze(axis), sin.unsqueeze(axis)
     elif cos.dim() == 2 and layout == "bshd":  # [s, r/2] against [b, s, n_h, r]
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    rot = rot.to(torch.promote_types(x.dtype, torch.float32))
+    work = torch.promote_types(x.dtype, torch.promote_types(cos.dtype, sin.dtype))
+    cos, sin = cos.to(work), sin.to(work)  # no-ops for tables of the arithmetic dtype
+    if work == x.dtype and not torch.compiler.is_compiling():
+        if interleaved and work in (torch.float32, torch.float64) and _complex_view_ok(x, half):
+            return _rotate_complex(x, cos, sin, half)
+        grad = torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad
+                                            or sin.requires_grad)
+        if not grad:  # out= arguments do not record autograd
+            return _rotate_into(x, cos, sin, half, interleaved)
+    return _rotate_functional(x, cos, sin, half, interleaved, work)
+
+
+def _complex_view_ok(x: Tensor, half: int) -> bool:
+    """Whether ``x[..., :2·half]`` can be viewed as ``half`` complex numbers per row
+    (``view_as_complex`` needs unit channel stride, even other strides and an even offset)."""
+    outer = [st for st, n in zip(x.stride()[:-1], x.shape[:-1], strict=True) if n > 1]
+    return x.stride(-1) == 1 and x.storage_offset() % 2 == 0 and all(st % 2 == 0 for st in outer)
+
+
+def _rotate_complex(x: Tensor, cos: Tensor, sin: Tensor, half: int) -> Tensor:
+    """Interleaved pairs ``(2i, 2i+1)`` as complex numbers times ``cos + i·sin``: one read and
+    one write of ``x`` (float32/float64 only: complex32 kernels are missing on the CPU)."""
+    rot = x[..., : 2 * half]
+    pairs = torch.view_as_complex(rot.unflatten(-1, (half, 2)))
+    out = torch.view_as_real(pairs * torch.complex(cos, sin)).flatten(-2)
+    if 2 * half == x.shape[-1]:
+        return out
+    return torch.cat((out, x[..., 2 * half :]), dim=-1)
+
+
+def _rotate_into(x: Tensor, cos: Tensor, sin: Tensor, half: int, interleaved: bool) -> Tensor:
+    """The rotation written into one new tensor (no autograd): ``o₁ = x₁ cos``, then
+    ``o₁ −= x₂ sin`` (the second product and the difference rounded once, in the arithmetic
+    dtype), likewise ``o₂``; no concatenation.
+
+    Half-split pairs work on the two contiguous halves. Interleaved pairs would be read with a
+    stride of 2, which the CPU kernels do not vectorise (4× slower in bf16), so they use
+    full-width tables instead: ``o = x·[c, c] + swap(x)·[−s, s]`` with ``swap`` exchanging
+    the channels of each pair (one copy) — the same two roundings per element.
+    """
+    out = torch.empty_like(x)
+    r = 2 * half
+    if r < x.shape[-1]:
+        out[..., r:] = x[..., r:]
+    if interleaved:
+        rot, dst = x[..., :r], out[..., :r]
+        swapped = rot.unflatten(-1, (half, 2)).flip(-1).flatten(-2)
+        torch.mul(rot, cos.repeat_interleave(2, dim=-1), out=dst)
+        dst.addcmul_(swapped, torch.stack((-sin, sin), dim=-1).flatten(-2))
+        return out
+    x1, x2, o1, o2 = x[..., :half], x[..., half:r], out[..., :half], out[..., half:r]
+    torch.mul(x1, cos, out=o1)
+    o1.addcmul_(x2, sin, value=-1)
+    torch.mul(x2, cos, out=o2)
+    o2.addcmul_(x1, sin)
+    return out
+
+
+def _rotate_functional(x: Tensor, cos: Tensor, sin: Tensor, half: int, interleaved: bool,
+                       work: torch.dtype) -> Tensor:
+    """Out-of-place form (autograd, ``torch.compile``, tables wider than ``x``)."""
+    rot = x[..., : 2 * half].to(work)
     if interleaved:
         pairs = rearrange(rot, "... (r two) -> ... r two", two=2)
         x1, x2 = pairs[..., 0], pairs[..., 1]
@@ -94,6 +194,17 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False,
     if 2 * half == x.shape[-1]:
         return out
     return torch.cat((out, x[..., 2 * half :]), dim=-1)
+
+
+def same_positions(a: Tensor, b: Tensor) -> bool:
+    """Whether ``a`` and ``b`` are views of the same memory with the same shape and strides
+    (so hold the same values) — e.g. a grid's or an uncached sequence's query and key
+    positions. Compares metadata only (no device read); always False under ``torch.compile``,
+    where fake tensors have no addresses (the compiler shares the work itself)."""
+    if torch.compiler.is_compiling():
+        return False
+    return a is b or (a.device == b.device and a.dtype == b.dtype and a.shape == b.shape
+                      and a.stride() == b.stride() and a.data_ptr() == b.data_ptr())
 
 
 @register(
@@ -152,8 +263,8 @@ class RoPE(SavesSettings, RotaryEncoding):
         self.interleaved = interleaved
         #: multiplies cos and sin (so the logits by its square); YaRN's temperature uses it.
         self.attention_scaling = 1.0
-        # cos/sin table for positions 0..size-1, built once in float64 and gathered by position.
-        self._cache: tuple[object, Tensor, Tensor] | None = None
+        # cos/sin tables for positions 0..size-1, phases in float64, one pair per table dtype.
+        self._cache: RopeTables | None = None
 
     def inv_freq(self, seq_len: int) -> Tensor:
         """Angular frequencies ``θ_i`` (radians per token), float64, ``[rotary_dim/2]``.
@@ -167,24 +278,35 @@ class RoPE(SavesSettings, RotaryEncoding):
 
     def freq_key(self, seq_len: int) -> object:
         """What the frequencies depend on besides the constructor's arguments: nothing for
-        fixed-frequency RoPE; dynamic scalings return the length they adapt to. The cos/sin
-        table is rebuilt when it changes (and when the device or the scaling changes)."""
+        fixed-frequency RoPE; dynamic scalings return the length they adapt to. Part of the
+        cos/sin table's key (with the frequencies themselves, the scaling and the device)."""
         return None
 
-    def cos_sin(self, positions: Tensor, inv_freq: Tensor, top: int) -> tuple[Tensor, Tensor]:
-        """``cos``/``sin`` of ``positions`` (``top`` = max position + 1) from the cached table."""
+    def cos_sin(self, positions: Tensor, inv_freq: Tensor, top: int,
+                dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+        """``cos``/``sin`` ``[*positions.shape, rotary_dim/2]`` in ``dtype`` of integer
+        ``positions`` (``top`` = max position + 1), gathered from a cached table.
+
+        The table covers positions ``0 … size−1`` (a power of two ≥ ``top``, ≥ 256), is built
+        by :func:`rope_cos_sin` (float64 phases, one rounding to ``dtype``) and is kept per
+        ``dtype``. It is rebuilt when anything it depends on changes: the frequencies
+        ``inv_freq`` (compared by value, so every setting that changes them — ``base``,
+        ``rotary_dim``, a scaling's factors, a dynamic length — invalidates it),
+        :meth:`freq_key`, :attr:`attention_scaling`, the device, or a larger ``top``.
+        Float positions, positions past :attr:`cache_limit` and compiled graphs (no side
+        effects there) compute cos/sin directly, bit-identical to the table.
+        """
         scale = self.attention_scaling
         if positions.is_floating_point() or top > self.cache_limit or \
-                torch.compiler.is_compiling():  # a compiled graph computes them, no side effect
-            return rope_cos_sin(positions, inv_freq, scale)
-        key = (self.freq_key(top), scale, positions.device, self.base, self.rotary_dim,
-               getattr(self, "factor", None))
+                torch.compiler.is_compiling():
+            return rope_cos_sin(positions, inv_freq, scale, dtype)
+        key = (self.freq_key(top), scale, positions.device)
         cache = self._cache
-        if cache is None or cache[0] != key or cache[1].shape[0] < top:
+        if cache is None or not cache.serves(key, inv_freq, top):
             size = max(256, 1 << (top - 1).bit_length())
-            cos, sin = rope_cos_sin(torch.arange(size, device=positions.device), inv_freq, scale)
-            cache = self._cache = (key, cos, sin)
-        return cache[1][positions], cache[2][positions]
+            cache = self._cache = RopeTables(key, inv_freq.detach().clone(), size)
+        cos, sin = cache.get(dtype, positions.device)
+        return cos[positions], sin[positions]
 
     def _check_cached(self, coords: Coordinates, top: int) -> None:
         """Refuse cached steps past the length where a length-dependent scaling switches on:
@@ -206,7 +328,40 @@ class RoPE(SavesSettings, RotaryEncoding):
         top = position_bound(coords)
         self._check_cached(coords, top)
         inv_freq = self.inv_freq(top)
-        qcos, qsin = self.cos_sin(qpos, inv_freq, top)
-        kcos, ksin = self.cos_sin(kpos, inv_freq, top)
+        qcos, qsin = self.cos_sin(qpos, inv_freq, top, rotation_dtype(q.dtype))
+        if rotation_dtype(k.dtype) == qcos.dtype and same_positions(qpos, kpos):
+            kcos, ksin = qcos, qsin  # self-attention without a cache: one gather for both
+        else:
+            kcos, ksin = self.cos_sin(kpos, inv_freq, top, rotation_dtype(k.dtype))
         return (apply_rotary(q, qcos, qsin, self.interleaved),
                 apply_rotary(k, kcos, ksin, self.interleaved))
+
+
+class RopeTables:
+    """One RoPE cos/sin table (positions ``0 … size−1``), materialised per dtype on demand.
+
+    ``key`` and ``inv_freq`` (float64 ``[r/2]``) identify what the table was built from;
+    :meth:`serves` says whether it is still valid, :meth:`get` returns ``(cos, sin)``
+    ``[size, r/2]`` in a dtype, built from float64 phases the first time that dtype is asked
+    for (so bf16 tables are rounded once from float64, not from float32).
+    """
+
+    __slots__ = ("key", "inv_freq", "size", "scale", "tables")
+
+    def __init__(self, key: tuple, inv_freq: Tensor, size: int) -> None:
+        self.key, self.inv_freq, self.size = key, inv_freq, size
+        self.scale = key[1]
+        self.tables: dict[torch.dtype, tuple[Tensor, Tensor]] = {}
+
+    def serves(self, key: tuple, inv_freq: Tensor, top: int) -> bool:
+        """Whether the table holds positions ``< top`` for ``key`` and these frequencies."""
+        return (self.key == key and self.size >= top and self.inv_freq.shape == inv_freq.shape
+                and self.inv_freq.device == inv_freq.device
+                and torch.equal(self.inv_freq, inv_freq))
+
+    def get(self, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
+        tables = self.tables.get(dtype)
+        if tables is None:
+            tables = self.tables[dtype] = rope_cos_sin(
+                torch.arange(self.size, device=device), self.inv_freq, self.scale, dtype)
+        return tables

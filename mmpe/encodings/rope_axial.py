@@ -8,10 +8,11 @@ import torch
 from torch import Tensor
 
 from mmpe.coords.base import Coordinates
-from mmpe.coords.capabilities import GridLayout, Positioned
+from mmpe.coords.capabilities import Positioned
+from mmpe.coords.grid import Grid
 from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import RotaryEncoding, check_qk, newest_key_positions
-from mmpe.encodings.rope import apply_rotary, rope_inv_freq
+from mmpe.encodings.rope import apply_rotary, rope_inv_freq, rotation_dtype, same_positions
 from mmpe.registry import register
 
 
@@ -60,7 +61,9 @@ class AxialRoPE(SavesSettings, RotaryEncoding):
         interleaved: rotate channel pairs ``(2i, 2i+1)`` (timm's default) or ``(i, i + h_d/2)``.
         num_axes: if given, checks ``head_dim`` at construction; otherwise at forward.
 
-    Shapes: ``forward(q [b, n_h, n, h_d], k [b, n_h, n, h_d], grid) -> (q, k)``.
+    Shapes: ``forward(q [b, n_h, n, h_d], k [b, n_h, n, h_d], grid) -> (q, k)`` in the inputs'
+    dtype; bf16/fp16 are rotated in their own dtype with tables rounded once from float64
+    phases (:func:`~mmpe.encodings.rope.rotation_dtype`, error measured there).
 
     Raises:
         ValueError: ``head_dim`` not divisible by ``2·axes`` (naming both), bad q/k shapes.
@@ -81,7 +84,12 @@ class AxialRoPE(SavesSettings, RotaryEncoding):
             raise ValueError(f"rope_axial: base must be > 1, got {base}")
         self.head_dim, self.base, self.interleaved = head_dim, float(base), interleaved
         self.num_axes = num_axes
-        self._cache: tuple[tuple, Tensor] | None = None
+        # (grid, settings, dtype) -> (cos, sin, their versions): a few grids (e.g. train and
+        # eval resolution).
+        self._cache: dict[tuple, tuple[Tensor, Tensor, tuple[int, int]]] = {}
+
+    #: distinct grids/dtypes whose tables are kept; the cache is emptied when it is full.
+    cache_size = 8
 
     def phase(self, coords: Coordinates, keys: bool = False, n_keys: int | None = None) -> Tensor:
         """``[n, h_d/2]`` (or ``[b, n, h_d/2]``) rotation angles of the query (or the last
@@ -92,29 +100,50 @@ class AxialRoPE(SavesSettings, RotaryEncoding):
                              f"have {pos.shape[-1]} axes")
         return axial_phase(pos, self.head_dim, self.base)
 
-    def _table(self, coords: Coordinates, keys: bool,
-               n_keys: int | None = None) -> tuple[Tensor, Tensor]:
+    def _table(self, coords: Coordinates, keys: bool, n_keys: int | None,
+               dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         phase = torch.remainder(self.phase(coords, keys, n_keys), 2 * math.pi)
-        return phase.cos().float(), phase.sin().float()
+        return phase.cos().to(dtype), phase.sin().to(dtype)
 
-    def cos_sin(self, coords: Coordinates, keys: bool = False,
-                n_keys: int | None = None) -> tuple[Tensor, Tensor]:
-        """``cos``/``sin`` of :meth:`phase`, float32; cached per grid (shape, scale, prefix, device)
-        since a grid's positions follow from those, computed each call for other coordinates."""
-        if not isinstance(coords, GridLayout) or torch.compiler.is_compiling():
-            return self._table(coords, keys, n_keys)
-        key = (coords.shape, getattr(coords, "scale", None), coords.prefix_tokens,
-               str(coords.device))
-        if self._cache is None or self._cache[0] != key:
-            self._cache = (key, self._table(coords, False))
-        return self._cache[1]
+    def cos_sin(self, coords: Coordinates, keys: bool = False, n_keys: int | None = None,
+                dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+        """``cos``/``sin`` of :meth:`phase` (float64 phases, rounded once to ``dtype``), each
+        ``[n, h_d/2]`` (``[b, n, h_d/2]`` for batched positions).
+
+        On an mmpe :class:`~mmpe.coords.Grid` the query tables are cached per (shape, scale,
+        prefix tokens, device, ``head_dim``, ``base``, ``num_axes``, ``dtype``) — everything a
+        grid's positions and the angles follow from — so a model reuses them across layers
+        and forwards (the cached tensors are returned; one edited in place is rebuilt at the
+        next call). Other coordinates (whose positions the key cannot vouch for: another
+        ``GridLayout`` may place its cells anywhere), key tables and compiled graphs (no side
+        effects there) compute them each call.
+        """
+        if keys or type(coords) is not Grid or torch.compiler.is_compiling():
+            return self._table(coords, keys, n_keys, dtype)
+        key = (coords.shape, coords.scale, coords.prefix_tokens, coords.device, self.head_dim,
+               self.base, self.num_axes, dtype)
+        hit = self._cache.get(key)
+        # The tables themselves are returned: one edited in place (its version moved) is rebuilt.
+        if hit is not None and (hit[0]._version, hit[1]._version) == hit[2]:
+            return hit[0], hit[1]
+        cos, sin = self._table(coords, False, None, dtype)
+        if cos.is_inference():  # no version counter to guard it with: not cached
+            return cos, sin
+        if len(self._cache) >= self.cache_size:
+            self._cache.clear()
+        self._cache[key] = (cos, sin, (cos._version, sin._version))
+        return cos, sin
 
     def forward(self, q: Tensor, k: Tensor, coords: Coordinates) -> tuple[Tensor, Tensor]:
         self.check_coords(coords)
         check_qk("rope_axial", q, k, self.head_dim, coords)
-        qcos, qsin = self.cos_sin(coords)
-        # A grid's keys are its queries; other coordinates may place keys elsewhere.
-        kcos, ksin = (qcos, qsin) if isinstance(coords, GridLayout) else \
-            self.cos_sin(coords, True, k.shape[-2])
+        qcos, qsin = self.cos_sin(coords, dtype=rotation_dtype(q.dtype))
+        # A grid's keys are its queries (the same tensor); other coordinates may place keys
+        # elsewhere, and a cached step holds only the newest keys.
+        if rotation_dtype(k.dtype) == qcos.dtype and same_positions(
+                coords.query_positions, newest_key_positions(coords, k.shape[-2])):
+            kcos, ksin = qcos, qsin
+        else:
+            kcos, ksin = self.cos_sin(coords, True, k.shape[-2], rotation_dtype(k.dtype))
         return (apply_rotary(q, qcos, qsin, self.interleaved),
                 apply_rotary(k, kcos, ksin, self.interleaved))

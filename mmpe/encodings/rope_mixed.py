@@ -9,9 +9,10 @@ from torch import Tensor, nn
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Positioned
-from mmpe.encodings._grid import rotate
+from mmpe.encodings._grid import phase_cos_sin, rotate
 from mmpe.encodings._precision import KeepDtype, full_precision
 from mmpe.encodings.base import RotaryEncoding, check_qk, newest_key_positions
+from mmpe.encodings.rope import apply_rotary, rotation_dtype, same_positions
 from mmpe.registry import register
 
 
@@ -70,7 +71,8 @@ class MixedRoPE(KeepDtype, RotaryEncoding):
         base: frequency base (10, the paper's and timm's ``temperature``).
         rotate: random initial direction per head (the paper); False gives axial RoPE at init.
 
-    Shapes: ``forward(q [b, n_h, n, h_d], k, grid) -> (q, k)``.
+    Shapes: ``forward(q [b, n_h, n, h_d], k, grid) -> (q, k)`` in the inputs' dtype (bf16/fp16
+    rotated in their own dtype, :func:`~mmpe.encodings.rope.rotation_dtype`).
 
     Raises:
         ValueError: ``head_dim`` not divisible by 4, ``num_heads < 1``, a grid whose number of
@@ -108,7 +110,12 @@ class MixedRoPE(KeepDtype, RotaryEncoding):
                              f"but it was built for num_heads={self.num_heads} (no GQA)")
         if q.shape[1] != self.num_heads:
             raise ValueError(f"rope_mixed: built for num_heads={self.num_heads}, q has {q.shape[1]}")
-        return rotate(q, self.phase(coords), True), rotate(k, self.phase(coords, True, k.shape[-2]), True)
+        cos, sin = phase_cos_sin(self.phase(coords), rotation_dtype(q.dtype))
+        if rotation_dtype(k.dtype) == cos.dtype and same_positions(
+                coords.query_positions, newest_key_positions(coords, k.shape[-2])):
+            # A grid's keys are its queries: one phase and one cos/sin table for both.
+            return apply_rotary(q, cos, sin, True), apply_rotary(k, cos, sin, True)
+        return apply_rotary(q, cos, sin, True), rotate(k, self.phase(coords, True, k.shape[-2]), True)
 
     def no_weight_decay(self) -> set[str]:
         """The frequencies are excluded from weight decay (as in the paper's code and timm)."""

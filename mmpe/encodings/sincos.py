@@ -8,6 +8,7 @@ from torch import Tensor
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import GridLayout, Positioned
+from mmpe.coords.grid import Grid
 from mmpe.encodings._grid import zero_prefix
 from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import InputEncoding
@@ -63,6 +64,59 @@ def sincos_grid_embed(
     return out.to(torch.float32)
 
 
+def _sincos_blocks(axis_positions: list[Tensor], d_model: int, temperature: float,
+                   layout: str) -> list[tuple[int, int, Tensor]]:
+    """``(axis, first channel, table [s_a, w] float32)`` blocks of :func:`sincos_grid_embed`'s
+    channel layout, one table per axis value (not per token)."""
+    axes = len(axis_positions)
+    nf = d_model // (2 * axes)
+    device = axis_positions[0].device
+    omega = 1.0 / temperature ** (torch.arange(nf, dtype=torch.float64, device=device) / nf)
+    blocks = []
+    for a, values in enumerate(axis_positions):
+        phase = values.to(torch.float64).unsqueeze(-1) * omega  # [s_a, F]
+        sin, cos = phase.sin().to(torch.float32), phase.cos().to(torch.float32)
+        if layout == "mae":  # axes reversed, each [sin, cos]
+            blocks.append((a, (axes - 1 - a) * 2 * nf, torch.cat((sin, cos), dim=-1)))
+        elif layout == "timm":  # [sin of every axis, cos of every axis]
+            blocks += [(a, a * nf, sin), (a, (axes + a) * nf, cos)]
+        else:  # detr: axes in order, sin/cos interleaved per frequency
+            blocks.append((a, a * 2 * nf, torch.stack((sin, cos), dim=-1).flatten(-2)))
+    return blocks
+
+
+def sincos_separable(axis_positions: list[Tensor], d_model: int, temperature: float = 10000.0,
+                     layout: str = "mae") -> Tensor:
+    """:func:`sincos_grid_embed` of every cell of a grid with per-axis positions, row-major.
+
+    ``axis_positions[a]`` ``[s_a]`` are the positions along axis ``a`` (grid units); the result
+    ``[Π s_a, d_model]`` float32 equals ``sincos_grid_embed`` of the cartesian product of the
+    axes bit for bit. The sines and cosines are still taken of float64 phases, but only of the
+    ``Σ s_a`` distinct values per frequency instead of ``A·Π s_a`` (28 instead of 392 rows on a
+    14×14 grid); the float32 blocks are then broadcast into place.
+
+    Raises:
+        ValueError: as :func:`sincos_grid_embed`.
+    """
+    axes = len(axis_positions)
+    if d_model <= 0 or d_model % (2 * axes):
+        raise ValueError(
+            f"sincos: d_model must be divisible by 2·axes = {2 * axes} for a {axes}-axis grid, "
+            f"got {d_model}"
+        )
+    if layout not in LAYOUTS:
+        raise ValueError(f"sincos: layout must be one of {LAYOUTS}, got {layout!r}")
+    if not temperature > 0:
+        raise ValueError(f"sincos: temperature must be > 0, got {temperature}")
+    shape = [int(p.shape[0]) for p in axis_positions]
+    out = torch.empty(*shape, d_model, dtype=torch.float32, device=axis_positions[0].device)
+    for a, start, table in _sincos_blocks(axis_positions, d_model, temperature, layout):
+        view = [1] * axes + [table.shape[-1]]
+        view[a] = shape[a]
+        out[..., start:start + table.shape[-1]] = table.view(view)
+    return out.reshape(-1, d_model)
+
+
 @register(
     "sincos", hook="input", needs=(Positioned,), learnable=False, family="absolute",
     aliases=("sincos2d", "sincos_grid"),
@@ -106,6 +160,11 @@ class SinCosGrid(SavesSettings, InputEncoding):
             raise ValueError(f"sincos: temperature must be > 0, got {temperature}")
         self.d_model, self.temperature, self.layout = d_model, float(temperature), layout
         self.normalize = bool(normalize)
+        # (grid, settings) -> (table, its _version when stored): see forward.
+        self._cache: dict[tuple, tuple[Tensor, int]] = {}
+
+    #: distinct grids whose tables are kept; the cache is emptied when it is full.
+    cache_size = 8
 
     def positions(self, coords: Coordinates) -> Tensor:
         """Positions used for the embedding: ``[prod(shape), A]`` grid tokens on a grid (prefix
@@ -120,12 +179,58 @@ class SinCosGrid(SavesSettings, InputEncoding):
             pos = pos / (pos.amax(dim=-2, keepdim=True) + 1e-6) * (2 * torch.pi)
         return pos
 
-    def forward(self, coords: Coordinates) -> Tensor:
-        self.check_coords(coords)
+    def axis_positions(self, grid: Grid) -> list[Tensor]:
+        """:meth:`positions` of an mmpe ``Grid`` as one ``[s_a]`` vector per axis (its
+        positions are the cartesian product of these), with the same float32 arithmetic."""
+        cells = grid.query_positions[grid.prefix_tokens:].reshape(*grid.shape, len(grid.shape))
+        out = []
+        for a in range(len(grid.shape)):
+            pos = cells[(0,) * a + (slice(None),) + (0,) * (len(grid.shape) - 1 - a) + (a,)]
+            if self.layout == "detr" or self.normalize:
+                pos = pos + torch.tensor(grid.scale, device=pos.device)[a]
+            if self.normalize:
+                pos = pos / (pos.amax() + 1e-6) * (2 * torch.pi)
+            out.append(pos)
+        return out
+
+    def table(self, coords: Coordinates) -> Tensor:
+        """The embedding, ``[n, d_model]`` (``[b, n, d_model]`` for batched positions) float32,
+        computed on every call (float64 phases; no cache)."""
+        if type(coords) is Grid:  # separable positions: per-axis tables, same numbers
+            pe = sincos_separable(self.axis_positions(coords), self.d_model, self.temperature,
+                                  self.layout)
+            return zero_prefix(pe, coords.prefix_tokens)
         pos = self.positions(coords)
         flat = sincos_grid_embed(pos.reshape(-1, pos.shape[-1]), self.d_model, self.temperature,
                                  self.layout)
         pe = flat.reshape(*pos.shape[:-1], self.d_model)
         if isinstance(coords, GridLayout):
             pe = zero_prefix(pe, coords.prefix_tokens)
+        return pe
+
+    def forward(self, coords: Coordinates) -> Tensor:
+        """``[n, d_model]`` (``[b, n, d_model]`` for batched positions) float32.
+
+        On an mmpe ``Grid`` the table is cached per (shape, scale, prefix tokens, device,
+        ``d_model``, ``temperature``, ``layout``, ``normalize``) — everything it is a function
+        of — and the same tensor is returned while its version counter is unchanged (an
+        in-place edit of a returned table makes the next call rebuild it). Other coordinates
+        and compiled graphs (no side effects there) compute it each call.
+        """
+        self.check_coords(coords)
+        # Inference tensors have no version counter, so a table built under inference_mode is
+        # neither stored nor checked; cached tables from normal mode are reused there.
+        if type(coords) is not Grid or torch.compiler.is_compiling():
+            return self.table(coords)
+        key = (coords.shape, coords.scale, coords.prefix_tokens, coords.device, self.d_model,
+               self.temperature, self.layout, self.normalize)
+        hit = self._cache.get(key)
+        if hit is not None and hit[0]._version == hit[1]:
+            return hit[0]
+        pe = self.table(coords)
+        if pe.is_inference():
+            return pe
+        if len(self._cache) >= self.cache_size:
+            self._cache.clear()
+        self._cache[key] = (pe, pe._version)
         return pe

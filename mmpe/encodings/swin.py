@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mmpe._optional import require
 from mmpe.coords.capabilities import GridLayout
 from mmpe.encodings._grid import as_grid, check_ndim, check_shape
 from mmpe.encodings._state import SavesSettings
@@ -66,19 +67,34 @@ def offset_table_mod(grid, table: Tensor, prefix_entries: bool) -> ScoreMod:
 
 
 def offset_table_bias(grid, table: Tensor, prefix_entries: bool, cache: dict) -> Tensor:
-    """Eager form of :func:`offset_table_mod`: ``[1, n_h, n, n]`` by one gather of a cached index."""
-    key = (grid.shape, grid.prefix_tokens, str(table.device))
-    if torch.compiler.is_compiling():  # no side effect in a compiled graph
+    """Eager form of :func:`offset_table_mod`: the bias ``[1, n_h, n, n]`` (``table``'s dtype).
+
+    ``table`` ``[Π (2 s_a − 1) (+3), n_h]``. One ``index_select`` of the head-major table
+    (``[n_h, R]``, a few kB) with the flattened :func:`relative_position_index` writes the bias
+    contiguous in ``[n_h, n·n]`` order, so adding it to ``[b, n_h, n, n]`` scores streams both
+    operands (gathering ``[n, n, n_h]`` rows and permuting, as before, left a strided bias that
+    made the addition ~2× slower). The flat index (int64 ``[n·n]``) is built once per (grid
+    shape, prefix tokens, device) and kept in ``cache`` (a few entries); compiled graphs build
+    it in the graph instead (no side effects there).
+    """
+    key = (tuple(grid.shape), grid.prefix_tokens, table.device)
+    if torch.compiler.is_compiling():
         index = relative_position_index(grid.shape, grid.prefix_tokens).to(table.device)
     else:
-        if key not in cache:
-            cache.clear()
-            cache[key] = relative_position_index(grid.shape, grid.prefix_tokens).to(table.device)
-        index = cache[key]
+        index = cache.get(key)
+        if index is None:
+            if len(cache) >= 8:
+                cache.clear()
+            # A normal tensor even under inference_mode: the cached index is later saved for
+            # backward by a training forward, which an inference tensor cannot be.
+            with torch.inference_mode(False):
+                index = cache[key] = relative_position_index(grid.shape, grid.prefix_tokens).to(
+                    table.device)
     if grid.prefix_tokens and not prefix_entries:  # prefix pairs read a zero row
         r = math.prod([2 * s - 1 for s in grid.shape])
         table = torch.cat((table[:r], table.new_zeros(3, table.shape[1])), dim=0)
-    return table[index].permute(2, 0, 1).unsqueeze(0)
+    n = index.shape[0]
+    return table.t().contiguous().index_select(1, index.view(-1)).view(1, table.shape[1], n, n)
 
 
 @register(
@@ -140,6 +156,7 @@ class SwinRelativeBias(SavesSettings, ScoreEncoding):
         body = self.table[: self.num_relative]
         new_sizes = tuple(2 * s - 1 for s in shape)
         if len(shape) == 2:
+            require("timm", "swin: resizing a 2D relative-position table as BEiT/timm do")
             from timm.layers import resize_rel_pos_bias_table
 
             with warnings.catch_warnings():  # timm's interpolator warns about its own indexing

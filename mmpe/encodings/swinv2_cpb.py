@@ -78,7 +78,10 @@ class SwinV2CPB(SavesSettings, ScoreEncoding):
             coords = log_relative_coords(shape, self.grid_shape)
         else:
             if shape not in self._coords_cache:
-                self._coords_cache[shape] = log_relative_coords(shape, self.grid_shape)
+                # Built as a normal tensor even under inference_mode: an inference tensor kept
+                # in the cache would break the next training forward.
+                with torch.inference_mode(False):
+                    self._coords_cache[shape] = log_relative_coords(shape, self.grid_shape)
             coords = self._coords_cache[shape]
         coords = coords.to(self.mlp[0].weight.device)
         # A table of Π (2 s_a − 1) rows: computed in float32 whatever the module's or the
