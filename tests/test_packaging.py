@@ -6,12 +6,15 @@ import ast
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+from conftest import EXTRA_MODULES
 
-from tests.conftest import EXTRA_MODULES
+try:  # the standard library from Python 3.11
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+    tomllib = pytest.importorskip("tomli")
 
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())

@@ -64,6 +64,9 @@ class Sequence(Coordinates):
         self.padding_mask = _check_mask(padding_mask, n_k)
         ids = _check_ids("position_ids", position_ids, n_k)
         _check_batches(self.document_ids, self.padding_mask, ids)
+        # Implicit positions (or restarts per document, which the mask confines pairs to)
+        # differ from the key index by one shift; padding renumbers from the first real token.
+        self._toeplitz = ids is None and (self.document_ids is not None or self.padding_mask is None)
         if ids is not None and bool((ids < 0).any()):
             raise ValueError("Sequence: position_ids must be >= 0")
         if ids is None and self.document_ids is not None:
@@ -107,6 +110,20 @@ class Sequence(Coordinates):
         if self._max_position is None:
             self._max_position = int(self._key_ids.max())
         return self._max_position
+
+    @property
+    def toeplitz(self) -> bool:
+        """Whether every pair the mask allows has ``relation(q_idx, kv_idx) = q_idx + n_k − n_q
+        − kv_idx`` (and ``distance`` its absolute value): the positions are the implicit ``0 …
+        n_k−1``, or restart at every document (the mask keeps pairs inside one document, where
+        positions and indices differ by the same shift). False with explicit ``position_ids``,
+        or with a ``padding_mask`` and no documents (positions then count real tokens only).
+
+        A term that depends on the relation alone is then constant along the diagonals of the
+        ``n_q × n_k`` score matrix (a Toeplitz matrix): the eager attention path evaluates it on
+        the ``n_q + n_k − 1`` offsets instead of on every pair.
+        """
+        return self._toeplitz
 
     def query_index(self, q_idx: Tensor, b: Tensor | None = None) -> Tensor:
         """Position (tokens) of query ``q_idx``; ``b`` selects the example when ids are batched."""

@@ -99,3 +99,10 @@ class ALiBi(KeepDtype, SavesSettings, ScoreEncoding):
             return score - slopes[h] * (dist if unit == 1.0 else dist / unit)
 
         return mod
+
+    def relation_bias(self, ctx: AttentionContext, relation: Tensor) -> Tensor:
+        """``−m_h · |relation|`` on ``toeplitz`` coordinates, ``[n_h, m]`` float32."""
+        self.check_context(ctx)
+        dist = relation.abs().to(torch.float32)
+        unit = self.distance_unit
+        return -self.slopes.float()[:, None] * (dist if unit == 1.0 else dist / unit)

@@ -208,6 +208,117 @@ class ScoreEncoding(Encoding):
         """Extra output ``[b, n_h, n_q, h_d]`` from probabilities ``[b, n_h, n_q, n_k]``, or None."""
         return None
 
+    def relation_bias(self, ctx: AttentionContext, relation: Tensor) -> Tensor | None:
+        """The additive term as a function of the relation alone, or None (the default).
+
+        Called only on coordinates whose ``toeplitz`` is true (every allowed pair has
+        ``relation = q_idx + n_k − n_q − kv_idx`` and ``distance = |relation|``), so the
+        term is a Toeplitz matrix that the eager attention path expands from this table
+        block by block, and whose gradient it sums along the diagonals onto the table.
+
+        Args:
+            ctx: the attention call.
+            relation: ``[m]`` int64 offsets ``pos_q − pos_k`` (tokens).
+
+        Returns:
+            ``[n_h, m]`` float32, differentiable in the encoding's parameters: the value
+            :meth:`score_mod` adds to a pair with that relation; None where the term depends on
+            more than the relation (FIRE's normaliser reads the query's position).
+        """
+        return None
+
+    def compact_bias(self, ctx: AttentionContext) -> CompactBias | None:
+        """The additive term in a compact form on ``toeplitz`` coordinates, for a term that is
+        not a function of the relation alone (see :class:`CompactBias`), or None (the default:
+        the attention then evaluates :meth:`bias_rows` on every pair)."""
+        return None
+
+
+class CompactBias:
+    """A content-free additive term held in a few ``O(n)`` tensors on ``toeplitz`` coordinates.
+
+    The eager attention path expands it block by block of queries (:meth:`add_rows`) and hands
+    each block's gradient of the scores back (:meth:`accumulate_grads`), so training keeps no
+    ``n_q × n_k`` autograd graph of the bias; autograd then carries the gradients w.r.t.
+    :attr:`tensors` on to the encoding's parameters. A block lists its queries in reverse order
+    (row ``r`` is query ``stop − 1 − r``), so that pair ``(r, k)`` lies on anti-diagonal
+    ``m = r + k`` of the block, one offset (see :func:`toeplitz_rows`).
+
+    Args:
+        tensors: the compact tensors (any may require grad).
+        batch: ``b`` where the term differs per example, else 1.
+    """
+
+    def __init__(self, *tensors: Tensor, batch: int = 1) -> None:
+        self.tensors, self.batch = tensors, batch
+
+    def add_rows(self, out: Tensor, start: int, stop: int,
+                 base: Tensor | None) -> None:  # pragma: no cover - abstract
+        """Write the term of queries ``stop−1 … start`` (reversed) on keys ``0 … K−1`` into
+        ``out`` ``[b', n_h, stop−start, K]`` in place, without autograd: ``out = base + term``
+        where ``base`` ``[n_h or 1, stop−start+K−1]`` is the sum of the other terms per offset
+        (pair ``(r, k)`` at ``base[.., r + k]``), or ``out += term`` for None."""
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """Drop any scratch kept between the blocks of one pass (called after each pass)."""
+
+    def accumulate_grads(self, d_diagonals: Tensor, start: int, stop: int,
+                         grads: list[Tensor | None]) -> None:  # pragma: no cover - abstract
+        """Add one block's share of the loss's gradient w.r.t. :attr:`tensors` to ``grads``.
+
+        Args:
+            d_diagonals: ``[b, n_h, R, K + R]``, the gradient w.r.t. the block's term in the
+                layout of :func:`antidiagonal_buffer`: entry ``[.., r, r + k]`` is pair
+                ``(r, k)``'s, the others are zero (so a sum over rows is a sum per offset).
+            grads: one accumulator per tensor, of its shape; None where no gradient is needed.
+        """
+        raise NotImplementedError
+
+
+def toeplitz_rows(table: Tensor, n_q: int, start: int, stop: int, n_keys: int) -> Tensor:
+    """Queries ``stop−1 … start`` (reversed) × keys ``0 … n_keys−1`` of a Toeplitz matrix, a view.
+
+    ``table[..., s]`` is the value at ``kv_idx − q_idx = s − (n_q − 1)``, ``s = 0 … n_q + n_k
+    − 2`` (the relation ``n_k − 1 − s``): row ``r`` of the block (query ``stop − 1 − r``)
+    starts at ``s = n_q − stop + r``, so rows and keys both step by one element of the table and
+    the block is an overlapping strided view of it (no ``n×n`` tensor is made).
+
+    Args:
+        table: ``[.., n_q + n_k − 1]``, contiguous in its last dimension.
+
+    Returns:
+        ``[.., stop−start, n_keys]`` view of ``table``.
+    """
+    *lead, length = table.shape
+    rows = stop - start
+    if (table.stride(-1) != 1 and length > 1) or n_q - stop + rows + n_keys - 1 > length:
+        raise ValueError(f"toeplitz_rows: table {tuple(table.shape)} does not cover queries "
+                         f"{start}…{stop - 1} of {n_q} and {n_keys} keys")
+    return table.as_strided((*lead, rows, n_keys), (*table.stride()[:-1], 1, 1),
+                            table.storage_offset() + n_q - stop)
+
+
+def antidiagonal_buffer(shape: tuple[int, ...], like: Tensor) -> tuple[Tensor, Tensor]:
+    """A zeroed buffer and a ``shape`` ``[.., R, K]`` view into it that :func:`antidiagonal_sums`
+    sums along the anti-diagonals ``r + k = const`` (the offsets of a :func:`toeplitz_rows`
+    block): row ``r`` of the view is shifted right by ``r`` in a ``[.., R, K + R]`` buffer, so
+    summing the buffer over rows sums each anti-diagonal in one pass. Write into the view
+    (``out=`` or in place) to avoid copying the block."""
+    *lead, rows, keys = shape
+    buf = like.new_zeros((*lead, rows, keys + rows))
+    view = buf.as_strided((*lead, rows, keys), (*buf.stride()[:-2], keys + rows + 1, 1))
+    return buf, view
+
+
+def antidiagonal_sums(buf: Tensor, lead_dims: int = 0) -> Tensor:
+    """Sums of the block written into an :func:`antidiagonal_buffer` along its anti-diagonals,
+    ``[.., R + K − 1]``: entry ``m`` sums the pairs with ``r + k = m`` (for a
+    :func:`toeplitz_rows` block of queries ``start … stop−1``: table index ``n_q − stop + m``),
+    also summed over the first ``lead_dims`` dimensions."""
+    dims = (*range(lead_dims), buf.dim() - 2)
+    return buf.sum(dims)[..., :-1]
+
 
 class KernelEncoding(Encoding):
     """Kernel hook: how masked, position-modified logits become attention output."""

@@ -8,7 +8,7 @@ from torch import Tensor, nn
 from mmpe.coords.base import index_grid
 from mmpe.coords.capabilities import Metric
 from mmpe.encodings._state import SavesSettings
-from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
+from mmpe.encodings.base import AttentionContext, CompactBias, ScoreEncoding, ScoreMod
 from mmpe.registry import register
 
 
@@ -102,6 +102,23 @@ class FIRE(SavesSettings, ScoreEncoding):
         out = slope[piece] * x.unsqueeze(-1) + intercept[piece]  # [b, 1, rows, n_k, n_h]
         return out.squeeze(1).permute(0, 3, 1, 2)
 
+    def compact_bias(self, ctx: AttentionContext) -> CompactBias:
+        """On ``toeplitz`` coordinates: ``ψ`` on the ``n_q + n_k − 1`` offsets, the normaliser
+        on the ``n_q`` queries and the MLP's linear pieces (see :class:`FIRERows`)."""
+        self.check_context(ctx)
+        coords = ctx.coords
+        n_q, n_k = coords.num_queries, coords.num_keys
+        relation = torch.arange(n_k - 1, -n_q, -1, device=coords.device)
+        psi = self._psi(relation.abs().to(torch.float32))  # the table of toeplitz_rows
+        batch = coords.batch_size or 1
+        extent = coords.extent(torch.arange(n_q, device=coords.device)[None, :],
+                               torch.arange(batch, device=coords.device)[:, None]).float()
+        threshold = torch.abs(self.L_mult.float() * self.init_L.float())
+        norm = self._psi(torch.maximum(extent, threshold)) + self.eps
+        slope, intercept, cuts = self.pieces()
+        return FIRERows(n_q, psi, norm.expand(norm.shape[0], n_q).contiguous(), slope, intercept,
+                        cuts)
+
     def pieces(self) -> tuple[Tensor, Tensor, Tensor]:
         """The MLP ``f(x) = W₂ relu(w₁x + b₁) + b₂`` as linear pieces (float32).
 
@@ -123,3 +140,116 @@ class FIRE(SavesSettings, ScoreEncoding):
         intercept = (active * b1) @ w2.T + b2
         return slope, intercept, cuts
 
+
+class FIRERows(CompactBias):
+    """FIRE's bias on ``toeplitz`` coordinates, one offset at a time where it can be.
+
+    With ``ψ`` on the offsets and ``norm`` per query, a pair's input is ``x = ψ[m] / norm[r]``
+    and its bias ``slope[p]·x + intercept[p]`` on the MLP's piece ``p`` of ``x``. In a block of
+    queries the normaliser varies little, so on most offsets every query of the block falls on
+    one piece (tested exactly: ``x`` lies between ``ψ/max norm`` and ``ψ/min norm``, whose pieces
+    agree); there the bias is ``a[m] / norm[r] + c[m]`` from two per-offset tables, and the
+    gradient reduces per offset (sums along the anti-diagonals, one matrix product). The pairs
+    of the remaining offsets (where a piece boundary crosses the block) are evaluated one by one.
+
+    Args:
+        n_q: queries.
+        psi: ``[n_q + n_k − 1]`` ``ψ(|relation|)`` on the offsets of :func:`toeplitz_rows`.
+        norm: ``[b or 1, n_q]`` ``ψ(max(L, extent)) + eps`` per query (> 0).
+        slope, intercept: ``[W + 1, n_h]`` the MLP's pieces; ``cuts``: ``[W]`` their bounds.
+    """
+
+    def __init__(self, n_q: int, psi: Tensor, norm: Tensor, slope: Tensor, intercept: Tensor,
+                 cuts: Tensor) -> None:
+        super().__init__(psi, norm, slope, intercept, batch=norm.shape[0])
+        self.n_q, self.heads, self.cuts = n_q, slope.shape[1], cuts.detach()
+        self._psi, self._norm = psi.detach(), norm.detach()
+        self._slope, self._intercept = slope.detach(), intercept.detach()
+        self._last: tuple = ()
+
+    def _block(self, start: int, stop: int, keys: int) -> dict[str, Tensor]:
+        """Per-offset tables and the pairs on mixed offsets of one block (the backward pass
+        asks for the block it has just built, so the last one is kept)."""
+        if self._last and self._last[0] == (start, stop, keys):
+            return self._last[1]
+        rows, first = stop - start, self.n_q - stop
+        psi = self._psi[first:first + rows + keys - 1]  # offset m = r + k of the block
+        norm = self._norm[:, start:stop].flip(-1)  # [b', R], row r = query stop − 1 − r
+        piece = torch.searchsorted(self.cuts, psi / norm.amax())
+        uniform = piece == torch.searchsorted(self.cuts, psi / norm.amin())
+        slope = (self._slope[piece] * uniform[:, None]).T.contiguous()  # [n_h, M], 0 if mixed
+        mixed = (~uniform).nonzero()[:, 0]  # [Mx]
+        r = torch.arange(rows, device=psi.device)[:, None]
+        k = mixed[None, :] - r  # [R, Mx]: the key of each pair on a mixed offset
+        valid = (k >= 0) & (k < keys)
+        x = psi[mixed] / norm[:, :, None]  # [b', R, Mx], the division of score_mod
+        mixed_piece = torch.searchsorted(self.cuts, x)
+        block = dict(psi=psi, inv=1.0 / norm, piece=piece, uniform=uniform, slope=slope,
+                     a=slope * psi, c=(self._intercept[piece] * uniform[:, None]).T.contiguous(),
+                     mixed=mixed,
+                     flat=torch.where(valid, r * keys + k, 0).view(-1), valid=valid, x=x,
+                     mixed_piece=mixed_piece, mixed_slope=self._slope[mixed_piece])
+        self._last = ((start, stop, keys), block)
+        return block
+
+    def release(self) -> None:
+        self._last = ()
+
+    def add_rows(self, out: Tensor, start: int, stop: int, base: Tensor | None) -> None:
+        rows, keys = out.shape[-2:]
+        blk, h = self._block(start, stop, keys), self.heads
+        span = rows + keys - 1
+
+        def per_offset(table: Tensor) -> Tensor:  # [n_h, M] -> [n_h, R, K], pair (r, k) at r + k
+            return table.contiguous().as_strided((h, rows, keys), (span, 1, 1))
+
+        c, inv = blk["c"], blk["inv"][:, None, :, None].expand(out.shape[0], 1, rows, 1)
+        if base is None:
+            out.addcmul_(per_offset(blk["a"]), inv).add_(per_offset(c))
+        else:  # out = base + c + a / norm, one pass over the block
+            torch.addcmul(per_offset(c + base), per_offset(blk["a"]), inv, out=out)
+        if blk["mixed"].numel():
+            x = blk["x"][..., None]  # [b', R, Mx, 1]
+            value = blk["mixed_slope"] * x + self._intercept[blk["mixed_piece"]]
+            value = (value * blk["valid"][..., None]).permute(0, 3, 1, 2)  # [b', n_h, R, Mx]
+            flat = out.view(*out.shape[:2], rows * keys)
+            flat.index_add_(-1, blk["flat"], value.reshape(*value.shape[:2], -1).expand(
+                flat.shape[0], -1, -1).to(out.dtype))
+
+    def accumulate_grads(self, d_diagonals: Tensor, start: int, stop: int,
+                         grads: list[Tensor | None]) -> None:
+        rows, width = d_diagonals.shape[-2:]
+        keys = width - rows
+        blk, h = self._block(start, stop, keys), self.heads
+        d_psi, d_norm, d_slope, d_intercept = grads
+        w = d_diagonals.to(self._psi.dtype)  # float64 attention: the bias is float32 anyway
+        if w.shape[0] != self.batch:  # one bias for the whole batch
+            w = w.sum(0, keepdim=True)
+        span, inv, psi, first = rows + keys - 1, blk["inv"], blk["psi"], self.n_q - stop
+        # Σ_r d and Σ_r d / norm_r on each offset, in one pass over the block.
+        weights = torch.stack((torch.ones_like(inv), inv), dim=1)[:, None]  # [b', 1, 2, R]
+        sums = torch.matmul(weights, w)[..., :span].sum(0)  # [n_h, 2, M]
+        if d_intercept is not None:
+            d_intercept.index_add_(0, blk["piece"], (sums[:, 0] * blk["uniform"]).T)
+        if d_slope is not None:
+            d_slope.index_add_(0, blk["piece"], (sums[:, 1] * psi * blk["uniform"]).T)
+        if d_psi is not None:
+            d_psi[first:first + span] += (blk["slope"] * sums[:, 1]).sum(0)
+        if d_norm is not None:
+            a = torch.nn.functional.pad(blk["a"], (0, width - span))[:, None]  # [n_h, 1, K+R]
+            row = (w * a).sum((1, 3))  # [b', R]: Σ_h Σ_m d·a (a GEMV here is 5× slower)
+            d_norm[:, start:stop] -= (row * inv * inv).flip(-1)
+        mixed = blk["mixed"]
+        if not mixed.numel():
+            return
+        d = w.index_select(-1, mixed).permute(0, 2, 3, 1)  # [b', R, Mx, n_h]; 0 off the block
+        x, piece = blk["x"], blk["mixed_piece"].reshape(-1)
+        if d_intercept is not None:
+            d_intercept.index_add_(0, piece, d.reshape(-1, h))
+        if d_slope is not None:
+            d_slope.index_add_(0, piece, (d * x[..., None]).reshape(-1, h))
+        d_x = (d * blk["mixed_slope"]).sum(-1)  # [b', R, Mx]
+        if d_psi is not None:
+            d_psi.index_add_(0, first + mixed, (d_x * inv[..., None]).sum((0, 1)))
+        if d_norm is not None:
+            d_norm[:, start:stop] -= ((d_x * x).sum(-1) * inv).flip(-1)

@@ -45,6 +45,13 @@ class _Kerple(ScoreEncoding):
 
         return mod
 
+    def relation_bias(self, ctx: AttentionContext, relation: Tensor) -> Tensor:
+        """The kernel of ``|relation|`` per head on ``toeplitz`` coordinates, ``[n_h, m]``."""
+        self.check_context(ctx)
+        r1, r2 = self.constrained()
+        return self.kernel(relation.abs().to(torch.float32), r1.float()[:, None],
+                           r2.float()[:, None])
+
 
 @register("kerple_log", hook="score", needs=(Metric,), context=("num_heads",), learnable=True,
           family="bias", paper=PAPER)

@@ -152,6 +152,17 @@ class T5RelativeBias(SavesSettings, ScoreEncoding):
         table = self.table[buckets]  # [n_offsets, n_h]
         return table[rel.squeeze(1) - lo].permute(0, 3, 1, 2)
 
+    def relation_bias(self, ctx: AttentionContext, relation: Tensor) -> Tensor:
+        """The bucket's learned value per head on ``toeplitz`` coordinates, ``[n_h, m]``: the
+        bucketing runs on the ``m`` offsets, not on the pairs."""
+        self.check_context(ctx)
+        coords = ctx.coords
+        if isinstance(coords, Directed):
+            rel = -relation  # key − query, T5's sign
+        else:
+            rel = -(relation.abs().to(torch.float32) / self.distance_unit).round().long()
+        buckets = t5_bucket(rel, self._bidirectional(coords), self.num_buckets, self.max_distance)
+        return self.table[buckets].T.float()
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
         self.check_context(ctx)
