@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+pytest.importorskip("torch_geometric", reason="PyG (mmpe[pyg]) builds the graphs and reference values")
+
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
