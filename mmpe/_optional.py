@@ -24,7 +24,8 @@ def require(module: str, purpose: str) -> ModuleType:
     """Import ``module`` or raise ``ImportError`` naming ``purpose`` and the pip extra.
 
     Raises:
-        ImportError: ``module`` is not installed; the message gives ``pip install 'mmpe[…]'``.
+        ModuleNotFoundError: ``module`` is not installed (an ``ImportError``; ``name`` is the
+            missing top-level module); the message gives ``pip install 'mmpe[…]'``.
     """
     try:
         return importlib.import_module(module)
@@ -32,4 +33,5 @@ def require(module: str, purpose: str) -> ModuleType:
         top = module.split(".")[0]
         extra = EXTRAS.get(top)
         how = f"pip install 'mmpe[{extra}]'" if extra else f"pip install {top}"
-        raise ImportError(f"{purpose} needs {top!r}, which is not installed: {how}") from err
+        raise ModuleNotFoundError(f"{purpose} needs {top!r}, which is not installed: {how}",
+                                  name=top) from err
