@@ -16,3 +16,22 @@ def timeit(fn: Callable[[], object], repeat: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def paired(ours: Callable[[], object], peer: Callable[[], object],
+           repeat: int) -> tuple[float, float, float]:
+    """``(mmpe s, peer s, peer/mmpe)``: medians over ``repeat`` rounds, each timing both calls
+    back to back (alternating which goes first), after one warm-up call each."""
+    ours(), peer()
+    t_ours, t_peer, ratios = [], [], []
+    for i in range(repeat):
+        pair = []
+        for fn in ((ours, peer) if i % 2 == 0 else (peer, ours)):
+            start = time.perf_counter()
+            fn()
+            pair.append(time.perf_counter() - start)
+        a, b = pair if i % 2 == 0 else pair[::-1]
+        t_ours.append(a)
+        t_peer.append(b)
+        ratios.append(b / a)
+    return statistics.median(t_ours), statistics.median(t_peer), statistics.median(ratios)

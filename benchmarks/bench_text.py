@@ -22,37 +22,17 @@ per-round ratios peer time / mmpe time (> 1: mmpe faster).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 import warnings
 from collections.abc import Callable
 
 import torch
+from _timing import paired
 
 import mmpe
 from mmpe import MultiHeadAttention, Sequence
 from mmpe.encodings.base import AttentionContext
 
 warnings.filterwarnings("ignore")
-
-
-def paired(ours: Callable[[], object], peer: Callable[[], object],
-           repeat: int) -> tuple[float, float, float]:
-    """``(mmpe s, peer s, peer/mmpe)``: medians over ``repeat`` rounds, each timing both calls
-    back to back (alternating which goes first), after one warm-up call each."""
-    ours(), peer()
-    t_ours, t_peer, ratios = [], [], []
-    for i in range(repeat):
-        pair = []
-        for fn in ((ours, peer) if i % 2 == 0 else (peer, ours)):
-            start = time.perf_counter()
-            fn()
-            pair.append(time.perf_counter() - start)
-        a, b = pair if i % 2 == 0 else pair[::-1]
-        t_ours.append(a)
-        t_peer.append(b)
-        ratios.append(b / a)
-    return statistics.median(t_ours), statistics.median(t_peer), statistics.median(ratios)
 
 
 def rope_rows(b: int, h: int, s: int, d: int, repeat: int) -> list[tuple]:

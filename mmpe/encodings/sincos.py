@@ -17,6 +17,19 @@ from mmpe.registry import register
 LAYOUTS = ("mae", "timm", "detr")
 
 
+
+def _check_settings(d_model: int, axes: int, layout: str, temperature: float) -> None:
+    """The argument checks shared by both table builders (errors as :func:`sincos_grid_embed`)."""
+    if d_model <= 0 or d_model % (2 * axes):
+        raise ValueError(
+            f"sincos: d_model must be divisible by 2·axes = {2 * axes} for a {axes}-axis grid, "
+            f"got {d_model}"
+        )
+    if layout not in LAYOUTS:
+        raise ValueError(f"sincos: layout must be one of {LAYOUTS}, got {layout!r}")
+    if not temperature > 0:
+        raise ValueError(f"sincos: temperature must be > 0, got {temperature}")
+
 def sincos_grid_embed(
     positions: Tensor, d_model: int, temperature: float = 10000.0, layout: str = "mae"
 ) -> Tensor:
@@ -41,15 +54,7 @@ def sincos_grid_embed(
     if positions.dim() != 2:
         raise ValueError(f"sincos: positions must be [n, A], got {tuple(positions.shape)}")
     axes = positions.shape[-1]
-    if d_model <= 0 or d_model % (2 * axes):
-        raise ValueError(
-            f"sincos: d_model must be divisible by 2·axes = {2 * axes} for a {axes}-axis grid, "
-            f"got {d_model}"
-        )
-    if layout not in LAYOUTS:
-        raise ValueError(f"sincos: layout must be one of {LAYOUTS}, got {layout!r}")
-    if not temperature > 0:
-        raise ValueError(f"sincos: temperature must be > 0, got {temperature}")
+    _check_settings(d_model, axes, layout, temperature)
     nf = d_model // (2 * axes)
     omega = 1.0 / temperature ** (torch.arange(nf, dtype=torch.float64, device=positions.device) / nf)
     phase = positions.to(torch.float64).unsqueeze(-1) * omega  # [n, A, F]
@@ -99,15 +104,7 @@ def sincos_separable(axis_positions: list[Tensor], d_model: int, temperature: fl
         ValueError: as :func:`sincos_grid_embed`.
     """
     axes = len(axis_positions)
-    if d_model <= 0 or d_model % (2 * axes):
-        raise ValueError(
-            f"sincos: d_model must be divisible by 2·axes = {2 * axes} for a {axes}-axis grid, "
-            f"got {d_model}"
-        )
-    if layout not in LAYOUTS:
-        raise ValueError(f"sincos: layout must be one of {LAYOUTS}, got {layout!r}")
-    if not temperature > 0:
-        raise ValueError(f"sincos: temperature must be > 0, got {temperature}")
+    _check_settings(d_model, axes, layout, temperature)
     shape = [int(p.shape[0]) for p in axis_positions]
     out = torch.empty(*shape, d_model, dtype=torch.float32, device=axis_positions[0].device)
     for a, start, table in _sincos_blocks(axis_positions, d_model, temperature, layout):
