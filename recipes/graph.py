@@ -292,6 +292,9 @@ class GraphRegressor(L.LightningModule):
         target_mean, target_std: target standardisation (linked from the data module).
     """
 
+    #: Turns ``encoding`` into encoding specs; a recipe with its own names replaces it.
+    expand_encoding = staticmethod(expand_encoding)
+
     def __init__(self, encoding: str = "rwse", encoding_options: dict[str, Any] | None = None,
                  d_model: int = 64, num_heads: int = 4, depth: int = 3, mlp_ratio: float = 2.0,
                  dropout: float = 0.0, max_distance: int = 20, lr: float = 1e-3,
@@ -299,7 +302,7 @@ class GraphRegressor(L.LightningModule):
                  target_std: float = 1.0) -> None:
         super().__init__()
         self.save_hyperparameters()
-        specs = expand_encoding(encoding, encoding_options)
+        specs = self.expand_encoding(encoding, encoding_options)
         self.atoms = AtomEncoder(d_model)
         self.transformer = Transformer(d_model, num_heads, depth, specs, mlp_ratio=mlp_ratio,
                                        dropout=dropout)
@@ -307,10 +310,14 @@ class GraphRegressor(L.LightningModule):
         self._preds: list[Tensor] = []
         self._targets: list[Tensor] = []
 
+    def coords(self, batch) -> Graph:
+        """The batch's coordinates, reading the precomputed attributes."""
+        return Graph.from_pyg(batch, **precomputed_kwargs(),
+                              max_distance=self.hparams.max_distance, device=batch.x.device)
+
     def forward(self, batch) -> Tensor:
         """Standardised predictions ``[num_graphs]`` for a PyG ``Batch``."""
-        coords = Graph.from_pyg(batch, **precomputed_kwargs(),
-                                max_distance=self.hparams.max_distance, device=batch.x.device)
+        coords = self.coords(batch)
         h = self.transformer(coords.pad_nodes(self.atoms(batch.x)), coords)  # [b, n, d]
         mask = coords.node_mask[..., None].to(h.dtype)
         pooled = (h * mask).sum(1) / mask.sum(1).clamp(min=1)

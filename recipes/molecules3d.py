@@ -73,7 +73,6 @@ from mmpe.recipes.compare import CompareSpec
 from mmpe.recipes.graph import (
     DATASETS,
     INSTALL,
-    AtomEncoder,
     GraphCLI,
     GraphRegressor,
     MoleculeData,
@@ -81,12 +80,11 @@ from mmpe.recipes.graph import (
     precomputed_kwargs,
     scaffold_split,
 )
-from torch import Tensor, nn
+from torch import Tensor
 
 from mmpe import registry
 from mmpe.coords import Graph, Points
 from mmpe.coords.base import Coordinates, MaskMod
-from mmpe.transformer import Transformer
 
 #: Recipe-level names of registered encodings.
 ALIASES: dict[str, str] = {"spd": "graphormer_spatial"}
@@ -540,11 +538,11 @@ class MoleculeCoords(Coordinates):
 # ---------------------------------------------------------------------------------------------
 # Model
 # ---------------------------------------------------------------------------------------------
-class Molecule3DRegressor(L.LightningModule):
+class Molecule3DRegressor(GraphRegressor):
     """Atom embeddings → transformer on :class:`MoleculeCoords` → mean pool → scalar.
 
-    The graph recipe's model (:class:`mmpe.recipes.graph.GraphRegressor`: its loss, steps,
-    metrics and optimiser are reused) with encodings that may read the 3D conformer.
+    The graph recipe's model (:class:`mmpe.recipes.graph.GraphRegressor`: its layers, loss,
+    steps, metrics and optimiser) on coordinates whose encodings may read the 3D conformer.
 
     Args:
         encoding: ``+``-joined encoding names (:func:`expand_encoding`), e.g. ``"spd"``,
@@ -556,40 +554,22 @@ class Molecule3DRegressor(L.LightningModule):
         target_mean, target_std: target standardisation (linked from the data module).
     """
 
+    expand_encoding = staticmethod(expand_encoding)
+
+    # The signature is repeated for its defaults, which LightningCLI reads.
     def __init__(self, encoding: str = "spd+gaussian_distance",
                  encoding_options: dict[str, Any] | None = None, d_model: int = 64,
                  num_heads: int = 4, depth: int = 3, mlp_ratio: float = 2.0, dropout: float = 0.0,
                  max_distance: int = 20, lr: float = 1e-3, weight_decay: float = 0.01,
                  warmup_steps: int = 50, target_mean: float = 0.0, target_std: float = 1.0) -> None:
-        super().__init__()
-        self.save_hyperparameters()
-        specs = expand_encoding(encoding, encoding_options)
-        self.atoms = AtomEncoder(d_model)
-        self.transformer = Transformer(d_model, num_heads, depth, specs, mlp_ratio=mlp_ratio,
-                                       dropout=dropout)
-        self.head = nn.Linear(d_model, 1)
-        self._preds: list[Tensor] = []
-        self._targets: list[Tensor] = []
+        super().__init__(encoding, encoding_options, d_model, num_heads, depth, mlp_ratio,
+                         dropout, max_distance, lr, weight_decay, warmup_steps, target_mean,
+                         target_std)
 
     def coords(self, batch: Any) -> MoleculeCoords:
+        """Graph (hops) and conformer (Å) coordinates of a PyG ``Batch`` with ``pos``."""
         return MoleculeCoords.from_pyg(batch, max_distance=self.hparams.max_distance,
                                        device=batch.x.device)
-
-    def forward(self, batch: Any) -> Tensor:
-        """Standardised predictions ``[num_graphs]`` for a PyG ``Batch`` with ``pos``."""
-        coords = self.coords(batch)
-        h = self.transformer(coords.pad_nodes(self.atoms(batch.x)), coords)  # [b, n, d]
-        mask = coords.node_mask[..., None].to(h.dtype)
-        pooled = (h * mask).sum(1) / mask.sum(1).clamp(min=1)
-        return self.head(pooled).squeeze(-1)
-
-    _loss = GraphRegressor._loss
-    training_step = GraphRegressor.training_step
-    validation_step = GraphRegressor.validation_step
-    test_step = GraphRegressor.test_step
-    on_test_epoch_start = GraphRegressor.on_test_epoch_start
-    on_test_epoch_end = GraphRegressor.on_test_epoch_end
-    configure_optimizers = GraphRegressor.configure_optimizers
 
 
 class Molecule3DCLI(GraphCLI):
