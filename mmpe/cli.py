@@ -4,7 +4,13 @@
     mmpe list [--hook H] [--coords C]          registered encodings: hook, the coordinate
                                                capabilities they need, the shipped coordinate
                                                types that provide them, and their papers
-    mmpe compare RECIPE [--encodings a,b|all] [--family F] [--out DIR] [--seed S] [-- LIGHTNING ARGS]
+    mmpe compare RECIPE [--encodings a,b|all] [--family F] [--out DIR] [--seed S] [--seeds N]
+                 [--store DIR] [--setting NAME] [--rerun] [-- LIGHTNING ARGS]
+                                               train each (encoding, seed) not yet stored; one
+                                               JSON line per run in DIR/RECIPE.jsonl
+    mmpe report [RECIPE] [--setting NAME] [--store DIR] [--plot PNG] [--write FILES] [--check FILES]
+                                               mean ± sd tables (and plots) from stored runs;
+                                               --write rewrites the marked blocks of FILES
     mmpe plot NAME[,NAME...] [--kind auto|matrix|similarity|bias|row|decay|sphere|graph]
               [--length N] [--grid H W] [--d-model D] [--heads H] [--head-dim D]
               [--option key=value ...] [--checkpoint PATH [--prefix P] [--query Q]]
@@ -43,8 +49,44 @@ def _compare(args: argparse.Namespace, rest: list[str]) -> int:
         return 2
 
     table = compare(args.recipe, encodings=args.encodings, family=args.family,
-                    out_dir=args.out, seed=args.seed, cli_args=rest)
+                    out_dir=args.out, seed=args.seed, cli_args=rest, seeds=args.seeds,
+                    store=args.store, setting=args.setting, rerun=args.rerun)
     print(table)
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    try:
+        from mmpe.recipes import report, store
+        from mmpe.recipes.compare import load_recipe
+    except ImportError as err:
+        print(f"mmpe report: {err}; the recipes need `pip install 'mmpe[recipes,data]'`",
+              file=sys.stderr)
+        return 2
+    if args.check:
+        bad = report.stale(args.check, args.store)
+        for line in bad:
+            print(f"stale: {line}", file=sys.stderr)
+        return 1 if bad else 0
+    if args.write:
+        for path in args.write:
+            text = open(path, encoding="utf-8").read()
+            new = report.rewrite(text, args.store, plots=not args.no_plots)
+            if new != text:
+                open(path, "w", encoding="utf-8").write(new)
+                print(f"rewrote {path}")
+        return 0
+    if not args.recipe:
+        raise ValueError("mmpe report: give a RECIPE, or --write / --check FILES")
+    spec = load_recipe(args.recipe).COMPARE
+    records = store.read(args.store, args.recipe)
+    if not records:
+        raise ValueError(f"no stored runs of {args.recipe!r} in {args.store}: "
+                         f"run `mmpe compare {args.recipe} --store {args.store}` first")
+    settings = args.setting.split(",") if args.setting else ["default"]
+    print(report.render_table(spec, records, settings=settings))
+    if args.plot:
+        print(report.plot(spec, records, args.plot, settings[0]))
     return 0
 
 
@@ -80,7 +122,23 @@ def main(argv: list[str] | None = None) -> int:
     p_cmp.add_argument("--encodings", help="comma-separated registry names, or 'all'")
     p_cmp.add_argument("--family", help="every encoding of one family (e.g. rotary, bias)")
     p_cmp.add_argument("--out", help="output folder (default runs/compare/RECIPE)")
-    p_cmp.add_argument("--seed", type=int, default=0)
+    p_cmp.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
+    p_cmp.add_argument("--seeds", type=int, help="seeds per encoding (default: the recipe's, 3)")
+    p_cmp.add_argument("--store", default="runs/results",
+                       help="results store: one JSON line per run in STORE/RECIPE.jsonl")
+    p_cmp.add_argument("--setting", help="name the runs are stored under (default: 'default', "
+                       "or custom-<hash> with extra Lightning arguments)")
+    p_cmp.add_argument("--rerun", action="store_true", help="train runs already stored again")
+    p_rep = sub.add_parser("report", help="tables and plots from stored runs")
+    p_rep.add_argument("recipe", nargs="?", help="print this recipe's table")
+    p_rep.add_argument("--setting", help="stored setting(s), comma-separated (default: default)")
+    p_rep.add_argument("--store", default="runs/results", help="results store (default runs/results)")
+    p_rep.add_argument("--plot", help="also draw the metric per column to this PNG")
+    p_rep.add_argument("--write", nargs="+", metavar="FILE",
+                       help="rewrite every <!-- mmpe:report ... --> block (and its plot) of FILES")
+    p_rep.add_argument("--no-plots", action="store_true", help="with --write: tables only")
+    p_rep.add_argument("--check", nargs="+", metavar="FILE",
+                       help="exit 1 naming every block of FILES that differs from the store")
     p_show = sub.add_parser("show", help="one encoding: paper, hook, capabilities, options")
     p_show.add_argument("name")
     _add_plot_parser(sub)
@@ -93,8 +151,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "plot":
             return _plot(args)
+        if args.command == "report":
+            return _report(args)
         return _compare(args, rest)
-    except (KeyError, ValueError) as err:
+    except (KeyError, ValueError, LookupError) as err:
         print(f"mmpe: error: {err}", file=sys.stderr)
         return 2
 

@@ -39,24 +39,20 @@ The comparison's three variants:
 * ``spd+gaussian_distance`` — both, summed (Transformer-M's 2D + 3D mode).
 
 ``mmpe compare molecules3d`` (its default encodings are these three) trains each variant on
-each task (``compare.datasets``) with several seeds (``compare.seeds``: the ``--seed`` of
-``mmpe compare`` and the next ones), and reports the mean and the sample standard deviation
-(``ddof=1``) over the seeds of the test RMSE and R² per task, as separate ``… sd`` columns
-(``mmpe compare`` runs one seed per encoding; the seed loop is this recipe's). The seeds vary
-the model's initialisation and the batch order; splits and conformers are fixed.
-``python -m mmpe.recipes.molecules3d report DIR`` writes the ``mean ± sd`` table and a plot.
+each task (``compare.datasets``) with 3 seeds, one stored run per seed, and ``mmpe report
+molecules3d`` gives the mean and the sample standard deviation (``ddof=1``) over the seeds of
+the test RMSE and R² per task. The seeds vary the model's initialisation and the batch order;
+splits and conformers are fixed.
 
     python -m mmpe.recipes.molecules3d fit --config configs/molecules3d/default.yaml \\
         --model.encoding spd+gaussian_distance --data.dataset freesolv
-    mmpe compare molecules3d --out runs/compare/molecules3d
-    python -m mmpe.recipes.molecules3d report runs/compare/molecules3d --plot docs/img/molecules3d.png
+    mmpe compare molecules3d
+    mmpe report molecules3d --plot docs/img/molecules3d.png
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import math
 import os
 import random
 import sys
@@ -99,18 +95,18 @@ TASKS = tuple(DATASETS)  # ("solubility", "freesolv")
 CACHE_VERSION = 1
 
 COMPARE = CompareSpec(
-    metric="test RMSE and R2 (mean, sd over seeds)",
-    columns=[f"{task} {m}{sd}" for task in TASKS for m in ("rmse", "r2") for sd in ("", " sd")],
+    metric="test RMSE and R2",
+    columns=[f"{task} {m}" for task in TASKS for m in ("rmse", "r2")],
     xlabel="task and metric (RMSE: lower is better; R²: higher is better)",
     lower_is_better=True,
+    higher_is_better=tuple(f"{task} r2" for task in TASKS),
     default_encodings=["spd", "gaussian_distance", "spd+gaussian_distance"],
     coords="graph",
     check_encoding=lambda name: expand_encoding(name),
     title="Molecules with RDKit conformers: 2D (SPD) vs 3D (distance) vs both (Transformer-M)",
     notes=[
         "rmse in target units — logS for solubility, kcal/mol for FreeSolv (lower is better); "
-        "r2 = coefficient of determination (higher is better); `sd` = sample standard "
-        "deviation over the seeds (compare.seeds, default 3).",
+        "r2 = coefficient of determination (higher is better); mean ± sample sd over 3 seeds.",
         "spd = graphormer_spatial (a bias per shortest-path hop count); gaussian_distance = "
         "Gaussian kernels of the 3D distance (Å) → MLP → a bias per head; both = their sum.",
         "Conformers: RDKit ETKDGv3 (fixed seed, with hydrogens, MMFF-relaxed, hydrogens "
@@ -578,8 +574,6 @@ class Molecule3DCLI(GraphCLI):
 
     def add_arguments_to_parser(self, parser) -> None:
         super().add_arguments_to_parser(parser)
-        parser.add_argument("--compare.seeds", type=int, default=3,
-                            help="mmpe compare: seeds per encoding and task (mean, sd)")
         parser.add_argument("--compare.datasets", type=list[str], default=list(TASKS),
                             help="mmpe compare: the tasks each encoding is trained on")
 
@@ -591,14 +585,15 @@ def make_cli(args: list[str] | None = None, run: bool = True) -> Molecule3DCLI:
 # ---------------------------------------------------------------------------------------------
 # mmpe compare
 # ---------------------------------------------------------------------------------------------
-def compare_settings(cli_args: list[str], config: Path | None = None) -> tuple[int, list[str], list[str]]:
-    """``(seeds, datasets, remaining cli_args)``: the ``compare`` section of ``config`` (default
+def compare_settings(cli_args: list[str], config: Path | None = None) -> tuple[list[str], list[str]]:
+    """``(datasets, remaining cli_args)``: the ``compare`` section of ``config`` (default
     ``configs/molecules3d/default.yaml``) and of any ``--config FILE`` in ``cli_args``, overridden
-    by ``--compare.seeds N``, ``--compare.datasets [a,b]`` or ``--data.dataset a`` (these are
-    removed from the returned arguments: :func:`run_one` sets the dataset per run).
+    by ``--compare.datasets [a,b]`` or ``--data.dataset a`` (these are removed from the returned
+    arguments: :func:`run_one` sets the dataset per run).
 
     Raises:
-        ValueError: seeds < 1, an unknown dataset, an option without its value.
+        ValueError: an unknown dataset, an option without its value, or ``--compare.seeds``
+            (seeds belong to ``mmpe compare --seeds``).
     """
     import yaml
 
@@ -606,13 +601,15 @@ def compare_settings(cli_args: list[str], config: Path | None = None) -> tuple[i
         cfg = yaml.safe_load(Path(path).read_text()) or {}
         return cfg.get("compare") or {}
 
-    settings = section(config or CONFIGS / "molecules3d" / "default.yaml")
-    seeds, datasets = settings.get("seeds", 3), settings.get("datasets", list(TASKS))
+    datasets = section(config or CONFIGS / "molecules3d" / "default.yaml").get("datasets", list(TASKS))
     rest: list[str] = []
     it = iter(cli_args)
     for arg in it:
         key, eq, value = arg.partition("=")
-        if key not in ("--compare.seeds", "--compare.datasets", "--data.dataset", "--config"):
+        if key == "--compare.seeds":
+            raise ValueError("molecules3d: --compare.seeds is gone; use `mmpe compare molecules3d "
+                             "--seeds N` (one stored run per seed)")
+        if key not in ("--compare.datasets", "--data.dataset", "--config"):
             rest.append(arg)
             continue
         if not eq:
@@ -621,162 +618,33 @@ def compare_settings(cli_args: list[str], config: Path | None = None) -> tuple[i
                 raise ValueError(f"molecules3d: {key} needs a value")
         if key == "--config":  # another config: its compare section counts, LightningCLI reads it
             rest += [key, value]
-            more = section(value)
-            seeds, datasets = more.get("seeds", seeds), more.get("datasets", datasets)
-        elif key == "--compare.seeds":
-            seeds = value
+            datasets = section(value).get("datasets", datasets)
         else:
             datasets = [v.strip(" '\"") for v in value.strip("[]").split(",") if v.strip(" '\"")]
     if isinstance(datasets, str):
         datasets = [datasets]
-    try:
-        seeds = int(seeds)
-    except (TypeError, ValueError):
-        seeds = 0
-    if seeds < 1:
-        raise ValueError(f"molecules3d: compare.seeds must be an int >= 1, got {seeds!r}")
     unknown = [d for d in datasets if d not in DATASETS]
     if not datasets or unknown:
         raise ValueError(f"molecules3d: compare.datasets must name some of {list(TASKS)}, "
                          f"got {datasets}")
-    return seeds, list(datasets), rest
-
-
-def mean_sd(values: list[float]) -> tuple[float, float | None]:
-    """Mean and sample standard deviation (``ddof=1``; None for one value)."""
-    arr = np.asarray(values, dtype=np.float64)
-    return float(arr.mean()), (float(arr.std(ddof=1)) if len(arr) > 1 else None)
+    return list(datasets), rest
 
 
 def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> dict[str, float | None]:
-    """Train with ``encoding`` on every task and seed of ``compare`` (:func:`compare_settings`):
-    seeds ``seed … seed + seeds − 1``. Returns the mean and sd of the test RMSE and R² per task
-    (None for a task not run); the per-seed values go to ``out_dir/seeds.json``."""
-    seeds, datasets, rest = compare_settings(list(cli_args))
-    out_dir = Path(out_dir)
-    per_seed: dict[str, list[dict[str, float]]] = {}
-    counts: dict[str, dict[str, int]] = {}
+    """Train with ``encoding`` and ``seed`` on every task of ``compare``
+    (:func:`compare_settings`); the test RMSE and R² per task (None for a task not run)."""
+    datasets, rest = compare_settings(list(cli_args))
     result: dict[str, float | None] = dict.fromkeys(COMPARE.columns)
     for task in datasets:
-        per_seed[task] = []
-        for s in range(seed, seed + seeds):
-            cli = fit_for_compare(make_cli, "molecules3d", encoding, seed=s,
-                                  out_dir=out_dir / task / f"seed{s}",
-                                  cli_args=[*rest, "--data.dataset", task])
-            out = cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)[0]
-            per_seed[task].append({"seed": s, "rmse": float(out["test/rmse"]),
-                                   "r2": float(out["test/r2"])})
-            counts[task] = cli.datamodule.conformer_counts
-        for metric in ("rmse", "r2"):
-            mean, sd = mean_sd([r[metric] for r in per_seed[task]])
-            result[f"{task} {metric}"], result[f"{task} {metric} sd"] = mean, sd
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "seeds.json").write_text(json.dumps(
-        {"encoding": encoding, "results": per_seed, "conformers": counts}, indent=2))
+        cli = fit_for_compare(make_cli, "molecules3d", encoding, seed=seed,
+                              out_dir=Path(out_dir) / task, cli_args=[*rest, "--data.dataset", task])
+        out = cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)[0]
+        result[f"{task} rmse"], result[f"{task} r2"] = float(out["test/rmse"]), float(out["test/r2"])
     return result
-
-
-# ---------------------------------------------------------------------------------------------
-# Report: mean ± sd table and plot
-# ---------------------------------------------------------------------------------------------
-_TASK_LABELS = {"solubility": ("solubility", "logS"), "freesolv": ("FreeSolv", "kcal/mol")}
-
-
-def _pm(mean: float | None, sd: float | None) -> str:
-    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
-        return "n/a"
-    return f"{mean:.3f}" + ("" if sd is None else f" ± {sd:.3f}")
-
-
-def report_table(results: dict[str, Any]) -> str:
-    """Markdown ``mean ± sd`` table from ``mmpe compare``'s ``results.json`` content."""
-    head = ["encoding"]
-    for task in TASKS:
-        label, unit = _TASK_LABELS[task]
-        head += [f"{label} RMSE ({unit})", "R²"]
-    lines = ["| " + " | ".join(head) + " | train s (all runs) |", "|" + "---|" * (len(head) + 1)]
-    for name, row in results["results"].items():
-        cells = [_pm(row.get(f"{t} {m}"), row.get(f"{t} {m} sd")) for t in TASKS for m in ("rmse", "r2")]
-        secs = results.get("train_seconds", {}).get(name, 0.0)
-        lines.append(f"| {name} | {' | '.join(cells)} | {secs:.0f} |")
-    return "\n".join(lines)
-
-
-def report_plot(results: dict[str, Any], path: str | Path) -> None:
-    """Mean ± sd (error bars) of RMSE and R² per task, one point per encoding."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(results["results"])
-    fig, axes = plt.subplots(1, 2 * len(TASKS), figsize=(3.0 * 2 * len(TASKS), 3.6))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, (task, metric) in zip(axes, [(t, m) for t in TASKS for m in ("rmse", "r2")], strict=True):
-        means = [results["results"][n].get(f"{task} {metric}") for n in names]
-        sds = [results["results"][n].get(f"{task} {metric} sd") or 0.0 for n in names]
-        xs = [i for i, m in enumerate(means) if m is not None]
-        for i in xs:  # points, not bars: the axis does not start at 0
-            ax.errorbar([i], [means[i]], yerr=[sds[i]], fmt="o", capsize=5, markersize=7,
-                        color=colors[i % len(colors)])
-        ax.set_xlim(-0.6, len(names) - 0.4)
-        label, unit = _TASK_LABELS[task]
-        ax.set_title(f"{label} {'RMSE' if metric == 'rmse' else 'R²'}", fontsize=10)
-        ax.set_ylabel(f"RMSE ({unit}), lower is better" if metric == "rmse" else "R², higher is better",
-                      fontsize=8)
-        ax.set_xticks(range(len(names)), [n.replace("+", "+\n") for n in names], fontsize=7)
-        valid = [means[i] for i in xs]
-        if valid:
-            lo = min(m - s for m, s in zip(valid, [sds[i] for i in xs], strict=True))
-            hi = max(m + s for m, s in zip(valid, [sds[i] for i in xs], strict=True))
-            pad = 0.25 * (hi - lo) + 1e-3
-            ax.set_ylim(max(0.0, lo - pad) if metric == "rmse" else lo - pad, hi + pad)
-        ax.grid(axis="y", alpha=0.3)
-    seeds = results.get("seeds")
-    fig.suptitle("Molecules with RDKit ETKDG conformers: 2D (SPD) vs 3D (distance) vs both"
-                 + (f" — mean ± sd over {seeds} seeds" if seeds else " — mean ± sd over seeds"),
-                 fontsize=10)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def report(run_dir: str | Path, plot: str | Path | None = None) -> str:
-    """Read ``run_dir/results.json`` (``mmpe compare molecules3d --out run_dir``), write
-    ``run_dir/results_mean_sd.md`` and the plot (``plot``, default ``run_dir/molecules3d.png``);
-    return the markdown table."""
-    run_dir = Path(run_dir)
-    path = run_dir / "results.json"
-    if not path.exists():
-        raise FileNotFoundError(f"{path} not found: run `mmpe compare molecules3d --out {run_dir}` first")
-    results = json.loads(path.read_text())
-    seeds = set()
-    for name in results["results"]:
-        extra = run_dir / name / "seeds.json"
-        if extra.exists():
-            seeds |= {len(v) for v in json.loads(extra.read_text())["results"].values()}
-    results["seeds"] = seeds.pop() if len(seeds) == 1 else None
-    table = report_table(results)
-    (run_dir / "results_mean_sd.md").write_text(f"{COMPARE.title}\n\n{table}\n\n"
-                                               + "\n".join(f"- {n}" for n in COMPARE.notes) + "\n")
-    report_plot(results, plot or run_dir / "molecules3d.png")
-    return table
-
-
-def _report_main(argv: list[str]) -> None:
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m mmpe.recipes.molecules3d report",
-                                description="mean ± sd table and plot of a molecules3d comparison")
-    p.add_argument("run_dir", help="the --out folder of `mmpe compare molecules3d`")
-    p.add_argument("--plot", help="PNG path (default RUN_DIR/molecules3d.png)")
-    args = p.parse_args(argv)
-    print(report(args.run_dir, args.plot))
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "report":
-        _report_main(sys.argv[2:])
-    else:
-        make_cli()
+        sys.exit("`python -m mmpe.recipes.molecules3d report` is replaced by `mmpe report molecules3d` "
+                 "(tables and plots from stored runs)")
+    make_cli()

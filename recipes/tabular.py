@@ -17,8 +17,7 @@ only. The model is FT-Transformer (Gorishniy et al. 2021): one token per feature
 ``x_j·w_j + b_j``; categorical: an embedding per category plus ``b_j``) and a ``[CLS]`` token
 whose final state feeds the classifier. ``mmpe compare tabular`` trains every encoding with 5
 model seeds on every table and reports the **test accuracy at the epoch of best validation
-accuracy**, mean over seeds (std in ``results.json`` as ``<table>_std`` and in each run's
-``seeds.json``).
+accuracy**, one stored run per seed (``mmpe report tabular``: mean ± sd over seeds).
 
 Encodings: ``nope`` (no PE; FT-Transformer's per-feature bias ``b_j`` is still a learned
 column embedding), ``tabpet`` (feature-graph Laplacian eigenvectors scaled by α and
@@ -28,14 +27,12 @@ and score encodings on feature-graph hops (``alibi``, ``t5``, ``fire``).
     python -m mmpe.recipes.tabular fit --config configs/tabular/default.yaml --model.encoding tabpet \
         --data.dataset wine
     mmpe compare tabular --encodings nope,tabpet,alibi
-    mmpe compare tabular -- --compare.seeds 3 --compare.datasets wine,oj   # subset, fewer seeds
+    mmpe compare tabular --seeds 3 -- --compare.datasets wine,oj   # subset, fewer seeds
 """
 
 from __future__ import annotations
 
-import json
 import math
-import time
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -70,11 +67,12 @@ COMPARE = CompareSpec(
     lower_is_better=False,
     default_encodings=["nope", "tabpet", "alibi"],
     coords="table",
-    title="FT-Transformer on real tables: test accuracy (mean of 5 seeds)",
+    title="FT-Transformer on real tables: test accuracy (mean ± sd over 5 seeds)",
+    seeds=SEEDS,
     fmt="{:.4f}",
     notes=[
         "Test accuracy at the epoch of best validation accuracy; fixed stratified 60/20/20 split; "
-        "5 model seeds; std per table in results.json (<table>_std).",
+        "5 model seeds (one stored run each).",
         "Feature graph from training rows only: |Spearman| (MI where columns are categorical: oj), "
         "4-NN sparsified; Tab-PET: 4 lowest + 2 highest sym-Laplacian eigenvectors, α = 1, width 8.",
         "nope: FT-Transformer without PE (its per-feature bias is a learned column embedding).",
@@ -363,36 +361,27 @@ def _pop_option(args: list[str], name: str, default: str) -> str:
 
 
 def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> dict[str, float | None]:
-    """Train ``encoding`` on every table with seeds ``seed … seed+4``; mean test accuracy per table.
+    """Train ``encoding`` with ``seed`` on every table; test accuracy per table.
 
-    Besides LightningCLI arguments, ``cli_args`` may hold ``--compare.seeds N`` and
-    ``--compare.datasets a,b`` (tables not run report None). Per-seed results go to
-    ``out_dir/seeds.json``; the returned dict also holds ``<table>_std`` (population std).
+    ``mmpe compare`` runs the seeds (``COMPARE.seeds``: 5) and stores one record per seed.
+    Besides LightningCLI arguments, ``cli_args`` may hold ``--compare.datasets a,b`` (tables
+    not run report None).
+
+    Raises:
+        ValueError: an unknown table name (names the known ones).
     """
     args = list(cli_args)
-    n_seeds = int(_pop_option(args, "--compare.seeds", str(SEEDS)))
+    if any(a.split("=")[0] == "--compare.seeds" for a in args):
+        raise ValueError("tabular: --compare.seeds is gone; use `mmpe compare tabular --seeds N`")
     tables = [t.strip() for t in _pop_option(args, "--compare.datasets", ",".join(DATASETS)).split(",")]
     for t in tables:
         if t not in DATASETS:
             raise ValueError(f"unknown table {t!r}; known tables: {', '.join(DATASETS)}")
-    out_dir = Path(out_dir)
-    results: dict[str, float | None] = {t: None for t in DATASETS}
-    per_seed: dict[str, Any] = {}
+    results: dict[str, float | None] = dict.fromkeys(DATASETS)
     for table in tables:
-        accs, secs = [], []
-        for s in range(seed, seed + n_seeds):
-            start = time.perf_counter()
-            cli = fit_for_compare(make_cli, "tabular", encoding, seed=s,
-                                  out_dir=out_dir / table / f"seed{s}",
-                                  cli_args=["--data.dataset", table, *args])
-            accs.append(cli.model.best["test_acc"])
-            secs.append(time.perf_counter() - start)
-        results[table] = float(np.mean(accs))
-        results[f"{table}_std"] = float(np.std(accs))
-        per_seed[table] = {"test_acc": accs, "mean": float(np.mean(accs)), "std": float(np.std(accs)),
-                           "seconds": secs}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "seeds.json").write_text(json.dumps(per_seed, indent=2))
+        cli = fit_for_compare(make_cli, "tabular", encoding, seed=seed, out_dir=Path(out_dir) / table,
+                              cli_args=["--data.dataset", table, *args])
+        results[table] = float(cli.model.best["test_acc"])
     return results
 
 

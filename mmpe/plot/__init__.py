@@ -1,0 +1,79 @@
+"""Figures of positional encodings: look at an encoding instead of reading its formula.
+
+One function per kind of figure; each takes built encodings (or registry names) and
+coordinates, returns a :class:`matplotlib.figure.Figure` and, given ``path``, writes a PNG there.
+Figures are drawn with matplotlib's object API (no ``pyplot``, no global backend: PNGs are
+rendered by Agg), and matplotlib is imported inside the functions, so ``import mmpe`` does not
+need it.
+
+=========================  =====================================  ==================================
+function                   figure                                 encodings
+=========================  =====================================  ==================================
+:func:`plot_input_matrix`  ``P`` as a heatmap, positions × dims   input
+:func:`plot_similarity`    cosine similarity of position vectors  input; on a 2D grid one small
+                           (on a grid: one map per patch, ViT     map per patch
+                           Fig. 7)
+:func:`plot_bias_vs_distance`  the bias against distance, a line  score (ALiBi, T5, KERPLE, FIRE …)
+                           per head
+:func:`plot_bias_row`      the bias of one query against every    score, e.g. read from a trained
+                           key (FIRE's figure of learned biases)  checkpoint (:func:`load_encoding`)
+:func:`plot_rotary_decay`  rotated ``q·k`` against relative       rotary, several overlaid
+                           distance (RoPE's long-range decay)
+:func:`plot_sphere`        components on a world map              input on the sphere
+:func:`plot_graph_eigenvectors`  a molecule coloured by its       graphs (LapPE)
+                           Laplacian eigenvectors
+=========================  =====================================  ==================================
+
+:func:`plot_command` is ``mmpe plot NAME``: it picks the figures from the encoding's hook and
+the capabilities it needs, builds coordinates, and writes the PNGs.
+:func:`metric_lines` and :func:`metric_points` draw stored experiment results instead.
+
+The package, by idea (each name is importable from ``mmpe.plot`` itself):
+
+=========================  ===========================================================================
+module                     holds
+=========================  ===========================================================================
+:mod:`mmpe.plot.style`     the one figure layer: new figures, saving PNGs, colours, ``show``
+:mod:`mmpe.plot.figures`   the matrix, similarity, bias, bias-row and rotary-decay figures
+:mod:`mmpe.plot.sphere`    world maps of sphere encodings
+:mod:`mmpe.plot.graph`     graphs coloured by their Laplacian eigenvectors
+:mod:`mmpe.plot.results`   stored experiment results: a metric ``mean ± sd`` per encoding
+:mod:`mmpe.plot.command`   ``mmpe plot``: its options, the figures and coordinates it picks
+=========================  ===========================================================================
+
+Encodings from training checkpoints come from :mod:`mmpe.checkpoints`
+(:func:`load_encoding`), molecules from SMILES from :mod:`mmpe.molecules`
+(:func:`molecule_graph`).
+
+    >>> import mmpe
+    >>> from mmpe import plot
+    >>> fig = plot.plot_similarity(mmpe.build("sinusoidal", d_model=128), mmpe.Sequence(128),
+    ...                            path="sinusoidal_similarity.png")           # doctest: +SKIP
+"""
+
+from mmpe.checkpoints import load_encoding
+from mmpe.molecules import DEFAULT_SMILES, molecule_graph
+from mmpe.plot.command import KINDS, parse_option, plot_command
+from mmpe.plot.figures import (
+    plot_bias_row,
+    plot_bias_vs_distance,
+    plot_input_matrix,
+    plot_rotary_decay,
+    plot_similarity,
+)
+from mmpe.plot.graph import plot_graph_eigenvectors
+from mmpe.plot.results import (
+    draw_metric_lines,
+    draw_metric_points,
+    metric_lines,
+    metric_points,
+)
+from mmpe.plot.sphere import plot_sphere
+from mmpe.plot.style import DPI, show
+
+__all__ = [
+    "DEFAULT_SMILES", "DPI", "KINDS", "draw_metric_lines", "draw_metric_points", "load_encoding",
+    "metric_lines", "metric_points", "molecule_graph", "parse_option", "plot_bias_row",
+    "plot_bias_vs_distance", "plot_command", "plot_graph_eigenvectors", "plot_input_matrix",
+    "plot_rotary_decay", "plot_similarity", "plot_sphere", "show",
+]

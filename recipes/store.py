@@ -1,0 +1,192 @@
+"""Stored runs: one JSON line per (recipe, setting, encoding, seed), written as each run ends.
+
+A results store is a folder of JSON Lines files, ``<store>/<recipe>.jsonl``. Every line is one
+finished training run::
+
+    {"recipe": "text", "setting": "default", "encoding": "rope", "seed": 0,
+     "metrics": {"1x": 2.44, ...}, "wall_s": 101.3, "cli_args": [...],
+     "config": {"lightning_logs/version_0/config.yaml": {...resolved LightningCLI config...}},
+     "versions": {"mmpe": ..., "torch": ..., "lightning": ..., "python": ...},
+     "git": {"commit": ..., "dirty": ...}, "device": "cpu (...)", "threads": 2,
+     "finished": "2026-11-26T03:10:00+00:00"}
+
+``pandas.read_json(path, lines=True)`` reads a store; a table is a groupby over ``encoding``.
+A line is appended (under a file lock) as soon as its run finishes, so a comparison stopped
+part-way keeps what it finished, and :func:`done` lets a re-run skip those runs.
+
+``setting`` names the configuration a run used: ``"default"`` is the recipe's default config
+without extra arguments; runs with extra LightningCLI arguments get ``custom-<hash of the
+arguments>`` unless the caller names the setting (``mmpe compare --setting NAME``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import subprocess
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+#: The fields that identify a run; a store holds at most one record per key.
+KEY_FIELDS = ("recipe", "setting", "encoding", "seed")
+
+
+def setting_name(cli_args: Sequence[str], setting: str | None = None) -> str:
+    """``setting`` if given, ``"default"`` without extra arguments, else ``custom-<hash>``."""
+    if setting:
+        return setting
+    if not cli_args:
+        return "default"
+    digest = hashlib.sha1("\0".join(cli_args).encode()).hexdigest()[:8]
+    return f"custom-{digest}"
+
+
+def store_file(store: str | Path, recipe: str) -> Path:
+    """The JSON Lines file of ``recipe`` in ``store``."""
+    return Path(store) / f"{recipe}.jsonl"
+
+
+def read(store: str | Path, recipe: str) -> list[dict[str, Any]]:
+    """Every record of ``recipe`` in ``store`` (an empty list when there is none).
+
+    A later record with the same key replaces an earlier one (``mmpe compare --rerun`` appends).
+
+    Raises:
+        ValueError: a line that is not a JSON object with the key fields (names file and line).
+    """
+    path = store_file(store, recipe)
+    if not path.exists():
+        return []
+    by_key: dict[tuple, dict[str, Any]] = {}
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{number}: not JSON ({err})") from err
+        missing = [f for f in (*KEY_FIELDS, "metrics") if not isinstance(record, dict) or f not in record]
+        if missing:
+            raise ValueError(f"{path}:{number}: record lacks {missing}")
+        by_key[key(record)] = record
+    return list(by_key.values())
+
+
+def key(record: dict[str, Any]) -> tuple:
+    """``(recipe, setting, encoding, seed)`` of a record."""
+    return tuple(record[f] for f in KEY_FIELDS)
+
+
+def done(store: str | Path, recipe: str, setting: str) -> set[tuple[str, int]]:
+    """``(encoding, seed)`` pairs of ``recipe``/``setting`` already stored."""
+    return {(r["encoding"], int(r["seed"])) for r in read(store, recipe) if r["setting"] == setting}
+
+
+def append(store: str | Path, record: dict[str, Any]) -> Path:
+    """Append one record (a JSON line) under an exclusive lock; returns the file."""
+    missing = [f for f in (*KEY_FIELDS, "metrics") if f not in record]
+    if missing:
+        raise ValueError(f"store.append: record lacks {missing}")
+    path = store_file(store, record["recipe"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(record, sort_keys=True, default=_jsonable) + "\n"
+    with open(path, "a", encoding="utf-8") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            fh.write(line)
+            fh.flush()
+            os.fsync(fh.fileno())
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+    return path
+
+
+def _jsonable(value: Any) -> Any:
+    """Paths, numpy scalars and other leftovers of a resolved config as JSON values."""
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)
+
+
+def environment() -> dict[str, Any]:
+    """Versions, git commit, device and threads of this process (stored with every run)."""
+    import torch
+
+    import mmpe
+
+    versions = {"mmpe": mmpe.__version__, "torch": torch.__version__,
+                "python": platform.python_version()}
+    try:
+        import lightning
+
+        versions["lightning"] = lightning.__version__
+    except ImportError:  # the recipes need it; a bare store read does not
+        pass
+    return {"versions": versions, "git": git_state(), "device": device_name(),
+            "threads": torch.get_num_threads()}
+
+
+def device_name() -> str:
+    """``cuda:<name>`` when a GPU is visible, else ``cpu (<processor>, <n> cores)``."""
+    import torch
+
+    if torch.cuda.is_available():
+        return f"cuda ({torch.cuda.get_device_name(0)})"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"cpu ({_cpu_model() or platform.machine()}, {cores} cores)"
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        return None
+    return None
+
+
+def git_state(cwd: str | Path | None = None) -> dict[str, Any]:
+    """``{"commit", "dirty"}`` of the repository mmpe runs from (None outside a checkout)."""
+    here = Path(cwd) if cwd else Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
+                                text=True, timeout=10, check=True).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                                capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+    return {"commit": commit, "dirty": bool(status.strip())}
+
+
+def resolved_configs(out_dir: str | Path) -> dict[str, Any]:
+    """Every ``config.yaml`` LightningCLI saved under ``out_dir`` (relative path -> content)."""
+    import yaml
+
+    out = Path(out_dir)
+    return {str(p.relative_to(out)): yaml.safe_load(p.read_text())
+            for p in sorted(out.rglob("config.yaml"))}
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    """A metric as a JSON number; None (shown "n/a") for a missing or non-finite one."""
+    if value is None:
+        return None
+    value = float(value)
+    return value if value == value and abs(value) != float("inf") else None
+
+
+def make_record(recipe: str, setting: str, encoding: str, seed: int,
+                metrics: dict[str, float | None], *, wall_s: float, cli_args: Iterable[str],
+                out_dir: str | Path) -> dict[str, Any]:
+    """A complete record of one finished run."""
+    return {"recipe": recipe, "setting": setting, "encoding": encoding, "seed": int(seed),
+            "metrics": {k: _finite_or_none(v) for k, v in metrics.items()},
+            "wall_s": round(float(wall_s), 2), "cli_args": list(cli_args),
+            "config": resolved_configs(out_dir), **environment(),
+            "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
