@@ -16,6 +16,7 @@ cross-attention and Perceiver resampler.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence as Seq
 
 import torch
@@ -74,8 +75,14 @@ class GatedCrossAttentionBlock(nn.Module):
     """Flamingo's gated cross-attention dense block (Alayrac et al. 2022, Fig. 4).
 
     ``x ← x + tanh(α_attn)·CrossAttn(LN x, media)``, ``x ← x + tanh(α_ff)·MLP(LN x)`` with
-    ``α`` learned scalars initialised to 0, so inserting the block leaves a pretrained
-    language model unchanged at the start of training.
+    ``α`` learned scalars initialised to 0 (``gate_init``), so inserting the block leaves a
+    pretrained language model unchanged at the start of training.
+
+    At 0 the gradient of every cross-attention weight is multiplied by ``tanh(0) = 0``: only the
+    gates themselves learn at first, and their gradient is the correlation of a random
+    cross-attention output with the loss gradient. With a frozen, pretrained language model
+    and long training (Flamingo) the gates open; a model trained from scratch for a few hundred
+    steps may never open them. ``gate_init > 0`` starts the block partly open.
 
     Args:
         d_model: width of the text tokens ``x``.
@@ -83,19 +90,25 @@ class GatedCrossAttentionBlock(nn.Module):
         encodings: cross-attention encodings (none in Flamingo).
         kv_dim: width of the media tokens (default ``d_model``).
         mlp_ratio: MLP width.
+        gate_init: the initial ``α`` of both gates (0: Flamingo; must be finite).
+
+    Raises:
+        ValueError: a non-finite ``gate_init``.
 
     Shapes: ``forward(x [b, n, d_model], coords, media [b, m, kv_dim], media_coords)
     -> [b, n, d_model]``.
     """
 
     def __init__(self, d_model: int, num_heads: int, encodings: Seq[Encoding] = (), *,
-                 kv_dim: int | None = None, mlp_ratio: float = 4.0) -> None:
+                 kv_dim: int | None = None, mlp_ratio: float = 4.0, gate_init: float = 0.0) -> None:
         super().__init__()
+        if not math.isfinite(gate_init):
+            raise ValueError(f"GatedCrossAttentionBlock: gate_init must be finite, got {gate_init}")
         self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
         self.cross_attn = CrossAttention(d_model, num_heads, encodings, kv_dim=kv_dim)
         self.mlp = _mlp(d_model, mlp_ratio)
-        self.attn_gate = nn.Parameter(torch.zeros(()))
-        self.mlp_gate = nn.Parameter(torch.zeros(()))
+        self.attn_gate = nn.Parameter(torch.full((), float(gate_init)))
+        self.mlp_gate = nn.Parameter(torch.full((), float(gate_init)))
 
     def forward(self, x: Tensor, coords: Coordinates, media: Tensor,
                 media_coords: Coordinates) -> Tensor:

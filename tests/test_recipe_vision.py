@@ -82,8 +82,31 @@ def test_training_smoke_and_resolution_eval(tmp_path) -> None:
     ], run=False)
     cli.trainer.fit(cli.model, cli.datamodule)
     results = vision.evaluate_resolutions(cli.trainer, cli.model, cli.datamodule)
-    assert list(results) == ["28px", "42px", "56px"]
+    assert list(results) == vision.COMPARE.columns == ["28px", "42px", "56px", "42px canvas",
+                                                       "56px canvas"]
     assert all(v is not None and math.isfinite(v) and 0.0 <= v <= 1.0 for v in results.values())
+
+
+def test_canvas_keeps_the_digit_at_its_scale() -> None:
+    """Every test digit appears unchanged (28 × 28 pixels) in its canvas, the rest is blank, and
+    the offsets are fixed by the seed and spread over the canvas."""
+    images = torch.rand(200, 28, 28) + 0.01
+    canvas = vision.place_on_canvas(images, 56)
+    again = vision.place_on_canvas(images, 56)
+    assert canvas.shape == (200, 56, 56) and torch.equal(canvas, again)
+    offsets = []
+    for i in range(200):
+        ys, xs = torch.nonzero(canvas[i], as_tuple=True)
+        y, x = int(ys.min()), int(xs.min())
+        offsets.append((y, x))
+        torch.testing.assert_close(canvas[i, y:y + 28, x:x + 28], images[i], rtol=0, atol=0)
+        assert canvas[i].count_nonzero() == 28 * 28
+    assert len(set(offsets)) > 150 and max(max(o) for o in offsets) > 20
+    assert not torch.equal(vision.place_on_canvas(images, 56, seed=7), canvas)
+    with pytest.raises(ValueError, match="smaller than the images"):
+        vision.place_on_canvas(images, 20)
+    with pytest.raises(ValueError, match=r"\[n, h, w\]"):
+        vision.place_on_canvas(images[0], 56)
 
 
 @pytest.mark.parametrize("encoding", ["sincos", "learned_grid"])

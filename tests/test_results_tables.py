@@ -1,0 +1,53 @@
+"""Every results table in README.md and docs/ is what `mmpe report` renders from the committed
+store (results/): a typed or stale number fails here."""
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lightning")
+
+from mmpe.recipes import report, store  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+STORE = ROOT / "results"
+
+
+def _blocks():
+    return [(page, block) for page in PAGES for block, _ in report.blocks(page.read_text())]
+
+
+def test_every_block_matches_the_committed_store():
+    assert _blocks(), "README.md and docs/ have no mmpe:report blocks"
+    assert report.stale(PAGES, STORE) == []
+
+
+def test_every_block_has_three_seeds_per_row():
+    for page, block in _blocks():
+        table = report.render_block(block, STORE)
+        for line in table.splitlines()[2:]:
+            if not line.startswith("|"):
+                break
+            seeds = int(re.search(r"\| (\d+) \([^)]*\) \|$", line).group(1))
+            assert seeds >= 3, f"{page.name} {block.recipe}: {line}"
+
+
+def test_editing_a_committed_result_is_caught(tmp_path):
+    page, block = _blocks()[0]
+    copy = tmp_path / "results"
+    shutil.copytree(STORE, copy)
+    path = store.store_file(copy, block.recipe)
+    lines = path.read_text().splitlines()
+    for i, line in enumerate(lines):
+        record = json.loads(line)
+        if record["setting"] in block.settings and (not block.rows or record["encoding"] in block.rows):
+            column = next(c for c, v in record["metrics"].items() if v is not None)
+            record["metrics"][column] += 0.5
+            lines[i] = json.dumps(record)
+            break
+    path.write_text("\n".join(lines) + "\n")
+    assert report.stale([page], copy), "an edited result went unnoticed"
