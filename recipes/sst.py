@@ -109,14 +109,26 @@ SPATIAL_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
 
 COLUMNS = ["fc RMSE", "fc dateline", "infill RMSE", "infill polar", "infill dateline"]
 
+#: Baselines ``mmpe compare sst`` accepts as rows (no training): name -> key in
+#: :func:`forecast_baselines` / :func:`infill_baselines`.
+BASELINES = {"climatology": "climatology (anomaly 0)", "persistence": "persistence",
+             "damped_persistence": "damped persistence", "visible_mean": "visible mean",
+             "latband_mean": "latitude-band mean", "nearest_cell": "nearest visible cell"}
+
+
+def _check_encoding(name: str) -> object:
+    """A registry encoding or one of :data:`BASELINES`."""
+    return BASELINES.get(name) or registry.get(name)
+
 COMPARE = CompareSpec(
     metric="rmse",
     columns=COLUMNS,
     xlabel="test set (area-weighted RMSE, K)",
     lower_is_better=True,
     default_encodings=["latlon_raw", "latlon_sincos", "latlon_grid", "spherical_harmonics",
-                       "sphere_m"],
+                       "sphere_m", *BASELINES],
     coords="sphere",
+    check_encoding=_check_encoding,
     title="SST: next-month anomaly (OSTIA, tropical band) and global infilling (HadISST), "
           "area-weighted RMSE in K",
     notes=[
@@ -126,7 +138,7 @@ COMPARE = CompareSpec(
         "infill RMSE / polar / dateline: HadISST 2012-08 on 5° cells, 64 queries from 192 visible "
         "cells; queries outside the held-out regions / at |lat| > 60° / in 165°E–195°E.",
         "For the forecast, spatial encodings are composed with time sinusoids (spacetime); "
-        "baselines: `python -m mmpe.recipes.sst baselines`.",
+        f"baselines (no training, the same every seed): {', '.join(BASELINES)}.",
     ],
 )
 
@@ -649,7 +661,8 @@ def evaluate(model: SSTModel, loader: DataLoader, region: int | None = None) -> 
 
 
 def forecast_baselines(data: SSTData) -> dict[str, dict[str, float]]:
-    """Climatology, persistence and damped persistence on the forecast's test year:
+    """Climatology, persistence and damped persistence (``α·`` persistence, ``α`` fitted by
+    least squares on the training months, in its row as ``alpha``) on the forecast's test year:
     ``{name: {"fc RMSE": outside the sector, "fc dateline": inside}}`` (K)."""
     anom, tr = data.anom, data.targets["train"]
     prev, cur = anom[np.ix_(tr - 1, data.train_cells)], anom[np.ix_(tr, data.train_cells)]
@@ -659,10 +672,10 @@ def forecast_baselines(data: SSTData) -> dict[str, dict[str, float]]:
     target = anom[test]
     preds = {"climatology (anomaly 0)": np.zeros_like(target),
              "persistence": persistence(anom, test),
-             f"damped persistence (α={alpha:.2f})": alpha * persistence(anom, test)}
+             "damped persistence": alpha * persistence(anom, test)}
     out = {}
     for name, pred in preds.items():
-        row = {}
+        row = {"alpha": alpha} if name == "damped persistence" else {}
         for col, reg in (("fc RMSE", 0), ("fc dateline", 1)):
             cells = data.cells[data.region[data.cells] == reg]
             row[col] = weighted_rmse(pred[:, cells], target[:, cells], data.weight[cells])
@@ -718,7 +731,7 @@ def baselines(cli_args: list[str] | None = None) -> dict[str, dict[str, float]]:
 def _table(rows: dict[str, dict[str, float]]) -> str:
     lines = [f"| method | {' | '.join(COLUMNS)} |", "|" + "---|" * (len(COLUMNS) + 1)]
     for name, m in rows.items():
-        cells = [f"{m[c]:.3f}" if c in m else "–" for c in COLUMNS]
+        cells = [f"{m[c]:.3f}" if m.get(c) is not None else "–" for c in COLUMNS]
         lines.append(f"| {name} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
@@ -736,7 +749,11 @@ def make_cli(args: list[str] | None = None, run: bool = True) -> SSTCLI:
 
 
 def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> dict[str, float | None]:
-    """Train ``encoding`` on both tasks (``configs/sst/default.yaml``, ``infill.yaml``); test RMSEs (K)."""
+    """Train ``encoding`` on both tasks (``configs/sst/default.yaml``, ``infill.yaml``); test RMSEs
+    (K). A name of :data:`BASELINES` trains nothing: its RMSEs (None on the other task)."""
+    if encoding in BASELINES:
+        row = baselines(cli_args)[BASELINES[encoding]]
+        return {**dict.fromkeys(COLUMNS), **row}
     results: dict[str, float | None] = {}
     for task, config in (("forecast", "default.yaml"), ("infill", "infill.yaml")):
         cli = fit_for_compare(make_cli, "sst", encoding, seed=seed, out_dir=Path(out_dir) / task,

@@ -169,3 +169,20 @@ def test_few_training_steps(tmp_path, config):
     cli.trainer.fit(cli.model, cli.datamodule)
     for loader in cli.datamodule.test_sets().values():
         assert 0.0 < sst.evaluate(cli.model, loader) < 50.0
+
+
+def test_baselines_are_rows_of_compare(tmp_path):
+    """Baselines go through `mmpe compare sst` as rows: no training, the same numbers every seed,
+    None on the task they do not address; damped persistence is persistence scaled by α."""
+    from mmpe.recipes.compare import resolve_encodings
+
+    assert resolve_encodings(sst.COMPARE, "persistence,latlon_raw", None) == ["persistence", "latlon_raw"]
+    with pytest.raises(KeyError):
+        resolve_encodings(sst.COMPARE, "persistance", None)
+    runs = [sst.run_one(name, seed=s, out_dir=tmp_path, cli_args=[])
+            for name in ("persistence", "damped_persistence") for s in (0, 1)]
+    assert runs[0] == runs[1] and runs[2] == runs[3]
+    persist, damped = runs[0], runs[2]
+    assert set(persist) >= set(sst.COLUMNS) and persist["infill RMSE"] is None
+    assert 0.0 < damped["alpha"] < 1.0 and 0.0 < persist["fc RMSE"] < 2.0
+    assert damped["fc RMSE"] <= persist["fc RMSE"] + 1e-9  # on this test year, damping helps
