@@ -87,6 +87,7 @@ COMPARE = CompareSpec(
     lower_is_better=False,
     default_encodings=list(FAMILIES),
     coords="sequence",
+    check_encoding=lambda name: check_family(name),
     title="MNIST digit strips → text: exact match vs strip length",
     notes=[
         "Rows are model families (model.family), not registry encodings.",
@@ -94,6 +95,17 @@ COMPARE = CompareSpec(
         "Per-digit accuracy per k is in results.json (keys 'digit k=…').",
     ],
 )
+
+
+def check_family(name: str) -> str:
+    """``name`` if it is a model family (``mmpe compare multimodal --encodings`` takes families).
+
+    Raises:
+        KeyError: not one of :data:`FAMILIES` (names them).
+    """
+    if name not in FAMILIES:
+        raise KeyError(f"unknown multimodal family {name!r}; families: {', '.join(FAMILIES)}")
+    return name
 
 
 # ---------------------------------------------------------------------------------------------

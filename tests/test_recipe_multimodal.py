@@ -93,6 +93,23 @@ def test_unknown_family() -> None:
         mm.StripReader(family="blip")
 
 
+def test_compare_takes_family_names() -> None:
+    """`mmpe compare multimodal --encodings flamingo` names a family, not a registry encoding."""
+    from mmpe.recipes.compare import resolve_encodings
+
+    assert resolve_encodings(mm.COMPARE, "flamingo,llava", None) == ["flamingo", "llava"]
+    with pytest.raises(KeyError, match="families: llava"):
+        resolve_encodings(mm.COMPARE, "rope", None)
+
+
+def test_gates_start_where_told_and_are_reported() -> None:
+    model = mm.StripReader(family="flamingo", d_model=32, depth=2, gate_init=0.5)
+    assert all(float(b.attn_gate) == 0.5 == float(b.mlp_gate) for b in model.decoder.xattn)
+    assert all(float(b.attn_gate) == 0.0 for b in mm.StripReader(family="flamingo").decoder.xattn)
+    with pytest.raises(ValueError, match="gate_init must be finite"):
+        mm.StripReader(family="flamingo", gate_init=float("nan"))
+
+
 @pytest.mark.slow
 def test_short_training_learns_to_read(tmp_path) -> None:
     out = mm.run_one("mrope", seed=0, out_dir=tmp_path,
