@@ -75,7 +75,7 @@ def draw_metric_lines(columns: Sequence[str], series: Mapping[str, Sequence[Cell
         ax.errorbar(x, y, yerr=err if any(not math.isnan(e) for e in err) else None,
                     color=f"C{i % 10}", marker=_MARKERS[i % len(_MARKERS)], ms=5, lw=1.4,
                     capsize=3, label=name)
-    _categorical_ticks(ax, cols)
+    _categorical_ticks(ax, cols, 6.0)
     ax.set_xlim(-0.5, len(cols) - 0.5)
     ax.set_xlabel(xlabel or "")
     ax.set_ylabel(ylabel or "")
@@ -144,7 +144,7 @@ def draw_metric_points(panels: Sequence[str], series: Mapping[str, Sequence[Cell
                 continue
             ax.errorbar([i], [mean], yerr=None if sd is None else [sd], color=f"C{i % 10}",
                         marker=_MARKERS[i % len(_MARKERS)], ms=6, capsize=4, label=name)
-        _categorical_ticks(ax, list(rows))
+        _categorical_ticks(ax, list(rows), width - 1.0)
         ax.set_xlim(-0.6, max(n, 1) - 0.4)
         ax.set_title(panel, fontsize=10)
         ax.set_ylabel(labels[p])
@@ -215,7 +215,10 @@ def _number(fn: str, name: str, value: Any) -> float | None:
     return None if math.isnan(value) else value
 
 
-def _categorical_ticks(ax: Axes, labels: list[str]) -> None:
-    long = sum(len(s) for s in labels) > 48 or max((len(s) for s in labels), default=0) > 14
+def _categorical_ticks(ax: Axes, labels: list[str], width: float) -> None:
+    """Tick ``i`` labelled ``labels[i]``; slanted when the labels would overlap on an axis
+    ``width`` inches wide (about 0.09 inch per character at the default font size)."""
+    room = width / max(len(labels), 1)
+    long = max((len(s) for s in labels), default=0) * 0.09 > 0.9 * room
     ax.set_xticks(range(len(labels)), labels, rotation=30 if long else 0,
-                  ha="right" if long else "center")
+                  ha="right" if long else "center", rotation_mode="anchor" if long else "default")
