@@ -5,7 +5,7 @@
                                                capabilities they need, the shipped coordinate
                                                types that provide them, and their papers
     mmpe compare RECIPE [--encodings a,b|all] [--family F] [--out DIR] [--seed S] [--seeds N]
-                 [--store DIR] [--setting NAME] [--rerun] [-- LIGHTNING ARGS]
+                 [--store DIR] [--setting NAME] [--rerun] [--jobs J] [-- LIGHTNING ARGS]
                                                train each (encoding, seed) not yet stored; one
                                                JSON line per run in DIR/RECIPE.jsonl
     mmpe report [RECIPE] [--setting NAME] [--store DIR] [--plot PNG] [--write FILES] [--check FILES]
@@ -50,7 +50,7 @@ def _compare(args: argparse.Namespace, rest: list[str]) -> int:
 
     table = compare(args.recipe, encodings=args.encodings, family=args.family,
                     out_dir=args.out, seed=args.seed, cli_args=rest, seeds=args.seeds,
-                    store=args.store, setting=args.setting, rerun=args.rerun)
+                    store=args.store, setting=args.setting, rerun=args.rerun, jobs=args.jobs)
     print(table)
     return 0
 
@@ -129,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     p_cmp.add_argument("--setting", help="name the runs are stored under (default: 'default', "
                        "or custom-<hash> with extra Lightning arguments)")
     p_cmp.add_argument("--rerun", action="store_true", help="train runs already stored again")
+    p_cmp.add_argument("--jobs", type=int, default=1,
+                       help="runs trained at once, one process each (MMPE_THREADS threads each)")
     p_rep = sub.add_parser("report", help="tables and plots from stored runs")
     p_rep.add_argument("recipe", nargs="?", help="print this recipe's table")
     p_rep.add_argument("--setting", help="stored setting(s), comma-separated (default: default)")

@@ -17,6 +17,7 @@ mean ± sd table rendered from the store (:mod:`mmpe.recipes.report`), also writ
 from __future__ import annotations
 
 import importlib
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -119,7 +120,7 @@ def format_table(spec: CompareSpec, rows: dict[str, dict[str, float | None]],
 def compare(modality: str, encodings: str | None = None, family: str | None = None,
             out_dir: str | Path | None = None, seed: int = 0, cli_args: Sequence[str] = (),
             *, seeds: int | None = None, store: str | Path = DEFAULT_STORE,
-            setting: str | None = None, rerun: bool = False) -> str:
+            setting: str | None = None, rerun: bool = False, jobs: int = 1) -> str:
     """Train every (encoding, seed) not yet stored, store each run as it ends, return the table.
 
     Args:
@@ -137,9 +138,12 @@ def compare(modality: str, encodings: str | None = None, family: str | None = No
         setting: the name the runs are stored under (default ``default`` without ``cli_args``,
             else ``custom-<hash>``).
         rerun: train again runs already in the store (the new record replaces the old one).
+        jobs: runs trained at once, each in its own process (``spawn``); each uses
+            ``MMPE_THREADS`` threads (default: the cores divided by ``jobs``). Results do not
+            depend on ``jobs``, only on the threads per run.
 
     Raises:
-        ValueError: an unknown recipe or encoding, or ``seeds < 1``.
+        ValueError: an unknown recipe or encoding, ``seeds < 1`` or ``jobs < 1``.
     """
     from mmpe.recipes import report as _report
     from mmpe.recipes import store as _store
@@ -150,25 +154,27 @@ def compare(modality: str, encodings: str | None = None, family: str | None = No
     n_seeds = spec.seeds if seeds is None else int(seeds)
     if n_seeds < 1:
         raise ValueError(f"compare: seeds must be >= 1, got {seeds}")
+    if jobs < 1:
+        raise ValueError(f"compare: jobs must be >= 1, got {jobs}")
     setting = _store.setting_name(list(cli_args), setting)
     out = Path(out_dir or f"runs/compare/{modality}")
     out.mkdir(parents=True, exist_ok=True)
     finished = set() if rerun else _store.done(store, modality, setting)
+    todo = []
     for s in range(seed, seed + n_seeds):
         for name in names:
-            tag = f"[mmpe compare {modality}] {name!r} seed {s}"
             if (name, s) in finished:
-                print(f"{tag}: stored in {_store.store_file(store, modality)}; skipped "
-                      "(--rerun trains it again)", flush=True)
-                continue
-            print(f"{tag}: training", flush=True)
-            run_dir = out / name / f"seed{s}"
-            start = time.perf_counter()
-            metrics = recipe.run_one(name, seed=s, out_dir=run_dir, cli_args=list(cli_args))
-            wall = time.perf_counter() - start
-            _store.append(store, _store.make_record(modality, setting, name, s, metrics, wall_s=wall,
-                                                    cli_args=cli_args, out_dir=run_dir))
-            print(f"{tag}: {metrics} ({wall:.0f} s)", flush=True)
+                print(f"[mmpe compare {modality}] {name!r} seed {s}: stored in "
+                      f"{_store.store_file(store, modality)}; skipped (--rerun trains it again)",
+                      flush=True)
+            else:
+                todo.append(_Run(modality, recipe.__name__, setting, name, s,
+                                 str(out / name / f"seed{s}"), tuple(cli_args), str(store)))
+    if jobs > 1 and len(todo) > 1:
+        _run_parallel(todo, jobs)
+    else:
+        for run in todo:
+            _run_and_store(run)
     records = [r for r in _store.read(store, modality)
                if r["setting"] == setting and r["encoding"] in names
                and seed <= r["seed"] < seed + n_seeds]
@@ -177,6 +183,62 @@ def compare(modality: str, encodings: str | None = None, family: str | None = No
     (out / "results.md").write_text(f"{spec.title}\n\n{table}\n\n{notes}\n")
     _report.plot(spec, records, out / f"{_slug(spec.metric)}.png", setting, names)
     return table
+
+
+@dataclass(frozen=True)
+class _Run:
+    """One (encoding, seed) of a comparison, picklable for a worker process."""
+
+    modality: str
+    module: str
+    setting: str
+    encoding: str
+    seed: int
+    out_dir: str
+    cli_args: tuple[str, ...]
+    store: str
+
+
+def _run_and_store(run: _Run) -> dict[str, float | None]:
+    """Train one run, append its record to the store, return its metrics."""
+    from mmpe.recipes import store as _store
+
+    recipe = importlib.import_module(run.module)
+    tag = f"[mmpe compare {run.modality}] {run.encoding!r} seed {run.seed}"
+    print(f"{tag}: training", flush=True)
+    start = time.perf_counter()
+    metrics = recipe.run_one(run.encoding, seed=run.seed, out_dir=Path(run.out_dir),
+                             cli_args=list(run.cli_args))
+    wall = time.perf_counter() - start
+    _store.append(run.store, _store.make_record(run.modality, run.setting, run.encoding, run.seed,
+                                                metrics, wall_s=wall, cli_args=run.cli_args,
+                                                out_dir=run.out_dir))
+    print(f"{tag}: {metrics} ({wall:.0f} s)", flush=True)
+    return metrics
+
+
+def _worker_init(threads: str) -> None:
+    os.environ.setdefault("MMPE_THREADS", threads)
+
+
+def _run_parallel(todo: list[_Run], jobs: int) -> None:
+    """Train ``todo`` in ``jobs`` processes; every finished run is stored even if another fails."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = str(max(1, cores // jobs))
+    errors = []
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_worker_init, initargs=(threads,)) as pool:
+        futures = {pool.submit(_run_and_store, run): run for run in todo}
+        for future in as_completed(futures):
+            if future.exception() is not None:
+                errors.append((futures[future], future.exception()))
+    if errors:
+        run, err = errors[0]
+        raise RuntimeError(f"compare: {len(errors)} run(s) failed, first {run.encoding!r} seed "
+                           f"{run.seed}: {err}") from err
 
 
 def _slug(text: str) -> str:

@@ -1,3 +1,4 @@
+import os
 import sys
 import types
 
@@ -98,3 +99,38 @@ def test_a_recipe_can_accept_its_own_encoding_names():
     assert seen == ["spd", "spd+alibi"]
     with pytest.raises(KeyError):
         resolve_encodings(SPEC, "spd+alibi", None)
+
+
+TOY_MODULE = '''
+import os
+from mmpe.recipes.compare import CompareSpec
+
+COMPARE = CompareSpec(metric="m", columns=["x"], xlabel="x", lower_is_better=True,
+                      default_encodings=["rope"])
+
+
+def run_one(encoding, *, seed, out_dir, cli_args):
+    return {"x": float(seed), "pid": float(os.getpid()), "threads": float(os.environ.get("MMPE_THREADS", "0"))}
+'''
+
+
+def test_parallel_jobs_store_the_same_records(tmp_path, monkeypatch):
+    """--jobs 2 trains in two spawned processes (one thread each on 2 cores unless told) and
+    stores what the serial run stores."""
+    (tmp_path / "toy_parallel.py").write_text(TOY_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.delenv("MMPE_THREADS", raising=False)
+    monkeypatch.setitem(RECIPES, "toyp", ("toy_parallel", "a stand-in"))
+    compare("toyp", "rope,alibi", out_dir=tmp_path / "o", seeds=2, store=tmp_path / "p", jobs=2)
+    compare("toyp", "rope,alibi", out_dir=tmp_path / "o", seeds=2, store=tmp_path / "s")
+    par, ser = store.read(tmp_path / "p", "toyp"), store.read(tmp_path / "s", "toyp")
+    key = lambda r: (r["encoding"], r["seed"])  # noqa: E731
+    assert sorted(map(key, par)) == sorted(map(key, ser)) and len(par) == 4
+    assert {r["metrics"]["pid"] for r in par}.isdisjoint({os.getpid()})
+    assert {r["metrics"]["pid"] for r in ser} == {os.getpid()}
+    assert {r["metrics"]["x"] for r in par} == {0.0, 1.0}
+    cores = len(os.sched_getaffinity(0))
+    assert {r["metrics"]["threads"] for r in par} == {float(max(1, cores // 2))}
+    with pytest.raises(ValueError, match="jobs must be >= 1"):
+        compare("toyp", "rope", out_dir=tmp_path / "o", store=tmp_path / "p", jobs=0)
