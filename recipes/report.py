@@ -55,10 +55,12 @@ class Block:
     rows: tuple[str, ...] | None = None
     columns: tuple[str, ...] | None = None
     plot: str | None = None
+    summary: bool = False
 
     @classmethod
     def parse(cls, args: str) -> Block:
-        """``"text setting=default,concat rows=a,b columns=1x,2x plot=docs/img/x.png"``.
+        """``"text setting=default,concat rows=a,b columns=1x,2x plot=docs/img/x.png"``; the
+        word ``summary`` renders only the best-per-column line (no table).
 
         Raises:
             ValueError: no recipe, or an unknown ``key=value`` (names the known keys).
@@ -68,6 +70,9 @@ class Block:
             raise ValueError(f"mmpe:report block {args!r}: the first word must be a recipe name")
         fields: dict[str, Any] = {"recipe": words[0]}
         for word in words[1:]:
+            if word == "summary":
+                fields["summary"] = True
+                continue
             name, _, value = word.partition("=")
             items = tuple(v for v in value.split(",") if v)
             if name == "setting":
@@ -78,7 +83,7 @@ class Block:
                 fields["plot"] = value
             else:
                 raise ValueError(f"mmpe:report block {args!r}: unknown key {name!r} "
-                                 "(known: setting, rows, columns, plot)")
+                                 "(known: setting, rows, columns, plot, summary)")
         return cls(**fields)
 
 
@@ -122,11 +127,14 @@ def best_in_column(summary: dict[str, dict[str, Cell]], column: str,
 
 
 def render_table(spec: Any, records: list[dict[str, Any]], *, settings: Iterable[str] = ("default",),
-                 rows: Iterable[str] | None = None, columns: Iterable[str] | None = None) -> str:
+                 rows: Iterable[str] | None = None, columns: Iterable[str] | None = None,
+                 summary: bool = False) -> str:
     """The markdown table (mean ± sd, seeds) and its noise line for ``records`` of a recipe.
 
     With several settings, rows are ``encoding (setting)``. ``rows`` picks and orders the
     encodings (default: as first stored).
+
+    With ``summary`` only the best-per-column sentence is returned.
 
     Raises:
         LookupError: a requested row or setting has no stored run (names the command to run).
@@ -145,8 +153,10 @@ def render_table(spec: Any, records: list[dict[str, Any]], *, settings: Iterable
             if not picked:
                 raise LookupError(f"no stored run of {enc!r} in setting {s!r}")
             chosen += sorted(picked, key=lambda r: r["seed"])
-    summary = summarise(chosen, columns)
+    summary_only, summary = summary, summarise(chosen, columns)
     marks = {c: best_in_column(summary, c, _lower(spec, c)) for c in columns}
+    if summary_only:
+        return best_line(marks)
     lines = [f"| encoding | {' | '.join(columns)} | seeds |", "|" + "---|" * (len(columns) + 2)]
     for enc, row in summary.items():
         cells = [_format(spec.fmt, row[c], bold=marks[c][1] and marks[c][0] == enc) for c in columns]
@@ -175,6 +185,15 @@ def _seed_list(seeds: list[int]) -> str:
 def noise_line(marks: dict[str, tuple], lower: list[bool]) -> str:
     """One generated sentence: per column, the clear winner or who is within noise of the best."""
     direction = ("lower" if lower[0] else "higher") if len(set(lower)) == 1 else "per column"
+    rule = (f"Mean ± sample sd over seeds ({direction} is better). Bold: best beyond noise "
+            f"(mean difference > {NOISE_SDS:g} × pooled sd to every other row); "
+            "with one seed nothing is marked.")
+    return rule + " Best per column — " + best_line(marks)
+
+
+def best_line(marks: dict[str, tuple]) -> str:
+    """``"1x: **rope**; 2x: fire, alibi (within noise)."``: per column the clear winner, or the
+    best with every row within noise of it."""
     parts = []
     for col, (best, clear, tied) in marks.items():
         if best is None:
@@ -183,10 +202,7 @@ def noise_line(marks: dict[str, tuple], lower: list[bool]) -> str:
             parts.append(f"{col}: **{best}**")
         else:
             parts.append(f"{col}: {', '.join([best, *tied])} (within noise)")
-    rule = (f"Mean ± sample sd over seeds ({direction} is better). Bold: best beyond noise "
-            f"(mean difference > {NOISE_SDS:g} × pooled sd to every other row); "
-            "with one seed nothing is marked.")
-    return rule + " Best per column — " + "; ".join(parts) + "."
+    return "; ".join(parts) + "."
 
 
 def series(spec: Any, records: list[dict[str, Any]], setting: str = "default",
@@ -216,7 +232,7 @@ def render_block(block: Block, store: str | Path) -> str:
     spec = load_recipe(block.recipe).COMPARE
     records = _store.read(store, block.recipe)
     return render_table(spec, records, settings=block.settings, rows=block.rows,
-                        columns=block.columns) + "\n"
+                        columns=block.columns, summary=block.summary) + "\n"
 
 
 def blocks(text: str) -> list[tuple[Block, str]]:

@@ -132,3 +132,10 @@ def test_store_rejects_broken_lines(tmp_path):
     assert store.setting_name([]) == "default" and store.setting_name([], "long") == "long"
     assert store.setting_name(["--a", "1"]).startswith("custom-")
     assert store.setting_name(["--a", "1"]) != store.setting_name(["--a", "2"])
+
+
+def test_summary_block_is_the_best_line_only():
+    records = [rec("p", s, 0.90 + s / 1000, 0.5) for s in range(3)]
+    records += [rec("q", s, 0.80 + s / 1000, 0.5) for s in range(3)]
+    assert report.render_table(SPEC, records, summary=True) == "a: **p**; b: p, q (within noise)."
+    assert report.Block.parse("toy summary rows=p,q").summary
