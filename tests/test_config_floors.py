@@ -1,0 +1,32 @@
+"""Recipe configs leave the device to Lightning, and declared dependency floors are the
+versions whose APIs mmpe calls."""
+
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").rglob("*.yaml")), ids=lambda p: p.parent.name + "/" + p.name)
+def test_no_config_pins_the_cpu(path):
+    """A user with a GPU gets it: `accelerator: auto` (or unset), never `cpu`."""
+    trainer = (yaml.safe_load(path.read_text()) or {}).get("trainer") or {}
+    assert trainer.get("accelerator", "auto") != "cpu", f"{path} pins the CPU"
+
+
+def _floor(package: str) -> tuple[int, ...]:
+    text = (ROOT / "pyproject.toml").read_text()
+    floors = set(re.findall(rf'"{package}>=([0-9.]+)"', text))
+    assert len(floors) == 1, f"{package}: one floor everywhere in pyproject.toml, got {floors}"
+    return tuple(int(x) for x in floors.pop().split("."))
+
+
+def test_timm_floor_has_the_resize_keyword_swin_uses():
+    """swin resizes its 2D table with `old_window_size=`, first released in timm 1.0.31."""
+    assert _floor("timm") >= (1, 0, 31)
+    layers = pytest.importorskip("timm.layers")
+    assert "old_window_size" in inspect.signature(layers.resize_rel_pos_bias_table).parameters
