@@ -75,15 +75,18 @@ class FIRE(SavesSettings, ScoreEncoding):
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
         self.check_context(ctx)
         # float32 weights: the normalised distance is float32 (a bf16 module keeps bf16 ones).
-        w1, b1 = self.mlp[0].weight[:, 0].float(), self.mlp[0].bias.float()
-        w2, b2 = self.mlp[2].weight.float(), self.mlp[2].bias.float()
+        # One tensor per hidden unit: compiled flex differentiates a captured tensor only if
+        # the score_mod indexes it once (tests/test_score_mod_indexing.py).
+        w1 = self.mlp[0].weight[:, 0].float().unbind(0)
+        b1 = self.mlp[0].bias.float().unbind(0)
+        w2, b2 = self.mlp[2].weight.float().unbind(1), self.mlp[2].bias.float()
 
         def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             x = self.normalised_distance(ctx, q_idx, kv_idx, b)
             # The MLP unrolled over its hidden units so FlexAttention sees scalar ops only.
             out = b2[h]
-            for u in range(w1.shape[0]):
-                out = out + w2[h, u] * torch.relu(x * w1[u] + b1[u])
+            for w1_u, b1_u, w2_u in zip(w1, b1, w2, strict=True):
+                out = out + w2_u[h] * torch.relu(x * w1_u + b1_u)
             return score + out
 
         return mod

@@ -66,11 +66,14 @@ class ForgettingGate(ContentScoreEncoding):
         require_causal("fox", ctx)
         self.check_context(ctx)
         c, batch = self._sums(ctx), ctx.batch
+        # A second tensor for the key side: compiled flex differentiates a captured tensor only
+        # if the score_mod indexes it once (tests/test_score_mod_indexing.py).
+        c_q, c_k = c, c.clone()
         first = ctx.coords.num_keys - ctx.coords.num_queries  # the queries' own key slots
 
         def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             bb = batch_index(b, batch)
-            return score + c[bb, h, q_idx + first] - c[bb, h, kv_idx]
+            return score + c_q[bb, h, q_idx + first] - c_k[bb, h, kv_idx]
 
         return mod
 

@@ -96,8 +96,11 @@ class MeshDisplacementBias(SavesSettings, ScoreEncoding):
         k_axes = [kpos[..., a].contiguous() for a in range(self.num_axes)]
         scale = 1.0 / self.length_scale
         lin1, lin2 = self.mlp[0], self.mlp[2]
-        w1, b1 = lin1.weight.float(), lin1.bias.float()
-        w2, b2 = lin2.weight.float(), lin2.bias.float()
+        # One tensor per weight read: compiled flex differentiates a captured tensor only if the
+        # score_mod indexes it once (tests/test_score_mod_indexing.py).
+        w1 = [row.unbind(0) for row in lin1.weight.float().unbind(0)]
+        b1 = lin1.bias.float().unbind(0)
+        w2, b2 = lin2.weight.float().unbind(1), lin2.bias.float()
 
         def take(values: Tensor, idx: Tensor, b: Tensor) -> Tensor:
             return values[b, idx] if values.dim() == 2 else values[idx]
@@ -111,11 +114,11 @@ class MeshDisplacementBias(SavesSettings, ScoreEncoding):
             feats = [*diffs, safe_sqrt(square)]
             # The MLP unrolled over its hidden units so FlexAttention sees scalar ops only.
             out = b2[h]
-            for u in range(w1.shape[0]):
-                pre = b1[u]
-                for i, feat in enumerate(feats):
-                    pre = pre + w1[u, i] * feat
-                out = out + w2[h, u] * torch.relu(pre)
+            for w1_u, b1_u, w2_u in zip(w1, b1, w2, strict=True):
+                pre = b1_u
+                for w, feat in zip(w1_u, feats, strict=True):
+                    pre = pre + w * feat
+                out = out + w2_u[h] * torch.relu(pre)
             return score + out
 
         return mod
