@@ -206,13 +206,14 @@ def _run_and_store(run: _Run) -> dict[str, float | None]:
     recipe = importlib.import_module(run.module)
     tag = f"[mmpe compare {run.modality}] {run.encoding!r} seed {run.seed}"
     print(f"{tag}: training", flush=True)
+    env = _store.environment()  # the code as the run starts, not as it ends
     start = time.perf_counter()
     metrics = recipe.run_one(run.encoding, seed=run.seed, out_dir=Path(run.out_dir),
                              cli_args=list(run.cli_args))
     wall = time.perf_counter() - start
     _store.append(run.store, _store.make_record(run.modality, run.setting, run.encoding, run.seed,
                                                 metrics, wall_s=wall, cli_args=run.cli_args,
-                                                out_dir=run.out_dir))
+                                                out_dir=run.out_dir, env=env))
     print(f"{tag}: {metrics} ({wall:.0f} s)", flush=True)
     return metrics
 
