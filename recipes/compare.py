@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -207,6 +208,8 @@ def _run_and_store(run: _Run) -> dict[str, float | None]:
     tag = f"[mmpe compare {run.modality}] {run.encoding!r} seed {run.seed}"
     print(f"{tag}: training", flush=True)
     env = _store.environment()  # the code as the run starts, not as it ends
+    if Path(run.out_dir).exists():  # logs of a run that stopped before it was stored
+        shutil.rmtree(run.out_dir)
     start = time.perf_counter()
     metrics = recipe.run_one(run.encoding, seed=run.seed, out_dir=Path(run.out_dir),
                              cli_args=list(run.cli_args))
