@@ -36,7 +36,6 @@ Families (``model.family``):
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -92,7 +91,8 @@ COMPARE = CompareSpec(
     notes=[
         "Rows are model families (model.family), not registry encodings.",
         "Test strips from the held-out MNIST test split; greedy cached decoding.",
-        "Per-digit accuracy per k is in results.json (keys 'digit k=…').",
+        "Per-digit accuracy per k is stored too (metrics 'digit_k=…'): "
+        "`mmpe report` blocks with columns=digit_k=1,… show it.",
     ],
 )
 
@@ -497,7 +497,7 @@ def make_cli(args: list[str] | None = None, run: bool = True) -> MultimodalCLI:
 
 def evaluate(model: StripReader, data: DigitStrips, ks: tuple[int, ...] = EVAL_K,
              n: int | None = None, batch: int = 250) -> dict[str, float]:
-    """Exact match (``k=…``) and per-digit accuracy (``digit k=…``) on the test strips; for
+    """Exact match (``k=…``) and per-digit accuracy (``digit_k=…``) on the test strips; for
     flamingo also the trained gates, ``|tanh α|`` averaged over layers (``gate attn``,
     ``gate mlp``)."""
     model.eval()
@@ -512,7 +512,7 @@ def evaluate(model: StripReader, data: DigitStrips, ks: tuple[int, ...] = EVAL_K
         for i in range(0, images.shape[0], batch):
             preds += model.read(images[i:i + batch].to(model.device), 2 * k + 1)
         m = strip_metrics(preds, digits)
-        out[f"k={k}"], out[f"digit k={k}"] = m["exact"], m["digit"]
+        out[f"k={k}"], out[f"digit_k={k}"] = m["exact"], m["digit"]
     return out
 
 
@@ -530,44 +530,10 @@ def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> 
     return evaluate(cli.model, cli.datamodule)
 
 
-def report(results_json: str | Path, plot_path: str | Path | None = None) -> str:
-    """Markdown table (exact match / per-digit accuracy per k) from ``mmpe compare``'s
-    ``results.json``, and a two-panel plot (accuracy vs k per family) if ``plot_path``."""
-    res = json.loads(Path(results_json).read_text())
-    rows, secs = res["results"], res.get("train_seconds", {})
-    head = "| family | " + " | ".join(f"k={k}" for k in EVAL_K) + " | train s |"
-    lines = [head, "|" + "---|" * (len(EVAL_K) + 2)]
-    for fam, m in rows.items():
-        cells = [f"{m[f'k={k}']:.3f} / {m[f'digit k={k}']:.3f}" for k in EVAL_K]
-        lines.append(f"| {fam} | " + " | ".join(cells) + f" | {secs.get(fam, 0):.0f} |")
-    if plot_path is not None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharex=True)
-        for ax, key, name in ((axes[0], "k={}", "exact match"), (axes[1], "digit k={}", "per-digit accuracy")):
-            for fam, m in rows.items():
-                ax.plot(EVAL_K, [m[key.format(k)] for k in EVAL_K], marker="o", label=fam)
-            ax.axvspan(0.5, 4.5, color="0.9", zorder=0)
-            ax.set_xticks(EVAL_K)
-            ax.set_xlabel("digits per strip k (shaded: training lengths)")
-            ax.set_ylabel(name)
-            ax.set_ylim(-0.02, 1.02)
-            ax.grid(alpha=0.3)
-        axes[0].legend(fontsize=8)
-        fig.suptitle("MNIST digit strips → text (held-out test digits)")
-        fig.tight_layout()
-        fig.savefig(plot_path, dpi=120)
-        plt.close(fig)
-    return "\n".join(lines)
-
-
 if __name__ == "__main__":
     import sys
 
     if len(sys.argv) > 1 and sys.argv[1] == "report":
-        print(report(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None))
-    else:
-        make_cli()
+        sys.exit("`python -m mmpe.recipes.multimodal report` is replaced by `mmpe report multimodal` "
+                 "(tables and plots from stored runs)")
+    make_cli()

@@ -64,7 +64,6 @@ the visible cells, their mean in the query's latitude band (±5°), and the near
 from __future__ import annotations
 
 import functools
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -770,51 +769,13 @@ def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> 
     return results
 
 
-def report(results_json: str | Path, plot_path: str | Path | None = None,
-           baseline_rows: dict[str, dict[str, float]] | None = None) -> str:
-    """Markdown table of ``mmpe compare sst``'s ``results.json`` with the baselines, and a bar
-    plot (one panel per task) if ``plot_path``."""
-    res = json.loads(Path(results_json).read_text())
-    rows: dict[str, dict[str, float]] = {k: {c: v for c, v in m.items() if v is not None}
-                                         for k, m in res["results"].items()}
-    if baseline_rows is None:
-        baseline_rows = baselines()
-    table = _table({**rows, **{f"*{k}*": v for k, v in baseline_rows.items()}})
-    if plot_path is not None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        panels = ((COLUMNS[:2], "forecast: next-month anomaly (OSTIA, test year)"),
-                  (COLUMNS[2:], "infill: global SST (HadISST 2012-08, 5°)"))
-        fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), gridspec_kw={"width_ratios": [2, 3]})
-        for ax, (cols, title) in zip(axes, panels, strict=True):
-            names = [n for n in rows] + [n for n in baseline_rows if all(c in baseline_rows[n] for c in cols)]
-            width = 0.8 / max(1, len(names))
-            for i, name in enumerate(names):
-                m = rows.get(name, baseline_rows.get(name, {}))
-                xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(cols))]
-                hatch = "//" if name in baseline_rows else None
-                ax.bar(xs, [m.get(c, float("nan")) for c in cols], width, label=name, hatch=hatch,
-                       edgecolor="0.3" if hatch else None, linewidth=0.5)
-            ax.set_xticks(range(len(cols)), cols)
-            ax.set_ylabel("area-weighted RMSE (K), lower is better")
-            ax.set_title(title, fontsize=10)
-            ax.grid(axis="y", alpha=0.3)
-            ax.legend(fontsize=7, ncol=2)
-        fig.tight_layout()
-        fig.savefig(plot_path, dpi=120)
-        plt.close(fig)
-    return table
-
-
 if __name__ == "__main__":
     import sys
 
     if len(sys.argv) > 1 and sys.argv[1] == "baselines":
         print(_table(baselines(sys.argv[2:])))
     elif len(sys.argv) > 1 and sys.argv[1] == "report":
-        print(report(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None))
+        sys.exit("`python -m mmpe.recipes.sst report` is replaced by `mmpe report sst` (tables and "
+                 "plots from stored runs; the baselines are rows of `mmpe compare sst`)")
     else:
         make_cli()

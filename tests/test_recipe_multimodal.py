@@ -116,4 +116,4 @@ def test_short_training_learns_to_read(tmp_path) -> None:
                      cli_args=["--trainer.max_steps", "150", "--data.batch_size", "32",
                                "--data.test_strips", "50"])
     assert set(out) == {f"{p}k={k}" for k in mm.EVAL_K for p in ("", "digit ")}
-    assert out["digit k=1"] > 0.3  # chance is 0.1
+    assert out["digit_k=1"] > 0.3  # chance is 0.1
