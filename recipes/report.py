@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -60,12 +61,13 @@ class Block:
     @classmethod
     def parse(cls, args: str) -> Block:
         """``"text setting=default,concat rows=a,b columns=1x,2x plot=docs/img/x.png"``; the
-        word ``summary`` renders only the best-per-column line (no table).
+        word ``summary`` renders only the best-per-column line (no table). Quote a value with
+        spaces: ``columns="gate attn,gate mlp"``.
 
         Raises:
             ValueError: no recipe, or an unknown ``key=value`` (names the known keys).
         """
-        words = args.split()
+        words = shlex.split(args)
         if not words or "=" in words[0]:
             raise ValueError(f"mmpe:report block {args!r}: the first word must be a recipe name")
         fields: dict[str, Any] = {"recipe": words[0]}
