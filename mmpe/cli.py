@@ -23,6 +23,7 @@ Arguments after ``--`` go to the recipe's LightningCLI (e.g. ``--trainer.max_ste
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from mmpe import registry
@@ -106,6 +107,17 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # inside the try: a closed pipe raises here, not at exit
+        return code
+    except BrokenPipeError:
+        # `mmpe list | head`: the reader left; exit quietly as Unix tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     rest: list[str] = []
     if "--" in argv:
