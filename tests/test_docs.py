@@ -28,3 +28,17 @@ def test_doc_examples_run(doc: Path, tmp_path: Path) -> None:
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=300, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-4000:]
+
+
+#: Pages whose every Python block runs on its own, as a reader copies one.
+STANDALONE = ["geometry.md"]
+
+
+@pytest.mark.parametrize("name", STANDALONE)
+def test_each_block_runs_as_copied(name: str, tmp_path: Path) -> None:
+    blocks = re.findall(r"```python\n(.*?)```", (DOCS_DIR / name).read_text(encoding="utf-8"), flags=re.S)
+    assert blocks, f"{name} has no Python example"
+    for i, block in enumerate(blocks, start=1):
+        run = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True,
+                             timeout=300, cwd=tmp_path)
+        assert run.returncode == 0, f"{name} block {i}:\n{run.stderr[-3000:]}"
