@@ -51,3 +51,24 @@ def test_editing_a_committed_result_is_caught(tmp_path):
             break
     path.write_text("\n".join(lines) + "\n")
     assert report.stale([page], copy), "an edited result went unnoticed"
+
+
+@pytest.mark.slow
+def test_a_stored_text_run_reproduces(tmp_path, monkeypatch):
+    """`make run` prints the README's table: one stored run (sinusoidal, seed 0), trained again
+    as `make run` trains it (one thread, a spawned worker), gives the stored metrics to the
+    README's three decimals (bit for bit on the machine class that stored them)."""
+    from mmpe.recipes.compare import compare
+
+    monkeypatch.setenv("MMPE_THREADS", "1")
+    compare("text", "sinusoidal,learned", out_dir=tmp_path / "out", seeds=1, store=tmp_path / "s",
+            jobs=2)
+    stored = {(r["encoding"], r["seed"]): r["metrics"] for r in store.read(STORE, "text")
+              if r["setting"] == "default"}
+    for again in store.read(tmp_path / "s", "text"):
+        want = stored[(again["encoding"], again["seed"])]
+        for column, value in again["metrics"].items():
+            if value is None:
+                assert want[column] is None
+            else:
+                assert f"{value:.3f}" == f"{want[column]:.3f}", (again["encoding"], column)
