@@ -56,9 +56,9 @@ the visible cells, their mean in the query's latitude band (±5°), and the near
 
     python -m mmpe.recipes.sst fit --config configs/sst/default.yaml --model.encoding spherical_harmonics
     python -m mmpe.recipes.sst fit --config configs/sst/infill.yaml --model.encoding latlon_sincos
-    mmpe compare sst --encodings latlon_raw,latlon_sincos,latlon_grid,spherical_harmonics,sphere_m
+    mmpe compare sst               # the five encodings and the baselines, 3 seeds each
     python -m mmpe.recipes.sst baselines
-    python -m mmpe.recipes.sst report runs/compare/sst/results.json docs/img/sst.png
+    mmpe report sst
 """
 
 from __future__ import annotations

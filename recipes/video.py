@@ -60,7 +60,7 @@ COMPARE = CompareSpec(
     notes=[
         "Accuracy = both the digit (10 classes) and the motion direction (8) right; chance 1.25 %.",
         "Same test clips at every length (a 16-frame clip continues its 8-frame prefix).",
-        "Per-head accuracies (digit@Nf, direction@Nf) are in results.json.",
+        "Per-head accuracies (digit@Nf, direction@Nf) are stored with each run.",
         "n/a: the encoding cannot represent the longer clip.",
     ],
 )

@@ -124,11 +124,12 @@ def test_wheel_installs_and_compare_runs_from_another_directory(tmp_path):
             "--model.d_model", "32", "--model.depth", "1", "--model.num_heads", "2",
             "--data.eval_chars", "2048", "--data.batch_size", "8", "--data.context_length", "16"]
     run = subprocess.run([str(venv / "bin" / "mmpe"), "compare", "text", "--encodings", "rope",
-                          "--out", "out", "--", *tiny], cwd=work, env=env, capture_output=True,
+                          "--seeds", "1", "--out", "out", "--", *tiny], cwd=work, env=env, capture_output=True,
                          text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "| rope |" in run.stdout
-    assert (work / "out" / "results.json").is_file()
+    assert (work / "out" / "results.md").is_file()
+    assert (work / "runs" / "results" / "text.jsonl").is_file()  # the default store
     where = subprocess.run([str(venv / "bin" / "python"), "-c",
                             "import mmpe, mmpe.recipes; print(mmpe.recipes.__file__)"],
                            cwd=work, env=env, capture_output=True, text=True, check=True).stdout
