@@ -26,6 +26,12 @@ def test_every_block_matches_the_committed_store():
     assert report.stale(PAGES, STORE) == []
 
 
+def test_every_plot_a_block_names_exists():
+    """`make report` draws them; a page must not point at a figure that was never rendered."""
+    missing = [block.plot for _, block in _blocks() if block.plot and not (ROOT / block.plot).is_file()]
+    assert not missing, f"run `make report`: {missing}"
+
+
 def test_every_block_has_three_seeds_per_row():
     for page, block in _blocks():
         table = report.render_block(block, STORE)
