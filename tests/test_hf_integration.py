@@ -424,3 +424,40 @@ def test_save_pretrained_keeps_the_encodings(tmp_path):
     ids = torch.randint(1, 100, (1, 8))
     with torch.no_grad():
         assert torch.allclose(loaded(ids).logits, model(ids).logits, atol=1e-6)
+
+
+def _accepted_encodings() -> list[str]:
+    """Every registered score/kernel encoding the bridge accepts on a causal LM."""
+    names = []
+    for entry in mmpe.available(coords=mmpe.Sequence(4, causal=True)):
+        if entry.hook not in ("score", "kernel"):
+            continue
+        try:
+            apply_score_encodings(tiny(), entry.name)
+        except ValueError:  # refused with a reason (e.g. FoX reads the layer input)
+            continue
+        names.append(entry.name)
+    return names
+
+
+#: The cache implementations HF offers that run on a CPU-only machine without extra packages
+#: (offloaded ones need CUDA; quantized needs optimum-quanto).
+CPU_CACHES = ["dynamic", "static", "sliding_window", "hybrid", "hybrid_chunked"]
+
+
+@pytest.mark.parametrize("name", _accepted_encodings())
+def test_every_cache_equals_no_cache_padded_or_not(name):
+    """Every accepted encoding x every cache HF offers here x padded / unpadded batch: the
+    step scores equal `use_cache=False`. (An unpadded batch gets no attention mask from HF; a
+    static cache then has unfilled slots that only `position_ids` tell apart.)"""
+    model = randomize(apply_score_encodings(tiny(), name, drop_rope=name == "alibi"))
+    ids = torch.tensor([[5, 7, 9, 11], [2, 3, 4, 6]])
+    mask = torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]])
+    kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0, output_scores=True,
+              return_dict_in_generate=True)
+    for extra in ({}, {"attention_mask": mask}):
+        plain = model.generate(ids, use_cache=False, **kw, **extra)
+        for impl in CPU_CACHES:
+            out = model.generate(ids, cache_implementation=impl, **kw, **extra)
+            for a, b in zip(plain.scores, out.scores, strict=True):
+                assert torch.allclose(a, b, atol=1e-4), (impl, bool(extra), (a - b).abs().max())

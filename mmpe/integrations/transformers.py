@@ -425,15 +425,23 @@ def _visible_keys(mask: Tensor | None) -> Tensor | None:
     return allowed.any(dim=-2).any(dim=1)
 
 
-def _key_count(state: _ModelState, mask: Tensor | None, q_len: int, k_len: int) -> int:
+def _key_count(state: _ModelState, mask: Tensor | None, q_len: int, k_len: int,
+               position_ids: Tensor | None = None) -> int:
     """Keys that hold tokens: a static cache allocates more slots than tokens seen so far (its
-    filled slots come first); the rest are dropped."""
+    filled slots come first); the rest are dropped.
+
+    Read from the call's 2D padding mask, else from HF's 4D mask, else — an unpadded batch,
+    where HF passes no mask at all — from ``position_ids``: the queries sit at slots
+    ``position_ids``, so the filled slots are ``0 … max(position_ids)``.
+    """
     if k_len <= q_len:
         return k_len
     pad = state.padding
     if pad is not None:
         return pad.shape[-1] if q_len <= pad.shape[-1] < k_len else k_len
     seen = _visible_keys(mask)
+    if seen is None and position_ids is not None:
+        return min(k_len, max(q_len, int(position_ids.max()) + 1))
     if seen is None or not bool(seen.any()):
         return k_len
     return max(int(seen.any(dim=0).nonzero().max()) + 1, q_len)
@@ -520,7 +528,7 @@ def mmpe_attention_forward(module: nn.Module, query: Tensor, key: Tensor, value:
 
     state = link.state
     b, n_h, q_len, head_dim = query.shape
-    k_len = _key_count(state, attention_mask, q_len, key.shape[2])
+    k_len = _key_count(state, attention_mask, q_len, key.shape[2], kwargs.get("position_ids"))
     if k_len != key.shape[2]:
         key, value = key[:, :, :k_len], value[:, :, :k_len]
         if attention_mask is not None:
