@@ -461,3 +461,24 @@ def test_every_cache_equals_no_cache_padded_or_not(name):
             out = model.generate(ids, cache_implementation=impl, **kw, **extra)
             for a, b in zip(plain.scores, out.scores, strict=True):
                 assert torch.allclose(a, b, atol=1e-4), (impl, bool(extra), (a - b).abs().max())
+
+
+@pytest.mark.parametrize("name", ["fire", "t5", "alibi"])
+def test_sliding_window_cache_keeps_absolute_positions(name):
+    """Mistral-style sliding window (4 keys), generating past it: the cached keys keep their
+    absolute positions, so FIRE's query-position normaliser does not restart at the window."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    config = MistralConfig(vocab_size=100, hidden_size=64, intermediate_size=128,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                           max_position_embeddings=256, pad_token_id=0, sliding_window=4)
+    model = randomize(apply_score_encodings(MistralForCausalLM(config).eval(), name))
+    ids = torch.tensor([[5, 7, 9, 11, 13, 15], [2, 3, 4, 6, 8, 10]])
+    kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, output_scores=True,
+              return_dict_in_generate=True)
+    plain = model.generate(ids, use_cache=False, **kw)
+    for impl in ("dynamic", "sliding_window"):
+        out = model.generate(ids, cache_implementation=impl, **kw)
+        for a, b in zip(plain.scores, out.scores, strict=True):
+            assert torch.allclose(a, b, atol=1e-4), (impl, (a - b).abs().max())

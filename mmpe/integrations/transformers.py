@@ -448,17 +448,25 @@ def _key_count(state: _ModelState, mask: Tensor | None, q_len: int, k_len: int,
 
 
 def _coordinates(state: _ModelState, mask: Tensor | None, q_len: int, k_len: int, causal: bool,
-                 device: torch.device) -> Seq1D:
+                 device: torch.device, position_ids: Tensor | None = None) -> Seq1D:
     """The keys' positions: real tokens numbered from 0 per example (HF's ``position_ids`` for a
     left-padded batch); the queries are the last ``q_len`` keys.
 
     Real tokens are read from the model call's 2D ``attention_mask`` when there is one (the
     last ``k_len`` of its entries: a sliding-window cache keeps only the newest keys), else from
     HF's 4D mask (keys no query may see are padding), else all keys are real.
+
+    Without a 2D mask the keys are numbered from the first cached one; a sliding-window cache
+    has dropped older keys, so the numbers are then shifted to make the last query's position
+    its ``position_ids`` (absolute positions: FIRE normalises by the query's position).
     """
     pad = state.padding
     from_2d = pad is not None and pad.shape[-1] >= k_len
-    key = ("coords", q_len, k_len, causal, str(device), None if from_2d else id(mask))
+    shift = None
+    if not from_2d and position_ids is not None:
+        shift = position_ids[:, -1:].to(device).long() - (k_len - 1)  # [b or 1, 1]
+    key = ("coords", q_len, k_len, causal, str(device), None if from_2d else id(mask),
+           None if shift is None else tuple(shift.flatten().tolist()))
     hit = state.memo.get(key)
     if hit is not None and (from_2d or hit[0] is mask):
         return hit[1]
@@ -469,6 +477,11 @@ def _coordinates(state: _ModelState, mask: Tensor | None, q_len: int, k_len: int
     else:
         pad = _visible_keys(mask)
         pos = None if pad is None else (pad.long().cumsum(-1) - 1).clamp(min=0)
+        if shift is not None and bool((shift > 0).any()):  # older keys were dropped
+            if pos is None:
+                pos = torch.arange(k_len, device=device).expand(shift.shape[0], k_len)
+                pad = torch.ones(shift.shape[0], k_len, dtype=torch.bool, device=device)
+            pos = pos + (shift - (pos[:, -1:] - (k_len - 1)))
     offset = k_len - q_len
     if pad is None or (bool(pad.all()) and bool((pos == pos[:1]).all())):
         ids = None if pad is None else pos[0]
@@ -533,7 +546,8 @@ def mmpe_attention_forward(module: nn.Module, query: Tensor, key: Tensor, value:
         key, value = key[:, :, :k_len], value[:, :, :k_len]
         if attention_mask is not None:
             attention_mask = attention_mask[..., :k_len]
-    coords = _coordinates(state, attention_mask, q_len, k_len, causal, query.device)
+    coords = _coordinates(state, attention_mask, q_len, k_len, causal, query.device,
+                          kwargs.get("position_ids"))
     allowed = additive = None
     if attention_mask is None:
         if causal and (q_len > 1 or k_len > q_len):  # by slot: key j ≤ the query's own slot
