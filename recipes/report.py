@@ -200,7 +200,9 @@ def best_line(marks: dict[str, tuple]) -> str:
     for col, (best, clear, tied) in marks.items():
         if best is None:
             continue
-        if clear:
+        if not clear and not tied:
+            parts.append(f"{col}: {best} (the only row)")
+        elif clear:
             parts.append(f"{col}: **{best}**")
         else:
             parts.append(f"{col}: {', '.join([best, *tied])} (within noise)")

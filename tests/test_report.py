@@ -139,4 +139,6 @@ def test_summary_block_is_the_best_line_only():
     records += [rec("q", s, 0.80 + s / 1000, 0.5) for s in range(3)]
     assert report.render_table(SPEC, records, summary=True) == "a: **p**; b: p, q (within noise)."
     assert report.Block.parse("toy summary rows=p,q").summary
+    alone = report.render_table(SPEC, [r for r in records if r["encoding"] == "p"], summary=True)
+    assert alone == "a: p (the only row); b: p (the only row)."
     assert report.Block.parse('toy columns="gate attn,b"').columns == ("gate attn", "b")
