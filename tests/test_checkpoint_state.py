@@ -61,6 +61,7 @@ VALUES: dict[tuple[str, str], tuple] = {
     ("rope_longrope", "long_factor"): ([3.0] * HALF, [5.0] * HALF),
     ("rope_longrope", "attention_factor"): (1.5, 2.0),
     ("rope_axial", "num_axes"): (1, 2),
+    ("rope_axial", "grid_indexing"): ("ij", "xy"),
     ("rope_sphere", "lat_fraction"): (0.25, 0.75),
     ("rope_yarn", "attention_factor"): (1.5, 2.0),
     ("rwse", "projection"): ("mlp", "linear"),

@@ -183,11 +183,100 @@ def test_eva_keeps_or_replaces_its_rope(name):
     assert model.rope is None and getattr(model, "pos_embed", None) is None
     out, theirs = model.forward_features(x), ref.forward_features(x)
     assert torch.isfinite(out).all()
-    if name == "vit_small_patch16_rope_224":  # timm's RoPE-ViT axial RoPE (base 100) is rope_axial
+    if name == "vit_small_patch16_rope_224":  # weak here: timm's layer scale (1e-5) hides
+        # attention; test_rope_vit_rope_axial_equals_timm_where_attention_matters is the check
         torch.testing.assert_close(out, theirs, atol=1e-5, rtol=1e-4)
     if name.startswith("eva02"):  # EVA-02: base 10⁴ RoPE plus a learned pos_embed, both dropped
         assert not torch.allclose(out, theirs, atol=1e-3)
     assert model(torch.randn(1, 3, 48, 40)).shape == (1, 5)  # a 6x5 grid
+
+
+def attention_matters(model):
+    """Layer scale 1 (timm starts it at 1e-5) and weights of std 0.3 (timm: 0.02, near-uniform
+    attention): the blocks' attention, and so the position encoding, changes the output."""
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.rsplit(".", 1)[-1] in ("gamma_1", "gamma_2") or ".ls" in n:
+                p.fill_(1.0)
+            elif p.dim() >= 2:
+                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+    return model
+
+
+def _rel(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+ROPE_VITS = [  # timm's RoPE-ViT, and the same model with each convention timm lets one change
+    dict(),  # grid_indexing "xy", temperature 100, interleaved pairs
+    dict(rope_rotate_half=True),
+    dict(rope_grid_indexing="ij", rope_temperature=1000.0),
+    dict(num_reg_tokens=2),
+]
+
+
+@pytest.mark.parametrize("kw", ROPE_VITS, ids=["rope_vit", "rotate_half", "ij_1000", "registers"])
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_rope_vit_rope_axial_equals_timm_where_attention_matters(kw, dynamic):
+    ref = attention_matters(timm_model("vit_small_patch16_rope_224", dynamic_img_size=dynamic, **kw))
+    model = copy.deepcopy(ref)
+    apply_encoding(model, "rope_axial")
+    assert model.rope is None
+    enc = model.mmpe_encodings[0]
+    rope = ref.rope
+    assert (enc.base, enc.grid_indexing, enc.interleaved) == (
+        rope.temperature, rope.grid_indexing, not rope.rotate_half)
+    controls = {  # each must fail the comparison that the model above passes
+        "mmpe default convention": {"name": "rope_axial", "base": 10000.0, "grid_indexing": "ij",
+                                    "interleaved": False},
+        "other axis order": {"name": "rope_axial",
+                             "grid_indexing": "ij" if rope.grid_indexing == "xy" else "xy"},
+        "no position encoding": [],
+    }
+    others = {}
+    for label, spec in controls.items():
+        others[label] = copy.deepcopy(ref)
+        apply_encoding(others[label], spec)
+    sizes = [(32, 32), (24, 40), (40, 24)] if dynamic else [(32, 32)]  # 4x4, 3x5, 5x3 grids
+    for size in sizes:
+        x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(size[1]))
+        theirs = ref.forward_features(x)
+        ours = model.forward_features(x)
+        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+        assert _rel(ours, theirs) < 1e-5
+        torch.testing.assert_close(model(x), ref(x), atol=1e-5, rtol=1e-5)
+        for label, other in others.items():
+            assert _rel(other.forward_features(x), theirs) > 0.1, (label, size)
+
+
+def test_rope_axial_takes_the_model_convention_unless_told_otherwise():
+    from mmpe.integrations.timm import rope_axial_options
+
+    rope_vit = timm_model("vit_small_patch16_rope_224")
+    assert rope_axial_options(rope_vit) == {"base": 100.0, "grid_indexing": "xy", "interleaved": True}
+    assert rope_axial_options(timm_model("vit_small_patch16_rope_mixed_224")) == {}
+    assert rope_axial_options(vit()) == {}
+    # EVA-02: frequencies, axis order, layout read; positions rescaled to ref_feat_shape (not exact)
+    assert rope_axial_options(timm_model("eva02_tiny_patch14_224")) == {
+        "base": 10000.0, "grid_indexing": "ij", "interleaved": True}
+    for spec, opts, expected in [
+        ({"name": "rope_2d", "base": 50.0}, {}, (50.0, "xy", True)),  # alias; the spec's base wins
+        ("rope_axial", {"grid_indexing": "ij"}, (100.0, "ij", True)),  # **options win
+    ]:
+        model = timm_model("vit_small_patch16_rope_224")
+        apply_encoding(model, spec, **opts)
+        enc = model.mmpe_encodings[0]
+        assert (enc.base, enc.grid_indexing, enc.interleaved) == expected
+    per_layer = timm_model("vit_small_patch16_rope_224")
+    apply_encoding(per_layer, ["rope_axial", "t5"], share_encodings=False)
+    assert all(blk.attn.encodings[0].grid_indexing == "xy" for blk in per_layer.blocks)
+    kept = timm_model("vit_small_patch16_rope_224")  # timm's RoPE kept: mmpe's adds to it as built
+    apply_encoding(kept, "rope_axial", keep_pos_embed=True)
+    assert kept.rope is not None and kept.mmpe_encodings[0].grid_indexing == "ij"
+    built = mmpe.build("rope_axial", head_dim=16)  # a built encoding is used as given
+    apply_encoding(timm_model("vit_small_patch16_rope_224"), built)
+    assert (built.base, built.grid_indexing, built.interleaved) == (10000.0, "ij", False)
 
 
 @pytest.mark.parametrize("name,kw", [("beit_base_patch16_224", {}),

@@ -20,8 +20,19 @@ class, with what ``apply_encoding`` replaces:
 * ``deit_tiny_distilled_patch16_224`` — ``VisionTransformerDistilled``: ``pos_embed`` (cls and
   distillation tokens are the two prefix tokens).
 * ``vit_small_patch16_rope_224``, ``vit_small_patch16_rope_mixed_224`` — ``Eva`` (RoPE-ViT):
-  the built-in RoPE (``model.rope``); mmpe's ``rope_axial`` reproduces the axial one exactly.
-* ``eva02_tiny_patch14_224`` — ``Eva`` (EVA-02): ``pos_embed`` and the built-in RoPE.
+  the built-in RoPE (``model.rope``). For the axial one, ``"rope_axial"`` is built with the
+  model's convention (see below) and the model's output equals timm's — tested with every layer
+  scale set to 1 and weights of std 0.3, so that attention and the position encoding change the
+  output (timm's own init, layer scale 1e-5, hides them: there any RoPE, or none, matches): max
+  difference 2.3e-6, relative 3e-7, also with ``rope_rotate_half=True``, ``"ij"`` indexing with
+  another temperature, register tokens, and at 3×5 / 5×3 grids; mmpe's default convention, the
+  other axis order or no position encoding differ there by 0.4–0.6 relative. RoPE-Mixed's
+  frequencies are learned per layer and random at init; ``"rope_mixed"`` draws its own, so
+  only the kept RoPE (``keep_pos_embed=True``) is compared with timm for that model.
+* ``eva02_tiny_patch14_224`` — ``Eva`` (EVA-02): ``pos_embed`` and the built-in RoPE. Not
+  reproduced: the learned ``pos_embed`` is dropped, and EVA-02's RoPE rescales positions to
+  ``ref_feat_shape`` (its pretraining grid), which mmpe's grids do not; ``"rope_axial"`` takes
+  its frequencies, axis order and pair layout only.
 * ``beit_base_patch16_224`` — ``Beit``: each block's relative bias table (mmpe's ``swin`` with
   ``prefix_tokens=1`` is the same table, three prefix entries included).
 * ``swin_tiny_patch4_window7_224`` — ``SwinTransformer``: each window attention's bias table
@@ -56,6 +67,22 @@ by the blocks of a stage.
 Model-wide values reach the encodings that take them: ``d_model`` (embed dim), ``num_heads``,
 ``head_dim``, ``grid_shape`` (the patch grid at ``img_size``; a Swin window), ``prefix_tokens``
 (``num_prefix_tokens``), ``num_axes`` (2).
+
+Eva's own axial RoPE convention: when ``apply_encoding`` replaces an ``Eva``'s RoPE
+(``keep_pos_embed=False``) and that RoPE is timm's ``RotaryEmbeddingCat`` in language mode
+(``in_pixels=False``, integer cell positions), every ``"rope_axial"`` it builds (by name or
+config, aliases included) takes the model's convention, read from ``model.rope`` by
+:func:`rope_axial_options`: ``base`` = its ``temperature``, ``grid_indexing`` = its
+``grid_indexing``, ``interleaved`` = ``not rotate_half``. timm's RoPE-ViT
+(``vit_*_patch16_rope_224``) is ``base=100, grid_indexing="xy", interleaved=True`` (the first
+half of each head's rotary pairs turns with the column); mmpe's defaults are ``10000``,
+``"ij"`` (rows first) and rotate-half pairs. Options in the spec or in ``**options`` win; a
+built encoding is used as given. The model's RoPE is then reproduced (to float32 rounding)
+when timm adds nothing to the integer grid: ``grid_offset=0``, no ``ref_feat_shape`` and no
+coordinate augmentation — as in the RoPE-ViTs (tested); EVA-02, the ``*_rope_reg*_gap_256`` and
+the PE models rescale positions to their pretraining grid (PE also offsets them by 1), so
+there the convention is shared but the rotations are not. Other timm RoPEs (``rope_mixed``,
+``dinov3``, ``mrope``) leave mmpe's defaults.
 """
 
 from __future__ import annotations
@@ -80,7 +107,7 @@ from mmpe.encodings.base import (
     RotaryEncoding,
     ScoreEncoding,
 )
-from mmpe.registry import build
+from mmpe.registry import build, get
 
 require("timm", "mmpe.integrations.timm")
 
@@ -405,10 +432,46 @@ def _specs(encodings: EncodingSpec | Sequence[EncodingSpec]) -> list[EncodingSpe
     return [encodings] if isinstance(encodings, str | Mapping | Encoding) else list(encodings)
 
 
-def _maker(context: dict[str, Any], options: Mapping[str, Any]):
+def rope_axial_options(model: nn.Module) -> dict[str, Any]:
+    """The ``rope_axial`` options that follow a timm ``Eva``'s own axial RoPE convention.
+
+    ``{"base": temperature, "grid_indexing": "ij" | "xy", "interleaved": not rotate_half}``
+    read from ``model.rope`` when it is timm's ``RotaryEmbeddingCat`` in language mode
+    (``in_pixels=False``, integer cell positions); ``{}`` for any other model or RoPE
+    (``rope_mixed``, ``dinov3``, ``mrope``, none, or a model whose RoPE ``apply_encoding``
+    already removed). With those options ``rope_axial`` equals the model's RoPE when the latter
+    has ``grid_offset=0``, no ``ref_feat_shape`` and no coordinate augmentation (timm's
+    RoPE-ViT: ``{"base": 100.0, "grid_indexing": "xy", "interleaved": True}``); otherwise it
+    shares its frequencies, axis order and pair layout only (see the module docstring).
+    """
+    from timm.layers import RotaryEmbeddingCat
+
+    rope = getattr(model, "rope", None)
+    if (not isinstance(rope, RotaryEmbeddingCat) or rope.in_pixels
+            or getattr(rope, "grid_type", "index") != "index"
+            or getattr(rope, "grid_indexing", "ij") not in ("ij", "xy")):
+        return {}
+    return {"base": float(rope.temperature), "grid_indexing": rope.grid_indexing,
+            "interleaved": not rope.rotate_half}
+
+
+def _is_rope_axial(spec: EncodingSpec) -> bool:
+    name = spec if isinstance(spec, str) else spec.get("name") if isinstance(spec, Mapping) else None
+    try:
+        return isinstance(name, str) and get(name).name == "rope_axial"
+    except KeyError:  # an unknown name: build reports it
+        return False
+
+
+def _maker(context: dict[str, Any], options: Mapping[str, Any],
+           rope_axial: Mapping[str, Any] | None = None):
+    """``make(spec)``: builds a spec with the model's context; ``rope_axial`` holds the model's
+    own RoPE convention, given to ``rope_axial`` specs under their options and ``options``."""
     def make(spec: EncodingSpec) -> Encoding:
         if isinstance(spec, Encoding):
             return spec
+        if rope_axial and _is_rope_axial(spec):
+            spec = {**rope_axial, **({"name": spec} if isinstance(spec, str) else spec)}
         if options:
             spec = {"name": spec, **options} if isinstance(spec, str) else {**spec, **options}
         enc = build(spec, context=context)
@@ -474,6 +537,9 @@ def apply_encoding(
             BEiT/Swin relative bias tables) and add mmpe's on top; default drops it.
         backend: mmpe attention path (``"auto"``, ``"sdpa"``, ``"flex"``, ``"math"``).
         **options: extra build options for every encoding built here (e.g. ``base=100``).
+            Replacing an ``Eva``'s axial RoPE, ``"rope_axial"`` specs first take the model's
+            ``base``/``grid_indexing``/``interleaved`` (:func:`rope_axial_options`); a spec's
+            own options and these override them.
 
     Raises:
         TypeError: not one of the supported timm model classes, blocks whose ``attn`` does not
@@ -510,7 +576,9 @@ def apply_encoding(
     context = {"d_model": model.embed_dim, "num_heads": attn0.num_heads,
                "head_dim": head_dim, "grid_shape": grid_shape,
                "prefix_tokens": model.num_prefix_tokens, "num_axes": 2}
-    make = _maker(context, options)
+    # Replacing Eva's axial RoPE: rope_axial follows its convention (read before it is dropped).
+    convention = rope_axial_options(model) if eva and not keep_pos_embed else {}
+    make = _maker(context, options, convention)
     built = [make(s) for s in specs]
     inputs = [e for e in built if isinstance(e, InputEncoding)]
     attn_specs = [(s, e) for s, e in zip(specs, built, strict=True) if not isinstance(e, InputEncoding)]
