@@ -104,8 +104,8 @@ def test_compare_takes_family_names() -> None:
 
 def test_gates_start_where_told_and_are_reported() -> None:
     model = mm.StripReader(family="flamingo", d_model=32, depth=2, gate_init=0.5)
-    assert all(float(b.attn_gate) == 0.5 == float(b.mlp_gate) for b in model.decoder.xattn)
-    assert all(float(b.attn_gate) == 0.0 for b in mm.StripReader(family="flamingo").decoder.xattn)
+    assert all(b.attn_gate.item() == 0.5 == b.mlp_gate.item() for b in model.decoder.xattn)
+    assert all(b.attn_gate.item() == 0.0 for b in mm.StripReader(family="flamingo").decoder.xattn)
     with pytest.raises(ValueError, match="gate_init must be finite"):
         mm.StripReader(family="flamingo", gate_init=float("nan"))
 
