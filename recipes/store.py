@@ -185,9 +185,13 @@ def make_record(recipe: str, setting: str, encoding: str, seed: int,
                 metrics: dict[str, float | None], *, wall_s: float, cli_args: Iterable[str],
                 out_dir: str | Path, env: dict[str, Any] | None = None) -> dict[str, Any]:
     """A complete record of one finished run; ``env`` is :func:`environment` taken when the run
-    started (the code that trained it), read now if not given."""
+    started (the code that trained it), read now if not given. ``threads`` is read now: the
+    recipe sets the process's threads when it builds its trainer."""
+    import torch
+
     return {"recipe": recipe, "setting": setting, "encoding": encoding, "seed": int(seed),
             "metrics": {k: _finite_or_none(v) for k, v in metrics.items()},
             "wall_s": round(float(wall_s), 2), "cli_args": list(cli_args),
             "config": resolved_configs(out_dir), **(env or environment()),
+            "threads": torch.get_num_threads(),
             "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}

@@ -134,3 +134,24 @@ def test_parallel_jobs_store_the_same_records(tmp_path, monkeypatch):
     assert {r["metrics"]["threads"] for r in par} == {float(max(1, cores // 2))}
     with pytest.raises(ValueError, match="jobs must be >= 1"):
         compare("toyp", "rope", out_dir=tmp_path / "o", store=tmp_path / "p", jobs=0)
+
+
+def test_record_names_the_threads_the_run_used(tmp_path, monkeypatch):
+    """The recipe sets the threads when it builds its trainer: the record reads them after."""
+    import torch
+
+    def run_one(encoding, *, seed, out_dir, cli_args):
+        torch.set_num_threads(1)
+        return {"1x": 1.0, "2x": 1.0}
+
+    fake = types.ModuleType("mmpe.recipes.toy")
+    fake.COMPARE, fake.run_one = SPEC, run_one
+    monkeypatch.setitem(sys.modules, "mmpe.recipes.toy", fake)
+    monkeypatch.setitem(RECIPES, "toy", ("mmpe.recipes.toy", "a stand-in"))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        compare("toy", "rope", out_dir=tmp_path, seeds=1, store=tmp_path / "s")
+    finally:
+        torch.set_num_threads(before)
+    assert store.read(tmp_path / "s", "toy")[0]["threads"] == 1
