@@ -103,7 +103,9 @@ class Sphere(Coordinates):
         self._lon = wrap_longitude(lon64).to(dtype)
         self._time = None
         if time is not None:
-            t = _as_points("time", time, device).to(dtype)
+            t = _as_points("time", time, device)
+            _check_resolvable("Sphere: time", t, dtype)
+            t = t.to(dtype)
             if t.shape != lat_t.shape:
                 raise ValueError(
                     f"Sphere: time must have the shape of lat {tuple(lat_t.shape)}, got {tuple(t.shape)}"
@@ -147,7 +149,7 @@ class Sphere(Coordinates):
             raise ValueError(f"Sphere.grid: times must be a non-empty 1D sequence, got shape {tuple(t.shape)}")
         n_t = t.numel()
         rep = lambda v: v.flatten().repeat(n_t).float()  # noqa: E731
-        return cls(rep(lat_g), rep(lon_g), units="deg", time=t.repeat_interleave(n_lat * n_lon).float(),
+        return cls(rep(lat_g), rep(lon_g), units="deg", time=t.repeat_interleave(n_lat * n_lon),
                    device=device, grid_shape=(n_t, n_lat, n_lon))
 
     # -- protocol -----------------------------------------------------------------------
@@ -278,6 +280,29 @@ def haversine(lat1, lon1, lat2, lon2, radius: float = 1.0, units: str = "deg") -
     if units == "deg":
         vals = [torch.deg2rad(v) for v in vals]
     return radius * great_circle(*vals)
+
+
+def _check_resolvable(name: str, values: Tensor, dtype: torch.dtype) -> None:
+    """Refuse time stamps that ``dtype`` cannot tell apart (Unix seconds, hours since 1900 at
+    minute steps in float32): rounding them would silently merge or shift steps.
+
+    Raises:
+        ValueError: rounding to ``dtype`` moves a value by more than 1 % of the smallest step
+            between distinct values (names the fix: subtract a reference time first).
+    """
+    if values.dtype == dtype or not (values.is_floating_point() or values.dtype == torch.int64):
+        return
+    exact = values.to(torch.float64).flatten()
+    finite = exact[torch.isfinite(exact)]
+    distinct = torch.unique(finite)
+    if distinct.numel() < 2:
+        return
+    step = float(distinct.diff().min())
+    moved = float((finite.to(dtype).to(torch.float64) - finite).abs().max())
+    if moved > 0.01 * step:
+        raise ValueError(f"{name}: {dtype} cannot resolve these values (steps of {step:g} are "
+                         f"rounded by up to {moved:g}); subtract a reference time first, e.g. "
+                         "time - time.min()")
 
 
 def _as_points(name: str, value, device) -> Tensor:
