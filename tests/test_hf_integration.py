@@ -482,3 +482,25 @@ def test_sliding_window_cache_keeps_absolute_positions(name):
         out = model.generate(ids, cache_implementation=impl, **kw)
         for a, b in zip(plain.scores, out.scores, strict=True):
             assert torch.allclose(a, b, atol=1e-4), (impl, (a - b).abs().max())
+
+
+def test_dynamic_ntk_keeps_hf_state_across_calls():
+    """HF's dynamic NTK module keeps the longest length seen and resets only when a call falls
+    back within the original context; `replace_rotary` follows the same calls to the same
+    frequencies. `stateful=False` is the per-call variant, which differs after a longer call."""
+    hf = tiny(rope_type="dynamic")  # original context 256
+    ours = copy.deepcopy(hf)
+    rotary = replace_rotary(ours)
+    per_call = HFRotary(rotary.encoding, stateful=False)
+    x = torch.zeros(1, dtype=torch.float32)
+    differs = False
+    for length in (300, 270, 260, 100, 270, 400, 257):
+        pos = torch.arange(length)[None]
+        hcos, _ = hf.model.rotary_emb(x, pos)
+        cos, _ = rotary(x, pos)
+        assert (cos - hcos).abs().max() < 5e-5, length  # HF: float32 phases, up to 400
+        differs |= bool((per_call(x, pos)[0] - hcos).abs().max() > 1e-3)
+    assert differs  # the control: per call is not HF's rule
+    rotary.reset()
+    torch.testing.assert_close(rotary(x, torch.arange(270)[None])[0],
+                               per_call(x, torch.arange(270)[None])[0])

@@ -275,9 +275,13 @@ class HFRotary(nn.Module):
 
     ``forward(x, position_ids) -> (cos, sin)``, each ``[b, s, rotary_dim]`` (the two halves
     equal, as HF's ``rotate_half`` expects) in ``x.dtype``: ``cos(m·θ_i)·a`` and ``sin(m·θ_i)·a``
-    with ``θ`` the encoding's :meth:`~mmpe.encodings.rope.RoPE.inv_freq` at ``seq_len =
-    max(position_ids) + 1`` (what dynamic NTK and LongRoPE adapt to, as HF does per call) and
-    ``a`` its ``attention_scaling``. The phase ``m·θ`` is formed in float64 and reduced modulo 2π
+    with ``θ`` the encoding's :meth:`~mmpe.encodings.rope.RoPE.inv_freq` at a length ``L`` and
+    ``a`` its ``attention_scaling``. LongRoPE (and every static scaling) uses ``L =
+    max(position_ids) + 1`` of the call. Dynamic NTK keeps HF's state (``stateful=True``): ``L``
+    is the longest length seen so far, grown when a call is longer, and reset to the original
+    context when a call falls back within it while the longest seen is beyond it
+    (``transformers.modeling_rope_utils.dynamic_rope_update``); ``stateful=False`` uses each
+    call's own length instead, and :meth:`reset` forgets the lengths seen. The phase ``m·θ`` is formed in float64 and reduced modulo 2π
     before the cosine, so it stays exact at positions where HF's float32 ``m·θ`` drifts.
 
     The encoding is held as a plain attribute, not a submodule: the model's ``state_dict`` is
@@ -288,7 +292,7 @@ class HFRotary(nn.Module):
         ValueError: interleaved pairs; at call, ``position_ids`` not ``[b, s]`` integers.
     """
 
-    def __init__(self, encoding: RoPE) -> None:
+    def __init__(self, encoding: RoPE, stateful: bool = True) -> None:
         super().__init__()
         if not isinstance(encoding, RoPE):
             raise TypeError(f"HFRotary: encoding must be an mmpe RoPE (rope, rope_yarn …), got "
@@ -299,6 +303,24 @@ class HFRotary(nn.Module):
         object.__setattr__(self, "encoding", encoding)
         self.rope_type = next((t for t, n in ROPE_TYPES.items()
                                if n == getattr(encoding, "registry_name", "")), "default")
+        self.stateful = bool(stateful)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the lengths seen (dynamic NTK starts again from the original context)."""
+        self.max_seq_len_cached = getattr(self.encoding, "original_max_position_embeddings", 0)
+
+    def _length(self, seq_len: int) -> int:
+        """The length whose frequencies this call uses (HF's dynamic-NTK state rule)."""
+        if self.rope_type != "dynamic" or not self.stateful:
+            return seq_len
+        original = self.encoding.original_max_position_embeddings
+        before = self.max_seq_len_cached
+        if seq_len > before:  # growth
+            self.max_seq_len_cached = seq_len
+        if seq_len < original and before > original:  # back within the original context
+            self.max_seq_len_cached = original
+        return self.max_seq_len_cached
 
     @property
     def attention_scaling(self) -> float:
@@ -313,7 +335,7 @@ class HFRotary(nn.Module):
             shape = tuple(position_ids.shape) if isinstance(position_ids, Tensor) else type(position_ids).__name__
             raise ValueError(f"HFRotary: position_ids must be integer [b, s], got {shape}")
         enc = self.encoding
-        top = int(position_ids.max()) + 1
+        top = self._length(int(position_ids.max()) + 1)
         device = position_ids.device
         work = device if device.type != "mps" else torch.device("cpu")  # no float64 on MPS
         inv_freq = enc.inv_freq(top).to(device=work, dtype=torch.float64)
@@ -351,7 +373,8 @@ def _rotary_modules(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
     return found
 
 
-def replace_rotary(model: nn.Module, encoding: RoPE | None = None) -> HFRotary:
+def replace_rotary(model: nn.Module, encoding: RoPE | None = None, *,
+                   stateful: bool = True) -> HFRotary:
     """Replace the rotary module(s) ``rotary_emb`` of an HF model by :class:`HFRotary` (in place).
 
     Args:
@@ -359,6 +382,8 @@ def replace_rotary(model: nn.Module, encoding: RoPE | None = None) -> HFRotary:
             returns ``(cos, sin)`` (Llama, Qwen2, Mistral, Phi-3 … ``model.model.rotary_emb``).
         encoding: the rotations; default :func:`from_hf_rope` of ``model.config`` (the same
             rotations as HF's, with float64 phases).
+        stateful: dynamic NTK keeps HF's longest-length state across calls (default, as HF);
+            False: each call's own length (see :class:`HFRotary`).
 
     Returns:
         the new module (one, shared if the model has several ``rotary_emb``).
@@ -371,7 +396,7 @@ def replace_rotary(model: nn.Module, encoding: RoPE | None = None) -> HFRotary:
         raise ValueError(f"replace_rotary: {type(model).__name__} has no 'rotary_emb' submodule")
     if encoding is None:
         encoding = from_hf_rope(model.config)
-    rotary = HFRotary(encoding)
+    rotary = HFRotary(encoding, stateful=stateful)
     for parent, name, _ in targets:
         setattr(parent, name, rotary)
     return rotary
