@@ -159,6 +159,9 @@ class _Attention(nn.Module):
         if x.shape[1] != tokens:
             raise ValueError(f"attention: {arg} has s={x.shape[1]} tokens but the coordinates "
                              f"have {tokens} {what}")
+        if x.shape[0] == 0:
+            raise ValueError(f"attention: {arg} has batch size 0 ({tuple(x.shape)}); attention "
+                             "needs at least one example")
 
     def _check_batch(self, x: Tensor, coords: Coordinates) -> None:
         if coords.batch_size is not None and coords.batch_size != x.shape[0]:

@@ -79,8 +79,17 @@ class ALiBi(KeepDtype, SavesSettings, ScoreEncoding):
         super().__init__()
         if slopes is None:
             slopes = alibi_slopes(num_heads)
-        elif tuple(slopes.shape) != (num_heads,):
-            raise ValueError(f"alibi: slopes must be [num_heads={num_heads}], got {tuple(slopes.shape)}")
+        else:
+            try:  # a list or tuple of numbers is a tensor of slopes too
+                slopes = torch.as_tensor(slopes, dtype=torch.float32)
+            except (TypeError, ValueError, RuntimeError) as err:
+                raise ValueError(f"alibi: slopes must be [num_heads={num_heads}] numbers, got "
+                                 f"{slopes!r}") from err
+            if tuple(slopes.shape) != (num_heads,):
+                raise ValueError(f"alibi: slopes must be [num_heads={num_heads}], got "
+                                 f"{tuple(slopes.shape)}")
+            if not bool(torch.isfinite(slopes).all()):
+                raise ValueError("alibi: slopes must be finite")
         if distance_unit <= 0:
             raise ValueError(f"alibi: distance_unit must be > 0, got {distance_unit}")
         self.num_heads, self.distance_unit = num_heads, float(distance_unit)

@@ -165,8 +165,16 @@ def from_hf_rope(config_or_dict: Any, *, head_dim: int | None = None,
         raise ValueError("from_hf_rope: head_dim is unknown; pass head_dim= with a bare "
                          "rope_parameters dict")
     max_pos = max_position_embeddings or info.get("max_position_embeddings")
+    _check_rope_numbers(rope, info)
+    if rope.get("mrope_section") is not None:
+        raise ValueError(f"from_hf_rope: mrope_section {rope['mrope_section']} is Qwen2-VL's "
+                         f"multimodal RoPE, which rope_type {rope_type!r} would ignore; build "
+                         "mmpe's 'mrope' encoding for it")
     base = float(rope.get("rope_theta") or info.get("rope_theta") or 10000.0)
-    prf = rope.get("partial_rotary_factor", info.get("partial_rotary_factor")) or 1.0
+    prf = rope.get("partial_rotary_factor", info.get("partial_rotary_factor"))
+    prf = 1.0 if prf is None else prf
+    if not 0 < prf <= 1:
+        raise ValueError(f"from_hf_rope: partial_rotary_factor must lie in (0, 1], got {prf}")
     rotary_dim = int(head_dim * prf)
     if rotary_dim % 2:
         raise ValueError(f"from_hf_rope: head_dim={head_dim} × partial_rotary_factor={prf} = "
@@ -224,6 +232,27 @@ def from_hf_rope(config_or_dict: Any, *, head_dim: int | None = None,
     return build("rope_llama3", factor=float(need("factor")), low_freq_factor=float(need("low_freq_factor")),
                  high_freq_factor=float(need("high_freq_factor")),
                  original_max_position_embeddings=original(), **common)
+
+
+#: HF rope keys that must be numbers when present (a string "4" would be read as something else).
+_NUMERIC_ROPE_KEYS = ("factor", "rope_theta", "partial_rotary_factor", "attention_factor",
+                      "beta_fast", "beta_slow", "low_freq_factor", "high_freq_factor", "mscale",
+                      "mscale_all_dim", "original_max_position_embeddings")
+
+
+def _check_rope_numbers(rope: Mapping[str, Any], info: Mapping[str, Any]) -> None:
+    """Every numeric rope setting is a real number (not a string, not a bool, finite).
+
+    Raises:
+        ValueError: names the key and the value given.
+    """
+    for source in (rope, info):
+        for key in _NUMERIC_ROPE_KEYS:
+            value = source.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"from_hf_rope: {key} must be a finite number, got {value!r}")
 
 
 def to_hf_rope(encoding: RoPE) -> dict[str, Any]:

@@ -1,0 +1,39 @@
+"""Misuse that used to pass silently or crash deep inside: each gets a clear error (or, for a
+legitimate use, works)."""
+
+import pytest
+import torch
+
+import mmpe
+
+
+def test_alibi_slopes_from_a_list_and_bad_slopes():
+    enc = mmpe.build("alibi", num_heads=2, slopes=[0.5, 0.25])
+    torch.testing.assert_close(enc.slopes, torch.tensor([0.5, 0.25]))
+    with pytest.raises(ValueError, match=r"slopes must be \[num_heads=2\]"):
+        mmpe.build("alibi", num_heads=2, slopes=[0.5])
+    with pytest.raises(ValueError, match="slopes must be finite"):
+        mmpe.build("alibi", num_heads=2, slopes=[0.5, float("nan")])
+    with pytest.raises(ValueError, match="numbers"):
+        mmpe.build("alibi", num_heads=2, slopes=["a", "b"])
+
+
+def test_empty_batch_is_named():
+    mha = mmpe.MultiHeadAttention(32, 4, [mmpe.build("alibi", num_heads=4)])
+    with pytest.raises(ValueError, match=r"x has batch size 0"):
+        mha(torch.randn(0, 5, 32), mmpe.Sequence(5))
+
+
+def test_hf_rope_dicts_that_would_be_misread():
+    tr = pytest.importorskip("transformers")  # noqa: F841
+    from mmpe.integrations.transformers import from_hf_rope
+
+    base = dict(head_dim=16, hidden_size=64, num_attention_heads=4, max_position_embeddings=256,
+                rope_theta=10000.0)
+    with pytest.raises(ValueError, match="factor must be a finite number, got '4'"):
+        from_hf_rope({**base, "rope_scaling": {"rope_type": "linear", "factor": "4"}})
+    with pytest.raises(ValueError, match=r"partial_rotary_factor must lie in \(0, 1\]"):
+        from_hf_rope({**base, "partial_rotary_factor": 0.0})
+    with pytest.raises(ValueError, match="mrope_section"):
+        from_hf_rope({**base, "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3]}})
+    assert from_hf_rope({**base, "partial_rotary_factor": 0.5}).rotary_dim == 8
