@@ -360,7 +360,7 @@ class MultiHeadAttention(_Attention):
             if not lazy:
                 q, k = self._rotate(q, k, coords)
             if cache is not None:
-                k, v = cache.update(k, v)
+                k, v = cache.update(k, v, owner=self, causal=getattr(coords, "causal", None))
             if lazy:
                 q, k = self._rotate(q, k, coords)
             ctx = AttentionContext(coords, self.num_heads, self.head_dim, x.shape[0], x, q,

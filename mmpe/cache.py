@@ -18,6 +18,7 @@ covering every key for a left-padded batch.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -38,21 +39,39 @@ class KVCache:
         self.k: Tensor | None = None
         self.v: Tensor | None = None
         self.state: dict[Any, Any] = {}
+        self._owner: weakref.ref | None = None  # the attention layer that filled it
+        self._causal: bool | None = None
 
     @property
     def length(self) -> int:
         """Tokens cached so far."""
         return 0 if self.k is None else self.k.shape[-2]
 
-    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    def update(self, k: Tensor, v: Tensor, owner: object | None = None,
+               causal: bool | None = None) -> tuple[Tensor, Tensor]:
         """Append this step's ``k``, ``v`` ``[b, n_kv, s_new, h_d]``; return all of them.
 
+        ``owner`` (the attention layer calling) and ``causal`` (its coordinates' mask) are
+        remembered at the first step and checked at every later one.
+
         Raises:
-            ValueError: a batch, head count or head dimension that differs from the cache's.
+            ValueError: a batch, head count or head dimension that differs from the cache's;
+                another attention layer than the one that filled the cache (one cache per
+                model: ``model.make_cache()``); a causal step after a bidirectional one or the
+                reverse.
         """
         if self.k is None:
             self.k, self.v = k, v
+            self._owner = None if owner is None else weakref.ref(owner)
+            self._causal = causal
             return k, v
+        if owner is not None and self._owner is not None and self._owner() is not owner:
+            raise ValueError("KVCache: this cache holds the keys of another attention layer; "
+                             "give each model its own cache (model.make_cache())")
+        if causal is not None and self._causal is not None and causal != self._causal:
+            raise ValueError(f"KVCache: a {'causal' if causal else 'bidirectional'} step after "
+                             f"{'causal' if self._causal else 'bidirectional'} cached tokens; "
+                             "decode with the mask the cache was filled with")
         if k.shape[:2] != self.k.shape[:2] or k.shape[-1] != self.k.shape[-1]:
             raise ValueError(f"KVCache: new keys {tuple(k.shape)} do not continue the cached "
                              f"{tuple(self.k.shape)} (batch, heads and head dim must match)")
@@ -64,6 +83,7 @@ class KVCache:
         """Forget every cached token and encoding state."""
         self.k = self.v = None
         self.state.clear()
+        self._owner = self._causal = None
 
 
 class ModelCache:

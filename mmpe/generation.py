@@ -83,6 +83,10 @@ def _check(prompt: Tensor, mask: Tensor | None, max_new_tokens: int, temperature
                              or mask.shape != prompt.shape):
         raise ValueError(f"generate: padding_mask must be a bool tensor shaped like the prompt "
                          f"{tuple(prompt.shape)}")
+    if mask is not None and not bool(mask.any(dim=-1).all()):
+        empty = (~mask.any(dim=-1)).nonzero().flatten().tolist()
+        raise ValueError(f"generate: padding_mask marks no real token in example(s) {empty}; "
+                         "each prompt needs at least one")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"generate: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
     if not (isinstance(temperature, (int, float)) and temperature >= 0):

@@ -37,3 +37,23 @@ def test_hf_rope_dicts_that_would_be_misread():
     with pytest.raises(ValueError, match="mrope_section"):
         from_hf_rope({**base, "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3]}})
     assert from_hf_rope({**base, "partial_rotary_factor": 0.5}).rotary_dim == 8
+
+
+def test_one_cache_per_model_and_one_mask_per_cache():
+    m1, m2 = mmpe.Transformer(32, 4, 2, ["rope"]), mmpe.Transformer(32, 4, 2, ["rope"])
+    cache = m1.make_cache()
+    m1(torch.randn(1, 3, 32), mmpe.Sequence(3, causal=True), cache=cache)
+    with pytest.raises(ValueError, match="another attention layer"):
+        m2(torch.randn(1, 1, 32), mmpe.Sequence(1, offset=3, causal=True), cache=cache)
+    with pytest.raises(ValueError, match="bidirectional step after causal"):
+        m1(torch.randn(1, 1, 32), mmpe.Sequence(1, offset=3, causal=False), cache=cache)
+    m1(torch.randn(1, 1, 32), mmpe.Sequence(1, offset=3, causal=True), cache=cache)  # legitimate
+    cache.reset()
+    m2(torch.randn(1, 2, 32), mmpe.Sequence(2, causal=True), cache=cache)  # reset: a new owner
+
+
+def test_generate_refuses_an_example_without_tokens():
+    lm = mmpe.CausalLM(vocab_size=20, d_model=32, num_heads=4, depth=2, encodings=["rope"])
+    mask = torch.tensor([[True] * 3, [False] * 3])
+    with pytest.raises(ValueError, match=r"no real token in example\(s\) \[1\]"):
+        mmpe.generate(lm, torch.tensor([[1, 2, 3], [4, 5, 6]]), 3, padding_mask=mask)
