@@ -164,7 +164,7 @@ def render_table(spec: Any, records: list[dict[str, Any]], *, settings: Iterable
         cells = [_format(spec.fmt, row[c], bold=marks[c][1] and marks[c][0] == enc) for c in columns]
         seeds = sorted({r["seed"] for r in chosen if r["encoding"] == enc})
         lines.append(f"| {enc} | {' | '.join(cells)} | {_seed_list(seeds)} |")
-    return "\n".join(lines) + "\n\n" + noise_line(marks, [_lower(spec, c) for c in columns])
+    return "\n".join(lines) + "\n\n" + noise_line(marks, {c: _lower(spec, c) for c in columns})
 
 
 def _lower(spec: Any, column: str) -> bool:
@@ -184,10 +184,14 @@ def _seed_list(seeds: list[int]) -> str:
     return f"{len(seeds)} ({', '.join(map(str, seeds))})"
 
 
-def noise_line(marks: dict[str, tuple], lower: list[bool]) -> str:
+def noise_line(marks: dict[str, tuple], lower: dict[str, bool]) -> str:
     """One generated sentence: per column, the clear winner or who is within noise of the best."""
-    direction = ("lower" if lower[0] else "higher") if len(set(lower)) == 1 else "per column"
-    rule = (f"Mean ± sample sd over seeds ({direction} is better). Bold: best beyond noise "
+    if len(set(lower.values())) == 1:
+        direction = ("lower" if next(iter(lower.values())) else "higher") + " is better"
+    else:
+        higher = [c for c, low in lower.items() if not low]
+        direction = f"higher is better in {', '.join(higher)}, lower in the others"
+    rule = (f"Mean ± sample sd over seeds ({direction}). Bold: best beyond noise "
             f"(mean difference > {NOISE_SDS:g} × pooled sd to every other row); "
             "with one seed nothing is marked.")
     return rule + " Best per column — " + best_line(marks)
