@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from mmpe import registry
 
@@ -40,7 +41,9 @@ class CompareSpec:
         xlabel: plot x-axis label (the meaning of a column, with units).
         lower_is_better: direction of the metric.
         default_encodings: the encodings compared when none are given.
-        coords: coordinate type used to resolve ``all`` and ``--family``.
+        coords: the coordinates ``all`` and ``--family`` are resolved for: a kind name
+            (``"grid"``) or a sample object (a causal ``Sequence`` for a language model, so
+            encodings that refuse causal masks are left out).
         title: plot title.
         fmt: number format of the table.
         notes: lines printed under the table.
@@ -57,7 +60,7 @@ class CompareSpec:
     xlabel: str
     lower_is_better: bool
     default_encodings: list[str]
-    coords: str = "sequence"
+    coords: Any = "sequence"
     title: str = ""
     fmt: str = "{:.3f}"
     notes: list[str] = field(default_factory=list)

@@ -68,7 +68,7 @@ COMPARE = CompareSpec(
     xlabel="evaluation length (multiples of the training context L = 64 characters)",
     lower_is_better=True,
     default_encodings=["sinusoidal", "learned", "rope", "alibi", "t5", "fire", "nope"],
-    coords="sequence",
+    coords=Sequence(2, causal=True),  # `all` and `--family`: what runs on a causal LM
     title="Shakespeare char LM: test bits/char vs evaluation length",
     notes=[
         "Non-overlapping windows over the same test characters at every length.",

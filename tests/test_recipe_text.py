@@ -84,3 +84,12 @@ def test_input_combine_is_a_cli_option(combine):
 def test_input_combine_rejects_other_values():
     with pytest.raises(ValueError, match="input_combine must be one of 'add', 'concat'"):
         text.CharLM("learned", input_combine="sum")
+
+
+def test_all_resolves_to_what_runs_on_a_causal_lm():
+    """`mmpe compare text --encodings all` must not pick encodings that refuse a causal
+    sequence (conv_pe reads future frames): the run stopped there."""
+    from mmpe.recipes.compare import resolve_encodings
+
+    names = resolve_encodings(text.COMPARE, "all", None)
+    assert "conv_pe" not in names and {"rope", "alibi", "fox", "stick_breaking"} <= set(names)
