@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -77,7 +78,7 @@ def draw_metric_lines(columns: Sequence[str], series: Mapping[str, Sequence[Cell
                     capsize=3, label=name)
     _categorical_ticks(ax, cols, 6.0)
     ax.set_xlim(-0.5, len(cols) - 0.5)
-    ax.set_xlabel(xlabel or "")
+    ax.set_xlabel(textwrap.fill(xlabel or "", 90))  # a long label wraps instead of clipping
     ax.set_ylabel(ylabel or "")
     if title:
         ax.set_title(title)
