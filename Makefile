@@ -5,7 +5,7 @@ STAMP   := $(VENV)/.installed
 PYTEST  := $(PY) -m pytest
 APT_PKGS := espeak-ng proj-data
 
-.PHONY: setup run report test test-slow test-core lint bench docs data-audio apt clean
+.PHONY: setup run report results test test-slow test-core lint bench docs data-audio apt clean
 
 $(STAMP): pyproject.toml requirements/torch.txt requirements/nodeps.txt
 	python3 -m venv $(VENV)
@@ -28,6 +28,28 @@ run: setup
 # Re-render every results table (and its plot) in README.md and docs/ from the committed store.
 report: setup
 	$(VENV)/bin/mmpe report --store results --write README.md docs/*.md
+
+# Every comparison the README and docs report, into the committed store (hours on 2 cores; one
+# thread per run). Stored runs are skipped, so it continues where an earlier call stopped;
+# commit results/ as it grows, then `make report`.
+CATALOGUE := nope,rope,alibi,axial,scaled_sinusoidal,rope_pi,rope_ntk,rope_dynamic_ntk,rope_yarn,rope_longrope,rope_llama3,xpos,shaw,transformer_xl,tener,huang_1,huang_2,huang_3,huang_4,deberta,cope,da_transformer,kerple_log,kerple_power,fox,stick_breaking
+results: setup
+	set -e; export MMPE_THREADS=1; M=$(VENV)/bin/mmpe; \
+	$$M compare text --store results; \
+	$$M compare text --store results --encodings sinusoidal,learned --setting concat -- --model.input_combine concat; \
+	$$M compare multimodal --store results; \
+	$$M compare multimodal --store results --encodings flamingo --setting gate0 -- --model.gate_init 0.0; \
+	$$M compare vision --store results; \
+	$$M compare molecules3d --store results; \
+	$$M compare graph --store results; \
+	$$M compare tabular --store results; \
+	$$M compare sphere --store results; \
+	$$M compare sst --store results; \
+	$$M compare video --store results; \
+	$$M compare vision --store results --encodings learned_grid,sincos --setting concat -- --model.input_combine concat; \
+	$$M compare text --store results --setting short --encodings $(CATALOGUE) -- --trainer.max_steps 150 --data.eval_chars 8192; \
+	test -d data/spoken_digits || $(PY) -m mmpe.recipes.audio_data --out data/spoken_digits; \
+	$$M compare audio --store results
 
 test: setup
 	$(PYTEST) -q
