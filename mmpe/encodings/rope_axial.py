@@ -155,7 +155,8 @@ class AxialRoPE(SavesSettings, RotaryEncoding):
         ``n_keys`` key) tokens (float64, radians)."""
         pos = newest_key_positions(coords, n_keys) if keys else coords.query_positions
         if self.num_axes is not None and pos.shape[-1] != self.num_axes:
-            raise ValueError(f"rope_axial: built for num_axes={self.num_axes}, the coordinates "
+            raise ValueError(f"rope_axial: built for num_axes={self.num_axes} (build it with the "
+                             "coordinates' num_axes), the coordinates "
                              f"have {pos.shape[-1]} axes")
         return axial_phase(pos, self.head_dim, self.base, self.grid_indexing)
 

@@ -97,7 +97,9 @@ class MixedRoPE(KeepDtype, RotaryEncoding):
         pos = newest_key_positions(coords, n_keys) if keys else coords.query_positions
         if pos.shape[-1] != self.num_axes:
             raise ValueError(f"rope_mixed: built for num_axes={self.num_axes}, the coordinates "
-                             f"have {pos.shape[-1]} axes")
+                             f"have {pos.shape[-1]} axes; build it with num_axes="
+                             f"{pos.shape[-1]} (a model: encoding_context={{'num_axes': "
+                             f"{pos.shape[-1]}}})")
         pos = pos.to(self.freqs.device).float()  # [n, A] or [b, n, A]
         with full_precision(pos.device):
             return torch.einsum("...na,ahj->...hnj", pos, self.freqs.float())
