@@ -91,7 +91,7 @@ import scipy.sparse as sp
 import torch
 from scipy.linalg import eigh
 from scipy.sparse.csgraph import connected_components, laplacian, shortest_path
-from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh, splu
+from scipy.sparse.linalg import ArpackError, ArpackNoConvergence, LinearOperator, eigsh, splu
 from torch import Tensor
 
 from mmpe.validation import check_positive_int
@@ -709,6 +709,26 @@ def _count_below(sub: sp.spmatrix, tau: float) -> int | None:
     return int(np.count_nonzero(lu.U.diagonal() < 0))
 
 
+def _eigsh_or_nothing(op: LinearOperator, inv: LinearOperator, kk: int, sigma: float, tol: float,
+                      room: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """One shift-invert ``eigsh`` pass: the eigenpairs that converged (none: empty arrays).
+
+    ARPACK can also stop with error 3 ("no shifts could be applied", seen on small components
+    whose Krylov space is exhausted): it is tried once more with a wider subspace and another
+    start vector, then reported as nothing found, so the caller falls back to the dense solver.
+    """
+    size = op.shape[0]
+    for ncv in (min(room, max(2 * kk + 1, kk + 32)), min(room, max(4 * kk + 1, kk + 64))):
+        try:
+            return eigsh(op, k=kk, sigma=sigma, which="LM", OPinv=inv,
+                         v0=rng.standard_normal(size), tol=tol, ncv=ncv)
+        except ArpackNoConvergence as err:  # a large exactly repeated eigenvalue at the edge
+            return err.eigenvalues, err.eigenvectors
+        except ArpackError:
+            continue
+    return np.zeros(0), np.zeros((size, 0))
+
+
 def _component_eigsh(sub: sp.csr_matrix, q: int, null: np.ndarray, bound: float,
                      tol: float) -> tuple[np.ndarray, np.ndarray]:
     """The ``q`` smallest non-zero eigenpairs of one connected component's Laplacian ``sub``.
@@ -757,12 +777,7 @@ def _component_eigsh(sub: sp.csr_matrix, q: int, null: np.ndarray, bound: float,
 
         op = LinearOperator((size, size), matvec=matvec, dtype=np.float64)
         inv = LinearOperator((size, size), matvec=opinv, dtype=np.float64)
-        try:
-            new_vals, new_vecs = eigsh(op, k=kk, sigma=sigma, which="LM", OPinv=inv,
-                                       v0=rng.standard_normal(size), tol=tol,
-                                       ncv=min(room, max(2 * kk + 1, kk + 32)))
-        except ArpackNoConvergence as err:  # a large exactly repeated eigenvalue at the edge
-            new_vals, new_vecs = err.eigenvalues, err.eigenvectors
+        new_vals, new_vecs = _eigsh_or_nothing(op, inv, kk, sigma, tol, room, rng)
         if not len(new_vals):
             vals, vecs = eigh(sub.toarray(), subset_by_index=[0, q])
             return vals[1:], vecs[:, 1:]

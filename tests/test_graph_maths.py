@@ -419,3 +419,28 @@ def test_sparse_path_finds_every_copy_of_a_repeated_eigenvalue(d: int) -> None:
     lap = gm.graph_laplacian(adj, None)
     np.testing.assert_allclose(lap @ vecs, vecs * vals, atol=1e-8)
     np.testing.assert_allclose(vecs.T @ vecs, np.eye(12), atol=1e-8)
+
+
+def test_arpack_error_falls_back_to_the_dense_solver(monkeypatch):
+    """ARPACK can stop with error 3 ("no shifts could be applied"; hypothesis found a
+    119-node graph): the sparse path then retries and falls back to the dense solver, and
+    gives the dense path's eigenvalues instead of raising."""
+    from scipy.sparse.linalg import ArpackError
+
+    import mmpe.graph_maths as graph_maths
+
+    calls = []
+
+    def failing(*args, **kwargs):
+        calls.append(kwargs.get("ncv"))
+        raise ArpackError(3)
+
+    monkeypatch.setattr(graph_maths, "eigsh", failing)
+    graph = nx.grid_2d_graph(9, 9)
+    adj = sp.csr_matrix(nx.to_scipy_sparse_array(graph, format="csr"), dtype=np.float64)
+    lap = sp.csr_matrix(sp.diags(np.asarray(adj.sum(1)).ravel()) - adj)
+    null = np.full((81, 1), 1 / 9.0)
+    vals, vecs = graph_maths._component_eigsh(lap, 4, null, 8.0, 0.0)
+    want = np.linalg.eigvalsh(lap.toarray())[1:5]
+    np.testing.assert_allclose(vals, want, atol=1e-9)
+    assert len(calls) == 2 and calls[1] > calls[0]  # one retry with a wider subspace

@@ -67,3 +67,16 @@ def test_rope_mixed_on_a_sequence_says_how_to_build_it():
         mmpe.Transformer(48, 2, 1, ["rope_mixed"])(torch.randn(1, 6, 48), mmpe.Sequence(6))
     model = mmpe.Transformer(48, 2, 1, ["rope_mixed"], encoding_context={"num_axes": 1})
     assert model(torch.randn(1, 6, 48), mmpe.Sequence(6)).shape == (1, 6, 48)
+
+
+def test_non_hf_module_and_nan_laplacian_pe_are_named():
+    pytest.importorskip("transformers")
+    from mmpe.integrations.transformers import apply_score_encodings
+
+    with pytest.raises(TypeError, match="must be an HF transformers model.*Linear"):
+        apply_score_encodings(torch.nn.Linear(3, 3), "alibi")
+    edges = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    pe = torch.randn(3, 2)
+    pe[1, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"laplacian_pe has NaN or inf entries \(nodes \[1\]"):
+        mmpe.Graph(edges, num_nodes=3, laplacian_pe=pe)

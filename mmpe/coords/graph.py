@@ -361,6 +361,10 @@ class Graph(Coordinates):
             if value.dim() != 2 or value.shape[0] != num_nodes or value.shape[1] < 1:
                 raise ValueError(f"Graph: {name} must be [num_nodes={num_nodes}, k >= 1], "
                                  f"got {tuple(value.shape)}")
+            if not bool(torch.isfinite(value).all()):
+                raise ValueError(f"Graph: {name} has NaN or inf entries (nodes "
+                                 f"{(~torch.isfinite(value)).any(dim=1).nonzero().flatten()[:5].tolist()}"
+                                 " …); recompute it, or leave it out and let Graph compute it")
             out[name] = value.detach().float().cpu()
         for name in ("in_degree", "out_degree"):
             if given[name] is None:

@@ -752,7 +752,8 @@ def apply_score_encodings(
 
     Raises:
         TypeError: a rotary or input encoding (use :func:`replace_rotary` for RoPE); an encoding
-            whose coordinates needs a token sequence cannot meet (``swin``, ``graphormer``).
+            whose coordinates needs a token sequence cannot meet (``swin``, ``graphormer``);
+            a model that is not an HF transformers model.
         ValueError: a model already prepared, no attention module found, an encoding that reads
             the layer input (FoX), more than one kernel encoding, an unknown ``backend``.
     """
@@ -760,7 +761,10 @@ def apply_score_encodings(
         raise ValueError(f"apply_score_encodings: backend must be 'auto' or 'math', got {backend!r}")
     if hasattr(model, "_mmpe_state"):
         raise ValueError("apply_score_encodings: this model already has mmpe encodings")
-    config = model.config
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "num_attention_heads"):
+        raise TypeError(f"apply_score_encodings: model must be an HF transformers model (with a "
+                        f"config giving num_attention_heads), got {type(model).__name__}")
     num_heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
     context = {"d_model": config.hidden_size, "num_heads": num_heads, "head_dim": head_dim}
