@@ -93,6 +93,20 @@ def planned_steps(trainer: Any, train_size: int, batch_size: int, drop_last: boo
     return max(1, int(steps))
 
 
+def pop_option(args: list[str], name: str, default: str | None = None) -> str | None:
+    """Remove ``name VALUE`` (or ``name=VALUE``) from ``args`` and return VALUE (``default``
+    when absent): a recipe option ``run_one`` reads before LightningCLI sees the rest."""
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            value = args[i + 1]
+            del args[i:i + 2]
+            return value
+        if a.startswith(name + "="):
+            del args[i]
+            return a.split("=", 1)[1]
+    return default
+
+
 def cli_args_for(config: str | Path, encoding: str, out_dir: Path, extra: Sequence[str]) -> list[str]:
     """LightningCLI arguments of one ``mmpe compare`` run."""
     return ["--config", str(config), "--model.encoding", encoding,

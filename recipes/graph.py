@@ -54,6 +54,7 @@ from mmpe.recipes.common import (
     make_lightning_cli,
     make_optimizer,
     mix_seed,
+    pop_option,
     require,
     run_seed,
 )
@@ -385,14 +386,8 @@ def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> 
     """Train with ``encoding`` from ``configs/graph/default.yaml`` on solubility and on FreeSolv
     (or only the task ``--data.dataset`` names); test RMSE and R² per task (None: not run)."""
     args = list(cli_args)
-    tasks = ["solubility", "freesolv"]
-    for i, a in enumerate(args):
-        if a == "--data.dataset" and i + 1 < len(args):
-            tasks, args = [args[i + 1]], args[:i] + args[i + 2:]
-            break
-        if a.startswith("--data.dataset="):
-            tasks, args = [a.split("=", 1)[1]], args[:i] + args[i + 1:]
-            break
+    task = pop_option(args, "--data.dataset")
+    tasks = ["solubility", "freesolv"] if task is None else [task]
     result: dict[str, float | None] = dict.fromkeys(COMPARE.columns)
     for task in tasks:
         cli = fit_for_compare(make_cli, "graph", encoding, seed=seed, out_dir=Path(out_dir) / task,

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from mmpe.recipes import store as _store
+from mmpe.recipes.compare import lower_is_better
 
 #: A column's best is marked only where it beats every other by this many pooled sds.
 NOISE_SDS = 2.0
@@ -156,7 +157,7 @@ def render_table(spec: Any, records: list[dict[str, Any]], *, settings: Iterable
                 raise LookupError(f"no stored run of {enc!r} in setting {s!r}")
             chosen += sorted(picked, key=lambda r: r["seed"])
     summary_only, summary = summary, summarise(chosen, columns)
-    marks = {c: best_in_column(summary, c, _lower(spec, c)) for c in columns}
+    marks = {c: best_in_column(summary, c, lower_is_better(spec, c)) for c in columns}
     if summary_only:
         return best_line(marks)
     lines = [f"| encoding | {' | '.join(columns)} | seeds |", "|" + "---|" * (len(columns) + 2)]
@@ -164,11 +165,7 @@ def render_table(spec: Any, records: list[dict[str, Any]], *, settings: Iterable
         cells = [_format(spec.fmt, row[c], bold=marks[c][1] and marks[c][0] == enc) for c in columns]
         seeds = sorted({r["seed"] for r in chosen if r["encoding"] == enc})
         lines.append(f"| {enc} | {' | '.join(cells)} | {_seed_list(seeds)} |")
-    return "\n".join(lines) + "\n\n" + noise_line(marks, {c: _lower(spec, c) for c in columns})
-
-
-def _lower(spec: Any, column: str) -> bool:
-    return spec.lower_is_better != (column in getattr(spec, "higher_is_better", ()))
+    return "\n".join(lines) + "\n\n" + noise_line(marks, {c: lower_is_better(spec, c) for c in columns})
 
 
 def _format(fmt: str, cell: Cell, bold: bool) -> str:
@@ -237,8 +234,10 @@ def render_block(block: Block, store: str | Path) -> str:
     """The text between a block's markers, from ``store``."""
     from mmpe.recipes.compare import load_recipe
 
-    spec = load_recipe(block.recipe).COMPARE
-    records = _store.read(store, block.recipe)
+    return _render(block, load_recipe(block.recipe).COMPARE, _store.read(store, block.recipe))
+
+
+def _render(block: Block, spec: Any, records: list[dict[str, Any]]) -> str:
     return render_table(spec, records, settings=block.settings, rows=block.rows,
                         columns=block.columns, summary=block.summary) + "\n"
 
@@ -254,11 +253,10 @@ def rewrite(text: str, store: str | Path, plots: bool = False, root: str | Path 
 
     def sub(m: re.Match) -> str:
         block = Block.parse(m.group("args"))
+        spec, records = load_recipe(block.recipe).COMPARE, _store.read(store, block.recipe)
         if plots and block.plot:
-            spec = load_recipe(block.recipe).COMPARE
-            plot(spec, _store.read(store, block.recipe), Path(root) / block.plot,
-                 block.settings[0], block.rows)
-        return m.group(1) + render_block(block, store) + m.group(4)
+            plot(spec, records, Path(root) / block.plot, block.settings[0], block.rows)
+        return m.group(1) + _render(block, spec, records) + m.group(4)
 
     return BLOCK.sub(sub, text)
 

@@ -114,7 +114,8 @@ def _jsonable(value: Any) -> Any:
 
 
 def environment() -> dict[str, Any]:
-    """Versions, git commit, device and threads of this process (stored with every run)."""
+    """Versions, git commit and device of this process (stored with every run; the threads are
+    read by :func:`make_record`, after the recipe set them)."""
     import torch
 
     import mmpe
@@ -127,8 +128,7 @@ def environment() -> dict[str, Any]:
         versions["lightning"] = lightning.__version__
     except ImportError:  # the recipes need it; a bare store read does not
         pass
-    return {"versions": versions, "git": git_state(), "device": device_name(),
-            "threads": torch.get_num_threads()}
+    return {"versions": versions, "git": git_state(), "device": device_name()}
 
 
 def device_name() -> str:

@@ -48,6 +48,7 @@ from mmpe.recipes.common import (
     make_lightning_cli,
     make_optimizer,
     planned_steps,
+    pop_option,
     require,
 )
 from mmpe.recipes.compare import CompareSpec
@@ -347,19 +348,6 @@ def make_cli(args: list[str] | None = None, run: bool = True) -> TabularCLI:
     return make_lightning_cli(TabularCLI, FTTransformerClassifier, TabularData, args, run)
 
 
-def _pop_option(args: list[str], name: str, default: str) -> str:
-    """Remove ``name VALUE`` (or ``name=VALUE``) from ``args`` and return VALUE."""
-    for i, a in enumerate(args):
-        if a == name and i + 1 < len(args):
-            value = args[i + 1]
-            del args[i:i + 2]
-            return value
-        if a.startswith(name + "="):
-            del args[i]
-            return a.split("=", 1)[1]
-    return default
-
-
 def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> dict[str, float | None]:
     """Train ``encoding`` with ``seed`` on every table; test accuracy per table.
 
@@ -373,7 +361,7 @@ def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> 
     args = list(cli_args)
     if any(a.split("=")[0] == "--compare.seeds" for a in args):
         raise ValueError("tabular: --compare.seeds is gone; use `mmpe compare tabular --seeds N`")
-    tables = [t.strip() for t in _pop_option(args, "--compare.datasets", ",".join(DATASETS)).split(",")]
+    tables = [t.strip() for t in pop_option(args, "--compare.datasets", ",".join(DATASETS)).split(",")]
     for t in tables:
         if t not in DATASETS:
             raise ValueError(f"unknown table {t!r}; known tables: {', '.join(DATASETS)}")
