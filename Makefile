@@ -5,7 +5,7 @@ STAMP   := $(VENV)/.installed
 PYTEST  := $(PY) -m pytest
 APT_PKGS := espeak-ng proj-data
 
-.PHONY: setup run report results test test-slow test-core lint bench docs data-audio apt clean
+.PHONY: setup run report results test test-slow test-gpu test-core lint bench docs data-audio apt clean
 
 $(STAMP): pyproject.toml requirements/torch.txt requirements/nodeps.txt
 	python3 -m venv $(VENV)
@@ -59,6 +59,12 @@ test-slow: setup
 
 # The core tests with every optional package hidden (as with `pip install mmpe` alone):
 # the integration and recipe tests must skip, everything else must pass.
+# The GPU tier: compiled FlexAttention against the math path for every score and kernel
+# encoding, bounded compiles, each recipe on the GPU, the main job against the CPU runs.
+# Skips (one line) where there is no CUDA device.
+test-gpu: setup
+	MMPE_FLEX_STRICT=1 $(PYTEST) -q -m gpu -rs
+
 test-core: setup
 	MMPE_HIDE_EXTRAS=1 $(PYTEST) -q
 

@@ -20,4 +20,6 @@ RECIPES: dict[str, tuple[str, str]] = {
     "sphere": ("mmpe.recipes.sphere", "land/sea and geoid height on the sphere"),
     "sst": ("mmpe.recipes.sst", "SST: next-month anomaly (OSTIA) and global infilling (HadISST)"),
     "multimodal": ("mmpe.recipes.multimodal", "read a strip of MNIST digits as text"),
+    "gpu_cost": ("mmpe.recipes.gpu_cost", "attention fwd+bwd time and memory on a CUDA device, "
+                 "× the unbiased layer (a measurement, not training)"),
 }

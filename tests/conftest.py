@@ -46,6 +46,16 @@ if os.environ.get("MMPE_HIDE_EXTRAS") == "1":
     sys.meta_path[:] = [_HideExtras(f) for f in sys.meta_path]
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """Without a CUDA device the GPU tier skips, with one reason for all of it."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA device here: the GPU tier (make test-gpu) needs one")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)

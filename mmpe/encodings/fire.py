@@ -76,10 +76,12 @@ class FIRE(SavesSettings, ScoreEncoding):
         self.check_context(ctx)
         # float32 weights: the normalised distance is float32 (a bf16 module keeps bf16 ones).
         # One tensor per hidden unit: compiled flex differentiates a captured tensor only if
-        # the score_mod indexes it once (tests/test_score_mod_indexing.py).
-        w1 = self.mlp[0].weight[:, 0].float().unbind(0)
-        b1 = self.mlp[0].bias.float().unbind(0)
-        w2, b2 = self.mlp[2].weight.float().unbind(1), self.mlp[2].bias.float()
+        # the score_mod indexes it once (tests/test_score_mod_indexing.py). Each is a copy, not
+        # a view: views carry storage offsets that dynamic shapes make symbolic, which the
+        # flex kernel's joint graph cannot trace.
+        w1 = _units(self.mlp[0].weight[:, 0].float(), 0)
+        b1 = _units(self.mlp[0].bias.float(), 0)
+        w2, b2 = _units(self.mlp[2].weight.float(), 1), self.mlp[2].bias.float()
 
         def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             x = self.normalised_distance(ctx, q_idx, kv_idx, b)
@@ -256,3 +258,8 @@ class FIRERows(CompactBias):
             d_psi.index_add_(0, first + mixed, (d_x * inv[..., None]).sum((0, 1)))
         if d_norm is not None:
             d_norm[:, start:stop] -= ((d_x * x).sum(-1) * inv).flip(-1)
+
+
+def _units(t: Tensor, dim: int) -> list[Tensor]:
+    """The slices of ``t`` along ``dim`` as separate tensors (copies, differentiable)."""
+    return [u.clone() for u in t.unbind(dim)]

@@ -98,9 +98,11 @@ class MeshDisplacementBias(SavesSettings, ScoreEncoding):
         lin1, lin2 = self.mlp[0], self.mlp[2]
         # One tensor per weight read: compiled flex differentiates a captured tensor only if the
         # score_mod indexes it once (tests/test_score_mod_indexing.py).
-        w1 = [row.unbind(0) for row in lin1.weight.float().unbind(0)]
-        b1 = lin1.bias.float().unbind(0)
-        w2, b2 = lin2.weight.float().unbind(1), lin2.bias.float()
+        # Copies, not views (see FIRE's score_mod): dynamic shapes cannot trace views' offsets.
+        w1 = [[w.clone() for w in row.unbind(0)] for row in lin1.weight.float().unbind(0)]
+        b1 = [b.clone() for b in lin1.bias.float().unbind(0)]
+        w2 = [w.clone() for w in lin2.weight.float().unbind(1)]
+        b2 = lin2.bias.float()
 
         def take(values: Tensor, idx: Tensor, b: Tensor) -> Tensor:
             return values[b, idx] if values.dim() == 2 else values[idx]

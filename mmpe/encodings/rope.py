@@ -130,6 +130,39 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False,
     return _rotate_functional(x, cos, sin, half, interleaved, work)
 
 
+def rotate_qk(q: Tensor, k: Tensor, qcos: Tensor, qsin: Tensor, kcos: Tensor, ksin: Tensor,
+              interleaved: bool = False) -> tuple[Tensor, Tensor]:
+    """:func:`apply_rotary` of ``q`` and of ``k`` (layout ``bhsd``).
+
+    On CUDA, outside ``torch.compile``, both rotations run as one compiled function (inductor
+    fuses each into a single read and write of the tensor, forward and backward): eagerly a
+    rotation is several small kernels (halves, products, casts, a concatenation), 1.4 ms
+    against a 13 µs bandwidth floor at n = 4,096 on an H200. Elsewhere, and where compiling
+    fails, the eager functions.
+    """
+    if q.device.type != "cuda" or torch.compiler.is_compiling():
+        return apply_rotary(q, qcos, qsin, interleaved), apply_rotary(k, kcos, ksin, interleaved)
+    from mmpe import flex_compile
+
+    family = ("rotate_qk", interleaved, q.dtype, k.dtype, qcos.dtype, qcos.dim(), kcos.dim())
+    fn = flex_compile.compiled(_rotate_qk_eager, family)
+    try:
+        with flex_compile.compile_config():
+            return fn(q, k, qcos, qsin, kcos, ksin, interleaved)
+    except Exception as err:  # noqa: BLE001 - the eager rotation is exact; the event is counted
+        flex_compile.stats.eager_rotations += 1
+        if flex_compile.strict():
+            raise
+        flex_compile.log.warning("compiled RoPE failed (%s); rotating eagerly",
+                                 type(err).__name__)
+        return _rotate_qk_eager(q, k, qcos, qsin, kcos, ksin, interleaved)
+
+
+def _rotate_qk_eager(q: Tensor, k: Tensor, qcos: Tensor, qsin: Tensor, kcos: Tensor,
+                     ksin: Tensor, interleaved: bool) -> tuple[Tensor, Tensor]:
+    return apply_rotary(q, qcos, qsin, interleaved), apply_rotary(k, kcos, ksin, interleaved)
+
+
 def _complex_view_ok(x: Tensor, half: int) -> bool:
     """Whether ``x[..., :2·half]`` can be viewed as ``half`` complex numbers per row
     (``view_as_complex`` needs unit channel stride, even other strides and an even offset)."""
@@ -333,8 +366,7 @@ class RoPE(SavesSettings, RotaryEncoding):
             kcos, ksin = qcos, qsin  # self-attention without a cache: one gather for both
         else:
             kcos, ksin = self.cos_sin(kpos, inv_freq, top, rotation_dtype(k.dtype))
-        return (apply_rotary(q, qcos, qsin, self.interleaved),
-                apply_rotary(k, kcos, ksin, self.interleaved))
+        return rotate_qk(q, k, qcos, qsin, kcos, ksin, self.interleaved)
 
 
 class RopeTables:

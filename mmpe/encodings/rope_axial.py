@@ -13,7 +13,12 @@ from mmpe.coords.capabilities import Positioned
 from mmpe.coords.grid import Grid
 from mmpe.encodings._state import SETTINGS_PREFIX, SavesSettings, decode_setting
 from mmpe.encodings.base import RotaryEncoding, check_qk, newest_key_positions
-from mmpe.encodings.rope import apply_rotary, rope_inv_freq, rotation_dtype, same_positions
+from mmpe.encodings.rope import (
+    rope_inv_freq,
+    rotate_qk,
+    rotation_dtype,
+    same_positions,
+)
 from mmpe.registry import register
 
 GRID_INDEXINGS = ("ij", "xy")
@@ -205,5 +210,4 @@ class AxialRoPE(SavesSettings, RotaryEncoding):
             kcos, ksin = qcos, qsin
         else:
             kcos, ksin = self.cos_sin(coords, True, k.shape[-2], rotation_dtype(k.dtype))
-        return (apply_rotary(q, qcos, qsin, self.interleaved),
-                apply_rotary(k, kcos, ksin, self.interleaved))
+        return rotate_qk(q, k, qcos, qsin, kcos, ksin, self.interleaved)

@@ -1,0 +1,195 @@
+"""Compiled FlexAttention with a bounded number of compilations and no silent fallback.
+
+``torch.compile(flex_attention)`` keeps its compiled variants on the code object of
+``flex_attention``, and torch stops compiling a code object after ``recompile_limit`` (8)
+variants: every later call then runs FlexAttention *unfused*, materialising the ``n × n``
+scores, with one warning per process. Each score-mod family (a distinct composition of
+encodings), sequence length, batch size, dtype and grad mode is a variant, so a process that
+trains and evaluates a few encodings — ``mmpe compare``, a test session — used to fall off the
+compiled path part-way without saying so.
+
+Here:
+
+* every *family* (the code of its ``score_mod`` terms and ``mask_mod``, the dtype and head
+  dims) gets its own copy of the function, so families do not share one limit;
+* shapes are dynamic (``dynamic=True``): lengths and batch sizes do not recompile, and a
+  family compiles about twice per run (training and evaluation, the grad mode);
+* ``fullgraph=True`` turns torch's silent fallback into ``FailOnRecompileLimitHit``, which is
+  counted in :data:`stats`, logged once per family, and raised when ``MMPE_FLEX_STRICT=1``
+  (the GPU test tier sets it) — otherwise the call runs unfused, as torch would have;
+* a kernel that needs more shared memory than the card has (``No valid triton configs …
+  out of resource``: head_dim 64, bf16, a score_mod that captures several tensors) is compiled
+  again with smaller tiles (:data:`KERNEL_OPTIONS`), and the family keeps the first that fits;
+  the backward pass is lowered with the forward so that its failure is seen here too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+log = logging.getLogger("mmpe.flex")
+
+#: Tile sizes tried in order when a kernel does not fit in shared memory. Block sizes divide
+#: the BlockMask's 128-token blocks; the backward kernels need ``N1 % M1 == 0`` and
+#: ``M2 % N2 == 0``.
+KERNEL_OPTIONS: tuple[dict | None, ...] = (
+    None,
+    {"fwd_BLOCK_M": 64, "fwd_BLOCK_N": 64, "fwd_num_stages": 2,
+     "bwd_BLOCK_M1": 32, "bwd_BLOCK_N1": 64, "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 32,
+     "bwd_num_stages": 1},
+    {"fwd_BLOCK_M": 32, "fwd_BLOCK_N": 32, "fwd_num_stages": 1,
+     "bwd_BLOCK_M1": 16, "bwd_BLOCK_N1": 32, "bwd_BLOCK_M2": 32, "bwd_BLOCK_N2": 16,
+     "bwd_num_stages": 1},
+)
+DYNAMIC = True
+_RESOURCE_ERRORS = ("out of resource", "No valid triton configs", "OutOfResources")
+
+
+@dataclass
+class FlexStats:
+    """Counts of this process's compiled FlexAttention calls (read them; :meth:`reset`)."""
+
+    families: int = 0  #: compiled copies made (one per score-mod family)
+    unfused: int = 0  #: calls that ran unfused after a family reached torch's recompile limit
+    smaller_tiles: int = 0  #: families that needed :data:`KERNEL_OPTIONS` beyond the first
+    eager_rotations: int = 0  #: RoPE calls that ran eagerly because compiling failed
+    unfused_families: set = field(default_factory=set)
+
+    def reset(self) -> None:
+        self.families = self.unfused = self.smaller_tiles = self.eager_rotations = 0
+        self.unfused_families = set()
+
+
+stats = FlexStats()
+_copies: dict[tuple, Callable] = {}
+_tiles: dict[tuple, int] = {}
+
+
+def strict() -> bool:
+    """Whether an unfused fallback raises (``MMPE_FLEX_STRICT=1``) instead of being counted."""
+    return os.environ.get("MMPE_FLEX_STRICT", "") not in ("", "0")
+
+
+def _fresh(fn: Callable, tag: str) -> Callable:
+    """``fn`` with a code object of its own, so that torch.compile keeps a separate cache (and
+    recompile count) for it."""
+    code = fn.__code__.replace(co_name=f"{fn.__name__}__{tag}")
+    copy = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    return copy
+
+
+def compiled(fn: Callable, family: tuple, backend: str = "inductor",
+             fullgraph: bool = True) -> Callable:
+    """The compiled copy of ``fn`` for ``family`` (made on first use)."""
+    key = (fn, family, backend)
+    if key not in _copies:
+        stats.families += 1
+        tag = f"mmpe{len(_copies)}"
+        _copies[key] = torch.compile(_fresh(fn, tag), dynamic=DYNAMIC, fullgraph=fullgraph,
+                                     backend=backend)
+    return _copies[key]
+
+
+def _code(fn: Callable | None) -> object:
+    return getattr(fn, "__code__", fn)
+
+
+def family_of(mods: list[Callable], block_mask, q: Tensor, v: Tensor, kinds: tuple = ()) -> tuple:
+    """What decides a compiled variant besides shapes: the terms' code, the mask's, dtype and
+    head dims, and ``kinds`` (the encodings' classes: subclasses can share a ``score_mod``'s
+    code and differ in what it calls)."""
+    mask_mod = getattr(block_mask, "mask_mod", None)
+    return (tuple(_code(m) for m in mods), _code(mask_mod), q.dtype, q.shape[-1], v.shape[-1],
+            kinds)
+
+
+def flex(q: Tensor, k: Tensor, v: Tensor, mods: list[Callable], score_mod: Callable | None,
+         block_mask, scale: float, backend: str = "inductor", kinds: tuple = ()) -> Tensor:
+    """``flex_attention(q, k, v, score_mod, block_mask, scale)`` compiled per family
+    (:func:`family_of`; ``mods`` are the terms ``score_mod`` composes).
+
+    Raises:
+        RuntimeError: the family reached torch's recompile limit and ``MMPE_FLEX_STRICT`` is
+            set; or every tile size in :data:`KERNEL_OPTIONS` failed to compile.
+    """
+    from torch._dynamo.exc import FailOnRecompileLimitHit
+    from torch.nn.attention.flex_attention import flex_attention
+
+    family = family_of(mods, block_mask, q, v, kinds)
+    fn = compiled(flex_attention, family, backend)
+    level = _tiles.get(family, 0)
+    while True:
+        try:
+            with compile_config():
+                return fn(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                          kernel_options=KERNEL_OPTIONS[level])
+        except FailOnRecompileLimitHit as err:
+            return _unfused(family, err, q, k, v, score_mod, block_mask, scale)
+        except Exception as err:  # inductor wraps the Triton resource error in several types
+            if not any(s in str(err) for s in _RESOURCE_ERRORS):
+                raise
+            if level + 1 >= len(KERNEL_OPTIONS):
+                raise RuntimeError(f"FlexAttention: no tile size in mmpe.flex_compile."
+                                   f"KERNEL_OPTIONS fits this kernel ({err})") from err
+            level += 1
+            if _tiles.get(family, 0) == 0:
+                stats.smaller_tiles += 1
+            _tiles[family] = level
+            log.info("FlexAttention kernel did not fit in shared memory; retrying with %s",
+                     KERNEL_OPTIONS[level])
+
+
+def compile_config():
+    """Lower the backward with the forward (its failures surface here); do not specialise
+    sizes that happen to be 1 (a batch of one, a sequence of one 128-token block) or equal
+    (duck sizing): each would be another compile of the same family; but do specialise Python
+    floats (the softmax scale, an encoding's constants): symbolic floats inside a ``score_mod``
+    whose captured tensors need gradients fail to trace (``PendingUnbackedSymbolNotFound``,
+    torch 2.11, FIRE)."""
+    import contextlib
+
+    import torch.fx.experimental._config as fx_config
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch._functorch.config.patch(force_non_lazy_backward_lowering=True))
+    stack.enter_context(torch._dynamo.config.patch(specialize_float=True))
+    stack.enter_context(fx_config.patch(backed_size_oblivious=True, use_duck_shape=False))
+    return stack
+
+
+def _unfused(family: tuple, err: Exception, q, k, v, score_mod, block_mask, scale) -> Tensor:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    stats.unfused += 1
+    message = ("FlexAttention recompiled more than torch's recompile_limit "
+               f"({torch._dynamo.config.recompile_limit}) times for one score-mod family; "
+               "this call runs unfused (O(n²) memory). Shapes are dynamic, so this means many "
+               "dtypes, grad modes or head sizes in one process.")
+    if strict():
+        raise RuntimeError(message + " (MMPE_FLEX_STRICT is set)") from err
+    if family not in stats.unfused_families:
+        stats.unfused_families.add(family)
+        log.warning(message)
+    return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+
+
+def block_mask(mask_mod: Callable, batch: int | None, n_q: int, n_k: int,
+               device: torch.device):
+    """``create_block_mask`` compiled per ``mask_mod`` code on CUDA (eager elsewhere)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    if device.type != "cuda":
+        return create_block_mask(mask_mod, batch, None, n_q, n_k, device=device)
+    # Graph breaks are allowed here: past the limit torch builds the mask eagerly, which is
+    # exact (an n_q × n_k boolean mask, then blocks), only slower.
+    fn = compiled(create_block_mask, (_code(mask_mod),), fullgraph=False)
+    with compile_config():
+        return fn(mask_mod, batch, None, n_q, n_k, device=device)

@@ -1,0 +1,209 @@
+"""Compiled FlexAttention on the CPU side: compilations stay bounded over lengths, batch sizes,
+decoding offsets and grad modes; torch's recompile limit is an error in strict mode and a
+counted, logged event otherwise; a kernel too large for shared memory is retried with smaller
+tiles; the per-offset table that learned relation terms use on a GPU equals their in-kernel
+``score_mod``, gradients included.
+
+Dynamo's guards (what triggers a recompilation) do not depend on the backend, so the counts
+use ``backend="eager"``: the GPU tier (tests/test_gpu.py) repeats them with inductor.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+import mmpe
+from mmpe import flex_compile
+from mmpe.attention import _block_mask, _flex_mods, compose_score_mods
+from mmpe.coords.base import index_grid
+from mmpe.encodings.base import AttentionContext
+
+HEADS, HEAD_DIM = 4, 8
+
+
+@pytest.fixture(autouse=True)
+def _fresh_state(monkeypatch):
+    monkeypatch.setattr(flex_compile, "_copies", {})
+    monkeypatch.setattr(flex_compile, "_tiles", {})
+    flex_compile.stats.reset()
+    monkeypatch.delenv("MMPE_FLEX_STRICT", raising=False)
+    torch._dynamo.reset()
+
+
+def _call(enc, coords, batch: int, grad: bool) -> torch.Tensor:
+    n_q, n_k = coords.num_queries, coords.num_keys
+    q = torch.randn(batch, HEADS, n_q, HEAD_DIM)
+    k, v = torch.randn(batch, HEADS, n_k, HEAD_DIM), torch.randn(batch, HEADS, n_k, HEAD_DIM)
+    ctx = AttentionContext(coords, HEADS, HEAD_DIM, batch, None, q, k, v)
+    mods = _flex_mods([enc], ctx)
+    with torch.set_grad_enabled(grad):
+        return flex_compile.flex(q, k, v, mods, compose_score_mods(mods),
+                                 _block_mask(coords, q.device), 0.3, backend="eager",
+                                 kinds=(type(enc),))
+
+
+def _compiles() -> list[int]:
+    """Compiled variants per family copy of flex_attention."""
+    return [len(_debug_get_cache_entry_list(fn._torchdynamo_orig_callable.__code__))
+            for (base, _, _), fn in flex_compile._copies.items() if base.__name__ == "flex_attention"]
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "fire", "kerple_log"])
+def test_lengths_batch_sizes_and_grad_modes_compile_twice_per_family(name: str) -> None:
+    enc = mmpe.build(name, context={"num_heads": HEADS, "head_dim": HEAD_DIM})
+    shapes = [(2, 64), (2, 96), (3, 80), (1, 64), (16, 128), (5, 200), (1, 1)]
+    for grad in (True, False):  # training, then evaluation
+        for batch, n in shapes:
+            _call(enc, mmpe.Sequence(n, causal=True), batch, grad)
+    assert _compiles() == [2]
+    assert flex_compile.stats.unfused == 0 and flex_compile.stats.families == 1
+
+
+def test_decoding_offsets_and_grid_shapes_do_not_recompile() -> None:
+    enc = mmpe.build("alibi", context={"num_heads": HEADS})
+    for offset in range(40, 60):
+        _call(enc, mmpe.Sequence(1, offset=offset, causal=True), 2, False)
+    for shape in [(2, 3), (4, 4), (3, 7), (6, 2)]:
+        _call(enc, mmpe.Grid(shape), 2, False)
+    # One family for the causal sequence (its mask_mod), one for the unmasked grid.
+    assert _compiles() == [1, 1]
+
+
+def test_families_do_not_share_a_recompile_limit() -> None:
+    """Ten encodings in one process: each family has its own copy, none falls back."""
+    names = ["alibi", "t5", "fire", "kerple_log", "kerple_power", "shaw", "transformer_xl",
+             "tener", "cope", "huang_3"]
+    ctx = {"num_heads": HEADS, "head_dim": HEAD_DIM, "d_model": HEADS * HEAD_DIM, "max_len": 64}
+    for name in names:
+        enc = mmpe.build(name, context=ctx)
+        for grad in (True, False):
+            _call(enc, mmpe.Sequence(24, causal=True), 2, grad)
+    assert flex_compile.stats.families == len(names)
+    assert flex_compile.stats.unfused == 0
+
+
+def _storm(enc) -> None:
+    with torch._dynamo.config.patch(recompile_limit=1):
+        _call(enc, mmpe.Sequence(16, causal=True), 2, True)
+        _call(enc, mmpe.Sequence(16, causal=True), 2, False)  # a second variant: over the limit
+
+
+def test_recompile_limit_is_an_error_in_strict_mode(monkeypatch) -> None:
+    monkeypatch.setenv("MMPE_FLEX_STRICT", "1")
+    enc = mmpe.build("alibi", context={"num_heads": HEADS})
+    with pytest.raises(RuntimeError, match="recompile_limit.*unfused.*MMPE_FLEX_STRICT"):
+        _storm(enc)
+
+
+def test_recompile_limit_is_counted_and_logged_once_otherwise(caplog) -> None:
+    enc = mmpe.build("alibi", context={"num_heads": HEADS})
+    with caplog.at_level(logging.WARNING, logger="mmpe.flex"):
+        _storm(enc)
+        with torch._dynamo.config.patch(recompile_limit=1), torch.no_grad():
+            out = _call(enc, mmpe.Sequence(16, causal=True), 2, False)
+    assert flex_compile.stats.unfused == 2
+    assert len([r for r in caplog.records if "unfused" in r.getMessage()]) == 1
+    assert torch.isfinite(out).all()
+
+
+class _Raises:
+    """A compiled function whose first ``fail`` calls raise Triton's shared-memory error."""
+
+    def __init__(self, fail: int) -> None:
+        self.fail, self.options = fail, []
+
+    def __call__(self, q, k, v, *, score_mod, block_mask, scale, kernel_options):
+        self.options.append(kernel_options)
+        if len(self.options) <= self.fail:
+            raise RuntimeError("No valid triton configs. OutOfMemoryError: out of resource: "
+                               "triton_tem_fused_flex_attention Required: 245760 "
+                               "Hardware limit: 232448")
+        return q
+
+
+def test_a_kernel_too_large_for_shared_memory_is_retried_with_smaller_tiles(monkeypatch) -> None:
+    fake = _Raises(fail=1)
+    monkeypatch.setattr(flex_compile, "compiled", lambda *a, **k: fake)
+    q = torch.randn(1, 2, 8, 16)
+    assert flex_compile.flex(q, q, q, [], None, None, 1.0) is q
+    assert fake.options == list(flex_compile.KERNEL_OPTIONS[:2])
+    assert flex_compile.stats.smaller_tiles == 1
+    flex_compile.flex(q, q, q, [], None, None, 1.0)  # the family keeps the tiles that fit
+    assert fake.options[-1] == flex_compile.KERNEL_OPTIONS[1]
+
+
+def test_no_tile_size_that_fits_raises_naming_the_options(monkeypatch) -> None:
+    monkeypatch.setattr(flex_compile, "compiled", lambda *a, **k: _Raises(fail=99))
+    q = torch.randn(1, 2, 8, 16)
+    with pytest.raises(RuntimeError, match="KERNEL_OPTIONS"):
+        flex_compile.flex(q, q, q, [], None, None, 1.0)
+
+
+def test_other_compile_errors_are_not_swallowed(monkeypatch) -> None:
+    def broken(*args, **kwargs):
+        raise RuntimeError("LoweringException: something else")
+
+    monkeypatch.setattr(flex_compile, "compiled", lambda *a, **k: broken)
+    q = torch.randn(1, 2, 8, 16)
+    with pytest.raises(RuntimeError, match="something else"):
+        flex_compile.flex(q, q, q, [], None, None, 1.0)
+
+
+def _dense_scores(mods, q, k, coords) -> torch.Tensor:
+    scores = q @ k.transpose(-2, -1)
+    b, h, qi, ki = index_grid(q.shape[0], HEADS, coords.num_queries, coords.num_keys, q.device)
+    return compose_score_mods(mods)(scores, b, h, qi, ki)
+
+
+@settings(max_examples=25, deadline=None)
+@given(name=st.sampled_from(["t5", "t5_bidirectional", "kerple_log", "kerple_power", "alibi"]),
+       n_q=st.integers(1, 40), extra=st.integers(0, 30), causal=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_per_offset_table_equals_the_in_kernel_terms(name, n_q, extra, causal, seed) -> None:
+    """The table path (on a GPU: T5, KERPLE, learnable ALiBi) gives every pair the same score
+    and every parameter the same gradient as the encoding's own ``score_mod``."""
+    torch.manual_seed(seed)
+    kwargs = {"learnable_slopes": True} if name == "alibi" else {}
+    if name == "t5_bidirectional":
+        name, causal = "t5", False
+    enc = mmpe.build(name, context={"num_heads": HEADS, "head_dim": HEAD_DIM}, **kwargs)
+    with torch.no_grad():
+        for p in enc.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    n_k = n_q + extra
+    coords = mmpe.Sequence(n_q, offset=extra, causal=causal)
+    q = torch.randn(2, HEADS, n_q, HEAD_DIM, requires_grad=True)
+    k = torch.randn(2, HEADS, n_k, HEAD_DIM, requires_grad=True)
+    ctx = AttentionContext(coords, HEADS, HEAD_DIM, 2, None, q, k, k)
+    weight = torch.randn(2, HEADS, n_q, n_k)
+    results = []
+    for tables in (True, False):
+        mods = _flex_mods([enc], ctx, tables=tables)
+        assert (mods[0].__name__ == "relation_table") == tables
+        scores = _dense_scores(mods, q, k, coords)
+        grads = torch.autograd.grad((scores * weight).sum(), [q, k, *enc.parameters()])
+        results.append((scores, grads))
+    (s1, g1), (s2, g2) = results
+    torch.testing.assert_close(s1, s2, rtol=1e-5, atol=1e-5)
+    for a, b in zip(g1, g2, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * float(b.abs().max()) + 1e-6)
+
+
+def test_a_control_term_fails_the_table_comparison() -> None:
+    """The comparison above can fail: the table read at the mirrored offset differs."""
+    enc = mmpe.build("t5", context={"num_heads": HEADS})
+    with torch.no_grad():
+        enc.table.add_(torch.randn_like(enc.table))
+    coords = mmpe.Sequence(12, causal=True)
+    q, k = torch.randn(1, HEADS, 12, HEAD_DIM), torch.randn(1, HEADS, 12, HEAD_DIM)
+    ctx = AttentionContext(coords, HEADS, HEAD_DIM, 1, None, q, k, k)
+    table_mod = _flex_mods([enc], ctx, tables=True)[0]
+    wrong = [lambda s, b, h, qi, ki: table_mod(s, b, h, ki, qi)]
+    assert not torch.allclose(_dense_scores(wrong, q, k, coords),
+                              _dense_scores([enc.score_mod(ctx)], q, k, coords))
