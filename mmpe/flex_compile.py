@@ -49,6 +49,9 @@ KERNEL_OPTIONS: tuple[dict | None, ...] = (
      "bwd_num_stages": 1},
 )
 DYNAMIC = True
+#: Compiled variants allowed per family (torch's default, 8, is per code object; each family
+#: here has its own): 2 grad modes × (any size, batch of one, one block, both) is 8.
+RECOMPILE_LIMIT = 16
 _RESOURCE_ERRORS = ("out of resource", "No valid triton configs", "OutOfResources")
 
 
@@ -129,6 +132,7 @@ def flex(q: Tensor, k: Tensor, v: Tensor, mods: list[Callable], score_mod: Calla
     while True:
         try:
             with compile_config():
+                _probe_backward(fn, family, level, q, k, v, score_mod, block_mask, scale)
                 return fn(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
                           kernel_options=KERNEL_OPTIONS[level])
         except FailOnRecompileLimitHit as err:
@@ -148,29 +152,54 @@ def flex(q: Tensor, k: Tensor, v: Tensor, mods: list[Callable], score_mod: Calla
 
 
 def compile_config():
-    """Lower the backward with the forward (its failures surface here); do not specialise
-    sizes that happen to be 1 (a batch of one, a sequence of one 128-token block) or equal
-    (duck sizing): each would be another compile of the same family; but do specialise Python
-    floats (the softmax scale, an encoding's constants): symbolic floats inside a ``score_mod``
-    whose captured tensors need gradients fail to trace (``PendingUnbackedSymbolNotFound``,
-    torch 2.11, FIRE)."""
+    """Allow :data:`RECOMPILE_LIMIT` variants per family; do not assume that sizes which happen to be equal stay equal (duck sizing: each would be
+    another compile of the same family), and specialise Python floats (the softmax scale, an
+    encoding's constants): symbolic floats inside a ``score_mod`` whose captured tensors need
+    gradients fail to trace (``PendingUnbackedSymbolNotFound``, torch 2.11, FIRE).
+
+    Not used, measured on an H200 with torch 2.11: ``backed_size_oblivious`` (no 0/1
+    specialisation; it breaks the lowering of slices, ``KeyError: 'unbacked_bindings'``) and
+    ``force_non_lazy_backward_lowering`` (its backward kept the first call's strides and failed
+    at the next length). Sizes of 1 (a batch of one, one 128-token block) therefore still
+    compile once more each.
+    """
     import contextlib
 
     import torch.fx.experimental._config as fx_config
 
     stack = contextlib.ExitStack()
-    stack.enter_context(torch._functorch.config.patch(force_non_lazy_backward_lowering=True))
-    stack.enter_context(torch._dynamo.config.patch(specialize_float=True))
-    stack.enter_context(fx_config.patch(backed_size_oblivious=True, use_duck_shape=False))
+    stack.enter_context(torch._dynamo.config.patch(specialize_float=True,
+                                                   recompile_limit=RECOMPILE_LIMIT))
+    stack.enter_context(fx_config.patch(use_duck_shape=False))
     return stack
+
+
+_probed: set[tuple] = set()
+
+
+def _probe_backward(fn: Callable, family: tuple, level: int, q: Tensor, k: Tensor, v: Tensor,
+                    score_mod, block_mask, scale: float) -> None:
+    """On a family's first call with gradients, run its backward once on copies of the inputs
+    (gradients w.r.t. the copies only: nothing accumulates into parameters), so that a backward
+    kernel too large for shared memory fails here, where a smaller tile can be chosen, and not
+    inside ``loss.backward()``."""
+    key = (family, level, id(fn))
+    if key in _probed or not torch.is_grad_enabled() or not any(
+            t.requires_grad for t in (q, k, v)):
+        return
+    copies = [t.detach().requires_grad_(t.requires_grad) for t in (q, k, v)]
+    out = fn(*copies, score_mod=score_mod, block_mask=block_mask, scale=scale,
+             kernel_options=KERNEL_OPTIONS[level])
+    torch.autograd.grad(out.float().sum(), [t for t in copies if t.requires_grad])
+    _probed.add(key)
 
 
 def _unfused(family: tuple, err: Exception, q, k, v, score_mod, block_mask, scale) -> Tensor:
     from torch.nn.attention.flex_attention import flex_attention
 
     stats.unfused += 1
-    message = ("FlexAttention recompiled more than torch's recompile_limit "
-               f"({torch._dynamo.config.recompile_limit}) times for one score-mod family; "
+    message = ("FlexAttention recompiled more than its recompile limit "
+               f"({RECOMPILE_LIMIT}) times for one score-mod family; "
                "this call runs unfused (O(n²) memory). Shapes are dynamic, so this means many "
                "dtypes, grad modes or head sizes in one process.")
     if strict():

@@ -92,7 +92,7 @@ def _peak(fn: Callable[[], None]) -> int:
     return torch.cuda.max_memory_allocated() - base
 
 
-def measure(encoding: str, column: str, seed: int, repeat: int = 7) -> tuple[float, float] | None:
+def measure(encoding: str, column: str, seed: int, repeat: int = 5) -> tuple[float, float] | None:
     """``(time ratio, peak-memory ratio)`` of ``encoding`` on a column's coordinates, or None
     where the encoding does not support them."""
     coords, heads = _coords(column, "cuda")

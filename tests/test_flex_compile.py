@@ -31,6 +31,7 @@ HEADS, HEAD_DIM = 4, 8
 def _fresh_state(monkeypatch):
     monkeypatch.setattr(flex_compile, "_copies", {})
     monkeypatch.setattr(flex_compile, "_tiles", {})
+    monkeypatch.setattr(flex_compile, "_probed", set())
     flex_compile.stats.reset()
     monkeypatch.delenv("MMPE_FLEX_STRICT", raising=False)
     torch._dynamo.reset()
@@ -57,11 +58,17 @@ def _compiles() -> list[int]:
 @pytest.mark.parametrize("name", ["alibi", "t5", "fire", "kerple_log"])
 def test_lengths_batch_sizes_and_grad_modes_compile_twice_per_family(name: str) -> None:
     enc = mmpe.build(name, context={"num_heads": HEADS, "head_dim": HEAD_DIM})
-    shapes = [(2, 64), (2, 96), (3, 80), (1, 64), (16, 128), (5, 200), (1, 1)]
+    shapes = [(2, 200), (2, 300), (3, 129), (16, 256), (5, 1000)]
     for grad in (True, False):  # training, then evaluation
         for batch, n in shapes:
             _call(enc, mmpe.Sequence(n, causal=True), batch, grad)
     assert _compiles() == [2]
+    # A batch of one and a sequence within one 128-token block specialise (size 1): at most
+    # three more per grad mode, under the family's limit (flex_compile.RECOMPILE_LIMIT).
+    for grad in (True, False):
+        for batch, n in [(1, 200), (2, 64), (1, 1), (7, 100)]:
+            _call(enc, mmpe.Sequence(n, causal=True), batch, grad)
+    assert _compiles()[0] <= 8 < flex_compile.RECOMPILE_LIMIT
     assert flex_compile.stats.unfused == 0 and flex_compile.stats.families == 1
 
 
@@ -88,24 +95,24 @@ def test_families_do_not_share_a_recompile_limit() -> None:
     assert flex_compile.stats.unfused == 0
 
 
-def _storm(enc) -> None:
-    with torch._dynamo.config.patch(recompile_limit=1):
-        _call(enc, mmpe.Sequence(16, causal=True), 2, True)
-        _call(enc, mmpe.Sequence(16, causal=True), 2, False)  # a second variant: over the limit
+def _storm(enc, monkeypatch) -> None:
+    monkeypatch.setattr(flex_compile, "RECOMPILE_LIMIT", 1)
+    _call(enc, mmpe.Sequence(16, causal=True), 2, True)
+    _call(enc, mmpe.Sequence(16, causal=True), 2, False)  # a second variant: over the limit
 
 
 def test_recompile_limit_is_an_error_in_strict_mode(monkeypatch) -> None:
     monkeypatch.setenv("MMPE_FLEX_STRICT", "1")
     enc = mmpe.build("alibi", context={"num_heads": HEADS})
-    with pytest.raises(RuntimeError, match="recompile_limit.*unfused.*MMPE_FLEX_STRICT"):
-        _storm(enc)
+    with pytest.raises(RuntimeError, match="recompile limit.*unfused.*MMPE_FLEX_STRICT"):
+        _storm(enc, monkeypatch)
 
 
-def test_recompile_limit_is_counted_and_logged_once_otherwise(caplog) -> None:
+def test_recompile_limit_is_counted_and_logged_once_otherwise(caplog, monkeypatch) -> None:
     enc = mmpe.build("alibi", context={"num_heads": HEADS})
     with caplog.at_level(logging.WARNING, logger="mmpe.flex"):
-        _storm(enc)
-        with torch._dynamo.config.patch(recompile_limit=1), torch.no_grad():
+        _storm(enc, monkeypatch)
+        with torch.no_grad():
             out = _call(enc, mmpe.Sequence(16, causal=True), 2, False)
     assert flex_compile.stats.unfused == 2
     assert len([r for r in caplog.records if "unfused" in r.getMessage()]) == 1

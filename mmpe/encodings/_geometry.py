@@ -49,7 +49,9 @@ class DistanceFeatureBias(ScoreEncoding):
         raise NotImplementedError
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
-        table = self.bias(ctx)  # checks the context
+        # float32: FlexAttention accumulates a captured tensor's gradient in its dtype, and a
+        # bf16 accumulator over every pair loses it (relative error > 1 measured on an H200).
+        table = self.bias(ctx).float()  # checks the context
         if table.shape[0] == 1:  # positions shared by the batch: no batch index
             shared = table[0]
 
