@@ -5,7 +5,7 @@ STAMP   := $(VENV)/.installed
 PYTEST  := $(PY) -m pytest
 APT_PKGS := espeak-ng proj-data
 
-.PHONY: setup run report results test test-slow test-gpu test-core lint bench docs data-audio apt clean
+.PHONY: setup run report results test test-slow test-gpu test-floor test-core lint bench docs data-audio apt clean
 
 $(STAMP): pyproject.toml requirements/torch.txt requirements/nodeps.txt
 	python3 -m venv $(VENV)
@@ -64,6 +64,20 @@ test-slow: setup
 # Skips (one line) where there is no CUDA device.
 test-gpu: setup
 	MMPE_FLEX_STRICT=1 $(PYTEST) -q -m gpu -rs
+
+# The tests at the declared minimum versions of torch, timm, PyG, transformers and Lightning
+# (requirements/floor.txt), in their own environment.
+FLOOR := .venv-floor
+$(FLOOR)/.installed: pyproject.toml requirements/floor.txt requirements/nodeps.txt
+	python3 -m venv $(FLOOR)
+	$(FLOOR)/bin/pip install -q --upgrade pip
+	$(FLOOR)/bin/pip install -q -c requirements/floor.txt -r requirements/floor.txt
+	$(FLOOR)/bin/pip install -q -c requirements/floor.txt -e ".[recipes,timm,pyg,hf,data,dev]"
+	$(FLOOR)/bin/pip install -q --no-deps -r requirements/nodeps.txt
+	touch $@
+
+test-floor: $(FLOOR)/.installed
+	$(FLOOR)/bin/python -m pytest -q
 
 test-core: setup
 	MMPE_HIDE_EXTRAS=1 $(PYTEST) -q

@@ -176,11 +176,16 @@ class _Attention(nn.Module):
                                  "or value-side score terms; use 'math' or 'auto'")
             return "math"
         if self.backend == "flex":
+            if not flex_compile.available():
+                raise flex_compile.FlexUnavailableError(
+                    f"attention: backend='flex' needs torch >= 2.6 (this is {torch.__version__}: "
+                    "its FlexAttention cannot differentiate learned score terms); use 'auto' "
+                    "or 'sdpa'")
             return "flex"
         additive = all(s.additive for s in self.scores)
         if self.backend == "sdpa":
             return "sdpa" if additive else "math"
-        if device.type == "cuda" and self.scores:
+        if device.type == "cuda" and self.scores and flex_compile.available():
             return "flex"
         return "sdpa" if additive else "math"
 
@@ -217,6 +222,8 @@ class _Attention(nn.Module):
             return plan.run(ctx.q, ctx.k, ctx.v)
         if self.scores and _bias_bytes(ctx, coords.num_queries) > block_bytes():
             return self._sdpa_blocks(ctx, scale)
+        if not self.scores and _large_mask(ctx):  # a padded point cloud of 60k points, say
+            return self._sdpa_blocks(ctx, scale)
         bias = None
         for enc in self.scores:
             term = _bias(enc, ctx)
@@ -251,7 +258,8 @@ class _Attention(nn.Module):
         for enc in self.scores:
             term = enc.bias_rows(ctx, start, stop)
             bias = term if bias is None else bias + term
-        bias = _cast_bias(bias, ctx.q.dtype, ctx.coords.dense_mask(start, stop))
+        mask = ctx.coords.dense_mask(start, stop)
+        bias = mask if bias is None else _cast_bias(bias, ctx.q.dtype, mask)
         return F.scaled_dot_product_attention(ctx.q[:, :, start:stop], ctx.k, ctx.v,
                                               attn_mask=bias, scale=scale)
 
@@ -501,6 +509,15 @@ def block_bytes() -> int:
 
 def _bias_bytes(ctx: AttentionContext, rows: int) -> int:
     return ctx.q.shape[0] * ctx.num_heads * rows * ctx.coords.num_keys * 4
+
+
+def _large_mask(ctx: AttentionContext) -> bool:
+    """Whether the coordinates' dense boolean mask (not SDPA's own causal one) would exceed
+    :func:`block_bytes`: then SDPA runs block by block with each block's rows of the mask."""
+    coords = ctx.coords
+    if coords.mask_mod() is None or _plain_causal(coords):
+        return False
+    return (coords.batch_size or 1) * coords.num_queries * coords.num_keys > block_bytes()
 
 
 def _check_memory(needed: int, what: str, ctx: AttentionContext) -> None:

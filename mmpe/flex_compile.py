@@ -13,14 +13,17 @@ Here:
 * every *family* (the code of its ``score_mod`` terms and ``mask_mod``, the dtype and head
   dims) gets its own copy of the function, so families do not share one limit;
 * shapes are dynamic (``dynamic=True``): lengths and batch sizes do not recompile, and a
-  family compiles about twice per run (training and evaluation, the grad mode);
-* ``fullgraph=True`` turns torch's silent fallback into ``FailOnRecompileLimitHit``, which is
-  counted in :data:`stats`, logged once per family, and raised when ``MMPE_FLEX_STRICT=1``
-  (the GPU test tier sets it) — otherwise the call runs unfused, as torch would have;
+  family compiles about twice per run (training and evaluation, the grad mode), once more
+  for a batch of one or a sequence within one 128-token block;
+* ``fullgraph=True`` turns torch's silent fallback into ``FailOnRecompileLimitHit`` (torch
+  ≥ 2.6), which is counted in :data:`stats`, logged once per family, and raised when
+  ``MMPE_FLEX_STRICT=1`` (the GPU test tier sets it) — otherwise the call runs unfused, as
+  torch would have;
 * a kernel that needs more shared memory than the card has (``No valid triton configs …
   out of resource``: head_dim 64, bf16, a score_mod that captures several tensors) is compiled
   again with smaller tiles (:data:`KERNEL_OPTIONS`), and the family keeps the first that fits;
-  the backward pass is lowered with the forward so that its failure is seen here too.
+  a family's first training call runs its backward once on copies of the inputs, so that a
+  backward kernel's failure is seen here too.
 """
 
 from __future__ import annotations
@@ -71,6 +74,21 @@ class FlexStats:
 
 
 stats = FlexStats()
+
+#: The first torch whose FlexAttention mmpe uses: torch 2.5's differentiates no captured tensor
+#: that requires grad (every learned score term) and calls a ``score_mod`` on the padding of a
+#: length that is not a multiple of 128 (out-of-range indices into exact-size tables).
+MIN_TORCH = (2, 6)
+
+
+class FlexUnavailableError(ValueError):
+    """FlexAttention was asked for on a torch older than :data:`MIN_TORCH`."""
+
+
+def available() -> bool:
+    """Whether this torch is recent enough for mmpe's FlexAttention path."""
+    version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    return version >= MIN_TORCH
 _copies: dict[tuple, Callable] = {}
 _tiles: dict[tuple, int] = {}
 
@@ -123,7 +141,6 @@ def flex(q: Tensor, k: Tensor, v: Tensor, mods: list[Callable], score_mod: Calla
         RuntimeError: the family reached torch's recompile limit and ``MMPE_FLEX_STRICT`` is
             set; or every tile size in :data:`KERNEL_OPTIONS` failed to compile.
     """
-    from torch._dynamo.exc import FailOnRecompileLimitHit
     from torch.nn.attention.flex_attention import flex_attention
 
     family = family_of(mods, block_mask, q, v, kinds)
@@ -135,7 +152,7 @@ def flex(q: Tensor, k: Tensor, v: Tensor, mods: list[Callable], score_mod: Calla
                 _probe_backward(fn, family, level, q, k, v, score_mod, block_mask, scale)
                 return fn(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
                           kernel_options=KERNEL_OPTIONS[level])
-        except FailOnRecompileLimitHit as err:
+        except _limit_errors() as err:
             return _unfused(family, err, q, k, v, score_mod, block_mask, scale)
         except Exception as err:  # inductor wraps the Triton resource error in several types
             if not any(s in str(err) for s in _RESOURCE_ERRORS):
@@ -152,9 +169,9 @@ def flex(q: Tensor, k: Tensor, v: Tensor, mods: list[Callable], score_mod: Calla
 
 
 def compile_config():
-    """Allow :data:`RECOMPILE_LIMIT` variants per family; do not assume that sizes which happen to be equal stay equal (duck sizing: each would be
-    another compile of the same family), and specialise Python floats (the softmax scale, an
-    encoding's constants): symbolic floats inside a ``score_mod`` whose captured tensors need
+    """Allow :data:`RECOMPILE_LIMIT` variants per family; do not assume that sizes which
+    happen to be equal stay equal (duck sizing: each would be another compile of the same
+    family); and specialise Python floats (the softmax scale, an encoding's constants): symbolic floats inside a ``score_mod`` whose captured tensors need
     gradients fail to trace (``PendingUnbackedSymbolNotFound``, torch 2.11, FIRE).
 
     Not used, measured on an H200 with torch 2.11: ``backed_size_oblivious`` (no 0/1
@@ -167,11 +184,23 @@ def compile_config():
 
     import torch.fx.experimental._config as fx_config
 
+    dynamo = torch._dynamo.config
+    # torch < 2.6 names the limit cache_size_limit and keeps use_duck_shape in dynamo's config.
+    limit = "recompile_limit" if hasattr(dynamo, "recompile_limit") else "cache_size_limit"
+    duck = fx_config if hasattr(fx_config, "use_duck_shape") else dynamo
     stack = contextlib.ExitStack()
-    stack.enter_context(torch._dynamo.config.patch(specialize_float=True,
-                                                   recompile_limit=RECOMPILE_LIMIT))
-    stack.enter_context(fx_config.patch(use_duck_shape=False))
+    stack.enter_context(dynamo.patch(specialize_float=True, **{limit: RECOMPILE_LIMIT}))
+    stack.enter_context(duck.patch(use_duck_shape=False))
     return stack
+
+
+def _limit_errors() -> tuple[type[BaseException], ...]:
+    """What torch raises at the recompile limit under ``fullgraph=True`` (torch ≥ 2.6; older
+    versions fall back as torch does, uncounted)."""
+    from torch._dynamo import exc
+
+    names = ("FailOnRecompileLimitHit", "FailOnCacheLimitHit")
+    return tuple(e for e in (getattr(exc, n, None) for n in names) if e is not None)
 
 
 _probed: set[tuple] = set()

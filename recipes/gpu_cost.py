@@ -31,8 +31,8 @@ MEMORY = [f"mem {c}" for c in TIME]
 
 
 def _coords(column: str, device: str) -> tuple[Any, int]:
-    """The coordinates of a column and its number of heads (video: 8 heads of 96 channels, so
-    that 3-axis rotary has 2·3 | head_dim)."""
+    """The coordinates of a column and its number of heads (video and points: 8 heads of 96
+    channels, so that 3-axis rotary has 2·3 | head_dim)."""
     if column.startswith("seq"):
         n = {"seq 4k": 4096, "seq 16k": 16384, "seq 32k": 32768}[column]
         return mmpe.Sequence(n, causal=True, device=device), 12
@@ -43,7 +43,7 @@ def _coords(column: str, device: str) -> tuple[Any, int]:
     if column == "video 16×32²":
         return mmpe.Grid((16, 32, 32)).to(device), 8
     pos = torch.randn(1, 4096, 3, generator=torch.Generator().manual_seed(0)) * 10
-    return mmpe.Points(pos).to(device), 12
+    return mmpe.Points(pos).to(device), 8
 
 
 D_MODEL = 768

@@ -56,6 +56,17 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(skip)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """On a torch older than mmpe's FlexAttention floor (``make test-floor``), a test that asks
+    for ``backend="flex"`` gets the library's clear error; it is then a skip naming why."""
+    outcome = yield
+    from mmpe.flex_compile import FlexUnavailableError
+
+    if outcome.excinfo is not None and issubclass(outcome.excinfo[0], FlexUnavailableError):
+        outcome.force_exception(pytest.skip.Exception(str(outcome.excinfo[1])))
+
+
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
@@ -77,13 +88,16 @@ def require_debian(package: str, path: str | None = None, command: str | None = 
 
 def assert_backends_agree(mha, x: torch.Tensor, coords, atol: float = 1e-5) -> None:
     """The flex, SDPA and math paths of ``mha`` give the same output on ``x`` (no grad)."""
+    from mmpe.flex_compile import available
+
     outs = {}
     with torch.no_grad():
-        for backend in ("sdpa", "math", "flex"):
+        for backend in ("sdpa", "math", "flex") if available() else ("sdpa", "math"):
             mha.backend = backend
             outs[backend] = mha(x, coords)
     assert torch.allclose(outs["math"], outs["sdpa"], atol=atol), "math vs sdpa"
-    assert torch.allclose(outs["flex"], outs["sdpa"], atol=atol), "flex vs sdpa"
+    if "flex" in outs:  # torch >= 2.6 (mmpe.flex_compile.MIN_TORCH)
+        assert torch.allclose(outs["flex"], outs["sdpa"], atol=atol), "flex vs sdpa"
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

@@ -155,3 +155,14 @@ def test_flamingo_gated_block_starts_as_identity_and_resampler_shapes() -> None:
     loss = gated(text, Sequence(7), visual, Latents(5)).sum() + visual.sum()
     loss.backward()
     assert gated.attn_gate.grad is not None and resampler.time_embed.grad is not None
+
+
+def test_a_distance_bias_between_grids_of_different_scale_says_why() -> None:
+    """Grids of different scale have no distance between them: the capability error names both
+    sides and the reason, where it used to say only that `Cross` lacks `Metric`."""
+    queries, keys = mmpe.Grid((4, 4), scale=(1.0, 1.0)), mmpe.Grid((2, 2), scale=(2.0, 2.0))
+    attn = mmpe.CrossAttention(16, 2, [mmpe.build("alibi", context={"num_heads": 2})])
+    with pytest.raises(TypeError, match=r"scale=\(2\.0, 2\.0\).*not in one space"):
+        attn(torch.randn(1, 16, 16), queries, torch.randn(1, 4, 16), keys)
+    same = mmpe.Grid((2, 2), scale=(1.0, 1.0))
+    assert attn(torch.randn(1, 16, 16), queries, torch.randn(1, 4, 16), same).shape == (1, 16, 16)

@@ -25,6 +25,8 @@ from mmpe.coords.base import index_grid
 from mmpe.encodings.base import AttentionContext
 
 HEADS, HEAD_DIM = 4, 8
+pytestmark = pytest.mark.skipif(not flex_compile.available(),
+                                reason="mmpe's FlexAttention path needs torch >= 2.6")
 
 
 @pytest.fixture(autouse=True)

@@ -153,12 +153,15 @@ def test_compiled_flex_equals_the_math_path(name: str, cname: str, dtype: str) -
         for p in enc.parameters():
             p.add_(0.2 * torch.randn_like(p))
     mha = mmpe.MultiHeadAttention(head_dim * HEADS, HEADS, [enc]).to(CUDA)
-    x = torch.randn(coords.batch_size or 2, coords.num_queries, head_dim * HEADS, device=CUDA)
-    ref_mha = copy.deepcopy(mha)
-    ref_mha.backend = "math"
-    ref_out, ref_grads = _run(ref_mha, x, coords)
-    path = mha.path(x.device)
     low = torch.bfloat16 if dtype == "bf16" else torch.float32
+    x = torch.randn(coords.batch_size or 2, coords.num_queries, head_dim * HEADS, device=CUDA)
+    # The reference computes in float32 with the weights and input rounded to the tested
+    # dtype: what is compared is the arithmetic, not the rounding of the weights (a Gaussian
+    # kernel of width 0.04 moves by a bf16 step of its mean: 15 % of the output on the sphere).
+    ref_mha = copy.deepcopy(mha).to(low).float()
+    ref_mha.backend = "math"
+    ref_out, ref_grads = _run(ref_mha, x.to(low).float(), coords)
+    path = mha.path(x.device)
     mha = mha.to(low)
     start = time.perf_counter()
     out, grads = _run(mha, x.to(low), coords)
@@ -170,8 +173,12 @@ def test_compiled_flex_equals_the_math_path(name: str, cname: str, dtype: str) -
         # outside the kernel from bf16 q and k: 7e-2 measured on an H200 for the input gradient.
         tol_x = tol_param = 1.5e-1
     assert len(grads) == len(ref_grads)
+    # Gradients that are zero in exact arithmetic (a per-head constant added to every score:
+    # softmax cancels it) are compared against 1e-3 of the largest gradient.
+    floor = 1e-3 * max(float(g.float().norm()) for g in ref_grads)
     errors = {"out": _rel(out, ref_out)}
-    errors.update({f"grad{i}": _rel(g, r, 1e-2) for i, (g, r) in enumerate(zip(grads, ref_grads, strict=True))})
+    errors.update({f"grad{i}": _rel(g, r, floor)
+                   for i, (g, r) in enumerate(zip(grads, ref_grads, strict=True))})
     _report(kind="flex_vs_math", encoding=name, coords=cname, dtype=dtype, path=path,
             first_call_s=round(first, 2), **{k: float(f"{v:.2e}") for k, v in errors.items()})
     assert errors["out"] <= tol_out, errors

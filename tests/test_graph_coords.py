@@ -17,6 +17,7 @@ from torch_geometric.transforms import AddLaplacianEigenvectorPE, AddRandomWalkP
 from torch_geometric.utils import from_networkx, from_smiles, remove_self_loops
 
 from mmpe.coords import Graph
+from mmpe.coords.base import index_grid
 from mmpe.coords.graph import UNREACHABLE, VIRTUAL, random_walk_pe
 from mmpe.coords.spectral import (
     canonical_sign,
@@ -398,3 +399,18 @@ def test_graph_member_argument_checks() -> None:
             call()
     with pytest.raises(ValueError, match="needs edge_attr"):
         coords.path_edge_attr(2)
+
+
+def test_extent_bounds_every_allowed_distance_as_the_docstring_says() -> None:
+    """``extent(q)`` is the farthest key of ``q`` (the diameter, or ``max_distance + 1`` where
+    the graph has another component): never below a distance the mask allows."""
+    # Graph 0: a path 0-1-2 and an isolated node 3 (unreachable); graph 1: an edge 4-5.
+    edges = torch.tensor([[0, 1, 4], [1, 2, 5]])
+    coords = Graph(edges, num_nodes=6, batch=torch.tensor([0, 0, 0, 0, 1, 1]), max_distance=5)
+    b, _, q, k = index_grid(2, 1, coords.num_queries, coords.num_keys)
+    dist = coords.distance(q, k, b)[:, 0]
+    allowed = coords.dense_mask()[:, 0]
+    extent = coords.extent(q[0, 0, :, 0], b[:, 0, 0])
+    farthest = dist.masked_fill(~allowed, 0).amax(dim=-1)
+    assert torch.equal(extent, farthest)
+    assert extent[0].tolist()[:4] == [6.0, 6.0, 6.0, 6.0]  # unreachable: max_distance + 1

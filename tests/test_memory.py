@@ -87,3 +87,34 @@ def test_impossible_request_fails_before_allocating() -> None:
     attn = mmpe.MultiHeadAttention(8, 1, [mmpe.build("stick_breaking")])  # math path only
     with torch.no_grad(), pytest.raises(MemoryError, match=r"GiB.*backend='flex'"):
         attn(torch.randn(1, 200_000, 8), Sequence(200_000, causal=True))
+
+
+def test_a_padding_mask_too_large_for_one_block_runs_block_by_block(monkeypatch) -> None:
+    """A padded point cloud with only a rotary encoding has no bias, but its mask is dense
+    (``[b, 1, n, n]``: 7.2 GB at 60,000 points): SDPA then runs block by block with each
+    block's rows of the mask, and gives the numbers (and gradients) of the one-block path."""
+    torch.manual_seed(0)
+    pos = torch.randn(2, 300, 3)
+    mask = torch.ones(2, 300, dtype=torch.bool)
+    mask[1, 200:] = False
+    coords = mmpe.Points(pos, mask=mask)
+    enc = mmpe.build("rope_axial", context={"num_axes": 3, "head_dim": 12})
+    mha = mmpe.MultiHeadAttention(48, 4, [enc])
+    x = torch.randn(2, 300, 48, requires_grad=True)
+    full = mha(x, coords)
+    (g_full,) = torch.autograd.grad(full.square().sum(), x)
+    rows_seen = []
+    dense = type(coords).dense_mask
+
+    def spy(self, start=0, stop=None):
+        out = dense(self, start, stop)
+        rows_seen.append(out.shape[-2])
+        return out
+
+    monkeypatch.setattr(type(coords), "dense_mask", spy)
+    monkeypatch.setenv("MMPE_ATTN_BLOCK_BYTES", str(2 * 300 * 40))  # ~40 rows of the mask
+    blocked = mha(x, mmpe.Points(pos, mask=mask))
+    (g_blocked,) = torch.autograd.grad(blocked.square().sum(), x)
+    assert rows_seen and max(rows_seen) < 300
+    torch.testing.assert_close(blocked, full, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(g_blocked, g_full, rtol=1e-5, atol=1e-6)

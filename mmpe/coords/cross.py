@@ -103,7 +103,13 @@ class Cross(Coordinates):
             self.query_positions = queries.query_positions
             self.key_positions = keys.key_positions
         fn = _CROSS_DISTANCES.get((type(queries), type(keys)))
-        if fn is not None and _same_space(fn, queries, keys):
+        if fn is None:
+            self.capability_note = (f"no distance is defined between {type(queries).__name__} "
+                                    f"queries and {type(keys).__name__} keys")
+        elif not _same_space(fn, queries, keys):
+            self.capability_note = (f"{queries!r} and {keys!r} are not in one space (different "
+                                    "axes, scale or units), so no distance between them")
+        else:
             self._distance_fn = fn
             self.distance = self._distance
             self.extent = self._extent

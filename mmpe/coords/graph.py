@@ -141,7 +141,9 @@ class Graph(Coordinates):
     Per-pair ``distance(q, k, b)``: hop count (float) — 0 on the diagonal, ``max_distance + 1``
     for unreachable pairs and padding, 1 between the virtual token and any node (it is
     adjacent to all of them; node–node distances never pass through it). ``extent(q, b)``:
-    the diameter of graph ``b`` (largest finite clipped hop count; 0 for one node).
+    how far query ``q``'s keys lie — the diameter of its graph (largest finite clipped hop
+    count; 0 for one node), or ``max_distance + 1`` where it also sees unreachable nodes — so
+    ``extent ≥ distance`` on every pair the mask allows (FIRE's normaliser).
 
     Raises:
         TypeError: ``graph`` is neither a PyG data object nor a tensor; non-integer

@@ -99,6 +99,9 @@ class Encoding(nn.Module):
         what = "; ".join(f"{cap} needs {', '.join(lacks)}" for cap, lacks in gaps)
         message = (f"{name} needs coordinates providing {[c.__name__ for c in self.needs]}; "
                    f"{type(coords).__name__} does not: {what}")
+        note = getattr(coords, "capability_note", None)  # why not, where the object knows
+        if note:
+            message += f" ({note})"
         # Members absent: the wrong kind of coordinates. Members present but a condition
         # unmet (causal == True, num_axes == 1): the right kind with the wrong values.
         members = {m for cap in self.needs for m in cap.members}
