@@ -192,8 +192,7 @@ class _Attention(nn.Module):
     def attend(self, ctx: AttentionContext) -> Tensor:
         """Attention output ``[b, n_h, n_q, h_d]`` for the context's (rotated) q, k, v."""
         assert ctx.q is not None and ctx.k is not None and ctx.v is not None
-        scale = next((s for e in self.scores if (s := e.softmax_scale(ctx.head_dim)) is not None),
-                     1.0 / math.sqrt(ctx.head_dim))
+        scale = _softmax_scale(self.scores, ctx.head_dim)
         path = self.path(ctx.q.device)
         if path == "flex":
             return self._flex(ctx, scale)
@@ -440,6 +439,16 @@ class CrossAttention(_Attention):
                                    self._expand_kv(k), self._expand_kv(v))
             out = self.attend(ctx)
         return self.proj(rearrange(out, "b h s d -> b s (h d)"))
+
+
+def _softmax_scale(scores: Seq[ScoreEncoding], head_dim: int) -> float:
+    """The first scale an encoding prescribes, else ``1/sqrt(h_d)`` (a loop, not ``next()`` on
+    a generator: torch 2.5's compiler cannot trace the latter)."""
+    for enc in scores:
+        scale = enc.softmax_scale(head_dim)
+        if scale is not None:
+            return scale
+    return 1.0 / math.sqrt(head_dim)
 
 
 def _flex_mods(scores: Seq[ScoreEncoding], ctx: AttentionContext,

@@ -12,7 +12,7 @@ Under ``torch.compile`` the memo is bypassed: the traced graph shares the comput
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, TypeVar
 
 import torch
@@ -32,15 +32,20 @@ def sharing(enabled: bool) -> Iterator[None]:
         _ENABLED[0] = before
 
 
-@contextmanager
-def forward_scope(coords: Any) -> Iterator[None]:
+def forward_scope(coords: Any) -> AbstractContextManager[None]:
     """Share :func:`memoized` values across the layers of one forward on ``coords``.
 
-    Nested scopes on the same object share the outer one's memo.
+    Nested scopes on the same object share the outer one's memo. Under ``torch.compile`` it is
+    ``nullcontext()`` (the compiler shares common subexpressions itself; and torch 2.5 cannot
+    trace a generator-based context manager).
     """
-    if torch.compiler.is_compiling():  # the compiler shares common subexpressions itself
-        yield
-        return
+    if torch.compiler.is_compiling():
+        return nullcontext()
+    return _scope(coords)
+
+
+@contextmanager
+def _scope(coords: Any) -> Iterator[None]:
     owner = _MEMO not in coords.__dict__
     if owner:
         coords.__dict__[_MEMO] = {}

