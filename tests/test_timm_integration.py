@@ -350,3 +350,19 @@ def test_swin_and_eva_errors():
         apply_encoding(swin_model(), mmpe.build("alibi", num_heads=2))
     with pytest.raises(ValueError, match="patch dropout"):
         apply_encoding(timm_model("eva02_tiny_patch14_224", patch_drop_rate=0.5), "rope_axial")
+
+
+@pytest.mark.parametrize(("name", "cls", "why"), [
+    ("vit_relpos_small_patch16_224", "VisionTransformerRelPos", "shared_rel_pos"),
+    ("xcit_nano_12_p16_224", "Xcit", "cross-covariance"),
+    ("cait_xxs24_224", "Cait", "class-attention"),
+])
+def test_models_whose_attention_mmpe_cannot_take_are_refused_by_name(name, cls, why) -> None:
+    """They used to fail deep inside (an unexpected keyword, a missing grid_size, None + Tensor)
+    at the first forward; now before anything is changed, naming the class and the reason."""
+    model = timm.create_model(name, pretrained=False, num_classes=10)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(TypeError, match=rf"{cls} is not supported: .*{why}"):
+        apply_encoding(model, "alibi")
+    assert not hasattr(model, "mmpe_grid_state")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

@@ -135,6 +135,30 @@ def _is_swin(model: nn.Module) -> bool:
     return isinstance(model, SwinTransformer)
 
 
+#: timm model classes whose attention mmpe cannot take over, and why (refused by name).
+UNSUPPORTED = {
+    "VisionTransformerRelPos": "its blocks hand the attention a shared relative-position table "
+                               "(shared_rel_pos) that mmpe's attention does not take",
+    "Xcit": "cross-covariance attention mixes channels, not tokens: there are no token pairs "
+            "for a position encoding to act on",
+    "Cait": "its class-attention layers attend from the class token alone with their own "
+            "attention modules",
+}
+
+
+def _check_supported(model: nn.Module) -> None:
+    """Refuse a model class mmpe cannot adapt, by name, before touching it."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    name = type(model).__name__
+    if name in UNSUPPORTED:
+        raise TypeError(f"apply_encoding: timm's {name} is not supported: {UNSUPPORTED[name]}. "
+                        "Supported: VisionTransformer (ViT, DeiT), Eva, Beit, SwinTransformer")
+    if not (isinstance(model, VisionTransformer) or _is_eva(model) or _is_beit(model)):
+        raise TypeError(f"apply_encoding: model must be a timm VisionTransformer, Eva, Beit or "
+                        f"SwinTransformer, got {name}")
+
+
 class _GridState:
     """The grid of the current forward pass, shared by the patched model and its attentions."""
 
@@ -542,7 +566,8 @@ def apply_encoding(
             own options and these override them.
 
     Raises:
-        TypeError: not one of the supported timm model classes, blocks whose ``attn`` does not
+        TypeError: not one of the supported timm model classes (``VisionTransformerRelPos``,
+            XCiT and CaiT are refused by name, saying why), blocks whose ``attn`` does not
             project with ``qkv`` or ``q_proj``/``k_proj``/``v_proj``; an encoding of an unknown hook.
         ValueError: a patch-dropout model (tokens dropped at random have no fixed grid), a model
             that already went through ``apply_encoding``, ``share_encodings=False`` with an
@@ -555,6 +580,7 @@ def apply_encoding(
     specs = _specs(encodings)
     if _is_swin(model):
         return _apply_swin(model, specs, share_encodings, keep_pos_embed, options)
+    _check_supported(model)
     for attr in ("patch_embed", "blocks", "num_prefix_tokens"):
         if not hasattr(model, attr):
             raise TypeError(f"apply_encoding: model must be a timm VisionTransformer, Eva, Beit or "
