@@ -63,7 +63,9 @@ test-slow: setup
 # encoding, bounded compiles, each recipe on the GPU, the main job against the CPU runs.
 # Skips (one line) where there is no CUDA device.
 test-gpu: setup
-	MMPE_FLEX_STRICT=1 $(PYTEST) -q -m gpu -rs
+	@if $(PY) -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then \
+		MMPE_FLEX_STRICT=1 $(PYTEST) -q -m gpu -rs -rf; \
+	else echo "make test-gpu: no CUDA device here; the GPU tier (tests/test_gpu.py) is skipped"; fi
 
 # The tests at the declared minimum versions of torch, timm, PyG, transformers and Lightning
 # (requirements/floor.txt), in their own environment.
