@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CONTEXT_KEYS", "ContextKey", "check_context"]
+__all__ = ["CONTEXT_KEYS", "ContextKey", "check_context", "coords_context"]
 
 
 def _positive_int(value: Any) -> bool:
@@ -103,4 +103,18 @@ def check_context(context: Mapping[str, Any] | None, where: str = "context") -> 
             raise ValueError(f"{where}: {key} ({spec.meaning}) must be {spec.expected}, "
                              f"got {value!r}")
         out[key] = tuple(value) if key == "grid_shape" else value
+    return out
+
+
+def coords_context(coords: Any) -> dict[str, Any]:
+    """The context keys a coordinates object answers: ``num_axes`` (``Positioned``),
+    ``grid_shape`` and ``prefix_tokens`` (``GridLayout``); others are absent."""
+    from mmpe.coords.capabilities import GridLayout, Positioned
+
+    out: dict[str, Any] = {}
+    if isinstance(coords, Positioned):
+        out["num_axes"] = coords.num_axes
+    if isinstance(coords, GridLayout):
+        out["grid_shape"] = tuple(coords.shape)
+        out["prefix_tokens"] = coords.prefix_tokens
     return out

@@ -119,6 +119,14 @@ def compiled(fn: Callable, family: tuple, backend: str = "inductor",
     return _copies[key]
 
 
+def compile_counts() -> list[int]:
+    """Compiled variants held by each family's copy of ``flex_attention`` in this process."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    return [len(_debug_get_cache_entry_list(fn._torchdynamo_orig_callable.__code__))
+            for (base, _, _), fn in _copies.items() if base.__name__ == "flex_attention"]
+
+
 def _code(fn: Callable | None) -> object:
     return getattr(fn, "__code__", fn)
 

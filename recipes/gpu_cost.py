@@ -23,6 +23,7 @@ import torch
 from mmpe.recipes.compare import CompareSpec
 
 import mmpe
+from mmpe.context import coords_context
 
 SEQUENCE = ["seq 4k", "seq 16k", "seq 32k"]
 GRIDS = ["grid 64²", "grid 128²", "video 16×32²", "points 4k"]
@@ -52,12 +53,7 @@ D_MODEL = 768
 def _context(coords: Any, heads: int) -> dict[str, Any]:
     ctx = {"d_model": D_MODEL, "num_heads": heads, "head_dim": D_MODEL // heads,
            "max_len": coords.num_queries, "original_max_position_embeddings": 4096}
-    if isinstance(coords, mmpe.Positioned):
-        ctx["num_axes"] = coords.num_axes
-    if isinstance(coords, mmpe.GridLayout):
-        ctx["grid_shape"] = coords.shape
-        ctx["prefix_tokens"] = coords.prefix_tokens
-    return ctx
+    return {**ctx, **coords_context(coords)}
 
 
 def _step(layer: torch.nn.Module, x: torch.Tensor, coords: Any) -> Callable[[], None]:

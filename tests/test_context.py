@@ -82,3 +82,15 @@ def test_register_validates_declared_context() -> None:
 def test_transformer_bare_string_is_an_error() -> None:
     with pytest.raises(TypeError, match="list of encodings"):
         mmpe.Transformer(32, 4, 1, "rope")
+
+
+def test_coords_context_reads_what_the_coordinates_answer() -> None:
+    import torch
+
+    from mmpe.context import coords_context
+
+    assert coords_context(mmpe.Sequence(5)) == {"num_axes": 1}
+    assert coords_context(mmpe.Grid((2, 3), prefix_tokens=1)) == {
+        "num_axes": 2, "grid_shape": (2, 3), "prefix_tokens": 1}
+    assert coords_context(mmpe.Points(torch.randn(1, 4, 3)))["num_axes"] == 3
+    assert coords_context(mmpe.Sphere(torch.zeros(3), torch.zeros(3))) == {"num_axes": 2}  # lat, lon

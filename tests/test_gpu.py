@@ -27,6 +27,7 @@ import torch
 
 import mmpe
 from mmpe import flex_compile
+from mmpe.context import coords_context
 
 pytestmark = [
     pytest.mark.gpu,
@@ -104,12 +105,7 @@ COORDS = {
 def _context(coords, head_dim: int) -> dict:
     ctx = {"d_model": head_dim * HEADS, "num_heads": HEADS, "head_dim": head_dim,
            "max_len": 512, "original_max_position_embeddings": 64}
-    if isinstance(coords, mmpe.Positioned):
-        ctx["num_axes"] = coords.num_axes
-    if isinstance(coords, mmpe.GridLayout):
-        ctx["grid_shape"] = coords.shape
-        ctx["prefix_tokens"] = coords.prefix_tokens
-    return ctx
+    return {**ctx, **coords_context(coords)}
 
 
 def _cases() -> list:
@@ -202,11 +198,7 @@ def test_compiles_stay_bounded_over_a_train_and_eval_loop() -> None:
         for batch, n in [(4, 192), (4, 512), (4, 1024), (2, 2048), (7, 333)]:
             x = torch.randn(batch, n, 64, device=CUDA)
             model(x, mmpe.Sequence(n, causal=True, device=CUDA))
-    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-
-    counts = [len(_debug_get_cache_entry_list(fn._torchdynamo_orig_callable.__code__))
-              for (base, _, _), fn in flex_compile._copies.items()
-              if base.__name__ == "flex_attention"]
+    counts = flex_compile.compile_counts()
     _report(kind="compiles", per_family=counts)
     assert counts and max(counts) <= 4, counts
     assert flex_compile.stats.unfused == 0

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import mmpe
+from mmpe.context import coords_context
 from mmpe.coords import Composite, Grid, Sequence, Sphere
-from mmpe.coords.capabilities import GridLayout, Positioned
 from mmpe.encodings.base import AttentionContext, InputEncoding, ScoreEncoding
 
 D_MODEL, HEADS = 48, 2  # head_dim 24: divisible by 2·axes for 1, 2 and 3 axes, and by 4
@@ -63,12 +63,7 @@ COORDS = {
 def _context(coords) -> dict:
     ctx = {"d_model": D_MODEL, "num_heads": HEADS, "head_dim": D_MODEL // HEADS, "max_len": 64,
            "original_max_position_embeddings": 4}
-    if isinstance(coords, Positioned):
-        ctx["num_axes"] = coords.num_axes
-    if isinstance(coords, GridLayout):
-        ctx["grid_shape"] = coords.shape
-        ctx["prefix_tokens"] = coords.prefix_tokens
-    return ctx
+    return {**ctx, **coords_context(coords)}
 
 
 def _pairs(supported: bool) -> list:
