@@ -4,8 +4,14 @@ Text tokens attend to an image grid, DETR object queries to image features, a Pe
 latents to video tubelets, a decoder to its encoder. :class:`Cross` pairs the query side's
 coordinates with the key side's and answers only what is defined between the two:
 
-* **positions** (``Positioned``) when both sides have positions on the same number of axes:
-  rotary encodings rotate ``q`` by the query side's positions and ``k`` by the key side's;
+* **positions** (``Positioned``) when both sides have positions on the same number of axes
+  *in one position space* — two coordinate objects of the same class (two sequences, two
+  grids, two sphere point sets, M-RoPE ids on both sides), two point sets in the same
+  ``units``, or a pair registered with `register_cross_positions`: rotary encodings rotate
+  ``q`` by the query side's positions and ``k`` by the key side's, so a score depends on
+  ``p_q − p_k``, a difference that means something only within one space. Unrelated systems
+  (sphere radians → points in metres, grid cells → the sphere, token indices → metres) offer
+  no positions, and a rotary encoding is refused naming both types;
 * a **distance** (``Metric``) only when both sides live in one space — two sequences, two
   grids of the same axes, scale and metric, two sphere point sets, two point sets in the same
   units — so ALiBi, T5, FIRE … measure it; otherwise a distance-based score is refused by the
@@ -16,7 +22,8 @@ coordinates with the key side's and answers only what is defined between the two
 DETR's object queries): paired with anything, they offer no capability, so only encodings
 that need none (NoPE) apply.
 
-Register a distance between two more coordinate classes with :func:`register_cross_distance`.
+Register a distance between two more coordinate classes with `register_cross_distance`, and
+a shared position space with `register_cross_positions`.
 """
 
 from __future__ import annotations
@@ -31,6 +38,10 @@ from mmpe.coords.capabilities import Positioned
 
 CrossDistance = Callable[[Coordinates, Coordinates, Tensor, Tensor, "Tensor | None"], Tensor]
 _CROSS_DISTANCES: dict[tuple[type, type], CrossDistance] = {}
+SameSpace = Callable[[Coordinates, Coordinates], bool]
+# (query class, key class) -> a check that two such objects share one position space (None:
+# always). Two objects of one class need no entry (they share a space unless an entry says).
+_CROSS_POSITIONS: dict[tuple[type, type], SameSpace | None] = {}
 
 
 def register_cross_distance(query_cls: type, key_cls: type, fn: CrossDistance) -> None:
@@ -42,6 +53,43 @@ def register_cross_distance(query_cls: type, key_cls: type, fn: CrossDistance) -
     (e.g. grids of different scale); :class:`Cross` then offers no ``Metric``.
     """
     _CROSS_DISTANCES[(query_cls, key_cls)] = fn
+
+
+def register_cross_positions(query_cls: type, key_cls: type,
+                             same_space: SameSpace | None = None) -> None:
+    """Declare that ``query_cls`` queries and ``key_cls`` keys have positions in one space.
+
+    `Cross` then offers their positions (``Positioned``) to rotary encodings, which score
+    ``p_q − p_k``. Two objects of the same class share a space by default; two classes do only
+    once registered, since the difference of, say, radians on a sphere and metres in a point
+    cloud means nothing.
+
+    Args:
+        query_cls: the query side's coordinate class.
+        key_cls: the key side's coordinate class.
+        same_space: ``same_space(queries, keys)`` is ``False`` for two objects of these classes
+            that are not in one space after all (other units, other axes); ``None``: always.
+    """
+    _CROSS_POSITIONS[(query_cls, key_cls)] = same_space
+
+
+def _position_space_note(queries: Coordinates, keys: Coordinates) -> str | None:
+    """``None`` when the two sides' positions are in one space, else why not (both named)."""
+    q_name, k_name = type(queries).__name__, type(keys).__name__
+    for q_cls in type(queries).__mro__:
+        for k_cls in type(keys).__mro__:
+            if (q_cls, k_cls) in _CROSS_POSITIONS:
+                check = _CROSS_POSITIONS[(q_cls, k_cls)]
+                if check is None or check(queries, keys):
+                    return None
+                return (f"{queries!r} queries and {keys!r} keys are not in one position space "
+                        "(other axes or units), so no positions to rotate q and k by")
+    if type(queries) is type(keys):
+        return None
+    return (f"{q_name} queries and {k_name} keys have positions in unrelated coordinate "
+            f"systems (a rotary encoding would score the difference of a {q_name} position and "
+            f"a {k_name} position), so no positions; if they are one space, declare it with "
+            f"mmpe.coords.register_cross_positions({q_name}, {k_name})")
 
 
 class Latents(Coordinates):
@@ -96,19 +144,27 @@ class Cross(Coordinates):
             raise ValueError(f"Cross: the query side has batch {bq} but the key side {bk}")
         self.queries, self.keys = queries, keys
         self._batch = bq if bq is not None else bk
+        notes = []  # why a capability is absent, shown by the encodings' capability check
         both_placed = isinstance(queries, Positioned) and isinstance(keys, Positioned)
-        if both_placed and queries.num_axes == keys.num_axes:
+        space_note = _position_space_note(queries, keys) if both_placed else None
+        if both_placed and queries.num_axes == keys.num_axes and space_note is None:
             # Instance members: the capability check sees them on this object only.
             self.num_axes = queries.num_axes
             self.query_positions = queries.query_positions
             self.key_positions = keys.key_positions
+        elif both_placed and space_note is None:
+            notes.append(f"{type(queries).__name__} queries have positions on "
+                         f"{queries.num_axes} axes, {type(keys).__name__} keys on "
+                         f"{keys.num_axes}, so no positions")
+        elif space_note is not None:
+            notes.append(space_note)
         fn = _CROSS_DISTANCES.get((type(queries), type(keys)))
         if fn is None:
-            self.capability_note = (f"no distance is defined between {type(queries).__name__} "
-                                    f"queries and {type(keys).__name__} keys")
+            notes.append(f"no distance is defined between {type(queries).__name__} "
+                         f"queries and {type(keys).__name__} keys")
         elif not _same_space(fn, queries, keys):
-            self.capability_note = (f"{queries!r} and {keys!r} are not in one space (different "
-                                    "axes, scale or units), so no distance between them")
+            notes.append(f"{queries!r} and {keys!r} are not in one space (different "
+                         "axes, scale or units), so no distance between them")
         else:
             self._distance_fn = fn
             self.distance = self._distance
@@ -119,6 +175,8 @@ class Cross(Coordinates):
         if type(queries) is Sequence and type(keys) is Sequence:
             self.relation = self._relation
             self.causal = False
+        if notes:
+            self.capability_note = "; ".join(notes)
 
     @property
     def num_queries(self) -> int:
@@ -243,6 +301,7 @@ def _register_shipped() -> None:
     register_cross_distance(Sphere, Sphere, _sphere_distance)
     _euclidean_points = _wrap(_euclidean, _points_same_space)
     register_cross_distance(Points, Points, _euclidean_points)
+    register_cross_positions(Points, Points, _points_same_space)
 
 
 def _wrap(fn: CrossDistance, same_space: Callable[[Coordinates, Coordinates], bool]):
