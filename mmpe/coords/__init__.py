@@ -2,7 +2,7 @@
 
 from mmpe.coords.base import Coordinates, index_grid
 from mmpe.coords.composite import Composite
-from mmpe.coords.cross import Cross, Latents, register_cross_distance
+from mmpe.coords.cross import Cross, Latents, register_cross_distance, register_cross_positions
 from mmpe.coords.graph import Graph
 from mmpe.coords.grid import Grid
 from mmpe.coords.points import Points
@@ -11,4 +11,5 @@ from mmpe.coords.sphere import Sphere
 from mmpe.coords.table import Table
 
 __all__ = ["Composite", "Coordinates", "Cross", "Graph", "Grid", "Latents", "Points", "Sequence",
-           "Sphere", "Table", "index_grid", "register_cross_distance"]
+           "Sphere", "Table", "index_grid", "register_cross_distance",
+           "register_cross_positions"]
