@@ -1,7 +1,7 @@
 """Positional encodings, one method (or family) per module, grouped by hook.
 
 Importing this package imports every module in it, and each module registers its classes
-(``mmpe.registry.register``), so a new method needs only a new file here.
+(`mmpe.registry.register`), so a new method needs only a new file here.
 """
 
 import importlib

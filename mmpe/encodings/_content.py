@@ -1,10 +1,10 @@
 """Shared machinery for content-dependent score encodings (Shaw, Transformer-XL, DeBERTa, CoPE …).
 
 A content-dependent term depends on the layer's queries/keys, so it carries the true batch
-axis ``b``. The attention module evaluates score mods on index grids whose batch axis is 1 when
-positions are shared by the batch (:func:`mmpe.coords.index_grid`); :func:`batch_index`
-widens that axis to the content's batch, and :meth:`ScoreEncoding.bias_rows` evaluates the
-mod on a full ``[b, n_h, n_q, n_k]`` grid. Inside FlexAttention ``b`` is a scalar and is used
+axis `b`. The attention module evaluates score mods on index grids whose batch axis is 1 when
+positions are shared by the batch ([`mmpe.coords.index_grid`][mmpe.coords.base.index_grid]); [`batch_index`][mmpe.encodings._content.batch_index]
+widens that axis to the content's batch, and [`ScoreEncoding.bias_rows`][mmpe.encodings.base.ScoreEncoding.bias_rows] evaluates the
+mod on a full `[b, n_h, n_q, n_k]` grid. Inside FlexAttention `b` is a scalar and is used
 as is, so the same mod serves every path.
 """
 
@@ -19,14 +19,14 @@ from mmpe.validation import check_positive_int  # noqa: F401  (re-exported: the 
 
 
 def batch_index(b: Tensor, batch: int) -> Tensor:
-    """``b`` as an index into tensors with ``batch`` examples (scalar in flex, grid when eager)."""
+    """`b` as an index into tensors with `batch` examples (scalar in flex, grid when eager)."""
     if b.dim() == 0 or b.shape[0] == batch:
         return b
     return torch.arange(batch, device=b.device).view(batch, *([1] * (b.dim() - 1)))
 
 
 def require_qk(name: str, ctx: AttentionContext, *, x: bool = False) -> None:
-    """Raise ``ValueError`` unless ``ctx`` carries q, k (and x when asked) of matching sizes."""
+    """Raise `ValueError` unless `ctx` carries q, k (and x when asked) of matching sizes."""
     if ctx.q is None or ctx.k is None:
         raise ValueError(f"{name}: needs the layer's q and k in the AttentionContext")
     if ctx.q.shape[-2] != ctx.coords.num_queries or ctx.k.shape[-2] != ctx.coords.num_keys:
@@ -45,7 +45,7 @@ def require_qk(name: str, ctx: AttentionContext, *, x: bool = False) -> None:
 
 
 def require_causal(name: str, ctx: AttentionContext) -> None:
-    """Raise ``ValueError`` unless the coordinates are ``Directed`` and causal."""
+    """Raise `ValueError` unless the coordinates are `Directed` and causal."""
     if not (isinstance(ctx.coords, Directed) and ctx.coords.causal):
         raise ValueError(f"{name}: is defined for causal attention; build the coordinates "
                          "with causal=True (e.g. Sequence(n, causal=True))")

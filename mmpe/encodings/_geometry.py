@@ -1,11 +1,11 @@
-"""Helpers shared by the geometry encodings (not a registered module: the name starts with ``_``).
+"""Helpers shared by the geometry encodings (not a registered module: the name starts with `_`).
 
-:class:`DistanceFeatureBias` is the common shape of the distance-kernel biases of molecular
+[`DistanceFeatureBias`][mmpe.encodings._geometry.DistanceFeatureBias] is the common shape of the distance-kernel biases of molecular
 transformers (Graphormer-3D / Transformer-M / Uni-Mol Gaussian kernels, SchNet and DimeNet
-radial bases): a function ``f_h(d)`` of the pairwise distance alone, one value per head, added
+radial bases): a function `f_h(d)` of the pairwise distance alone, one value per head, added
 to the logits, evaluated vectorised over a trailing feature axis; FlexAttention gathers
 from the table the eager path builds (see the class docstring for why not unrolled code).
-:func:`safe_sqrt` and :func:`pad_axes` serve the position-based ones.
+[`safe_sqrt`][mmpe.encodings._geometry.safe_sqrt] and [`pad_axes`][mmpe.encodings._geometry.pad_axes] serve the position-based ones.
 """
 
 from __future__ import annotations
@@ -19,25 +19,25 @@ from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
 
 
 def safe_sqrt(x: Tensor) -> Tensor:
-    """``√x`` for ``x ≥ 0`` with gradient 0 (not NaN) where ``x == 0``."""
+    """`√x` for `x ≥ 0` with gradient 0 (not NaN) where `x == 0`."""
     positive = x > 0
     return torch.where(positive, torch.sqrt(torch.where(positive, x, torch.ones_like(x))),
                        torch.zeros_like(x))
 
 
 class DistanceFeatureBias(ScoreEncoding):
-    """``score + f_h(d(q, k))``: a per-head function of the coordinates' distance.
+    """`score + f_h(d(q, k))`: a per-head function of the coordinates' distance.
 
-    A subclass implements :meth:`head_values` (``d [...] -> [..., n_h]``, vectorised over a
-    trailing feature axis, from the float32 parameter snapshot of :meth:`parameters_f32`).
+    A subclass implements [`head_values`][mmpe.encodings._geometry.DistanceFeatureBias.head_values] (`d [...] -> [..., n_h]`, vectorised over a
+    trailing feature axis, from the float32 parameter snapshot of [`parameters_f32`][mmpe.encodings._geometry.DistanceFeatureBias.parameters_f32]).
 
-    :meth:`bias_rows` evaluates it on index grids (SDPA, block by block). The ``score_mod``
-    gathers from the table :meth:`bias` builds once per call, ``table[b, h, q_idx, kv_idx]``:
+    [`bias_rows`][mmpe.encodings._geometry.DistanceFeatureBias.bias_rows] evaluates it on index grids (SDPA, block by block). The `score_mod`
+    gathers from the table [`bias`][mmpe.encodings.base.ScoreEncoding.bias] builds once per call, `table[b, h, q_idx, kv_idx]`:
     a FlexAttention-compatible mod (a gather, as a learned bias; gradients reach the
     parameters through the table) that is the eager bias exactly. An unrolled scalar MLP is
     not an option at the papers' sizes: FlexAttention traces the mod on every call, and the
-    ``K·W ≈ 16k`` scalar operations of a 128-kernel, 128-wide MLP take minutes to trace.
-    Memory: the table is ``[b or 1, n_h, n_q, n_k]`` float32, the size of one score matrix.
+    `K·W ≈ 16k` scalar operations of a 128-kernel, 128-wide MLP take minutes to trace.
+    Memory: the table is `[b or 1, n_h, n_q, n_k]` float32, the size of one score matrix.
     """
 
     num_heads: int
@@ -71,10 +71,10 @@ class DistanceFeatureBias(ScoreEncoding):
     feature_width: int = 1
 
     def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
-        """The term of queries ``start … stop−1``, ``[b or 1, n_h, stop−start, n_k]``.
+        """The term of queries `start … stop−1`, `[b or 1, n_h, stop−start, n_k]`.
 
-        Evaluated a chunk of rows at a time, so that the per-pair features ``[b, rows, n_k, K]``
-        stay within ``mmpe.attention.block_bytes()`` (they are ``K/n_h`` times the bias).
+        Evaluated a chunk of rows at a time, so that the per-pair features `[b, rows, n_k, K]`
+        stay within `mmpe.attention.block_bytes()` (they are `K/n_h` times the bias).
         """
         from mmpe.attention import block_bytes  # the attention module imports the encodings
 
@@ -96,11 +96,11 @@ class DistanceFeatureBias(ScoreEncoding):
 
 
 def pad_axes(name: str, positions: Tensor, num_axes: int) -> Tensor:
-    """``positions [..., a]`` embedded in ``num_axes ≥ a`` axes (zeros appended: a line or a
+    """`positions [..., a]` embedded in `num_axes ≥ a` axes (zeros appended: a line or a
     plane is a line or a plane in 3D space).
 
     Raises:
-        ValueError: more axes than ``num_axes`` (naming both).
+        ValueError: more axes than `num_axes` (naming both).
     """
     axes = positions.shape[-1]
     if axes > num_axes:

@@ -14,7 +14,7 @@ from mmpe.encodings.rope import apply_rotary, rotation_dtype
 
 
 def as_grid(name: str, coords: Coordinates):
-    """``coords`` after checking it provides ``GridLayout``, or ``TypeError`` naming the encoding."""
+    """`coords` after checking it provides `GridLayout`, or `TypeError` naming the encoding."""
     gaps = missing(coords, GridLayout)
     if gaps:
         raise TypeError(f"{name} needs coordinates with the GridLayout capability; "
@@ -40,21 +40,21 @@ def check_ndim(name: str, grid, ndim: int, what: str) -> None:
 
 
 def phase_cos_sin(phase: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """``cos``/``sin`` of ``phase`` (radians, any float dtype) rounded once to ``dtype``, in the
-    shape :func:`~mmpe.encodings.rope.apply_rotary` reads: ``[s, r/2]`` stays, a per-head
-    ``[n_h, s, r/2]`` becomes ``[1, n_h, s, r/2]`` (rank-4 tables are used as they are)."""
+    """`cos`/`sin` of `phase` (radians, any float dtype) rounded once to `dtype`, in the
+    shape [`apply_rotary`][mmpe.encodings.rope.apply_rotary] reads: `[s, r/2]` stays, a per-head
+    `[n_h, s, r/2]` becomes `[1, n_h, s, r/2]` (rank-4 tables are used as they are)."""
     if phase.dim() == 3:
         phase = phase.unsqueeze(0)
     return phase.cos().to(dtype), phase.sin().to(dtype)
 
 
 def rotate(x: Tensor, phase: Tensor, interleaved: bool) -> Tensor:
-    """Rotate channel pairs of ``x`` ``[b, n_h, s, h_d]`` by ``phase`` (radians).
+    """Rotate channel pairs of `x` `[b, n_h, s, h_d]` by `phase` (radians).
 
-    ``phase``: ``[s, h_d/2]`` (shared by heads) or ``[n_h, s, h_d/2]`` (per head). Pairs are
-    ``(2i, 2i+1)`` when ``interleaved`` (timm's default layout), else ``(i, i + h_d/2)``.
-    Returns ``x``'s shape and dtype; bf16/fp16 are rotated in their own dtype
-    (:func:`~mmpe.encodings.rope.rotation_dtype`).
+    `phase`: `[s, h_d/2]` (shared by heads) or `[n_h, s, h_d/2]` (per head). Pairs are
+    `(2i, 2i+1)` when `interleaved` (timm's default layout), else `(i, i + h_d/2)`.
+    Returns `x`'s shape and dtype; bf16/fp16 are rotated in their own dtype
+    ([`rotation_dtype`][mmpe.encodings.rope.rotation_dtype]).
     """
     cos, sin = phase_cos_sin(phase, rotation_dtype(x.dtype))
     return apply_rotary(x, cos, sin, interleaved)
@@ -62,10 +62,10 @@ def rotate(x: Tensor, phase: Tensor, interleaved: bool) -> Tensor:
 
 def resample_table(table: Tensor, old: tuple[int, ...], new: tuple[int, ...],
                    mode_2d: str = "bicubic", antialias: bool = True) -> Tensor:
-    """Resample a ``[prod(old), c]`` grid table to ``[prod(new), c]`` with ``F.interpolate``.
+    """Resample a `[prod(old), c]` grid table to `[prod(new), c]` with `F.interpolate`.
 
-    2D uses ``mode_2d`` (bicubic with antialiasing: timm's ``resample_abs_pos_embed``), 1D
-    linear, 3D trilinear (``align_corners=False`` throughout, as timm).
+    2D uses `mode_2d` (bicubic with antialiasing: timm's `resample_abs_pos_embed`), 1D
+    linear, 3D trilinear (`align_corners=False` throughout, as timm).
     """
     if tuple(old) == tuple(new):
         return table
@@ -84,7 +84,7 @@ def resample_table(table: Tensor, old: tuple[int, ...], new: tuple[int, ...],
 
 
 def zero_prefix(pe: Tensor, prefix_tokens: int) -> Tensor:
-    """Prepend ``prefix_tokens`` zero rows to ``pe`` ``[n, d]``."""
+    """Prepend `prefix_tokens` zero rows to `pe` `[n, d]`."""
     if not prefix_tokens:
         return pe
     return torch.cat((pe.new_zeros(prefix_tokens, pe.shape[-1]), pe), dim=0)

@@ -1,13 +1,13 @@
-"""Mixed-precision helpers shared by the encodings (not a registered module: the name starts with ``_``).
+"""Mixed-precision helpers shared by the encodings (not a registered module: the name starts with `_`).
 
 The rules (docs/architecture.md, "Mixed precision and checkpoints"):
 
 * phases, cumulative sums, distances and frequency tables are formed in float32 or float64,
-  whatever the module's or the autocast dtype (:func:`full_precision`, :class:`KeepDtype`);
+  whatever the module's or the autocast dtype ([`full_precision`][mmpe.encodings._precision.full_precision], [`KeepDtype`][mmpe.encodings._precision.KeepDtype]);
 * small learned tables read by an additive score term are upcast to float32 where the term is
   built (the math path adds the terms to float32 logits; SDPA casts the summed bias once);
 * features computed in float32/float64 are cast to the dtype of the layer that reads them
-  (:func:`module_dtype`), so ``module.to(torch.bfloat16)`` runs without dtype mismatches.
+  ([`module_dtype`][mmpe.encodings._precision.module_dtype]), so `module.to(torch.bfloat16)` runs without dtype mismatches.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 @contextlib.contextmanager
 def full_precision(device: torch.device | str | None) -> Iterator[None]:
-    """Disable autocast on ``device`` inside the block (precision-critical arithmetic).
+    """Disable autocast on `device` inside the block (precision-critical arithmetic).
 
     Tensors created inside keep the dtype the code gives them; a block that reads a module's
     (possibly bf16) parameters upcasts them itself.
@@ -37,7 +37,7 @@ def full_precision(device: torch.device | str | None) -> Iterator[None]:
 
 
 def module_dtype(module: nn.Module, default: torch.dtype = torch.float32) -> torch.dtype:
-    """The dtype of ``module``'s first floating-point parameter (``default`` without one)."""
+    """The dtype of `module`'s first floating-point parameter (`default` without one)."""
     for p in module.parameters():
         if p.is_floating_point():
             return p.dtype
@@ -45,8 +45,8 @@ def module_dtype(module: nn.Module, default: torch.dtype = torch.float32) -> tor
 
 
 class KeepDtype(nn.Module):
-    """Mixin: the buffers and parameters named in :attr:`keep_dtype` follow the module's device
-    but never its dtype (``.to(torch.bfloat16)``, ``.half()`` …).
+    """Mixin: the buffers and parameters named in [`keep_dtype`][mmpe.encodings._precision.KeepDtype.keep_dtype] follow the module's device
+    but never its dtype (`.to(torch.bfloat16)`, `.half()` …).
 
     For frequency tables and phase matrices: rounded to bf16 they would rotate a token by a
     wrong angle (a 2⁻⁹ relative error in a frequency is ~1 rad at phase 500). A kept parameter
@@ -75,5 +75,5 @@ class KeepDtype(nn.Module):
 
 
 def float32(t: Tensor) -> Tensor:
-    """``t`` in at least float32 (float64 stays float64)."""
+    """`t` in at least float32 (float64 stays float64)."""
     return t.to(torch.promote_types(t.dtype, torch.float32))

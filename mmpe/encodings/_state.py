@@ -1,18 +1,18 @@
-"""Settings saved with the state_dict (not a registered module: the name starts with ``_``).
+"""Settings saved with the state_dict (not a registered module: the name starts with `_`).
 
 An encoding's output depends on its tensors *and* on constructor settings no tensor holds (a
-RoPE scaling's ``original_max_position_embeddings``, SwinV2's training window, T5's
-``max_distance`` …). A state_dict loaded into a module built with other settings would run
-without an error and give other numbers. :class:`SavesSettings` writes those settings into the
-state_dict as small CPU tensors under ``<prefix>settings.<name>`` and, on load, compares them
+RoPE scaling's `original_max_position_embeddings`, SwinV2's training window, T5's
+`max_distance` …). A state_dict loaded into a module built with other settings would run
+without an error and give other numbers. `SavesSettings` writes those settings into the
+state_dict as small CPU tensors under `<prefix>settings.<name>` and, on load, compares them
 with the module's own: a mismatch is a load error naming the setting and both values
-(``load_state_dict`` raises ``RuntimeError``, with ``strict=False`` too). A state_dict that
+(`load_state_dict` raises `RuntimeError`, with `strict=False` too). A state_dict that
 lacks the entries (saved before they existed) is reported as missing keys under
-``strict=True``; ``strict=False`` loads it unchecked.
+`strict=True`; `strict=False` loads it unchecked.
 
-Values are encoded as tensors (safetensors-compatible, never cast by ``.to(dtype)``): ``bool``
-→ bool, ``int`` → int64, ``float`` → float64, a tuple/list of numbers → 1-d int64/float64,
-``str`` → uint8 UTF-8 bytes, ``None`` → an empty bool tensor.
+Values are encoded as tensors (safetensors-compatible, never cast by `.to(dtype)`): `bool`
+→ bool, `int` → int64, `float` → float64, a tuple/list of numbers → 1-d int64/float64,
+`str` → uint8 UTF-8 bytes, `None` → an empty bool tensor.
 """
 
 from __future__ import annotations
@@ -78,18 +78,18 @@ def same_setting(a: Tensor, b: Tensor) -> bool:
 
 
 class SavesSettings(nn.Module):
-    """Mixin: the settings in :attr:`saved_settings` travel with the state_dict and are checked
+    """Mixin: the settings in [`saved_settings`][mmpe.encodings._state.SavesSettings.saved_settings] travel with the state_dict and are checked
     on load (see the module docstring).
 
-    ``saved_settings`` names attributes (``("base", "rotary_dim")``) or maps a setting's name
-    to the attribute holding it (``{"max_relative_positions": "max_position"}``); a subclass
-    with derived values overrides :meth:`function_settings`.
+    `saved_settings` names attributes (`("base", "rotary_dim")`) or maps a setting's name
+    to the attribute holding it (`{"max_relative_positions": "max_position"}`); a subclass
+    with derived values overrides [`function_settings`][mmpe.encodings._state.SavesSettings.function_settings].
     """
 
     saved_settings: ClassVar[tuple[str, ...] | Mapping[str, str]] = ()
 
     def function_settings(self) -> dict[str, Any]:
-        """``{setting: value}`` of the settings that define the output beyond the tensors."""
+        """`{setting: value}` of the settings that define the output beyond the tensors."""
         names = self.saved_settings
         pairs = names.items() if isinstance(names, Mapping) else ((n, n) for n in names)
         return {name: getattr(self, attr) for name, attr in pairs}

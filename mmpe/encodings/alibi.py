@@ -18,16 +18,16 @@ from mmpe.validation import check_positive_int
 def alibi_slopes(num_heads: int) -> Tensor:
     """Head slopes of ALiBi (Press et al. 2022, §3 and their reference code).
 
-    For ``n`` a power of two the slopes are the geometric sequence ``2^(−8/n), 2^(−16/n), …,
-    2^(−8)`` (8 heads: 1/2 … 1/256). Otherwise, with ``m`` the largest power of two below ``n``,
-    take the ``m`` slopes of ``m`` heads, then every other slope of ``2m`` heads for the
-    remaining ``n − m``.
+    For `n` a power of two the slopes are the geometric sequence ``2^(−8/n), 2^(−16/n), …,
+    2^(−8)` (8 heads: 1/2 … 1/256). Otherwise, with `m` the largest power of two below `n``,
+    take the `m` slopes of `m` heads, then every other slope of `2m` heads for the
+    remaining `n − m`.
 
     Returns:
-        ``[num_heads]`` float32.
+        `[num_heads]` float32.
 
     Raises:
-        ValueError: ``num_heads < 1``.
+        ValueError: `num_heads < 1`.
     """
     check_positive_int("alibi", "num_heads", num_heads)
 
@@ -48,27 +48,27 @@ def alibi_slopes(num_heads: int) -> Tensor:
     paper="Press et al. 2022, Train Short, Test Long: Attention with Linear Biases Enables "
           "Input Length Extrapolation (ICLR)", context=("num_heads", "distance_unit"))
 class ALiBi(KeepDtype, SavesSettings, ScoreEncoding):
-    """Linear distance penalty per head: ``score + (−m_h · dist(i, j))`` (Press et al. 2022).
+    """Linear distance penalty per head: `score + (−m_h · dist(i, j))` (Press et al. 2022).
 
-    ``m_h`` are the fixed slopes of :func:`alibi_slopes`. ``dist`` is the coordinates'
-    distance: ``|i − j|`` tokens on a sequence (for a causal decoder exactly the paper's
-    ``−m·(i − j)``), Euclidean patches on a grid, hops on a graph, angles on the sphere.
+    `m_h` are the fixed slopes of [`alibi_slopes`][mmpe.encodings.alibi.alibi_slopes]. `dist` is the coordinates'
+    distance: `|i − j|` tokens on a sequence (for a causal decoder exactly the paper's
+    `−m·(i − j)`), Euclidean patches on a grid, hops on a graph, angles on the sphere.
 
     The slopes are saved in the state_dict (a float32 buffer that a bf16/fp16 cast leaves in
-    float32; with ``learnable_slopes`` a parameter), and ``distance_unit`` is saved as a setting
+    float32; with `learnable_slopes` a parameter), and `distance_unit` is saved as a setting
     checked on load.
 
     Args:
-        num_heads: ``n_h``.
-        slopes: optional explicit slopes ``[n_h]`` (e.g. per-modality); the initial values when
-            ``learnable_slopes``.
+        num_heads: `n_h`.
+        slopes: optional explicit slopes `[n_h]` (e.g. per-modality); the initial values when
+            `learnable_slopes`.
         distance_unit: the distance that counts as one step (1 token or hop; e.g. the angle
             between neighbouring grid points on the sphere, in radians).
-        learnable_slopes: make the slopes an ``nn.Parameter`` (trained with the model).
+        learnable_slopes: make the slopes an `nn.Parameter` (trained with the model).
 
     Raises:
-        ValueError: ``num_heads < 1``, ``slopes`` not of shape ``[num_heads]``, or
-            ``distance_unit <= 0``.
+        ValueError: `num_heads < 1`, `slopes` not of shape `[num_heads]`, or
+            `distance_unit <= 0`.
     """
 
     saved_settings = ("distance_unit",)
@@ -110,7 +110,7 @@ class ALiBi(KeepDtype, SavesSettings, ScoreEncoding):
         return mod
 
     def relation_bias(self, ctx: AttentionContext, relation: Tensor) -> Tensor:
-        """``−m_h · |relation|`` on ``toeplitz`` coordinates, ``[n_h, m]`` float32."""
+        """`−m_h · |relation|` on `toeplitz` coordinates, `[n_h, m]` float32."""
         self.check_context(ctx)
         dist = relation.abs().to(torch.float32)
         unit = self.distance_unit

@@ -26,23 +26,23 @@ from mmpe.registry import register
 class AxialPE(InputEncoding):
     """Learned embeddings factored over a 2D grid of positions (Reformer).
 
-    Position ``p < n1·n2`` is the cell ``(p // n2, p mod n2)`` (row-major, as HF
-    ``ReformerAxialPositionEmbeddings``) and ``P[p] = [P1[p // n2] ; P2[p mod n2]]``: two
-    tables ``P1 [n1, d1]`` and ``P2 [n2, d2]`` with ``d1 + d2 = d_model`` — ``n1·d1 + n2·d2``
-    parameters instead of ``n1·n2·d_model``. Positions ``≥ n1·n2`` have no embedding
+    Position `p < n1·n2` is the cell `(p // n2, p mod n2)` (row-major, as HF
+    `ReformerAxialPositionEmbeddings`) and `P[p] = [P1[p // n2] ; P2[p mod n2]]`: two
+    tables `P1 [n1, d1]` and `P2 [n2, d2]` with `d1 + d2 = d_model` — `n1·d1 + n2·d2`
+    parameters instead of `n1·n2·d_model`. Positions `≥ n1·n2` have no embedding
     (cannot extrapolate).
 
     Args:
         d_model: embedding width.
-        max_len: positions to cover (tokens); sets ``shape`` when it is not given.
-        shape: ``(n1, n2)``; default ``n2 = ⌈√max_len⌉``, ``n1 = ⌈max_len/n2⌉``.
-        dims: ``(d1, d2)`` summing to ``d_model``; default halves.
+        max_len: positions to cover (tokens); sets `shape` when it is not given.
+        shape: `(n1, n2)`; default `n2 = ⌈√max_len⌉`, `n1 = ⌈max_len/n2⌉`.
+        dims: `(d1, d2)` summing to `d_model`; default halves.
 
-    Shapes: ``forward(coords) -> [s, d_model]`` or ``[b, s, d_model]``.
+    Shapes: `forward(coords) -> [s, d_model]` or `[b, s, d_model]`.
 
     Raises:
-        ValueError: non-positive sizes, ``dims`` not summing to ``d_model``.
-        PositionOutOfRangeError: (a ``ValueError``) a position ``≥ n1·n2``.
+        ValueError: non-positive sizes, `dims` not summing to `d_model`.
+        PositionOutOfRangeError: (a `ValueError`) a position `≥ n1·n2`.
     """
 
     def __init__(self, d_model: int, max_len: int = 4096, shape: tuple[int, int] | None = None,

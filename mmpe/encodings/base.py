@@ -1,19 +1,19 @@
 """Base classes for the four places where position enters attention.
 
-Expanding ``softmax((U+P)W_q ((U+P)W_k)^T)`` gives content–content, content–position and
+Expanding `softmax((U+P)W_q ((U+P)W_k)^T)` gives content–content, content–position and
 position–position terms; every method in the literature acts at one of four hooks:
 
 ========  =====================================================  =================================
 hook      what the encoding does                                 base class
 ========  =====================================================  =================================
-input     returns ``P`` to add to (or concatenate with) tokens   :class:`InputEncoding`
-rotary    rotates ``q`` and ``k`` by position                    :class:`RotaryEncoding`
-score     adds to (or rescales) the attention logits             :class:`ScoreEncoding`
-kernel    replaces the softmax normalisation                     :class:`KernelEncoding`
+input     returns `P` to add to (or concatenate with) tokens   [`InputEncoding`][mmpe.encodings.base.InputEncoding]
+rotary    rotates `q` and `k` by position                    [`RotaryEncoding`][mmpe.encodings.base.RotaryEncoding]
+score     adds to (or rescales) the attention logits             [`ScoreEncoding`][mmpe.encodings.base.ScoreEncoding]
+kernel    replaces the softmax normalisation                     [`KernelEncoding`][mmpe.encodings.base.KernelEncoding]
 ========  =====================================================  =================================
 
-Shapes use torchtune's notation: ``b`` batch, ``s`` sequence (tokens), ``n_h`` heads,
-``h_d`` head dimension, ``n_q`` / ``n_k`` query / key tokens.
+Shapes use torchtune's notation: `b` batch, `s` sequence (tokens), `n_h` heads,
+`h_d` head dimension, `n_q` / `n_k` query / key tokens.
 """
 
 from __future__ import annotations
@@ -46,15 +46,15 @@ class AttentionContext:
 
     Attributes:
         coords: the coordinates of the tokens.
-        num_heads: ``n_h``.
-        head_dim: ``h_d``.
-        batch: ``b``.
-        x: the attention layer's input ``[b, n_q, d_model]`` (content-dependent gates read it).
-        q: queries after rotary encodings, ``[b, n_h, n_q, h_d]``.
-        k: keys after rotary encodings, ``[b, n_h, n_k, h_d]``.
-        v: values, ``[b, n_h, n_k, h_d]``.
-        cache: the layer's :class:`~mmpe.cache.KVCache` in cached decoding (``k``/``v`` then
-            hold every cached key); encodings keep incremental state in ``cache.state``.
+        num_heads: `n_h`.
+        head_dim: `h_d`.
+        batch: `b`.
+        x: the attention layer's input `[b, n_q, d_model]` (content-dependent gates read it).
+        q: queries after rotary encodings, `[b, n_h, n_q, h_d]`.
+        k: keys after rotary encodings, `[b, n_h, n_k, h_d]`.
+        v: values, `[b, n_h, n_k, h_d]`.
+        cache: the layer's [`KVCache`][mmpe.cache.KVCache] in cached decoding (`k`/`v` then
+            hold every cached key); encodings keep incremental state in `cache.state`.
     """
 
     coords: Coordinates
@@ -71,7 +71,7 @@ class AttentionContext:
 class Encoding(nn.Module):
     """Common base: the hook, and the coordinate capabilities an encoding needs.
 
-    ``needs`` is set by :func:`mmpe.registry.register` from its ``needs=`` argument (an
+    `needs` is set by [`mmpe.registry.register`][mmpe.registry.register] from its `needs=` argument (an
     unregistered subclass may set it as a class attribute).
     """
 
@@ -79,13 +79,13 @@ class Encoding(nn.Module):
     needs: ClassVar[tuple[type[Capability], ...]] = ()
 
     def check_coords(self, coords: Coordinates) -> None:
-        """Raise unless ``coords`` provides every capability this encoding needs.
+        """Raise unless `coords` provides every capability this encoding needs.
 
         Raises:
-            TypeError: ``coords`` lacks members of a capability (naming both), or is not a
-                :class:`~mmpe.coords.base.Coordinates`.
+            TypeError: `coords` lacks members of a capability (naming both), or is not a
+                [`Coordinates`][mmpe.coords.base.Coordinates].
             ValueError: the members are there but a capability's condition is not met
-                (``causal == True`` for decoder-only methods, ``num_axes == 1`` for 1D ones).
+                (`causal == True` for decoder-only methods, `num_axes == 1` for 1D ones).
         """
         name = getattr(self, "registry_name", type(self).__name__)
         if not isinstance(coords, Coordinates):
@@ -111,16 +111,16 @@ class Encoding(nn.Module):
 
 
 class InputEncoding(Encoding):
-    """Input hook: a tensor ``P`` combined with the token embeddings before the first layer."""
+    """Input hook: a tensor `P` combined with the token embeddings before the first layer."""
 
     hook = "input"
 
     def forward(self, coords: Coordinates) -> Tensor:  # pragma: no cover - abstract
-        """Return ``P``, ``[s, d_model]`` or ``[b, s, d_model]``."""
+        """Return `P`, `[s, d_model]` or `[b, s, d_model]`."""
         raise NotImplementedError
 
     def combine(self, x: Tensor, coords: Coordinates) -> Tensor:
-        """Add ``P`` to token embeddings ``x`` ``[b, s, d_model]`` (override to concatenate)."""
+        """Add `P` to token embeddings `x` `[b, s, d_model]` (override to concatenate)."""
         pe = self(coords)
         if pe.shape[-2:] != x.shape[-2:]:
             raise ValueError(
@@ -144,22 +144,22 @@ class RotaryEncoding(Encoding):
     length_dependent: ClassVar[bool] = False
 
     def forward(self, q: Tensor, k: Tensor, coords: Coordinates) -> tuple[Tensor, Tensor]:
-        """Rotate ``q`` ``[b, n_h, n_q, h_d]`` and ``k`` ``[b, n_h, n_k, h_d]``."""
+        """Rotate `q` `[b, n_h, n_q, h_d]` and `k` `[b, n_h, n_k, h_d]`."""
         raise NotImplementedError  # pragma: no cover - abstract
 
 
 class ScoreEncoding(Encoding):
-    """Score hook: a FlexAttention-style ``score_mod(score, b, h, q_idx, kv_idx)``.
+    """Score hook: a FlexAttention-style `score_mod(score, b, h, q_idx, kv_idx)`.
 
-    A subclass implements :meth:`score_mod`. The same function runs inside FlexAttention (scalar
-    indices, never an ``n×n`` tensor) and eagerly, evaluated on broadcast index grids by
-    :meth:`bias` — which is why the two paths give the same numbers.
+    A subclass implements `score_mod`. The same function runs inside FlexAttention (scalar
+    indices, never an `n×n` tensor) and eagerly, evaluated on broadcast index grids by
+    [`bias`][mmpe.encodings.base.ScoreEncoding.bias] — which is why the two paths give the same numbers.
 
     Class attributes:
-        additive: the mod adds a term that does not depend on ``score`` (so the eager path can
+        additive: the mod adds a term that does not depend on `score` (so the eager path can
             pass it to SDPA as an additive mask). Set False for rescaling methods.
         needs_probs: the encoding also adds a term computed from the attention probabilities
-            (value-side relative terms); see :meth:`value_term`.
+            (value-side relative terms); see [`value_term`][mmpe.encodings.base.ScoreEncoding.value_term].
         content_free: the term does not read the layer's q, k or x.
     """
 
@@ -174,8 +174,8 @@ class ScoreEncoding(Encoding):
         raise NotImplementedError
 
     def check_context(self, ctx: AttentionContext) -> None:
-        """Raise unless ``ctx``'s coordinates are supported and, for an encoding built for
-        ``num_heads`` heads, the attention has that many (``ValueError`` naming both)."""
+        """Raise unless `ctx`'s coordinates are supported and, for an encoding built for
+        `num_heads` heads, the attention has that many (`ValueError` naming both)."""
         self.check_coords(ctx.coords)
         built = getattr(self, "num_heads", None)
         if built is not None and ctx.num_heads != built:
@@ -183,18 +183,18 @@ class ScoreEncoding(Encoding):
             raise ValueError(f"{name}: built for num_heads={built}, attention has {ctx.num_heads}")
 
     def softmax_scale(self, head_dim: int) -> float | None:
-        """Logit scale this method prescribes instead of ``1/sqrt(h_d)``, or None."""
+        """Logit scale this method prescribes instead of `1/sqrt(h_d)`, or None."""
         return None
 
     def bias(self, ctx: AttentionContext) -> Tensor:
-        """The additive term on every pair, ``[b or 1, n_h, n_q, n_k]`` (eager path): all the
-        rows of :meth:`bias_rows` (``b`` is the content's batch for content-dependent terms)."""
+        """The additive term on every pair, `[b or 1, n_h, n_q, n_k]` (eager path): all the
+        rows of [`bias_rows`][mmpe.encodings.base.ScoreEncoding.bias_rows] (`b` is the content's batch for content-dependent terms)."""
         return self.bias_rows(ctx, 0, ctx.coords.num_queries)
 
     def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
-        """The additive term of queries ``start … stop−1`` only, ``[b or 1, n_h, stop−start,
+        """The additive term of queries `start … stop−1` only, ``[b or 1, n_h, stop−start,
         n_k]``: the memory-bounded CPU path evaluates a bias block by block with it. The
-        default evaluates :meth:`score_mod` on those rows' index grid (equal by construction);
+        default evaluates `score_mod` on those rows' index grid (equal by construction);
         an encoding with a faster eager form overrides it."""
         if not self.additive:
             raise TypeError(f"{type(self).__name__} rescales scores; it has no additive bias")
@@ -208,48 +208,48 @@ class ScoreEncoding(Encoding):
         return out.expand(batch, ctx.num_heads, stop - start, coords.num_keys)
 
     def value_term(self, probs: Tensor, ctx: AttentionContext) -> Tensor | None:
-        """Extra output ``[b, n_h, n_q, h_d]`` from probabilities ``[b, n_h, n_q, n_k]``, or None."""
+        """Extra output `[b, n_h, n_q, h_d]` from probabilities `[b, n_h, n_q, n_k]`, or None."""
         return None
 
     def relation_bias(self, ctx: AttentionContext, relation: Tensor) -> Tensor | None:
         """The additive term as a function of the relation alone, or None (the default).
 
-        Called only on coordinates whose ``toeplitz`` is true (every allowed pair has
-        ``relation = q_idx + n_k − n_q − kv_idx`` and ``distance = |relation|``), so the
+        Called only on coordinates whose `toeplitz` is true (every allowed pair has
+        `relation = q_idx + n_k − n_q − kv_idx` and `distance = |relation|`), so the
         term is a Toeplitz matrix that the eager attention path expands from this table
         block by block, and whose gradient it sums along the diagonals onto the table.
 
         Args:
             ctx: the attention call.
-            relation: ``[m]`` int64 offsets ``pos_q − pos_k`` (tokens).
+            relation: `[m]` int64 offsets `pos_q − pos_k` (tokens).
 
         Returns:
-            ``[n_h, m]`` float32, differentiable in the encoding's parameters: the value
-            :meth:`score_mod` adds to a pair with that relation; None where the term depends on
-            more than the relation (FIRE's normaliser reads the query's position).
+            `[n_h, m]` float32, differentiable in the encoding's parameters: the value
+                `score_mod` adds to a pair with that relation; None where the term depends on
+                more than the relation (FIRE's normaliser reads the query's position).
         """
         return None
 
     def compact_bias(self, ctx: AttentionContext) -> CompactBias | None:
-        """The additive term in a compact form on ``toeplitz`` coordinates, for a term that is
-        not a function of the relation alone (see :class:`CompactBias`), or None (the default:
-        the attention then evaluates :meth:`bias_rows` on every pair)."""
+        """The additive term in a compact form on `toeplitz` coordinates, for a term that is
+        not a function of the relation alone (see [`CompactBias`][mmpe.encodings.base.CompactBias]), or None (the default:
+        the attention then evaluates [`bias_rows`][mmpe.encodings.base.ScoreEncoding.bias_rows] on every pair)."""
         return None
 
 
 class CompactBias:
-    """A content-free additive term held in a few ``O(n)`` tensors on ``toeplitz`` coordinates.
+    """A content-free additive term held in a few `O(n)` tensors on `toeplitz` coordinates.
 
-    The eager attention path expands it block by block of queries (:meth:`add_rows`) and hands
-    each block's gradient of the scores back (:meth:`accumulate_grads`), so training keeps no
-    ``n_q × n_k`` autograd graph of the bias; autograd then carries the gradients w.r.t.
-    :attr:`tensors` on to the encoding's parameters. A block lists its queries in reverse order
-    (row ``r`` is query ``stop − 1 − r``), so that pair ``(r, k)`` lies on anti-diagonal
-    ``m = r + k`` of the block, one offset (see :func:`toeplitz_rows`).
+    The eager attention path expands it block by block of queries ([`add_rows`][mmpe.encodings.base.CompactBias.add_rows]) and hands
+    each block's gradient of the scores back ([`accumulate_grads`][mmpe.encodings.base.CompactBias.accumulate_grads]), so training keeps no
+    `n_q × n_k` autograd graph of the bias; autograd then carries the gradients w.r.t.
+    `tensors` on to the encoding's parameters. A block lists its queries in reverse order
+    (row `r` is query `stop − 1 − r`), so that pair `(r, k)` lies on anti-diagonal
+    `m = r + k` of the block, one offset (see [`toeplitz_rows`][mmpe.encodings.base.toeplitz_rows]).
 
     Args:
         tensors: the compact tensors (any may require grad).
-        batch: ``b`` where the term differs per example, else 1.
+        batch: `b` where the term differs per example, else 1.
     """
 
     def __init__(self, *tensors: Tensor, batch: int = 1) -> None:
@@ -257,10 +257,10 @@ class CompactBias:
 
     def add_rows(self, out: Tensor, start: int, stop: int,
                  base: Tensor | None) -> None:  # pragma: no cover - abstract
-        """Write the term of queries ``stop−1 … start`` (reversed) on keys ``0 … K−1`` into
-        ``out`` ``[b', n_h, stop−start, K]`` in place, without autograd: ``out = base + term``
-        where ``base`` ``[n_h or 1, stop−start+K−1]`` is the sum of the other terms per offset
-        (pair ``(r, k)`` at ``base[.., r + k]``), or ``out += term`` for None."""
+        """Write the term of queries `stop−1 … start` (reversed) on keys `0 … K−1` into
+        `out` `[b', n_h, stop−start, K]` in place, without autograd: `out = base + term`
+        where `base` `[n_h or 1, stop−start+K−1]` is the sum of the other terms per offset
+        (pair `(r, k)` at `base[.., r + k]`), or `out += term` for None."""
         raise NotImplementedError
 
     def release(self) -> None:
@@ -268,30 +268,30 @@ class CompactBias:
 
     def accumulate_grads(self, d_diagonals: Tensor, start: int, stop: int,
                          grads: list[Tensor | None]) -> None:  # pragma: no cover - abstract
-        """Add one block's share of the loss's gradient w.r.t. :attr:`tensors` to ``grads``.
+        """Add one block's share of the loss's gradient w.r.t. `tensors` to `grads`.
 
         Args:
-            d_diagonals: ``[b, n_h, R, K + R]``, the gradient w.r.t. the block's term in the
-                layout of :func:`antidiagonal_buffer`: entry ``[.., r, r + k]`` is pair
-                ``(r, k)``'s, the others are zero (so a sum over rows is a sum per offset).
+            d_diagonals: `[b, n_h, R, K + R]`, the gradient w.r.t. the block's term in the
+                layout of [`antidiagonal_buffer`][mmpe.encodings.base.antidiagonal_buffer]: entry `[.., r, r + k]` is pair
+                `(r, k)`'s, the others are zero (so a sum over rows is a sum per offset).
             grads: one accumulator per tensor, of its shape; None where no gradient is needed.
         """
         raise NotImplementedError
 
 
 def toeplitz_rows(table: Tensor, n_q: int, start: int, stop: int, n_keys: int) -> Tensor:
-    """Queries ``stop−1 … start`` (reversed) × keys ``0 … n_keys−1`` of a Toeplitz matrix, a view.
+    """Queries `stop−1 … start` (reversed) × keys `0 … n_keys−1` of a Toeplitz matrix, a view.
 
-    ``table[..., s]`` is the value at ``kv_idx − q_idx = s − (n_q − 1)``, ``s = 0 … n_q + n_k
-    − 2`` (the relation ``n_k − 1 − s``): row ``r`` of the block (query ``stop − 1 − r``)
-    starts at ``s = n_q − stop + r``, so rows and keys both step by one element of the table and
-    the block is an overlapping strided view of it (no ``n×n`` tensor is made).
+    `table[..., s]` is the value at `kv_idx − q_idx = s − (n_q − 1)`, ``s = 0 … n_q + n_k
+    − 2` (the relation `n_k − 1 − s`): row `r` of the block (query `stop − 1 − r``)
+    starts at `s = n_q − stop + r`, so rows and keys both step by one element of the table and
+    the block is an overlapping strided view of it (no `n×n` tensor is made).
 
     Args:
-        table: ``[.., n_q + n_k − 1]``, contiguous in its last dimension.
+        table: `[.., n_q + n_k − 1]`, contiguous in its last dimension.
 
     Returns:
-        ``[.., stop−start, n_keys]`` view of ``table``.
+        `[.., stop−start, n_keys]` view of `table`.
     """
     *lead, length = table.shape
     rows = stop - start
@@ -303,11 +303,11 @@ def toeplitz_rows(table: Tensor, n_q: int, start: int, stop: int, n_keys: int) -
 
 
 def antidiagonal_buffer(shape: tuple[int, ...], like: Tensor) -> tuple[Tensor, Tensor]:
-    """A zeroed buffer and a ``shape`` ``[.., R, K]`` view into it that :func:`antidiagonal_sums`
-    sums along the anti-diagonals ``r + k = const`` (the offsets of a :func:`toeplitz_rows`
-    block): row ``r`` of the view is shifted right by ``r`` in a ``[.., R, K + R]`` buffer, so
+    """A zeroed buffer and a `shape` `[.., R, K]` view into it that [`antidiagonal_sums`][mmpe.encodings.base.antidiagonal_sums]
+    sums along the anti-diagonals `r + k = const` (the offsets of a [`toeplitz_rows`][mmpe.encodings.base.toeplitz_rows]
+    block): row `r` of the view is shifted right by `r` in a `[.., R, K + R]` buffer, so
     summing the buffer over rows sums each anti-diagonal in one pass. Write into the view
-    (``out=`` or in place) to avoid copying the block."""
+    (`out=` or in place) to avoid copying the block."""
     *lead, rows, keys = shape
     buf = like.new_zeros((*lead, rows, keys + rows))
     view = buf.as_strided((*lead, rows, keys), (*buf.stride()[:-2], keys + rows + 1, 1))
@@ -315,10 +315,10 @@ def antidiagonal_buffer(shape: tuple[int, ...], like: Tensor) -> tuple[Tensor, T
 
 
 def antidiagonal_sums(buf: Tensor, lead_dims: int = 0) -> Tensor:
-    """Sums of the block written into an :func:`antidiagonal_buffer` along its anti-diagonals,
-    ``[.., R + K − 1]``: entry ``m`` sums the pairs with ``r + k = m`` (for a
-    :func:`toeplitz_rows` block of queries ``start … stop−1``: table index ``n_q − stop + m``),
-    also summed over the first ``lead_dims`` dimensions."""
+    """Sums of the block written into an [`antidiagonal_buffer`][mmpe.encodings.base.antidiagonal_buffer] along its anti-diagonals,
+    `[.., R + K − 1]`: entry `m` sums the pairs with `r + k = m` (for a
+    [`toeplitz_rows`][mmpe.encodings.base.toeplitz_rows] block of queries `start … stop−1`: table index `n_q − stop + m`),
+    also summed over the first `lead_dims` dimensions."""
     dims = (*range(lead_dims), buf.dim() - 2)
     return buf.sum(dims)[..., :-1]
 
@@ -331,17 +331,17 @@ class KernelEncoding(Encoding):
     is_softmax: ClassVar[bool] = False
 
     def attend(self, scores: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor:
-        """Map logits ``[b, n_h, n_q, n_k]`` (masked pairs at ``-inf``) and values to output."""
+        """Map logits `[b, n_h, n_q, n_k]` (masked pairs at `-inf`) and values to output."""
         raise NotImplementedError  # pragma: no cover - abstract
 
 
 def check_qk(name: str, q: Tensor, k: Tensor, head_dim: int | None = None,
              coords: Coordinates | None = None) -> None:
-    """Validate rotary inputs ``q`` ``[b, n_h, n_q, h_d]`` and ``k`` ``[b, n_kv, s_k, h_d]``.
+    """Validate rotary inputs `q` `[b, n_h, n_q, h_d]` and `k` `[b, n_kv, s_k, h_d]`.
 
-    Rank 4; the same ``b`` and ``h_d``; ``n_h`` a multiple of ``n_kv`` (grouped-query
-    attention); with ``coords``, ``n_q`` equal to its query count and ``s_k`` at most its key
-    count (a cached decoder passes only the newest keys: they are the *last* ``s_k`` keys).
+    Rank 4; the same `b` and `h_d`; `n_h` a multiple of `n_kv` (grouped-query
+    attention); with `coords`, `n_q` equal to its query count and `s_k` at most its key
+    count (a cached decoder passes only the newest keys: they are the *last* `s_k` keys).
 
     Raises:
         ValueError: naming the argument and the expected shape.
@@ -369,7 +369,7 @@ def check_qk(name: str, q: Tensor, k: Tensor, head_dim: int | None = None,
 def position_bound(coords: Coordinates) -> int:
     """One more than the largest key position (1D coordinates), computed once per object.
 
-    ``Sequence`` knows it without reading the device (``max_position``); for other coordinates
+    `Sequence` knows it without reading the device (`max_position`); for other coordinates
     the value is read once and remembered on the object, so the layers of a model share it
     instead of each stalling the device.
     """
@@ -383,27 +383,27 @@ def position_bound(coords: Coordinates) -> int:
 
 
 def rotary_positions(coords: Coordinates, k: Tensor) -> tuple[Tensor, Tensor]:
-    """Positions ``[.., n_q, a]`` of the queries and ``[.., s_k, a]`` of the keys ``k`` holds.
+    """Positions `[.., n_q, a]` of the queries and `[.., s_k, a]` of the keys `k` holds.
 
-    A cached decoder rotates only its new keys: they are the last ``s_k`` of the coordinates'
+    A cached decoder rotates only its new keys: they are the last `s_k` of the coordinates'
     keys, so the cache keeps keys already rotated at their own positions.
     """
     return coords.query_positions, newest_key_positions(coords, k.shape[-2])
 
 
 def newest_key_positions(coords: Coordinates, n_keys: int | None) -> Tensor:
-    """Positions ``[.., n_keys, a]`` of the last ``n_keys`` keys (all keys for None): the keys
+    """Positions `[.., n_keys, a]` of the last `n_keys` keys (all keys for None): the keys
     a cached step holds."""
     kpos = coords.key_positions
     return kpos if n_keys is None else kpos[..., kpos.shape[-2] - n_keys:, :]
 
 
 def table_positions(name: str, coords: Coordinates) -> Tensor:
-    """Query positions ``[s]`` or ``[b, s]`` of 1D coordinates as table rows (int64).
+    """Query positions `[s]` or `[b, s]` of 1D coordinates as table rows (int64).
 
     Raises:
         ValueError: positions that are not integers (a learned table has one row per integer
-            position; continuous positions need a functional encoding such as ``sinusoidal``).
+            position; continuous positions need a functional encoding such as `sinusoidal`).
     """
     pos = coords.query_positions[..., 0]
     if pos.dtype.is_floating_point or pos.dtype == torch.bool:

@@ -20,9 +20,9 @@ from mmpe.validation import check_int
 class FrameAxis(Capability):
     """Tokens on a regular axis of frames that a convolution may slide along (time).
 
-    Provided by a non-causal line of tokens (``Positioned1D`` with ``causal`` not true: a
-    bidirectional encoder's frame sequence) and by any ``GridLayout`` (its time axis: the axis
-    named ``"t"``, else axis 0 — a ``(t, f)`` spectrogram grid, a ``(t, h, w)`` video grid).
+    Provided by a non-causal line of tokens (`Positioned1D` with `causal` not true: a
+    bidirectional encoder's frame sequence) and by any `GridLayout` (its time axis: the axis
+    named `"t"`, else axis 0 — a `(t, f)` spectrogram grid, a `(t, h, w)` video grid).
     A causal decoder does not qualify: the convolution reads future frames.
     """
 
@@ -40,11 +40,11 @@ class FrameAxis(Capability):
 
 
 def fairseq_conv_pe(x: Tensor, weight: Tensor, bias: Tensor, groups: int) -> Tensor:
-    """``GELU(SamePad(conv1d(x, W, padding=K//2, groups)))`` on ``x`` ``[b, d, T]`` → ``[b, d, T]``.
+    """`GELU(SamePad(conv1d(x, W, padding=K//2, groups)))` on `x` `[b, d, T]` → `[b, d, T]`.
 
-    fairseq's ``pos_conv``: zero padding ``K//2`` on both sides, and with an even kernel the
-    last output frame (one past the input) dropped (``SamePad``), so output frame ``t`` reads
-    input frames ``t − K/2 … t + K/2 − 1``.
+    fairseq's `pos_conv`: zero padding `K//2` on both sides, and with an even kernel the
+    last output frame (one past the input) dropped (`SamePad`), so output frame `t` reads
+    input frames `t − K/2 … t + K/2 − 1`.
     """
     k = weight.shape[-1]
     out = F.conv1d(x, weight, bias, padding=k // 2, groups=groups)
@@ -61,39 +61,39 @@ def fairseq_conv_pe(x: Tensor, weight: Tensor, bias: Tensor, groups: int) -> Ten
           "kernel 128, 16 groups); Hsu et al. 2021, HuBERT",
     context=("d_model",))
 class ConvPositionalEmbedding(InputEncoding):
-    """``x + GELU(WeightNorm(Conv1d_{K, G})(x))`` along the frame axis (wav2vec 2.0, HuBERT).
+    """`x + GELU(WeightNorm(Conv1d_{K, G})(x))` along the frame axis (wav2vec 2.0, HuBERT).
 
     wav2vec 2.0 (Baevski et al. 2020, §2) adds no absolute positions: its context network
     starts with "a convolutional layer similar to (Mohamed et al. 2019) which acts as relative
-    positional embedding" — a grouped 1D convolution over the frame sequence (kernel ``K = 128``,
-    ``G = 16`` groups, weight normalisation over the kernel axis), a GELU, and the result added
-    to the input (:func:`fairseq_conv_pe`; fairseq's ``pos_conv``, HF's
-    ``Wav2Vec2PositionalConvEmbedding``). Initialisation as fairseq:
-    ``W ~ N(0, 4/(K·d))``, bias 0, then weight norm with ``dim=2``.
+    positional embedding" — a grouped 1D convolution over the frame sequence (kernel `K = 128`,
+    `G = 16` groups, weight normalisation over the kernel axis), a GELU, and the result added
+    to the input ([`fairseq_conv_pe`][mmpe.encodings.conv_pe.fairseq_conv_pe]; fairseq's `pos_conv`, HF's
+    `Wav2Vec2PositionalConvEmbedding`). Initialisation as fairseq:
+    `W ~ N(0, 4/(K·d))`, bias 0, then weight norm with `dim=2`.
 
-    The term depends on the token content, so this input encoding acts in :meth:`combine`
-    (``x [b, n, d_model]``, as ``mmpe.Transformer`` calls it); :meth:`forward`, which receives
+    The term depends on the token content, so this input encoding acts in [`combine`][mmpe.encodings.conv_pe.ConvPositionalEmbedding.combine]
+    (`x [b, n, d_model]`, as `mmpe.Transformer` calls it); `forward`, which receives
     only coordinates, raises. The term is translation-equivariant along the frames (shifting
-    the input shifts it) and reaches ``±K/2`` frames.
+    the input shifts it) and reaches `±K/2` frames.
 
-    On a sequence (``Sequence(n)``, non-causal) the frames are the tokens in order (padded
-    frames, ``padding_mask`` False, are zeroed before the convolution, as fairseq does). On a
-    grid the convolution slides along the time axis (named ``"t"``, else axis 0) of every other
-    row separately — each frequency bin of a ``(t, f)`` spectrogram grid convolved over time,
+    On a sequence (`Sequence(n)`, non-causal) the frames are the tokens in order (padded
+    frames, `padding_mask` False, are zeroed before the convolution, as fairseq does). On a
+    grid the convolution slides along the time axis (named `"t"`, else axis 0) of every other
+    row separately — each frequency bin of a `(t, f)` spectrogram grid convolved over time,
     with the same kernel; prefix tokens (cls) are left unchanged.
 
     Args:
-        d_model: width ``d``, divisible by ``groups``.
-        kernel_size: ``K`` (128 in wav2vec 2.0 / HuBERT; an even kernel drops the last frame).
-        groups: ``G`` (16).
+        d_model: width `d`, divisible by `groups`.
+        kernel_size: `K` (128 in wav2vec 2.0 / HuBERT; an even kernel drops the last frame).
+        groups: `G` (16).
 
-    Shapes: ``combine(x [b, n, d_model], coords) -> [b, n, d_model]``.
+    Shapes: `combine(x [b, n, d_model], coords) -> [b, n, d_model]`.
 
     Raises:
-        ValueError: ``d_model`` not a positive multiple of ``groups``, non-positive
-            ``kernel_size``/``groups``; ``x`` not ``[b, n, d_model]`` with the coordinates'
-            ``n``; a cached (offset) or document-packed sequence.
-        TypeError: ``forward(coords)`` (use ``combine``); coordinates without a frame axis.
+        ValueError: `d_model` not a positive multiple of `groups`, non-positive
+            `kernel_size`/`groups`; `x` not `[b, n, d_model]` with the coordinates'
+            `n`; a cached (offset) or document-packed sequence.
+        TypeError: `forward(coords)` (use `combine`); coordinates without a frame axis.
     """
 
     def __init__(self, d_model: int, kernel_size: int = 128, groups: int = 16) -> None:
@@ -114,14 +114,14 @@ class ConvPositionalEmbedding(InputEncoding):
                         "conv_pe.combine(x, coords) (mmpe.Transformer does)")
 
     def _conv(self, frames: Tensor) -> Tensor:
-        """``[B, d, T]`` → ``[B, d, T]`` through the weight-normalised convolution and GELU."""
+        """`[B, d, T]` → `[B, d, T]` through the weight-normalised convolution and GELU."""
         out = self.conv(frames)
         if self.kernel_size % 2 == 0:
             out = out[..., :-1]
         return F.gelu(out)
 
     def term(self, x: Tensor, coords: Coordinates) -> Tensor:
-        """The added term ``GELU(conv(x))`` ``[b, n, d_model]`` (0 at a grid's prefix tokens)."""
+        """The added term `GELU(conv(x))` `[b, n, d_model]` (0 at a grid's prefix tokens)."""
         self.check_coords(coords)
         if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[1] != coords.num_queries \
                 or x.shape[2] != self.d_model:
@@ -160,5 +160,5 @@ class ConvPositionalEmbedding(InputEncoding):
         return torch.cat((out.new_zeros(b, prefix, d), out), dim=1)
 
     def combine(self, x: Tensor, coords: Coordinates) -> Tensor:
-        """``x + GELU(conv(x))`` along the frame axis (wav2vec 2.0's context-network input)."""
+        """`x + GELU(conv(x))` along the frame axis (wav2vec 2.0's context-network input)."""
         return x + self.term(x, coords).to(x.dtype)

@@ -19,18 +19,18 @@ from mmpe.registry import register
 class DATransformer(ScoreEncoding):
     """Rescale clipped logits by a learnable sigmoid of the weighted distance (Wu et al. 2021).
 
-    ``R^(h)_ij = w_h·|i − j|`` (eq. 5); ``R̂^(h) = (1 + e^{v_h}) / (1 + e^{v_h − R^(h)})`` (eq. 6);
-    ``A^(h) = softmax(ReLU(Q Kᵀ) ⊙ R̂^(h) / √d)`` (eq. 7). A positive ``w_h`` favours distant
-    tokens, a negative one local tokens; ``R̂ ∈ (0, 1 + e^{v})`` with ``R̂ = 1`` at distance 0.
-    Computed as ``exp(softplus(v) − softplus(v − w·d))`` (no overflow). The mod rescales the
-    score (``additive = False``), so attention runs on the flex or math path.
+    `R^(h)_ij = w_h·|i − j|` (eq. 5); `R̂^(h) = (1 + e^{v_h}) / (1 + e^{v_h − R^(h)})` (eq. 6);
+    `A^(h) = softmax(ReLU(Q Kᵀ) ⊙ R̂^(h) / √d)` (eq. 7). A positive `w_h` favours distant
+    tokens, a negative one local tokens; `R̂ ∈ (0, 1 + e^{v})` with `R̂ = 1` at distance 0.
+    Computed as `exp(softplus(v) − softplus(v − w·d))` (no overflow). The mod rescales the
+    score (`additive = False`), so attention runs on the flex or math path.
 
     Args:
-        num_heads: ``n_h``.
-        init_std: std of the initial ``w_h`` (``v_h`` starts at 0).
+        num_heads: `n_h`.
+        init_std: std of the initial `w_h` (`v_h` starts at 0).
 
     Raises:
-        ValueError: ``num_heads < 1``.
+        ValueError: `num_heads < 1`.
     """
 
     additive = False
@@ -43,7 +43,7 @@ class DATransformer(ScoreEncoding):
         self.v = nn.Parameter(torch.zeros(num_heads))
 
     def rescale(self, dist: Tensor, w: Tensor, v: Tensor) -> Tensor:
-        """``(1 + e^v) / (1 + e^{v − w·dist})``."""
+        """`(1 + e^v) / (1 + e^{v − w·dist})`."""
         return torch.exp(F.softplus(v) - F.softplus(v - w * dist))
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:

@@ -20,25 +20,25 @@ from mmpe.registry import register
 
 
 def log_bucket_position(relative_pos: Tensor, bucket_size: int, max_position: int) -> Tensor:
-    """DeBERTa-v2's log-bucketed relative position (same numbers as HF ``make_log_bucket_position``).
+    """DeBERTa-v2's log-bucketed relative position (same numbers as HF `make_log_bucket_position`).
 
-    With ``mid = bucket_size // 2``: offsets with ``|δ| ≤ mid`` keep their value; larger ones
-    map to ``sign(δ)·(mid + ⌈log(|δ|/mid)/log((max_position−1)/mid)·(mid−1)⌉)``.
+    With `mid = bucket_size // 2`: offsets with `|δ| ≤ mid` keep their value; larger ones
+    map to `sign(δ)·(mid + ⌈log(|δ|/mid)/log((max_position−1)/mid)·(mid−1)⌉)`.
 
     The arithmetic is HF's, operation for operation, in the default float dtype (float32): both
-    logarithms are taken by ``torch.log`` of float32 values, so at ``|δ| = max_position − 1``
-    (where ``|δ|/mid`` and ``(max_position−1)/mid`` round to the same float32) their ratio is
-    exactly 1 and the ceiling lands on ``mid − 1``, as in HF. (A float64 ``math.log`` of the
-    constant made the ratio ``1 + 1 ulp`` there and moved the offset one bucket up.)
+    logarithms are taken by `torch.log` of float32 values, so at `|δ| = max_position − 1`
+    (where `|δ|/mid` and `(max_position−1)/mid` round to the same float32) their ratio is
+    exactly 1 and the ceiling lands on `mid − 1`, as in HF. (A float64 `math.log` of the
+    constant made the ratio `1 + 1 ulp` there and moved the offset one bucket up.)
 
     Args:
-        relative_pos: integer offsets ``i − j`` (tokens).
-        bucket_size: ``position_buckets`` (≥ 2).
-        max_position: ``max_relative_positions`` (> ``mid + 1``).
+        relative_pos: integer offsets `i − j` (tokens).
+        bucket_size: `position_buckets` (≥ 2).
+        max_position: `max_relative_positions` (> `mid + 1`).
 
     Returns:
-        int64 tensor of ``relative_pos``'s shape, in ``[−(bucket_size−1), bucket_size−1]``
-        for offsets up to ``max_position``.
+        int64 tensor of `relative_pos`'s shape, in `[−(bucket_size−1), bucket_size−1]`
+            for offsets up to `max_position`.
     """
     rel = relative_pos if relative_pos.is_floating_point() else relative_pos.long()
     sign = torch.sign(rel)
@@ -56,24 +56,24 @@ def log_bucket_position(relative_pos: Tensor, bucket_size: int, max_position: in
 class DeBERTaRelative(SavesSettings, ContentScoreEncoding):
     """Disentangled attention: content-to-position and position-to-content terms (He et al. 2021).
 
-    ``Ã_ij = Q^c_i·K^c_j + Q^c_i·K^r_{δ(i,j)} + K^c_j·Q^r_{δ(i,j)}``, then scaled by
-    ``1/√(3·h_d)`` (eq. 4; :meth:`softmax_scale`). ``K^r = P W_{k,r}``, ``Q^r = P W_{q,r}`` with
-    ``P`` a learned ``[2·span, d_model]`` table of relative embeddings and ``span`` =
-    ``position_buckets``; ``δ(i,j) = clamp(bucket(i − j) + span, 0, 2·span − 1)`` with the
-    log buckets of :func:`log_bucket_position` (offsets ``i − j`` = query minus key position,
+    `Ã_ij = Q^c_i·K^c_j + Q^c_i·K^r_{δ(i,j)} + K^c_j·Q^r_{δ(i,j)}`, then scaled by
+    `1/√(3·h_d)` (eq. 4; `softmax_scale`). `K^r = P W_{k,r}`, `Q^r = P W_{q,r}` with
+    `P` a learned `[2·span, d_model]` table of relative embeddings and `span` =
+    `position_buckets`; `δ(i,j) = clamp(bucket(i − j) + span, 0, 2·span − 1)` with the
+    log buckets of [`log_bucket_position`][mmpe.encodings.deberta.log_bucket_position] (offsets `i − j` = query minus key position,
     tokens). Both terms use the same index, exactly as the reference implementation (HF
-    ``DisentangledSelfAttention``) gathers them. Efficient form: ``Q^c·K^rᵀ`` and
-    ``K^c·Q^rᵀ`` are ``[b, n_h, n, 2·span]`` tables gathered per pair.
+    `DisentangledSelfAttention`) gathers them. Efficient form: `Q^c·K^rᵀ` and
+    `K^c·Q^rᵀ` are `[b, n_h, n, 2·span]` tables gathered per pair.
 
     Args:
-        d_model: width of the relative embeddings ``P``.
-        num_heads: ``n_h``.
-        head_dim: ``h_d``.
-        position_buckets: ``span`` (256 in DeBERTa-v2/v3; ≥ 2).
+        d_model: width of the relative embeddings `P`.
+        num_heads: `n_h`.
+        head_dim: `h_d`.
+        position_buckets: `span` (256 in DeBERTa-v2/v3; ≥ 2).
         max_relative_positions: offset reached by the last log bucket (512).
 
     Raises:
-        ValueError: ``position_buckets < 2``, ``max_relative_positions ≤ position_buckets/2 + 1``,
+        ValueError: `position_buckets < 2`, `max_relative_positions ≤ position_buckets/2 + 1`,
             non-positive sizes; q/k missing from the context.
     """
 
@@ -99,7 +99,7 @@ class DeBERTaRelative(SavesSettings, ContentScoreEncoding):
 
     def relative_index(self, ctx: AttentionContext, q_idx: Tensor, kv_idx: Tensor,
                        b: Tensor) -> Tensor:
-        """Row of the ``[2·span]`` tables for each pair."""
+        """Row of the `[2·span]` tables for each pair."""
         bucket = log_bucket_position(ctx.coords.relation(q_idx, kv_idx, b), self.span, self.max_position)
         return (bucket + self.span).clamp(0, 2 * self.span - 1)
 

@@ -22,31 +22,31 @@ from mmpe.validation import check_int
     paper="Bertasius et al. 2021, Is Space-Time Attention All You Need for Video Understanding? "
           "(TimeSformer, ICML) §3; Arnab et al. 2021, ViViT: A Video Vision Transformer (ICCV) §3.3", context=("d_model", "grid_shape", "prefix_tokens"))
 class FactorizedPE(SavesSettings, InputEncoding):
-    """Sum of learned embeddings over groups of axes: ``P[t, h, w] = E_time[t] + E_space[h, w]``.
+    """Sum of learned embeddings over groups of axes: `P[t, h, w] = E_time[t] + E_space[h, w]`.
 
     TimeSformer adds a spatial embedding per patch and a temporal embedding per frame; ViViT's
-    factorised models do the same. ``groups`` generalises the split: the default for a 3-axis
-    grid is ``((0,), (1, 2))`` (time | space), for a 2-axis grid ``((0,), (1,))`` (per axis —
+    factorised models do the same. `groups` generalises the split: the default for a 3-axis
+    grid is `((0,), (1, 2))` (time | space), for a 2-axis grid `((0,), (1,))` (per axis —
     a learned axial embedding, e.g. time | frequency of a spectrogram). Parameters:
-    ``Σ_g prod(shape_g)`` vectors instead of ``prod(shape)`` — and a clip of ``T' > T`` frames
+    `Σ_g prod(shape_g)` vectors instead of `prod(shape)` — and a clip of `T' > T` frames
     needs only the temporal table resampled.
 
     On a grid of another shape each group's table is resampled: multi-axis groups as
-    :class:`~mmpe.encodings.learned_grid.LearnedGridPE` (2D bicubic, timm's
-    ``resample_abs_pos_embed``), one-axis groups with ``interpolation_1d`` (``"nearest"`` as
-    TimeSformer's time embedding when the frame count changes, or ``"linear"``).
+    [`LearnedGridPE`][mmpe.encodings.learned_grid.LearnedGridPE] (2D bicubic, timm's
+    `resample_abs_pos_embed`), one-axis groups with `interpolation_1d` (`"nearest"` as
+    TimeSformer's time embedding when the frame count changes, or `"linear"`).
 
     Args:
         d_model: embedding width.
         grid_shape: the training grid.
-        groups: a partition of the axes ``0 … A−1`` into groups (tuples of axis numbers).
+        groups: a partition of the axes `0 … A−1` into groups (tuples of axis numbers).
         prefix_tokens: learned prefix embeddings (0: prefix tokens get zeros).
-        interpolation_1d: ``"nearest"`` or ``"linear"``.
+        interpolation_1d: `"nearest"` or `"linear"`.
 
-    Shapes: ``forward(coords) -> [n, d_model]``.
+    Shapes: `forward(coords) -> [n, d_model]`.
 
     Raises:
-        ValueError: ``groups`` not a partition of the axes, bad sizes, a grid with a different
+        ValueError: `groups` not a partition of the axes, bad sizes, a grid with a different
             number of axes, mismatched prefix counts.
     """
 

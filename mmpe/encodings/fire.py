@@ -18,25 +18,25 @@ from mmpe.registry import register
     paper="Li et al. 2024, Functional Interpolation for Relative Positions Improves Long "
           "Context Transformers (ICLR), eq. 4", context=("num_heads",))
 class FIRE(SavesSettings, ScoreEncoding):
-    """``b(i, j) = f_θ( ψ(i − j) / ψ(max(L, i)) )`` per head (Li et al. 2024, eq. 4).
+    """`b(i, j) = f_θ( ψ(i − j) / ψ(max(L, i)) )` per head (Li et al. 2024, eq. 4).
 
-    ``ψ(x) = log(c·|x| + 1)`` with learnable ``c > 0``; ``L`` is a learnable threshold
-    (``|L_mult · L_init|``) below which short queries are not over-normalised; ``f_θ`` is an MLP
-    ``1 → width → n_h`` (ReLU), shared by all heads. Normalising by the query position maps
-    every relative distance into ``[0, 1]``, so a model trained at length ``L`` meets no unseen
-    inputs at length ``16L`` — the paper's route to length generalisation. ``i``, ``j`` are
-    positions in tokens. On other coordinates ``|i − j|`` is their distance and ``i`` their
-    ``extent`` (grid diagonal, graph diameter …), so the same MLP reads normalised distances.
+    `ψ(x) = log(c·|x| + 1)` with learnable `c > 0`; `L` is a learnable threshold
+    (`|L_mult · L_init|`) below which short queries are not over-normalised; `f_θ` is an MLP
+    `1 → width → n_h` (ReLU), shared by all heads. Normalising by the query position maps
+    every relative distance into `[0, 1]`, so a model trained at length `L` meets no unseen
+    inputs at length `16L` — the paper's route to length generalisation. `i`, `j` are
+    positions in tokens. On other coordinates `|i − j|` is their distance and `i` their
+    `extent` (grid diagonal, graph diameter …), so the same MLP reads normalised distances.
 
     Args:
-        num_heads: ``n_h``.
-        mlp_width: hidden width of ``f_θ`` (32 in the paper).
-        init_c: initial ``c`` (0.1).
-        init_L: initial threshold ``L`` (tokens, 512).
+        num_heads: `n_h`.
+        mlp_width: hidden width of `f_θ` (32 in the paper).
+        init_c: initial `c` (0.1).
+        init_L: initial threshold `L` (tokens, 512).
         eps: added to the normaliser to keep it positive.
 
     Raises:
-        ValueError: non-positive ``num_heads``, ``mlp_width``, ``init_c`` or ``init_L``.
+        ValueError: non-positive `num_heads`, `mlp_width`, `init_c` or `init_L`.
     """
 
     saved_settings = ("eps",)
@@ -65,7 +65,7 @@ class FIRE(SavesSettings, ScoreEncoding):
 
     def normalised_distance(self, ctx: AttentionContext, q_idx: Tensor, kv_idx: Tensor,
                             b: Tensor) -> Tensor:
-        """``ψ(i − j) / ψ(max(L, i))`` on the broadcast pairs (float32)."""
+        """`ψ(i − j) / ψ(max(L, i))` on the broadcast pairs (float32)."""
         coords = ctx.coords
         rel = coords.distance(q_idx, kv_idx, b).float()
         i = coords.extent(q_idx, b).float()
@@ -94,7 +94,7 @@ class FIRE(SavesSettings, ScoreEncoding):
         return mod
 
     def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
-        """The MLP on the pairs of queries ``start … stop−1``, ``[b or 1, n_h, stop−start, n_k]``."""
+        """The MLP on the pairs of queries `start … stop−1`, `[b or 1, n_h, stop−start, n_k]`."""
         self.check_context(ctx)
         coords = ctx.coords
         b, _, q, k = index_grid(coords.batch_size or 1, 1, coords.num_queries, coords.num_keys,
@@ -108,8 +108,8 @@ class FIRE(SavesSettings, ScoreEncoding):
         return out.squeeze(1).permute(0, 3, 1, 2)
 
     def compact_bias(self, ctx: AttentionContext) -> CompactBias:
-        """On ``toeplitz`` coordinates: ``ψ`` on the ``n_q + n_k − 1`` offsets, the normaliser
-        on the ``n_q`` queries and the MLP's linear pieces (see :class:`FIRERows`)."""
+        """On `toeplitz` coordinates: `ψ` on the `n_q + n_k − 1` offsets, the normaliser
+        on the `n_q` queries and the MLP's linear pieces (see [`FIRERows`][mmpe.encodings.fire.FIRERows])."""
         self.check_context(ctx)
         coords = ctx.coords
         n_q, n_k = coords.num_queries, coords.num_keys
@@ -125,11 +125,11 @@ class FIRE(SavesSettings, ScoreEncoding):
                         cuts)
 
     def pieces(self) -> tuple[Tensor, Tensor, Tensor]:
-        """The MLP ``f(x) = W₂ relu(w₁x + b₁) + b₂`` as linear pieces (float32).
+        """The MLP `f(x) = W₂ relu(w₁x + b₁) + b₂` as linear pieces (float32).
 
-        Returns ``slope``, ``intercept`` ``[W+1, n_h]`` and the sorted breakpoints ``cuts``
-        ``[W]`` (``−b₁/w₁``): on the piece between two cuts the set of active hidden units is
-        fixed, so ``f(x) = slope[p]·x + intercept[p]`` exactly, with gradients to every MLP
+        Returns `slope`, `intercept` `[W+1, n_h]` and the sorted breakpoints `cuts`
+        `[W]` (`−b₁/w₁`): on the piece between two cuts the set of active hidden units is
+        fixed, so `f(x) = slope[p]·x + intercept[p]` exactly, with gradients to every MLP
         parameter (the active sets are constants almost everywhere, as for the ReLU itself).
         """
         w1, b1 = self.mlp[0].weight[:, 0].float(), self.mlp[0].bias.float()
@@ -147,21 +147,21 @@ class FIRE(SavesSettings, ScoreEncoding):
 
 
 class FIRERows(CompactBias):
-    """FIRE's bias on ``toeplitz`` coordinates, one offset at a time where it can be.
+    """FIRE's bias on `toeplitz` coordinates, one offset at a time where it can be.
 
-    With ``ψ`` on the offsets and ``norm`` per query, a pair's input is ``x = ψ[m] / norm[r]``
-    and its bias ``slope[p]·x + intercept[p]`` on the MLP's piece ``p`` of ``x``. In a block of
+    With `ψ` on the offsets and `norm` per query, a pair's input is `x = ψ[m] / norm[r]`
+    and its bias `slope[p]·x + intercept[p]` on the MLP's piece `p` of `x`. In a block of
     queries the normaliser varies little, so on most offsets every query of the block falls on
-    one piece (tested exactly: ``x`` lies between ``ψ/max norm`` and ``ψ/min norm``, whose pieces
-    agree); there the bias is ``a[m] / norm[r] + c[m]`` from two per-offset tables, and the
+    one piece (tested exactly: `x` lies between `ψ/max norm` and `ψ/min norm`, whose pieces
+    agree); there the bias is `a[m] / norm[r] + c[m]` from two per-offset tables, and the
     gradient reduces per offset (sums along the anti-diagonals, one matrix product). The pairs
     of the remaining offsets (where a piece boundary crosses the block) are evaluated one by one.
 
     Args:
         n_q: queries.
-        psi: ``[n_q + n_k − 1]`` ``ψ(|relation|)`` on the offsets of :func:`toeplitz_rows`.
-        norm: ``[b or 1, n_q]`` ``ψ(max(L, extent)) + eps`` per query (> 0).
-        slope, intercept: ``[W + 1, n_h]`` the MLP's pieces; ``cuts``: ``[W]`` their bounds.
+        psi: `[n_q + n_k − 1]` `ψ(|relation|)` on the offsets of `toeplitz_rows`.
+        norm: `[b or 1, n_q]` `ψ(max(L, extent)) + eps` per query (> 0).
+        slope, intercept: `[W + 1, n_h]` the MLP's pieces; `cuts`: `[W]` their bounds.
     """
 
     def __init__(self, n_q: int, psi: Tensor, norm: Tensor, slope: Tensor, intercept: Tensor,
@@ -261,5 +261,5 @@ class FIRERows(CompactBias):
 
 
 def _units(t: Tensor, dim: int) -> list[Tensor]:
-    """The slices of ``t`` along ``dim`` as separate tensors (copies, differentiable)."""
+    """The slices of `t` along `dim` as separate tensors (copies, differentiable)."""
     return [u.clone() for u in t.unbind(dim)]

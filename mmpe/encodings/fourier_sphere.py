@@ -17,15 +17,15 @@ from mmpe.registry import register
 
 
 def fourier_features(u: Tensor, B: Tensor) -> Tensor:
-    """``γ(u) = [cos(2π B u), sin(2π B u)]`` for ``u [..., 3]`` and ``B [m, 3]`` → ``[..., 2m]``."""
+    """`γ(u) = [cos(2π B u), sin(2π B u)]` for `u [..., 3]` and `B [m, 3]` → `[..., 2m]`."""
     phase = 2 * math.pi * (u.to(torch.float64) @ B.to(torch.float64, copy=False).T)
     return torch.cat((phase.cos(), phase.sin()), dim=-1)
 
 
 def nerf_frequencies(num_frequencies: int) -> Tensor:
-    """NeRF's axis-aligned frequency matrix ``B = diag(2^k / 2)`` rows for ``k < K`` and each axis.
+    """NeRF's axis-aligned frequency matrix `B = diag(2^k / 2)` rows for `k < K` and each axis.
 
-    ``2π B u`` then gives the phases ``2^k π u_i`` of Mildenhall et al. 2020, eq. 4. ``[3K, 3]``.
+    `2π B u` then gives the phases `2^k π u_i` of Mildenhall et al. 2020, eq. 4. `[3K, 3]`.
     """
     scales = 2.0 ** torch.arange(num_frequencies, dtype=torch.float64) / 2
     eye = torch.eye(3, dtype=torch.float64)
@@ -38,28 +38,28 @@ def nerf_frequencies(num_frequencies: int) -> Tensor:
     paper="Tancik et al. 2020, Fourier Features Let Networks Learn High Frequency Functions in "
           "Low Dimensional Domains (NeurIPS); Mildenhall et al. 2020, NeRF (ECCV), eq. 4", context=("d_model",))
 class FourierSpherePE(KeepDtype, InputEncoding):
-    """``P = W γ(u) + c`` with ``u ∈ S²`` the point's unit vector and ``γ`` Fourier features.
+    """`P = W γ(u) + c` with `u ∈ S²` the point's unit vector and `γ` Fourier features.
 
-    ``γ(u) = [cos(2π B u), sin(2π B u)]`` (Tancik et al. 2020). With ``random=True`` the rows
-    of ``B [m, 3]`` are drawn once from ``N(0, scale²)`` (Gaussian random Fourier features);
-    with ``random=False`` they are NeRF's deterministic octaves, phases ``2^k π u_i`` for
-    ``k < num_frequencies`` on each axis (Mildenhall et al. 2020), plus ``u`` itself. Because
-    ``u`` is a smooth function on the sphere, the encoding is continuous across the date line
-    and the same at a pole for every longitude. ``W`` (learned) maps the features to ``d_model``.
+    `γ(u) = [cos(2π B u), sin(2π B u)]` (Tancik et al. 2020). With `random=True` the rows
+    of `B [m, 3]` are drawn once from `N(0, scale²)` (Gaussian random Fourier features);
+    with `random=False` they are NeRF's deterministic octaves, phases `2^k π u_i` for
+    `k < num_frequencies` on each axis (Mildenhall et al. 2020), plus `u` itself. Because
+    `u` is a smooth function on the sphere, the encoding is continuous across the date line
+    and the same at a pole for every longitude. `W` (learned) maps the features to `d_model`.
 
     Args:
         d_model: output width.
-        num_frequencies: ``m`` random rows (default 64), or NeRF octaves per axis (default 6:
-            phases up to ``32π u``, about 3° wavelength on the globe).
-        scale: standard deviation of ``B`` (cycles per unit of ``u``; random only).
+        num_frequencies: `m` random rows (default 64), or NeRF octaves per axis (default 6:
+            phases up to `32π u`, about 3° wavelength on the globe).
+        scale: standard deviation of `B` (cycles per unit of `u`; random only).
         random: Gaussian (True, default) or deterministic NeRF octaves.
         seed: seed of the Gaussian draw (the matrix is a buffer, saved with the model; it stays
             float32 when the module is cast to bf16/fp16, since it sets the phases).
 
-    Shapes: ``forward(coords) -> [s, d_model]`` or ``[b, s, d_model]``.
+    Shapes: `forward(coords) -> [s, d_model]` or `[b, s, d_model]`.
 
     Raises:
-        ValueError: non-positive ``d_model`` / ``num_frequencies`` / ``scale``.
+        ValueError: non-positive `d_model` / `num_frequencies` / `scale`.
         TypeError: coordinates not on the sphere.
     """
 
@@ -83,7 +83,7 @@ class FourierSpherePE(KeepDtype, InputEncoding):
         self.proj = nn.Linear(n_feat, d_model)
 
     def features(self, coords: Coordinates) -> Tensor:
-        """``γ(u)`` (and ``u`` for NeRF octaves), ``[s or b, s, n_features]`` float32."""
+        """`γ(u)` (and `u` for NeRF octaves), `[s or b, s, n_features]` float32."""
         lat, lon = sphere_angles(self, coords)
         u = lat_lon_to_unit(lat.to(torch.float64), lon.to(torch.float64))
         feats = fourier_features(u, self.B)

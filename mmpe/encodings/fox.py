@@ -26,22 +26,22 @@ from mmpe.registry import register
 class ForgettingGate(ContentScoreEncoding):
     """Per-head scalar forget gates turned into an additive decay (Lin et al. 2025).
 
-    ``f_t = σ(w_hᵀ x_t + b_h)`` per head and token; ``D_ij = Σ_{l=j+1}^{i} log f_l`` for
-    ``j ≤ i`` (masked otherwise); ``O = softmax(QKᵀ/√d + D) V``. With per-token cumulative
-    sums ``c_i = Σ_{l ≤ i} log f_l`` the term is ``D_ij = c_i − c_j``, so the score mod reads
-    two ``[b, n_h, n]`` vectors: memory O(n), never an ``n×n`` tensor (the FlexAttention form
-    the paper recommends). All gates 1 (``log f = 0``) give ``D = 0``: no positional term.
-    ``log f`` is computed with ``logsigmoid`` (no underflow) and summed in float32 whatever the
+    `f_t = σ(w_hᵀ x_t + b_h)` per head and token; `D_ij = Σ_{l=j+1}^{i} log f_l` for
+    `j ≤ i` (masked otherwise); `O = softmax(QKᵀ/√d + D) V`. With per-token cumulative
+    sums `c_i = Σ_{l ≤ i} log f_l` the term is `D_ij = c_i − c_j`, so the score mod reads
+    two `[b, n_h, n]` vectors: memory O(n), never an `n×n` tensor (the FlexAttention form
+    the paper recommends). All gates 1 (`log f = 0`) give `D = 0`: no positional term.
+    `log f` is computed with `logsigmoid` (no underflow) and summed in float32 whatever the
     model's dtype or autocast (a bf16 running sum drifts by whole nats). Causal attention only.
     Cached decoding is exact: the cumulative sums of the cached tokens are kept in the layer's
-    cache (``cache.state``) and a step extends them with its own gates.
+    cache (`cache.state`) and a step extends them with its own gates.
 
     Args:
-        d_model: width of ``x``.
-        num_heads: ``n_h``.
+        d_model: width of `x`.
+        num_heads: `n_h`.
 
     Raises:
-        ValueError: non-positive sizes; non-causal coordinates; ``x`` missing or not
+        ValueError: non-positive sizes; non-causal coordinates; `x` missing or not
             covering every key.
     """
 
@@ -53,8 +53,8 @@ class ForgettingGate(ContentScoreEncoding):
         self.gate = nn.Linear(d_model, num_heads)
 
     def cumulative_log_forget(self, x: Tensor, start: Tensor | None = None) -> Tensor:
-        """``c [b, n_h, n]`` float32: running sum over tokens of ``log f`` from ``x [b, n, d_model]``,
-        continuing from ``start`` ``[b, n_h]`` (the last cached token's sum) when given."""
+        """`c [b, n_h, n]` float32: running sum over tokens of `log f` from `x [b, n, d_model]`,
+        continuing from `start` `[b, n_h]` (the last cached token's sum) when given."""
         with torch.autocast(device_type=x.device.type, enabled=False):
             w, b = self.gate.weight.float(), self.gate.bias.float()
             log_f = F.logsigmoid(F.linear(x.float(), w, b))  # [b, n, n_h]
@@ -78,7 +78,7 @@ class ForgettingGate(ContentScoreEncoding):
         return mod
 
     def _sums(self, ctx: AttentionContext) -> Tensor:
-        """``c`` for every key: from ``x`` alone, or the cached sums extended by this step's."""
+        """`c` for every key: from `x` alone, or the cached sums extended by this step's."""
         cache = ctx.cache
         if cache is None:
             require_qk("fox", ctx, x=True)

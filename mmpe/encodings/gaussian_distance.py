@@ -20,19 +20,19 @@ _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 def gaussian_basis(d: Tensor, means: Tensor, stds: Tensor, mul: Tensor | float = 1.0,
                    bias: Tensor | float = 0.0, eps: float = 1e-5) -> Tensor:
-    """``ψ_k(d) = exp(−½((γ·d + β − μ_k)/σ_k)²) / (√(2π)·σ_k)``, ``σ_k = |s_k| + eps``.
+    """`ψ_k(d) = exp(−½((γ·d + β − μ_k)/σ_k)²) / (√(2π)·σ_k)`, `σ_k = |s_k| + eps`.
 
     Transformer-M eq. 5 (Luo et al. 2023) / Graphormer-3D (Shi et al. 2022): each kernel is a
-    normal density in the affinely transformed distance, so it integrates to 1 over ``γ·d``.
+    normal density in the affinely transformed distance, so it integrates to 1 over `γ·d`.
 
     Args:
         d: distances, any shape (the coordinates' unit, e.g. Å).
-        means: ``μ`` ``[K]``; stds: ``s`` ``[K]`` (their absolute value plus ``eps`` is used,
+        means: `μ` `[K]`; stds: `s` `[K]` (their absolute value plus `eps` is used,
             as in the reference code).
-        mul, bias: ``γ`` and ``β`` (scalars; per pair type in the papers).
+        mul, bias: `γ` and `β` (scalars; per pair type in the papers).
 
     Returns:
-        ``[*d.shape, K]`` in the promoted float dtype.
+        `[*d.shape, K]` in the promoted float dtype.
     """
     sigma = stds.abs() + eps
     x = d.unsqueeze(-1) * mul + bias
@@ -47,42 +47,42 @@ def gaussian_basis(d: Tensor, means: Tensor, stds: Tensor, mul: Tensor | float =
           "Molecular Modeling Datasets (Graphormer-3D); Zhou et al. 2023, Uni-Mol (ICLR)",
     context=("num_heads",))
 class GaussianDistanceBias(SavesSettings, DistanceFeatureBias):
-    """``score + MLP(ψ(d(q, k)))_h``: K learned Gaussian kernels of the distance, an MLP to heads.
+    """`score + MLP(ψ(d(q, k)))_h`: K learned Gaussian kernels of the distance, an MLP to heads.
 
     Transformer-M (Luo et al. 2023, eq. 5) and Graphormer-3D (Shi et al. 2022) encode the
-    Euclidean distance ``d_ij`` of two atoms by K Gaussian basis kernels
+    Euclidean distance `d_ij` of two atoms by K Gaussian basis kernels
 
-        ``ψ_k(d) = exp(−½((γ d + β − μ_k)/|σ_k|)²) / (√(2π)|σ_k|)``
+        `ψ_k(d) = exp(−½((γ d + β − μ_k)/|σ_k|)²) / (√(2π)|σ_k|)`
 
-    (:func:`gaussian_basis`) with learned means ``μ_k`` and stds ``σ_k``, then map the K
-    features to one bias per head with a two-layer MLP ``Linear(K, W) → GELU → Linear(W, n_h)``
-    (``NonLinear`` in their code, ``W = K``). Uni-Mol (Zhou et al. 2023) uses the same layer.
-    The papers' affine ``γ, β`` is indexed by the pair of atom types; coordinates carry no atom
-    types, so here it is a single learned pair ``γ`` (init 1), ``β`` (init 0). ``μ``, ``σ``
-    are initialised ``U(0, init_range)`` (3 in the reference code, for Å).
+    ([`gaussian_basis`][mmpe.encodings.gaussian_distance.gaussian_basis]) with learned means `μ_k` and stds `σ_k`, then map the K
+    features to one bias per head with a two-layer MLP `Linear(K, W) → GELU → Linear(W, n_h)`
+    (`NonLinear` in their code, `W = K`). Uni-Mol (Zhou et al. 2023) uses the same layer.
+    The papers' affine `γ, β` is indexed by the pair of atom types; coordinates carry no atom
+    types, so here it is a single learned pair `γ` (init 1), `β` (init 0). `μ`, `σ`
+    are initialised `U(0, init_range)` (3 in the reference code, for Å).
 
-    The bias depends on the distance only, so on :class:`mmpe.Points` it is invariant to
+    The bias depends on the distance only, so on [`mmpe.Points`][mmpe.coords.points.Points] it is invariant to
     rotations, reflections and translations of the point set and equivariant to permutations.
-    Written against ``Metric``, it runs on any coordinates with a distance.
+    Written against `Metric`, it runs on any coordinates with a distance.
 
     Paths: SDPA and the math path evaluate the kernels and the MLP as matrix products on a
-    feature axis; FlexAttention gathers from that table (``[b, n_h, n_q, n_k]``, the size of
-    one score matrix): unrolled into scalar code, the papers' ``K = W = 128`` MLP is ``≈ 16k``
+    feature axis; FlexAttention gathers from that table (`[b, n_h, n_q, n_k]`, the size of
+    one score matrix): unrolled into scalar code, the papers' `K = W = 128` MLP is `≈ 16k`
     operations per score, which FlexAttention takes minutes to trace.
 
     Args:
-        num_heads: ``n_h``.
-        num_kernels: ``K`` (128 in Transformer-M / Graphormer-3D / Uni-Mol).
-        mlp_width: hidden width ``W`` of the MLP (``K`` in the papers: 128).
-        init_range: ``μ`` and ``σ`` start ``U(0, init_range)`` (coordinate units; 3 for Å).
-        eps: added to ``|σ|`` (1e-5 as in the reference code).
+        num_heads: `n_h`.
+        num_kernels: `K` (128 in Transformer-M / Graphormer-3D / Uni-Mol).
+        mlp_width: hidden width `W` of the MLP (`K` in the papers: 128).
+        init_range: `μ` and `σ` start `U(0, init_range)` (coordinate units; 3 for Å).
+        eps: added to `|σ|` (1e-5 as in the reference code).
 
-    Units: distances and ``μ``, ``σ`` in the coordinates' unit (Å for molecules).
+    Units: distances and `μ`, `σ` in the coordinates' unit (Å for molecules).
 
     Raises:
-        ValueError: non-positive ``num_heads``, ``num_kernels``, ``mlp_width``, ``init_range``
-            or ``eps``; attention with another head count.
-        TypeError: coordinates without a distance (``Metric``).
+        ValueError: non-positive `num_heads`, `num_kernels`, `mlp_width`, `init_range`
+            or `eps`; attention with another head count.
+        TypeError: coordinates without a distance (`Metric`).
     """
 
     saved_settings = ("eps",)
@@ -106,7 +106,7 @@ class GaussianDistanceBias(SavesSettings, DistanceFeatureBias):
                                  nn.Linear(mlp_width, num_heads))
 
     def features(self, d: Tensor) -> Tensor:
-        """The K kernel values ``ψ(d)`` ``[*d.shape, K]`` (float32)."""
+        """The K kernel values `ψ(d)` `[*d.shape, K]` (float32)."""
         p = self.parameters_f32()
         return gaussian_basis(d.float(), p["means"], p["stds"], p["mul"], p["offset"], self.eps)
 

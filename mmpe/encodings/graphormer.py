@@ -1,16 +1,16 @@
 """Graphormer's structural encodings (Ying et al. 2021, "Do Transformers Really Perform Bad for
-Graph Representation?", NeurIPS), on coordinates with the ``GraphLayout`` capability
-(:class:`mmpe.coords.Graph`, or any class with its members), read only through that protocol.
+Graph Representation?", NeurIPS), on coordinates with the `GraphLayout` capability
+([`mmpe.coords.Graph`][mmpe.coords.graph.Graph], or any class with its members), read only through that protocol.
 
-* ``graphormer_centrality`` (input hook, eq. 5): ``h_i⁽⁰⁾ = x_i + z⁻[deg⁻(v_i)] + z⁺[deg⁺(v_i)]``.
-* ``graphormer_spatial`` (score hook, eq. 6): ``A_ij += b_φ(v_i, v_j)``, one learned scalar per
+* `graphormer_centrality` (input hook, eq. 5): `h_i⁽⁰⁾ = x_i + z⁻[deg⁻(v_i)] + z⁺[deg⁺(v_i)]`.
+* `graphormer_spatial` (score hook, eq. 6): `A_ij += b_φ(v_i, v_j)`, one learned scalar per
   shortest-path-distance bucket and head.
-* ``graphormer_edge`` (score hook, eq. 7): ``A_ij += c_ij = (1/N) Σ_{n=1}^{N} x_{e_n} (w_n^E)ᵀ``
-  along the shortest path ``(e_1 … e_N)`` from ``v_i`` to ``v_j``.
-* ``graphormer`` (score hook): the whole Graphormer attention bias, spatial + edge
-  (``b_φ + c_ij``) in one module; pair it with ``graphormer_centrality`` for the full model.
-* ``graphormer_virtual`` (input hook, §3.1 "Special node"): the learned embedding of the
-  virtual graph token. Build the coordinates with ``Graph(..., virtual_token=True)``: slot 0
+* `graphormer_edge` (score hook, eq. 7): `A_ij += c_ij = (1/N) Σ_{n=1}^{N} x_{e_n} (w_n^E)ᵀ`
+  along the shortest path `(e_1 … e_N)` from `v_i` to `v_j`.
+* `graphormer` (score hook): the whole Graphormer attention bias, spatial + edge
+  (`b_φ + c_ij`) in one module; pair it with `graphormer_centrality` for the full model.
+* `graphormer_virtual` (input hook, §3.1 "Special node"): the learned embedding of the
+  virtual graph token. Build the coordinates with `Graph(..., virtual_token=True)`: slot 0
   of every graph is then the virtual node, connected to every node; its spatial bias uses its
   own bucket (the paper's distinct learnable scalar) and its output is the graph readout.
 """
@@ -38,8 +38,8 @@ _PATH_CODES: WeakKeyDictionary[Any, dict[Any, Any]] = WeakKeyDictionary()
 
 
 def spatial_buckets(spd: Tensor, max_distance: int) -> Tensor:
-    """Map ``spd`` codes (``GraphLayout``) to bucket ids: hops clipped to ``[0, max_distance]``,
-    unreachable → ``max_distance + 1``, virtual-token pairs → ``max_distance + 2``."""
+    """Map `spd` codes (`GraphLayout`) to bucket ids: hops clipped to `[0, max_distance]`,
+    unreachable → `max_distance + 1`, virtual-token pairs → `max_distance + 2`."""
     clipped = spd.clamp(min=0, max=max_distance)
     out = torch.where(spd == UNREACHABLE, torch.full_like(spd, max_distance + 1), clipped)
     return torch.where(spd == VIRTUAL, torch.full_like(spd, max_distance + 2), out)
@@ -48,18 +48,18 @@ def spatial_buckets(spd: Tensor, max_distance: int) -> Tensor:
 @register("graphormer_spatial", hook="score", needs=(GraphLayout,), learnable=True,
           family="graph", paper=PAPER + ", eq. 6", context=("num_heads",))
 class GraphormerSpatial(ScoreEncoding):
-    """``score(i, j) += b[bucket(φ(v_i, v_j)), h]`` — a learned bias per SPD bucket and head.
+    """`score(i, j) += b[bucket(φ(v_i, v_j)), h]` — a learned bias per SPD bucket and head.
 
-    ``φ`` is the shortest-path hop count (the ``GraphLayout`` member ``spd``); buckets as
-    :func:`spatial_buckets` (``max_distance + 3`` rows).
+    `φ` is the shortest-path hop count (the `GraphLayout` member `spd`); buckets as
+    [`spatial_buckets`][mmpe.encodings.graphormer.spatial_buckets] (`max_distance + 3` rows).
 
     Args:
-        num_heads: ``n_h``.
+        num_heads: `n_h`.
         max_distance: hops above it share its bucket (Graphormer clips as well).
 
     Raises:
-        ValueError: ``num_heads`` or ``max_distance`` < 1.
-        TypeError: coordinates without the ``GraphLayout`` capability.
+        ValueError: `num_heads` or `max_distance` < 1.
+        TypeError: coordinates without the `GraphLayout` capability.
     """
 
     def __init__(self, num_heads: int, max_distance: int = 20) -> None:
@@ -81,7 +81,7 @@ class GraphormerSpatial(ScoreEncoding):
         return mod
 
     def bias(self, ctx: AttentionContext) -> Tensor:
-        """Eager path: ``table[bucket]`` on all pairs, ``[b, n_h, n, n]`` (equals the mod)."""
+        """Eager path: `table[bucket]` on all pairs, `[b, n_h, n, n]` (equals the mod)."""
         self.check_context(ctx)
         return self.table[spatial_buckets(ctx.coords.spd, self.max_distance)].permute(0, 3, 1, 2)
 
@@ -89,28 +89,28 @@ class GraphormerSpatial(ScoreEncoding):
 @register("graphormer_edge", hook="score", needs=(GraphLayout, GraphEdges), learnable=True,
           family="graph", paper=PAPER + ", eq. 7", context=("num_heads",))
 class GraphormerEdge(ScoreEncoding):
-    """``score(i, j) += c_ij[h] = (1/N) Σ_{n ≤ N} Σ_{h'} x_{e_n}[h'] · W_n[h', h]``.
+    """`score(i, j) += c_ij[h] = (1/N) Σ_{n ≤ N} Σ_{h'} x_{e_n}[h'] · W_n[h', h]`.
 
-    ``x_e ∈ R^{n_h}`` embeds edge ``e``'s features: integer features (categories, e.g. bond
-    type) through one table with a block of ``num_edge_types`` rows per feature column,
+    `x_e ∈ R^{n_h}` embeds edge `e`'s features: integer features (categories, e.g. bond
+    type) through one table with a block of `num_edge_types` rows per feature column,
     averaged over columns, as Graphormer's reference model does; float features through a
-    linear map. ``(e_1 … e_N)`` is the shortest path from ``v_i`` to ``v_j``
-    (the ``GraphEdges`` member ``path_edge_attr``, first ``max_hops`` edges;
-    ``N = min(SPD, max_hops)``);
-    ``W_n`` is a learned ``n_h × n_h`` matrix per hop. Pairs without a path (self pairs,
-    unreachable pairs, the virtual token, padding) get ``c = 0``.
+    linear map. `(e_1 … e_N)` is the shortest path from `v_i` to `v_j`
+    (the `GraphEdges` member `path_edge_attr`, first `max_hops` edges;
+    `N = min(SPD, max_hops)`);
+    `W_n` is a learned `n_h × n_h` matrix per hop. Pairs without a path (self pairs,
+    unreachable pairs, the virtual token, padding) get `c = 0`.
 
     Args:
-        num_heads: ``n_h``.
+        num_heads: `n_h`.
         num_edge_types: categories per integer edge-feature column (values must lie in
-            ``[0, num_edge_types)``).
-        edge_dim: number of float edge features (used when ``edge_attr`` is floating point).
-        max_hops: path edges used (Graphormer's ``multi_hop_max_dist``, 5 on PCQM4M).
+            `[0, num_edge_types)`).
+        edge_dim: number of float edge features (used when `edge_attr` is floating point).
+        max_hops: path edges used (Graphormer's `multi_hop_max_dist`, 5 on PCQM4M).
 
     Raises:
         ValueError: no edge features on the coordinates, integer features out of range,
-            float features of a width other than ``edge_dim``.
-        TypeError: coordinates without the ``GraphLayout`` and ``GraphEdges`` capabilities.
+            float features of a width other than `edge_dim`.
+        TypeError: coordinates without the `GraphLayout` and `GraphEdges` capabilities.
     """
 
     def __init__(self, num_heads: int, num_edge_types: int = 32, edge_dim: int | None = None,
@@ -126,7 +126,7 @@ class GraphormerEdge(ScoreEncoding):
         self.hop_weight = nn.Parameter(torch.randn(max_hops, num_heads, num_heads) / num_heads ** 0.5)
 
     def edge_embedding(self, attr: Tensor) -> Tensor:
-        """Edge features ``[..., F]`` → ``x_e [..., n_h]``."""
+        """Edge features `[..., F]` → `x_e [..., n_h]`."""
         if attr.dtype.is_floating_point:
             if self.linear is None or attr.shape[-1] != self.linear.in_features:
                 want = self.linear.in_features if self.linear is not None else "edge_dim (unset)"
@@ -144,10 +144,10 @@ class GraphormerEdge(ScoreEncoding):
         return self.embed(attr.long() + offset).mean(-2)
 
     def _path_codes(self, attr: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Parameter-free part of integer features ``attr [b,n,n,P,F]`` (``valid [b,n,n,P]``):
-        the distinct edge-feature rows ``[U, F]``, a gather index ``[b, n, n, P]`` into
-        ``P·U + 1`` rows (hop ``p``, row ``u`` → ``p·U + u``; no edge → the last, zero row) and
-        ``N_ij`` ``[b, n, n, 1]``."""
+        """Parameter-free part of integer features `attr [b,n,n,P,F]` (`valid [b,n,n,P]`):
+        the distinct edge-feature rows `[U, F]`, a gather index `[b, n, n, P]` into
+        `P·U + 1` rows (hop `p`, row `u` → `p·U + u`; no edge → the last, zero row) and
+        `N_ij` `[b, n, n, 1]`."""
         if attr.numel() and (int(attr.min()) < 0 or int(attr.max()) >= self.num_edge_types):
             raise ValueError(f"graphormer_edge: integer edge_attr values must lie in "
                              f"[0, num_edge_types={self.num_edge_types})")
@@ -166,7 +166,7 @@ class GraphormerEdge(ScoreEncoding):
 
     def _cached_path_codes(self, coords: Coordinates, attr: Tensor,
                            valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """:meth:`_path_codes`, derived once per coordinates object (and hops, vocabulary)."""
+        """[`_path_codes`][mmpe.encodings.graphormer.GraphormerEdge._path_codes], derived once per coordinates object (and hops, vocabulary)."""
         key = (self.max_hops, self.num_edge_types)
         try:
             per_coords = _PATH_CODES.setdefault(coords, {})
@@ -180,7 +180,7 @@ class GraphormerEdge(ScoreEncoding):
         return per_coords[key]
 
     def pair_bias(self, coords: Coordinates) -> Tensor:
-        """``c`` on all pairs, ``[b, n_h, n, n]``."""
+        """`c` on all pairs, `[b, n_h, n, n]`."""
         attr, valid = coords.path_edge_attr(self.max_hops)  # [b,n,n,P,F], [b,n,n,P]
         if attr.dtype.is_floating_point:
             x = self.edge_embedding(attr) * valid[..., None]  # [b,n,n,P,h']
@@ -210,18 +210,18 @@ class GraphormerEdge(ScoreEncoding):
 @register("graphormer", hook="score", needs=(GraphLayout, GraphEdges), learnable=True, family="graph",
           paper=PAPER + ", eqs. 6-7", context=("num_heads",))
 class GraphormerBias(ScoreEncoding):
-    """Graphormer's attention bias ``b_φ(v_i, v_j) + c_ij``: :class:`GraphormerSpatial` plus
-    :class:`GraphormerEdge` (skipped with ``use_edges=False``). Use it with
-    ``graphormer_centrality`` (input hook) for the paper's full set of encodings.
+    """Graphormer's attention bias `b_φ(v_i, v_j) + c_ij`: [`GraphormerSpatial`][mmpe.encodings.graphormer.GraphormerSpatial] plus
+    [`GraphormerEdge`][mmpe.encodings.graphormer.GraphormerEdge] (skipped with `use_edges=False`). Use it with
+    `graphormer_centrality` (input hook) for the paper's full set of encodings.
 
     Args:
-        num_heads, max_distance: as :class:`GraphormerSpatial`.
-        num_edge_types, edge_dim, max_hops: as :class:`GraphormerEdge`.
+        num_heads, max_distance: as [`GraphormerSpatial`][mmpe.encodings.graphormer.GraphormerSpatial].
+        num_edge_types, edge_dim, max_hops: as [`GraphormerEdge`][mmpe.encodings.graphormer.GraphormerEdge].
         use_edges: include the edge term (needs edge features on the coordinates).
 
     Raises:
-        ValueError: as :class:`GraphormerSpatial` and :class:`GraphormerEdge`.
-        TypeError: coordinates without the ``GraphLayout`` and ``GraphEdges`` capabilities.
+        ValueError: as [`GraphormerSpatial`][mmpe.encodings.graphormer.GraphormerSpatial] and [`GraphormerEdge`][mmpe.encodings.graphormer.GraphormerEdge].
+        TypeError: coordinates without the `GraphLayout` and `GraphEdges` capabilities.
     """
 
     def __init__(self, num_heads: int, max_distance: int = 20, num_edge_types: int = 32,
@@ -242,7 +242,7 @@ class GraphormerBias(ScoreEncoding):
         return mod
 
     def bias(self, ctx: AttentionContext) -> Tensor:
-        """Eager path: spatial plus edge bias, ``[b, n_h, n, n]``."""
+        """Eager path: spatial plus edge bias, `[b, n_h, n, n]`."""
         out = self.spatial.bias(ctx)
         return out if self.edge is None else out + self.edge.bias(ctx)
 
@@ -250,21 +250,21 @@ class GraphormerBias(ScoreEncoding):
 @register("graphormer_centrality", hook="input", needs=(GraphLayout,), learnable=True,
           family="graph", paper=PAPER + ", eq. 5", context=("d_model",))
 class GraphormerCentrality(InputEncoding):
-    """``P_i = z⁻[min(deg⁻(v_i), max_degree)] + z⁺[min(deg⁺(v_i), max_degree)]``.
+    """`P_i = z⁻[min(deg⁻(v_i), max_degree)] + z⁺[min(deg⁺(v_i), max_degree)]`.
 
-    Degrees from the ``GraphLayout`` members ``in_degree``/``out_degree``; ``P`` is zero at
-    padding and at the virtual token. On an undirected graph ``deg⁻ = deg⁺`` and the two
+    Degrees from the `GraphLayout` members `in_degree`/`out_degree`; `P` is zero at
+    padding and at the virtual token. On an undirected graph `deg⁻ = deg⁺` and the two
     tables act as one (the paper uses a single degree there).
 
     Args:
-        d_model: width of ``P``.
+        d_model: width of `P`.
         max_degree: degrees above it share its row (Graphormer: 512).
 
-    Shapes: ``forward(coords) -> [b, n_max, d_model]``.
+    Shapes: `forward(coords) -> [b, n_max, d_model]`.
 
     Raises:
-        ValueError: ``d_model`` or ``max_degree`` < 1.
-        TypeError: coordinates without the ``GraphLayout`` capability.
+        ValueError: `d_model` or `max_degree` < 1.
+        TypeError: coordinates without the `GraphLayout` capability.
     """
 
     def __init__(self, d_model: int, max_degree: int = 64) -> None:
@@ -289,15 +289,15 @@ class GraphormerCentrality(InputEncoding):
 class GraphormerVirtualToken(InputEncoding):
     """The virtual graph token's learned embedding, placed in slot 0 (zeros elsewhere).
 
-    Needs ``Graph(..., virtual_token=True)``; ``Graph.pad_nodes`` leaves slot 0 at zero, so
-    ``x + P`` makes it the learned [VNode] vector. Read the graph representation from the
+    Needs `Graph(..., virtual_token=True)`; `Graph.pad_nodes` leaves slot 0 at zero, so
+    `x + P` makes it the learned [VNode] vector. Read the graph representation from the
     transformer's output at slot 0.
 
-    Shapes: ``forward(coords) -> [b, n_max, d_model]``.
+    Shapes: `forward(coords) -> [b, n_max, d_model]`.
 
     Raises:
-        ValueError: coordinates built without ``virtual_token=True``.
-        TypeError: coordinates without the ``GraphLayout`` capability.
+        ValueError: coordinates built without `virtual_token=True`.
+        TypeError: coordinates without the `GraphLayout` capability.
     """
 
     def __init__(self, d_model: int) -> None:

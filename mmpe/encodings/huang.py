@@ -1,15 +1,15 @@
 """Huang et al. 2020: four relative position embeddings with more query–key–position interaction.
 
 Huang, Liang, Xu & Xiang 2020, *Improve Transformer Models with Better Relative Position
-Embeddings* (Findings of EMNLP), §3. With ``r = clip(j − i, k)`` (key minus query position,
-tokens) and ``d = h_d``:
+Embeddings* (Findings of EMNLP), §3. With `r = clip(j − i, k)` (key minus query position,
+tokens) and `d = h_d`:
 
-* method 1 ``e_ij = (q_i·k_j) · a_{|r|} / √d`` — a learned scalar per absolute distance;
-* method 2 ``e_ij = (q_i·k_j) · a_r / √d`` — a learned scalar per signed offset;
-* method 3 ``e_ij = Σ_c q_ic k_jc a_{r,c} / √d`` — a learned vector inside the dot product;
-* method 4 ``e_ij = (q_i·k_j + q_i·a_r + k_j·a_r) / √d`` — Shaw et al. plus a key-side term.
+* method 1 `e_ij = (q_i·k_j) · a_{|r|} / √d` — a learned scalar per absolute distance;
+* method 2 `e_ij = (q_i·k_j) · a_r / √d` — a learned scalar per signed offset;
+* method 3 `e_ij = Σ_c q_ic k_jc a_{r,c} / √d` — a learned vector inside the dot product;
+* method 4 `e_ij = (q_i·k_j + q_i·a_r + k_j·a_r) / √d` — Shaw et al. plus a key-side term.
 
-In a causal decoder only ``r ≤ 0`` occurs, so methods 1 and 2 have the same free parameters
+In a causal decoder only `r ≤ 0` occurs, so methods 1 and 2 have the same free parameters
 and (with the same initialisation) train identically; they differ in bidirectional encoders.
 """
 
@@ -34,7 +34,7 @@ PAPER = ("Huang, Liang, Xu & Xiang 2020, Improve Transformer Models with Better 
 
 
 class _ScalarMultiplier(ScoreEncoding):
-    """Methods 1 and 2: the scaled logit ``q·k/√d`` times a learned scalar per head and offset."""
+    """Methods 1 and 2: the scaled logit `q·k/√d` times a learned scalar per head and offset."""
 
     additive = False
     signed = False
@@ -64,15 +64,15 @@ class _ScalarMultiplier(ScoreEncoding):
 @register("huang_1", hook="score", needs=(Directed,), learnable=True, family="relative",
           paper=PAPER.format(1), context=("num_heads",))
 class HuangMethod1(_ScalarMultiplier):
-    """Method 1: ``e_ij = (q_i·k_j/√d) · a_{h, min(|j − i|, k)}``, one scalar per head and distance.
+    """Method 1: `e_ij = (q_i·k_j/√d) · a_{h, min(|j − i|, k)}`, one scalar per head and distance.
 
     Args:
-        num_heads: ``n_h``.
-        max_relative_position: clipping distance ``k`` (tokens, ≥ 1); table ``[k+1, n_h]``
+        num_heads: `n_h`.
+        max_relative_position: clipping distance `k` (tokens, ≥ 1); table `[k+1, n_h]`
             initialised to 1 (plain attention).
 
     Raises:
-        ValueError: ``max_relative_position < 1`` or ``num_heads < 1``.
+        ValueError: `max_relative_position < 1` or `num_heads < 1`.
     """
 
     signed = False
@@ -81,15 +81,15 @@ class HuangMethod1(_ScalarMultiplier):
 @register("huang_2", hook="score", needs=(Directed,), learnable=True, family="relative",
           paper=PAPER.format(2), context=("num_heads",))
 class HuangMethod2(_ScalarMultiplier):
-    """Method 2: ``e_ij = (q_i·k_j/√d) · a_{h, clip(j − i, k)}``, direction-aware scalars.
+    """Method 2: `e_ij = (q_i·k_j/√d) · a_{h, clip(j − i, k)}`, direction-aware scalars.
 
     Args:
-        num_heads: ``n_h``.
-        max_relative_position: clipping distance ``k`` (tokens, ≥ 1); table ``[2k+1, n_h]``
+        num_heads: `n_h`.
+        max_relative_position: clipping distance `k` (tokens, ≥ 1); table `[2k+1, n_h]`
             initialised to 1.
 
     Raises:
-        ValueError: ``max_relative_position < 1`` or ``num_heads < 1``.
+        ValueError: `max_relative_position < 1` or `num_heads < 1`.
     """
 
     signed = True
@@ -98,21 +98,21 @@ class HuangMethod2(_ScalarMultiplier):
 @register("huang_3", hook="score", needs=(Directed,), learnable=True, family="relative",
           paper=PAPER.format(3), context=("head_dim",))
 class HuangMethod3(ContentScoreEncoding):
-    """Method 3: ``e_ij = Σ_c q_ic k_jc a_{r,c} / √d``, ``r = clip(j − i, k)``.
+    """Method 3: `e_ij = Σ_c q_ic k_jc a_{r,c} / √d`, `r = clip(j − i, k)`.
 
     Written as the usual logit plus an additive content term,
-    ``e_ij = q_i·k_j/√d + Σ_c q_ic k_jc (a_{r,c} − 1)/√d``, so it composes with other score
-    terms. Efficient form: two ``[b, n_h, n_q, n_k]`` products for the pairs clipped to ``±k``,
-    and a gather over the ``≈ n·(2k−1)`` pairs inside the window (:meth:`term`) — never
-    ``n×n×h_d``.
+    `e_ij = q_i·k_j/√d + Σ_c q_ic k_jc (a_{r,c} − 1)/√d`, so it composes with other score
+    terms. Efficient form: two `[b, n_h, n_q, n_k]` products for the pairs clipped to `±k`,
+    and a gather over the `≈ n·(2k−1)` pairs inside the window ([`term`][mmpe.encodings.huang.HuangMethod3.term]) — never
+    `n×n×h_d`.
 
     Args:
-        head_dim: ``h_d``.
-        max_relative_position: clipping distance ``k`` (tokens, ≥ 1); table ``[2k+1, h_d]``
+        head_dim: `h_d`.
+        max_relative_position: clipping distance `k` (tokens, ≥ 1); table `[2k+1, h_d]`
             shared by the heads, initialised to 1 (plain attention).
 
     Raises:
-        ValueError: ``max_relative_position < 1`` or ``head_dim < 1``.
+        ValueError: `max_relative_position < 1` or `head_dim < 1`.
     """
 
     def __init__(self, head_dim: int, max_relative_position: int = 16) -> None:
@@ -123,11 +123,11 @@ class HuangMethod3(ContentScoreEncoding):
         self.table = nn.Parameter(torch.ones(2 * max_relative_position + 1, head_dim))
 
     def term(self, ctx: AttentionContext) -> Tensor:
-        """``Σ_c q_ic k_jc (a_{r(i,j),c} − 1)/√d`` on every pair, ``[b, n_h, n_q, n_k]``.
+        """`Σ_c q_ic k_jc (a_{r(i,j),c} − 1)/√d` on every pair, `[b, n_h, n_q, n_k]`.
 
-        Pairs beyond the clipping distance share the rows ``±k``: two full products, each kept
-        on its side. Pairs inside it (``|j − i| < k``, about ``n·(2k−1)`` of them) are gathered
-        and summed channel by channel: memory ``O(n·k·h_d)``, never ``n×n×h_d``.
+        Pairs beyond the clipping distance share the rows `±k`: two full products, each kept
+        on its side. Pairs inside it (`|j − i| < k`, about `n·(2k−1)` of them) are gathered
+        and summed channel by channel: memory `O(n·k·h_d)`, never `n×n×h_d`.
         """
         from mmpe.coords.base import index_grid
 
@@ -176,17 +176,17 @@ class HuangMethod3(ContentScoreEncoding):
 @register("huang_4", hook="score", needs=(Directed,), learnable=True, family="relative",
           paper=PAPER.format(4), context=("head_dim",))
 class HuangMethod4(ShawRelative):
-    """Method 4: ``e_ij = (q_i·k_j + q_i·a_r + k_j·a_r)/√d`` — Shaw's key term plus ``k_j·a_r``.
+    """Method 4: `e_ij = (q_i·k_j + q_i·a_r + k_j·a_r)/√d` — Shaw's key term plus `k_j·a_r`.
 
-    Both products are gathered from ``[b, n_h, n, 2k+1]`` tables (``q·aᵀ`` and ``k·aᵀ``).
-    With the key-side term zero this is exactly :class:`~mmpe.encodings.shaw.ShawRelative`.
+    Both products are gathered from `[b, n_h, n, 2k+1]` tables (`q·aᵀ` and `k·aᵀ`).
+    With the key-side term zero this is exactly [`ShawRelative`][mmpe.encodings.shaw.ShawRelative].
 
     Args:
-        head_dim: ``h_d``.
-        max_relative_position: clipping distance ``k`` (tokens, ≥ 1).
+        head_dim: `h_d`.
+        max_relative_position: clipping distance `k` (tokens, ≥ 1).
 
     Raises:
-        ValueError: ``max_relative_position < 1`` or ``head_dim < 1``.
+        ValueError: `max_relative_position < 1` or `head_dim < 1`.
     """
 
     def __init__(self, head_dim: int, max_relative_position: int = 16) -> None:

@@ -32,7 +32,7 @@ class _Kerple(ScoreEncoding):
         raise NotImplementedError
 
     def constrained(self) -> tuple[Tensor, Tensor]:
-        """``(r1, r2)`` after the constraints (``r1, r2 ≥ eps``; power: ``r2 ≤ 2``)."""
+        """`(r1, r2)` after the constraints (`r1, r2 ≥ eps`; power: `r2 ≤ 2`)."""
         return self.r1.clamp(min=self.eps), self.r2.clamp(min=self.eps)
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
@@ -46,7 +46,7 @@ class _Kerple(ScoreEncoding):
         return mod
 
     def relation_bias(self, ctx: AttentionContext, relation: Tensor) -> Tensor:
-        """The kernel of ``|relation|`` per head on ``toeplitz`` coordinates, ``[n_h, m]``."""
+        """The kernel of `|relation|` per head on `toeplitz` coordinates, `[n_h, m]`."""
         self.check_context(ctx)
         r1, r2 = self.constrained()
         return self.kernel(relation.abs().to(torch.float32), r1.float()[:, None],
@@ -56,16 +56,16 @@ class _Kerple(ScoreEncoding):
 @register("kerple_log", hook="score", needs=(Metric,), context=("num_heads",), learnable=True,
           family="bias", paper=PAPER)
 class KerpleLog(_Kerple):
-    """KERPLE-log: ``score + (−r1·log(1 + r2·|i − j|))`` per head, ``r1, r2 > 0`` (Chi et al. 2022).
+    """KERPLE-log: `score + (−r1·log(1 + r2·|i − j|))` per head, `r1, r2 > 0` (Chi et al. 2022).
 
-    ``|i − j|`` is the coordinates' distance (tokens on a sequence). The logarithmic variant is
+    `|i − j|` is the coordinates' distance (tokens on a sequence). The logarithmic variant is
     the one the paper finds best for extrapolation.
 
     Args:
-        num_heads: ``n_h``.
+        num_heads: `n_h`.
 
     Raises:
-        ValueError: ``num_heads < 1``.
+        ValueError: `num_heads < 1`.
     """
 
     def kernel(self, dist: Tensor, r1: Tensor, r2: Tensor) -> Tensor:
@@ -75,13 +75,13 @@ class KerpleLog(_Kerple):
 @register("kerple_power", hook="score", needs=(Metric,), context=("num_heads",), learnable=True,
           family="bias", paper=PAPER)
 class KerplePower(_Kerple):
-    """KERPLE-power: ``score + (−r1·|i − j|^{r2})`` per head, ``r1 > 0``, ``0 < r2 ≤ 2`` (Chi et al. 2022).
+    """KERPLE-power: `score + (−r1·|i − j|^{r2})` per head, `r1 > 0`, `0 < r2 ≤ 2` (Chi et al. 2022).
 
     Args:
-        num_heads: ``n_h``.
+        num_heads: `n_h`.
 
     Raises:
-        ValueError: ``num_heads < 1``.
+        ValueError: `num_heads < 1`.
     """
 
     def constrained(self) -> tuple[Tensor, Tensor]:

@@ -2,9 +2,9 @@
 
 Dwivedi & Bresson 2020 ("A Generalization of Transformer Networks to Graphs", AAAI-W) and
 Dwivedi et al. 2020 ("Benchmarking Graph Neural Networks"), as GraphGPS (Rampášek et al. 2022,
-NeurIPS) uses it: the ``k`` smallest non-trivial eigenvectors ``U [n, k]`` of the symmetric
-normalised Laplacian ``I − D^-½ A D^-½`` (the ``GraphLayout`` member ``laplacian_pe``;
-:func:`mmpe.graph_maths.laplacian_pe`) are projected to the model width, ``P = proj(U)``, and
+NeurIPS) uses it: the `k` smallest non-trivial eigenvectors `U [n, k]` of the symmetric
+normalised Laplacian `I − D^-½ A D^-½` (the `GraphLayout` member `laplacian_pe`;
+[`mmpe.graph_maths.laplacian_pe`][mmpe.graph_maths.laplacian_pe]) are projected to the model width, `P = proj(U)`, and
 added to the node embeddings. During training every eigenvector's sign is flipped at random
 (the sign is arbitrary), per graph.
 """
@@ -23,7 +23,7 @@ from mmpe.registry import register
 
 
 def make_projection(k: int, d_model: int, kind: str, hidden: int | None = None) -> nn.Module:
-    """``"linear"``: ``Linear(k, d)``; ``"mlp"``: ``Linear(k, hidden) → ReLU → Linear(hidden, d)``."""
+    """`"linear"`: `Linear(k, d)`; `"mlp"`: `Linear(k, hidden) → ReLU → Linear(hidden, d)`."""
     if kind == "linear":
         return nn.Linear(k, d_model)
     if kind == "mlp":
@@ -38,20 +38,20 @@ def make_projection(k: int, d_model: int, kind: str, hidden: int | None = None) 
                 "(AAAI DLG workshop); Rampášek et al. 2022, Recipe for a General, Powerful, "
                 "Scalable Graph Transformer (NeurIPS)", context=("d_model",))
 class LapPE(SavesSettings, InputEncoding):
-    """``P_i = proj(s ⊙ U_i)``: Laplacian eigenvectors, random signs ``s ∈ {±1}^k`` in training.
+    """`P_i = proj(s ⊙ U_i)`: Laplacian eigenvectors, random signs `s ∈ {±1}^k` in training.
 
     Args:
-        d_model: width of ``P``.
-        k: number of eigenvectors (graphs with fewer than ``k + 1`` nodes get zero columns).
-        projection: ``"linear"`` or ``"mlp"``.
-        normalization: ``"sym"`` or ``None`` (combinatorial Laplacian).
-        sign_flip: flip signs at random while ``self.training``.
+        d_model: width of `P`.
+        k: number of eigenvectors (graphs with fewer than `k + 1` nodes get zero columns).
+        projection: `"linear"` or `"mlp"`.
+        normalization: `"sym"` or `None` (combinatorial Laplacian).
+        sign_flip: flip signs at random while `self.training`.
 
-    Shapes: ``forward(coords) -> [b, n_max, d_model]`` (zero at padding and virtual token).
+    Shapes: `forward(coords) -> [b, n_max, d_model]` (zero at padding and virtual token).
 
     Raises:
-        ValueError: ``k < 1``, an unknown ``projection``.
-        TypeError: coordinates without the ``GraphLayout`` capability.
+        ValueError: `k < 1`, an unknown `projection`.
+        TypeError: coordinates without the `GraphLayout` capability.
     """
 
     saved_settings = ("normalization",)

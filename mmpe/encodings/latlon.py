@@ -1,6 +1,6 @@
 """Flat baselines on the sphere: latitude/longitude read as if they were a 2D plane.
 
-Both treat ``(lat, lon)`` as Cartesian coordinates of a rectangle (the equirectangular map),
+Both treat `(lat, lon)` as Cartesian coordinates of a rectangle (the equirectangular map),
 the assumption of image-style 2D encodings. They are here to be compared against: they jump at
 the date line (λ = −180° and +180° are far apart on the map) and give different vectors for the
 same pole point at different longitudes.
@@ -27,20 +27,20 @@ from mmpe.registry import register
     paper="Vaswani et al. 2017 sinusoids applied per axis to (lat, lon) in degrees, as the 2D "
           "sincos embedding of MAE (He et al. 2022) does on image rows/columns (flat baseline)", context=("d_model",))
 class LatLonSinCos(SavesSettings, InputEncoding):
-    """Fixed 2D sincos of raw ``(lat, lon)`` in degrees: ``[PE(lat°), PE(lon°)]``.
+    """Fixed 2D sincos of raw `(lat, lon)` in degrees: `[PE(lat°), PE(lon°)]`.
 
-    Half of ``d_model`` holds ``sinusoidal_table(lat°, d_model/2)``, the other half the same for
-    ``lon°``: ``sin(x / base^(2i/(d/2)))``, ``cos(…)`` — the equirectangular map seen as a 1°
+    Half of `d_model` holds `sinusoidal_table(lat°, d_model/2)`, the other half the same for
+    `lon°`: `sin(x / base^(2i/(d/2)))`, `cos(…)` — the equirectangular map seen as a 1°
     pixel grid, as a ViT's 2D sincos embedding would see it.
 
     Args:
         d_model: width, a multiple of 4.
         base: wavelength base (10000).
 
-    Shapes: ``forward(coords) -> [s, d_model]`` or ``[b, s, d_model]``.
+    Shapes: `forward(coords) -> [s, d_model]` or `[b, s, d_model]`.
 
     Raises:
-        ValueError: ``d_model`` not a positive multiple of 4; ``base <= 0``.
+        ValueError: `d_model` not a positive multiple of 4; `base <= 0`.
         TypeError: coordinates not on the sphere.
     """
 
@@ -66,15 +66,15 @@ class LatLonSinCos(SavesSettings, InputEncoding):
     paper="Direct (lat, lon) input, the 'direct'/'wrap'-free baseline of Mai et al. 2023 and "
           "Rußwurm et al. 2024 (flat baseline)", context=("d_model",))
 class LatLonRaw(InputEncoding):
-    """``P = W · (φ/(π/2), λ/π) + c``: raw latitude and longitude, scaled to ``[−1, 1]``, linear.
+    """`P = W · (φ/(π/2), λ/π) + c`: raw latitude and longitude, scaled to `[−1, 1]`, linear.
 
     Args:
         d_model: output width.
 
-    Shapes: ``forward(coords) -> [s, d_model]`` or ``[b, s, d_model]``.
+    Shapes: `forward(coords) -> [s, d_model]` or `[b, s, d_model]`.
 
     Raises:
-        ValueError: non-positive ``d_model``.
+        ValueError: non-positive `d_model`.
         TypeError: coordinates not on the sphere.
     """
 

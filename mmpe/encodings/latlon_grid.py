@@ -19,19 +19,19 @@ __all__ = ["LatLonGridPE", "area_weights", "latlon_cells", "weighted_mean", "wei
 
 
 def latlon_cells(lat: Tensor, lon: Tensor, n_lat: int, n_lon: int) -> tuple[Tensor, Tensor]:
-    """The cell ``(i, j)`` of an ``n_lat × n_lon`` grid that contains each point (int64).
+    """The cell `(i, j)` of an `n_lat × n_lon` grid that contains each point (int64).
 
-    The grid is :meth:`mmpe.Sphere.grid`'s: row ``i`` spans latitudes
-    ``[−π/2 + i·π/n_lat, −π/2 + (i+1)·π/n_lat)`` (south to north, centres at ``(i + ½)`` steps,
-    the north pole in the last row), column ``j`` is centred on ``λ_j = −π + j·2π/n_lon`` and
-    spans ``±π/n_lon`` around it (periodic: ``λ = π − ε`` falls in column 0). A grid's own cell
+    The grid is [`mmpe.Sphere.grid`][mmpe.coords.sphere.Sphere.grid]'s: row `i` spans latitudes
+    `[−π/2 + i·π/n_lat, −π/2 + (i+1)·π/n_lat)` (south to north, centres at `(i + ½)` steps,
+    the north pole in the last row), column `j` is centred on `λ_j = −π + j·2π/n_lon` and
+    spans `±π/n_lon` around it (periodic: `λ = π − ε` falls in column 0). A grid's own cell
     centres map to their cell exactly (half a cell from every boundary).
 
     Args:
         lat, lon: radians, broadcastable.
 
     Returns:
-        ``(i, j)`` of the broadcast shape.
+        `(i, j)` of the broadcast shape.
     """
     lat64, lon64 = lat.to(torch.float64), lon.to(torch.float64)
     i = torch.floor((lat64 + math.pi / 2) * (n_lat / math.pi)).clamp(0, n_lat - 1)
@@ -47,32 +47,32 @@ def latlon_cells(lat: Tensor, lon: Tensor, n_lat: int, n_lon: int) -> tuple[Tens
           "embedding of the AFNO/ViT patch grid",
     context=("d_model", "grid_shape"))
 class LatLonGridPE(InputEncoding):
-    """``P = E[i(φ), j(λ)]``: one learned ``d_model`` vector per cell of a regular lat/lon grid.
+    """`P = E[i(φ), j(λ)]`: one learned `d_model` vector per cell of a regular lat/lon grid.
 
     FourCastNet (Pathak et al. 2022) cuts the 720 × 1440 ERA5 field into 8 × 8 patches and adds a
-    learned position embedding ``[1, h·w, d]`` (initialised ``trunc_normal(std=0.02)``, as
-    ViT) to the patch tokens: one vector per cell of the ``(h, w) = (90, 180)`` patch grid. Here
-    the table is ``E [n_lat, n_lon, d_model]`` and a token at ``(φ, λ)`` reads the row of the
-    cell that contains it (:func:`latlon_cells`), so on ``Sphere.grid(n_lat, n_lon)`` tokens —
-    with or without a time axis — ``P`` is exactly FourCastNet's table in row-major
-    ``(lat, lon)`` order, repeated over the time steps; scattered points get their cell's
+    learned position embedding `[1, h·w, d]` (initialised `trunc_normal(std=0.02)`, as
+    ViT) to the patch tokens: one vector per cell of the `(h, w) = (90, 180)` patch grid. Here
+    the table is `E [n_lat, n_lon, d_model]` and a token at `(φ, λ)` reads the row of the
+    cell that contains it ([`latlon_cells`][mmpe.encodings.latlon_grid.latlon_cells]), so on `Sphere.grid(n_lat, n_lon)` tokens —
+    with or without a time axis — `P` is exactly FourCastNet's table in row-major
+    `(lat, lon)` order, repeated over the time steps; scattered points get their cell's
     vector. A table learned on one grid is tied to it: coordinates that record their own
-    ``grid_shape`` (``Sphere.grid``) must have the table's ``(n_lat, n_lon)``.
+    `grid_shape` (`Sphere.grid`) must have the table's `(n_lat, n_lon)`.
 
-    Metrics on such grids are latitude-weighted: :func:`mmpe.earth.area_weights` and
-    :func:`mmpe.earth.weighted_rmse` (re-exported here).
+    Metrics on such grids are latitude-weighted: [`mmpe.earth.area_weights`][mmpe.earth.area_weights] and
+    [`mmpe.earth.weighted_rmse`][mmpe.earth.weighted_rmse] (re-exported here).
 
     Args:
         d_model: width.
-        grid_shape: ``(n_lat, n_lon)`` of the table (FourCastNet's patch grid: ``(90, 180)``).
+        grid_shape: `(n_lat, n_lon)` of the table (FourCastNet's patch grid: `(90, 180)`).
         init_std: std of the truncated-normal initialisation (0.02; 0 = zeros).
 
-    Shapes: ``forward(coords) -> [n, d_model]`` or ``[b, n, d_model]``.
+    Shapes: `forward(coords) -> [n, d_model]` or `[b, n, d_model]`.
 
     Raises:
-        ValueError: ``grid_shape`` not two positive ints, non-positive ``d_model``, negative
-            ``init_std``; coordinates from ``Sphere.grid`` of another ``(n_lat, n_lon)``.
-        TypeError: coordinates not on the sphere (``Spherical``).
+        ValueError: `grid_shape` not two positive ints, non-positive `d_model`, negative
+            `init_std`; coordinates from `Sphere.grid` of another `(n_lat, n_lon)`.
+        TypeError: coordinates not on the sphere (`Spherical`).
     """
 
     def __init__(self, d_model: int, grid_shape: tuple[int, int] = (90, 180),
@@ -91,7 +91,7 @@ class LatLonGridPE(InputEncoding):
             nn.init.trunc_normal_(self.table, std=init_std)
 
     def cells(self, coords: Coordinates) -> tuple[Tensor, Tensor]:
-        """Each token's cell ``(i, j)``, ``[n]`` or ``[b, n]`` int64."""
+        """Each token's cell `(i, j)`, `[n]` or `[b, n]` int64."""
         lat, lon = sphere_angles(self, coords)
         recorded = getattr(coords, "grid_shape", None)
         if recorded is not None and tuple(recorded[-2:]) != self.grid_shape:

@@ -23,22 +23,22 @@ from mmpe.registry import register
 class LearnedPE(InputEncoding):
     """A trainable vector per position, added to token embeddings (BERT; GPT).
 
-    ``P[p] = E[p]`` with ``E`` an ``[max_len, d_model]`` table initialised N(0, 0.02²) as in
-    GPT-2. The table has rows for positions ``0 … max_len-1`` only: a position past it has no
+    `P[p] = E[p]` with `E` an `[max_len, d_model]` table initialised N(0, 0.02²) as in
+    GPT-2. The table has rows for positions `0 … max_len-1` only: a position past it has no
     embedding, so the method cannot extrapolate by construction.
 
     Args:
         d_model: embedding width.
         max_len: number of positions in the table (tokens).
-        out_of_range: ``"error"`` (default) raises for positions ``>= max_len``; ``"clamp"``
+        out_of_range: `"error"` (default) raises for positions `>= max_len`; `"clamp"`
             gives them the last row's embedding (an explicit, lossy choice).
 
-    Shapes: ``forward(coords) -> [s, d_model]`` or ``[b, s, d_model]``.
+    Shapes: `forward(coords) -> [s, d_model]` or `[b, s, d_model]`.
 
     Raises:
-        ValueError: non-positive ``d_model`` or ``max_len``, unknown ``out_of_range``.
-        PositionOutOfRangeError: (a ``ValueError``) at forward, when a position is
-            ``>= max_len`` and ``out_of_range="error"``, instead of an index crash.
+        ValueError: non-positive `d_model` or `max_len`, unknown `out_of_range`.
+        PositionOutOfRangeError: (a `ValueError`) at forward, when a position is
+            `>= max_len` and `out_of_range="error"`, instead of an index crash.
     """
 
     def __init__(self, d_model: int, max_len: int = 512, out_of_range: str = "error") -> None:

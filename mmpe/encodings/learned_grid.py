@@ -23,27 +23,27 @@ from mmpe.registry import register
 class LearnedGridPE(SavesSettings, InputEncoding):
     """A trainable vector per grid cell (and per prefix token), added to the patch embeddings (ViT).
 
-    The table ``E`` ``[prod(grid_shape), d_model]`` (init N(0, 0.02²), timm's truncated normal)
+    The table `E` `[prod(grid_shape), d_model]` (init N(0, 0.02²), timm's truncated normal)
     belongs to the training grid. On a grid of another shape (higher resolution, longer clip)
-    the table is resampled as a ``grid_shape`` image of ``d_model`` channels: 2D bicubic with
-    antialiasing, ``align_corners=False`` — exactly timm's ``resample_abs_pos_embed`` — 3D
+    the table is resampled as a `grid_shape` image of `d_model` channels: 2D bicubic with
+    antialiasing, `align_corners=False` — exactly timm's `resample_abs_pos_embed` — 3D
     trilinear, 1D linear. Prefix embeddings are kept as they are.
 
     Args:
         d_model: embedding width.
-        grid_shape: the training grid, e.g. ``(14, 14)`` patches or ``(8, 14, 14)`` tubelets.
+        grid_shape: the training grid, e.g. `(14, 14)` patches or `(8, 14, 14)` tubelets.
         prefix_tokens: learned embeddings for this many prefix tokens (ViT's cls token: 1).
             With 0, prefix tokens of the coordinates get the zero vector (timm's
-            ``no_embed_class``).
-        interpolation: 2D mode, ``"bicubic"`` (ViT/timm), ``"bilinear"`` or ``"nearest"``.
+            `no_embed_class`).
+        interpolation: 2D mode, `"bicubic"` (ViT/timm), `"bilinear"` or `"nearest"`.
         antialias: antialias when downsampling in 2D (timm's default True).
 
-    Shapes: ``forward(coords) -> [n, d_model]``.
+    Shapes: `forward(coords) -> [n, d_model]`.
 
     Raises:
-        ValueError: bad ``d_model``/``grid_shape``/``prefix_tokens``; at forward, a grid with a
-            different number of axes than ``grid_shape``, or prefix counts that differ (the
-            coordinates have ``k > 0`` prefix tokens and the table holds ``j > 0``, ``j != k``).
+        ValueError: bad `d_model`/`grid_shape`/`prefix_tokens`; at forward, a grid with a
+            different number of axes than `grid_shape`, or prefix counts that differ (the
+            coordinates have `k > 0` prefix tokens and the table holds `j > 0`, `j != k`).
     """
 
     saved_settings = ("grid_shape", "interpolation", "antialias")
@@ -68,7 +68,7 @@ class LearnedGridPE(SavesSettings, InputEncoding):
                        if prefix_tokens else None)
 
     def grid_table(self, shape: tuple[int, ...]) -> Tensor:
-        """The cell table for a grid of ``shape``, ``[prod(shape), d_model]`` (resampled if needed)."""
+        """The cell table for a grid of `shape`, `[prod(shape), d_model]` (resampled if needed)."""
         return resample_table(self.table, self.grid_shape, tuple(shape), self.interpolation,
                               self.antialias)
 
@@ -91,7 +91,7 @@ class LearnedGridPE(SavesSettings, InputEncoding):
 
     @torch.no_grad()
     def resample_(self, grid_shape: tuple[int, ...]) -> None:
-        """Replace the table by its resampling to ``grid_shape`` (fine-tuning at a new resolution)."""
+        """Replace the table by its resampling to `grid_shape` (fine-tuning at a new resolution)."""
         grid_shape = check_shape("learned_grid", "grid_shape", grid_shape)
         if len(grid_shape) != len(self.grid_shape):
             raise ValueError(f"learned_grid: grid_shape must have {len(self.grid_shape)} axes, "

@@ -27,40 +27,40 @@ def _float_positions(pos: Tensor) -> Tensor:
           "MeshGraphNets), §3.1 edge features",
     context=("num_heads", "num_axes"))
 class MeshDisplacementBias(SavesSettings, ScoreEncoding):
-    """``score + MLP([x_q − x_k, ‖x_q − x_k‖] / L)_h``: MeshGraphNets' edge features as a bias.
+    """`score + MLP([x_q − x_k, ‖x_q − x_k‖] / L)_h`: MeshGraphNets' edge features as a bias.
 
-    MeshGraphNets (Pfaff et al. 2021, §3.1) encode a mesh edge from node ``j`` to node ``i`` by
-    the relative displacement and its norm, ``e_ij = [x_i − x_j, |x_i − x_j|]``, and an MLP.
-    Here every (query ``i``, key ``j``) pair is such an edge: the ``A + 1`` features (divided by
-    a fixed ``length_scale`` L, in place of MeshGraphNets' running normaliser) go through
-    ``Linear(A + 1, W) → ReLU → Linear(W, n_h)``, one bias per head. ``x`` are the coordinates'
-    positions (mesh-space coordinates of :class:`mmpe.Points`, grid cells, …).
+    MeshGraphNets (Pfaff et al. 2021, §3.1) encode a mesh edge from node `j` to node `i` by
+    the relative displacement and its norm, `e_ij = [x_i − x_j, |x_i − x_j|]`, and an MLP.
+    Here every (query `i`, key `j`) pair is such an edge: the `A + 1` features (divided by
+    a fixed `length_scale` L, in place of MeshGraphNets' running normaliser) go through
+    `Linear(A + 1, W) → ReLU → Linear(W, n_h)`, one bias per head. `x` are the coordinates'
+    positions (mesh-space coordinates of [`mmpe.Points`][mmpe.coords.points.Points], grid cells, …).
 
     The displacement is relative, so the bias is invariant to translations of all positions,
     but its components are not invariant to rotations (the MLP sees the direction): MeshGraphNets
     is translation-equivariant, not rotation-equivariant. Tokens without a coordinate (a grid's
     prefix tokens) sit at 0, as the coordinates report them.
 
-    FlexAttention: the features and the MLP are unrolled into ``≈ W·(A + 4)`` scalar operations
-    per score (FIRE's form, O(n) memory); the eager :meth:`bias` runs the MLP as matrix
+    FlexAttention: the features and the MLP are unrolled into `≈ W·(A + 4)` scalar operations
+    per score (FIRE's form, O(n) memory); the eager [`bias`][mmpe.encodings.base.ScoreEncoding.bias] runs the MLP as matrix
     products on every pair, with the same numbers.
 
     Args:
-        num_heads: ``n_h``.
-        num_axes: ``A``, axes of the displacement (2 for MeshGraphNets' CFD meshes, 3 in world
+        num_heads: `n_h`.
+        num_axes: `A`, axes of the displacement (2 for MeshGraphNets' CFD meshes, 3 in world
             space; the model context passes the coordinates'). Positions with fewer axes are
             embedded with zeros appended (a planar mesh in 3D); more axes are an error.
-        mlp_width: hidden width ``W``.
-        length_scale: ``L`` (coordinate units): typical edge length, so that the MLP reads
+        mlp_width: hidden width `W`.
+        length_scale: `L` (coordinate units): typical edge length, so that the MLP reads
             features of order 1.
 
-    Shapes: bias ``[b or 1, n_h, n_q, n_k]``.
+    Shapes: bias `[b or 1, n_h, n_q, n_k]`.
 
     Raises:
-        ValueError: non-positive ``num_heads``, ``num_axes``, ``mlp_width`` or
-            ``length_scale``; coordinates with more than ``num_axes`` axes; attention with
+        ValueError: non-positive `num_heads`, `num_axes`, `mlp_width` or
+            `length_scale`; coordinates with more than `num_axes` axes; attention with
             another head count.
-        TypeError: coordinates without positions (``Positioned``).
+        TypeError: coordinates without positions (`Positioned`).
     """
 
     saved_settings = ("length_scale",)
@@ -82,7 +82,7 @@ class MeshDisplacementBias(SavesSettings, ScoreEncoding):
                 pad_axes("mesh_displacement", _float_positions(kpos), self.num_axes))
 
     def features(self, coords: Coordinates) -> Tensor:
-        """``[Δ_1 … Δ_A, ‖Δ‖] / L`` with ``Δ = x_q − x_k``, ``[(b,) n_q, n_k, A + 1]`` float32."""
+        """`[Δ_1 … Δ_A, ‖Δ‖] / L` with `Δ = x_q − x_k`, `[(b,) n_q, n_k, A + 1]` float32."""
         self.check_coords(coords)
         qpos, kpos = self._positions(coords)
         diff = (qpos.unsqueeze(-2) - kpos.unsqueeze(-3)) / self.length_scale
@@ -126,9 +126,9 @@ class MeshDisplacementBias(SavesSettings, ScoreEncoding):
         return mod
 
     def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
-        """The MLP on the pairs of queries ``start … stop−1``, ``[b or 1, n_h, stop−start, n_k]``
-        (a chunk of rows at a time: the hidden layer ``[b, rows, n_k, W]`` stays within
-        ``mmpe.attention.block_bytes()``)."""
+        """The MLP on the pairs of queries `start … stop−1`, `[b or 1, n_h, stop−start, n_k]`
+        (a chunk of rows at a time: the hidden layer `[b, rows, n_k, W]` stays within
+        `mmpe.attention.block_bytes()`)."""
         from mmpe.attention import block_bytes  # the attention module imports the encodings
 
         self.check_context(ctx)

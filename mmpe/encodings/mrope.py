@@ -14,9 +14,9 @@ from mmpe.registry import register
 
 
 def default_mrope_section(head_dim: int) -> tuple[int, int, int]:
-    """Qwen2-VL's split of the ``h_d/2`` frequencies: ``(16, 24, 24)`` at ``h_d = 128``.
+    """Qwen2-VL's split of the `h_d/2` frequencies: `(16, 24, 24)` at `h_d = 128`.
 
-    Height and width get ``3/8`` of the pairs each (rounded down), time the rest.
+    Height and width get `3/8` of the pairs each (rounded down), time the rest.
     """
     half = head_dim // 2
     hw = (3 * half) // 8
@@ -31,22 +31,22 @@ def default_mrope_section(head_dim: int) -> tuple[int, int, int]:
 class MRoPE(SavesSettings, RotaryEncoding):
     """Rotary embedding whose frequency bands are split into temporal, height and width sections.
 
-    The ``h_d/2`` RoPE frequencies ``θ_j = base^(−2j/h_d)`` are cut into consecutive sections
-    ``(s_t, s_h, s_w)``; pair ``j`` of section ``c`` rotates by ``p_c · θ_j`` where ``(p_t,
-    p_h, p_w)`` is the token's 3-component position id. Pairs are ``(j, j + h_d/2)`` (HF
-    transformers' ``rotate_half`` layout). On :class:`~mmpe.coords.Composite` coordinates the
-    ids are Qwen2-VL's (text tokens ``(p, p, p)`` — plain 1D RoPE; vision patches
-    ``(s + t, s + h, s + w)``); on a 2D grid ``(0, h, w)``, on a 3D grid ``(t, h, w)``, on a
-    sequence ``(p, p, p)``. Grid positions must be whole numbers (integer scale).
+    The `h_d/2` RoPE frequencies `θ_j = base^(−2j/h_d)` are cut into consecutive sections
+    `(s_t, s_h, s_w)`; pair `j` of section `c` rotates by `p_c · θ_j` where ``(p_t,
+    p_h, p_w)` is the token's 3-component position id. Pairs are `(j, j + h_d/2)`` (HF
+    transformers' `rotate_half` layout). On [`Composite`][mmpe.coords.composite.Composite] coordinates the
+    ids are Qwen2-VL's (text tokens `(p, p, p)` — plain 1D RoPE; vision patches
+    `(s + t, s + h, s + w)`); on a 2D grid `(0, h, w)`, on a 3D grid `(t, h, w)`, on a
+    sequence `(p, p, p)`. Grid positions must be whole numbers (integer scale).
 
     Args:
-        head_dim: ``h_d`` (even).
-        mrope_section: pairs per section ``(s_t, s_h, s_w)`` summing to ``h_d/2``; default
-            :func:`default_mrope_section` (``(16, 24, 24)`` for ``h_d = 128``, as Qwen2-VL).
-        base: frequency base (Qwen2-VL uses ``rope_theta = 1e6``; default 10000).
+        head_dim: `h_d` (even).
+        mrope_section: pairs per section `(s_t, s_h, s_w)` summing to `h_d/2`; default
+            [`default_mrope_section`][mmpe.encodings.mrope.default_mrope_section] (`(16, 24, 24)` for `h_d = 128`, as Qwen2-VL).
+        base: frequency base (Qwen2-VL uses `rope_theta = 1e6`; default 10000).
 
     Raises:
-        ValueError: odd ``head_dim``, a section that does not sum to ``h_d/2`` or has negative
+        ValueError: odd `head_dim`, a section that does not sum to `h_d/2` or has negative
             entries, grids of more than 3 axes.
     """
 
@@ -69,10 +69,10 @@ class MRoPE(SavesSettings, RotaryEncoding):
 
     def position_ids(self, coords: Coordinates, keys: bool = False,
                      n_keys: int | None = None) -> Tensor:
-        """``[n, 3]`` (or ``[b, n, 3]``) ``(t, h, w)`` position ids of the query (or key) tokens.
+        """`[n, 3]` (or `[b, n, 3]`) `(t, h, w)` position ids of the query (or key) tokens.
 
-        Three axes are used as they are (``Composite``); one axis (text) is repeated,
-        ``(p, p, p)``; two axes (an image ``(h, w)``) get ``t = 0``.
+        Three axes are used as they are (`Composite`); one axis (text) is repeated,
+        `(p, p, p)`; two axes (an image `(h, w)`) get `t = 0`.
 
         Raises:
             ValueError: more than 3 axes.
@@ -87,7 +87,7 @@ class MRoPE(SavesSettings, RotaryEncoding):
         return torch.cat((pad, pos), dim=-1)
 
     def phase(self, coords: Coordinates, keys: bool = False, n_keys: int | None = None) -> Tensor:
-        """``[n, h_d/2]`` (or ``[b, n, h_d/2]``) rotation angles (float64, radians)."""
+        """`[n, h_d/2]` (or `[b, n, h_d/2]`) rotation angles (float64, radians)."""
         ids = self.position_ids(coords, keys, n_keys).to(torch.float64)
         inv = rope_inv_freq(self.head_dim, self.base).to(ids.device)
         return ids[..., self.axis.to(ids.device)] * inv

@@ -26,5 +26,5 @@ class NoPE(KernelEncoding):
     is_softmax = True
 
     def attend(self, scores: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor:
-        """``softmax(scores) @ v``: ``[b, n_h, n_q, n_k]`` × ``[b, n_h, n_k, h_d]``."""
+        """`softmax(scores) @ v`: `[b, n_h, n_q, n_k]` × `[b, n_h, n_k, h_d]`."""
         return scores.softmax(dim=-1) @ v

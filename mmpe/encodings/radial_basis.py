@@ -1,13 +1,13 @@
 """Radial bases with smooth cutoffs as a per-head distance bias: SchNet's Gaussians, DimeNet's
 Bessel functions.
 
-Both expand the distance ``d`` of two tokens into ``K`` smooth features that vanish, with their
-first derivative, at a cutoff ``c`` and stay 0 beyond it, and map them to one bias per head by
-a learned ``W ∈ R^{n_h × K}`` (no constant: pairs beyond the cutoff get exactly 0):
+Both expand the distance `d` of two tokens into `K` smooth features that vanish, with their
+first derivative, at a cutoff `c` and stay 0 beyond it, and map them to one bias per head by
+a learned `W ∈ R^{n_h × K}` (no constant: pairs beyond the cutoff get exactly 0):
 
-    ``score + Σ_k W[h, k] · e_k(d(q, k))``
+    `score + Σ_k W[h, k] · e_k(d(q, k))`
 
-They read only the coordinates' distance, so on :class:`mmpe.Points` they are invariant to
+They read only the coordinates' distance, so on [`mmpe.Points`][mmpe.coords.points.Points] they are invariant to
 rotations, reflections and translations and equivariant to permutations of the points.
 """
 
@@ -27,19 +27,19 @@ from mmpe.validation import check_finite_float, check_int
 
 
 def cosine_cutoff(d: Tensor, cutoff: float) -> Tensor:
-    """``C(d) = ½(cos(πd/c) + 1)`` for ``d < c``, 0 beyond (Schütt et al. 2018, SchNet JCP eq. 12).
+    """`C(d) = ½(cos(πd/c) + 1)` for `d < c`, 0 beyond (Schütt et al. 2018, SchNet JCP eq. 12).
 
-    ``C(c) = C'(c) = 0``: the features reach 0 with a horizontal tangent.
+    `C(c) = C'(c) = 0`: the features reach 0 with a horizontal tangent.
     """
     inside = d < cutoff
     return torch.where(inside, 0.5 * (torch.cos(d * (math.pi / cutoff)) + 1.0), torch.zeros_like(d))
 
 
 def polynomial_envelope(x: Tensor, p: int = 6) -> Tensor:
-    """DimeNet's envelope ``u(x) = 1 − (p+1)(p+2)/2·x^p + p(p+2)·x^{p+1} − p(p+1)/2·x^{p+2}``
-    for ``x = d/c < 1``, 0 beyond (Gasteiger et al. 2020, eq. 8; ``p = 6``).
+    """DimeNet's envelope `u(x) = 1 − (p+1)(p+2)/2·x^p + p(p+2)·x^{p+1} − p(p+1)/2·x^{p+2}`
+    for `x = d/c < 1`, 0 beyond (Gasteiger et al. 2020, eq. 8; `p = 6`).
 
-    ``u(0) = 1`` and ``u(1) = u'(1) = u''(1) = 0`` for every ``p ≥ 1``.
+    `u(0) = 1` and `u(1) = u'(1) = u''(1) = 0` for every `p ≥ 1`.
     """
     a, b, c = -(p + 1) * (p + 2) / 2.0, float(p * (p + 2)), -p * (p + 1) / 2.0
     xp = x ** p
@@ -48,16 +48,16 @@ def polynomial_envelope(x: Tensor, p: int = 6) -> Tensor:
 
 
 def gaussian_rbf(d: Tensor, centers: Tensor, gamma: float) -> Tensor:
-    """SchNet's ``e_k(d) = exp(−γ (d − μ_k)²)``, ``[*d.shape, K]`` (Schütt et al. 2017, eq. 5)."""
+    """SchNet's `e_k(d) = exp(−γ (d − μ_k)²)`, `[*d.shape, K]` (Schütt et al. 2017, eq. 5)."""
     return torch.exp(-gamma * (d.unsqueeze(-1) - centers) ** 2)
 
 
 def bessel_rbf(d: Tensor, cutoff: float, num_radial: int) -> Tensor:
-    """DimeNet's ``e_n(d) = √(2/c) · sin(nπd/c) / d``, ``n = 1 … N``, ``[*d.shape, N]``.
+    """DimeNet's `e_n(d) = √(2/c) · sin(nπd/c) / d`, `n = 1 … N`, `[*d.shape, N]`.
 
     Gasteiger et al. 2020, eq. 7 (without the envelope): the spherical Bessel functions
-    ``j_0`` with zeros at the cutoff, orthonormal on ``[0, c]`` with weight ``d²``. At ``d = 0``
-    the limit ``√(2/c)·nπ/c`` (finite, gradient finite).
+    `j_0` with zeros at the cutoff, orthonormal on `[0, c]` with weight `d²`. At `d = 0`
+    the limit `√(2/c)·nπ/c` (finite, gradient finite).
     """
     n = torch.arange(1, num_radial + 1, dtype=d.dtype, device=d.device) * (math.pi / cutoff)
     x = d.unsqueeze(-1)
@@ -74,7 +74,7 @@ def _check(name: str, num_heads: int, count_arg: str, count: int, cutoff: float)
 
 
 class _RadialBias(SavesSettings, DistanceFeatureBias):
-    """``Σ_k W[h, k] e_k(d)`` over a fixed radial basis ``e`` (subclasses define :meth:`basis`)."""
+    """`Σ_k W[h, k] e_k(d)` over a fixed radial basis `e` (subclasses define [`basis`][mmpe.encodings.radial_basis._RadialBias.basis])."""
 
     def __init__(self, num_heads: int, num_features: int) -> None:
         super().__init__()
@@ -82,7 +82,7 @@ class _RadialBias(SavesSettings, DistanceFeatureBias):
         self.weight = nn.Parameter(torch.randn(num_heads, num_features) / math.sqrt(num_features))
 
     def basis(self, d: Tensor) -> Tensor:  # pragma: no cover - abstract
-        """The features ``[*d.shape, K]`` (cutoff included)."""
+        """The features `[*d.shape, K]` (cutoff included)."""
         raise NotImplementedError
 
     def parameters_f32(self) -> dict[str, Tensor]:
@@ -100,25 +100,25 @@ class _RadialBias(SavesSettings, DistanceFeatureBias):
           "learning architecture for molecules and materials (J. Chem. Phys.), cosine cutoff",
     context=("num_heads",))
 class RadialGaussianBias(_RadialBias):
-    """``score + Σ_k W[h, k] · exp(−γ (d − μ_k)²) · C(d)``: SchNet's Gaussian RBF, cosine cutoff.
+    """`score + Σ_k W[h, k] · exp(−γ (d − μ_k)²) · C(d)`: SchNet's Gaussian RBF, cosine cutoff.
 
-    SchNet expands interatomic distances in Gaussians on a grid of centres ``μ_k`` (0.1 Å apart,
-    ``γ = 10 Å⁻²``; Schütt et al. 2017 eq. 5) and, in SchNet 2018, multiplies by the cosine
-    cutoff ``C(d) = ½(cos(πd/c) + 1)`` (0 beyond ``c``; :func:`cosine_cutoff`). Here the centres
-    are ``μ_k = k·c/(K − 1)``, ``k = 0 … K−1`` (50 centres up to 5 Å: ≈ 0.1 Å apart), and the
-    features go to a bias per head through ``W`` (learned, no constant).
+    SchNet expands interatomic distances in Gaussians on a grid of centres `μ_k` (0.1 Å apart,
+    `γ = 10 Å⁻²`; Schütt et al. 2017 eq. 5) and, in SchNet 2018, multiplies by the cosine
+    cutoff `C(d) = ½(cos(πd/c) + 1)` (0 beyond `c`; [`cosine_cutoff`][mmpe.encodings.radial_basis.cosine_cutoff]). Here the centres
+    are `μ_k = k·c/(K − 1)`, `k = 0 … K−1` (50 centres up to 5 Å: ≈ 0.1 Å apart), and the
+    features go to a bias per head through `W` (learned, no constant).
 
     Args:
-        num_heads: ``n_h``.
-        num_basis: ``K`` centres.
-        cutoff: ``c`` in the coordinates' unit (5 Å).
-        gamma: ``γ`` in unit⁻² (10 Å⁻²).
+        num_heads: `n_h`.
+        num_basis: `K` centres.
+        cutoff: `c` in the coordinates' unit (5 Å).
+        gamma: `γ` in unit⁻² (10 Å⁻²).
 
-    Units: ``d``, ``μ``, ``c`` in the coordinates' unit; ``γ`` in its inverse square.
+    Units: `d`, `μ`, `c` in the coordinates' unit; `γ` in its inverse square.
 
     Raises:
-        ValueError: non-positive ``num_heads``, ``num_basis``, ``cutoff`` or ``gamma``.
-        TypeError: coordinates without a distance (``Metric``).
+        ValueError: non-positive `num_heads`, `num_basis`, `cutoff` or `gamma`.
+        TypeError: coordinates without a distance (`Metric`).
     """
 
     saved_settings = ("cutoff", "gamma")
@@ -131,7 +131,7 @@ class RadialGaussianBias(_RadialBias):
         self.num_basis, self.cutoff, self.gamma = num_basis, float(cutoff), float(gamma)
 
     def centers(self, device: torch.device | None = None) -> Tensor:
-        """``μ_k = k·c/(K − 1)`` ``[K]`` float32 (coordinate units)."""
+        """`μ_k = k·c/(K − 1)` `[K]` float32 (coordinate units)."""
         return torch.linspace(0.0, self.cutoff, self.num_basis, device=device)
 
     def basis(self, d: Tensor) -> Tensor:
@@ -147,26 +147,26 @@ class RadialGaussianBias(_RadialBias):
           "DimeNet), eq. 7-8",
     context=("num_heads",))
 class RadialBesselBias(_RadialBias):
-    """``score + Σ_n W[h, n] · u(d/c) · √(2/c) · sin(nπd/c)/d``: DimeNet's radial Bessel basis.
+    """`score + Σ_n W[h, n] · u(d/c) · √(2/c) · sin(nπd/c)/d`: DimeNet's radial Bessel basis.
 
     DimeNet (Gasteiger et al. 2020) represents a distance by the 0-th order spherical Bessel
-    functions with their zeros at the cutoff ``c`` (eq. 7, :func:`bessel_rbf`), ``n = 1 … N``,
-    times the polynomial envelope ``u`` of eq. 8 (:func:`polynomial_envelope`, ``p = 6``), which
-    is 1 at 0 and reaches 0 at ``c`` with vanishing first and second derivatives: the bias is
+    functions with their zeros at the cutoff `c` (eq. 7, [`bessel_rbf`][mmpe.encodings.radial_basis.bessel_rbf]), `n = 1 … N`,
+    times the polynomial envelope `u` of eq. 8 ([`polynomial_envelope`][mmpe.encodings.radial_basis.polynomial_envelope], `p = 6`), which
+    is 1 at 0 and reaches 0 at `c` with vanishing first and second derivatives: the bias is
     twice continuously differentiable in the positions and 0 beyond the cutoff. The frequencies
-    ``nπ/c`` are fixed here (DimeNet's code also trains them).
+    `nπ/c` are fixed here (DimeNet's code also trains them).
 
     Args:
-        num_heads: ``n_h``.
-        num_radial: ``N`` (6 in DimeNet).
-        cutoff: ``c`` in the coordinates' unit (5 Å).
-        envelope_p: ``p`` of eq. 8 (6; DimeNet's code passes ``envelope_exponent = p − 1``).
+        num_heads: `n_h`.
+        num_radial: `N` (6 in DimeNet).
+        cutoff: `c` in the coordinates' unit (5 Å).
+        envelope_p: `p` of eq. 8 (6; DimeNet's code passes `envelope_exponent = p − 1`).
 
-    Units: ``d`` and ``c`` in the coordinates' unit; ``e_n`` in unit^(−3/2).
+    Units: `d` and `c` in the coordinates' unit; `e_n` in unit^(−3/2).
 
     Raises:
-        ValueError: non-positive ``num_heads``, ``num_radial``, ``cutoff`` or ``envelope_p``.
-        TypeError: coordinates without a distance (``Metric``).
+        ValueError: non-positive `num_heads`, `num_radial`, `cutoff` or `envelope_p`.
+        TypeError: coordinates without a distance (`Metric`).
     """
 
     saved_settings = ("cutoff", "envelope_p")

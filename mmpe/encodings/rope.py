@@ -23,10 +23,10 @@ from mmpe.validation import check_finite_float, check_int
 
 
 def rope_inv_freq(rotary_dim: int, base: float = 10000.0) -> Tensor:
-    """``θ_i = base^(−2i/d)`` for ``i = 0 … d/2−1``, float64 (radians per token).
+    """`θ_i = base^(−2i/d)` for `i = 0 … d/2−1`, float64 (radians per token).
 
     Raises:
-        TypeError/ValueError: ``rotary_dim`` not a positive even int, ``base`` not a finite
+        TypeError/ValueError: `rotary_dim` not a positive even int, `base` not a finite
             number > 1.
     """
     if not torch.compiler.is_compiling():  # checked eagerly; a traced base may be symbolic
@@ -40,11 +40,11 @@ def rope_inv_freq(rotary_dim: int, base: float = 10000.0) -> Tensor:
 
 def rope_cos_sin(positions: Tensor, inv_freq: Tensor, scale: float = 1.0,
                  dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
-    """``cos(m·θ_i)`` and ``sin(m·θ_i)`` for positions ``m``, each ``[*positions.shape, d/2]``.
+    """`cos(m·θ_i)` and `sin(m·θ_i)` for positions `m`, each `[*positions.shape, d/2]`.
 
-    The phase ``m·θ`` is formed and reduced modulo 2π in float64, then cos/sin (times
-    ``scale``) are rounded once to ``dtype`` (float32 by default; :func:`rotation_dtype` gives
-    the one :class:`RoPE` uses for a given input). Building positions in the input's dtype
+    The phase `m·θ` is formed and reduced modulo 2π in float64, then cos/sin (times
+    `scale`) are rounded once to `dtype` (float32 by default; [`rotation_dtype`][mmpe.encodings.rope.rotation_dtype] gives
+    the one [`RoPE`][mmpe.encodings.rope.RoPE] uses for a given input). Building positions in the input's dtype
     would round them (bf16 turns 257 into 256), and a float32 phase is off by ~0.5 rad at
     m = 10⁷.
     """
@@ -59,19 +59,19 @@ LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
 def rotation_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype of the cos/sin tables (and so of the arithmetic, see :func:`apply_rotary`) with
-    which RoPE rotates a tensor of ``dtype``.
+    """The dtype of the cos/sin tables (and so of the arithmetic, see [`apply_rotary`][mmpe.encodings.rope.apply_rotary]) with
+    which RoPE rotates a tensor of `dtype`.
 
     bfloat16 and float16 are rotated in their own dtype: the output is rounded to that dtype
     anyway, and rotating in it reads and writes half the bytes with no float32 copy of
-    ``q``/``k`` (HF transformers does the same). The price is two more roundings (the table's
+    `q`/`k` (HF transformers does the same). The price is two more roundings (the table's
     and one product's). Measured against a float64 rotation of the same input values
-    (``tests/test_rope_dtype.py``, which bounds it by 1.0 and 0.5; ``benchmarks/bench_text.py``
+    (`tests/test_rope_dtype.py`, which bounds it by 1.0 and 0.5; `benchmarks/bench_text.py`
     prints it): max |error| / (eps · max |x|) 0.67–0.81 and ‖error‖ / (eps · ‖out‖) ≤ 0.36 for
     bf16, fp16 and float32 alike, against 0.29–0.56 and ~0.2 when bf16/fp16 are rotated in
-    float32 and rounded once (still what :func:`apply_rotary` does given float32 tables).
+    float32 and rounded once (still what [`apply_rotary`][mmpe.encodings.rope.apply_rotary] does given float32 tables).
     float64 stays float64; float32 and every other dtype use float32. The phases are always
-    formed in float64 (:func:`rope_cos_sin`), so positions far out lose nothing.
+    formed in float64 ([`rope_cos_sin`][mmpe.encodings.rope.rope_cos_sin]), so positions far out lose nothing.
     """
     if dtype in LOW_PRECISION or dtype == torch.float64:
         return dtype
@@ -80,30 +80,30 @@ def rotation_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False,
                  layout: str = "bhsd") -> Tensor:
-    """Rotate the first ``2·cos.shape[-1]`` channels of ``x`` pairwise.
+    """Rotate the first `2·cos.shape[-1]` channels of `x` pairwise.
 
-    ``x`` is ``[b, n_h, s, h_d]`` (``layout="bhsd"``, PyTorch's SDPA/FlexAttention layout) or
-    ``[b, s, n_h, h_d]`` (``layout="bshd"``, flash-attn's and HF's projection layout);
-    ``cos``/``sin`` are ``[s, r/2]`` or ``[b, s, r/2]`` (or already broadcastable to ``x``'s
-    rank). With ``interleaved`` the pairs are channels ``(2i, 2i+1)`` (RoFormer, GPT-J);
-    otherwise ``(i, i + r/2)`` (GPT-NeoX, Llama, HF). Returns a new tensor of ``x``'s shape and
-    dtype (the channels past ``r`` copied unchanged).
+    `x` is `[b, n_h, s, h_d]` (`layout="bhsd"`, PyTorch's SDPA/FlexAttention layout) or
+    `[b, s, n_h, h_d]` (`layout="bshd"`, flash-attn's and HF's projection layout);
+    `cos`/`sin` are `[s, r/2]` or `[b, s, r/2]` (or already broadcastable to `x`'s
+    rank). With `interleaved` the pairs are channels `(2i, 2i+1)` (RoFormer, GPT-J);
+    otherwise `(i, i + r/2)` (GPT-NeoX, Llama, HF). Returns a new tensor of `x`'s shape and
+    dtype (the channels past `r` copied unchanged).
 
-    Arithmetic dtype: the wider of ``x.dtype`` and the tables' dtype, then cast back to
-    ``x.dtype``. float32 tables (what :func:`rope_cos_sin` returns by default) therefore rotate
+    Arithmetic dtype: the wider of `x.dtype` and the tables' dtype, then cast back to
+    `x.dtype`. float32 tables (what [`rope_cos_sin`][mmpe.encodings.rope.rope_cos_sin] returns by default) therefore rotate
     bf16/fp16 inputs in float32, as before; tables in the input's own dtype (what
-    :class:`RoPE` passes, see :func:`rotation_dtype`) rotate it in that dtype, without a float32
+    [`RoPE`][mmpe.encodings.rope.RoPE] passes, see [`rotation_dtype`][mmpe.encodings.rope.rotation_dtype]) rotate it in that dtype, without a float32
     copy. Same results either way up to rounding in the arithmetic dtype.
 
-    Paths (same formula ``(x₁ cos − x₂ sin, x₂ cos + x₁ sin)``): interleaved float32/float64
-    inputs multiply by ``cos + i·sin`` as complex numbers (one pass, differentiable); without
+    Paths (same formula `(x₁ cos − x₂ sin, x₂ cos + x₁ sin)`): interleaved float32/float64
+    inputs multiply by `cos + i·sin` as complex numbers (one pass, differentiable); without
     autograd the products are written into one output tensor (no temporaries); under autograd,
-    under ``torch.compile`` (inductor fuses it) and when the tables are wider than ``x`` the
+    under `torch.compile` (inductor fuses it) and when the tables are wider than `x` the
     plain out-of-place formula is used.
 
     Raises:
-        ValueError: an unknown ``layout``, ``x`` not rank 4, or more rotated channels than
-            ``x`` has.
+        ValueError: an unknown `layout`, `x` not rank 4, or more rotated channels than
+            `x` has.
     """
     if layout not in ("bhsd", "bshd"):
         raise ValueError(f"apply_rotary: layout must be 'bhsd' or 'bshd', got {layout!r}")
@@ -132,9 +132,9 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False,
 
 def rotate_qk(q: Tensor, k: Tensor, qcos: Tensor, qsin: Tensor, kcos: Tensor, ksin: Tensor,
               interleaved: bool = False) -> tuple[Tensor, Tensor]:
-    """:func:`apply_rotary` of ``q`` and of ``k`` (layout ``bhsd``).
+    """[`apply_rotary`][mmpe.encodings.rope.apply_rotary] of `q` and of `k` (layout `bhsd`).
 
-    On CUDA, outside ``torch.compile``, both rotations run as one compiled function (inductor
+    On CUDA, outside `torch.compile`, both rotations run as one compiled function (inductor
     fuses each into a single read and write of the tensor, forward and backward): eagerly a
     rotation is several small kernels (halves, products, casts, a concatenation), 1.4 ms
     against a 13 µs bandwidth floor at n = 4,096 on an H200. Elsewhere, and where compiling
@@ -164,15 +164,15 @@ def _rotate_qk_eager(q: Tensor, k: Tensor, qcos: Tensor, qsin: Tensor, kcos: Ten
 
 
 def _complex_view_ok(x: Tensor, half: int) -> bool:
-    """Whether ``x[..., :2·half]`` can be viewed as ``half`` complex numbers per row
-    (``view_as_complex`` needs unit channel stride, even other strides and an even offset)."""
+    """Whether `x[..., :2·half]` can be viewed as `half` complex numbers per row
+    (`view_as_complex` needs unit channel stride, even other strides and an even offset)."""
     outer = [st for st, n in zip(x.stride()[:-1], x.shape[:-1], strict=True) if n > 1]
     return x.stride(-1) == 1 and x.storage_offset() % 2 == 0 and all(st % 2 == 0 for st in outer)
 
 
 def _rotate_complex(x: Tensor, cos: Tensor, sin: Tensor, half: int) -> Tensor:
-    """Interleaved pairs ``(2i, 2i+1)`` as complex numbers times ``cos + i·sin``: one read and
-    one write of ``x`` (float32/float64 only: complex32 kernels are missing on the CPU)."""
+    """Interleaved pairs `(2i, 2i+1)` as complex numbers times `cos + i·sin`: one read and
+    one write of `x` (float32/float64 only: complex32 kernels are missing on the CPU)."""
     rot = x[..., : 2 * half]
     pairs = torch.view_as_complex(rot.unflatten(-1, (half, 2)))
     out = torch.view_as_real(pairs * torch.complex(cos, sin)).flatten(-2)
@@ -182,13 +182,13 @@ def _rotate_complex(x: Tensor, cos: Tensor, sin: Tensor, half: int) -> Tensor:
 
 
 def _rotate_into(x: Tensor, cos: Tensor, sin: Tensor, half: int, interleaved: bool) -> Tensor:
-    """The rotation written into one new tensor (no autograd): ``o₁ = x₁ cos``, then
-    ``o₁ −= x₂ sin`` (the second product and the difference rounded once, in the arithmetic
-    dtype), likewise ``o₂``; no concatenation.
+    """The rotation written into one new tensor (no autograd): `o₁ = x₁ cos`, then
+    `o₁ −= x₂ sin` (the second product and the difference rounded once, in the arithmetic
+    dtype), likewise `o₂`; no concatenation.
 
     Half-split pairs work on the two contiguous halves. Interleaved pairs would be read with a
     stride of 2, which the CPU kernels do not vectorise (4× slower in bf16), so they use
-    full-width tables instead: ``o = x·[c, c] + swap(x)·[−s, s]`` with ``swap`` exchanging
+    full-width tables instead: `o = x·[c, c] + swap(x)·[−s, s]` with `swap` exchanging
     the channels of each pair (one copy) — the same two roundings per element.
     """
     out = torch.empty_like(x)
@@ -211,7 +211,7 @@ def _rotate_into(x: Tensor, cos: Tensor, sin: Tensor, half: int, interleaved: bo
 
 def _rotate_functional(x: Tensor, cos: Tensor, sin: Tensor, half: int, interleaved: bool,
                        work: torch.dtype) -> Tensor:
-    """Out-of-place form (autograd, ``torch.compile``, tables wider than ``x``)."""
+    """Out-of-place form (autograd, `torch.compile`, tables wider than `x`)."""
     rot = x[..., : 2 * half].to(work)
     if interleaved:
         pairs = rearrange(rot, "... (r two) -> ... r two", two=2)
@@ -230,9 +230,9 @@ def _rotate_functional(x: Tensor, cos: Tensor, sin: Tensor, half: int, interleav
 
 
 def same_positions(a: Tensor, b: Tensor) -> bool:
-    """Whether ``a`` and ``b`` are views of the same memory with the same shape and strides
+    """Whether `a` and `b` are views of the same memory with the same shape and strides
     (so hold the same values) — e.g. a grid's or an uncached sequence's query and key
-    positions. Compares metadata only (no device read); always False under ``torch.compile``,
+    positions. Compares metadata only (no device read); always False under `torch.compile`,
     where fake tensors have no addresses (the compiler shares the work itself)."""
     if torch.compiler.is_compiling():
         return False
@@ -247,28 +247,28 @@ def same_positions(a: Tensor, b: Tensor) -> bool:
 class RoPE(SavesSettings, RotaryEncoding):
     """Rotary position embedding (Su et al. 2021, eq. 34).
 
-    Each channel pair ``(x_{2i}, x_{2i+1})`` of a query at position ``m`` is rotated by the angle
-    ``m·θ_i`` with ``θ_i = base^(−2i/d)`` (radians per token), keys likewise at ``n``; the score
-    ``q_mᵀ k_n`` then depends on positions only through ``m − n``.
+    Each channel pair `(x_{2i}, x_{2i+1})` of a query at position `m` is rotated by the angle
+    `m·θ_i` with `θ_i = base^(−2i/d)` (radians per token), keys likewise at `n`; the score
+    `q_mᵀ k_n` then depends on positions only through `m − n`.
 
     Args:
-        head_dim: ``h_d`` of the queries and keys.
+        head_dim: `h_d` of the queries and keys.
         base: frequency base (10000 in the paper; 500000 in Llama 3).
-        rotary_dim: channels rotated (even, ≤ ``head_dim``; partial rotary as in GPT-NeoX);
-            defaults to ``head_dim``.
+        rotary_dim: channels rotated (even, ≤ `head_dim`; partial rotary as in GPT-NeoX);
+            defaults to `head_dim`.
         interleaved: pair adjacent channels as in the paper (True) or split halves as in
             GPT-NeoX / Llama / HF transformers (False, default).
 
-    Shapes: ``forward(q [b, n_h, n_q, h_d], k [b, n_h, n_k, h_d], coords) -> (q, k)`` in the
-    inputs' dtype. Queries use ``coords.query_positions``, keys ``coords.key_positions`` (so a
-    cached decoder rotates new queries at ``offset + i``).
+    Shapes: `forward(q [b, n_h, n_q, h_d], k [b, n_h, n_k, h_d], coords) -> (q, k)` in the
+    inputs' dtype. Queries use `coords.query_positions`, keys `coords.key_positions` (so a
+    cached decoder rotates new queries at `offset + i`).
 
     Raises:
-        ValueError: odd ``rotary_dim``/``head_dim``, ``rotary_dim > head_dim``, ``base <= 1``,
-            or q/k that are not rank 4 with ``h_d = head_dim``.
+        ValueError: odd `rotary_dim`/`head_dim`, `rotary_dim > head_dim`, `base <= 1`,
+            or q/k that are not rank 4 with `h_d = head_dim`.
 
-    Subclasses (position interpolation, NTK, YaRN …) override :meth:`inv_freq` and
-    :attr:`attention_scaling`.
+    Subclasses (position interpolation, NTK, YaRN …) override [`inv_freq`][mmpe.encodings.rope.RoPE.inv_freq] and
+    `attention_scaling`.
     """
 
     #: what changes the rotation without being a tensor: saved in the state_dict and checked
@@ -300,9 +300,9 @@ class RoPE(SavesSettings, RotaryEncoding):
         self._cache: RopeTables | None = None
 
     def inv_freq(self, seq_len: int) -> Tensor:
-        """Angular frequencies ``θ_i`` (radians per token), float64, ``[rotary_dim/2]``.
+        """Angular frequencies `θ_i` (radians per token), float64, `[rotary_dim/2]`.
 
-        ``seq_len`` (tokens seen by this call) lets dynamic scaling methods adapt.
+        `seq_len` (tokens seen by this call) lets dynamic scaling methods adapt.
         """
         return rope_inv_freq(self.rotary_dim, self.base)  # rotary_dim/2 values: not worth a cache
 
@@ -317,16 +317,16 @@ class RoPE(SavesSettings, RotaryEncoding):
 
     def cos_sin(self, positions: Tensor, inv_freq: Tensor, top: int,
                 dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
-        """``cos``/``sin`` ``[*positions.shape, rotary_dim/2]`` in ``dtype`` of integer
-        ``positions`` (``top`` = max position + 1), gathered from a cached table.
+        """`cos`/`sin` `[*positions.shape, rotary_dim/2]` in `dtype` of integer
+        `positions` (`top` = max position + 1), gathered from a cached table.
 
-        The table covers positions ``0 … size−1`` (a power of two ≥ ``top``, ≥ 256), is built
-        by :func:`rope_cos_sin` (float64 phases, one rounding to ``dtype``) and is kept per
-        ``dtype``. It is rebuilt when anything it depends on changes: the frequencies
-        ``inv_freq`` (compared by value, so every setting that changes them — ``base``,
-        ``rotary_dim``, a scaling's factors, a dynamic length — invalidates it),
-        :meth:`freq_key`, :attr:`attention_scaling`, the device, or a larger ``top``.
-        Float positions, positions past :attr:`cache_limit` and compiled graphs (no side
+        The table covers positions `0 … size−1` (a power of two ≥ `top`, ≥ 256), is built
+        by [`rope_cos_sin`][mmpe.encodings.rope.rope_cos_sin] (float64 phases, one rounding to `dtype`) and is kept per
+        `dtype`. It is rebuilt when anything it depends on changes: the frequencies
+        `inv_freq` (compared by value, so every setting that changes them — `base`,
+        `rotary_dim`, a scaling's factors, a dynamic length — invalidates it),
+        [`freq_key`][mmpe.encodings.rope.RoPE.freq_key], `attention_scaling`, the device, or a larger `top`.
+        Float positions, positions past `cache_limit` and compiled graphs (no side
         effects there) compute cos/sin directly, bit-identical to the table.
         """
         scale = self.attention_scaling
@@ -370,11 +370,11 @@ class RoPE(SavesSettings, RotaryEncoding):
 
 
 class RopeTables:
-    """One RoPE cos/sin table (positions ``0 … size−1``), materialised per dtype on demand.
+    """One RoPE cos/sin table (positions `0 … size−1`), materialised per dtype on demand.
 
-    ``key`` and ``inv_freq`` (float64 ``[r/2]``) identify what the table was built from;
-    :meth:`serves` says whether it is still valid, :meth:`get` returns ``(cos, sin)``
-    ``[size, r/2]`` in a dtype, built from float64 phases the first time that dtype is asked
+    `key` and `inv_freq` (float64 `[r/2]`) identify what the table was built from;
+    [`serves`][mmpe.encodings.rope.RopeTables.serves] says whether it is still valid, `get` returns `(cos, sin)`
+    `[size, r/2]` in a dtype, built from float64 phases the first time that dtype is asked
     for (so bf16 tables are rounded once from float64, not from float32).
     """
 
@@ -386,7 +386,7 @@ class RopeTables:
         self.tables: dict[torch.dtype, tuple[Tensor, Tensor]] = {}
 
     def serves(self, key: tuple, inv_freq: Tensor, top: int) -> bool:
-        """Whether the table holds positions ``< top`` for ``key`` and these frequencies."""
+        """Whether the table holds positions `< top` for `key` and these frequencies."""
         return (self.key == key and self.size >= top and self.inv_freq.shape == inv_freq.shape
                 and self.inv_freq.device == inv_freq.device
                 and torch.equal(self.inv_freq, inv_freq))

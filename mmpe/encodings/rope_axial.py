@@ -26,16 +26,16 @@ GRID_INDEXINGS = ("ij", "xy")
 
 def axial_phase(positions: Tensor, head_dim: int, base: float = 10000.0,
                 grid_indexing: str = "ij") -> Tensor:
-    """Rotation angle of every channel pair, ``[n, head_dim/2]`` float64 (radians).
+    """Rotation angle of every channel pair, `[n, head_dim/2]` float64 (radians).
 
-    ``positions`` ``[n, A]`` (or ``[b, n, A]``). Pair ``j`` of axis block ``a`` (``head_dim/(2A)``
-    pairs each) turns by ``p_a · θ_j`` with ``θ_j = base^(−2j/(head_dim/A))`` — 1D RoPE over
-    ``head_dim/A`` channels per axis. ``grid_indexing="ij"`` takes the blocks in the axes' order
-    (rows first in 2D); ``"xy"`` swaps the first two axes (columns first: timm's
-    ``grid_indexing="xy"``, ``torch.meshgrid(indexing="xy")``); with one axis both are the same.
+    `positions` `[n, A]` (or `[b, n, A]`). Pair `j` of axis block `a` (`head_dim/(2A)`
+    pairs each) turns by `p_a · θ_j` with `θ_j = base^(−2j/(head_dim/A))` — 1D RoPE over
+    `head_dim/A` channels per axis. `grid_indexing="ij"` takes the blocks in the axes' order
+    (rows first in 2D); `"xy"` swaps the first two axes (columns first: timm's
+    `grid_indexing="xy"`, `torch.meshgrid(indexing="xy")`); with one axis both are the same.
 
     Raises:
-        ValueError: ``head_dim`` not divisible by ``2·A``, ``grid_indexing`` not ``"ij"``/``"xy"``.
+        ValueError: `head_dim` not divisible by `2·A`, `grid_indexing` not `"ij"`/`"xy"`.
     """
     axes = positions.shape[-1]
     if head_dim <= 0 or head_dim % (2 * axes):
@@ -60,50 +60,50 @@ def axial_phase(positions: Tensor, head_dim: int, base: float = 10000.0,
 class AxialRoPE(SavesSettings, RotaryEncoding):
     """RoPE on each grid axis over its own share of the head dimension (RoPE-Axial).
 
-    With ``A`` axes each axis owns ``h_d/A`` channels (``h_d/(2A)`` rotation pairs). Pair ``j``
-    of the ``a``-th block rotates by ``p_a·θ_j``, ``θ_j = base^(−2j/(h_d/A))`` (2D:
-    ``base^(−4j/h_d)``, ``j < h_d/4``). Which coordinate the blocks take is ``grid_indexing``:
+    With `A` axes each axis owns `h_d/A` channels (`h_d/(2A)` rotation pairs). Pair `j`
+    of the `a`-th block rotates by `p_a·θ_j`, `θ_j = base^(−2j/(h_d/A))` (2D:
+    `base^(−4j/h_d)`, `j < h_d/4`). Which coordinate the blocks take is `grid_indexing`:
 
-    * ``"ij"`` (default): the grid's axes in order — in 2D the first ``h_d/4`` pairs rotate by
-      the row ``p_y·θ_j``, the next ``h_d/4`` by the column ``p_x·θ_j`` (video: t, h, w).
-    * ``"xy"``: the first two axes swapped, as ``torch.meshgrid(indexing="xy")`` and timm's
-      ``grid_indexing="xy"`` — in 2D the first ``h_d/4`` pairs rotate by the column ``p_x``,
-      the next by the row ``p_y`` (video: w, h, t). This is RoPE-ViT's axis order (Heo et al.
-      2024, eq. 9: the official ``compute_axial_cis`` puts ``t_x = t mod W`` first), that of
-      timm's ``vit_*_patch16_rope_*`` and PE models (timm's DINOv3 port uses ``"ij"``).
+    * `"ij"` (default): the grid's axes in order — in 2D the first `h_d/4` pairs rotate by
+      the row `p_y·θ_j`, the next `h_d/4` by the column `p_x·θ_j` (video: t, h, w).
+    * `"xy"`: the first two axes swapped, as `torch.meshgrid(indexing="xy")` and timm's
+      `grid_indexing="xy"` — in 2D the first `h_d/4` pairs rotate by the column `p_x`,
+      the next by the row `p_y` (video: w, h, t). This is RoPE-ViT's axis order (Heo et al.
+      2024, eq. 9: the official `compute_axial_cis` puts `t_x = t mod W` first), that of
+      timm's `vit_*_patch16_rope_*` and PE models (timm's DINOv3 port uses `"ij"`).
 
     The score of two patches depends on their positions only through the per-axis offsets.
     Positions are the grid's (cell index × scale); prefix tokens sit at 0 and are not rotated
     (as timm leaves its prefix tokens).
 
     Equals timm's ``RotaryEmbeddingCat(dim=h_d, in_pixels=False, temperature=base,
-    grid_indexing=grid_indexing, rotate_half=not interleaved)`` (index grid, ``grid_offset=0``,
-    no ``ref_feat_shape``) applied with ``apply_rot_embed_cat(..., half=not interleaved)``:
-    timm's bands ``freq_bands(h_d/4, temperature, step=1) = temperature^(−j/(h_d/4))`` are
-    ``θ_j`` above, its ``[x bands, y bands]`` per-token layout is the block order
-    (``tests/test_rope_axial_timm.py``). timm's RoPE-ViT (``vit_small_patch16_rope_224``) is
-    ``grid_indexing="xy", base=100, interleaved=True``.
+    grid_indexing=grid_indexing, rotate_half=not interleaved)` (index grid, `grid_offset=0``,
+    no `ref_feat_shape`) applied with `apply_rot_embed_cat(..., half=not interleaved)`:
+    timm's bands `freq_bands(h_d/4, temperature, step=1) = temperature^(−j/(h_d/4))` are
+    `θ_j` above, its `[x bands, y bands]` per-token layout is the block order
+    (`tests/test_rope_axial_timm.py`). timm's RoPE-ViT (`vit_small_patch16_rope_224`) is
+    `grid_indexing="xy", base=100, interleaved=True`.
 
     Args:
-        head_dim: ``h_d``, divisible by ``2·A`` (4 for images, 6 for video).
-        base: frequency base (timm's ``temperature``; 10000, RoPE-ViT uses 100).
-        interleaved: rotate channel pairs ``(2i, 2i+1)`` (timm's default, RoPE-ViT's complex
-            pairs) or ``(i, i + h_d/2)`` (default; timm's ``rotate_half=True``).
-        num_axes: if given, checks ``head_dim`` at construction; otherwise at forward.
-        grid_indexing: ``"ij"`` (default, axes in order: rows first) or ``"xy"`` (the first two
+        head_dim: `h_d`, divisible by `2·A` (4 for images, 6 for video).
+        base: frequency base (timm's `temperature`; 10000, RoPE-ViT uses 100).
+        interleaved: rotate channel pairs `(2i, 2i+1)` (timm's default, RoPE-ViT's complex
+            pairs) or `(i, i + h_d/2)` (default; timm's `rotate_half=True`).
+        num_axes: if given, checks `head_dim` at construction; otherwise at forward.
+        grid_indexing: `"ij"` (default, axes in order: rows first) or `"xy"` (the first two
             axes swapped: columns first, timm's RoPE-ViT); see above.
 
-    Shapes: ``forward(q [b, n_h, n, h_d], k [b, n_h, n, h_d], grid) -> (q, k)`` in the inputs'
+    Shapes: `forward(q [b, n_h, n, h_d], k [b, n_h, n, h_d], grid) -> (q, k)` in the inputs'
     dtype; bf16/fp16 are rotated in their own dtype with tables rounded once from float64
-    phases (:func:`~mmpe.encodings.rope.rotation_dtype`, error measured there).
+    phases ([`rotation_dtype`][mmpe.encodings.rope.rotation_dtype], error measured there).
 
-    Checkpoints: ``base`` and ``interleaved`` are saved with the state_dict, and
-    ``grid_indexing`` when it is ``"xy"`` (a state_dict without it is ``"ij"``, so checkpoints
+    Checkpoints: `base` and `interleaved` are saved with the state_dict, and
+    `grid_indexing` when it is `"xy"` (a state_dict without it is `"ij"`, so checkpoints
     saved before the option load unchanged); a mismatch is a load error naming both values.
 
     Raises:
-        ValueError: ``head_dim`` not divisible by ``2·axes`` (naming both), ``grid_indexing``
-            not ``"ij"``/``"xy"``, bad q/k shapes.
+        ValueError: `head_dim` not divisible by `2·axes` (naming both), `grid_indexing`
+            not `"ij"`/`"xy"`, bad q/k shapes.
     """
 
     saved_settings = ("base", "interleaved")  # num_axes is checked against the coordinates
@@ -131,7 +131,7 @@ class AxialRoPE(SavesSettings, RotaryEncoding):
         self._cache: dict[tuple, tuple[Tensor, Tensor, tuple[int, int]]] = {}
 
     def function_settings(self) -> dict[str, Any]:
-        """``base``, ``interleaved`` and, when not the default ``"ij"``, ``grid_indexing``."""
+        """`base`, `interleaved` and, when not the default `"ij"`, `grid_indexing`."""
         out = super().function_settings()
         if self.grid_indexing != "ij":  # absent = "ij": state_dicts from before the option load
             out["grid_indexing"] = self.grid_indexing
@@ -156,8 +156,8 @@ class AxialRoPE(SavesSettings, RotaryEncoding):
     cache_size = 8
 
     def phase(self, coords: Coordinates, keys: bool = False, n_keys: int | None = None) -> Tensor:
-        """``[n, h_d/2]`` (or ``[b, n, h_d/2]``) rotation angles of the query (or the last
-        ``n_keys`` key) tokens (float64, radians)."""
+        """`[n, h_d/2]` (or `[b, n, h_d/2]`) rotation angles of the query (or the last
+        `n_keys` key) tokens (float64, radians)."""
         pos = newest_key_positions(coords, n_keys) if keys else coords.query_positions
         if self.num_axes is not None and pos.shape[-1] != self.num_axes:
             raise ValueError(f"rope_axial: built for num_axes={self.num_axes} (build it with the "
@@ -172,15 +172,15 @@ class AxialRoPE(SavesSettings, RotaryEncoding):
 
     def cos_sin(self, coords: Coordinates, keys: bool = False, n_keys: int | None = None,
                 dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
-        """``cos``/``sin`` of :meth:`phase` (float64 phases, rounded once to ``dtype``), each
-        ``[n, h_d/2]`` (``[b, n, h_d/2]`` for batched positions).
+        """`cos`/`sin` of [`phase`][mmpe.encodings.rope_axial.AxialRoPE.phase] (float64 phases, rounded once to `dtype`), each
+        `[n, h_d/2]` (`[b, n, h_d/2]` for batched positions).
 
-        On an mmpe :class:`~mmpe.coords.Grid` the query tables are cached per (shape, scale,
-        prefix tokens, device, ``head_dim``, ``base``, ``num_axes``, ``grid_indexing``,
-        ``dtype``) — everything a grid's positions and the angles follow from — so a model
+        On an mmpe [`Grid`][mmpe.coords.grid.Grid] the query tables are cached per (shape, scale,
+        prefix tokens, device, `head_dim`, `base`, `num_axes`, `grid_indexing`,
+        `dtype`) — everything a grid's positions and the angles follow from — so a model
         reuses them across layers and forwards (the cached tensors are returned; one edited in
         place is rebuilt at the next call). Other coordinates (whose positions the key cannot vouch for: another
-        ``GridLayout`` may place its cells anywhere), key tables and compiled graphs (no side
+        `GridLayout` may place its cells anywhere), key tables and compiled graphs (no side
         effects there) compute them each call.
         """
         if keys or type(coords) is not Grid or torch.compiler.is_compiling():

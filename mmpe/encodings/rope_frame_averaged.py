@@ -24,21 +24,21 @@ def pca_frames(positions: Tensor, mask: Tensor | None = None,
                reflections: bool = True) -> tuple[Tensor, Tensor]:
     """The PCA frames of a point set (Puny et al. 2022, §3.3 / Appendix "E(d)" and "SE(d)").
 
-    With centroid ``t = mean_i x_i`` and covariance ``C = Σ_i (x_i − t)(x_i − t)ᵀ / n`` with
-    eigenvectors ``v_1 … v_d`` (ascending eigenvalues), the frames are the orthogonal matrices
-    ``O = [±v_1, …, ±v_d]``: all ``2^d`` sign choices for ``E(d)`` (rotations and reflections;
-    ``reflections=True``), or the ``2^(d−1)`` with ``det O = +1`` for ``SE(d)``. Averaging a
+    With centroid `t = mean_i x_i` and covariance `C = Σ_i (x_i − t)(x_i − t)ᵀ / n` with
+    eigenvectors `v_1 … v_d` (ascending eigenvalues), the frames are the orthogonal matrices
+    `O = [±v_1, …, ±v_d]`: all `2^d` sign choices for `E(d)` (rotations and reflections;
+    `reflections=True`), or the `2^(d−1)` with `det O = +1` for `SE(d)`. Averaging a
     function over them makes it invariant to the group (given distinct eigenvalues; a point set
     with a repeated eigenvalue has no unique PCA frame, the measure-zero case the paper sets
     aside).
 
     Args:
-        positions: ``[..., n, d]`` (computed in float64).
-        mask: ``[..., n]`` bool, True at real points (padded points are left out); None = all.
-        reflections: the ``E(d)`` frame set (True) or the ``SE(d)`` one (False).
+        positions: `[..., n, d]` (computed in float64).
+        mask: `[..., n]` bool, True at real points (padded points are left out); None = all.
+        reflections: the `E(d)` frame set (True) or the `SE(d)` one (False).
 
     Returns:
-        ``(t [..., d], frames [..., F, d, d])`` float64; column ``a`` of a frame is its axis ``a``.
+        `(t [..., d], frames [..., F, d, d])` float64; column `a` of a frame is its axis `a`.
     """
     x = positions.to(torch.float64)
     weight = torch.ones(x.shape[:-1], dtype=torch.float64, device=x.device) if mask is None \
@@ -68,53 +68,53 @@ def pca_frames(positions: Tensor, mask: Tensor | None = None,
 class FrameAveragedRoPE(SavesSettings, ContentScoreEncoding):
     """Axial RoPE averaged over the PCA frames of the point set: an E(d)-invariant rotary score.
 
-    Axial RoPE (``rope_axial``) scores ``q · R(x_k − x_q) k``: it depends on the displacement,
+    Axial RoPE (`rope_axial`) scores `q · R(x_k − x_q) k`: it depends on the displacement,
     so it is translation-invariant, but on the displacement's *components*, so a rotation of the
     point set changes it. Frame Averaging (Puny et al. 2022) makes a function invariant by
-    averaging it over a small equivariant set of frames ``F(X)``: here the ``2^d`` PCA frames
-    of the keys' positions (:func:`pca_frames`: the covariance eigenvectors with every choice of
+    averaging it over a small equivariant set of frames `F(X)`: here the `2^d` PCA frames
+    of the keys' positions ([`pca_frames`][mmpe.encodings.rope_frame_averaged.pca_frames]: the covariance eigenvectors with every choice of
     signs; 8 in 3D). The score is
 
-        ``s(q, k) = (1/|F|) Σ_{O ∈ F(X)} q · R(Oᵀ(x_k − x_q)) k``
+        `s(q, k) = (1/|F|) Σ_{O ∈ F(X)} q · R(Oᵀ(x_k − x_q)) k`
 
-    with ``R`` the axial RoPE rotation of the displacement expressed in frame ``O``. When the
-    points are rotated or reflected by ``Q`` and translated, the frames become ``Q·O`` — the same
-    set of frame coordinates — so ``s`` is unchanged, and a permutation of the points permutes
+    with `R` the axial RoPE rotation of the displacement expressed in frame `O`. When the
+    points are rotated or reflected by `Q` and translated, the frames become `Q·O` — the same
+    set of frame coordinates — so `s` is unchanged, and a permutation of the points permutes
     it (given distinct covariance eigenvalues; a degenerate spectrum has no unique frame).
 
     Exact reduction: the axial score is a sum of per-axis terms ``A_j cos(θ_j Δ_a) + B_j
     sin(θ_j Δ_a)``, each depending on one axis' sign only, so over the sign frames the odd
-    (sine) parts cancel and ``s = Σ_j A_j cos(θ_j (Vᵀ(x_k − x_q))_a)`` — the same as averaging
-    over the two frames ``{V, −V}``, which is what is computed (4× fewer than the 8 frames in
+    (sine) parts cancel and `s = Σ_j A_j cos(θ_j (Vᵀ(x_k − x_q))_a)` — the same as averaging
+    over the two frames `{V, −V}`, which is what is computed (4× fewer than the 8 frames in
     3D, identical numbers; the tests compare with the explicit 8-frame average). The proper
-    ``SE(d)`` frame set gives the same average for ``d ≥ 2``, so the score is
+    `SE(d)` frame set gives the same average for `d ≥ 2`, so the score is
     reflection-invariant too.
 
-    An average of scores is not one rotation of ``q`` and ``k``, so this is a score-hook
-    encoding: it adds ``(s(q, k) − q·k) / √h_d`` to the logits, which therefore become
-    ``s / √h_d`` (use it without another rotary encoding; with one, ``q``, ``k`` are the rotated
-    ones). With ``y^± = ±Vᵀ(x − t)``, ``s = Q_F · K_F`` for ``Q_F = [R(y_q^+) q, R(y_q^−) q] / 2``
-    and ``K_F = [R(y_k^+) k, R(y_k^−) k]``; the FlexAttention mod computes ``s − q·k`` as one
-    dot product of ``3·h_d`` scalar terms per score, the eager :meth:`bias` as one matrix
+    An average of scores is not one rotation of `q` and `k`, so this is a score-hook
+    encoding: it adds `(s(q, k) − q·k) / √h_d` to the logits, which therefore become
+    `s / √h_d` (use it without another rotary encoding; with one, `q`, `k` are the rotated
+    ones). With `y^± = ±Vᵀ(x − t)`, `s = Q_F · K_F` for `Q_F = [R(y_q^+) q, R(y_q^−) q] / 2`
+    and `K_F = [R(y_k^+) k, R(y_k^−) k]`; the FlexAttention mod computes `s − q·k` as one
+    dot product of `3·h_d` scalar terms per score, the eager [`bias`][mmpe.encodings.base.ScoreEncoding.bias] as one matrix
     product.
 
     The frame is that of the key positions (padded keys left out; a grid's prefix tokens, at
     0, count as points). On causal coordinates with several axes it therefore depends on all
-    keys' positions (not contents); in 1D the frames are ``±1`` and the score is the
-    sign-averaged RoPE ``Σ_j A_j cos(θ_j Δ)``, independent of the other tokens.
+    keys' positions (not contents); in 1D the frames are `±1` and the score is the
+    sign-averaged RoPE `Σ_j A_j cos(θ_j Δ)`, independent of the other tokens.
 
     Args:
-        head_dim: ``h_d``, divisible by ``2·A`` for ``A`` axes.
-        base: RoPE frequency base (per axis ``θ_j = base^(−2j/(h_d/A))``, radians per
+        head_dim: `h_d`, divisible by `2·A` for `A` axes.
+        base: RoPE frequency base (per axis `θ_j = base^(−2j/(h_d/A))`, radians per
             coordinate unit: 10000 leaves most channels nearly constant over a molecule in Å;
             a base of 10–100 resolves ångströms).
-        num_axes: if given, ``head_dim`` is checked at construction and the coordinates' axes
+        num_axes: if given, `head_dim` is checked at construction and the coordinates' axes
             at run time.
 
     Raises:
-        ValueError: ``head_dim`` not divisible by ``2·A``; ``base <= 1``; coordinates with
-            another number of axes than ``num_axes``; q/k not matching the coordinates.
-        TypeError: coordinates without positions (``Positioned``).
+        ValueError: `head_dim` not divisible by `2·A`; `base <= 1`; coordinates with
+            another number of axes than `num_axes`; q/k not matching the coordinates.
+        TypeError: coordinates without positions (`Positioned`).
     """
 
     saved_settings = ("base",)
@@ -135,7 +135,7 @@ class FrameAveragedRoPE(SavesSettings, ContentScoreEncoding):
 
     def frame_positions(self, coords: Coordinates) -> tuple[Tensor, Tensor]:
         """The queries' and keys' positions in the PCA frame and its negation,
-        ``y^± = ±Vᵀ(x − t)``: ``[b or 1, 2, n_q, A]`` and ``[b or 1, 2, n_k, A]`` (float64)."""
+        `y^± = ±Vᵀ(x − t)`: `[b or 1, 2, n_q, A]` and `[b or 1, 2, n_k, A]` (float64)."""
         self.check_coords(coords)
         qpos, kpos = coords.query_positions, coords.key_positions
         axes = kpos.shape[-1]
@@ -160,8 +160,8 @@ class FrameAveragedRoPE(SavesSettings, ContentScoreEncoding):
         return (qpos.unsqueeze(1) - c) @ both, (kpos.unsqueeze(1) - c) @ both
 
     def _operands(self, ctx: AttentionContext) -> tuple[Tensor, Tensor]:
-        """``Q_x = [R(y_q^+) q / 2, R(y_q^−) q / 2, −q]`` and ``K_x = [R(y_k^+) k, R(y_k^−) k, k]``
-        (float32), so that ``Q_x · K_x = s(q, k) − q·k``: ``[b, n_h, n, 3·h_d]``."""
+        """`Q_x = [R(y_q^+) q / 2, R(y_q^−) q / 2, −q]` and `K_x = [R(y_k^+) k, R(y_k^−) k, k]`
+        (float32), so that `Q_x · K_x = s(q, k) − q·k`: `[b, n_h, n, 3·h_d]`."""
         require_qk("rope_frame_averaged", ctx)
         if ctx.q.shape[-1] != self.head_dim:
             raise ValueError(f"rope_frame_averaged: q and k must have h_d={self.head_dim}, "
@@ -194,14 +194,14 @@ class FrameAveragedRoPE(SavesSettings, ContentScoreEncoding):
         return mod
 
     def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
-        """The term of queries ``start … stop−1``, ``[b, n_h, stop−start, n_k]``."""
+        """The term of queries `start … stop−1`, `[b, n_h, stop−start, n_k]`."""
         self.check_context(ctx)
         qx, kx = self._operands(ctx)
         with full_precision(qx.device):  # a float32 difference of two scores, also under autocast
             return (qx[:, :, start:stop] @ kx.transpose(-1, -2)) * ctx.head_dim ** -0.5
 
     def scores(self, q: Tensor, k: Tensor, coords: Coordinates) -> Tensor:
-        """The frame-averaged RoPE score ``s(q, k)`` ``[b, n_h, n_q, n_k]`` (float32), for
-        analysis: ``q`` ``[b, n_h, n_q, h_d]``, ``k`` ``[b, n_h, n_k, h_d]``."""
+        """The frame-averaged RoPE score `s(q, k)` `[b, n_h, n_q, n_k]` (float32), for
+        analysis: `q` `[b, n_h, n_q, h_d]`, `k` `[b, n_h, n_k, h_d]`."""
         ctx = AttentionContext(coords, q.shape[1], q.shape[-1], q.shape[0], q=q, k=k)
         return self.bias(ctx) * q.shape[-1] ** 0.5 + q.float() @ k.float().transpose(-1, -2)

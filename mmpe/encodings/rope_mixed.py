@@ -18,13 +18,13 @@ from mmpe.registry import register
 
 def init_mixed_freqs(head_dim: int, num_heads: int, num_axes: int = 2, base: float = 10.0,
                      rotate: bool = True, generator: torch.Generator | None = None) -> Tensor:
-    """Initial frequencies ``[A, n_h, h_d/2]`` of RoPE-Mixed (Heo et al. 2024, §3.2).
+    """Initial frequencies `[A, n_h, h_d/2]` of RoPE-Mixed (Heo et al. 2024, §3.2).
 
-    2D (the paper, and timm's ``init_random_2d_freqs``): magnitudes ``base^(−4j/h_d)``,
-    ``j < h_d/4``, each used twice — along a random per-head direction ``φ`` and along
-    ``φ + π/2``: ``θ_x = [m cos φ, m cos(φ+π/2)]``, ``θ_y = [m sin φ, m sin(φ+π/2)]``. With
-    ``rotate=False`` (``φ = 0``) this is axial RoPE. Other ``A``: each pair gets a random unit
-    direction in ``R^A`` times its magnitude.
+    2D (the paper, and timm's `init_random_2d_freqs`): magnitudes `base^(−4j/h_d)`,
+    `j < h_d/4`, each used twice — along a random per-head direction `φ` and along
+    `φ + π/2`: `θ_x = [m cos φ, m cos(φ+π/2)]`, `θ_y = [m sin φ, m sin(φ+π/2)]`. With
+    `rotate=False` (`φ = 0`) this is axial RoPE. Other `A`: each pair gets a random unit
+    direction in `R^A` times its magnitude.
     """
     if head_dim % 4:
         raise ValueError(f"rope_mixed: head_dim must be divisible by 4, got {head_dim}")
@@ -49,34 +49,34 @@ def init_mixed_freqs(head_dim: int, num_heads: int, num_axes: int = 2, base: flo
 class MixedRoPE(KeepDtype, RotaryEncoding):
     """RoPE whose pair frequencies mix the axes and are learned per head (RoPE-Mixed, eq. 11).
 
-    Pair ``j`` of head ``h`` rotates a token at ``(p_x, p_y)`` by
-    ``θ^x_{h,j} p_x + θ^y_{h,j} p_y`` (nD: ``Σ_a θ^a_{h,j} p_a``): a learnable 2D frequency
+    Pair `j` of head `h` rotates a token at `(p_x, p_y)` by
+    `θ^x_{h,j} p_x + θ^y_{h,j} p_y` (nD: `Σ_a θ^a_{h,j} p_a`): a learnable 2D frequency
     vector per pair, so heads can attend along diagonals — the paper's fix for axial RoPE's
-    missing mixed-axis frequencies. Initialised with :func:`init_mixed_freqs` (``base`` 10 as
-    in the paper). One instance holds one layer's frequencies ``[A, n_h, h_d/2]``; the paper
-    learns them per layer (``Transformer(share_encodings=False)``). The frequencies stay
+    missing mixed-axis frequencies. Initialised with [`init_mixed_freqs`][mmpe.encodings.rope_mixed.init_mixed_freqs] (`base` 10 as
+    in the paper). One instance holds one layer's frequencies `[A, n_h, h_d/2]`; the paper
+    learns them per layer (`Transformer(share_encodings=False)`). The frequencies stay
     float32 when the module is cast to bf16/fp16, and the phases are formed in float32 outside
     autocast (a bf16 frequency is off by ~4 rad at position 4000).
 
-    The rotated pairs are interleaved ``(2i, 2i+1)``, matching timm's ``RotaryEmbeddingMixed``
-    (``get_embed(shape)[layer]`` with ``apply_rot_embed_cat``): timm's default
-    ``grid_indexing="xy"`` puts the column coordinate on ``freqs[0]`` (``x``) and the row on
-    ``freqs[1]`` (``y``); mmpe's ``freqs[a]`` follows the grid's axes, ``(h, w)`` — so mmpe
-    ``freqs[0] = timm freqs[1]`` and vice versa. Prefix tokens sit at 0 (not rotated).
+    The rotated pairs are interleaved `(2i, 2i+1)`, matching timm's `RotaryEmbeddingMixed`
+    (`get_embed(shape)[layer]` with `apply_rot_embed_cat`): timm's default
+    `grid_indexing="xy"` puts the column coordinate on `freqs[0]` (`x`) and the row on
+    `freqs[1]` (`y`); mmpe's `freqs[a]` follows the grid's axes, `(h, w)` — so mmpe
+    `freqs[0] = timm freqs[1]` and vice versa. Prefix tokens sit at 0 (not rotated).
 
     Args:
-        head_dim: ``h_d`` (divisible by 4).
-        num_heads: ``n_h``.
-        num_axes: ``A`` (2 for images).
-        base: frequency base (10, the paper's and timm's ``temperature``).
+        head_dim: `h_d` (divisible by 4).
+        num_heads: `n_h`.
+        num_axes: `A` (2 for images).
+        base: frequency base (10, the paper's and timm's `temperature`).
         rotate: random initial direction per head (the paper); False gives axial RoPE at init.
 
-    Shapes: ``forward(q [b, n_h, n, h_d], k, grid) -> (q, k)`` in the inputs' dtype (bf16/fp16
-    rotated in their own dtype, :func:`~mmpe.encodings.rope.rotation_dtype`).
+    Shapes: `forward(q [b, n_h, n, h_d], k, grid) -> (q, k)` in the inputs' dtype (bf16/fp16
+    rotated in their own dtype, [`rotation_dtype`][mmpe.encodings.rope.rotation_dtype]).
 
     Raises:
-        ValueError: ``head_dim`` not divisible by 4, ``num_heads < 1``, a grid whose number of
-            axes differs from ``num_axes``, q/k with other heads or head dim.
+        ValueError: `head_dim` not divisible by 4, `num_heads < 1`, a grid whose number of
+            axes differs from `num_axes`, q/k with other heads or head dim.
     """
 
     def __init__(self, head_dim: int, num_heads: int, num_axes: int = 2, base: float = 10.0,
@@ -92,8 +92,8 @@ class MixedRoPE(KeepDtype, RotaryEncoding):
     keep_dtype = ("freqs",)
 
     def phase(self, coords: Coordinates, keys: bool = False, n_keys: int | None = None) -> Tensor:
-        """``[n_h, n, h_d/2]`` (``[b, n_h, n, h_d/2]`` for batched positions) angles
-        ``Σ_a p_a θ^a`` of the query (or key) tokens (float32, differentiable in ``freqs``)."""
+        """`[n_h, n, h_d/2]` (`[b, n_h, n, h_d/2]` for batched positions) angles
+        `Σ_a p_a θ^a` of the query (or key) tokens (float32, differentiable in `freqs`)."""
         pos = newest_key_positions(coords, n_keys) if keys else coords.query_positions
         if pos.shape[-1] != self.num_axes:
             raise ValueError(f"rope_mixed: built for num_axes={self.num_axes}, the coordinates "

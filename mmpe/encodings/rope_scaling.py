@@ -1,19 +1,19 @@
 """RoPE context-extension methods used by real LLM checkpoints.
 
-Each class is :class:`mmpe.encodings.rope.RoPE` with other inverse frequencies
-(:meth:`~mmpe.encodings.rope.RoPE.inv_freq`) and, for YaRN and LongRoPE, an attention scaling
-that multiplies ``cos`` and ``sin`` (so the logits by its square). Frequencies and scalings
-equal those of HF transformers' ``modeling_rope_utils.ROPE_INIT_FUNCTIONS`` for the same
-settings (tested). ``original_max_position_embeddings`` is the *original* training context (HF's
-``original_max_position_embeddings``; ``max_position_embeddings`` for dynamic NTK). Notation:
-``d`` = ``rotary_dim``, ``θ_i = base^(−2i/d)`` (radians per token), ``s`` = ``factor``.
+Each class is [`mmpe.encodings.rope.RoPE`][mmpe.encodings.rope.RoPE] with other inverse frequencies
+([`inv_freq`][mmpe.encodings.rope.RoPE.inv_freq]) and, for YaRN and LongRoPE, an attention scaling
+that multiplies `cos` and `sin` (so the logits by its square). Frequencies and scalings
+equal those of HF transformers' `modeling_rope_utils.ROPE_INIT_FUNCTIONS` for the same
+settings (tested). `original_max_position_embeddings` is the *original* training context (HF's
+`original_max_position_embeddings`; `max_position_embeddings` for dynamic NTK). Notation:
+`d` = `rotary_dim`, `θ_i = base^(−2i/d)` (radians per token), `s` = `factor`.
 
 The scaling is applied at every length, as in a checkpoint fine-tuned with it (HF semantics);
-dynamic NTK and LongRoPE switch on lengths past ``original_max_position_embeddings`` by themselves.
+dynamic NTK and LongRoPE switch on lengths past `original_max_position_embeddings` by themselves.
 
-Every setting that defines the rotations (``factor``, ``original_max_position_embeddings``, the
-per-method ones, and RoPE's ``base``, ``rotary_dim``, ``interleaved``) is saved in the
-state_dict and checked on load (:class:`~mmpe.encodings._state.SavesSettings`): a checkpoint
+Every setting that defines the rotations (`factor`, `original_max_position_embeddings`, the
+per-method ones, and RoPE's `base`, `rotary_dim`, `interleaved`) is saved in the
+state_dict and checked on load (`SavesSettings`): a checkpoint
 built for another length or scaling does not load silently.
 """
 
@@ -50,7 +50,7 @@ _ROPE_SETTINGS = ("base", "rotary_dim", "interleaved")
 
 
 def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
-    """YaRN's attention factor ``0.1·mscale·ln(s) + 1`` (1 for ``s ≤ 1``)."""
+    """YaRN's attention factor `0.1·mscale·ln(s) + 1` (1 for `s ≤ 1`)."""
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
@@ -60,14 +60,14 @@ def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
     paper="Chen, Wong, Chen & Tian 2023, Extending Context Window of Large Language Models via "
           "Positional Interpolation (arXiv:2306.15595), eq. 4", context=("head_dim",))
 class RoPEPositionInterpolation(RoPE):
-    """Position interpolation: positions divided by ``s``, i.e. ``θ'_i = θ_i / s`` (Chen et al. 2023).
+    """Position interpolation: positions divided by `s`, i.e. `θ'_i = θ_i / s` (Chen et al. 2023).
 
     Args:
-        head_dim, base, rotary_dim, interleaved: as :class:`~mmpe.encodings.rope.RoPE`.
-        factor: ``s`` (> 0; 4 by default).
+        head_dim, base, rotary_dim, interleaved: as [`RoPE`][mmpe.encodings.rope.RoPE].
+        factor: `s` (> 0; 4 by default).
 
     Raises:
-        ValueError: ``factor ≤ 0``, and RoPE's errors (odd rotary dimension …).
+        ValueError: `factor ≤ 0`, and RoPE's errors (odd rotary dimension …).
     """
 
     saved_settings = ("factor", *_ROPE_SETTINGS)
@@ -87,17 +87,17 @@ class RoPEPositionInterpolation(RoPE):
     paper="bloc97 2023, NTK-Aware Scaled RoPE (r/LocalLLaMA); as formalised in Peng et al. "
           "2023, YaRN (arXiv:2309.00071), §3.1 eq. 14", context=("head_dim",))
 class RoPENTK(RoPE):
-    """NTK-aware scaling: a larger base ``b' = b·s^{d/(d−2)}`` (bloc97 2023; YaRN §3.1).
+    """NTK-aware scaling: a larger base `b' = b·s^{d/(d−2)}` (bloc97 2023; YaRN §3.1).
 
     High frequencies are kept (local order stays sharp) while the lowest one is divided by
-    exactly ``s``, as position interpolation would.
+    exactly `s`, as position interpolation would.
 
     Args:
-        head_dim, base, rotary_dim, interleaved: as :class:`~mmpe.encodings.rope.RoPE`.
-        factor: ``s`` (> 0; 4 by default).
+        head_dim, base, rotary_dim, interleaved: as [`RoPE`][mmpe.encodings.rope.RoPE].
+        factor: `s` (> 0; 4 by default).
 
     Raises:
-        ValueError: ``factor ≤ 0``, ``rotary_dim < 4``, and RoPE's errors.
+        ValueError: `factor ≤ 0`, `rotary_dim < 4`, and RoPE's errors.
     """
 
     saved_settings = ("factor", *_ROPE_SETTINGS)
@@ -120,18 +120,18 @@ class RoPENTK(RoPE):
     paper="emozilla 2023, Dynamically Scaled RoPE (r/LocalLLaMA); Peng et al. 2023, YaRN "
           "(arXiv:2309.00071), §3.3", context=("head_dim", "original_max_position_embeddings"))
 class RoPEDynamicNTK(RoPE):
-    """Dynamic NTK: plain RoPE up to ``original_max_position_embeddings``, then the NTK base grows with the length.
+    """Dynamic NTK: plain RoPE up to `original_max_position_embeddings`, then the NTK base grows with the length.
 
-    For ``n = max(seq_len, original_max_position_embeddings)``: ``b' = b·(s·n/original_max_position_embeddings − (s − 1))^{d/(d−2)}``
-    (HF ``_compute_dynamic_ntk_parameters``; ``seq_len`` = largest key position + 1).
+    For `n = max(seq_len, original_max_position_embeddings)`: `b' = b·(s·n/original_max_position_embeddings − (s − 1))^{d/(d−2)}`
+    (HF `_compute_dynamic_ntk_parameters`; `seq_len` = largest key position + 1).
 
     Args:
-        head_dim, base, rotary_dim, interleaved: as :class:`~mmpe.encodings.rope.RoPE`.
-        factor: ``s`` (> 0; 4 by default).
+        head_dim, base, rotary_dim, interleaved: as [`RoPE`][mmpe.encodings.rope.RoPE].
+        factor: `s` (> 0; 4 by default).
         original_max_position_embeddings: the training context (tokens).
 
     Raises:
-        ValueError: ``factor ≤ 0``, ``original_max_position_embeddings < 1``, ``rotary_dim < 4``, and RoPE's errors.
+        ValueError: `factor ≤ 0`, `original_max_position_embeddings < 1`, `rotary_dim < 4`, and RoPE's errors.
     """
 
     length_dependent = True  # rotations change with the number of tokens
@@ -163,24 +163,24 @@ class RoPEDynamicNTK(RoPE):
 class RoPEYaRN(RoPE):
     """YaRN: "NTK-by-parts" interpolation plus an attention temperature (Peng et al. 2023).
 
-    Per frequency, with ``r_i = L/λ_i`` rotations over the original context ``L``: a ramp
-    ``γ_i`` goes from 0 (dimensions with ``r < β`` = ``beta_slow``: interpolate, ``θ_i/s``) to 1
-    (``r > α`` = ``beta_fast``: keep ``θ_i``), ``θ'_i = (1 − γ_i)·θ_i/s + γ_i·θ_i`` (eq. 18).
-    The boundaries are the dimensions ``d·ln(L/(2π·r))/(2·ln b)`` (floored/ceiled when
-    ``truncate``), clamped to ``[0, d − 1]``. The temperature ``√(1/t) = 0.1·ln(s) + 1``
-    (eq. 20) multiplies cos and sin (:attr:`attention_scaling`); ``mscale``/``mscale_all_dim``
-    give DeepSeek's ratio form, ``attention_factor`` overrides it.
+    Per frequency, with `r_i = L/λ_i` rotations over the original context `L`: a ramp
+    `γ_i` goes from 0 (dimensions with `r < β` = `beta_slow`: interpolate, `θ_i/s`) to 1
+    (`r > α` = `beta_fast`: keep `θ_i`), `θ'_i = (1 − γ_i)·θ_i/s + γ_i·θ_i` (eq. 18).
+    The boundaries are the dimensions `d·ln(L/(2π·r))/(2·ln b)` (floored/ceiled when
+    `truncate`), clamped to `[0, d − 1]`. The temperature `√(1/t) = 0.1·ln(s) + 1`
+    (eq. 20) multiplies cos and sin (`attention_scaling`); `mscale`/`mscale_all_dim`
+    give DeepSeek's ratio form, `attention_factor` overrides it.
 
     Args:
-        head_dim, base, rotary_dim, interleaved: as :class:`~mmpe.encodings.rope.RoPE`.
-        factor: ``s`` (> 0; 4 by default).
-        original_max_position_embeddings: original context ``L`` (tokens).
-        beta_fast, beta_slow: ``α = 32``, ``β = 1`` rotations (the paper's Llama values).
-        attention_factor, mscale, mscale_all_dim, truncate: as HF ``_compute_yarn_parameters``.
+        head_dim, base, rotary_dim, interleaved: as [`RoPE`][mmpe.encodings.rope.RoPE].
+        factor: `s` (> 0; 4 by default).
+        original_max_position_embeddings: original context `L` (tokens).
+        beta_fast, beta_slow: `α = 32`, `β = 1` rotations (the paper's Llama values).
+        attention_factor, mscale, mscale_all_dim, truncate: as HF `_compute_yarn_parameters`.
 
     Raises:
-        ValueError: ``factor ≤ 0``, ``original_max_position_embeddings < 1``, ``beta_fast ≤ beta_slow`` or
-            ``beta_slow ≤ 0``, ``attention_factor ≤ 0``, and RoPE's errors.
+        ValueError: `factor ≤ 0`, `original_max_position_embeddings < 1`, `beta_fast ≤ beta_slow` or
+            `beta_slow ≤ 0`, `attention_factor ≤ 0`, and RoPE's errors.
     """
 
     saved_settings = {"factor": "factor",
@@ -239,23 +239,23 @@ class RoPEYaRN(RoPE):
 class RoPELongRoPE(KeepDtype, RoPE):
     """LongRoPE: a searched rescale factor per frequency, short and long sets (Ding et al. 2024).
 
-    ``θ'_i = θ_i / λ_i`` with ``λ = short_factor`` while ``seq_len ≤ original_max_position_embeddings`` and
-    ``long_factor`` beyond; cos and sin are multiplied by
-    ``√(1 + ln(s)/ln(original_max_position_embeddings))`` (1 when ``s ≤ 1``) or ``attention_factor``.
+    `θ'_i = θ_i / λ_i` with `λ = short_factor` while `seq_len ≤ original_max_position_embeddings` and
+    `long_factor` beyond; cos and sin are multiplied by
+    `√(1 + ln(s)/ln(original_max_position_embeddings))` (1 when `s ≤ 1`) or `attention_factor`.
 
     Without searched factors (the paper finds them by evolutionary search per checkpoint), the
-    defaults are ``short = 1`` and ``long = s^{2i/(d−2)}`` — the NTK-aware member of the
-    search's initial population, rising monotonically from 1 to ``s``.
+    defaults are `short = 1` and `long = s^{2i/(d−2)}` — the NTK-aware member of the
+    search's initial population, rising monotonically from 1 to `s`.
 
     Args:
-        head_dim, base, rotary_dim, interleaved: as :class:`~mmpe.encodings.rope.RoPE`.
-        factor: ``s`` (> 0; 4 by default).
+        head_dim, base, rotary_dim, interleaved: as [`RoPE`][mmpe.encodings.rope.RoPE].
+        factor: `s` (> 0; 4 by default).
         original_max_position_embeddings: original context (tokens).
-        short_factor, long_factor: ``d/2`` positive rescale factors each.
+        short_factor, long_factor: `d/2` positive rescale factors each.
         attention_factor: overrides the cos/sin scaling.
 
     Raises:
-        ValueError: ``factor ≤ 0``, factor lists of the wrong length or with values ≤ 0,
+        ValueError: `factor ≤ 0`, factor lists of the wrong length or with values ≤ 0,
             and RoPE's errors.
     """
 
@@ -313,20 +313,20 @@ class RoPELongRoPE(KeepDtype, RoPE):
 class RoPELlama3(RoPE):
     """Llama-3.1 frequency scaling: wavelength-dependent interpolation.
 
-    With wavelength ``λ_i = 2π/θ_i`` and ``L`` = ``original_max_position_embeddings``: ``λ < L/high_freq_factor`` keeps
-    ``θ_i``; ``λ > L/low_freq_factor`` uses ``θ_i/s``; between, ``θ'_i = (1 − γ)θ_i/s + γθ_i``
-    with ``γ = (L/λ − low_freq_factor)/(high_freq_factor − low_freq_factor)``.
+    With wavelength `λ_i = 2π/θ_i` and `L` = `original_max_position_embeddings`: `λ < L/high_freq_factor` keeps
+    `θ_i`; `λ > L/low_freq_factor` uses `θ_i/s`; between, `θ'_i = (1 − γ)θ_i/s + γθ_i`
+    with `γ = (L/λ − low_freq_factor)/(high_freq_factor − low_freq_factor)`.
 
     Args:
-        head_dim, base, rotary_dim, interleaved: as :class:`~mmpe.encodings.rope.RoPE`.
-        factor: ``s`` (8 in Llama 3.1, whose ``base`` is 500000; the default base here is
+        head_dim, base, rotary_dim, interleaved: as [`RoPE`][mmpe.encodings.rope.RoPE].
+        factor: `s` (8 in Llama 3.1, whose `base` is 500000; the default base here is
             10000 like the other RoPE variants).
-        low_freq_factor, high_freq_factor: 1 and 4 in Llama 3.1 (``0 < low < high``).
-        original_max_position_embeddings: original context ``L`` (8192 in Llama 3.1).
+        low_freq_factor, high_freq_factor: 1 and 4 in Llama 3.1 (`0 < low < high`).
+        original_max_position_embeddings: original context `L` (8192 in Llama 3.1).
 
     Raises:
-        ValueError: ``factor ≤ 0``, ``original_max_position_embeddings < 1``, ``low_freq_factor ≥ high_freq_factor``
-            or ``low_freq_factor ≤ 0``, and RoPE's errors.
+        ValueError: `factor ≤ 0`, `original_max_position_embeddings < 1`, `low_freq_factor ≥ high_freq_factor`
+            or `low_freq_factor ≤ 0`, and RoPE's errors.
     """
 
     saved_settings = ("factor", "low_freq_factor", "high_freq_factor",

@@ -18,9 +18,9 @@ from mmpe.registry import register
 
 
 def integer_frequencies(n: int, max_freq: float) -> Tensor:
-    """``n`` strictly increasing positive integers spaced geometrically from 1 to ~``max_freq``.
+    """`n` strictly increasing positive integers spaced geometrically from 1 to ~`max_freq`.
 
-    ``k_i = max(round(max_freq^{i/(n−1)}), k_{i−1} + 1)`` (float64, ``[n]``).
+    `k_i = max(round(max_freq^{i/(n−1)}), k_{i−1} + 1)` (float64, `[n]`).
     """
     if n < 1:
         raise ValueError(f"rope_sphere: need at least one frequency, got {n}")
@@ -39,30 +39,30 @@ def integer_frequencies(n: int, max_freq: float) -> Tensor:
           "2024, Rotary Position Embedding for Vision Transformer), with integer longitude "
           "frequencies so the rotation is 2π-periodic", context=("head_dim",))
 class SphereRoPE(KeepDtype, SavesSettings, RotaryEncoding):
-    """Axial rotary embedding on ``(φ, λ)`` (radians) with integer longitude frequencies.
+    """Axial rotary embedding on `(φ, λ)` (radians) with integer longitude frequencies.
 
-    The ``h_d/2`` channel pairs are split: the first ``n_lat`` pairs rotate by ``a_i · φ``, the
-    others by ``k_i · λ``, with ``a_i``, ``k_i`` positive integers spaced geometrically up to
-    ``max_freq`` (:func:`integer_frequencies`). Then ``q_mᵀ k_n`` depends on positions only
-    through ``φ_m − φ_n`` and ``λ_m − λ_n``, and since every ``k_i`` is an integer, a rotation by
-    ``k_i λ`` is 2π-periodic: a point at λ = 179.99° and one at −180° get (almost) the same
+    The `h_d/2` channel pairs are split: the first `n_lat` pairs rotate by `a_i · φ`, the
+    others by `k_i · λ`, with `a_i`, `k_i` positive integers spaced geometrically up to
+    `max_freq` ([`integer_frequencies`][mmpe.encodings.rope_sphere.integer_frequencies]). Then `q_mᵀ k_n` depends on positions only
+    through `φ_m − φ_n` and `λ_m − λ_n`, and since every `k_i` is an integer, a rotation by
+    `k_i λ` is 2π-periodic: a point at λ = 179.99° and one at −180° get (almost) the same
     rotation, and the relative phase of two points across the date line is the short way round.
 
     Limitation (by construction): at a pole all longitudes are one point, but their rotations
     differ, so RoPE on angles is not pole-invariant. Encodings of the unit vector
-    (``spherical_harmonics``, ``fourier_sphere``) or a great-circle bias (``alibi``) are.
+    (`spherical_harmonics`, `fourier_sphere`) or a great-circle bias (`alibi`) are.
 
     Args:
-        head_dim: ``h_d``, a multiple of 4.
+        head_dim: `h_d`, a multiple of 4.
         max_freq: highest frequency (rotations per radian) on each axis.
         lat_fraction: share of channel pairs for latitude (default ½).
 
-    Shapes: ``forward(q [b, n_h, s, h_d], k [b, n_h, s, h_d], coords) -> (q, k)``; channel pairs
-    are ``(i, i + h_d/2)`` (GPT-NeoX layout, as :class:`mmpe.encodings.rope.RoPE`).
+    Shapes: `forward(q [b, n_h, s, h_d], k [b, n_h, s, h_d], coords) -> (q, k)`; channel pairs
+    are `(i, i + h_d/2)` (GPT-NeoX layout, as [`mmpe.encodings.rope.RoPE`][mmpe.encodings.rope.RoPE]).
 
     Raises:
-        ValueError: ``head_dim`` not a positive multiple of 4, ``max_freq < 1``, or
-            ``lat_fraction`` leaving an axis without pairs.
+        ValueError: `head_dim` not a positive multiple of 4, `max_freq < 1`, or
+            `lat_fraction` leaving an axis without pairs.
         TypeError: coordinates not on the sphere.
     """
 
@@ -86,7 +86,7 @@ class SphereRoPE(KeepDtype, SavesSettings, RotaryEncoding):
     saved_settings = ("lat_freq", "lon_freq")  # what max_freq and lat_fraction define
 
     def cos_sin(self, coords: Coordinates) -> tuple[Tensor, Tensor]:
-        """``cos``/``sin`` of the phases, ``[s, h_d/2]`` or ``[b, s, h_d/2]`` float32."""
+        """`cos`/`sin` of the phases, `[s, h_d/2]` or `[b, s, h_d/2]` float32."""
         lat, lon = sphere_angles(self, coords)
         phase = torch.cat((lat.to(torch.float64)[..., None] * self.lat_freq,
                            lon.to(torch.float64)[..., None] * self.lon_freq), dim=-1)

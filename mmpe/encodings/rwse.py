@@ -2,9 +2,9 @@
 
 Dwivedi et al. 2022 ("Graph Neural Networks with Learnable Structural and Positional
 Representations", ICLR; RWPE) as GraphGPS (Rampášek et al. 2022) uses it: the return
-probabilities of a ``t``-step random walk, ``R_i = ([RW]_ii, [RW²]_ii, …, [RW^k]_ii)`` with
-``RW = D⁻¹A`` (the ``GraphLayout`` member ``rwse``; :func:`mmpe.graph_maths.random_walk_pe`,
-equal to PyG's ``AddRandomWalkPE``), projected to the model width and added to the node
+probabilities of a `t`-step random walk, `R_i = ([RW]_ii, [RW²]_ii, …, [RW^k]_ii)` with
+`RW = D⁻¹A` (the `GraphLayout` member `rwse`; [`mmpe.graph_maths.random_walk_pe`][mmpe.graph_maths.random_walk_pe],
+equal to PyG's `AddRandomWalkPE`), projected to the model width and added to the node
 embeddings.
 """
 
@@ -25,18 +25,18 @@ from mmpe.registry import register
           paper="Dwivedi et al. 2022, Graph Neural Networks with Learnable Structural and "
                 "Positional Representations (ICLR); Rampášek et al. 2022 (GraphGPS, NeurIPS)", context=("d_model",))
 class RWSE(InputEncoding):
-    """``P_i = proj(([RW^t]_ii)_{t=1..k})`` with ``RW = D⁻¹A``.
+    """`P_i = proj(([RW^t]_ii)_{t=1..k})` with `RW = D⁻¹A`.
 
     Args:
-        d_model: width of ``P``.
-        k: walk lengths ``1 … k`` (GraphGPS: 16-20).
-        projection: ``"linear"`` or ``"mlp"``.
+        d_model: width of `P`.
+        k: walk lengths `1 … k` (GraphGPS: 16-20).
+        projection: `"linear"` or `"mlp"`.
 
-    Shapes: ``forward(coords) -> [b, n_max, d_model]`` (zero at padding and virtual token).
+    Shapes: `forward(coords) -> [b, n_max, d_model]` (zero at padding and virtual token).
 
     Raises:
-        ValueError: ``k < 1``, an unknown ``projection``.
-        TypeError: coordinates without the ``GraphLayout`` capability.
+        ValueError: `k < 1`, an unknown `projection`.
+        TypeError: coordinates without the `GraphLayout` capability.
     """
 
     def __init__(self, d_model: int, k: int = 16, projection: str = "linear") -> None:

@@ -18,20 +18,20 @@ from mmpe.registry import register
     paper="Hua, Dai, Liu & Le 2022, Transformer Quality in Linear Time (ICML), App. A "
           "(ScaledSinuEmbedding); x-transformers' ScaledSinusoidalEmbedding", context=("d_model",))
 class ScaledSinusoidalPE(SavesSettings, InputEncoding):
-    """``P(p) = α · PE(p)``: the fixed sinusoid of Vaswani et al. times one learned scalar ``α``.
+    """`P(p) = α · PE(p)`: the fixed sinusoid of Vaswani et al. times one learned scalar `α`.
 
-    ``PE(p, 2i) = sin(p/10000^{2i/d})``, ``PE(p, 2i+1) = cos(…)`` (interleaved; x-transformers
-    concatenates the halves, the same channels permuted). ``α`` starts at ``d^{-1/2}``
+    `PE(p, 2i) = sin(p/10000^{2i/d})`, `PE(p, 2i+1) = cos(…)` (interleaved; x-transformers
+    concatenates the halves, the same channels permuted). `α` starts at `d^{-1/2}`
     (x-transformers), so the positional signal enters at the scale of small-initialised token
     embeddings and the model learns how much of it to keep.
 
     Args:
         d_model: embedding width (even).
         base: wavelength base (10000).
-        init_scale: initial ``α``; default ``d_model^{-1/2}``.
+        init_scale: initial `α`; default `d_model^{-1/2}`.
 
     Raises:
-        ValueError: odd or non-positive ``d_model``, ``base ≤ 0``.
+        ValueError: odd or non-positive `d_model`, `base ≤ 0`.
     """
 
     saved_settings = ("base",)

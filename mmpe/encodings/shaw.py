@@ -18,7 +18,7 @@ from mmpe.registry import register
 
 def clipped_relative_index(ctx: AttentionContext, q_idx: Tensor, kv_idx: Tensor, b: Tensor,
                            k: int) -> Tensor:
-    """Row of a ``(2k+1)``-row table for each pair: ``clip(j − i, −k, k) + k`` (positions, tokens)."""
+    """Row of a `(2k+1)`-row table for each pair: `clip(j − i, −k, k) + k` (positions, tokens)."""
     rel = -ctx.coords.relation(q_idx, kv_idx, b)  # key − query, Shaw's j − i
     return rel.clamp(-k, k) + k
 
@@ -31,23 +31,23 @@ def clipped_relative_index(ctx: AttentionContext, q_idx: Tensor, kv_idx: Tensor,
 class ShawRelative(ContentScoreEncoding):
     """Learned relative-position vectors on keys (and optionally values), Shaw et al. 2018.
 
-    ``e_ij = q_i · (k_j + a^K_ij) / sqrt(h_d)`` (eq. 4) and, with ``values=True``,
-    ``z_i = Σ_j α_ij (v_j + a^V_ij)`` (eq. 3), where ``a_ij = w_{clip(j − i, k)}`` and
-    ``clip(x, k) = max(−k, min(k, x))``: a table of ``2k+1`` vectors of size ``h_d``, shared by
-    the heads as in the paper. ``j − i`` is in tokens (key position minus query position).
+    `e_ij = q_i · (k_j + a^K_ij) / sqrt(h_d)` (eq. 4) and, with `values=True`,
+    `z_i = Σ_j α_ij (v_j + a^V_ij)` (eq. 3), where `a_ij = w_{clip(j − i, k)}` and
+    `clip(x, k) = max(−k, min(k, x))`: a table of `2k+1` vectors of size `h_d`, shared by
+    the heads as in the paper. `j − i` is in tokens (key position minus query position).
 
-    Efficient form (the paper's §3.3): ``q · wᵀ`` is computed once, ``[b, n_h, n_q, 2k+1]``,
-    and each pair gathers its entry — no ``n×n×h_d`` tensor. The value term sums the
-    probabilities per clipped offset (``[b, n_h, n_q, 2k+1]``) and multiplies by ``w^V``.
+    Efficient form (the paper's §3.3): `q · wᵀ` is computed once, `[b, n_h, n_q, 2k+1]`,
+    and each pair gathers its entry — no `n×n×h_d` tensor. The value term sums the
+    probabilities per clipped offset (`[b, n_h, n_q, 2k+1]`) and multiplies by `w^V`.
 
     Args:
-        head_dim: ``h_d``.
-        max_relative_position: the clipping distance ``k`` (tokens, ≥ 1; 16 here, the paper
+        head_dim: `h_d`.
+        max_relative_position: the clipping distance `k` (tokens, ≥ 1; 16 here, the paper
             found k ≥ 2 enough for translation).
         values: also add the value-side term (runs on the explicit "math" attention path).
 
     Raises:
-        ValueError: ``max_relative_position < 1`` or ``head_dim < 1``; q/k missing from the
+        ValueError: `max_relative_position < 1` or `head_dim < 1`; q/k missing from the
             attention context.
     """
 
@@ -70,7 +70,7 @@ class ShawRelative(ContentScoreEncoding):
                              f"attention has {ctx.head_dim}")
 
     def key_logits(self, ctx: AttentionContext) -> Tensor:
-        """``q_i · w_r / sqrt(h_d)`` for every query and clipped offset, ``[b, n_h, n_q, 2k+1]``."""
+        """`q_i · w_r / sqrt(h_d)` for every query and clipped offset, `[b, n_h, n_q, 2k+1]`."""
         return torch.einsum("bhnd,rd->bhnr", ctx.q.float(), self.key_table.float()) * ctx.head_dim ** -0.5
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
@@ -84,7 +84,7 @@ class ShawRelative(ContentScoreEncoding):
         return mod
 
     def value_term(self, probs: Tensor, ctx: AttentionContext) -> Tensor | None:
-        """``Σ_j α_ij a^V_ij`` ``[b, n_h, n_q, h_d]`` from probabilities ``[b, n_h, n_q, n_k]``."""
+        """`Σ_j α_ij a^V_ij` `[b, n_h, n_q, h_d]` from probabilities `[b, n_h, n_q, n_k]`."""
         if self.value_table is None:
             return None
         from mmpe.coords.base import index_grid

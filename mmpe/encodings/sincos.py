@@ -19,7 +19,7 @@ LAYOUTS = ("mae", "timm", "detr")
 
 
 def _check_settings(d_model: int, axes: int, layout: str, temperature: float) -> None:
-    """The argument checks shared by both table builders (errors as :func:`sincos_grid_embed`)."""
+    """The argument checks shared by both table builders (errors as [`sincos_grid_embed`][mmpe.encodings.sincos.sincos_grid_embed])."""
     if d_model <= 0 or d_model % (2 * axes):
         raise ValueError(
             f"sincos: d_model must be divisible by 2·axes = {2 * axes} for a {axes}-axis grid, "
@@ -33,23 +33,23 @@ def _check_settings(d_model: int, axes: int, layout: str, temperature: float) ->
 def sincos_grid_embed(
     positions: Tensor, d_model: int, temperature: float = 10000.0, layout: str = "mae"
 ) -> Tensor:
-    """Sine-cosine embedding of ``positions`` ``[n, A]`` (grid units), ``[n, d_model]`` float32.
+    """Sine-cosine embedding of `positions` `[n, A]` (grid units), `[n, d_model]` float32.
 
-    Every axis gets ``d_model / A`` channels: ``F = d_model / (2A)`` frequencies
-    ``ω_k = temperature^(−k/F)``, ``k = 0 … F−1``, and ``sin(p·ω_k)``, ``cos(p·ω_k)`` of the
-    axis' position ``p``. Layouts (the order of those channels):
+    Every axis gets `d_model / A` channels: `F = d_model / (2A)` frequencies
+    `ω_k = temperature^(−k/F)`, `k = 0 … F−1`, and `sin(p·ω_k)`, `cos(p·ω_k)` of the
+    axis' position `p`. Layouts (the order of those channels):
 
-    * ``"mae"`` — axes last-to-first (``w, h`` in 2D, as MAE's ``get_2d_sincos_pos_embed``),
-      each ``[sin(pω_0 … pω_{F−1}), cos(…)]``. Equals timm
-      ``build_sincos2d_pos_embed(reverse_coord=True, interleave_sin_cos=True)`` once its tokens
-      (which ``reverse_coord`` orders w-major) are transposed back to row-major.
-    * ``"timm"`` — ``[sin(axis 0), sin(axis 1), …, cos(axis 0), cos(axis 1), …]``: timm's
-      ``build_sincos2d_pos_embed`` default (used by its ``vit_*_reg`` / Simple-ViT models).
-    * ``"detr"`` — axes first-to-last (``y, x``), each ``[sin pω_0, cos pω_0, sin pω_1, …]``
-      (DETR's ``PositionEmbeddingSine``; the caller gives DETR's 1-based positions).
+    * `"mae"` — axes last-to-first (`w, h` in 2D, as MAE's `get_2d_sincos_pos_embed`),
+      each `[sin(pω_0 … pω_{F−1}), cos(…)]`. Equals timm
+      `build_sincos2d_pos_embed(reverse_coord=True, interleave_sin_cos=True)` once its tokens
+      (which `reverse_coord` orders w-major) are transposed back to row-major.
+    * `"timm"` — `[sin(axis 0), sin(axis 1), …, cos(axis 0), cos(axis 1), …]`: timm's
+      `build_sincos2d_pos_embed` default (used by its `vit_*_reg` / Simple-ViT models).
+    * `"detr"` — axes first-to-last (`y, x`), each `[sin pω_0, cos pω_0, sin pω_1, …]`
+      (DETR's `PositionEmbeddingSine`; the caller gives DETR's 1-based positions).
 
     Raises:
-        ValueError: ``d_model`` not divisible by ``2·A``, an unknown ``layout``, ``temperature <= 0``.
+        ValueError: `d_model` not divisible by `2·A`, an unknown `layout`, `temperature <= 0`.
     """
     if positions.dim() != 2:
         raise ValueError(f"sincos: positions must be [n, A], got {tuple(positions.shape)}")
@@ -71,7 +71,7 @@ def sincos_grid_embed(
 
 def _sincos_blocks(axis_positions: list[Tensor], d_model: int, temperature: float,
                    layout: str) -> list[tuple[int, int, Tensor]]:
-    """``(axis, first channel, table [s_a, w] float32)`` blocks of :func:`sincos_grid_embed`'s
+    """`(axis, first channel, table [s_a, w] float32)` blocks of [`sincos_grid_embed`][mmpe.encodings.sincos.sincos_grid_embed]'s
     channel layout, one table per axis value (not per token)."""
     axes = len(axis_positions)
     nf = d_model // (2 * axes)
@@ -92,16 +92,16 @@ def _sincos_blocks(axis_positions: list[Tensor], d_model: int, temperature: floa
 
 def sincos_separable(axis_positions: list[Tensor], d_model: int, temperature: float = 10000.0,
                      layout: str = "mae") -> Tensor:
-    """:func:`sincos_grid_embed` of every cell of a grid with per-axis positions, row-major.
+    """[`sincos_grid_embed`][mmpe.encodings.sincos.sincos_grid_embed] of every cell of a grid with per-axis positions, row-major.
 
-    ``axis_positions[a]`` ``[s_a]`` are the positions along axis ``a`` (grid units); the result
-    ``[Π s_a, d_model]`` float32 equals ``sincos_grid_embed`` of the cartesian product of the
+    `axis_positions[a]` `[s_a]` are the positions along axis `a` (grid units); the result
+    `[Π s_a, d_model]` float32 equals `sincos_grid_embed` of the cartesian product of the
     axes bit for bit. The sines and cosines are still taken of float64 phases, but only of the
-    ``Σ s_a`` distinct values per frequency instead of ``A·Π s_a`` (28 instead of 392 rows on a
+    `Σ s_a` distinct values per frequency instead of `A·Π s_a` (28 instead of 392 rows on a
     14×14 grid); the float32 blocks are then broadcast into place.
 
     Raises:
-        ValueError: as :func:`sincos_grid_embed`.
+        ValueError: as [`sincos_grid_embed`][mmpe.encodings.sincos.sincos_grid_embed].
     """
     axes = len(axis_positions)
     _check_settings(d_model, axes, layout, temperature)
@@ -122,25 +122,25 @@ def sincos_separable(axis_positions: list[Tensor], d_model: int, temperature: fl
 class SinCosGrid(SavesSettings, InputEncoding):
     """Fixed 2D/3D sine-cosine embedding added to the patch embeddings (MAE; DETR; Simple ViT).
 
-    Each axis' coordinate gets a 1D sinusoid (Vaswani et al. 2017) over ``d_model / A``
-    channels (see :func:`sincos_grid_embed`). On a grid, positions are cell index × scale and
+    Each axis' coordinate gets a 1D sinusoid (Vaswani et al. 2017) over `d_model / A`
+    channels (see [`sincos_grid_embed`][mmpe.encodings.sincos.sincos_grid_embed]). On a grid, positions are cell index × scale and
     prefix tokens (cls, registers) get the zero vector, as MAE's cls token; on any other
-    ``Positioned`` coordinates (points in R^d, lat/lon) the tokens' positions are used as they
+    `Positioned` coordinates (points in R^d, lat/lon) the tokens' positions are used as they
     are (an absolute encoding: not invariant to rotations or translations).
 
     Args:
-        d_model: embedding width, divisible by ``2·A`` (4 in 2D, 6 in 3D).
+        d_model: embedding width, divisible by `2·A` (4 in 2D, 6 in 3D).
         temperature: frequency base (10000).
-        layout: ``"mae"`` (default), ``"timm"`` or ``"detr"`` (channel order, see above).
-        normalize: DETR's option: positions ``(i+1)·scale`` divided by the last one (+1e-6) and
-            multiplied by ``2π`` (so any grid size spans ``(0, 2π]``). With ``layout="detr"``
+        layout: `"mae"` (default), `"timm"` or `"detr"` (channel order, see above).
+        normalize: DETR's option: positions `(i+1)·scale` divided by the last one (+1e-6) and
+            multiplied by `2π` (so any grid size spans `(0, 2π]`). With `layout="detr"`
             positions are 1-based as in DETR.
 
-    Shapes: ``forward(coords) -> [n, d_model]`` (``n = prefix + prod(shape)`` on a grid) or
-    ``[b, n, d_model]`` for batched positions.
+    Shapes: `forward(coords) -> [n, d_model]` (`n = prefix + prod(shape)` on a grid) or
+    `[b, n, d_model]` for batched positions.
 
     Raises:
-        ValueError: ``d_model`` not divisible by ``2·A`` at forward, unknown layout.
+        ValueError: `d_model` not divisible by `2·A` at forward, unknown layout.
         TypeError: coordinates without positions.
     """
 
@@ -164,8 +164,8 @@ class SinCosGrid(SavesSettings, InputEncoding):
     cache_size = 8
 
     def positions(self, coords: Coordinates) -> Tensor:
-        """Positions used for the embedding: ``[prod(shape), A]`` grid tokens on a grid (prefix
-        tokens excluded), else every token's ``[n, A]`` or ``[b, n, A]``."""
+        """Positions used for the embedding: `[prod(shape), A]` grid tokens on a grid (prefix
+        tokens excluded), else every token's `[n, A]` or `[b, n, A]`."""
         if isinstance(coords, GridLayout):
             pos = coords.query_positions[coords.prefix_tokens:]
             if self.layout == "detr" or self.normalize:  # DETR's cumsum: 1-based
@@ -177,7 +177,7 @@ class SinCosGrid(SavesSettings, InputEncoding):
         return pos
 
     def axis_positions(self, grid: Grid) -> list[Tensor]:
-        """:meth:`positions` of an mmpe ``Grid`` as one ``[s_a]`` vector per axis (its
+        """[`positions`][mmpe.encodings.sincos.SinCosGrid.positions] of an mmpe `Grid` as one `[s_a]` vector per axis (its
         positions are the cartesian product of these), with the same float32 arithmetic."""
         cells = grid.query_positions[grid.prefix_tokens:].reshape(*grid.shape, len(grid.shape))
         out = []
@@ -191,7 +191,7 @@ class SinCosGrid(SavesSettings, InputEncoding):
         return out
 
     def table(self, coords: Coordinates) -> Tensor:
-        """The embedding, ``[n, d_model]`` (``[b, n, d_model]`` for batched positions) float32,
+        """The embedding, `[n, d_model]` (`[b, n, d_model]` for batched positions) float32,
         computed on every call (float64 phases; no cache)."""
         if type(coords) is Grid:  # separable positions: per-axis tables, same numbers
             pe = sincos_separable(self.axis_positions(coords), self.d_model, self.temperature,
@@ -206,10 +206,10 @@ class SinCosGrid(SavesSettings, InputEncoding):
         return pe
 
     def forward(self, coords: Coordinates) -> Tensor:
-        """``[n, d_model]`` (``[b, n, d_model]`` for batched positions) float32.
+        """`[n, d_model]` (`[b, n, d_model]` for batched positions) float32.
 
-        On an mmpe ``Grid`` the table is cached per (shape, scale, prefix tokens, device,
-        ``d_model``, ``temperature``, ``layout``, ``normalize``) — everything it is a function
+        On an mmpe `Grid` the table is cached per (shape, scale, prefix tokens, device,
+        `d_model`, `temperature`, `layout`, `normalize`) — everything it is a function
         of — and the same tensor is returned while its version counter is unchanged (an
         in-place edit of a returned table makes the next call rebuild it). Other coordinates
         and compiled graphs (no side effects there) compute it each call.

@@ -13,16 +13,16 @@ from mmpe.registry import register
 
 
 def sinusoidal_table(positions: Tensor, d_model: int, base: float = 10000.0) -> Tensor:
-    """``PE[p, 2i] = sin(p / base^(2i/d))``, ``PE[p, 2i+1] = cos(p / base^(2i/d))``.
+    """`PE[p, 2i] = sin(p / base^(2i/d))`, `PE[p, 2i+1] = cos(p / base^(2i/d))`.
 
     Args:
         positions: any-shape tensor of positions (tokens, int or float).
-        d_model: even embedding width ``d``.
+        d_model: even embedding width `d`.
         base: wavelength base (10000 in the paper).
 
     Returns:
-        ``[*positions.shape, d_model]`` float32. The phase is formed in float64 so that large
-        positions keep their precision.
+        `[*positions.shape, d_model]` float32. The phase is formed in float64 so that large
+            positions keep their precision.
     """
     if d_model <= 0 or d_model % 2:
         raise ValueError(f"sinusoidal: d_model must be a positive even int, got {d_model}")
@@ -39,18 +39,18 @@ def sinusoidal_table(positions: Tensor, d_model: int, base: float = 10000.0) -> 
 class SinusoidalPE(SavesSettings, InputEncoding):
     """Fixed sinusoidal absolute positions added to token embeddings (Vaswani et al. 2017, §3.5).
 
-    ``PE(p, 2i) = sin(p / 10000^(2i/d_model))``, ``PE(p, 2i+1) = cos(p / 10000^(2i/d_model))``,
-    with ``p`` the token position. ``PE(p + k)`` is a fixed linear map (a rotation per
-    frequency) of ``PE(p)``, which is what the paper offers as a path to relative attention.
+    `PE(p, 2i) = sin(p / 10000^(2i/d_model))`, `PE(p, 2i+1) = cos(p / 10000^(2i/d_model))`,
+    with `p` the token position. `PE(p + k)` is a fixed linear map (a rotation per
+    frequency) of `PE(p)`, which is what the paper offers as a path to relative attention.
 
     Args:
         d_model: embedding width (even).
         base: wavelength base (default 10000).
 
-    Shapes: ``forward(coords) -> [s, d_model]`` or ``[b, s, d_model]`` for batched positions.
+    Shapes: `forward(coords) -> [s, d_model]` or `[b, s, d_model]` for batched positions.
 
     Raises:
-        ValueError: odd or non-positive ``d_model``; non-positive ``base``.
+        ValueError: odd or non-positive `d_model`; non-positive `base`.
     """
 
     saved_settings = ("base",)

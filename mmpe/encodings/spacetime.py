@@ -21,10 +21,10 @@ Spec = str | Mapping[str, Any]
 
 
 class TimeLine(Coordinates):
-    """The time stamps of spatio-temporal tokens as 1D coordinates (``Positioned1D``).
+    """The time stamps of spatio-temporal tokens as 1D coordinates (`Positioned1D`).
 
-    ``query_positions`` = ``key_positions`` = ``time[..., None]`` (the time stamps' unit, e.g.
-    hours or steps). A view for temporal encodings; it registers no ``kind``.
+    `query_positions` = `key_positions` = `time[..., None]` (the time stamps' unit, e.g.
+    hours or steps). A view for temporal encodings; it registers no `kind`.
     """
 
     num_axes = 1
@@ -46,7 +46,7 @@ class TimeLine(Coordinates):
 
 
 class _LatLonOnly(Coordinates):
-    """A class with the ``Spherical`` members only: what a spatial part may need."""
+    """A class with the `Spherical` members only: what a spatial part may need."""
 
     lat: Tensor
     lon: Tensor
@@ -57,7 +57,7 @@ class _LatLonOnly(Coordinates):
 
 
 def _canonical(spec: Spec, where: str) -> tuple[str, dict[str, Any], str]:
-    """``(name, options, text)`` of a spec: a registry name or ``{"name": ..., **options}``."""
+    """`(name, options, text)` of a spec: a registry name or `{"name": ..., **options}`."""
     if isinstance(spec, str):
         return spec, {}, spec
     if isinstance(spec, Mapping):
@@ -80,40 +80,40 @@ def _canonical(spec: Spec, where: str) -> tuple[str, dict[str, Any], str]:
           "Rußwurm et al. 2024 spherical harmonics + Vaswani et al. 2017 sinusoids in time",
     context=("d_model",))
 class SpaceTimePE(SavesSettings, InputEncoding):
-    """``P = P_space(φ, λ) + P_time(t)`` (or ``[P_space, P_time]``): one encoding per factor.
+    """`P = P_space(φ, λ) + P_time(t)` (or `[P_space, P_time]`): one encoding per factor.
 
-    Spatio-temporal Earth models encode a token at latitude ``φ``, longitude ``λ`` and time
-    ``t`` by a spatial and a temporal encoding added together — Earthformer sums embeddings of
-    its ``T``, ``H``, ``W`` axes. This composes any spatial input encoding on the sphere
-    (``spatial``: ``"spherical_harmonics"``, ``"latlon_sincos"``, ``"sphere_c"``,
-    ``"latlon_grid"`` …; it must read only ``lat``/``lon``) with any 1D input encoding of the
-    time stamps (``temporal``: ``"sinusoidal"``, ``"scaled_sinusoidal"`` …) of
-    :class:`mmpe.Sphere` (``Sphere(..., time=t)`` or ``Sphere.grid(n_lat, n_lon, times)``):
+    Spatio-temporal Earth models encode a token at latitude `φ`, longitude `λ` and time
+    `t` by a spatial and a temporal encoding added together — Earthformer sums embeddings of
+    its `T`, `H`, `W` axes. This composes any spatial input encoding on the sphere
+    (`spatial`: `"spherical_harmonics"`, `"latlon_sincos"`, `"sphere_c"`,
+    `"latlon_grid"` …; it must read only `lat`/`lon`) with any 1D input encoding of the
+    time stamps (`temporal`: `"sinusoidal"`, `"scaled_sinusoidal"` …) of
+    [`mmpe.Sphere`][mmpe.coords.sphere.Sphere] (`Sphere(..., time=t)` or `Sphere.grid(n_lat, n_lon, times)`):
 
-    * ``concat=False`` (default): both produce ``d_model`` channels and are added;
-    * ``concat=True``: the spatial part produces ``d_model − time_dim`` channels, the temporal
-      part ``time_dim``, concatenated (space first).
+    * `concat=False` (default): both produce `d_model` channels and are added;
+    * `concat=True`: the spatial part produces `d_model − time_dim` channels, the temporal
+      part `time_dim`, concatenated (space first).
 
-    A sphere without time stamps is one snapshot at ``t = 0`` (the temporal part then adds the
+    A sphere without time stamps is one snapshot at `t = 0` (the temporal part then adds the
     same vector to every token). Each part is built with ``mmpe.build(spec, context={"d_model":
-    width})``, so a spec is a registry name or ``{"name": ..., **options}``; the parts are the
-    submodules ``spatial`` and ``temporal``, and the specs are saved in the state_dict.
+    width})`, so a spec is a registry name or `{"name": ..., **options}``; the parts are the
+    submodules `spatial` and `temporal`, and the specs are saved in the state_dict.
 
     Args:
         d_model: output width.
-        spatial: the spatial encoding's spec (default ``"spherical_harmonics"``).
-        temporal: the temporal encoding's spec (default ``"sinusoidal"``: Vaswani et al.'s
+        spatial: the spatial encoding's spec (default `"spherical_harmonics"`).
+        temporal: the temporal encoding's spec (default `"sinusoidal"`: Vaswani et al.'s
             sinusoids of the time stamp, in its unit).
         concat: concatenate instead of adding.
-        time_dim: channels of the temporal part when ``concat`` (even for sinusoids).
+        time_dim: channels of the temporal part when `concat` (even for sinusoids).
 
-    Shapes: ``forward(coords) -> [n, d_model]`` or ``[b, n, d_model]``.
+    Shapes: `forward(coords) -> [n, d_model]` or `[b, n, d_model]`.
 
     Raises:
         ValueError: a spec that is not an input encoding, a spatial encoding that needs more
-            than ``lat``/``lon``, a temporal one that does not run on 1D positions, a
-            ``time_dim`` outside ``[1, d_model − 1]`` with ``concat``; what the parts raise.
-        TypeError: coordinates not on the sphere (``Spherical``).
+            than `lat`/`lon`, a temporal one that does not run on 1D positions, a
+            `time_dim` outside `[1, d_model − 1]` with `concat`; what the parts raise.
+        TypeError: coordinates not on the sphere (`Spherical`).
     """
 
     saved_settings = ("spatial_spec", "temporal_spec", "concat", "time_dim")

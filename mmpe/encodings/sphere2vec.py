@@ -22,9 +22,9 @@ FEATURES = {"sphere_c": 3, "sphere_c_plus": 6, "sphere_m": 5, "sphere_m_plus": 8
 
 
 def sphere2vec_frequencies(num_scales: int, min_radius: float, max_radius: float) -> Tensor:
-    """``ω_s = 1 / r_s`` with ``r_s = r_min · g^{s/(S−1)}``, ``g = r_max / r_min`` (float64, ``[S]``).
+    """`ω_s = 1 / r_s` with `r_s = r_min · g^{s/(S−1)}`, `g = r_max / r_min` (float64, `[S]`).
 
-    Largest first-scale frequency ``1/r_min``, smallest ``1/r_max``; radii in radians.
+    Largest first-scale frequency `1/r_min`, smallest `1/r_max`; radii in radians.
     """
     if num_scales == 1:
         return torch.tensor([1.0 / max_radius], dtype=torch.float64)
@@ -33,15 +33,15 @@ def sphere2vec_frequencies(num_scales: int, min_radius: float, max_radius: float
 
 
 def sphere2vec_features(lat: Tensor, lon: Tensor, freqs: Tensor, variant: str) -> Tensor:
-    """The Sphere2Vec features of ``variant`` at every scale, ``[..., S · FEATURES[variant]]``.
+    """The Sphere2Vec features of `variant` at every scale, `[..., S · FEATURES[variant]]`.
 
-    With ``φ_s = ω_s φ``, ``λ_s = ω_s λ`` (radians):
+    With `φ_s = ω_s φ`, `λ_s = ω_s λ` (radians):
 
-    * ``sphere_c``:  ``[sin φ_s, cos φ_s cos λ_s, cos φ_s sin λ_s]`` — at ``ω = 1`` the unit vector;
-    * ``sphere_c_plus``: ``sphere_c`` ∪ ``[cos φ_s, sin λ_s, cos λ_s]`` (adds the grid terms);
-    * ``sphere_m``: ``[sin φ_s, cos φ_s cos λ, cos φ cos λ_s, cos φ_s sin λ, cos φ sin λ_s]`` —
+    * `sphere_c`:  `[sin φ_s, cos φ_s cos λ_s, cos φ_s sin λ_s]` — at `ω = 1` the unit vector;
+    * `sphere_c_plus`: `sphere_c` ∪ `[cos φ_s, sin λ_s, cos λ_s]` (adds the grid terms);
+    * `sphere_m`: `[sin φ_s, cos φ_s cos λ, cos φ cos λ_s, cos φ_s sin λ, cos φ sin λ_s]` —
       one angle multi-scale at a time, the other at scale 1;
-    * ``sphere_m_plus``: ``sphere_m`` ∪ ``[cos φ_s, sin λ_s, cos λ_s]``.
+    * `sphere_m_plus`: `sphere_m` ∪ `[cos φ_s, sin λ_s, cos λ_s]`.
     """
     if variant not in FEATURES:
         raise ValueError(f"sphere2vec: variant must be one of {VARIANTS}, got {variant!r}")
@@ -58,31 +58,31 @@ def sphere2vec_features(lat: Tensor, lon: Tensor, freqs: Tensor, variant: str) -
 
 
 class Sphere2Vec(KeepDtype, SavesSettings, InputEncoding):
-    """``P = W · PE_S(φ, λ) + c``: a Sphere2Vec multi-scale encoding and a learned projection.
+    """`P = W · PE_S(φ, λ) + c`: a Sphere2Vec multi-scale encoding and a learned projection.
 
-    Mai et al. 2023 lift Space2Vec's multi-scale sinusoids to the sphere. ``S`` scales with
-    frequencies ``ω_s`` from ``1/r_max`` to ``1/r_min`` (:func:`sphere2vec_frequencies`) enter the
-    features of :func:`sphere2vec_features`; a learned linear map ``W`` takes them to ``d_model``
+    Mai et al. 2023 lift Space2Vec's multi-scale sinusoids to the sphere. `S` scales with
+    frequencies `ω_s` from `1/r_max` to `1/r_min` ([`sphere2vec_frequencies`][mmpe.encodings.sphere2vec.sphere2vec_frequencies]) enter the
+    features of [`sphere2vec_features`][mmpe.encodings.sphere2vec.sphere2vec_features]; a learned linear map `W` takes them to `d_model`
     (the paper puts an FFN on top; here the transformer's own layers follow).
 
-    As in the paper the scaled longitudes ``ω_s λ`` are not 2π-periodic unless ``ω_s`` is an
-    integer, so the multi-scale terms jump at the date line and, unless ``cos(ω_s π/2) = 0``,
-    differ at a pole between longitudes. ``periodic=True`` (not in the paper) rounds every
-    ``ω_s`` to the nearest odd integer: ``sphere_c`` and ``sphere_m`` then become continuous
-    across the date line and identical at the poles; the ``_plus`` variants' grid terms
-    ``sin λ_s``, ``cos λ_s`` stay longitude-dependent at the poles by construction.
+    As in the paper the scaled longitudes `ω_s λ` are not 2π-periodic unless `ω_s` is an
+    integer, so the multi-scale terms jump at the date line and, unless `cos(ω_s π/2) = 0`,
+    differ at a pole between longitudes. `periodic=True` (not in the paper) rounds every
+    `ω_s` to the nearest odd integer: `sphere_c` and `sphere_m` then become continuous
+    across the date line and identical at the poles; the `_plus` variants' grid terms
+    `sin λ_s`, `cos λ_s` stay longitude-dependent at the poles by construction.
 
     Args:
         d_model: output width.
-        num_scales: ``S``.
-        min_radius, max_radius: smallest and largest scale (radians); ``r_max = 1`` makes the
-            coarsest ``sphere_c`` scale exactly the unit vector.
+        num_scales: `S`.
+        min_radius, max_radius: smallest and largest scale (radians); `r_max = 1` makes the
+            coarsest `sphere_c` scale exactly the unit vector.
         periodic: round frequencies to odd integers (see above).
 
-    Shapes: ``forward(coords) -> [s, d_model]`` or ``[b, s, d_model]``.
+    Shapes: `forward(coords) -> [s, d_model]` or `[b, s, d_model]`.
 
     Raises:
-        ValueError: non-positive ``d_model``/``num_scales``, or not ``0 < min_radius <= max_radius``.
+        ValueError: non-positive `d_model`/`num_scales`, or not `0 < min_radius <= max_radius`.
         TypeError: coordinates not on the sphere.
     """
 
@@ -106,7 +106,7 @@ class Sphere2Vec(KeepDtype, SavesSettings, InputEncoding):
         self.periodic = bool(periodic)
 
     def features(self, coords: Coordinates) -> Tensor:
-        """``PE_S`` before the projection, ``[s or b, s, S · features]`` float32."""
+        """`PE_S` before the projection, `[s or b, s, S · features]` float32."""
         lat, lon = sphere_angles(self, coords)
         return sphere2vec_features(lat, lon, self.freqs, self.variant).float()
 

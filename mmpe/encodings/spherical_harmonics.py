@@ -19,35 +19,35 @@ NETWORKS = ("siren", "mlp", "linear")
 
 
 def real_spherical_harmonics(lat: Tensor, lon: Tensor, max_degree: int) -> Tensor:
-    """Real orthonormal spherical harmonics ``Y_l^m(φ, λ)`` for ``l = 0 … L``, ``|m| ≤ l``.
+    """Real orthonormal spherical harmonics `Y_l^m(φ, λ)` for `l = 0 … L`, `|m| ≤ l`.
 
-    With colatitude ``θ = π/2 − φ`` (so ``cos θ = sin φ``) and ``P̄_l^m`` the fully normalised
+    With colatitude `θ = π/2 − φ` (so `cos θ = sin φ`) and `P̄_l^m` the fully normalised
     associated Legendre functions (no Condon–Shortley phase),
 
-    * ``Y_l^0 = P̄_l^0(cos θ)``,
-    * ``Y_l^m = √2 · P̄_l^m(cos θ) · cos(mλ)`` for ``m > 0``,
-    * ``Y_l^{−m} = √2 · P̄_l^m(cos θ) · sin(mλ)`` for ``m > 0``,
+    * `Y_l^0 = P̄_l^0(cos θ)`,
+    * `Y_l^m = √2 · P̄_l^m(cos θ) · cos(mλ)` for `m > 0`,
+    * `Y_l^{−m} = √2 · P̄_l^m(cos θ) · sin(mλ)` for `m > 0`,
 
-    so that ``∫_{S²} Y_a Y_b dΩ = δ_ab`` (the real harmonics of e.g. Wikipedia's table; with
-    SciPy's complex ``Y_l^m``: ``Y_l^m = √2 (−1)^m Re Y_l^m``, ``Y_l^{−m} = √2 (−1)^m Im Y_l^m``).
+    so that `∫_{S²} Y_a Y_b dΩ = δ_ab` (the real harmonics of e.g. Wikipedia's table; with
+    SciPy's complex `Y_l^m`: `Y_l^m = √2 (−1)^m Re Y_l^m`, `Y_l^{−m} = √2 (−1)^m Im Y_l^m`).
 
-    ``P̄`` comes from the standard stable three-term recurrences, never from symbolic expansion:
-    ``P̄_0^0 = 1/√(4π)``; ``P̄_m^m = √((2m+1)/(2m)) · sin θ · P̄_{m−1}^{m−1}``;
-    ``P̄_{m+1}^m = √(2m+3) · cos θ · P̄_m^m``;
-    ``P̄_l^m = a_lm (cos θ · P̄_{l−1}^m − b_lm · P̄_{l−2}^m)`` with
-    ``a_lm = √((4l²−1)/(l²−m²))``, ``b_lm = √(((l−1)²−m²)/(4(l−1)²−1))``.
+    `P̄` comes from the standard stable three-term recurrences, never from symbolic expansion:
+    `P̄_0^0 = 1/√(4π)`; `P̄_m^m = √((2m+1)/(2m)) · sin θ · P̄_{m−1}^{m−1}`;
+    `P̄_{m+1}^m = √(2m+3) · cos θ · P̄_m^m`;
+    `P̄_l^m = a_lm (cos θ · P̄_{l−1}^m − b_lm · P̄_{l−2}^m)` with
+    `a_lm = √((4l²−1)/(l²−m²))`, `b_lm = √(((l−1)²−m²)/(4(l−1)²−1))`.
 
-    At the poles ``sin θ = 0`` exactly (clamped at 0), so every ``m ≠ 0`` term vanishes and the
+    At the poles `sin θ = 0` exactly (clamped at 0), so every `m ≠ 0` term vanishes and the
     encoding is the same for every longitude.
 
     Args:
         lat, lon: radians, any broadcastable shapes.
-        max_degree: ``L`` ≥ 0; ``(L+1)²`` functions. (Rußwurm et al.'s "L Legendre polynomials"
-            is ``max_degree = L − 1``.)
+        max_degree: `L` ≥ 0; `(L+1)²` functions. (Rußwurm et al.'s "L Legendre polynomials"
+            is `max_degree = L − 1`.)
 
     Returns:
-        ``[..., (L+1)²]`` in the inputs' floating dtype (computed in float64), ordered by degree
-        then order: index ``l² + l + m``.
+        `[..., (L+1)²]` in the inputs' floating dtype (computed in float64), ordered by degree
+            then order: index `l² + l + m`.
     """
     if isinstance(max_degree, bool) or not isinstance(max_degree, int) or max_degree < 0:
         raise ValueError(f"spherical_harmonics: max_degree must be an int >= 0, got {max_degree!r}")
@@ -84,7 +84,7 @@ def real_spherical_harmonics(lat: Tensor, lon: Tensor, max_degree: int) -> Tenso
 
 
 class Sine(SavesSettings, nn.Module):
-    """``sin(w0 · x)`` (``w0`` saved in the state_dict and checked on load)."""
+    """`sin(w0 · x)` (`w0` saved in the state_dict and checked on load)."""
 
     saved_settings = ("w0",)
 
@@ -99,11 +99,11 @@ class Sine(SavesSettings, nn.Module):
 class SirenNet(nn.Module):
     """Sinusoidal representation network (Sitzmann et al. 2020), as used by Rußwurm et al.
 
-    ``num_layers`` hidden layers ``h ← sin(w0 · (W h + b))`` (``w0_initial`` in the first), then a
+    `num_layers` hidden layers `h ← sin(w0 · (W h + b))` (`w0_initial` in the first), then a
     linear output layer. Initialisation (Sitzmann et al. §3.2): first layer
-    ``U(−1/in, 1/in)``, later layers ``U(−√(6/in)/w0, √(6/in)/w0)``.
+    `U(−1/in, 1/in)`, later layers `U(−√(6/in)/w0, √(6/in)/w0)`.
 
-    Shapes: ``[..., dim_in] -> [..., dim_out]``.
+    Shapes: `[..., dim_in] -> [..., dim_out]`.
     """
 
     def __init__(self, dim_in: int, dim_hidden: int, dim_out: int, num_layers: int = 2,
@@ -136,27 +136,27 @@ class SirenNet(nn.Module):
     paper="Rußwurm et al. 2024, Geographic Location Encoding with Spherical Harmonics and "
           "Sinusoidal Representation Networks (ICLR)", context=("d_model",))
 class SphericalHarmonicsPE(InputEncoding):
-    """``P = NN(Y(φ, λ))``: real spherical harmonics up to degree ``L`` through a small network.
+    """`P = NN(Y(φ, λ))`: real spherical harmonics up to degree `L` through a small network.
 
-    Rußwurm et al. 2024 encode a location by the ``(L+1)²`` real spherical harmonics
-    (:func:`real_spherical_harmonics`) — a basis native to the sphere, so the encoding is smooth
+    Rußwurm et al. 2024 encode a location by the `(L+1)²` real spherical harmonics
+    ([`real_spherical_harmonics`][mmpe.encodings.spherical_harmonics.real_spherical_harmonics]) — a basis native to the sphere, so the encoding is smooth
     across the date line and the same at a pole for every longitude — and learn a SirenNet
-    (:class:`SirenNet`) on top, which they found best among the networks they tried.
+    ([`SirenNet`][mmpe.encodings.spherical_harmonics.SirenNet]) on top, which they found best among the networks they tried.
 
     Args:
         d_model: output width.
-        max_degree: ``L`` (10 Legendre polynomials in the paper's default = ``max_degree=9``).
-        network: ``"siren"`` (default), ``"mlp"`` (ReLU) or ``"linear"``.
+        max_degree: `L` (10 Legendre polynomials in the paper's default = `max_degree=9`).
+        network: `"siren"` (default), `"mlp"` (ReLU) or `"linear"`.
         hidden_dim: width of the hidden layers.
-        num_layers: hidden layers of the network (ignored for ``"linear"``).
+        num_layers: hidden layers of the network (ignored for `"linear"`).
         w0, w0_initial: SIREN frequencies (Sitzmann et al.: 1 and 30).
 
-    Shapes: ``forward(coords) -> [s, d_model]`` or ``[b, s, d_model]``; uses ``coords.lat`` and
-    ``coords.lon`` (radians) of :class:`mmpe.coords.Sphere`; a time axis is ignored.
+    Shapes: `forward(coords) -> [s, d_model]` or `[b, s, d_model]`; uses `coords.lat` and
+    `coords.lon` (radians) of [`mmpe.coords.Sphere`][mmpe.coords.sphere.Sphere]; a time axis is ignored.
 
     Raises:
-        ValueError: non-positive ``d_model`` / ``hidden_dim`` / ``num_layers``, negative
-            ``max_degree``, unknown ``network``.
+        ValueError: non-positive `d_model` / `hidden_dim` / `num_layers`, negative
+            `max_degree`, unknown `network`.
         TypeError: coordinates that are not on the sphere.
     """
 
@@ -185,7 +185,7 @@ class SphericalHarmonicsPE(InputEncoding):
             self.net = nn.Linear(n_feat, d_model)
 
     def features(self, coords: Coordinates) -> Tensor:
-        """The harmonics ``[s or b, s, (L+1)²]`` (float32) before the network."""
+        """The harmonics `[s or b, s, (L+1)²]` (float32) before the network."""
         lat, lon = sphere_angles(self, coords)
         return real_spherical_harmonics(lat, lon, self.max_degree).float()
 

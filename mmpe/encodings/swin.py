@@ -18,12 +18,12 @@ from mmpe.registry import register
 
 
 def relative_position_index(shape: tuple[int, ...], prefix_tokens: int = 0) -> Tensor:
-    """Swin's relative position index ``[n, n]`` (int64) for a grid of ``shape`` (row-major tokens).
+    """Swin's relative position index `[n, n]` (int64) for a grid of `shape` (row-major tokens).
 
-    ``index(q, k) = Σ_a (c_{q,a} − c_{k,a} + s_a − 1) · Π_{b>a} (2 s_b − 1)`` — the offset, shifted to
-    be non-negative, flattened over the ``Π (2 s_a − 1)`` possible offsets. With prefix tokens
-    (BEiT) three more entries follow: prefix→cell ``R``, cell→prefix ``R+1``, prefix→prefix
-    ``R+2``, ``R = Π (2 s_a − 1)``. In 2D equals timm's ``gen_relative_position_index``.
+    `index(q, k) = Σ_a (c_{q,a} − c_{k,a} + s_a − 1) · Π_{b>a} (2 s_b − 1)` — the offset, shifted to
+    be non-negative, flattened over the `Π (2 s_a − 1)` possible offsets. With prefix tokens
+    (BEiT) three more entries follow: prefix→cell `R`, cell→prefix `R+1`, prefix→prefix
+    `R+2`, `R = Π (2 s_a − 1)`. In 2D equals timm's `gen_relative_position_index`.
     """
     coords = torch.cartesian_prod(*(torch.arange(s) for s in shape)).reshape(-1, len(shape))
     rel = coords[:, None, :] - coords[None, :, :] + torch.tensor(shape) - 1
@@ -39,10 +39,10 @@ def relative_position_index(shape: tuple[int, ...], prefix_tokens: int = 0) -> T
 
 
 def offset_table_mod(grid, table: Tensor, prefix_entries: bool) -> ScoreMod:
-    """``score + table[index(q, k), h]`` with :func:`relative_position_index` computed per pair.
+    """`score + table[index(q, k), h]` with [`relative_position_index`][mmpe.encodings.swin.relative_position_index] computed per pair.
 
-    ``table`` ``[Π (2 s_a − 1) (+3), n_h]`` for ``grid.shape``. Pairs involving a prefix token
-    read the three extra entries when ``prefix_entries``, else get 0.
+    `table` `[Π (2 s_a − 1) (+3), n_h]` for `grid.shape`. Pairs involving a prefix token
+    read the three extra entries when `prefix_entries`, else get 0.
     """
     shape = grid.shape
     sizes = [2 * s - 1 for s in shape]
@@ -67,14 +67,14 @@ def offset_table_mod(grid, table: Tensor, prefix_entries: bool) -> ScoreMod:
 
 
 def offset_table_bias(grid, table: Tensor, prefix_entries: bool, cache: dict) -> Tensor:
-    """Eager form of :func:`offset_table_mod`: the bias ``[1, n_h, n, n]`` (``table``'s dtype).
+    """Eager form of [`offset_table_mod`][mmpe.encodings.swin.offset_table_mod]: the bias `[1, n_h, n, n]` (`table`'s dtype).
 
-    ``table`` ``[Π (2 s_a − 1) (+3), n_h]``. One ``index_select`` of the head-major table
-    (``[n_h, R]``, a few kB) with the flattened :func:`relative_position_index` writes the bias
-    contiguous in ``[n_h, n·n]`` order, so adding it to ``[b, n_h, n, n]`` scores streams both
-    operands (gathering ``[n, n, n_h]`` rows and permuting, as before, left a strided bias that
-    made the addition ~2× slower). The flat index (int64 ``[n·n]``) is built once per (grid
-    shape, prefix tokens, device) and kept in ``cache`` (a few entries); compiled graphs build
+    `table` `[Π (2 s_a − 1) (+3), n_h]`. One `index_select` of the head-major table
+    (`[n_h, R]`, a few kB) with the flattened [`relative_position_index`][mmpe.encodings.swin.relative_position_index] writes the bias
+    contiguous in `[n_h, n·n]` order, so adding it to `[b, n_h, n, n]` scores streams both
+    operands (gathering `[n, n, n_h]` rows and permuting, as before, left a strided bias that
+    made the addition ~2× slower). The flat index (int64 `[n·n]`) is built once per (grid
+    shape, prefix tokens, device) and kept in `cache` (a few entries); compiled graphs build
     it in the graph instead (no side effects there).
     """
     key = (tuple(grid.shape), grid.prefix_tokens, table.device)
@@ -104,25 +104,25 @@ def offset_table_bias(grid, table: Tensor, prefix_entries: bool, cache: dict) ->
           "(ICCV), §3.2 eq. 4; Bao et al. 2022, BEiT (ICLR) §2.6 (prefix-token entries, table "
           "interpolation)", context=("num_heads", "grid_shape"))
 class SwinRelativeBias(SavesSettings, ScoreEncoding):
-    """A learned bias per head for every relative offset on the grid: ``score + B̂[Δ, h]`` (Swin eq. 4).
+    """A learned bias per head for every relative offset on the grid: `score + B̂[Δ, h]` (Swin eq. 4).
 
-    The table ``B̂`` ``[Π (2 s_a − 1) (+3), n_h]`` holds one entry per possible per-axis offset
-    ``Δ = c_q − c_k`` within the training grid ``grid_shape`` (a Swin window; here the whole
-    grid), gathered by :func:`relative_position_index`. Prefix tokens: with ``prefix_bias``
+    The table `B̂` `[Π (2 s_a − 1) (+3), n_h]` holds one entry per possible per-axis offset
+    `Δ = c_q − c_k` within the training grid `grid_shape` (a Swin window; here the whole
+    grid), gathered by [`relative_position_index`][mmpe.encodings.swin.relative_position_index]. Prefix tokens: with `prefix_bias`
     (default) three learned entries per head — prefix→cell, cell→prefix, prefix→prefix (BEiT);
     otherwise their bias is 0.
 
     On a grid of another shape the table is interpolated to the new offset range: in 2D exactly
-    as BEiT/timm (``timm.layers.resize_rel_pos_bias_table``: geometric-progression source
-    coordinates, bilinear), in 1D/3D linear/trilinear with ``align_corners=True``.
+    as BEiT/timm (`timm.layers.resize_rel_pos_bias_table`: geometric-progression source
+    coordinates, bilinear), in 1D/3D linear/trilinear with `align_corners=True`.
 
     Args:
-        num_heads: ``n_h``.
+        num_heads: `n_h`.
         grid_shape: the training grid (window) shape.
         prefix_bias: learn BEiT's three prefix entries.
 
     Raises:
-        ValueError: bad ``num_heads`` / ``grid_shape``; a grid whose number of axes differs.
+        ValueError: bad `num_heads` / `grid_shape`; a grid whose number of axes differs.
     """
 
     saved_settings = ("grid_shape",)  # (2, 3) and (3, 2) have tables of one size
@@ -144,7 +144,7 @@ class SwinRelativeBias(SavesSettings, ScoreEncoding):
         return math.prod(2 * s - 1 for s in self.grid_shape)
 
     def table_for(self, shape: tuple[int, ...]) -> Tensor:
-        """The table for a grid of ``shape`` (interpolated if it differs), ``[Π (2s−1) (+3), n_h]``."""
+        """The table for a grid of `shape` (interpolated if it differs), `[Π (2s−1) (+3), n_h]`."""
         shape = tuple(shape)
         if shape == self.grid_shape:
             return self.table
@@ -186,7 +186,7 @@ class SwinRelativeBias(SavesSettings, ScoreEncoding):
         return offset_table_mod(grid, self.table_for(grid.shape), self.prefix_bias)
 
     def bias(self, ctx: AttentionContext) -> Tensor:
-        """Eager path: ``[1, n_h, n, n]`` gathered with a cached index (equals the score_mod)."""
+        """Eager path: `[1, n_h, n, n]` gathered with a cached index (equals the score_mod)."""
         self.check_context(ctx)
         grid = as_grid("swin", ctx.coords)
         check_ndim("swin", grid, len(self.grid_shape), f"grid_shape {self.grid_shape}")

@@ -18,12 +18,12 @@ from mmpe.registry import register
 
 
 def log_relative_coords(shape: tuple[int, ...], ref_shape: tuple[int, ...]) -> Tensor:
-    """SwinV2's log-spaced offsets ``[Π (2 s_a − 1), A]`` for a grid of ``shape``.
+    """SwinV2's log-spaced offsets `[Π (2 s_a − 1), A]` for a grid of `shape`.
 
-    Offsets ``Δ_a ∈ {−(s_a−1) … s_a−1}`` are normalised by the training grid,
-    ``Δ̂ = 8 Δ / (r_a − 1)`` (``r = ref_shape``), then ``sign(Δ̂)·log2(1 + |Δ̂|)/log2(8)`` (SwinV2 eq. 4
-    and its code), so training offsets fill ``[−1, 1]`` and larger grids extrapolate gently.
-    Row-major over the offset grid, matching :func:`~mmpe.encodings.swin.relative_position_index`.
+    Offsets `Δ_a ∈ {−(s_a−1) … s_a−1}` are normalised by the training grid,
+    `Δ̂ = 8 Δ / (r_a − 1)` (`r = ref_shape`), then `sign(Δ̂)·log2(1 + |Δ̂|)/log2(8)` (SwinV2 eq. 4
+    and its code), so training offsets fill `[−1, 1]` and larger grids extrapolate gently.
+    Row-major over the offset grid, matching [`relative_position_index`][mmpe.encodings.swin.relative_position_index].
     """
     axes = [torch.arange(-(s - 1), s, dtype=torch.float32) for s in shape]
     rel = torch.cartesian_prod(*axes).reshape(-1, len(shape))
@@ -38,24 +38,24 @@ def log_relative_coords(shape: tuple[int, ...], ref_shape: tuple[int, ...]) -> T
     paper="Liu et al. 2022, Swin Transformer V2: Scaling Up Capacity and Resolution (CVPR), "
           "§3.3 log-spaced continuous position bias, eqs. 3-4", context=("num_heads", "grid_shape"))
 class SwinV2CPB(SavesSettings, ScoreEncoding):
-    """``score + 16·σ(G(Δ̂))[h]``: a small MLP ``G`` on log-spaced per-axis offsets (SwinV2 §3.3).
+    """`score + 16·σ(G(Δ̂))[h]`: a small MLP `G` on log-spaced per-axis offsets (SwinV2 §3.3).
 
-    ``G`` is ``A → hidden → n_h`` with ReLU (bias on the first layer only, as the official
-    code); its output passes ``16·sigmoid`` (SwinV2's code). Offsets are normalised by the
-    training grid (:func:`log_relative_coords`), so the same MLP gives a bias for any grid shape
-    without table interpolation. The MLP runs once per call on the ``Π (2 s_a − 1)`` offsets;
-    pairs gather from that table. Pairs involving prefix tokens get 0 (as timm's ``RelPosMlp``).
+    `G` is `A → hidden → n_h` with ReLU (bias on the first layer only, as the official
+    code); its output passes `16·sigmoid` (SwinV2's code). Offsets are normalised by the
+    training grid ([`log_relative_coords`][mmpe.encodings.swinv2_cpb.log_relative_coords]), so the same MLP gives a bias for any grid shape
+    without table interpolation. The MLP runs once per call on the `Π (2 s_a − 1)` offsets;
+    pairs gather from that table. Pairs involving prefix tokens get 0 (as timm's `RelPosMlp`).
 
     Args:
-        num_heads: ``n_h``.
+        num_heads: `n_h`.
         grid_shape: the training grid (window), which sets the offset normalisation.
         hidden: MLP width (512 in SwinV2).
 
-    Equals timm's ``RelPosMlp(window_size, mode="swin", pretrained_window_size=grid_shape)``
+    Equals timm's `RelPosMlp(window_size, mode="swin", pretrained_window_size=grid_shape)`
     in eval mode (timm adds dropout 0.125 inside the MLP when training; mmpe has none).
 
     Raises:
-        ValueError: bad ``num_heads`` / ``grid_shape`` / ``hidden``; a grid with another number of axes.
+        ValueError: bad `num_heads` / `grid_shape` / `hidden`; a grid with another number of axes.
     """
 
     saved_settings = ("grid_shape",)  # the offset normalisation
@@ -72,7 +72,7 @@ class SwinV2CPB(SavesSettings, ScoreEncoding):
         self._index_cache: dict = {}
 
     def table_for(self, shape: tuple[int, ...]) -> Tensor:
-        """``[Π (2 s_a − 1), n_h]`` biases ``16·σ(G(Δ̂))`` for every offset of a grid of ``shape``."""
+        """`[Π (2 s_a − 1), n_h]` biases `16·σ(G(Δ̂))` for every offset of a grid of `shape`."""
         shape = tuple(shape)
         if torch.compiler.is_compiling():  # no side effect in a compiled graph
             coords = log_relative_coords(shape, self.grid_shape)
@@ -98,7 +98,7 @@ class SwinV2CPB(SavesSettings, ScoreEncoding):
         return offset_table_mod(grid, self.table_for(grid.shape), prefix_entries=False)
 
     def bias(self, ctx: AttentionContext) -> Tensor:
-        """Eager path: ``[1, n_h, n, n]`` gathered with a cached index (equals the score_mod)."""
+        """Eager path: `[1, n_h, n, n]` gathered with a cached index (equals the score_mod)."""
         self.check_context(ctx)
         grid = as_grid("swinv2_cpb", ctx.coords)
         check_ndim("swinv2_cpb", grid, len(self.grid_shape), f"grid_shape {self.grid_shape}")

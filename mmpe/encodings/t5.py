@@ -21,16 +21,16 @@ def t5_bucket(
     num_buckets: int = 32,
     max_distance: int = 128,
 ) -> Tensor:
-    """Bucket index of ``relative_position = key_pos − query_pos`` (tokens), as in T5.
+    """Bucket index of `relative_position = key_pos − query_pos` (tokens), as in T5.
 
     Bidirectional: half the buckets for keys after the query, half for keys before. Within a
-    half, the first ``num_buckets/4`` distances get a bucket each; larger distances share
-    log-spaced buckets up to ``max_distance``, beyond which all share the last bucket.
+    half, the first `num_buckets/4` distances get a bucket each; larger distances share
+    log-spaced buckets up to `max_distance`, beyond which all share the last bucket.
     Unidirectional (causal): only keys at or before the query count (later keys fall in
-    bucket 0), with all ``num_buckets`` for the magnitude.
+    bucket 0), with all `num_buckets` for the magnitude.
 
     Returns:
-        int64 tensor of ``relative_position``'s shape, values in ``[0, num_buckets)``.
+        int64 tensor of `relative_position`'s shape, values in `[0, num_buckets)`.
     """
     if not isinstance(relative_position, Tensor):
         raise TypeError(f"t5_bucket: relative_position must be a torch.Tensor, "
@@ -65,22 +65,22 @@ def t5_bucket(
 class T5RelativeBias(SavesSettings, ScoreEncoding):
     """A learned scalar per head and relative-position bucket, added to the logits (T5, §2.1).
 
-    ``score(i, j) += B[bucket(pos_j − pos_i), h]`` with :func:`t5_bucket`. Distances past
-    ``max_distance`` share one bucket, so the bias is defined at any length.
+    `score(i, j) += B[bucket(pos_j − pos_i), h]` with [`t5_bucket`][mmpe.encodings.t5.t5_bucket]. Distances past
+    `max_distance` share one bucket, so the bias is defined at any length.
 
     Args:
-        num_heads: ``n_h``.
+        num_heads: `n_h`.
         num_buckets: number of buckets (32 in T5; ≥ 2, even when bidirectional).
         max_distance: distance (tokens) where the last bucket starts (128 in T5).
-        bidirectional: separate buckets for keys before/after the query. ``None`` (default)
+        bidirectional: separate buckets for keys before/after the query. `None` (default)
             follows the coordinates: unidirectional for causal sequences and for undirected
             coordinates (grids, graphs), where the distance is bucketed.
         distance_unit: on undirected coordinates, the distance that counts as one step
             (distances are divided by it and rounded before bucketing).
 
     Raises:
-        ValueError: ``num_buckets < 2``, odd ``num_buckets`` when bidirectional, or
-            ``max_distance`` not larger than the exact range.
+        ValueError: `num_buckets < 2`, odd `num_buckets` when bidirectional, or
+            `max_distance` not larger than the exact range.
     """
 
     saved_settings = ("max_distance", "bidirectional", "distance_unit")
@@ -130,11 +130,11 @@ class T5RelativeBias(SavesSettings, ScoreEncoding):
         return bidirectional
 
     def bias(self, ctx: AttentionContext) -> Tensor:
-        """Eager path: bucket each distinct offset once, then gather, ``[b or 1, n_h, n_q, n_k]``.
+        """Eager path: bucket each distinct offset once, then gather, `[b or 1, n_h, n_q, n_k]`.
 
-        The offsets of a sequence whose positions lie in ``0 … max_position`` take at most
-        ``2·max_position + 1`` values, so the log-bucketing runs on those instead of on all
-        ``n_q·n_k`` pairs (with no device read); the result equals :meth:`score_mod`.
+        The offsets of a sequence whose positions lie in `0 … max_position` take at most
+        `2·max_position + 1` values, so the log-bucketing runs on those instead of on all
+        `n_q·n_k` pairs (with no device read); the result equals `score_mod`.
         """
         self.check_context(ctx)
         coords = ctx.coords
@@ -153,8 +153,8 @@ class T5RelativeBias(SavesSettings, ScoreEncoding):
         return table[rel.squeeze(1) - lo].permute(0, 3, 1, 2)
 
     def relation_bias(self, ctx: AttentionContext, relation: Tensor) -> Tensor:
-        """The bucket's learned value per head on ``toeplitz`` coordinates, ``[n_h, m]``: the
-        bucketing runs on the ``m`` offsets, not on the pairs."""
+        """The bucket's learned value per head on `toeplitz` coordinates, `[n_h, m]`: the
+        bucketing runs on the `m` offsets, not on the pairs."""
         self.check_context(ctx)
         coords = ctx.coords
         if isinstance(coords, Directed):

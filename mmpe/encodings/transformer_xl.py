@@ -20,15 +20,15 @@ from mmpe.registry import register
 
 
 def relative_range(ctx: AttentionContext) -> tuple[int, int]:
-    """Smallest and largest ``i − j`` (query minus key position, tokens) among all pairs."""
+    """Smallest and largest `i − j` (query minus key position, tokens) among all pairs."""
     qpos, kpos = ctx.coords.query_positions[..., 0], ctx.coords.key_positions[..., 0]
     return int(qpos.min() - kpos.max()), int(qpos.max() - kpos.min())
 
 
 def xl_sinusoid(rel: Tensor, dim: int, base: float = 10000.0) -> Tensor:
-    """Transformer-XL's ``R_r = [sin(r·θ), cos(r·θ)]`` (concatenated halves), ``θ_c = base^(−2c/dim)``.
+    """Transformer-XL's `R_r = [sin(r·θ), cos(r·θ)]` (concatenated halves), `θ_c = base^(−2c/dim)`.
 
-    Returns ``[*rel.shape, dim]`` float32; the phase is formed in float64.
+    Returns `[*rel.shape, dim]` float32; the phase is formed in float64.
     """
     if dim <= 0 or dim % 2:
         raise ValueError(f"transformer_xl: the sinusoid width must be a positive even int, got {dim}")
@@ -38,10 +38,10 @@ def xl_sinusoid(rel: Tensor, dim: int, base: float = 10000.0) -> Tensor:
 
 
 class _RelativeSinusoid(ContentScoreEncoding):
-    """``(q_i + v)·r_{i−j} + u·k_j`` with ``r`` from a ``(hi − lo + 1)``-row table of offsets."""
+    """`(q_i + v)·r_{i−j} + u·k_j` with `r` from a `(hi − lo + 1)`-row table of offsets."""
 
     def _relative_vectors(self, rel: Tensor) -> Tensor:  # pragma: no cover - abstract
-        """``[L, n_h, h_d]`` for the offsets ``rel`` ``[L]``."""
+        """`[L, n_h, h_d]` for the offsets `rel` `[L]`."""
         raise NotImplementedError
 
     def _scale(self, ctx: AttentionContext) -> float:
@@ -80,21 +80,21 @@ class _RelativeSinusoid(ContentScoreEncoding):
 class TransformerXLRelative(_RelativeSinusoid):
     """Transformer-XL's relative attention score (Dai et al. 2019, §3.3).
 
-    ``A_ij = q_iᵀk_j (a) + q_iᵀ W_R R_{i−j} (b) + uᵀk_j (c) + vᵀ W_R R_{i−j} (d)``, all over
-    ``√h_d``; ``R_{i−j}`` is the sinusoid of the offset ``i − j`` (query minus key position,
-    tokens) in ``d_model`` channels, ``W_R`` a learned projection to ``n_h·h_d``, and ``u, v``
-    the global content and position biases ``[n_h, h_d]``. Term (a) is the layer's own
-    ``q·k``; this encoding adds (b)+(c)+(d). Efficient form (the paper's appendix B): ``W_R R``
-    is built once for the ``2n − 1`` offsets present and ``(q + v)·(W_R R)`` is gathered per
-    pair — no ``n×n×d`` tensor.
+    `A_ij = q_iᵀk_j (a) + q_iᵀ W_R R_{i−j} (b) + uᵀk_j (c) + vᵀ W_R R_{i−j} (d)`, all over
+    `√h_d`; `R_{i−j}` is the sinusoid of the offset `i − j` (query minus key position,
+    tokens) in `d_model` channels, `W_R` a learned projection to `n_h·h_d`, and `u, v`
+    the global content and position biases `[n_h, h_d]`. Term (a) is the layer's own
+    `q·k`; this encoding adds (b)+(c)+(d). Efficient form (the paper's appendix B): `W_R R`
+    is built once for the `2n − 1` offsets present and `(q + v)·(W_R R)` is gathered per
+    pair — no `n×n×d` tensor.
 
     Args:
-        d_model: width of the sinusoid ``R`` (even).
-        num_heads: ``n_h``.
-        head_dim: ``h_d``.
+        d_model: width of the sinusoid `R` (even).
+        num_heads: `n_h`.
+        head_dim: `h_d`.
 
     Raises:
-        ValueError: odd ``d_model``, non-positive sizes, q/k missing from the context.
+        ValueError: odd `d_model`, non-positive sizes, q/k missing from the context.
     """
 
     def __init__(self, d_model: int, num_heads: int, head_dim: int) -> None:
@@ -121,21 +121,21 @@ class TransformerXLRelative(_RelativeSinusoid):
 class TENER(SavesSettings, _RelativeSinusoid):
     """TENER's direction- and distance-aware relative attention (Yan et al. 2019, eqs. 14-18).
 
-    ``A_tj = Q_tᵀK_j + Q_tᵀR_{t−j} + uᵀK_j + vᵀR_{t−j}``, with the fixed, unprojected sinusoid
-    ``R_{t−j} = [… sin((t−j)/10000^{2c/h_d}), cos((t−j)/10000^{2c/h_d}) …]`` in ``h_d``
-    channels (``t − j`` = query minus key position, tokens). Because ``sin`` is odd,
-    ``R_{t−j} ≠ R_{j−t}``: the score tells left from right context (eq. 17), which the
-    sinusoidal absolute encoding's dot product ``PE_tᵀPE_j`` cannot. TENER also drops the
-    ``1/√d`` factor ("un-scaled" attention, §3.2.2): :meth:`softmax_scale` returns 1 unless
-    ``scaled=True``.
+    `A_tj = Q_tᵀK_j + Q_tᵀR_{t−j} + uᵀK_j + vᵀR_{t−j}`, with the fixed, unprojected sinusoid
+    `R_{t−j} = [… sin((t−j)/10000^{2c/h_d}), cos((t−j)/10000^{2c/h_d}) …]` in `h_d`
+    channels (`t − j` = query minus key position, tokens). Because `sin` is odd,
+    `R_{t−j} ≠ R_{j−t}`: the score tells left from right context (eq. 17), which the
+    sinusoidal absolute encoding's dot product `PE_tᵀPE_j` cannot. TENER also drops the
+    `1/√d` factor ("un-scaled" attention, §3.2.2): `softmax_scale` returns 1 unless
+    `scaled=True`.
 
     Args:
-        num_heads: ``n_h``.
-        head_dim: ``h_d`` (even).
-        scaled: keep the usual ``1/√h_d`` instead of the paper's un-scaled attention.
+        num_heads: `n_h`.
+        head_dim: `h_d` (even).
+        scaled: keep the usual `1/√h_d` instead of the paper's un-scaled attention.
 
     Raises:
-        ValueError: odd or non-positive ``head_dim``, non-positive ``num_heads``.
+        ValueError: odd or non-positive `head_dim`, non-positive `num_heads`.
     """
 
     saved_settings = ("scaled",)

@@ -18,22 +18,22 @@ from mmpe.registry import register
 class XPos(RoPE):
     """Extrapolatable position embedding (Sun et al. 2022, eq. 10).
 
-    Queries at position ``n`` are rotated as RoPE and multiplied by ``ζ_i^{n/γ_B}``, keys at
-    ``m`` by ``ζ_i^{−m/γ_B}``, per channel pair ``i``, with
-    ``ζ_i = (2i/d + γ)/(1 + γ) ∈ (0, 1)`` (``γ = 0.4``) and ``γ_B`` = ``scale_base`` (512). The
-    logit then carries ``ζ_i^{(n − m)/γ_B}``: an attention resolution that decays with the
-    distance for a causal decoder (``n ≥ m``). Positions are shifted by half the largest key
+    Queries at position `n` are rotated as RoPE and multiplied by `ζ_i^{n/γ_B}`, keys at
+    `m` by `ζ_i^{−m/γ_B}`, per channel pair `i`, with
+    `ζ_i = (2i/d + γ)/(1 + γ) ∈ (0, 1)` (`γ = 0.4`) and `γ_B` = `scale_base` (512). The
+    logit then carries `ζ_i^{(n − m)/γ_B}`: an attention resolution that decays with the
+    distance for a causal decoder (`n ≥ m`). Positions are shifted by half the largest key
     position before exponentiating (the ratio is unchanged) to keep the factors near 1, as in
     the reference code and rotary-embedding-torch. The paper pairs it with blockwise causal
     attention at inference; that is a masking choice of the model, not part of this encoding.
 
     Args:
-        head_dim, base, rotary_dim, interleaved: as :class:`~mmpe.encodings.rope.RoPE`.
-        scale_base: ``γ_B`` (tokens, > 0).
-        gamma: ``γ`` (> 0).
+        head_dim, base, rotary_dim, interleaved: as [`RoPE`][mmpe.encodings.rope.RoPE].
+        scale_base: `γ_B` (tokens, > 0).
+        gamma: `γ` (> 0).
 
     Raises:
-        ValueError: ``scale_base ≤ 0``, ``gamma ≤ 0``, and RoPE's errors (odd rotary dim …).
+        ValueError: `scale_base ≤ 0`, `gamma ≤ 0`, and RoPE's errors (odd rotary dim …).
     """
 
     length_dependent = True  # rotations change with the number of tokens
@@ -49,7 +49,7 @@ class XPos(RoPE):
         self.scale_base, self.gamma = float(scale_base), float(gamma)
 
     def zeta(self) -> Tensor:
-        """``ζ_i = (2i/d + γ)/(1 + γ)``, float64 ``[rotary_dim/2]``."""
+        """`ζ_i = (2i/d + γ)/(1 + γ)`, float64 `[rotary_dim/2]`."""
         i2 = torch.arange(0, self.rotary_dim, 2, dtype=torch.float64)
         return (i2 / self.rotary_dim + self.gamma) / (1 + self.gamma)
 
