@@ -3,15 +3,15 @@
 Every data type in mmpe is a coordinate system. An encoding asks its coordinates two
 questions and never looks at the data type itself:
 
-* ``query_positions`` / ``key_positions`` — per-token coordinates, shape ``[n, a]`` or
-  ``[b, n, a]`` (``a`` axes). Input and rotary encodings read these.
-* ``relation(q_idx, kv_idx, b)`` and ``distance(q_idx, kv_idx, b)`` — per pair, computed
+* `query_positions` / `key_positions` — per-token coordinates, shape `[n, a]` or
+  `[b, n, a]` (`a` axes). Input and rotary encodings read these.
+* `relation(q_idx, kv_idx, b)` and `distance(q_idx, kv_idx, b)` — per pair, computed
   from *index tensors* that broadcast against each other. Score encodings read these. Because
-  they take indices, the same call works inside a FlexAttention ``score_mod`` (scalar indices,
-  no ``n×n`` tensor) and eagerly (broadcast ``[n, 1]`` and ``[1, n]`` index grids).
+  they take indices, the same call works inside a FlexAttention `score_mod` (scalar indices,
+  no `n×n` tensor) and eagerly (broadcast `[n, 1]` and `[1, n]` index grids).
 
-A new coordinate type subclasses :class:`Coordinates` and implements the members of the
-capabilities it offers (:mod:`mmpe.coords.capabilities`); every registered encoding whose needs
+A new coordinate type subclasses [`Coordinates`][mmpe.coords.base.Coordinates] and implements the members of the
+capabilities it offers ([`mmpe.coords.capabilities`][mmpe.coords.capabilities]); every registered encoding whose needs
 those meet then works on it unchanged.
 """
 
@@ -32,21 +32,21 @@ _COORDINATE_TYPES: dict[str, type[Coordinates]] = {}
 
 
 def coordinate_types() -> dict[str, type[Coordinates]]:
-    """Every coordinate class defined so far (mmpe's and users'), by ``kind``."""
+    """Every coordinate class defined so far (mmpe's and users'), by `kind`."""
     return dict(_COORDINATE_TYPES)
 
 
 class Coordinates(ABC):
     """Base class of every coordinate system: token counts, masks, batch and device.
 
-    What an encoding may *ask* lives in the capabilities of :mod:`mmpe.coords.capabilities`
-    (``Metric``: ``distance``/``extent``; ``Directed``: ``relation``/``causal``; ``Positioned``:
-    per-token positions; …). A subclass implements :attr:`num_queries` and the members of the
+    What an encoding may *ask* lives in the capabilities of [`mmpe.coords.capabilities`][mmpe.coords.capabilities]
+    (`Metric`: `distance`/`extent`; `Directed`: `relation`/`causal`; `Positioned`:
+    per-token positions; …). A subclass implements [`num_queries`][mmpe.coords.base.Coordinates.num_queries] and the members of the
     capabilities it offers, and every registered encoding whose needs those meet runs on it.
 
     Attributes:
-        kind: a display name (``"sequence"``, ``"grid"`` …); also the key under which
-            :func:`coordinate_types` lists the class. Optional for user classes.
+        kind: a display name (`"sequence"`, `"grid"` …); also the key under which
+            `coordinate_types` lists the class. Optional for user classes.
     """
 
     kind: str = ""
@@ -59,11 +59,11 @@ class Coordinates(ABC):
     @property
     @abstractmethod
     def num_queries(self) -> int:
-        """Number of query tokens ``n_q``."""
+        """Number of query tokens `n_q`."""
 
     @property
     def num_keys(self) -> int:
-        """Number of key tokens ``n_k``: ``n_q`` in self-attention; a cached decoder has more."""
+        """Number of key tokens `n_k`: `n_q` in self-attention; a cached decoder has more."""
         return self.num_queries
 
     def prepare(self) -> None:
@@ -73,14 +73,14 @@ class Coordinates(ABC):
 
     @property
     def key_mask(self) -> Tensor | None:
-        """``[n_k]`` or ``[b, n_k]`` bool, True at real keys, where the keys are padded; or None.
+        """`[n_k]` or `[b, n_k]` bool, True at real keys, where the keys are padded; or None.
 
         Cross-attention reads it to mask a padded key side.
         """
         return None
 
     def mask_mod(self) -> MaskMod | None:
-        """FlexAttention-style ``mask_mod(b, h, q_idx, kv_idx) -> bool`` (True = may attend), or None."""
+        """FlexAttention-style `mask_mod(b, h, q_idx, kv_idx) -> bool` (True = may attend), or None."""
         return None
 
     @property
@@ -99,8 +99,8 @@ class Coordinates(ABC):
         return None
 
     def dense_mask(self, start: int = 0, stop: int | None = None) -> Tensor | None:
-        """The :meth:`mask_mod` evaluated on all pairs of queries ``start … stop−1`` (default:
-        every query), ``[b or 1, 1, rows, n_k]`` bool, or None."""
+        """The [`mask_mod`][mmpe.coords.base.Coordinates.mask_mod] evaluated on all pairs of queries `start … stop−1` (default:
+        every query), `[b or 1, 1, rows, n_k]` bool, or None."""
         mod = self.mask_mod()
         if mod is None:
             return None
@@ -113,9 +113,9 @@ class Coordinates(ABC):
 def index_grid(
     batch: int, heads: int, n_q: int, n_k: int, device: torch.device | str | None = None
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Broadcastable index tensors ``b [B,1,1,1]``, ``h [1,H,1,1]``, ``q [1,1,Q,1]``, ``k [1,1,1,K]``.
+    """Broadcastable index tensors `b [B,1,1,1]`, `h [1,H,1,1]`, `q [1,1,Q,1]`, `k [1,1,1,K]`.
 
-    Calling a ``score_mod`` or ``mask_mod`` with these evaluates it on every pair at once:
+    Calling a `score_mod` or `mask_mod` with these evaluates it on every pair at once:
     this is how the eager (SDPA) path reuses the exact function FlexAttention compiles.
     """
     def ar(n: int, shape: tuple[int, ...]) -> Tensor:

@@ -1,35 +1,35 @@
 """Coordinate capabilities: the questions an encoding may ask its coordinates.
 
 An encoding never asks *which* data type it runs on; it declares the capabilities it needs
-(``register(..., needs=(Metric,))``) and any coordinate object that provides them qualifies,
+(`register(..., needs=(Metric,))`) and any coordinate object that provides them qualifies,
 including a class written outside mmpe. A capability is a small structural protocol: an object
 provides it when its class (or the instance) defines every member the capability lists.
-``isinstance(coords, Metric)`` performs that check without calling anything, and
-:func:`missing` names what is absent, which is what the "unsupported coordinates" error prints.
+`isinstance(coords, Metric)` performs that check without calling anything, and
+[`missing`][mmpe.coords.capabilities.missing] names what is absent, which is what the "unsupported coordinates" error prints.
 
 ==============  ============================================  ===========================================
 capability      members                                       read by
 ==============  ============================================  ===========================================
-``Metric``      ``distance(q_idx, kv_idx, b)``,               ALiBi, T5 (undirected), FIRE, KERPLE,
-                ``extent(q_idx, b)``                          DA-Transformer
-``Directed``    ``relation(q_idx, kv_idx, b)`` (signed),      Shaw, Transformer-XL, DeBERTa, T5 buckets
-                ``causal``
-``Causal``      ``Directed`` with ``causal`` true             CoPE, FoX, stick-breaking
-``Positioned``  ``query_positions``, ``key_positions``,       2D/3D sincos, axial and mixed RoPE,
-                ``num_axes``                                  M-RoPE
-``Positioned1D`` ``Positioned`` with ``num_axes == 1``         sinusoidal, learned, RoPE family, xPos
-``GridLayout``  ``shape``, ``prefix_tokens``, ``grid_index``  learned ViT tables, factorized, Swin, SwinV2
-``GraphLayout`` ``spd``, ``node_mask``, degrees, spectra      Graphormer, LapPE, RWSE
-``Spherical``   ``lat``, ``lon`` (radians)                    spherical harmonics, Sphere2Vec, lat/lon
-``FeatureGraph`` ``spectral_positions``                       Tab-PET
+`Metric`      `distance(q_idx, kv_idx, b)`,               ALiBi, T5 (undirected), FIRE, KERPLE,
+                `extent(q_idx, b)`                          DA-Transformer
+`Directed`    `relation(q_idx, kv_idx, b)` (signed),      Shaw, Transformer-XL, DeBERTa, T5 buckets
+                `causal`
+`Causal`      `Directed` with `causal` true             CoPE, FoX, stick-breaking
+`Positioned`  `query_positions`, `key_positions`,       2D/3D sincos, axial and mixed RoPE,
+                `num_axes`                                  M-RoPE
+`Positioned1D` `Positioned` with `num_axes == 1`         sinusoidal, learned, RoPE family, xPos
+`GridLayout`  `shape`, `prefix_tokens`, `grid_index`  learned ViT tables, factorized, Swin, SwinV2
+`GraphLayout` `spd`, `node_mask`, degrees, spectra      Graphormer, LapPE, RWSE
+`Spherical`   `lat`, `lon` (radians)                    spherical harmonics, Sphere2Vec, lat/lon
+`FeatureGraph` `spectral_positions`                       Tab-PET
 ==============  ============================================  ===========================================
 
-Conventions every implementation follows (``mmpe.testing.assert_coordinates_contract`` checks
+Conventions every implementation follows (`mmpe.testing.assert_coordinates_contract` checks
 them): pairwise members take integer *index tensors that broadcast* — scalars inside
-FlexAttention, ``index_grid`` tensors on the eager path — and use only tensor indexing and
-elementwise operations. ``distance`` is a non-negative float (the coordinates' unit: tokens,
-cells, hops, radians, ångström …) and ``extent`` bounds it. ``relation`` is ``pos_q − pos_k``:
-positive when the key lies *before* the query, so a causal mask is ``relation >= 0``.
+FlexAttention, `index_grid` tensors on the eager path — and use only tensor indexing and
+elementwise operations. `distance` is a non-negative float (the coordinates' unit: tokens,
+cells, hops, radians, ångström …) and `extent` bounds it. `relation` is `pos_q − pos_k`:
+positive when the key lies *before* the query, so a causal mask is `relation >= 0`.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ __all__ = [
 
 
 def defines(obj_or_cls: Any, member: str) -> bool:
-    """Whether ``member`` is defined without evaluating it (properties are not called)."""
+    """Whether `member` is defined without evaluating it (properties are not called)."""
     cls = obj_or_cls if isinstance(obj_or_cls, type) else type(obj_or_cls)
     for klass in cls.__mro__:
         if klass is object:
@@ -71,33 +71,33 @@ class _CapabilityMeta(type):
 
 
 class Capability(metaclass=_CapabilityMeta):
-    """Base of the capability protocols. ``members`` lists what a provider must define."""
+    """Base of the capability protocols. `members` lists what a provider must define."""
 
     members: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def unmet(cls, coords: Any) -> list[str]:
-        """Conditions beyond the members that ``coords`` fails (none for a plain protocol)."""
+        """Conditions beyond the members that `coords` fails (none for a plain protocol)."""
         return []
 
 
 def missing(coords: Any, capability: type[Capability]) -> list[str]:
-    """What ``coords`` (an object or a class) lacks to provide ``capability``: absent members,
-    then unmet conditions (e.g. ``"num_axes == 1"``)."""
+    """What `coords` (an object or a class) lacks to provide `capability`: absent members,
+    then unmet conditions (e.g. `"num_axes == 1"`)."""
     absent = [m for m in capability.members if not defines(coords, m)]
     return absent or capability.unmet(coords)
 
 
 def provides(coords: Any, needs: tuple[type[Capability], ...] | list[type[Capability]]) -> bool:
-    """Whether ``coords`` (object or class) provides every capability in ``needs``."""
+    """Whether `coords` (object or class) provides every capability in `needs`."""
     return all(not missing(coords, cap) for cap in needs)
 
 
 class Metric(Capability):
     """A distance between any query and any key, and a bound on it.
 
-    ``distance(q_idx, kv_idx, b=None) -> Tensor``: non-negative float32, the broadcast shape of
-    the indices, in the coordinates' unit. ``extent(q_idx, b=None) -> Tensor``: how far keys can
+    `distance(q_idx, kv_idx, b=None) -> Tensor`: non-negative float32, the broadcast shape of
+    the indices, in the coordinates' unit. `extent(q_idx, b=None) -> Tensor`: how far keys can
     lie from the query (float32; FIRE's normaliser): the query's position on a causal sequence,
     the diameter of the set elsewhere.
     """
@@ -112,9 +112,9 @@ class Metric(Capability):
 class Directed(Capability):
     """A signed relative position and a causal flag.
 
-    ``relation(q_idx, kv_idx, b=None) -> Tensor``: ``pos_q − pos_k`` (int64 for integer
-    positions): positive when the key lies before the query. ``causal``: ``True`` when a query
-    may only attend to keys with ``relation >= 0``.
+    `relation(q_idx, kv_idx, b=None) -> Tensor`: `pos_q − pos_k` (int64 for integer
+    positions): positive when the key lies before the query. `causal`: `True` when a query
+    may only attend to keys with `relation >= 0`.
     """
 
     members = ("relation", "causal")
@@ -124,10 +124,10 @@ class Directed(Capability):
 
 
 class Causal(Directed):
-    """``Directed`` coordinates with ``causal`` true: each query sees only keys at or before it.
+    """`Directed` coordinates with `causal` true: each query sees only keys at or before it.
 
     Decoder-only methods (CoPE, FoX, stick-breaking) need it. A class qualifies when it
-    provides the members (``causal`` is set per object); an object when ``causal`` is True.
+    provides the members (`causal` is set per object); an object when `causal` is True.
     """
 
     @classmethod
@@ -138,10 +138,10 @@ class Causal(Directed):
 
 
 class Positioned(Capability):
-    """Per-token coordinates on ``num_axes`` axes.
+    """Per-token coordinates on `num_axes` axes.
 
-    ``query_positions`` ``[n_q, a]`` or ``[b, n_q, a]``, ``key_positions`` ``[n_k, a]`` or
-    ``[b, n_k, a]``, in the coordinates' unit (int64 for integer positions, else float).
+    `query_positions` `[n_q, a]` or `[b, n_q, a]`, `key_positions` `[n_k, a]` or
+    `[b, n_k, a]`, in the coordinates' unit (int64 for integer positions, else float).
     Tokens without a coordinate (cls, registers) sit at 0.
     """
 
@@ -152,11 +152,11 @@ class Positioned(Capability):
 
 
 class Positioned1D(Positioned):
-    """``Positioned`` on exactly one axis: a line of tokens (text, a 1D signal, a time axis).
+    """`Positioned` on exactly one axis: a line of tokens (text, a 1D signal, a time axis).
 
     The 1D encodings (sinusoidal, learned, RoPE and its scalings, xPos) read
-    ``query_positions[..., 0]``. A class qualifies when ``num_axes`` is the class constant 1;
-    an object when its ``num_axes`` is 1.
+    `query_positions[..., 0]`. A class qualifies when `num_axes` is the class constant 1;
+    an object when its `num_axes` is 1.
     """
 
     @classmethod
@@ -169,10 +169,10 @@ class Positioned1D(Positioned):
 
 
 class GridLayout(Capability):
-    """A regular grid of cells after ``prefix_tokens`` coordinate-free tokens (row-major).
+    """A regular grid of cells after `prefix_tokens` coordinate-free tokens (row-major).
 
-    ``shape`` (cells per axis), ``prefix_tokens``, ``grid_index`` ``[prod(shape), a]`` int64
-    cell indices, ``is_prefix(idx)``, ``cell_index(idx, axis)``, ``offset(q_idx, kv_idx, axis)``.
+    `shape` (cells per axis), `prefix_tokens`, `grid_index` `[prod(shape), a]` int64
+    cell indices, `is_prefix(idx)`, `cell_index(idx, axis)`, `offset(q_idx, kv_idx, axis)`.
     """
 
     members = ("shape", "prefix_tokens", "grid_index", "is_prefix", "cell_index", "offset")
@@ -181,10 +181,10 @@ class GridLayout(Capability):
 
 
 class GraphLayout(Capability):
-    """Graphs padded to ``[b, n_max]`` token slots with hop tables and spectra.
+    """Graphs padded to `[b, n_max]` token slots with hop tables and spectra.
 
-    ``spd`` ``[b, n, n]`` hop codes, ``node_mask`` ``[b, n]``, ``in_degree``/``out_degree``
-    ``[b, n]``, ``laplacian_pe(k)``, ``rwse(k)``, ``virtual_token``.
+    `spd` `[b, n, n]` hop codes, `node_mask` `[b, n]`, `in_degree`/`out_degree`
+    `[b, n]`, `laplacian_pe(k)`, `rwse(k)`, `virtual_token`.
     """
 
     members = ("spd", "node_mask", "in_degree", "out_degree", "laplacian_pe", "rwse",
@@ -192,7 +192,7 @@ class GraphLayout(Capability):
 
 
 class Spherical(Capability):
-    """Points on the sphere: ``lat`` and ``lon`` ``[n]`` or ``[b, n]``, radians."""
+    """Points on the sphere: `lat` and `lon` `[n]` or `[b, n]`, radians."""
 
     members = ("lat", "lon")
     lat: Tensor
@@ -200,7 +200,7 @@ class Spherical(Capability):
 
 
 class FeatureGraph(Capability):
-    """The feature columns of a table: ``spectral_positions`` ``[n, k]`` of its feature graph."""
+    """The feature columns of a table: `spectral_positions` `[n, k]` of its feature graph."""
 
     members = ("spectral_positions",)
     spectral_positions: Tensor
@@ -209,10 +209,10 @@ class FeatureGraph(Capability):
 class GraphEdges(Capability):
     """Edge features along shortest paths (Graphormer's edge encoding, Ying et al. 2021 eq. 7).
 
-    ``path_edge_attr(max_hops) -> (attr, valid)``: for every token pair ``(i, j)`` the features
-    of the first ``max_hops`` edges of one shortest path ``i → j``, ``attr [b, n, n, max_hops,
-    F]`` (integer categories or floats; zeros where no edge) and ``valid [b, n, n, max_hops]``
-    bool. Raises ``ValueError`` when the graph carries no edge features.
+    `path_edge_attr(max_hops) -> (attr, valid)`: for every token pair `(i, j)` the features
+    of the first `max_hops` edges of one shortest path `i → j`, ``attr [b, n, n, max_hops,
+    F]` (integer categories or floats; zeros where no edge) and `valid [b, n, n, max_hops]``
+    bool. Raises `ValueError` when the graph carries no edge features.
     """
 
     members = ("path_edge_attr",)
@@ -228,7 +228,7 @@ class GraphEdges(Capability):
 
 
 class VirtualNode(GraphLayout):
-    """``GraphLayout`` with Graphormer's virtual graph token in slot 0 (``virtual_token`` true)."""
+    """`GraphLayout` with Graphormer's virtual graph token in slot 0 (`virtual_token` true)."""
 
     @classmethod
     def unmet(cls, coords: Any) -> list[str]:
@@ -238,11 +238,11 @@ class VirtualNode(GraphLayout):
 
 
 class Prefixed(Capability):
-    """Leading tokens without a coordinate: ``prefix_tokens`` (int; ``[CLS]``, registers).
+    """Leading tokens without a coordinate: `prefix_tokens` (int; `[CLS]`, registers).
 
-    Tokens ``0 … prefix_tokens − 1`` come before the positioned ones (``GridLayout`` providers
+    Tokens `0 … prefix_tokens − 1` come before the positioned ones (`GridLayout` providers
     have the member too). An encoding that treats them apart (Tab-PET standardises its
-    positions over the feature tokens only) checks ``isinstance(coords, Prefixed)``.
+    positions over the feature tokens only) checks `isinstance(coords, Prefixed)`.
     """
 
     members = ("prefix_tokens",)

@@ -1,12 +1,12 @@
 """Multimodal sequences: text segments interleaved with image and video segments (M-RoPE).
 
 Qwen2-VL (Wang et al. 2024, §2.1 "Multimodal Rotary Position Embedding") gives every token a
-three-component position id ``(t, h, w)``:
+three-component position id `(t, h, w)`:
 
-* a text token at sequence position ``p`` gets ``(p, p, p)`` — 1D RoPE on all three sections;
-* an image/video segment of ``T × H × W`` patches that starts after position ``s − 1`` gets
-  ``(s + t, s + h, s + w)`` for its patch ``(t, h, w)`` (an image is ``T = 1``);
-* the next segment starts at ``1 + max`` of every id so far.
+* a text token at sequence position `p` gets `(p, p, p)` — 1D RoPE on all three sections;
+* an image/video segment of `T × H × W` patches that starts after position `s − 1` gets
+  `(s + t, s + h, s + w)` for its patch `(t, h, w)` (an image is `T = 1`);
+* the next segment starts at `1 + max` of every id so far.
 
     >>> c = Composite([3, (2, 2), 2])
     >>> c.query_positions[:, 0].tolist()   # temporal component
@@ -28,28 +28,28 @@ Segment = int | tuple[int, ...]
 
 
 class Composite(Coordinates):
-    """Qwen2-VL style ``(t, h, w)`` position ids for a sequence of text and vision segments.
+    """Qwen2-VL style `(t, h, w)` position ids for a sequence of text and vision segments.
 
     Args:
-        segments: in token order, each an ``int`` (a text segment of that many tokens), a pair
-            ``(H, W)`` (an image of ``H × W`` patches, ``T = 1``), a triple ``(T, H, W)`` (a
-            video), or a :class:`~mmpe.coords.grid.Grid` / :class:`~mmpe.coords.sequence.Sequence`
+        segments: in token order, each an `int` (a text segment of that many tokens), a pair
+            `(H, W)` (an image of `H × W` patches, `T = 1`), a triple `(T, H, W)` (a
+            video), or a [`Grid`][mmpe.coords.grid.Grid] / [`Sequence`][mmpe.coords.sequence.Sequence]
             without prefix tokens / offset.
         temporal_scale: multiplies a video's temporal index (Qwen2.5-VL's absolute-time ids:
-            ``tokens_per_second · seconds_per_grid``); 1 gives Qwen2-VL.
+            `tokens_per_second · seconds_per_grid`); 1 gives Qwen2-VL.
         causal: queries attend only to keys at or before them in token order (decoder).
         device: where the tensors live.
 
-    Positions: ``query_positions`` / ``key_positions`` are ``[n, 3]`` int64 ``(t, h, w)``.
-    Pairs: ``relation(q, k) = t_q − t_k`` (temporal component, the text position on text
-    tokens), ``distance`` its absolute value, ``extent`` the query's temporal id. Capabilities:
-    ``Positioned`` (3 axes), ``Directed``, ``Metric``.
-    :attr:`segment_ids` ``[n]`` and :attr:`is_vision` ``[n]`` tell the segments apart.
+    Positions: `query_positions` / `key_positions` are `[n, 3]` int64 `(t, h, w)`.
+    Pairs: `relation(q, k) = t_q − t_k` (temporal component, the text position on text
+    tokens), `distance` its absolute value, `extent` the query's temporal id. Capabilities:
+    `Positioned` (3 axes), `Directed`, `Metric`.
+    `segment_ids` `[n]` and `is_vision` `[n]` tell the segments apart.
 
     Raises:
-        ValueError: an empty ``segments`` list, a segment that is not a positive int or a
+        ValueError: an empty `segments` list, a segment that is not a positive int or a
             2/3-tuple of positive ints, a Grid with prefix tokens or more than 3 axes,
-            ``temporal_scale <= 0``.
+            `temporal_scale <= 0`.
     """
 
     kind = "composite"
@@ -102,30 +102,30 @@ class Composite(Coordinates):
 
     @property
     def query_positions(self) -> Tensor:
-        """``[n, 3]`` int64 ``(t, h, w)`` position ids (Qwen2-VL)."""
+        """`[n, 3]` int64 `(t, h, w)` position ids (Qwen2-VL)."""
         return self._ids
 
 
     @property
     def key_positions(self) -> Tensor:
-        """``[n, 3]`` int64, the queries' (self-attention)."""
+        """`[n, 3]` int64, the queries' (self-attention)."""
         return self._ids
 
     @property
     def position_ids(self) -> Tensor:
-        """``[3, n]``, the layout of HF transformers' ``get_rope_index`` (per example)."""
+        """`[3, n]`, the layout of HF transformers' `get_rope_index` (per example)."""
         return self._ids.T
 
     def relation(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """``t_q − t_k`` (int64): token distance on text, temporal offset across segments."""
+        """`t_q − t_k` (int64): token distance on text, temporal offset across segments."""
         return self._t[q_idx] - self._t[kv_idx]
 
     def distance(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """``|t_q − t_k|`` (float32)."""
+        """`|t_q − t_k|` (float32)."""
         return self.relation(q_idx, kv_idx, b).abs().to(torch.float32)
 
     def extent(self, q_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """How far keys lie from the query in temporal ids (as :meth:`Sequence.extent`), float32:
+        """How far keys lie from the query in temporal ids (as [`Sequence.extent`][mmpe.coords.sequence.Sequence.extent]), float32:
         the query's id when causal, else the distance to the farther end."""
         t = self._t[q_idx]
         if self.causal:

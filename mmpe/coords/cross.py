@@ -1,24 +1,24 @@
 """Coordinates for cross-attention: queries in one coordinate system, keys in another.
 
 Text tokens attend to an image grid, DETR object queries to image features, a Perceiver's
-latents to video tubelets, a decoder to its encoder. :class:`Cross` pairs the query side's
+latents to video tubelets, a decoder to its encoder. [`Cross`][mmpe.coords.cross.Cross] pairs the query side's
 coordinates with the key side's and answers only what is defined between the two:
 
-* **positions** (``Positioned``) when both sides have positions on the same number of axes
+* **positions** (`Positioned`) when both sides have positions on the same number of axes
   *in one position space* — two coordinate objects of the same class (two sequences, two
   grids, two sphere point sets, M-RoPE ids on both sides), two point sets in the same
-  ``units``, or a pair registered with `register_cross_positions`: rotary encodings rotate
-  ``q`` by the query side's positions and ``k`` by the key side's, so a score depends on
-  ``p_q − p_k``, a difference that means something only within one space. Unrelated systems
+  `units`, or a pair registered with `register_cross_positions`: rotary encodings rotate
+  `q` by the query side's positions and `k` by the key side's, so a score depends on
+  `p_q − p_k`, a difference that means something only within one space. Unrelated systems
   (sphere radians → points in metres, grid cells → the sphere, token indices → metres) offer
   no positions, and a rotary encoding is refused naming both types;
-* a **distance** (``Metric``) only when both sides live in one space — two sequences, two
+* a **distance** (`Metric`) only when both sides live in one space — two sequences, two
   grids of the same axes, scale and metric, two sphere point sets, two point sets in the same
   units — so ALiBi, T5, FIRE … measure it; otherwise a distance-based score is refused by the
-  ordinary capability check, naming ``Metric``;
-* a signed **relation** (``Directed``, never causal) between two sequences.
+  ordinary capability check, naming `Metric`;
+* a signed **relation** (`Directed`, never causal) between two sequences.
 
-:class:`Latents` are tokens with no position at all (a Perceiver resampler's learned latents,
+[`Latents`][mmpe.coords.cross.Latents] are tokens with no position at all (a Perceiver resampler's learned latents,
 DETR's object queries): paired with anything, they offer no capability, so only encodings
 that need none (NoPE) apply.
 
@@ -45,36 +45,36 @@ _CROSS_POSITIONS: dict[tuple[type, type], SameSpace | None] = {}
 
 
 def register_cross_distance(query_cls: type, key_cls: type, fn: CrossDistance) -> None:
-    """Define the distance between a ``query_cls`` query and a ``key_cls`` key.
+    """Define the distance between a `query_cls` query and a `key_cls` key.
 
-    ``fn(queries, keys, q_idx, kv_idx, b)`` returns a non-negative float32 tensor of the
+    `fn(queries, keys, q_idx, kv_idx, b)` returns a non-negative float32 tensor of the
     indices' broadcast shape, written with indexing and elementwise ops only (it runs inside
-    FlexAttention). It may raise ``ValueError`` when the two objects are not in one space
-    (e.g. grids of different scale); :class:`Cross` then offers no ``Metric``.
+    FlexAttention). It may raise `ValueError` when the two objects are not in one space
+    (e.g. grids of different scale); [`Cross`][mmpe.coords.cross.Cross] then offers no `Metric`.
     """
     _CROSS_DISTANCES[(query_cls, key_cls)] = fn
 
 
 def register_cross_positions(query_cls: type, key_cls: type,
                              same_space: SameSpace | None = None) -> None:
-    """Declare that ``query_cls`` queries and ``key_cls`` keys have positions in one space.
+    """Declare that `query_cls` queries and `key_cls` keys have positions in one space.
 
-    `Cross` then offers their positions (``Positioned``) to rotary encodings, which score
-    ``p_q − p_k``. Two objects of the same class share a space by default; two classes do only
+    `Cross` then offers their positions (`Positioned`) to rotary encodings, which score
+    `p_q − p_k`. Two objects of the same class share a space by default; two classes do only
     once registered, since the difference of, say, radians on a sphere and metres in a point
     cloud means nothing.
 
     Args:
         query_cls: the query side's coordinate class.
         key_cls: the key side's coordinate class.
-        same_space: ``same_space(queries, keys)`` is ``False`` for two objects of these classes
-            that are not in one space after all (other units, other axes); ``None``: always.
+        same_space: `same_space(queries, keys)` is `False` for two objects of these classes
+            that are not in one space after all (other units, other axes); `None`: always.
     """
     _CROSS_POSITIONS[(query_cls, key_cls)] = same_space
 
 
 def _position_space_note(queries: Coordinates, keys: Coordinates) -> str | None:
-    """``None`` when the two sides' positions are in one space, else why not (both named)."""
+    """`None` when the two sides' positions are in one space, else why not (both named)."""
     q_name, k_name = type(queries).__name__, type(keys).__name__
     for q_cls in type(queries).__mro__:
         for k_cls in type(keys).__mro__:
@@ -93,10 +93,10 @@ def _position_space_note(queries: Coordinates, keys: Coordinates) -> str | None:
 
 
 class Latents(Coordinates):
-    """``n`` tokens without positions: a Perceiver's latents, DETR's object queries.
+    """`n` tokens without positions: a Perceiver's latents, DETR's object queries.
 
     Raises:
-        ValueError: ``n`` not a positive int.
+        ValueError: `n` not a positive int.
     """
 
     kind = "latents"
@@ -120,15 +120,15 @@ class Latents(Coordinates):
 
 
 class Cross(Coordinates):
-    """Queries on ``queries``' tokens, keys on ``keys``' tokens (see the module docstring).
+    """Queries on `queries`' tokens, keys on `keys`' tokens (see the module docstring).
 
     Args:
-        queries: coordinates of the query tokens (their ``num_queries`` and query positions).
-        keys: coordinates of the key tokens (their ``num_keys`` and key positions; a padded
-            key side masks its padding through its ``key_mask``).
+        queries: coordinates of the query tokens (their `num_queries` and query positions).
+        keys: coordinates of the key tokens (their `num_keys` and key positions; a padded
+            key side masks its padding through its `key_mask`).
 
     Raises:
-        TypeError: an argument that is not a :class:`Coordinates`.
+        TypeError: an argument that is not a [`Coordinates`][mmpe.coords.base.Coordinates].
         ValueError: batch sizes that differ between the two sides.
     """
 
@@ -203,7 +203,7 @@ class Cross(Coordinates):
         return self.keys.key_mask
 
     def mask_mod(self) -> MaskMod | None:
-        """Masks the key side's padding (``keys.key_mask``); the query side is never masked."""
+        """Masks the key side's padding (`keys.key_mask`); the query side is never masked."""
         valid = self.keys.key_mask
         if valid is None:
             return None

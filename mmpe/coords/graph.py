@@ -1,42 +1,42 @@
 """Graphs: nodes are tokens, position is topology (shortest-path hops, spectra, random walks).
 
-A batch of graphs of different sizes becomes a padded token set ``[b, n_max]`` (graph ``g``'s
-node ``i`` sits in slot ``(g, i)``; slots past the graph's size are padding, masked as keys by
-:meth:`Graph.mask_mod`). With ``virtual_token=True`` every graph gets one extra token in slot 0
+A batch of graphs of different sizes becomes a padded token set `[b, n_max]` (graph `g`'s
+node `i` sits in slot `(g, i)`; slots past the graph's size are padding, masked as keys by
+[`Graph.mask_mod`][mmpe.coords.graph.Graph.mask_mod]). With `virtual_token=True` every graph gets one extra token in slot 0
 (Graphormer's virtual graph node, Ying et al. 2021 §3.1): its nodes then sit in slots
-``1 … n``.
+`1 … n`.
 
-:class:`Graph` holds that layout and answers the coordinate protocol (``Metric``:
-``distance``/``extent``; ``GraphLayout``: ``spd``, ``node_mask``, degrees, ``laplacian_pe``,
-``rwse``, ``virtual_token``; ``GraphEdges``: ``path_edge_attr``). The maths lives in
-:mod:`mmpe.graph_maths`; the members compute on first use and cache the padded result on the
-object — for a batch of several graphs with the ``batched_*`` functions (all graphs at once:
+[`Graph`][mmpe.coords.graph.Graph] holds that layout and answers the coordinate protocol (`Metric`:
+`distance`/`extent`; `GraphLayout`: `spd`, `node_mask`, degrees, `laplacian_pe`,
+`rwse`, `virtual_token`; `GraphEdges`: `path_edge_attr`). The maths lives in
+[`mmpe.graph_maths`][mmpe.graph_maths]; the members compute on first use and cache the padded result on the
+object — for a batch of several graphs with the `batched_*` functions (all graphs at once:
 stacked dense kernels for graphs of one size, block-diagonal BFS for large ones), for one
 graph with the per-graph functions; both give the same numbers:
 
-* ``spd`` — all-pairs shortest-path hop counts (:func:`~mmpe.graph_maths.shortest_path_hops`),
-  clipped at ``max_distance``; an unreachable pair has its own code :data:`UNREACHABLE` (−1),
-  a pair with the virtual token :data:`VIRTUAL` (−2);
-* ``laplacian_pe(k)`` — ``k`` smallest non-trivial Laplacian eigenvectors
-  (:func:`~mmpe.graph_maths.laplacian_pe`), zero-padded and masked for graphs with
-  ``n < k + 1``;
-* ``rwse(k)`` — random-walk return probabilities (:func:`~mmpe.graph_maths.random_walk_pe`);
-* ``in_degree`` / ``out_degree`` (:func:`~mmpe.graph_maths.degrees`);
-* ``path_edge_attr(max_hops)`` — the edge features along one shortest path per pair
-  (Graphormer's edge encoding; :func:`~mmpe.graph_maths.path_edge_ids`).
+* `spd` — all-pairs shortest-path hop counts ([`shortest_path_hops`][mmpe.graph_maths.shortest_path_hops]),
+  clipped at `max_distance`; an unreachable pair has its own code `UNREACHABLE` (−1),
+  a pair with the virtual token `VIRTUAL` (−2);
+* `laplacian_pe(k)` — `k` smallest non-trivial Laplacian eigenvectors
+  ([`laplacian_pe`][mmpe.graph_maths.laplacian_pe]), zero-padded and masked for graphs with
+  `n < k + 1`;
+* `rwse(k)` — random-walk return probabilities ([`random_walk_pe`][mmpe.graph_maths.random_walk_pe]);
+* `in_degree` / `out_degree` ([`degrees`][mmpe.graph_maths.degrees]);
+* `path_edge_attr(max_hops)` — the edge features along one shortest path per pair
+  (Graphormer's edge encoding; [`path_edge_ids`][mmpe.graph_maths.path_edge_ids]).
 
 **Precomputed values** are passed explicitly, never looked up under guessed names: as tensors
-to the constructor (``Graph(edge_index, n, batch, rwse=pe, spd=hops, spd_index=pairs, …)``,
-each keyword naming the member it supplies), or as attribute names of a PyG ``Data``/``Batch``
-to :meth:`Graph.from_pyg` (``Graph.from_pyg(batch, rwse="random_walk_pe", …)``;
-:func:`mmpe.integrations.pyg.graph_kwargs` writes these keywords for the transforms that
+to the constructor (`Graph(edge_index, n, batch, rwse=pe, spd=hops, spd_index=pairs, …)`,
+each keyword naming the member it supplies), or as attribute names of a PyG `Data`/`Batch`
+to [`Graph.from_pyg`][mmpe.coords.graph.Graph.from_pyg] (`Graph.from_pyg(batch, rwse="random_walk_pe", …)`;
+[`mmpe.integrations.pyg.graph_kwargs`][mmpe.integrations.pyg.graph_kwargs] writes these keywords for the transforms that
 attached the attributes).
 
-Conventions (those of :mod:`mmpe.graph_maths`): the edge list is coalesced (duplicate edges
-count once) and, with ``undirected=True`` (default), symmetrised for shortest paths;
+Conventions (those of [`mmpe.graph_maths`][mmpe.graph_maths]): the edge list is coalesced (duplicate edges
+count once) and, with `undirected=True` (default), symmetrised for shortest paths;
 Laplacians are built on the symmetrised graph, random walks on the edge list as given.
 Self-loops are ignored by shortest paths and Laplacians; a random walk may take them (as in
-PyG's ``AddRandomWalkPE``). Degrees count the coalesced edge list as given (in: edges into the
+PyG's `AddRandomWalkPE`). Degrees count the coalesced edge list as given (in: edges into the
 node, out: edges leaving it; a PyG undirected graph stores both directions, so in = out).
 """
 
@@ -76,7 +76,7 @@ PRECOMPUTED = ("spd", "spd_index", "path_edge_attr", "path_edge_mask", "laplacia
 
 
 def _np_adjacency(edge_index: np.ndarray, n: int, undirected: bool, self_loops: bool) -> sp.csr_matrix:
-    """Older name of :func:`mmpe.graph_maths.adjacency` (positional flags)."""
+    """Older name of [`mmpe.graph_maths.adjacency`][mmpe.graph_maths.adjacency] (positional flags)."""
     return adjacency(edge_index, n, undirected=undirected, self_loops=self_loops)
 
 
@@ -93,7 +93,7 @@ def _int_tensor(value: Any, name: str) -> Tensor:
 
 
 class _NormalTensorCache(dict):
-    """The per-coordinates cache; values computed under ``torch.inference_mode`` (Lightning's
+    """The per-coordinates cache; values computed under `torch.inference_mode` (Lightning's
     validation) are stored as normal tensors, so a later training forward on the same
     coordinates can save them for backward."""
 
@@ -108,52 +108,52 @@ class Graph(Coordinates):
     """Coordinates of a batch of graphs (units: hops).
 
     Args:
-        graph: an ``edge_index`` ``[2, E]`` integer tensor, or a PyG ``Data``/``Batch`` (only its
-            structure is read: ``edge_index``, ``num_nodes``, ``batch``, ``edge_attr``; use
-            :meth:`from_pyg` to read precomputed attributes).
-        num_nodes: total node count (required with an ``edge_index``).
-        batch: graph id of every node ``[num_nodes]`` (sorted, as PyG builds it); None = one graph.
-        edge_attr: edge features ``[E, F]`` (integer categories or floats), for Graphormer's
+        graph: an `edge_index` `[2, E]` integer tensor, or a PyG `Data`/`Batch` (only its
+            structure is read: `edge_index`, `num_nodes`, `batch`, `edge_attr`; use
+            [`from_pyg`][mmpe.coords.graph.Graph.from_pyg] to read precomputed attributes).
+        num_nodes: total node count (required with an `edge_index`).
+        batch: graph id of every node `[num_nodes]` (sorted, as PyG builds it); None = one graph.
+        edge_attr: edge features `[E, F]` (integer categories or floats), for Graphormer's
             edge encoding.
-        max_distance: hop counts above it are clipped to it (``distance`` of an unreachable pair
-            is ``max_distance + 1``).
+        max_distance: hop counts above it are clipped to it (`distance` of an unreachable pair
+            is `max_distance + 1`).
         undirected: treat edges as undirected for shortest paths and path edges.
         virtual_token: add a virtual graph token in slot 0 of every graph.
-        device: where the tensors live (default: ``edge_index``'s device).
+        device: where the tensors live (default: `edge_index`'s device).
 
     Precomputed values (optional; each replaces the computation of the member it names; node
     ids are global, i.e. rows in PyG's batched order):
-        spd: hop counts ``[P]`` (integers; −1 or any negative value: unreachable; unclipped) of
-            the node pairs ``spd_index``. Pairs not listed are unreachable.
-        spd_index: the pairs ``[2, P]`` (source, target node ids; both in the same graph) of
-            ``spd`` and of ``path_edge_attr``/``path_edge_mask``.
-        path_edge_attr: ``[P, H, F]`` edge features along each pair's shortest path (``H`` hops
-            stored; ``path_edge_attr(max_hops)`` may ask for ``max_hops <= H``).
-        path_edge_mask: ``[P, H]`` bool, True where ``path_edge_attr`` holds an edge.
-        laplacian_pe: ``[num_nodes, K]`` Laplacian eigenvectors; ``laplacian_pe(k)`` reads the
-            first ``k <= K`` columns.
-        laplacian_normalization: the Laplacian ``laplacian_pe`` was computed with (``"sym"``
+        spd: hop counts `[P]` (integers; −1 or any negative value: unreachable; unclipped) of
+            the node pairs `spd_index`. Pairs not listed are unreachable.
+        spd_index: the pairs `[2, P]` (source, target node ids; both in the same graph) of
+            `spd` and of `path_edge_attr`/`path_edge_mask`.
+        path_edge_attr: `[P, H, F]` edge features along each pair's shortest path (`H` hops
+            stored; `path_edge_attr(max_hops)` may ask for `max_hops <= H`).
+        path_edge_mask: `[P, H]` bool, True where `path_edge_attr` holds an edge.
+        laplacian_pe: `[num_nodes, K]` Laplacian eigenvectors; `laplacian_pe(k)` reads the
+            first `k <= K` columns.
+        laplacian_normalization: the Laplacian `laplacian_pe` was computed with (`"sym"`
             or None); asking for another raises.
-        rwse: ``[num_nodes, K]`` random-walk return probabilities, ``t = 1 … K``; ``rwse(k)``
-            reads the first ``k <= K`` columns.
-        in_degree, out_degree: ``[num_nodes]`` integers.
+        rwse: `[num_nodes, K]` random-walk return probabilities, `t = 1 … K`; `rwse(k)`
+            reads the first `k <= K` columns.
+        in_degree, out_degree: `[num_nodes]` integers.
 
-    Per-pair ``distance(q, k, b)``: hop count (float) — 0 on the diagonal, ``max_distance + 1``
+    Per-pair `distance(q, k, b)`: hop count (float) — 0 on the diagonal, `max_distance + 1`
     for unreachable pairs and padding, 1 between the virtual token and any node (it is
-    adjacent to all of them; node–node distances never pass through it). ``extent(q, b)``:
-    how far query ``q``'s keys lie — the diameter of its graph (largest finite clipped hop
-    count; 0 for one node), or ``max_distance + 1`` where it also sees unreachable nodes — so
-    ``extent ≥ distance`` on every pair the mask allows (FIRE's normaliser).
+    adjacent to all of them; node–node distances never pass through it). `extent(q, b)`:
+    how far query `q`'s keys lie — the diameter of its graph (largest finite clipped hop
+    count; 0 for one node), or `max_distance + 1` where it also sees unreachable nodes — so
+    `extent ≥ distance` on every pair the mask allows (FIRE's normaliser).
 
     Raises:
-        TypeError: ``graph`` is neither a PyG data object nor a tensor; non-integer
-            ``edge_index``, ``batch``, ``spd``, ``spd_index`` or degrees; a precomputed value
+        TypeError: `graph` is neither a PyG data object nor a tensor; non-integer
+            `edge_index`, `batch`, `spd`, `spd_index` or degrees; a precomputed value
             that is not a tensor.
-        ValueError: ``edge_index`` not ``[2, E]``; node ids outside ``[0, num_nodes)``;
-            ``num_nodes`` missing or < 1; ``batch`` of the wrong length, unsorted, or edges
-            joining two graphs; ``edge_attr`` with a row count other than ``E``;
-            ``max_distance < 1``; a precomputed value of the wrong shape (the message names
-            the keyword); ``spd``/``path_edge_attr`` without ``spd_index``; pairs joining two
+        ValueError: `edge_index` not `[2, E]`; node ids outside `[0, num_nodes)`;
+            `num_nodes` missing or < 1; `batch` of the wrong length, unsorted, or edges
+            joining two graphs; `edge_attr` with a row count other than `E`;
+            `max_distance < 1`; a precomputed value of the wrong shape (the message names
+            the keyword); `spd`/`path_edge_attr` without `spd_index`; pairs joining two
             graphs.
     """
 
@@ -282,32 +282,32 @@ class Graph(Coordinates):
         edge_attr: str | Tensor | None = "edge_attr",
         **options: Any,
     ) -> Graph:
-        """Coordinates of a PyG ``Data``/``Batch``, reading the precomputed values it is told to.
+        """Coordinates of a PyG `Data`/`Batch`, reading the precomputed values it is told to.
 
-        Each keyword names the attribute of ``data`` that holds the value of the member of the
+        Each keyword names the attribute of `data` that holds the value of the member of the
         same name (or gives the tensor itself; None: compute it). Nothing else is read besides
-        PyG's own ``edge_index``, ``num_nodes`` and ``batch``. The keywords for the mmpe
+        PyG's own `edge_index`, `num_nodes` and `batch`. The keywords for the mmpe
         transforms that attached the attributes come from
-        :func:`mmpe.integrations.pyg.graph_kwargs`::
+        [`mmpe.integrations.pyg.graph_kwargs`][mmpe.integrations.pyg.graph_kwargs]::
 
             pre = Compose([AddShortestPaths(edge_hops=5), AddRWSE(16, attr_name="rw")])
             coords = Graph.from_pyg(batch, **graph_kwargs(pre))   # rwse="rw", spd="spd", …
 
         Args:
-            data: a PyG ``Data`` or ``Batch``.
+            data: a PyG `Data` or `Batch`.
             spd, spd_index, path_edge_attr, path_edge_mask, laplacian_pe, rwse, in_degree, out_degree: attribute names (or tensors) of the precomputed values, with the
-                layout of the :class:`Graph` keywords. ``spd_index`` defaults to
-                ``spd + "_index"`` when ``spd`` is a name (the layout of ``AddShortestPaths``).
-            laplacian_normalization: the Laplacian the ``laplacian_pe`` attribute was computed
+                layout of the [`Graph`][mmpe.coords.graph.Graph] keywords. `spd_index` defaults to
+                `spd + "_index"` when `spd` is a name (the layout of `AddShortestPaths`).
+            laplacian_normalization: the Laplacian the `laplacian_pe` attribute was computed
                 with.
-            edge_attr: name (or tensor) of the edge features; the default ``"edge_attr"`` (PyG's
+            edge_attr: name (or tensor) of the edge features; the default `"edge_attr"` (PyG's
                 own field) may be absent, any other name must exist. None: no edge features.
-            **options: the other :class:`Graph` arguments (``max_distance``, ``undirected``,
-                ``virtual_token``, ``device``).
+            **options: the other [`Graph`][mmpe.coords.graph.Graph] arguments (`max_distance`, `undirected`,
+                `virtual_token`, `device`).
 
         Raises:
-            ValueError: a name that is not an attribute of ``data`` (or is None there); the
-                message names the keyword, the attribute, and the attributes ``data`` has.
+            ValueError: a name that is not an attribute of `data` (or is None there); the
+                message names the keyword, the attribute, and the attributes `data` has.
             TypeError: a keyword that is neither a string, a tensor nor None; an attribute
                 that is not a tensor.
         """
@@ -417,7 +417,7 @@ class Graph(Coordinates):
         return out
 
     def cached(self, key: Any, compute: Any) -> Any:
-        """``compute()`` once per coordinates object and ``key`` (for parameter-free data that
+        """`compute()` once per coordinates object and `key` (for parameter-free data that
         encodings derive from these coordinates)."""
         if key not in self._cache:
             self._cache[key] = compute()
@@ -425,7 +425,7 @@ class Graph(Coordinates):
 
     # ------------------------------------------------------------------ per-graph views
     def graph_edges(self, g: int) -> np.ndarray:
-        """Local ``edge_index`` ``[2, E_g]`` (numpy) of graph ``g``."""
+        """Local `edge_index` `[2, E_g]` (numpy) of graph `g`."""
         sel = self._edge_graph == g
         return (self.edge_index[:, sel] - self.ptr[g]).numpy()
 
@@ -433,15 +433,15 @@ class Graph(Coordinates):
         return torch.nonzero(self._edge_graph == g).flatten().numpy()
 
     def _paths(self, g: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(hops, predecessors)`` of graph ``g`` (cached: ``spd`` and ``path_edge_attr`` share it)."""
+        """`(hops, predecessors)` of graph `g` (cached: `spd` and `path_edge_attr` share it)."""
         return self.cached(("paths", g), lambda: shortest_path_hops(
             self.graph_edges(g), int(self.sizes[g]), self.undirected, return_predecessors=True))
 
     def _hops(self) -> list[np.ndarray]:
-        """Hops ``[n_g, n_g]`` (float64, ``inf``: no path) of every graph: the cached
-        ``(hops, predecessors)`` where :meth:`path_edge_attr` computed them, else one graph by
-        :func:`~mmpe.graph_maths.shortest_path_hops` and several at once by
-        :func:`~mmpe.graph_maths.batched_shortest_path_hops` (no predecessors: the dense
+        """Hops `[n_g, n_g]` (float64, `inf`: no path) of every graph: the cached
+        `(hops, predecessors)` where [`path_edge_attr`][mmpe.coords.graph.Graph.path_edge_attr] computed them, else one graph by
+        [`shortest_path_hops`][mmpe.graph_maths.shortest_path_hops] and several at once by
+        [`batched_shortest_path_hops`][mmpe.graph_maths.batched_shortest_path_hops] (no predecessors: the dense
         small-graph path)."""
         if all(("paths", g) in self._cache for g in range(self.num_graphs)):
             return [self._cache[("paths", g)][0] for g in range(self.num_graphs)]
@@ -451,7 +451,7 @@ class Graph(Coordinates):
                                           num_graphs=self.num_graphs)
 
     def _node_rows(self, rows: list[np.ndarray]) -> Tensor:
-        """Per-graph rows ``[n_g, k]`` (graph order) → padded ``[b, n_max, k]`` float32."""
+        """Per-graph rows `[n_g, k]` (graph order) → padded `[b, n_max, k]` float32."""
         return self.scatter_nodes(torch.from_numpy(np.concatenate(rows)).float())
 
     # ------------------------------------------------------------------ protocol
@@ -469,29 +469,29 @@ class Graph(Coordinates):
 
     @property
     def padding_mask(self) -> Tensor:
-        """``[b, n_max]`` bool, True at real tokens (nodes and the virtual token)."""
+        """`[b, n_max]` bool, True at real tokens (nodes and the virtual token)."""
         return self.valid
 
     @property
     def node_mask(self) -> Tensor:
-        """``[b, n_max]`` bool, True at graph nodes only (not the virtual token, not padding)."""
+        """`[b, n_max]` bool, True at graph nodes only (not the virtual token, not padding)."""
         mask = self.valid.clone()
         if self.virtual_token:
             mask[:, 0] = False
         return mask
 
     def distance(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """Hop count between tokens (float32); unreachable/padding: ``max_distance + 1``."""
+        """Hop count between tokens (float32); unreachable/padding: `max_distance + 1`."""
         return self.distances[self._b(b), q_idx, kv_idx]
 
     def hops(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """The ``spd`` code of each pair (int64): hops, or :data:`UNREACHABLE` / :data:`VIRTUAL`."""
+        """The `spd` code of each pair (int64): hops, or `UNREACHABLE` / `VIRTUAL`."""
         return self.spd[self._b(b), q_idx, kv_idx]
 
     def extent(self, q_idx: Tensor, b: Tensor | None = None) -> Tensor:
         """How far the query's keys lie (hops, float32): the diameter of its graph, or more for
-        a query that also sees unreachable nodes (another component: ``max_distance + 1``) —
-        so ``extent ≥ distance`` on every pair the mask allows."""
+        a query that also sees unreachable nodes (another component: `max_distance + 1`) —
+        so `extent ≥ distance` on every pair the mask allows."""
         return self._extent[self._b(b), q_idx]
 
     @property
@@ -503,7 +503,7 @@ class Graph(Coordinates):
 
     @property
     def has_edge_features(self) -> bool:
-        """Whether :meth:`path_edge_attr` can answer: edge features given or precomputed."""
+        """Whether [`path_edge_attr`][mmpe.coords.graph.Graph.path_edge_attr] can answer: edge features given or precomputed."""
         return self.edge_attr is not None or "path_edge_attr" in self.precomputed
 
     def prepare(self) -> None:
@@ -512,7 +512,7 @@ class Graph(Coordinates):
 
     @property
     def key_mask(self) -> Tensor:
-        """``[b, n_max]`` bool, True at real tokens (nodes and the virtual token)."""
+        """`[b, n_max]` bool, True at real tokens (nodes and the virtual token)."""
         return self.valid
 
     def mask_mod(self) -> MaskMod | None:
@@ -535,13 +535,13 @@ class Graph(Coordinates):
 
     # ------------------------------------------------------------------ pairwise data
     def _pair_slots(self) -> tuple[Tensor, Tensor, Tensor]:
-        """Where the precomputed pairs ``spd_index`` sit: ``(graph, query slot, key slot)``."""
+        """Where the precomputed pairs `spd_index` sit: `(graph, query slot, key slot)`."""
         idx = self.precomputed["spd_index"]
         return self.batch_vector[idx[0]], self.node_slot[1][idx[0]], self.node_slot[1][idx[1]]
 
     @property
     def spd(self) -> Tensor:
-        """Hop codes ``[b, n_max, n_max]`` int64 (clipped at ``max_distance``; −1 unreachable or
+        """Hop codes `[b, n_max, n_max]` int64 (clipped at `max_distance`; −1 unreachable or
         padding; −2 pairs with the virtual token; 0 virtual–virtual)."""
         if "spd" not in self._cache:
             out = torch.full((self.num_graphs, self.n_max, self.n_max), UNREACHABLE, dtype=torch.long)
@@ -568,7 +568,7 @@ class Graph(Coordinates):
 
     @property
     def distances(self) -> Tensor:
-        """:meth:`distance` on all pairs, ``[b, n_max, n_max]`` float32."""
+        """[`distance`][mmpe.coords.graph.Graph.distance] on all pairs, `[b, n_max, n_max]` float32."""
         if "dist" not in self._cache:
             spd = self.spd
             d = spd.float()
@@ -579,7 +579,7 @@ class Graph(Coordinates):
 
     @property
     def diameter(self) -> Tensor:
-        """Per-graph diameter ``[b]`` (float32, hops, clipped at ``max_distance``)."""
+        """Per-graph diameter `[b]` (float32, hops, clipped at `max_distance`)."""
         if "diam" not in self._cache:
             spd = self.spd
             self._cache["diam"] = spd.clamp(min=0).flatten(1).max(dim=1).values.float()
@@ -587,7 +587,7 @@ class Graph(Coordinates):
 
     # ------------------------------------------------------------------ per-node data
     def scatter_nodes(self, values: Tensor, fill: float = 0.0) -> Tensor:
-        """Per-node values ``[num_nodes, ...]`` → padded ``[b, n_max, ...]`` (``fill`` elsewhere)."""
+        """Per-node values `[num_nodes, ...]` → padded `[b, n_max, ...]` (`fill` elsewhere)."""
         if values.shape[0] != self.node_slot[0].numel():
             raise ValueError(f"Graph: values must have {self.node_slot[0].numel()} rows (one per "
                              f"node), got {tuple(values.shape)}")
@@ -596,21 +596,21 @@ class Graph(Coordinates):
         return out
 
     def pad_nodes(self, x: Tensor) -> Tensor:
-        """Node features ``[num_nodes, d]`` → token features ``[b, n_max, d]`` (zeros at padding
+        """Node features `[num_nodes, d]` → token features `[b, n_max, d]` (zeros at padding
         and at the virtual token's slot)."""
         if not isinstance(x, Tensor) or x.dim() < 1:
             raise ValueError("Graph.pad_nodes: x must be a tensor [num_nodes, ...]")
         return self.scatter_nodes(x)
 
     def unpad_nodes(self, tokens: Tensor) -> Tensor:
-        """Token features ``[b, n_max, d]`` → node features ``[num_nodes, d]`` (PyG order)."""
+        """Token features `[b, n_max, d]` → node features `[num_nodes, d]` (PyG order)."""
         if tokens.dim() < 2 or tuple(tokens.shape[:2]) != (self.num_graphs, self.n_max):
             raise ValueError(f"Graph.unpad_nodes: tokens must be [b={self.num_graphs}, "
                              f"n_max={self.n_max}, ...], got {tuple(tokens.shape)}")
         return tokens[self.node_slot[0].to(tokens.device), self.node_slot[1].to(tokens.device)]
 
     def _precomputed_columns(self, name: str, k: int, hint: str) -> Tensor | None:
-        """The first ``k`` columns of a precomputed per-node value, padded; None if not given."""
+        """The first `k` columns of a precomputed per-node value, padded; None if not given."""
         given = self.precomputed.get(name)
         if given is None:
             return None
@@ -621,14 +621,14 @@ class Graph(Coordinates):
         return self.scatter_nodes(given[:, :k])
 
     def laplacian_pe(self, k: int, normalization: str | None = "sym") -> tuple[Tensor, Tensor]:
-        """Laplacian eigenvectors per node, ``([b, n_max, k] float32, mask [b, k] bool)``.
+        """Laplacian eigenvectors per node, `([b, n_max, k] float32, mask [b, k] bool)`.
 
-        From :func:`mmpe.graph_maths.laplacian_pe` (deterministic signs), or the first ``k``
-        columns of the precomputed ``laplacian_pe`` (then a column exists where it is not all
+        From [`mmpe.graph_maths.laplacian_pe`][mmpe.graph_maths.laplacian_pe] (deterministic signs), or the first `k`
+        columns of the precomputed `laplacian_pe` (then a column exists where it is not all
         zero over the graph's nodes). Zeros at padding, virtual token and missing eigenvectors.
 
         Raises:
-            ValueError: ``k < 1``; an unknown ``normalization``; with a precomputed value, more
+            ValueError: `k < 1`; an unknown `normalization`; with a precomputed value, more
                 than its columns or another normalization than it was computed with.
         """
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -655,11 +655,11 @@ class Graph(Coordinates):
         return self._cache[key]
 
     def rwse(self, k: int) -> Tensor:
-        """Random-walk return probabilities ``[b, n_max, k]`` float32, ``t = 1 … k``
-        (:func:`mmpe.graph_maths.random_walk_pe`, or the first ``k`` precomputed columns).
+        """Random-walk return probabilities `[b, n_max, k]` float32, `t = 1 … k`
+        ([`mmpe.graph_maths.random_walk_pe`][mmpe.graph_maths.random_walk_pe], or the first `k` precomputed columns).
 
         Raises:
-            ValueError: ``k < 1``; more columns than a precomputed ``rwse`` has.
+            ValueError: `k < 1`; more columns than a precomputed `rwse` has.
         """
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"Graph.rwse: k must be an int >= 1, got {k!r}")
@@ -687,28 +687,28 @@ class Graph(Coordinates):
 
     @property
     def in_degree(self) -> Tensor:
-        """Edges into each node, ``[b, n_max]`` int64 (0 at padding and the virtual token)."""
+        """Edges into each node, `[b, n_max]` int64 (0 at padding and the virtual token)."""
         return self._degree("in_degree")
 
     @property
     def out_degree(self) -> Tensor:
-        """Edges out of each node, ``[b, n_max]`` int64."""
+        """Edges out of each node, `[b, n_max]` int64."""
         return self._degree("out_degree")
 
     def path_edge_attr(self, max_hops: int) -> tuple[Tensor, Tensor]:
         """Edge features along one shortest path per pair (Graphormer edge encoding, Ying et al.
         2021 eq. 7).
 
-        For each token pair ``(i, j)`` of a graph, the first ``max_hops`` edges ``e_1 … e_N``
-        of the shortest path from ``i`` to ``j`` (:func:`mmpe.graph_maths.path_edge_ids`), or
-        the precomputed ``path_edge_attr``/``path_edge_mask``.
+        For each token pair `(i, j)` of a graph, the first `max_hops` edges `e_1 … e_N`
+        of the shortest path from `i` to `j` ([`mmpe.graph_maths.path_edge_ids`][mmpe.graph_maths.path_edge_ids]), or
+        the precomputed `path_edge_attr`/`path_edge_mask`.
 
         Returns:
-            ``attr [b, n_max, n_max, max_hops, F]`` (``edge_attr``'s dtype; zeros where no
-            edge) and ``valid [b, n_max, n_max, max_hops]`` bool.
+            `attr [b, n_max, n_max, max_hops, F]` (`edge_attr`'s dtype; zeros where no
+                edge) and `valid [b, n_max, n_max, max_hops]` bool.
 
         Raises:
-            ValueError: ``max_hops < 1``; the graph has no ``edge_attr`` (and nothing was
+            ValueError: `max_hops < 1`; the graph has no `edge_attr` (and nothing was
                 precomputed); more hops than the precomputed value holds.
         """
         if isinstance(max_hops, bool) or not isinstance(max_hops, int) or max_hops < 1:

@@ -1,8 +1,8 @@
 """Regular grids: image patches (H, W), video tubelets (T, H, W), spectrogram patches (time, freq).
 
-Token order is ``prefix_tokens`` tokens first (cls, registers: no coordinate), then the grid
+Token order is `prefix_tokens` tokens first (cls, registers: no coordinate), then the grid
 cells in row-major (C) order — the layout of a timm/ViT token sequence. A grid provides the
-``Metric``, ``Positioned`` and ``GridLayout`` capabilities (:mod:`mmpe.coords.capabilities`).
+`Metric`, `Positioned` and `GridLayout` capabilities ([`mmpe.coords.capabilities`][mmpe.coords.capabilities]).
 
     >>> g = Grid((2, 3), prefix_tokens=1)
     >>> g.num_queries
@@ -26,39 +26,39 @@ _DEFAULT_AXES = {1: ("t",), 2: ("h", "w"), 3: ("t", "h", "w")}
 
 
 class Grid(Coordinates):
-    """Tokens on a regular ``A``-dimensional grid, optionally after ``prefix_tokens`` tokens.
+    """Tokens on a regular `A`-dimensional grid, optionally after `prefix_tokens` tokens.
 
     Args:
-        shape: cells per axis, e.g. ``(H, W)`` patches, ``(T, H, W)`` tubelets or
-            ``(time, freq)`` spectrogram patches; positive ints.
+        shape: cells per axis, e.g. `(H, W)` patches, `(T, H, W)` tubelets or
+            `(time, freq)` spectrogram patches; positive ints.
         prefix_tokens: tokens before the grid (cls, registers, distillation) that carry no
-            coordinate (``>= 0``).
+            coordinate (`>= 0`).
         scale: spacing of neighbouring cells per axis (positive floats; default 1 = units of
-            cells). E.g. ``(2.0, 1.0)`` for tubelets two frames long, or a spectrogram's
+            cells). E.g. `(2.0, 1.0)` for tubelets two frames long, or a spectrogram's
             seconds/mel bins per patch.
-        axes: a name per axis (default ``("h", "w")`` in 2D, ``("t", "h", "w")`` in 3D,
-            ``("a0", …)`` otherwise).
+        axes: a name per axis (default `("h", "w")` in 2D, `("t", "h", "w")` in 3D,
+            `("a0", …)` otherwise).
         prefix_distance: the distance (and relation) reported for any pair that involves a
             prefix token (default 0: distance-based biases treat them as "everywhere").
-        metric: how per-axis offsets combine into :meth:`distance`: ``"euclidean"`` (L2,
-            default), ``"manhattan"`` (L1, the sum of per-axis distances) or ``"chebyshev"``
+        metric: how per-axis offsets combine into [`distance`][mmpe.coords.grid.Grid.distance]: `"euclidean"` (L2,
+            default), `"manhattan"` (L1, the sum of per-axis distances) or `"chebyshev"`
             (L∞, the largest per-axis distance).
         device: where the position tensors live.
 
-    Positions: cell ``(i_0, …, i_{A-1})`` sits at ``(i_0·scale_0, …, i_{A-1}·scale_{A-1})``.
-    Prefix tokens get the position ``0`` on every axis (so a rotary encoding leaves them
-    unrotated, as timm does), and :meth:`is_prefix` lets an encoding treat them separately.
+    Positions: cell `(i_0, …, i_{A-1})` sits at `(i_0·scale_0, …, i_{A-1}·scale_{A-1})`.
+    Prefix tokens get the position `0` on every axis (so a rotary encoding leaves them
+    unrotated, as timm does), and [`is_prefix`][mmpe.coords.grid.Grid.is_prefix] lets an encoding treat them separately.
 
-    Pairs: :meth:`offset` is the signed per-axis offset ``pos_q − pos_k`` (scaled units);
-    :meth:`distance` is the Euclidean distance in scaled units (or L1 / L∞, see ``metric``);
-    :meth:`extent` is the grid diagonal. Pairs involving a prefix token get ``prefix_distance``
-    and offset 0. A grid has no single direction, so it is not ``Directed``.
+    Pairs: [`offset`][mmpe.coords.grid.Grid.offset] is the signed per-axis offset `pos_q − pos_k` (scaled units);
+    [`distance`][mmpe.coords.grid.Grid.distance] is the Euclidean distance in scaled units (or L1 / L∞, see `metric`);
+    [`extent`][mmpe.coords.grid.Grid.extent] is the grid diagonal. Pairs involving a prefix token get `prefix_distance`
+    and offset 0. A grid has no single direction, so it is not `Directed`.
 
-    Capabilities: ``Metric``, ``Positioned`` (``A`` axes), ``GridLayout``.
+    Capabilities: `Metric`, `Positioned` (`A` axes), `GridLayout`.
 
     Raises:
-        ValueError: empty ``shape`` or non-positive / non-int entries, negative or non-int
-            ``prefix_tokens``, ``scale``/``axes`` of the wrong length, non-positive scale,
+        ValueError: empty `shape` or non-positive / non-int entries, negative or non-int
+            `prefix_tokens`, `scale`/`axes` of the wrong length, non-positive scale,
             duplicate axis names.
     """
 
@@ -123,7 +123,7 @@ class Grid(Coordinates):
         prefix_tokens: int = 0,
         **kwargs,
     ) -> Grid:
-        """The patch grid of a ``height × width`` image cut into ``patch_size`` patches.
+        """The patch grid of a `height × width` image cut into `patch_size` patches.
 
         Raises:
             ValueError: non-positive sizes, or a size not divisible by the patch size (the
@@ -144,7 +144,7 @@ class Grid(Coordinates):
         """The same grid (prefix tokens, scale, axes, device) with a new shape (new resolution).
 
         Raises:
-            ValueError: ``new_shape`` of a different number of axes, or invalid entries.
+            ValueError: `new_shape` of a different number of axes, or invalid entries.
         """
         new_shape = _check_shape(new_shape)
         if len(new_shape) != len(self.shape):
@@ -163,17 +163,17 @@ class Grid(Coordinates):
     # -- sizes ---------------------------------------------------------------------------
     @property
     def ndim(self) -> int:
-        """Number of axes ``A``."""
+        """Number of axes `A`."""
         return len(self.shape)
 
     @property
     def num_cells(self) -> int:
-        """Grid tokens ``prod(shape)`` (excluding prefix tokens)."""
+        """Grid tokens `prod(shape)` (excluding prefix tokens)."""
         return math.prod(self.shape)
 
     @property
     def num_tokens(self) -> int:
-        """All tokens: ``prefix_tokens + prod(shape)``."""
+        """All tokens: `prefix_tokens + prod(shape)`."""
         return self.prefix_tokens + self.num_cells
 
     @property
@@ -184,7 +184,7 @@ class Grid(Coordinates):
 
 
     def check_tokens(self, x: Tensor | int, name: str = "x") -> None:
-        """Raise ``ValueError`` unless ``x`` (``[b, n, d]``, ``[n, d]`` or a count) has ``n`` tokens."""
+        """Raise `ValueError` unless `x` (`[b, n, d]`, `[n, d]` or a count) has `n` tokens."""
         n = x if isinstance(x, int) else (x.shape[-2] if isinstance(x, Tensor) and x.dim() >= 2 else None)
         if n is None:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
@@ -199,40 +199,40 @@ class Grid(Coordinates):
     # -- positions -------------------------------------------------------------------------
     @property
     def num_axes(self) -> int:
-        """Axes of the positions ``A`` (same as :attr:`ndim`)."""
+        """Axes of the positions `A` (same as [`ndim`][mmpe.coords.grid.Grid.ndim])."""
         return len(self.shape)
 
     @property
     def query_positions(self) -> Tensor:
-        """``[n, A]`` float32: cell index × scale per axis; prefix tokens at 0."""
+        """`[n, A]` float32: cell index × scale per axis; prefix tokens at 0."""
         return self._pos
 
     @property
     def key_positions(self) -> Tensor:
-        """``[n, A]`` float32, the same tokens as the queries (self-attention)."""
+        """`[n, A]` float32, the same tokens as the queries (self-attention)."""
         return self._pos
 
     @property
     def grid_index(self) -> Tensor:
-        """``[prod(shape), A]`` int64 cell indices of the grid tokens (no prefix), row-major."""
+        """`[prod(shape), A]` int64 cell indices of the grid tokens (no prefix), row-major."""
         return self._grid_index
 
     @property
     def grid_positions(self) -> Tensor:
-        """``[prod(shape), A]`` float32 scaled positions of the grid tokens (no prefix)."""
+        """`[prod(shape), A]` float32 scaled positions of the grid tokens (no prefix)."""
         return self._pos[self.prefix_tokens:]
 
     @property
     def prefix_mask(self) -> Tensor:
-        """``[n]`` bool, True for prefix tokens."""
+        """`[n]` bool, True for prefix tokens."""
         return self._prefix
 
     def is_prefix(self, idx: Tensor) -> Tensor:
-        """Whether token ``idx`` is a prefix token (bool, ``idx``'s shape)."""
+        """Whether token `idx` is a prefix token (bool, `idx`'s shape)."""
         return idx < self.prefix_tokens
 
     def cell_index(self, idx: Tensor, axis: int) -> Tensor:
-        """Integer cell index along ``axis`` of token ``idx`` (0 for prefix tokens), int64."""
+        """Integer cell index along `axis` of token `idx` (0 for prefix tokens), int64."""
         g = (idx - self.prefix_tokens).clamp(min=0)
         stride = math.prod(self.shape[axis + 1:])
         return torch.where(self.is_prefix(idx), torch.zeros_like(g), (g // stride) % self.shape[axis])
@@ -248,7 +248,7 @@ class Grid(Coordinates):
         return axis % self.ndim
 
     def offset(self, q_idx: Tensor, kv_idx: Tensor, axis: int | str) -> Tensor:
-        """Signed offset ``pos_q − pos_k`` along ``axis`` (scaled units, float32); 0 for prefix pairs."""
+        """Signed offset `pos_q − pos_k` along `axis` (scaled units, float32); 0 for prefix pairs."""
         pos = self._axis_pos[self._axis(axis)]
         off = pos[q_idx] - pos[kv_idx]
         if self.prefix_tokens:
@@ -257,11 +257,11 @@ class Grid(Coordinates):
         return off
 
     def offsets(self, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        """All per-axis signed offsets, ``[*broadcast, A]`` float32."""
+        """All per-axis signed offsets, `[*broadcast, A]` float32."""
         return torch.stack([self.offset(q_idx, kv_idx, a) for a in range(self.ndim)], dim=-1)
 
     def distance(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """Distance in scaled units (float32, the grid's ``metric``); ``prefix_distance`` for prefix pairs."""
+        """Distance in scaled units (float32, the grid's `metric`); `prefix_distance` for prefix pairs."""
         acc = None
         for pos in self._axis_pos:
             d = pos[q_idx] - pos[kv_idx]
@@ -283,7 +283,7 @@ class Grid(Coordinates):
     def diagonal(self) -> float:
         """The largest distance between two cells: the diagonal in the grid's metric (scaled units).
 
-        Euclidean ``sqrt(Σ ((s_a − 1)·scale_a)²)``; Manhattan ``Σ``; Chebyshev ``max``.
+        Euclidean `sqrt(Σ ((s_a − 1)·scale_a)²)`; Manhattan `Σ`; Chebyshev `max`.
         """
         spans = [(s - 1) * c for s, c in zip(self.shape, self.scale, strict=True)]
         if self.metric == "manhattan":
@@ -293,7 +293,7 @@ class Grid(Coordinates):
         return math.sqrt(sum(x * x for x in spans))
 
     def extent(self, q_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """The grid diagonal (largest distance between two cells), float32 of ``q_idx``'s shape."""
+        """The grid diagonal (largest distance between two cells), float32 of `q_idx`'s shape."""
         return torch.full_like(q_idx, self.diagonal, dtype=torch.float32)
 
     def __repr__(self) -> str:

@@ -1,10 +1,10 @@
 """Point sets in Euclidean space R^d: atoms in 3D, point clouds, sensor positions.
 
-A batch of point sets of different sizes is padded to ``[b, n_max, d]`` with a boolean mask
+A batch of point sets of different sizes is padded to `[b, n_max, d]` with a boolean mask
 (True = a real point). Position is geometry only: the pairwise distance between two points is
 all a distance-based score encoding (ALiBi, T5, FIRE, KERPLE, DA-Transformer) reads, so those
 are invariant to rotations, reflections and translations of the set and equivariant to
-permutations of its points. An absolute encoding of the coordinates (``Positioned``) is not.
+permutations of its points. An absolute encoding of the coordinates (`Positioned`) is not.
 
     >>> pts = Points(torch.tensor([[0.0, 0.0, 0.0], [3.0, 4.0, 0.0]]), units="Å")
     >>> float(pts.distance(torch.tensor(0), torch.tensor(1)))
@@ -29,43 +29,43 @@ _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
 
 class Points(Coordinates):
-    """Tokens at points of R^d, batched and padded (units: the caller's, e.g. ``"Å"``, ``"m"``).
+    """Tokens at points of R^d, batched and padded (units: the caller's, e.g. `"Å"`, `"m"`).
 
     Args:
-        positions: coordinates ``[n, d]`` (one set) or ``[b, n, d]`` (a batch padded to ``n``
+        positions: coordinates `[n, d]` (one set) or `[b, n, d]` (a batch padded to `n`
             points), a float tensor (or an array / nested sequence of numbers). Integer
             positions are converted to float32, float16/bfloat16 to float32; float32 and
             float64 are kept. The rows of padded points may hold anything (NaN included):
             they are stored as 0.
-        mask: which points are real, bool ``[n]`` for ``[n, d]`` positions or ``[b, n]`` for
-            ``[b, n, d]``; None = every point is real.
-        units: the unit of the coordinates, a free string shown in ``repr`` (``"Å"``, ``"m"``,
-            ``"px"``); distances are in this unit.
-        device: where the tensors live (default: ``positions``' device).
+        mask: which points are real, bool `[n]` for `[n, d]` positions or `[b, n]` for
+            `[b, n, d]`; None = every point is real.
+        units: the unit of the coordinates, a free string shown in `repr` (`"Å"`, `"m"`,
+            `"px"`); distances are in this unit.
+        device: where the tensors live (default: `positions`' device).
 
-    Positions: ``query_positions`` = ``key_positions`` = the stored positions ``[n, d]`` or
-    ``[b, n, d]`` (padded rows 0); ``num_axes = d``.
+    Positions: `query_positions` = `key_positions` = the stored positions `[n, d]` or
+    `[b, n, d]` (padded rows 0); `num_axes = d`.
 
-    Pairs: ``distance(q, k, b)`` is the Euclidean distance ``‖x_q − x_k‖₂`` in ``units``,
+    Pairs: `distance(q, k, b)` is the Euclidean distance `‖x_q − x_k‖₂` in `units`,
     computed in the positions' dtype from the gathered coordinates of the two points (one axis
     at a time, elementwise ops only, so scalar FlexAttention indices and broadcast index grids
     both work) and returned as float32. A pair that involves a padded point has distance 0
-    (padded keys are masked by :meth:`mask_mod` anyway; 0 keeps every bias finite and bounded
-    by the extent). ``extent(q, b)`` is the diameter of the query's example — the largest
+    (padded keys are masked by [`mask_mod`][mmpe.coords.points.Points.mask_mod] anyway; 0 keeps every bias finite and bounded
+    by the extent). `extent(q, b)` is the diameter of the query's example — the largest
     distance between two of its real points (0 for a single point) — computed once at
-    construction in float64 (``O(b·n²)`` memory, once) and stored as float32 (FIRE's
+    construction in float64 (`O(b·n²)` memory, once) and stored as float32 (FIRE's
     normaliser). Both are differentiable in the positions (the gradient of a zero distance is
-    0), so forces ``−∂E/∂x`` can be taken by autograd through a distance-based encoding.
+    0), so forces `−∂E/∂x` can be taken by autograd through a distance-based encoding.
 
-    Capabilities: ``Metric`` and ``Positioned`` (``d`` axes). A point set has no direction, so
-    it is not ``Directed``. :meth:`mask_mod` masks padded keys (None when no point is padded).
+    Capabilities: `Metric` and `Positioned` (`d` axes). A point set has no direction, so
+    it is not `Directed`. [`mask_mod`][mmpe.coords.points.Points.mask_mod] masks padded keys (None when no point is padded).
 
     Raises:
-        TypeError: ``positions`` not numeric (bool, complex, object), ``mask`` not a bool
-            tensor, ``units`` not a str.
-        ValueError: ``positions`` not of rank 2 or 3, with no points or no axes, or with a
-            non-finite coordinate at a real point; ``mask`` of a shape other than
-            ``positions.shape[:-1]``; an example without a real point.
+        TypeError: `positions` not numeric (bool, complex, object), `mask` not a bool
+            tensor, `units` not a str.
+        ValueError: `positions` not of rank 2 or 3, with no points or no axes, or with a
+            non-finite coordinate at a real point; `mask` of a shape other than
+            `positions.shape[:-1]`; an example without a real point.
     """
 
     kind = "points"
@@ -97,7 +97,7 @@ class Points(Coordinates):
         self._diameter = _diameters(pos, valid)
 
     def to(self, device: torch.device | str) -> Points:
-        """These points on ``device`` (a shallow copy; the tensors are moved)."""
+        """These points on `device` (a shallow copy; the tensors are moved)."""
         new = object.__new__(Points)
         new.__dict__.update(self.__dict__)
         new._pos = self._pos.to(device)
@@ -109,7 +109,7 @@ class Points(Coordinates):
     # -- protocol -----------------------------------------------------------------------
     @property
     def num_queries(self) -> int:
-        """Point slots per example ``n`` (real and padded)."""
+        """Point slots per example `n` (real and padded)."""
         return self._pos.shape[-2]
 
     @property
@@ -118,12 +118,12 @@ class Points(Coordinates):
 
     @property
     def num_axes(self) -> int:
-        """Dimension ``d`` of the space."""
+        """Dimension `d` of the space."""
         return self._pos.shape[-1]
 
     @property
     def query_positions(self) -> Tensor:
-        """``[n, d]`` or ``[b, n, d]`` coordinates (``units``; padded rows 0)."""
+        """`[n, d]` or `[b, n, d]` coordinates (`units`; padded rows 0)."""
         return self._pos
 
     @property
@@ -137,29 +137,29 @@ class Points(Coordinates):
 
     @property
     def batch_size(self) -> int | None:
-        """``b`` for ``[b, n, d]`` positions, None for one set ``[n, d]``."""
+        """`b` for `[b, n, d]` positions, None for one set `[n, d]`."""
         return self._pos.shape[0] if self._pos.dim() == 3 else None
 
     @property
     def padding_mask(self) -> Tensor:
-        """``[n]`` or ``[b, n]`` bool, True at real points."""
+        """`[n]` or `[b, n]` bool, True at real points."""
         if self._valid is not None:
             return self._valid
         return torch.ones(self._pos.shape[:-1], dtype=torch.bool, device=self._pos.device)
 
     @property
     def key_mask(self) -> Tensor | None:
-        """``[n]`` or ``[b, n]`` bool, True at real points; None when nothing is padded."""
+        """`[n]` or `[b, n]` bool, True at real points; None when nothing is padded."""
         return self._valid
 
     @property
     def num_points(self) -> Tensor:
-        """Real points per example, ``[b]`` int64 (a 0-d tensor for one set)."""
+        """Real points per example, `[b]` int64 (a 0-d tensor for one set)."""
         return self.padding_mask.sum(-1)
 
     @property
     def diameter(self) -> Tensor:
-        """Largest distance between two real points per example, ``[b]`` (or 0-d) float32."""
+        """Largest distance between two real points per example, `[b]` (or 0-d) float32."""
         return self._diameter
 
     def _gather(self, values: Tensor, idx: Tensor, b: Tensor | None) -> Tensor:
@@ -170,7 +170,7 @@ class Points(Coordinates):
         return values[b, idx]
 
     def distance(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """Euclidean distance ``‖x_q − x_k‖₂`` (``units``, float32); 0 if either is padding."""
+        """Euclidean distance `‖x_q − x_k‖₂` (`units`, float32); 0 if either is padding."""
         acc = None
         for axis in self._axis_pos:
             diff = self._gather(axis, q_idx, b) - self._gather(axis, kv_idx, b)
@@ -185,7 +185,7 @@ class Points(Coordinates):
         return dist
 
     def extent(self, q_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """Diameter of the query's example (``units``, float32), broadcast to the indices' shape."""
+        """Diameter of the query's example (`units`, float32), broadcast to the indices' shape."""
         diam = self._diameter
         if diam.dim() == 1:
             if b is None:

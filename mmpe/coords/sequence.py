@@ -10,32 +10,32 @@ from mmpe.validation import check_bool
 
 
 class Sequence(Coordinates):
-    """Positions ``0 … n-1`` of a 1D token sequence (units: tokens).
+    """Positions `0 … n-1` of a 1D token sequence (units: tokens).
 
     Args:
-        length: number of query tokens ``n`` (> 0). May be omitted when ``position_ids``
-            or ``document_ids`` give it.
+        length: number of query tokens `n` (> 0). May be omitted when `position_ids`
+            or `document_ids` give it.
         offset: tokens already in the key/value cache (cached decoding). Queries sit at
-            ``offset … offset+n-1`` and keys at ``0 … offset+n-1``.
-        position_ids: explicit integer positions of every key, ``[n_k]`` or ``[b, n_k]`` with
-            ``n_k = offset + n`` (the queries are the last ``n``).
+            `offset … offset+n-1` and keys at `0 … offset+n-1`.
+        position_ids: explicit integer positions of every key, `[n_k]` or `[b, n_k]` with
+            `n_k = offset + n` (the queries are the last `n`).
         causal: queries attend only to keys at the same or earlier positions.
-        document_ids: integer document id per key, ``[n_k]`` or ``[b, n_k]``, for packed
+        document_ids: integer document id per key, `[n_k]` or `[b, n_k]`, for packed
             sequences: tokens attend only within their document, and positions restart at
-            0 in every document (unless ``position_ids`` are given).
-        padding_mask: ``[n_k]`` or ``[b, n_k]`` bool, True at real tokens (a left-padded batch
+            0 in every document (unless `position_ids` are given).
+        padding_mask: `[n_k]` or `[b, n_k]` bool, True at real tokens (a left-padded batch
             for generation): padded keys are masked (a padded query still sees itself, so its
-            row stays finite), and unless ``position_ids`` are given the real tokens of each
-            example are numbered ``0, 1, …`` from their first one (HF's convention).
+            row stays finite), and unless `position_ids` are given the real tokens of each
+            example are numbered `0, 1, …` from their first one (HF's convention).
         device: where the position tensors live.
 
-    Capabilities: ``Positioned`` (one axis, tokens), ``Directed`` (``relation(q, k) = pos_q −
-    pos_k``, positive when the key lies in the past; ``causal``) and ``Metric`` (``distance =
-    |relation|``, ``extent`` = the query's position).
+    Capabilities: `Positioned` (one axis, tokens), `Directed` (``relation(q, k) = pos_q −
+    pos_k`, positive when the key lies in the past; `causal`) and `Metric` (`distance =
+    |relation|`, `extent`` = the query's position).
 
     Raises:
-        ValueError: non-positive ``length``, negative ``offset``, ``position_ids``,
-            ``document_ids`` or ``padding_mask`` of the wrong rank, dtype or length (naming the
+        ValueError: non-positive `length`, negative `offset`, `position_ids`,
+            `document_ids` or `padding_mask` of the wrong rank, dtype or length (naming the
             expected shape), negative positions, batch sizes that differ between them.
     """
 
@@ -95,18 +95,18 @@ class Sequence(Coordinates):
 
     @property
     def query_positions(self) -> Tensor:
-        """Query positions ``[n, 1]`` or ``[b, n, 1]`` (int64, tokens)."""
+        """Query positions `[n, 1]` or `[b, n, 1]` (int64, tokens)."""
         return self._query_ids.unsqueeze(-1)
 
     @property
     def key_positions(self) -> Tensor:
-        """Key positions ``[n_k, 1]`` or ``[b, n_k, 1]`` (int64, tokens)."""
+        """Key positions `[n_k, 1]` or `[b, n_k, 1]` (int64, tokens)."""
         return self._key_ids.unsqueeze(-1)
 
     @property
     def max_position(self) -> int:
         """Largest position of any token (tokens): known without a device read for implicit
-        positions, read once and remembered for explicit ``position_ids``/``document_ids``."""
+        positions, read once and remembered for explicit `position_ids`/`document_ids`."""
         if self._max_position is None:
             self._max_position = int(self._key_ids.max())
         return self._max_position
@@ -114,38 +114,38 @@ class Sequence(Coordinates):
     @property
     def toeplitz(self) -> bool:
         """Whether every pair the mask allows has ``relation(q_idx, kv_idx) = q_idx + n_k − n_q
-        − kv_idx`` (and ``distance`` its absolute value): the positions are the implicit ``0 …
+        − kv_idx` (and `distance` its absolute value): the positions are the implicit `0 …
         n_k−1``, or restart at every document (the mask keeps pairs inside one document, where
-        positions and indices differ by the same shift). False with explicit ``position_ids``,
-        or with a ``padding_mask`` and no documents (positions then count real tokens only).
+        positions and indices differ by the same shift). False with explicit `position_ids`,
+        or with a `padding_mask` and no documents (positions then count real tokens only).
 
         A term that depends on the relation alone is then constant along the diagonals of the
-        ``n_q × n_k`` score matrix (a Toeplitz matrix): the eager attention path evaluates it on
-        the ``n_q + n_k − 1`` offsets instead of on every pair.
+        `n_q × n_k` score matrix (a Toeplitz matrix): the eager attention path evaluates it on
+        the `n_q + n_k − 1` offsets instead of on every pair.
         """
         return self._toeplitz
 
     def query_index(self, q_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """Position (tokens) of query ``q_idx``; ``b`` selects the example when ids are batched."""
+        """Position (tokens) of query `q_idx`; `b` selects the example when ids are batched."""
         return _gather(self._query_ids, q_idx, b)
 
     def key_index(self, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """Position (tokens) of key ``kv_idx``."""
+        """Position (tokens) of key `kv_idx`."""
         return _gather(self._key_ids, kv_idx, b)
 
     def relation(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """Signed offset ``pos_q − pos_k`` in tokens (int64)."""
+        """Signed offset `pos_q − pos_k` in tokens (int64)."""
         return self.query_index(q_idx, b) - self.key_index(kv_idx, b)
 
     def distance(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """``|pos_q − pos_k|`` in tokens (float32)."""
+        """`|pos_q − pos_k|` in tokens (float32)."""
         return self.relation(q_idx, kv_idx, b).abs().to(torch.float32)
 
     def extent(self, q_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """How far keys may lie from the query (tokens, float32): FIRE's normaliser ``ψ(max(L, i))``.
+        """How far keys may lie from the query (tokens, float32): FIRE's normaliser `ψ(max(L, i))`.
 
-        Causal: the query's position ``i`` (its farthest key is position 0). Bidirectional: the
-        distance to the farther end of the keys, ``max(i − first, last − i)``.
+        Causal: the query's position `i` (its farthest key is position 0). Bidirectional: the
+        distance to the farther end of the keys, `max(i − first, last − i)`.
         """
         pos = self.query_index(q_idx, b)
         if self.causal:
@@ -156,7 +156,7 @@ class Sequence(Coordinates):
 
     @property
     def batch_size(self) -> int | None:
-        """``b`` when positions, documents or padding differ per example, else None."""
+        """`b` when positions, documents or padding differ per example, else None."""
         for t in (self._key_ids, self.document_ids, self.padding_mask):
             if t is not None and t.dim() == 2:
                 return t.shape[0]
@@ -164,7 +164,7 @@ class Sequence(Coordinates):
 
     @property
     def key_mask(self) -> Tensor | None:
-        """``[n_k]`` or ``[b, n_k]`` bool, True at real (unpadded) keys, or None."""
+        """`[n_k]` or `[b, n_k]` bool, True at real (unpadded) keys, or None."""
         return self.padding_mask
 
     def mask_mod(self) -> MaskMod | None:

@@ -1,6 +1,6 @@
 """Laplacian eigenvectors of a weighted undirected graph (kept for backwards compatibility).
 
-The functions live in :mod:`mmpe.graph_maths` (see its docstring for the Laplacian and sign
+The functions live in [`mmpe.graph_maths`][mmpe.graph_maths] (see its docstring for the Laplacian and sign
 conventions); this module re-exports them under their old import path.
 """
 

@@ -1,8 +1,8 @@
 """Points on the sphere S² given by latitude and longitude (climate, weather, remote sensing).
 
-Flat 2D encodings of ``(lat, lon)`` break in two places on the globe: at the date line
+Flat 2D encodings of `(lat, lon)` break in two places on the globe: at the date line
 (longitude −180° and +180° are the same meridian) and at the poles (every longitude is the same
-point). :class:`Sphere` stores positions so that encodings can avoid both: as angles (radians),
+point). [`Sphere`][mmpe.coords.sphere.Sphere] stores positions so that encodings can avoid both: as angles (radians),
 as unit vectors on S², and with the great-circle angle between any two tokens.
 """
 
@@ -26,37 +26,37 @@ class Sphere(Coordinates):
     """Tokens at points on the unit sphere, optionally with a time stamp each.
 
     Args:
-        lat: latitudes, ``[n]`` or ``[b, n]`` (a scalar is one point). In ``[−90°, 90°]``
-            (``[−π/2, π/2]`` with ``units="rad"``).
-        lon: longitudes, same shape as ``lat``; any finite value, wrapped to ``[−180°, 180°)``.
-        units: ``"deg"`` (default) or ``"rad"``: the units of ``lat``, ``lon``.
-        time: optional time stamp per token, same shape as ``lat`` (any unit, e.g. hours or
-            steps), for ``lat × lon × time`` tokens as in EarthFormer-style models.
+        lat: latitudes, `[n]` or `[b, n]` (a scalar is one point). In `[−90°, 90°]`
+            (`[−π/2, π/2]` with `units="rad"`).
+        lon: longitudes, same shape as `lat`; any finite value, wrapped to `[−180°, 180°)`.
+        units: `"deg"` (default) or `"rad"`: the units of `lat`, `lon`.
+        time: optional time stamp per token, same shape as `lat` (any unit, e.g. hours or
+            steps), for `lat × lon × time` tokens as in EarthFormer-style models.
         device: where the position tensors live.
 
-    Positions are stored in radians: float64 when ``lat`` or ``lon`` is a float64 tensor, float32
+    Positions are stored in radians: float64 when `lat` or `lon` is a float64 tensor, float32
     otherwise (degrees are converted in float64 first).
 
-    * ``query_positions`` / ``key_positions``: ``[n, 2]`` or ``[b, n, 2]`` — ``(lat, lon)`` in
-      radians; ``[..., 3]`` with the time stamp appended when ``time`` is given.
-    * :attr:`unit_vectors`: ``[n, 3]`` or ``[b, n, 3]``, ``(cos φ cos λ, cos φ sin λ, sin φ)``.
-    * ``distance(q, k, b)`` = the great-circle angle (**radians**, in ``[0, π]``)
+    * `query_positions` / `key_positions`: `[n, 2]` or `[b, n, 2]` — `(lat, lon)` in
+      radians; `[..., 3]` with the time stamp appended when `time` is given.
+    * [`unit_vectors`][mmpe.coords.sphere.Sphere.unit_vectors]: `[n, 3]` or `[b, n, 3]`, `(cos φ cos λ, cos φ sin λ, sin φ)`.
+    * `distance(q, k, b)` = the great-circle angle (**radians**, in `[0, π]`)
       by the haversine formula in its two-sided form (below), accurate for tiny and for
       antipodal angles. Multiply by the radius for a length (6371.0 km for the Earth). Time does
-      not enter the distance: see :meth:`time_distance`.
-    * ``extent`` is π, the diameter of the sphere (FIRE's normaliser).
-    * ``distance``, ``extent`` and :meth:`time_distance` return float32 (attention's dtype).
-    * Capabilities: ``Metric``, ``Positioned`` (``(lat, lon[, time])``) and ``Spherical``; the
-      sphere has no direction, so it is not ``Directed``.
+      not enter the distance: see [`time_distance`][mmpe.coords.sphere.Sphere.time_distance].
+    * `extent` is π, the diameter of the sphere (FIRE's normaliser).
+    * `distance`, `extent` and [`time_distance`][mmpe.coords.sphere.Sphere.time_distance] return float32 (attention's dtype).
+    * Capabilities: `Metric`, `Positioned` (`(lat, lon[, time])`) and `Spherical`; the
+      sphere has no direction, so it is not `Directed`.
 
-    With ``h = sin²(Δφ/2) + cos φ₁ cos φ₂ sin²(Δλ/2)`` (the haversine of the angle ``d``) and
-    ``1 − h = sin²((φ₁+φ₂)/2) + cos φ₁ cos φ₂ cos²(Δλ/2)`` (the haversine of ``π − d``, the angle to
-    the antipode), ``d = 2·atan2(√h, √(1−h))``: both are sums of non-negative terms, so neither
-    ``arcsin`` near 1 (antipodes) nor ``arccos`` near 1 (tiny angles) loses precision.
+    With `h = sin²(Δφ/2) + cos φ₁ cos φ₂ sin²(Δλ/2)` (the haversine of the angle `d`) and
+    `1 − h = sin²((φ₁+φ₂)/2) + cos φ₁ cos φ₂ cos²(Δλ/2)` (the haversine of `π − d`, the angle to
+    the antipode), `d = 2·atan2(√h, √(1−h))`: both are sums of non-negative terms, so neither
+    `arcsin` near 1 (antipodes) nor `arccos` near 1 (tiny angles) loses precision.
 
     Raises:
-        ValueError: ``units`` not ``"deg"``/``"rad"``; ``lat`` NaN or outside its range; ``lon``
-            or ``time`` not finite; shapes that differ or are not ``[n]`` / ``[b, n]``; no points.
+        ValueError: `units` not `"deg"`/`"rad"`; `lat` NaN or outside its range; `lon`
+            or `time` not finite; shapes that differ or are not `[n]` / `[b, n]`; no points.
         TypeError: non-numeric input.
     """
 
@@ -125,15 +125,15 @@ class Sphere(Coordinates):
         times: Tensor | np.ndarray | Seq[float] | None = None,
         device: torch.device | str | None = None,
     ) -> Sphere:
-        """A regular ``n_lat × n_lon`` grid of cell centres, optionally repeated at ``times``.
+        """A regular `n_lat × n_lon` grid of cell centres, optionally repeated at `times`.
 
-        Latitudes ``−90 + (i + ½)·180/n_lat`` (cell centres, so no row sits on a pole), longitudes
-        ``−180 + j·360/n_lon``. Tokens are ordered row-major ``(lat, lon)``; with ``times``
-        (``[n_t]``) ``(time, lat, lon)``, time-major (EarthFormer's ``T × H × W`` cuboid order).
-        ``grid_shape`` records ``(n_lat, n_lon)`` or ``(n_t, n_lat, n_lon)``.
+        Latitudes `−90 + (i + ½)·180/n_lat` (cell centres, so no row sits on a pole), longitudes
+        `−180 + j·360/n_lon`. Tokens are ordered row-major `(lat, lon)`; with `times`
+        (`[n_t]`) `(time, lat, lon)`, time-major (EarthFormer's `T × H × W` cuboid order).
+        `grid_shape` records `(n_lat, n_lon)` or `(n_t, n_lat, n_lon)`.
 
         Raises:
-            ValueError: ``n_lat`` or ``n_lon`` not a positive int; ``times`` not 1D.
+            ValueError: `n_lat` or `n_lon` not a positive int; `times` not 1D.
         """
         for arg, val in (("n_lat", n_lat), ("n_lon", n_lon)):
             if isinstance(val, bool) or not isinstance(val, int) or val < 1:
@@ -163,22 +163,22 @@ class Sphere(Coordinates):
 
     @property
     def lat(self) -> Tensor:
-        """Latitudes φ ``[n]`` or ``[b, n]``, radians in ``[−π/2, π/2]``."""
+        """Latitudes φ `[n]` or `[b, n]`, radians in `[−π/2, π/2]`."""
         return self._lat
 
     @property
     def lon(self) -> Tensor:
-        """Longitudes λ ``[n]`` or ``[b, n]``, radians in ``[−π, π)``."""
+        """Longitudes λ `[n]` or `[b, n]`, radians in `[−π, π)`."""
         return self._lon
 
     @property
     def time(self) -> Tensor | None:
-        """Time stamps ``[n]`` or ``[b, n]`` (the caller's unit), or None."""
+        """Time stamps `[n]` or `[b, n]` (the caller's unit), or None."""
         return self._time
 
     @property
     def query_positions(self) -> Tensor:
-        """``(lat, lon[, time])`` per token, ``[n, 2|3]`` or ``[b, n, 2|3]`` (radians)."""
+        """`(lat, lon[, time])` per token, `[n, 2|3]` or `[b, n, 2|3]` (radians)."""
         parts = [self._lat, self._lon] + ([self._time] if self._time is not None else [])
         return torch.stack(parts, dim=-1)
 
@@ -188,12 +188,12 @@ class Sphere(Coordinates):
 
     @property
     def num_axes(self) -> int:
-        """2 — ``(lat, lon)`` — or 3 with a time axis."""
+        """2 — `(lat, lon)` — or 3 with a time axis."""
         return 2 if self._time is None else 3
 
     @property
     def unit_vectors(self) -> Tensor:
-        """Points as unit vectors ``(cos φ cos λ, cos φ sin λ, sin φ)``, ``[n, 3]`` or ``[b, n, 3]``."""
+        """Points as unit vectors `(cos φ cos λ, cos φ sin λ, sin φ)`, `[n, 3]` or `[b, n, 3]`."""
         return lat_lon_to_unit(self._lat, self._lon)
 
     @property
@@ -212,17 +212,17 @@ class Sphere(Coordinates):
         return values[b, idx]
 
     def distance(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """Great-circle angle between query ``q_idx`` and key ``kv_idx``, radians in ``[0, π]``.
+        """Great-circle angle between query `q_idx` and key `kv_idx`, radians in `[0, π]`.
 
         Computed in the positions' dtype and returned as float32, the dtype attention scores use
-        (call :func:`great_circle` on :attr:`lat` / :attr:`lon` for float64 angles).
+        (call [`great_circle`][mmpe.coords.sphere.great_circle] on [`lat`][mmpe.coords.sphere.Sphere.lat] / [`lon`][mmpe.coords.sphere.Sphere.lon] for float64 angles).
         """
         return great_circle(self._gather(self._lat, q_idx, b), self._gather(self._lon, q_idx, b),
                             self._gather(self._lat, kv_idx, b),
                             self._gather(self._lon, kv_idx, b)).to(torch.float32)
 
     def time_distance(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """``|t_q − t_k|`` in the time stamps' unit.
+        """`|t_q − t_k|` in the time stamps' unit.
 
         Raises:
             ValueError: the coordinates have no time axis.
@@ -243,23 +243,23 @@ class Sphere(Coordinates):
 
 # -- pure functions ----------------------------------------------------------------------
 def wrap_longitude(lon: Tensor) -> Tensor:
-    """Longitudes (radians) wrapped to ``[−π, π)``."""
+    """Longitudes (radians) wrapped to `[−π, π)`."""
     out = torch.remainder(lon + math.pi, 2 * math.pi) - math.pi
     # remainder(-tiny, 2π) rounds to 2π: fold that back onto −π.
     return torch.where(out >= math.pi, out - 2 * math.pi, out)
 
 
 def lat_lon_to_unit(lat: Tensor, lon: Tensor) -> Tensor:
-    """Unit vectors ``(cos φ cos λ, cos φ sin λ, sin φ)`` ``[..., 3]`` from radians ``lat``, ``lon``."""
+    """Unit vectors `(cos φ cos λ, cos φ sin λ, sin φ)` `[..., 3]` from radians `lat`, `lon`."""
     cos_lat = torch.cos(lat)
     return torch.stack((cos_lat * torch.cos(lon), cos_lat * torch.sin(lon), torch.sin(lat)), dim=-1)
 
 
 def great_circle(lat1: Tensor, lon1: Tensor, lat2: Tensor, lon2: Tensor) -> Tensor:
-    """Great-circle angle (radians) between ``(lat1, lon1)`` and ``(lat2, lon2)`` (radians).
+    """Great-circle angle (radians) between `(lat1, lon1)` and `(lat2, lon2)` (radians).
 
-    ``d = 2·atan2(√h, √(1−h))`` with ``h = sin²(Δφ/2) + cos φ₁ cos φ₂ sin²(Δλ/2)`` and ``1 − h``
-    formed directly as ``sin²((φ₁+φ₂)/2) + cos φ₁ cos φ₂ cos²(Δλ/2)``: stable for tiny and for
+    `d = 2·atan2(√h, √(1−h))` with `h = sin²(Δφ/2) + cos φ₁ cos φ₂ sin²(Δλ/2)` and `1 − h`
+    formed directly as `sin²((φ₁+φ₂)/2) + cos φ₁ cos φ₂ cos²(Δλ/2)`: stable for tiny and for
     antipodal angles. Inputs broadcast; the result has their broadcast shape.
     """
     cc = torch.cos(lat1) * torch.cos(lat2)
@@ -270,9 +270,9 @@ def great_circle(lat1: Tensor, lon1: Tensor, lat2: Tensor, lon2: Tensor) -> Tens
 
 
 def haversine(lat1, lon1, lat2, lon2, radius: float = 1.0, units: str = "deg") -> Tensor:
-    """Great-circle distance ``radius · angle`` between points given in ``units`` (float64).
+    """Great-circle distance `radius · angle` between points given in `units` (float64).
 
-    ``haversine(51.5074, -0.1278, 48.8566, 2.3522, radius=6371.0)`` is London–Paris in km.
+    `haversine(51.5074, -0.1278, 48.8566, 2.3522, radius=6371.0)` is London–Paris in km.
     """
     if units not in UNITS:
         raise ValueError(f"haversine: units must be one of {UNITS}, got {units!r}")
@@ -283,11 +283,11 @@ def haversine(lat1, lon1, lat2, lon2, radius: float = 1.0, units: str = "deg") -
 
 
 def _check_resolvable(name: str, values: Tensor, dtype: torch.dtype) -> None:
-    """Refuse time stamps that ``dtype`` cannot tell apart (Unix seconds, hours since 1900 at
+    """Refuse time stamps that `dtype` cannot tell apart (Unix seconds, hours since 1900 at
     minute steps in float32): rounding them would silently merge or shift steps.
 
     Raises:
-        ValueError: rounding to ``dtype`` moves a value by more than 1 % of the smallest step
+        ValueError: rounding to `dtype` moves a value by more than 1 % of the smallest step
             between distinct values (names the fix: subtract a reference time first).
     """
     if values.dtype == dtype or not (values.is_floating_point() or values.dtype == torch.int64):

@@ -1,23 +1,23 @@
 """Tables: the feature columns of a dataset as tokens, placed on a feature graph (Tab-PET).
 
 A tabular transformer (FT-Transformer, Gorishniy et al. 2021) reads one token per feature
-column, plus an optional ``[CLS]`` token. The columns have no natural order, so Tab-PET
+column, plus an optional `[CLS]` token. The columns have no natural order, so Tab-PET
 (Leng, Ghosh & Motani 2025, "Tab-PET: Graph-Based Positional Encodings for Tabular
 Transformers", AAAI 2026) gives them a geometry: a **feature graph** estimated from the
 *training rows only*, whose nodes are the columns and whose edge weights measure how strongly
-two columns depend on each other. From that graph :class:`Table` holds
+two columns depend on each other. From that graph [`Table`][mmpe.coords.table.Table] holds
 
-* **positions** — Laplacian eigenvectors of the feature graph (``spectral_positions``, Tab-PET's
-  PE, read by the ``tabpet`` input encoding, which scales them by ``alpha`` and concatenates
+* **positions** — Laplacian eigenvectors of the feature graph (`spectral_positions`, Tab-PET's
+  PE, read by the `tabpet` input encoding, which scales them by `alpha` and concatenates
   them), and
 * **distances** — shortest-path hops in the (sparsified) feature graph, so that every score
   encoding written for sequences (ALiBi, T5 buckets, FIRE) also runs on tables.
 
-The maths are functions of :mod:`mmpe.table_maths` (re-exported here): :func:`feature_graph`
-(|Pearson|, |Spearman| or mutual information), :func:`sparsify_graph` (k-NN or threshold),
-:func:`feature_spectrum` (low/high-frequency Laplacian eigenvectors) and :func:`feature_hops`.
-:meth:`Table.from_data` chains them on training rows; :class:`Table` itself lays the results
-out as tokens (``[CLS]`` first) and answers the ``Metric`` and ``FeatureGraph`` protocols.
+The maths are functions of [`mmpe.table_maths`][mmpe.table_maths] (re-exported here): [`feature_graph`][mmpe.table_maths.feature_graph]
+(|Pearson|, |Spearman| or mutual information), [`sparsify_graph`][mmpe.table_maths.sparsify_graph] (k-NN or threshold),
+[`feature_spectrum`][mmpe.table_maths.feature_spectrum] (low/high-frequency Laplacian eigenvectors) and [`feature_hops`][mmpe.table_maths.feature_hops].
+[`Table.from_data`][mmpe.coords.table.Table.from_data] chains them on training rows; [`Table`][mmpe.coords.table.Table] itself lays the results
+out as tokens (`[CLS]` first) and answers the `Metric` and `FeatureGraph` protocols.
 """
 
 from __future__ import annotations
@@ -48,40 +48,40 @@ __all__ = ["GRAPH_METHODS", "Table", "abs_pearson", "abs_spearman", "feature_gra
 class Table(Coordinates):
     """Feature columns as tokens on a feature graph (units: positions dimensionless, hops).
 
-    Tokens are ``[CLS]`` (index 0, when ``cls_token``) followed by the ``f`` feature columns in
+    Tokens are `[CLS]` (index 0, when `cls_token`) followed by the `f` feature columns in
     the order of the table. One graph serves every row, so positions are shared across the
-    batch (``batch_size`` is None).
+    batch (`batch_size` is None).
 
-    * ``spectral_positions``: ``[n_tokens, a]`` float32 with
-      ``a = k + k_high``: the feature's entries in the ``k`` smallest non-trivial and the
-      ``k_high`` largest Laplacian eigenvectors (sign convention of
-      :func:`mmpe.graph_maths.canonical_sign`); the ``[CLS]`` row is zero. Unscaled: the
-      ``tabpet`` encoding applies ``alpha``.
-    * ``distance(q, k)``: hops between the two features in the sparsified
-      graph (float32); features in different components are ``f`` hops apart (one more than any
-      path can be, its own value); ``[CLS]`` is ``cls_distance`` from every token (0 from
+    * `spectral_positions`: `[n_tokens, a]` float32 with
+      `a = k + k_high`: the feature's entries in the `k` smallest non-trivial and the
+      `k_high` largest Laplacian eigenvectors (sign convention of
+      [`mmpe.graph_maths.canonical_sign`][mmpe.graph_maths.canonical_sign]); the `[CLS]` row is zero. Unscaled: the
+      `tabpet` encoding applies `alpha`.
+    * `distance(q, k)`: hops between the two features in the sparsified
+      graph (float32); features in different components are `f` hops apart (one more than any
+      path can be, its own value); `[CLS]` is `cls_distance` from every token (0 from
       itself).
-    * ``extent``: the graph diameter (largest finite hop count, at least 1), FIRE's normaliser.
-    * ``prefix_tokens``: 1 with ``[CLS]``, else 0.
-    * Capabilities: ``Metric``, ``FeatureGraph`` and ``Prefixed``. Eigenvector entries are not
-      a geometry (their signs are a convention), so a table is not ``Positioned``.
+    * `extent`: the graph diameter (largest finite hop count, at least 1), FIRE's normaliser.
+    * `prefix_tokens`: 1 with `[CLS]`, else 0.
+    * Capabilities: `Metric`, `FeatureGraph` and `Prefixed`. Eigenvector entries are not
+      a geometry (their signs are a convention), so a table is not `Positioned`.
 
-    Build it from training rows with :meth:`from_data`, or from a ready adjacency.
+    Build it from training rows with [`from_data`][mmpe.coords.table.Table.from_data], or from a ready adjacency.
 
     Args:
-        adjacency: ``[f, f]`` symmetric non-negative feature-graph weights (numpy, torch or
+        adjacency: `[f, f]` symmetric non-negative feature-graph weights (numpy, torch or
             scipy.sparse).
-        k: low-frequency eigenvectors (``>= 0``).
-        k_high: high-frequency eigenvectors (``>= 0``); ``1 <= k + k_high <= f − 1``.
-        normalization: ``"sym"`` (``I − D^-½ A D^-½``, Tab-PET) or ``None`` (``D − A``).
-        cls_token: prepend a ``[CLS]`` token.
-        cls_distance: hops between ``[CLS]`` and any feature (``>= 0``).
-        feature_names: optional column names (length ``f``), for reports.
+        k: low-frequency eigenvectors (`>= 0`).
+        k_high: high-frequency eigenvectors (`>= 0`); `1 <= k + k_high <= f − 1`.
+        normalization: `"sym"` (`I − D^-½ A D^-½`, Tab-PET) or `None` (`D − A`).
+        cls_token: prepend a `[CLS]` token.
+        cls_distance: hops between `[CLS]` and any feature (`>= 0`).
+        feature_names: optional column names (length `f`), for reports.
         device: where the tensors live.
 
     Raises:
-        ValueError: bad adjacency (see :func:`mmpe.graph_maths.laplacian_eigenvectors`),
-            ``k``/``k_high`` out of range, negative ``cls_distance``, wrong number of names.
+        ValueError: bad adjacency (see [`mmpe.graph_maths.laplacian_eigenvectors`][mmpe.graph_maths.laplacian_eigenvectors]),
+            `k`/`k_high` out of range, negative `cls_distance`, wrong number of names.
     """
 
     kind = "table"
@@ -146,12 +146,12 @@ class Table(Coordinates):
     ) -> Table:
         """Estimate the feature graph from training rows and build the coordinates.
 
-        ``X_train`` must hold the training rows only (no validation/test rows: the encoding is
+        `X_train` must hold the training rows only (no validation/test rows: the encoding is
         then a function of the training data alone). Column names are taken from a pandas
-        ``DataFrame``. ``method``/``categorical``/``random_state`` go to :func:`feature_graph`,
-        ``sparsify``/``knn``/``threshold`` to :func:`sparsify_graph`, the other ``options``
-        (``k``, ``k_high``, ``normalization``, ``cls_token``, ``cls_distance``, ``device``) to
-        :class:`Table`.
+        `DataFrame`. `method`/`categorical`/`random_state` go to [`feature_graph`][mmpe.table_maths.feature_graph],
+        `sparsify`/`knn`/`threshold` to [`sparsify_graph`][mmpe.table_maths.sparsify_graph], the other `options`
+        (`k`, `k_high`, `normalization`, `cls_token`, `cls_distance`, `device`) to
+        [`Table`][mmpe.coords.table.Table].
         """
         if "feature_names" not in options and hasattr(X_train, "columns"):
             options["feature_names"] = [str(c) for c in X_train.columns]
@@ -160,7 +160,7 @@ class Table(Coordinates):
         return cls(adjacency, **options)  # type: ignore[arg-type]
 
     def to(self, device: torch.device | str) -> Table:
-        """The same coordinates with every tensor on ``device`` (a shallow copy)."""
+        """The same coordinates with every tensor on `device` (a shallow copy)."""
         new = object.__new__(Table)
         new.__dict__.update(self.__dict__)
         for name in ("adjacency", "eigenvalues", "hops", "_positions"):
@@ -169,7 +169,7 @@ class Table(Coordinates):
 
     @property
     def num_tokens(self) -> int:
-        """``f`` plus one for ``[CLS]``."""
+        """`f` plus one for `[CLS]`."""
         return self.num_features + int(self.cls_token)
 
     @property
@@ -178,7 +178,7 @@ class Table(Coordinates):
 
     @property
     def prefix_tokens(self) -> int:
-        """Tokens before the features: 1 with ``[CLS]``, else 0 (the ``Prefixed`` capability)."""
+        """Tokens before the features: 1 with `[CLS]`, else 0 (the `Prefixed` capability)."""
         return int(self.cls_token)
 
     @property
@@ -188,7 +188,7 @@ class Table(Coordinates):
 
     @property
     def spectral_positions(self) -> Tensor:
-        """``[n_tokens, k + k_high]`` Laplacian-eigenvector entries (``[CLS]`` row zero)."""
+        """`[n_tokens, k + k_high]` Laplacian-eigenvector entries (`[CLS]` row zero)."""
         return self._positions
 
     def distance(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
