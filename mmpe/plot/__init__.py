@@ -1,49 +1,49 @@
 """Figures of positional encodings: look at an encoding instead of reading its formula.
 
 One function per kind of figure; each takes built encodings (or registry names) and
-coordinates, returns a :class:`matplotlib.figure.Figure` and, given ``path``, writes a PNG there.
-Figures are drawn with matplotlib's object API (no ``pyplot``, no global backend: PNGs are
-rendered by Agg), and matplotlib is imported inside the functions, so ``import mmpe`` does not
+coordinates, returns a `matplotlib.figure.Figure` and, given `path`, writes a PNG there.
+Figures are drawn with matplotlib's object API (no `pyplot`, no global backend: PNGs are
+rendered by Agg), and matplotlib is imported inside the functions, so `import mmpe` does not
 need it.
 
 =========================  =====================================  ==================================
 function                   figure                                 encodings
 =========================  =====================================  ==================================
-:func:`plot_input_matrix`  ``P`` as a heatmap, positions × dims   input
-:func:`plot_similarity`    cosine similarity of position vectors  input; on a 2D grid one small
+[`plot_input_matrix`][mmpe.plot.figures.plot_input_matrix]  `P` as a heatmap, positions × dims   input
+[`plot_similarity`][mmpe.plot.figures.plot_similarity]    cosine similarity of position vectors  input; on a 2D grid one small
                            (on a grid: one map per patch, ViT     map per patch
                            Fig. 7)
-:func:`plot_bias_vs_distance`  the bias against distance, a line  score (ALiBi, T5, KERPLE, FIRE …)
+[`plot_bias_vs_distance`][mmpe.plot.figures.plot_bias_vs_distance]  the bias against distance, a line  score (ALiBi, T5, KERPLE, FIRE …)
                            per head
-:func:`plot_bias_row`      the bias of one query against every    score, e.g. read from a trained
-                           key (FIRE's figure of learned biases)  checkpoint (:func:`load_encoding`)
-:func:`plot_rotary_decay`  rotated ``q·k`` against relative       rotary, several overlaid
+[`plot_bias_row`][mmpe.plot.figures.plot_bias_row]      the bias of one query against every    score, e.g. read from a trained
+                           key (FIRE's figure of learned biases)  checkpoint ([`load_encoding`][mmpe.checkpoints.load_encoding])
+[`plot_rotary_decay`][mmpe.plot.figures.plot_rotary_decay]  rotated `q·k` against relative       rotary, several overlaid
                            distance (RoPE's long-range decay)
-:func:`plot_sphere`        components on a world map              input on the sphere
-:func:`plot_graph_eigenvectors`  a molecule coloured by its       graphs (LapPE)
+[`plot_sphere`][mmpe.plot.sphere.plot_sphere]        components on a world map              input on the sphere
+[`plot_graph_eigenvectors`][mmpe.plot.graph.plot_graph_eigenvectors]  a molecule coloured by its       graphs (LapPE)
                            Laplacian eigenvectors
 =========================  =====================================  ==================================
 
-:func:`plot_command` is ``mmpe plot NAME``: it picks the figures from the encoding's hook and
+[`plot_command`][mmpe.plot.command.plot_command] is `mmpe plot NAME`: it picks the figures from the encoding's hook and
 the capabilities it needs, builds coordinates, and writes the PNGs.
-:func:`metric_lines` and :func:`metric_points` draw stored experiment results instead.
+[`metric_lines`][mmpe.plot.results.metric_lines] and [`metric_points`][mmpe.plot.results.metric_points] draw stored experiment results instead.
 
-The package, by idea (each name is importable from ``mmpe.plot`` itself):
+The package, by idea (each name is importable from `mmpe.plot` itself):
 
 =========================  ===========================================================================
 module                     holds
 =========================  ===========================================================================
-:mod:`mmpe.plot.style`     the one figure layer: new figures, saving PNGs, colours, ``show``
-:mod:`mmpe.plot.figures`   the matrix, similarity, bias, bias-row and rotary-decay figures
-:mod:`mmpe.plot.sphere`    world maps of sphere encodings
-:mod:`mmpe.plot.graph`     graphs coloured by their Laplacian eigenvectors
-:mod:`mmpe.plot.results`   stored experiment results: a metric ``mean ± sd`` per encoding
-:mod:`mmpe.plot.command`   ``mmpe plot``: its options, the figures and coordinates it picks
+[`mmpe.plot.style`][mmpe.plot.style]     the one figure layer: new figures, saving PNGs, colours, `show`
+[`mmpe.plot.figures`][mmpe.plot.figures]   the matrix, similarity, bias, bias-row and rotary-decay figures
+[`mmpe.plot.sphere`][mmpe.plot.sphere]    world maps of sphere encodings
+[`mmpe.plot.graph`][mmpe.plot.graph]     graphs coloured by their Laplacian eigenvectors
+[`mmpe.plot.results`][mmpe.plot.results]   stored experiment results: a metric `mean ± sd` per encoding
+[`mmpe.plot.command`][mmpe.plot.command]   `mmpe plot`: its options, the figures and coordinates it picks
 =========================  ===========================================================================
 
-Encodings from training checkpoints come from :mod:`mmpe.checkpoints`
-(:func:`load_encoding`), molecules from SMILES from :mod:`mmpe.molecules`
-(:func:`molecule_graph`).
+Encodings from training checkpoints come from [`mmpe.checkpoints`][mmpe.checkpoints]
+([`load_encoding`][mmpe.checkpoints.load_encoding]), molecules from SMILES from [`mmpe.molecules`][mmpe.molecules]
+([`molecule_graph`][mmpe.molecules.molecule_graph]).
 
     >>> import mmpe
     >>> from mmpe import plot

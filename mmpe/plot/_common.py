@@ -16,7 +16,7 @@ from mmpe.encodings.base import Encoding, InputEncoding
 
 
 def article(word: str) -> str:
-    """``"an input"``, ``"a score"``."""
+    """`"an input"`, `"a score"`."""
     return f"{'an' if word[:1] in 'aeiou' else 'a'} {word}"
 
 
@@ -26,7 +26,7 @@ def name_of(enc: Any) -> str:
 
 
 def build(fn: str, enc: Any, base: type[Encoding], context: Mapping[str, Any] | None) -> Any:
-    """``enc`` itself, or built from a registry name / config with ``context``; check its hook."""
+    """`enc` itself, or built from a registry name / config with `context`; check its hook."""
     if isinstance(enc, (str, Mapping)):
         entry = registry.get(enc if isinstance(enc, str) else enc.get("name", ""))
         ctx = check_context(context, f"{fn}(context=...)")
@@ -51,7 +51,7 @@ def evaluating(module: torch.nn.Module) -> Iterator[None]:
 
 
 def positions(enc: InputEncoding, coords: Coordinates) -> Tensor:
-    """``P`` of an input encoding on ``coords`` as float32 ``[n, d]`` (first batch element)."""
+    """`P` of an input encoding on `coords` as float32 `[n, d]` (first batch element)."""
     enc.check_coords(coords)
     with evaluating(enc):
         pe = enc(coords)

@@ -1,10 +1,10 @@
-"""``mmpe plot NAME``: the command's options, the figures it picks, the coordinates it draws on.
+"""`mmpe plot NAME`: the command's options, the figures it picks, the coordinates it draws on.
 
-:func:`plot_command` is the command without its argument parser (:mod:`mmpe.cli` parses the
-arguments and calls it): it reads the ``--option key=value`` strings (:func:`parse_option`),
-picks the figure kinds (:data:`KINDS`) from the encoding's hook and the capabilities it needs,
-builds the coordinates and the encodings (from a checkpoint with ``--checkpoint``), and writes
-a PNG per kind with the functions of :mod:`mmpe.plot`.
+[`plot_command`][mmpe.plot.command.plot_command] is the command without its argument parser (`mmpe.cli` parses the
+arguments and calls it): it reads the `--option key=value` strings ([`parse_option`][mmpe.plot.command.parse_option]),
+picks the figure kinds (`KINDS`) from the encoding's hook and the capabilities it needs,
+builds the coordinates and the encodings (from a checkpoint with `--checkpoint`), and writes
+a PNG per kind with the functions of [`mmpe.plot`][mmpe.plot].
 """
 
 from __future__ import annotations
@@ -43,11 +43,11 @@ KINDS = ("auto", "matrix", "similarity", "bias", "row", "decay", "sphere", "grap
 
 
 def parse_option(text: str) -> tuple[str, Any]:
-    """``"key=value"`` → ``(key, value)``; the value read as a Python literal (``4``, ``0.5``,
-    ``(14, 14)``, ``'x'``), ``true``/``false``/``none``/``null``, else kept as a string.
+    """`"key=value"` → `(key, value)`; the value read as a Python literal (`4`, `0.5`,
+    `(14, 14)`, `'x'`), `true`/`false`/`none`/`null`, else kept as a string.
 
     Raises:
-        ValueError: no ``=`` or an empty key.
+        ValueError: no `=` or an empty key.
     """
     key, sep, raw = text.partition("=")
     key = key.strip()
@@ -65,7 +65,7 @@ def parse_option(text: str) -> tuple[str, Any]:
 
 def _coords_for(entry: registry.Entry, *, length: int, grid: Seq[int] | None,
                 smiles: str) -> Coordinates:
-    """The coordinates ``mmpe plot`` draws an encoding on, from what it needs."""
+    """The coordinates `mmpe plot` draws an encoding on, from what it needs."""
     if grid is not None:
         if not entry.supports("grid"):
             raise ValueError(f"mmpe plot: {entry.name} does not run on a grid (--grid); it "
@@ -117,22 +117,22 @@ def plot_command(name: str, kind: str = "auto", *, length: int | None = None,
                  query: int | None = None, smiles: str = DEFAULT_SMILES,
                  features: bool = False, out: str | os.PathLike = "plots",
                  stem: str | None = None) -> list[Path]:
-    """``mmpe plot NAME``: build the encoding, draw the figures, return the PNG paths.
+    """`mmpe plot NAME`: build the encoding, draw the figures, return the PNG paths.
 
-    ``kind="auto"`` picks from the hook and the capabilities the encoding needs: input on a
-    sequence → matrix + similarity; input on a grid (``--grid`` or a grid-only encoding) →
+    `kind="auto"` picks from the hook and the capabilities the encoding needs: input on a
+    sequence → matrix + similarity; input on a grid (`--grid` or a grid-only encoding) →
     the ViT similarity maps; on the sphere → a world map; on graphs → a molecule coloured by its
     Laplacian eigenvectors (+ matrix); score → bias against distance (from a checkpoint: the
-    bias row at one query too); rotary → the decay curve. ``name`` may list several rotary
-    encodings, comma-separated, to overlay; a single scaled RoPE is drawn over plain ``rope``.
+    bias row at one query too); rotary → the decay curve. `name` may list several rotary
+    encodings, comma-separated, to overlay; a single scaled RoPE is drawn over plain `rope`.
 
-    ``options`` (``key=value`` strings or a mapping) are encoding options; keys of
-    :data:`mmpe.context.CONTEXT_KEYS` (``original_max_position_embeddings``, ``grid_shape`` …)
+    `options` (`key=value` strings or a mapping) are encoding options; keys of
+    `mmpe.context.CONTEXT_KEYS` (`original_max_position_embeddings`, `grid_shape` …)
     go into the context instead, so every encoding of an overlay gets those it takes. Defaults:
-    ``d_model`` 64, 8 heads, ``head_dim = d_model // heads`` (rotary: 128), ``max_len`` 1024.
-    With ``checkpoint`` the encoding NAME is read from it (:func:`load_encoding`): its saved
+    `d_model` 64, 8 heads, `head_dim = d_model // heads` (rotary: 128), `max_len` 1024.
+    With `checkpoint` the encoding NAME is read from it ([`load_encoding`][mmpe.checkpoints.load_encoding]): its saved
     hyperparameters replace those defaults, values given here replace both. Files are
-    ``OUT/<stem>_<kind>.png``, the stem by default the names joined by ``+``.
+    `OUT/<stem>_<kind>.png`, the stem by default the names joined by `+`.
 
     Raises:
         KeyError: an unknown encoding name (with close matches).

@@ -1,9 +1,9 @@
-"""Figures of encodings on sequences and grids: the matrix ``P``, the similarity of position
+"""Figures of encodings on sequences and grids: the matrix `P`, the similarity of position
 vectors, a score encoding's bias (against distance, or one query's row) and RoPE's decay.
 
 Each function takes a built encoding (or a registry name) and coordinates, returns a
-:class:`matplotlib.figure.Figure` and, given ``path``, writes a PNG there
-(through :mod:`mmpe.plot.style`).
+`matplotlib.figure.Figure` and, given `path`, writes a PNG there
+(through [`mmpe.plot.style`][mmpe.plot.style]).
 """
 
 from __future__ import annotations
@@ -49,16 +49,16 @@ def _cosine(pe: Tensor) -> Tensor:
 def plot_input_matrix(enc: InputEncoding | str, coords: Coordinates | None = None, *,
                       length: int = 128, context: Mapping[str, Any] | None = None,
                       path: str | os.PathLike | None = None) -> Figure:
-    """The encoding matrix ``P`` as a heatmap: positions (rows) × dimensions (columns).
+    """The encoding matrix `P` as a heatmap: positions (rows) × dimensions (columns).
 
     Args:
-        enc: a built input encoding, or a registry name built with ``context``
-            (``{"d_model": 64}`` by default).
-        coords: the tokens; default ``Sequence(length)``. Batched encodings show batch 0.
+        enc: a built input encoding, or a registry name built with `context`
+            (`{"d_model": 64}` by default).
+        coords: the tokens; default `Sequence(length)`. Batched encodings show batch 0.
         path: write a PNG here.
 
     Raises:
-        ValueError: ``enc`` is not an input encoding. TypeError: ``coords`` it cannot read.
+        ValueError: `enc` is not an input encoding. TypeError: `coords` it cannot read.
     """
     enc = build("plot_input_matrix", enc, InputEncoding, {"d_model": 64, **(context or {})})
     coords = Sequence(length) if coords is None else coords
@@ -80,20 +80,20 @@ def plot_similarity(enc: InputEncoding | str, coords: Coordinates | None = None,
                     path: str | os.PathLike | None = None) -> Figure:
     """Cosine similarity of the position vectors of an input encoding.
 
-    On a 1D sequence (or any coordinates other than a 2D grid): the ``[n, n]`` matrix
-    ``cos(P_i, P_j)`` — for sinusoidal encodings high near the diagonal, with periodic bands.
-    On a 2D :class:`~mmpe.Grid` ``(H, W)``: the figure of Dosovitskiy et al. 2021 (ViT, Fig. 7):
-    an ``H × W`` array of small maps, the map at row ``i``, column ``j`` showing the similarity of
-    patch ``(i, j)`` to every patch (prefix tokens are left out).
+    On a 1D sequence (or any coordinates other than a 2D grid): the `[n, n]` matrix
+    `cos(P_i, P_j)` — for sinusoidal encodings high near the diagonal, with periodic bands.
+    On a 2D [`Grid`][mmpe.coords.grid.Grid] `(H, W)`: the figure of Dosovitskiy et al. 2021 (ViT, Fig. 7):
+    an `H × W` array of small maps, the map at row `i`, column `j` showing the similarity of
+    patch `(i, j)` to every patch (prefix tokens are left out).
 
     Args:
-        enc: a built input encoding, or a registry name built with ``context``
-            (``{"d_model": 64}`` by default; add ``grid_shape`` for ``learned_grid``).
-        coords: default ``Sequence(length)``.
+        enc: a built input encoding, or a registry name built with `context`
+            (`{"d_model": 64}` by default; add `grid_shape` for `learned_grid`).
+        coords: default `Sequence(length)`.
         path: write a PNG here.
 
     Raises:
-        ValueError: ``enc`` is not an input encoding.
+        ValueError: `enc` is not an input encoding.
     """
     enc = build("plot_similarity", enc, InputEncoding, {"d_model": 64, **(context or {})})
     coords = Sequence(length) if coords is None else coords
@@ -136,7 +136,7 @@ def plot_similarity(enc: InputEncoding | str, coords: Coordinates | None = None,
 # -- score encodings ---------------------------------------------------------------------
 def _score_terms(fn: str, enc: ScoreEncoding, coords: Coordinates,
                  num_heads: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(bias [n_h, n_q, n_k], allowed [n_q, n_k])`` of a position-only additive encoding."""
+    """`(bias [n_h, n_q, n_k], allowed [n_q, n_k])` of a position-only additive encoding."""
     from mmpe.functional import score_mod
 
     if not enc.additive:
@@ -175,10 +175,10 @@ def plot_bias_vs_distance(enc: ScoreEncoding | str, coords: Coordinates | int | 
     buckets, KERPLE's logarithm, FIRE's learned curve).
 
     Args:
-        enc: a built score encoding, or a registry name built with ``num_heads``.
-        coords: an int ``max_distance``, or coordinates. Default (and with an int): a causal
-            ``Sequence(max_distance + 1)``, the last query against every key, so the distance is
-            ``0 … max_distance`` tokens. On ``Directed`` coordinates the last query's row is
+        enc: a built score encoding, or a registry name built with `num_heads`.
+        coords: an int `max_distance`, or coordinates. Default (and with an int): a causal
+            `Sequence(max_distance + 1)`, the last query against every key, so the distance is
+            `0 … max_distance` tokens. On `Directed` coordinates the last query's row is
             shown; on others (grids, graphs, the sphere) the bias is averaged over all allowed
             pairs at each distance.
         num_heads: heads (default: the encoding's, else 8).
@@ -186,7 +186,7 @@ def plot_bias_vs_distance(enc: ScoreEncoding | str, coords: Coordinates | int | 
 
     Raises:
         ValueError: not a score encoding; a rescaling or content-dependent one (Shaw, DeBERTa
-            … need queries and keys); ``num_heads`` unlike the encoding's.
+            … need queries and keys); `num_heads` unlike the encoding's.
     """
     fn = "plot_bias_vs_distance"
     if isinstance(coords, int) and not isinstance(coords, bool):
@@ -239,9 +239,9 @@ def plot_bias_row(enc: ScoreEncoding | str, coords: Coordinates | None = None,
     figure of learned biases at query 128).
 
     Args:
-        enc: a score encoding or registry name; with ``checkpoint``, its parameters are read
-            from there (:func:`load_encoding`, ``prefix`` as there).
-        coords: default a causal ``Sequence(query + 1)``. On a 2D grid the row is drawn as a map
+        enc: a score encoding or registry name; with `checkpoint`, its parameters are read
+            from there ([`load_encoding`][mmpe.checkpoints.load_encoding], `prefix` as there).
+        coords: default a causal `Sequence(query + 1)`. On a 2D grid the row is drawn as a map
             per head, the query's cell marked.
         query: the query token (default 128 on the default sequence, else the last query; on a
             grid the centre cell).
@@ -249,8 +249,8 @@ def plot_bias_row(enc: ScoreEncoding | str, coords: Coordinates | None = None,
         path: write a PNG here.
 
     Raises:
-        ValueError: ``query`` outside the coordinates; not a score encoding; see
-            :func:`plot_bias_vs_distance` and :func:`load_encoding`.
+        ValueError: `query` outside the coordinates; not a score encoding; see
+            [`plot_bias_vs_distance`][mmpe.plot.figures.plot_bias_vs_distance] and [`load_encoding`][mmpe.checkpoints.load_encoding].
     """
     fn = "plot_bias_row"
     if checkpoint is not None:
@@ -317,25 +317,25 @@ def plot_rotary_decay(encs: Any, max_distance: int = 1024, *, head_dim: int = 12
                       qk: str = "ones", samples: int = 64, seed: int = 0,
                       context: Mapping[str, Any] | None = None, log_x: bool = False,
                       path: str | os.PathLike | None = None) -> Figure:
-    """Rotated ``q·k`` against relative distance: the long-range decay of Su et al. 2021
+    """Rotated `q·k` against relative distance: the long-range decay of Su et al. 2021
     (RoFormer §3.4.3, Fig. 2), for the base RoPE and each of its scalings overlaid.
 
-    A query at position ``max_distance`` and keys at ``0 … max_distance`` all carry the same
-    vector ``x`` before rotation; the curve is ``⟨R_m x, R_n x⟩ / h_d`` against ``m − n``
-    (``1`` at distance 0 for plain RoPE; YaRN's temperature and xPos's decay show as scale).
+    A query at position `max_distance` and keys at `0 … max_distance` all carry the same
+    vector `x` before rotation; the curve is `⟨R_m x, R_n x⟩ / h_d` against `m − n`
+    (`1` at distance 0 for plain RoPE; YaRN's temperature and xPos's decay show as scale).
 
     Args:
         encs: a rotary encoding or registry name, a list of them, or a mapping label → encoding.
-            Names are built with ``context`` (``head_dim`` from ``head_dim``).
+            Names are built with `context` (`head_dim` from `head_dim`).
         max_distance: the largest distance (tokens).
-        head_dim: ``h_d`` of encodings built from names.
-        qk: ``"ones"`` (``x = 1``) or ``"random"`` (the mean over ``samples`` Gaussian ``x``).
+        head_dim: `h_d` of encodings built from names.
+        qk: `"ones"` (`x = 1`) or `"random"` (the mean over `samples` Gaussian `x`).
         log_x: logarithmic distance axis.
         path: write a PNG here.
 
     Raises:
-        ValueError: an encoding that is not rotary or does not run on 1D positions, ``qk`` not
-            ``"ones"``/``"random"``, ``max_distance < 1``.
+        ValueError: an encoding that is not rotary or does not run on 1D positions, `qk` not
+            `"ones"`/`"random"`, `max_distance < 1`.
     """
     fn = "plot_rotary_decay"
     if qk not in ("ones", "random"):

@@ -1,4 +1,4 @@
-"""Graphs coloured by their Laplacian eigenvectors: :func:`plot_graph_eigenvectors`."""
+"""Graphs coloured by their Laplacian eigenvectors: [`plot_graph_eigenvectors`][mmpe.plot.graph.plot_graph_eigenvectors]."""
 
 from __future__ import annotations
 
@@ -28,15 +28,15 @@ def plot_graph_eigenvectors(graph: str | Graph, k: int | None = None, *, encodin
 
     Args:
         graph: a SMILES string (drawn with RDKit's 2D depiction, atoms labelled) or a
-            :class:`~mmpe.Graph` (its first graph, laid out with networkx).
-        k: eigenvectors (default: the encoding's ``k``, else 4; at most 8 are drawn).
-        encoding: optional ``lappe`` encoding (or name) whose ``k`` and ``normalization`` to use.
-        normalization: ``"sym"`` or ``None`` (``D − A``), unless ``encoding`` sets it.
+            [`Graph`][mmpe.coords.graph.Graph] (its first graph, laid out with networkx).
+        k: eigenvectors (default: the encoding's `k`, else 4; at most 8 are drawn).
+        encoding: optional `lappe` encoding (or name) whose `k` and `normalization` to use.
+        normalization: `"sym"` or `None` (`D − A`), unless `encoding` sets it.
         path: write a PNG here.
 
     Raises:
-        ValueError: an invalid SMILES string, ``k < 1``. TypeError: ``graph`` of another type.
-        ImportError: RDKit (SMILES) or networkx (a ``Graph``) not installed.
+        ValueError: an invalid SMILES string, `k < 1`. TypeError: `graph` of another type.
+        ImportError: RDKit (SMILES) or networkx (a `Graph`) not installed.
     """
     from mmpe.graph_maths import adjacency, laplacian_eigenvectors
 

@@ -1,21 +1,21 @@
-"""Figures of stored experiment results: a metric ``mean ± sd`` per encoding.
+"""Figures of stored experiment results: a metric `mean ± sd` per encoding.
 
-The functions take plain Python data, ``series = {name: [(mean, sd), ...]}`` with one
-``(mean, sd)`` cell per column (or panel), as a report builds it from stored runs; a ``None``
-mean leaves the point out, a ``None`` sd draws no error bar (NaN counts as ``None``).
+The functions take plain Python data, `series = {name: [(mean, sd), ...]}` with one
+`(mean, sd)` cell per column (or panel), as a report builds it from stored runs; a `None`
+mean leaves the point out, a `None` sd draws no error bar (NaN counts as `None`).
 
 ==========================  ====================================================================
 function                    figure
 ==========================  ====================================================================
-:func:`metric_lines`        one line per series across categorical columns (e.g. training
+[`metric_lines`][mmpe.plot.results.metric_lines]        one line per series across categorical columns (e.g. training
                             lengths, data sizes), sd error bars, a legend
-:func:`metric_points`       one panel per metric, one point ± sd per series (a dot plot to
+[`metric_points`][mmpe.plot.results.metric_points]       one panel per metric, one point ± sd per series (a dot plot to
                             compare a handful of encodings on a few metrics)
 ==========================  ====================================================================
 
-Each writes a PNG and returns its path; :func:`draw_metric_lines` and
-:func:`draw_metric_points` return the :class:`~matplotlib.figure.Figure` instead, unsaved.
-Figures are made and written through :mod:`mmpe.plot.style`.
+Each writes a PNG and returns its path; [`draw_metric_lines`][mmpe.plot.results.draw_metric_lines] and
+[`draw_metric_points`][mmpe.plot.results.draw_metric_points] return the `Figure` instead, unsaved.
+Figures are made and written through [`mmpe.plot.style`][mmpe.plot.style].
 
     >>> from mmpe.plot.results import metric_lines
     >>> metric_lines(["1x", "2x", "4x"], {"rope": [(3.1, 0.1), (3.4, 0.2), (4.0, None)],
@@ -52,15 +52,15 @@ _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 def draw_metric_lines(columns: Sequence[str], series: Mapping[str, Sequence[Cell]], *,
                       xlabel: str, ylabel: str, title: str = "") -> Figure:
-    """The figure of :func:`metric_lines`, not saved.
+    """The figure of [`metric_lines`][mmpe.plot.results.metric_lines], not saved.
 
-    The columns are categorical: series ``i``'s points lie at ``x = 0 … len(columns) − 1``, the
-    ticks labelled with the columns. Each series is one ``errorbar`` (its ``ax.containers``
+    The columns are categorical: series `i`'s points lie at `x = 0 … len(columns) − 1`, the
+    ticks labelled with the columns. Each series is one `errorbar` (its `ax.containers`
     entry, labelled with its name) holding the points whose mean is known, in column order.
 
     Raises:
         ValueError: no columns; a series with a cell per column missing or extra, a cell that
-            is not ``(mean, sd)``, or a negative sd.
+            is not `(mean, sd)`, or a negative sd.
     """
     fn = "metric_lines"
     cols = [str(c) for c in columns]
@@ -93,19 +93,19 @@ def metric_lines(columns: Sequence[str], series: Mapping[str, Sequence[Cell]],
     """A metric across columns, one line per series with sd error bars, as a PNG.
 
     Args:
-        columns: the x ticks, in order (e.g. ``["1x", "2x", "4x"]``).
-        series: ``{name: [(mean, sd) per column]}``, a line each, in the legend by name. A
-            ``None`` mean leaves its point out (the line joins its neighbours); a ``None`` sd
+        columns: the x ticks, in order (e.g. `["1x", "2x", "4x"]`).
+        series: `{name: [(mean, sd) per column]}`, a line each, in the legend by name. A
+            `None` mean leaves its point out (the line joins its neighbours); a `None` sd
             draws no error bar.
         path: the PNG (its folder is made).
-        xlabel: the x axis label. ylabel: the y axis label, e.g. ``"loss (lower is better)"``.
+        xlabel: the x axis label. ylabel: the y axis label, e.g. `"loss (lower is better)"`.
         title: the figure title (none when empty).
 
     Returns:
-        ``path`` as a :class:`~pathlib.Path`.
+        `path` as a `Path`.
 
     Raises:
-        ValueError: see :func:`draw_metric_lines`.
+        ValueError: see [`draw_metric_lines`][mmpe.plot.results.draw_metric_lines].
     """
     fig = draw_metric_lines(columns, series, xlabel=xlabel, ylabel=ylabel, title=title)
     return save(fig, path, dpi=RESULT_DPI)
@@ -113,15 +113,15 @@ def metric_lines(columns: Sequence[str], series: Mapping[str, Sequence[Cell]],
 
 def draw_metric_points(panels: Sequence[str], series: Mapping[str, Sequence[Cell]], *,
                        ylabels: Sequence[str], title: str = "") -> Figure:
-    """The figure of :func:`metric_points`, not saved.
+    """The figure of [`metric_points`][mmpe.plot.results.metric_points], not saved.
 
-    Panel ``p`` is ``fig.axes[p]``; in it series ``i`` (in the order of ``series``) is one
-    ``errorbar`` at ``x = i`` (its ``ax.containers`` entry, labelled with its name), left out
+    Panel `p` is `fig.axes[p]`; in it series `i` (in the order of `series`) is one
+    `errorbar` at `x = i` (its `ax.containers` entry, labelled with its name), left out
     when its mean is unknown. The x ticks are the series names.
 
     Raises:
-        ValueError: no panels; ``ylabels`` not one per panel; a series with a cell per panel
-            missing or extra, a cell that is not ``(mean, sd)``, or a negative sd.
+        ValueError: no panels; `ylabels` not one per panel; a series with a cell per panel
+            missing or extra, a cell that is not `(mean, sd)`, or a negative sd.
     """
     fn = "metric_points"
     names = [str(p) for p in panels]
@@ -160,19 +160,19 @@ def metric_points(panels: Sequence[str], series: Mapping[str, Sequence[Cell]],
     """A few metrics side by side, one panel each, one point ± sd per series, as a PNG.
 
     Args:
-        panels: the panel titles, in order (e.g. ``["accuracy", "loss"]``).
-        series: ``{name: [(mean, sd) per panel]}``; series ``i`` is drawn at ``x = i`` in
+        panels: the panel titles, in order (e.g. `["accuracy", "loss"]`).
+        series: `{name: [(mean, sd) per panel]}`; series `i` is drawn at `x = i` in
             every panel (same colour and marker), the x ticks labelled with the names. A
-            ``None`` mean leaves the point out of that panel; a ``None`` sd draws no error bar.
+            `None` mean leaves the point out of that panel; a `None` sd draws no error bar.
         path: the PNG (its folder is made).
         ylabels: the y axis label of each panel.
         title: the figure title (none when empty).
 
     Returns:
-        ``path`` as a :class:`~pathlib.Path`.
+        `path` as a `Path`.
 
     Raises:
-        ValueError: see :func:`draw_metric_points`.
+        ValueError: see [`draw_metric_points`][mmpe.plot.results.draw_metric_points].
     """
     fig = draw_metric_points(panels, series, ylabels=ylabels, title=title)
     return save(fig, path, dpi=RESULT_DPI)
@@ -180,7 +180,7 @@ def metric_points(panels: Sequence[str], series: Mapping[str, Sequence[Cell]],
 
 def _cells(fn: str, series: Mapping[str, Sequence[Any]], n: int,
            what: str) -> dict[str, list[tuple[float | None, float | None]]]:
-    """``series`` checked (``n`` cells each) with float means and sds, NaN read as None."""
+    """`series` checked (`n` cells each) with float means and sds, NaN read as None."""
     if not isinstance(series, Mapping):
         raise ValueError(f"{fn}: series must map names to (mean, sd) cells, "
                          f"got {type(series).__name__}")
@@ -217,8 +217,8 @@ def _number(fn: str, name: str, value: Any) -> float | None:
 
 
 def _categorical_ticks(ax: Axes, labels: list[str], width: float) -> None:
-    """Tick ``i`` labelled ``labels[i]``; slanted when the labels would overlap on an axis
-    ``width`` inches wide (about 0.09 inch per character at the default font size)."""
+    """Tick `i` labelled `labels[i]`; slanted when the labels would overlap on an axis
+    `width` inches wide (about 0.09 inch per character at the default font size)."""
     room = width / max(len(labels), 1)
     long = max((len(s) for s in labels), default=0) * 0.09 > 0.9 * room
     ax.set_xticks(range(len(labels)), labels, rotation=30 if long else 0,

@@ -1,4 +1,4 @@
-"""Sphere encodings on a world map: :func:`plot_sphere`."""
+"""Sphere encodings on a world map: [`plot_sphere`][mmpe.plot.sphere.plot_sphere]."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ __all__ = ["plot_sphere"]
 
 
 def _coastlines() -> Any:
-    """cartopy's ``PlateCarree`` when cartopy and its Natural Earth coastlines are here
+    """cartopy's `PlateCarree` when cartopy and its Natural Earth coastlines are here
     offline (cartopy would otherwise try to download them while drawing), else None."""
     try:
         import cartopy
@@ -50,17 +50,17 @@ def plot_sphere(enc: InputEncoding | str, coords: Sphere | None = None, *, n_lat
     the maps are plain longitude/latitude axes.
 
     Args:
-        enc: an input encoding on :class:`~mmpe.Sphere` coordinates, or a registry name
-            (``d_model`` 64 by default).
-        coords: a ``Sphere.grid(n_lat, n_lon)`` (default built from ``n_lat``, ``n_lon``).
-        components: how many (the first ``k``) or which output channels to map.
-        features: map the encoding's raw features (``enc.features(coords)``, e.g. the spherical
-            harmonics ``Y_l^m``) instead of its output.
+        enc: an input encoding on [`Sphere`][mmpe.coords.sphere.Sphere] coordinates, or a registry name
+            (`d_model` 64 by default).
+        coords: a `Sphere.grid(n_lat, n_lon)` (default built from `n_lat`, `n_lon`).
+        components: how many (the first `k`) or which output channels to map.
+        features: map the encoding's raw features (`enc.features(coords)`, e.g. the spherical
+            harmonics `Y_l^m`) instead of its output.
         path: write a PNG here.
 
     Raises:
-        ValueError: not an input encoding; ``coords`` not a 2D ``Sphere.grid``; a component
-            out of range; ``features`` for an encoding without ``features``.
+        ValueError: not an input encoding; `coords` not a 2D `Sphere.grid`; a component
+            out of range; `features` for an encoding without `features`.
     """
     fn = "plot_sphere"
     enc = build(fn, enc, InputEncoding, {"d_model": 64, **(context or {})})

@@ -1,12 +1,12 @@
-"""The one figure layer of :mod:`mmpe.plot`: every figure is made and written through here.
+"""The one figure layer of [`mmpe.plot`][mmpe.plot]: every figure is made and written through here.
 
-matplotlib is imported inside these functions (``import mmpe.plot`` does not need it).
-Figures are matplotlib :class:`~matplotlib.figure.Figure` objects made without ``pyplot``, so
-drawing one neither selects a backend nor registers the figure with ``pyplot``; PNGs are
-rendered by Agg when they are saved. :func:`pyplot` is for code that wants ``pyplot`` itself
-(it selects Agg first); :func:`show` opens written PNGs on a display (``mmpe plot --show``).
+matplotlib is imported inside these functions (`import mmpe.plot` does not need it).
+Figures are matplotlib `Figure` objects made without `pyplot`, so
+drawing one neither selects a backend nor registers the figure with `pyplot`; PNGs are
+rendered by Agg when they are saved. [`pyplot`][mmpe.plot.style.pyplot] is for code that wants `pyplot` itself
+(it selects Agg first); [`show`][mmpe.plot.style.show] opens written PNGs on a display (`mmpe plot --show`).
 
-No other module of :mod:`mmpe.plot` calls ``matplotlib.use`` or ``savefig``.
+No other module of [`mmpe.plot`][mmpe.plot] calls `matplotlib.use` or `savefig`.
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ DIVERGING = "RdBu_r"
 
 
 def pyplot() -> Any:
-    """``matplotlib.pyplot`` with the Agg backend (files only, no display).
+    """`matplotlib.pyplot` with the Agg backend (files only, no display).
 
-    Agg is selected when ``pyplot`` is not imported yet; a process that already imported it
+    Agg is selected when `pyplot` is not imported yet; a process that already imported it
     keeps its backend (switching would close its open figures).
 
     Raises:
-        ModuleNotFoundError: matplotlib is not installed (``pip install 'mmpe[recipes]'``).
+        ModuleNotFoundError: matplotlib is not installed (`pip install 'mmpe[recipes]'`).
     """
     from mmpe._optional import require
 
@@ -53,7 +53,7 @@ def pyplot() -> Any:
 
 def new_figure(width: float, height: float, *, dpi: float = DPI,
                layout: str | None = "constrained") -> Figure:
-    """An empty ``width × height`` inch figure (constrained layout), not known to ``pyplot``.
+    """An empty `width × height` inch figure (constrained layout), not known to `pyplot`.
 
     Raises:
         ModuleNotFoundError: matplotlib is not installed.
@@ -68,18 +68,18 @@ def new_figure(width: float, height: float, *, dpi: float = DPI,
 
 def subplots(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float] = (6.4, 4.8),
              dpi: float = DPI, squeeze: bool = True, **kwargs: Any) -> tuple[Figure, Any]:
-    """``(figure, axes)`` like ``pyplot.subplots``, made with :func:`new_figure`.
+    """`(figure, axes)` like `pyplot.subplots`, made with [`new_figure`][mmpe.plot.style.new_figure].
 
-    ``axes`` is one :class:`~matplotlib.axes.Axes` for a single panel (with ``squeeze``), else
-    an array of them; ``kwargs`` go to :meth:`matplotlib.figure.Figure.subplots`.
+    `axes` is one `Axes` for a single panel (with `squeeze`), else
+    an array of them; `kwargs` go to `matplotlib.figure.Figure.subplots`.
     """
     fig = new_figure(*figsize, dpi=dpi)
     return fig, fig.subplots(nrows, ncols, squeeze=squeeze, **kwargs)
 
 
 def save(fig: Figure, path: str | os.PathLike, *, dpi: float = DPI) -> Path:
-    """Write ``fig`` to ``path`` (a PNG, or the format of its suffix), making the parent
-    folder, and close it in ``pyplot`` if it was opened there. Returns the path."""
+    """Write `fig` to `path` (a PNG, or the format of its suffix), making the parent
+    folder, and close it in `pyplot` if it was opened there. Returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)
@@ -90,21 +90,21 @@ def save(fig: Figure, path: str | os.PathLike, *, dpi: float = DPI) -> Path:
 
 
 def finish(fig: Figure, path: str | os.PathLike | None, *, dpi: float = DPI) -> Figure:
-    """:func:`save` ``fig`` when ``path`` is given; return ``fig`` either way."""
+    """[`save`][mmpe.plot.style.save] `fig` when `path` is given; return `fig` either way."""
     if path is not None:
         save(fig, path, dpi=dpi)
     return fig
 
 
 def symmetric_limit(values: np.ndarray) -> float:
-    """``max |value|`` over the finite values (1 when there is none or it is 0): the colour
-    limits ``±lim`` of a diverging map centred on 0."""
+    """`max |value|` over the finite values (1 when there is none or it is 0): the colour
+    limits `±lim` of a diverging map centred on 0."""
     finite = np.abs(values[np.isfinite(values)])
     return float(finite.max()) if finite.size and finite.max() > 0 else 1.0
 
 
 def head_colors(n: int) -> list:
-    """``n`` colours from viridis, one per attention head."""
+    """`n` colours from viridis, one per attention head."""
     from matplotlib import colormaps
 
     cmap = colormaps["viridis"]
@@ -112,13 +112,13 @@ def head_colors(n: int) -> list:
 
 
 def legend(ax: Axes, n: int) -> None:
-    """A small frameless legend for ``n`` lines, or none past 16 (a line per head)."""
+    """A small frameless legend for `n` lines, or none past 16 (a line per head)."""
     if n <= 16:
         ax.legend(fontsize=7, ncols=2 if n > 8 else 1, loc="best", frameon=False)
 
 
 def show(paths: Sequence[str | os.PathLike]) -> bool:
-    """Open the PNGs in windows when a display exists (``mmpe plot --show``); False without."""
+    """Open the PNGs in windows when a display exists (`mmpe plot --show`); False without."""
     if sys.platform.startswith("linux") and not (os.environ.get("DISPLAY")
                                                  or os.environ.get("WAYLAND_DISPLAY")):
         return False
