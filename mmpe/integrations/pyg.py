@@ -1,30 +1,30 @@
 """PyTorch Geometric integration: transforms that attach graph positions, and a layer.
 
-Transforms (``torch_geometric.transforms.BaseTransform`` subclasses, with functional names as
-PyG registers its own) compute per graph with the functions of :mod:`mmpe.graph_maths` and
-store the result on a copy of the ``Data`` object (``BaseTransform.__call__`` copies it first;
-the input is left unchanged), so they run once as a dataset ``pre_transform`` and batch with
-PyG's ``DataLoader``. :class:`mmpe.coords.Graph` reads them only when told where they are:
-``Graph.from_pyg(batch, **graph_kwargs(pre))`` (or the same keywords written out, e.g.
-``Graph.from_pyg(batch, rwse="random_walk_pe")``). Every transform takes the attribute name it
-writes (``attr_name``), and :func:`graph_kwargs` passes those names on:
+Transforms (`torch_geometric.transforms.BaseTransform` subclasses, with functional names as
+PyG registers its own) compute per graph with the functions of [`mmpe.graph_maths`][mmpe.graph_maths] and
+store the result on a copy of the `Data` object (`BaseTransform.__call__` copies it first;
+the input is left unchanged), so they run once as a dataset `pre_transform` and batch with
+PyG's `DataLoader`. [`mmpe.coords.Graph`][mmpe.coords.graph.Graph] reads them only when told where they are:
+`Graph.from_pyg(batch, **graph_kwargs(pre))` (or the same keywords written out, e.g.
+`Graph.from_pyg(batch, rwse="random_walk_pe")`). Every transform takes the attribute name it
+writes (`attr_name`), and [`graph_kwargs`][mmpe.integrations.pyg.graph_kwargs] passes those names on:
 
 ==========================  ==============================  ===================================
-transform                   functional name                 attributes (default ``attr_name``)
+transform                   functional name                 attributes (default `attr_name`)
 ==========================  ==============================  ===================================
-:class:`AddShortestPaths`   ``mmpe_shortest_paths``         ``spd [n²]``, ``spd_index [2, n²]``
-                                                            (+ ``spd_edge_attr [n², P, F]``,
-                                                            ``spd_edge_mask [n², P]``)
-:class:`AddLaplacianPE`     ``mmpe_laplacian_pe``           ``laplacian_eigenvector_pe [n, k]``
-:class:`AddRWSE`            ``mmpe_rwse``                   ``random_walk_pe [n, k]``
-:class:`AddDegree`          ``mmpe_degree``                 ``in_degree [n]``, ``out_degree [n]``
+[`AddShortestPaths`][mmpe.integrations.pyg.AddShortestPaths]   `mmpe_shortest_paths`         `spd [n²]`, `spd_index [2, n²]`
+                                                            (+ `spd_edge_attr [n², P, F]`,
+                                                            `spd_edge_mask [n², P]`)
+[`AddLaplacianPE`][mmpe.integrations.pyg.AddLaplacianPE]     `mmpe_laplacian_pe`           `laplacian_eigenvector_pe [n, k]`
+[`AddRWSE`][mmpe.integrations.pyg.AddRWSE]            `mmpe_rwse`                   `random_walk_pe [n, k]`
+[`AddDegree`][mmpe.integrations.pyg.AddDegree]          `mmpe_degree`                 `in_degree [n]`, `out_degree [n]`
 ==========================  ==============================  ===================================
 
-``spd`` holds hop counts, −1 for unreachable pairs; ``spd_index`` names the pairs (its name
+`spd` holds hop counts, −1 for unreachable pairs; `spd_index` names the pairs (its name
 contains "index", so PyG offsets it by the node count when batching; for the same reason an
-``attr_name`` may not contain "index", "batch" or "face"). The default names of LapPE and RWSE
-are PyG's own, so the output of PyG's ``AddLaplacianEigenvectorPE``/``AddRandomWalkPE`` can be
-read too: ``Graph.from_pyg(batch, rwse="random_walk_pe")`` (mmpe's LapPE has deterministic
+`attr_name` may not contain "index", "batch" or "face"). The default names of LapPE and RWSE
+are PyG's own, so the output of PyG's `AddLaplacianEigenvectorPE`/`AddRandomWalkPE` can be
+read too: `Graph.from_pyg(batch, rwse="random_walk_pe")` (mmpe's LapPE has deterministic
 signs; PyG's are random).
 
     from torch_geometric.transforms import Compose
@@ -36,13 +36,13 @@ signs; PyG's are random).
     for batch in DataLoader(graphs, batch_size=32):
         h = layer(x_embed(batch.x), batch.edge_index, batch.batch, data=batch)   # [N, 64]
 
-Inside PyG's GPS recipe: :class:`GraphAttention` is mmpe attention on node-level inputs
-(``x [N, d]``, ``batch``; padding to ``[b, n_max, d]`` and back is done inside), and
-:class:`MMPEGPSConv` is PyG's ``GPSConv`` (same local MPNN, MLP, norms and residuals; a
-``GPSConv`` subclass) whose global attention is a :class:`GraphAttention` with mmpe's graph
-score biases (``graphormer_spatial``, ``alibi``/``t5``/``fire`` over hops …). PyG's own
-``GPSConv`` cannot take such a module: it builds ``torch.nn.MultiheadAttention`` or a Performer
-from ``attn_type`` and dispatches on those two classes, with no hook for pairwise biases.
+Inside PyG's GPS recipe: [`GraphAttention`][mmpe.integrations.pyg.GraphAttention] is mmpe attention on node-level inputs
+(`x [N, d]`, `batch`; padding to `[b, n_max, d]` and back is done inside), and
+[`MMPEGPSConv`][mmpe.integrations.pyg.MMPEGPSConv] is PyG's `GPSConv` (same local MPNN, MLP, norms and residuals; a
+`GPSConv` subclass) whose global attention is a [`GraphAttention`][mmpe.integrations.pyg.GraphAttention] with mmpe's graph
+score biases (`graphormer_spatial`, `alibi`/`t5`/`fire` over hops …). PyG's own
+`GPSConv` cannot take such a module: it builds `torch.nn.MultiheadAttention` or a Performer
+from `attn_type` and dispatches on those two classes, with no hook for pairwise biases.
 
     coords = Graph.from_pyg(batch)                    # hops computed once, shared by layers
     layers = [MMPEGPSConv(64, GINEConv(...), heads=4, encodings=["graphormer_spatial"])
@@ -106,7 +106,7 @@ def _check_name(owner: str, arg: str, name: Any) -> str:
 
 
 def _one_graph(data: Data, owner: str) -> tuple[np.ndarray, int]:
-    """``(edge_index [2, E] numpy, num_nodes)`` of one graph, or an error."""
+    """`(edge_index [2, E] numpy, num_nodes)` of one graph, or an error."""
     if getattr(data, "batch", None) is not None:
         raise ValueError(f"{owner}: mmpe transforms work on one graph (a Data object), not on a Batch")
     if getattr(data, "edge_index", None) is None or data.num_nodes is None:
@@ -115,15 +115,15 @@ def _one_graph(data: Data, owner: str) -> tuple[np.ndarray, int]:
 
 
 def _collate(data_list: Sequence[Data], owner: str) -> tuple[list[Data], np.ndarray, np.ndarray, int]:
-    """Shallow copies of the graphs (as ``BaseTransform.__call__`` makes) and their batch:
-    ``(copies, edge_index [2, ΣE], batch [Σn], G)``."""
+    """Shallow copies of the graphs (as `BaseTransform.__call__` makes) and their batch:
+    `(copies, edge_index [2, ΣE], batch [Σn], G)`."""
     graphs = [_one_graph(d, owner) for d in data_list]
     ei, batch = collate_edges([e for e, _ in graphs], [n for _, n in graphs])
     return [copy.copy(d) for d in data_list], ei, batch, len(graphs)
 
 
 def _pair_index(n: int) -> Tensor:
-    """All ordered node pairs ``[2, n²]`` (row-major), as ``AddShortestPaths`` stores them: a
+    """All ordered node pairs `[2, n²]` (row-major), as `AddShortestPaths` stores them: a
     new tensor (a copy of a cached one for small graphs, where building it costs as much as
     the hops)."""
     return _small_pair_index(n).clone() if n <= 256 else _all_pairs(n)
@@ -138,38 +138,38 @@ _small_pair_index = functools.lru_cache(maxsize=None)(_all_pairs)
 
 
 class _GraphTransform(BaseTransform):
-    """Base of the mmpe transforms: :attr:`graph_kwargs` says where the results are stored."""
+    """Base of the mmpe transforms: [`graph_kwargs`][mmpe.integrations.pyg._GraphTransform.graph_kwargs] says where the results are stored."""
 
     def forward_many(self, data_list: Sequence[Data]) -> list[Data]:
-        """Transformed copies of many graphs, equal to ``[self(d) for d in data_list]``; the
-        mmpe transforms compute them at once (the ``batched_*`` functions of
-        :mod:`mmpe.graph_maths`). The inputs are left unchanged."""
+        """Transformed copies of many graphs, equal to `[self(d) for d in data_list]`; the
+        mmpe transforms compute them at once (the `batched_*` functions of
+        [`mmpe.graph_maths`][mmpe.graph_maths]). The inputs are left unchanged."""
         return [self(d) for d in data_list]
 
     @property
     def graph_kwargs(self) -> dict[str, Any]:
-        """The :meth:`mmpe.coords.Graph.from_pyg` keywords that read this transform's output."""
+        """The [`mmpe.coords.Graph.from_pyg`][mmpe.coords.graph.Graph.from_pyg] keywords that read this transform's output."""
         raise NotImplementedError
 
 
 @functional_transform("mmpe_shortest_paths")
 class AddShortestPaths(_GraphTransform):
-    """Attach all-pairs shortest-path hops and, with ``edge_hops > 0``, the edge features along
+    """Attach all-pairs shortest-path hops and, with `edge_hops > 0`, the edge features along
     each path (Graphormer's spatial and edge encodings, Ying et al. 2021 eqs. 6-7, read them).
 
-    Writes ``{attr_name} [n²]`` (hops, unclipped, −1: unreachable; int64; from
-    :func:`mmpe.graph_maths.shortest_path_hops`), ``{attr_name}_index [2, n²]`` (the pairs),
-    and with ``edge_hops``: ``{attr_name}_edge_attr [n², edge_hops, F]`` and
-    ``{attr_name}_edge_mask [n², edge_hops]`` (:func:`mmpe.graph_maths.path_edge_features`).
+    Writes `{attr_name} [n²]` (hops, unclipped, −1: unreachable; int64; from
+    [`mmpe.graph_maths.shortest_path_hops`][mmpe.graph_maths.shortest_path_hops]), `{attr_name}_index [2, n²]` (the pairs),
+    and with `edge_hops`: `{attr_name}_edge_attr [n², edge_hops, F]` and
+    `{attr_name}_edge_mask [n², edge_hops]` ([`mmpe.graph_maths.path_edge_features`][mmpe.graph_maths.path_edge_features]).
 
     Args:
         edge_hops: path edges stored per pair (0: none).
-        attr_name: base name of the attributes (``"spd"``).
+        attr_name: base name of the attributes (`"spd"`).
         undirected: treat edges as undirected.
 
     Raises:
-        ValueError: ``edge_hops < 0``; a bad ``attr_name``; at call, a Batch, or
-            ``edge_hops > 0`` on a graph without ``edge_attr``.
+        ValueError: `edge_hops < 0`; a bad `attr_name`; at call, a Batch, or
+            `edge_hops > 0` on a graph without `edge_attr`.
     """
 
     def __init__(self, edge_hops: int = 0, attr_name: str = "spd", undirected: bool = True) -> None:
@@ -219,12 +219,12 @@ class AddShortestPaths(_GraphTransform):
 
 @functional_transform("mmpe_laplacian_pe")
 class AddLaplacianPE(_GraphTransform):
-    """Attach ``k`` Laplacian eigenvectors ``[n, k]`` float32 as ``attr_name``
-    (:func:`mmpe.graph_maths.laplacian_pe`: LapPE, Dwivedi & Bresson 2020; deterministic
-    signs, zero columns when the graph has fewer than ``k + 1`` nodes).
+    """Attach `k` Laplacian eigenvectors `[n, k]` float32 as `attr_name`
+    ([`mmpe.graph_maths.laplacian_pe`][mmpe.graph_maths.laplacian_pe]: LapPE, Dwivedi & Bresson 2020; deterministic
+    signs, zero columns when the graph has fewer than `k + 1` nodes).
 
     Raises:
-        ValueError: ``k < 1``, an unknown ``normalization``, a bad ``attr_name``.
+        ValueError: `k < 1`, an unknown `normalization`, a bad `attr_name`.
     """
 
     def __init__(self, k: int, normalization: str | None = "sym",
@@ -247,8 +247,8 @@ class AddLaplacianPE(_GraphTransform):
         return data
 
     def forward_many(self, data_list: Sequence[Data]) -> list[Data]:
-        """As ``[self(d) for d in data_list]`` up to eigenvector rotations within repeated
-        eigenvalues (:func:`mmpe.graph_maths.batched_laplacian_pe`: stacked dense ``eigh``)."""
+        """As `[self(d) for d in data_list]` up to eigenvector rotations within repeated
+        eigenvalues ([`mmpe.graph_maths.batched_laplacian_pe`][mmpe.graph_maths.batched_laplacian_pe]: stacked dense `eigh`)."""
         out, ei, batch, count = _collate(data_list, "AddLaplacianPE")
         pes = batched_laplacian_pe(ei, batch, self.k, self.normalization, num_graphs=count)
         for data, (vecs, _) in zip(out, pes, strict=True):
@@ -262,11 +262,11 @@ class AddLaplacianPE(_GraphTransform):
 
 @functional_transform("mmpe_rwse")
 class AddRWSE(_GraphTransform):
-    """Attach random-walk return probabilities ``[n, k]`` float32 as ``attr_name``
-    (:func:`mmpe.graph_maths.random_walk_pe`: RWSE, Dwivedi et al. 2022).
+    """Attach random-walk return probabilities `[n, k]` float32 as `attr_name`
+    ([`mmpe.graph_maths.random_walk_pe`][mmpe.graph_maths.random_walk_pe]: RWSE, Dwivedi et al. 2022).
 
     Raises:
-        ValueError: ``k < 1``, a bad ``attr_name``.
+        ValueError: `k < 1`, a bad `attr_name`.
     """
 
     def __init__(self, k: int, attr_name: str = "random_walk_pe") -> None:
@@ -296,8 +296,8 @@ class AddRWSE(_GraphTransform):
 
 @functional_transform("mmpe_degree")
 class AddDegree(_GraphTransform):
-    """Attach in- and out-degrees ``[n]`` (int64, duplicate edges counted once;
-    :func:`mmpe.graph_maths.degrees`) as ``in_attr_name`` and ``out_attr_name``.
+    """Attach in- and out-degrees `[n]` (int64, duplicate edges counted once;
+    [`mmpe.graph_maths.degrees`][mmpe.graph_maths.degrees]) as `in_attr_name` and `out_attr_name`.
 
     Raises:
         ValueError: a bad attribute name.
@@ -331,15 +331,15 @@ class AddDegree(_GraphTransform):
 
 
 def graph_kwargs(*transforms: Any) -> dict[str, Any]:
-    """The :meth:`mmpe.coords.Graph.from_pyg` keywords that read what ``transforms`` attached.
+    """The [`mmpe.coords.Graph.from_pyg`][mmpe.coords.graph.Graph.from_pyg] keywords that read what `transforms` attached.
 
     Args:
-        *transforms: mmpe transforms, PyG's ``AddRandomWalkPE``/``AddLaplacianEigenvectorPE``
-            (with an ``attr_name``), ``Compose`` objects of them, or lists of either (other
+        *transforms: mmpe transforms, PyG's `AddRandomWalkPE`/`AddLaplacianEigenvectorPE`
+            (with an `attr_name`), `Compose` objects of them, or lists of either (other
             transforms are skipped).
 
     Returns:
-        e.g. ``{"spd": "spd", "spd_index": "spd_index", "rwse": "random_walk_pe", …}``.
+        e.g. `{"spd": "spd", "spd_index": "spd_index", "rwse": "random_walk_pe", …}`.
 
     Raises:
         ValueError: two transforms writing the same member.
@@ -378,20 +378,20 @@ def graph_kwargs(*transforms: Any) -> dict[str, Any]:
 
 
 def precompute_dataset(data_list: Sequence[Data], transforms: Any) -> list[Data]:
-    """Apply ``transforms`` to every graph of ``data_list``, a stage at a time: each mmpe
-    transform computes for all graphs at once (:meth:`_GraphTransform.forward_many`), any other
-    transform runs graph by graph. Equal to ``[transforms(d) for d in data_list]`` (LapPE up to
+    """Apply `transforms` to every graph of `data_list`, a stage at a time: each mmpe
+    transform computes for all graphs at once (`_GraphTransform.forward_many`), any other
+    transform runs graph by graph. Equal to `[transforms(d) for d in data_list]` (LapPE up to
     rotations within repeated eigenvalues), many times faster on datasets of small graphs.
 
     Args:
-        data_list: ``Data`` objects (one graph each; left unchanged).
-        transforms: a transform, a ``Compose`` of transforms, or a list of either.
+        data_list: `Data` objects (one graph each; left unchanged).
+        transforms: a transform, a `Compose` of transforms, or a list of either.
 
     Returns:
         The transformed copies, in order.
 
     Raises:
-        TypeError: a ``transforms`` that is not callable.
+        TypeError: a `transforms` that is not callable.
     """
     stages: list[Any] = []
 
@@ -415,30 +415,30 @@ def precompute_dataset(data_list: Sequence[Data], transforms: Any) -> list[Data]
 
 
 class GraphTransformer(nn.Module):
-    """A stack of mmpe transformer blocks on PyG-style inputs: ``(x, edge_index, batch)``.
+    """A stack of mmpe transformer blocks on PyG-style inputs: `(x, edge_index, batch)`.
 
-    Builds :class:`mmpe.coords.Graph` coordinates (with ``data``: by
-    :meth:`~mmpe.coords.Graph.from_pyg`, reading the precomputed attributes ``precomputed``
-    names), pads the nodes to ``[b, n_max, d]``, runs
-    :class:`mmpe.transformer.Transformer` with the given encodings (any registry names that
-    support ``"graph"``: ``lappe``, ``rwse``, ``graphormer``, ``graphormer_centrality``,
-    ``alibi``, ``t5``, ``fire`` …) and returns node features in PyG order.
+    Builds [`mmpe.coords.Graph`][mmpe.coords.graph.Graph] coordinates (with `data`: by
+    [`from_pyg`][mmpe.coords.graph.Graph.from_pyg], reading the precomputed attributes `precomputed`
+    names), pads the nodes to `[b, n_max, d]`, runs
+    [`mmpe.transformer.Transformer`][mmpe.transformer.Transformer] with the given encodings (any registry names that
+    support `"graph"`: `lappe`, `rwse`, `graphormer`, `graphormer_centrality`,
+    `alibi`, `t5`, `fire` …) and returns node features in PyG order.
 
     Args:
         d_model, num_heads, depth: transformer size.
         encodings: registry names / config dicts / built encodings.
         max_distance: hop clip of the coordinates.
-        precomputed: :meth:`~mmpe.coords.Graph.from_pyg` keywords naming the attributes of
-            ``data`` that hold precomputed values (:func:`graph_kwargs` of the transforms that
-            attached them); None computes everything. Used only with ``data``.
-        **kwargs: passed to :class:`~mmpe.transformer.Transformer` (``mlp_ratio``, ``dropout`` …).
+        precomputed: [`from_pyg`][mmpe.coords.graph.Graph.from_pyg] keywords naming the attributes of
+            `data` that hold precomputed values ([`graph_kwargs`][mmpe.integrations.pyg.graph_kwargs] of the transforms that
+            attached them); None computes everything. Used only with `data`.
+        **kwargs: passed to [`Transformer`][mmpe.transformer.Transformer] (`mlp_ratio`, `dropout` …).
 
     Shapes: ``forward(x [N, d_model], edge_index [2, E], batch [N] | None, edge_attr [E, F] |
     None, data=None) -> [N, d_model]``.
 
     Raises:
-        ValueError: ``x`` not ``[N, d_model]``; ``precomputed`` names without ``data``; the
-            errors of :meth:`~mmpe.coords.Graph.from_pyg` (a name ``data`` lacks).
+        ValueError: `x` not `[N, d_model]`; `precomputed` names without `data`; the
+            errors of [`from_pyg`][mmpe.coords.graph.Graph.from_pyg] (a name `data` lacks).
     """
 
     def __init__(self, d_model: int, num_heads: int, depth: int = 1,
@@ -454,7 +454,7 @@ class GraphTransformer(nn.Module):
 
     def coords(self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None,
                edge_attr: Tensor | None = None, data: Data | None = None) -> Graph:
-        """The :class:`~mmpe.coords.Graph` the layer attends over."""
+        """The [`Graph`][mmpe.coords.graph.Graph] the layer attends over."""
         if data is not None:
             return Graph.from_pyg(data, **self.precomputed, max_distance=self.max_distance,
                                   device=x.device)
@@ -480,35 +480,35 @@ def _check_nodes(owner: str, x: Any) -> None:
 
 
 class GraphAttention(nn.Module):
-    """mmpe self-attention over the nodes of a PyG batch: ``(x [N, d], batch) -> [N, d]``.
+    """mmpe self-attention over the nodes of a PyG batch: `(x [N, d], batch) -> [N, d]`.
 
-    Builds (or takes) :class:`mmpe.coords.Graph` coordinates, pads the nodes to
-    ``[b, n_max, d]`` (:meth:`~mmpe.coords.Graph.pad_nodes`), runs
-    :class:`mmpe.attention.MultiHeadAttention` with the encodings (padded keys masked) and
+    Builds (or takes) [`mmpe.coords.Graph`][mmpe.coords.graph.Graph] coordinates, pads the nodes to
+    `[b, n_max, d]` ([`pad_nodes`][mmpe.coords.graph.Graph.pad_nodes]), runs
+    [`mmpe.attention.MultiHeadAttention`][mmpe.attention.MultiHeadAttention] with the encodings (padded keys masked) and
     returns the nodes in PyG order — the global-attention half of a GPS layer.
 
     Args:
-        channels: node feature width ``d``.
-        heads: attention heads (a divisor of ``channels``).
+        channels: node feature width `d`.
+        heads: attention heads (a divisor of `channels`).
         encodings: score or rotary encodings (registry names, configs or built), built with
-            ``d_model=channels``, ``num_heads=heads``, ``head_dim=channels // heads``:
-            ``graphormer_spatial``, ``graphormer`` (needs edge features), ``alibi``, ``t5``,
-            ``fire`` … (distances in hops).
+            `d_model=channels`, `num_heads=heads`, `head_dim=channels // heads`:
+            `graphormer_spatial`, `graphormer` (needs edge features), `alibi`, `t5`,
+            `fire` … (distances in hops).
         max_distance: hop clip of coordinates built here.
-        precomputed: :meth:`~mmpe.coords.Graph.from_pyg` keywords for ``data=``
-            (:func:`graph_kwargs` of the transforms).
-        **kwargs: passed to :class:`~mmpe.attention.MultiHeadAttention` (``num_kv_heads``,
-            ``qkv_bias``, ``backend``).
+        precomputed: [`from_pyg`][mmpe.coords.graph.Graph.from_pyg] keywords for `data=`
+            ([`graph_kwargs`][mmpe.integrations.pyg.graph_kwargs] of the transforms).
+        **kwargs: passed to [`MultiHeadAttention`][mmpe.attention.MultiHeadAttention] (`num_kv_heads`,
+            `qkv_bias`, `backend`).
 
     Shapes: ``forward(x [N, d], batch [N] | None = None, coords: Graph | None = None, *,
     edge_index [2, E] | None = None, edge_attr [E, F] | None = None, data=None) -> [N, d]``.
-    Coordinates: ``coords`` if given (build them once per batch and share them between
-    layers), else from ``data`` (:meth:`~mmpe.coords.Graph.from_pyg`), else from
-    ``edge_index`` (no edges: every pair is "unreachable", for encodings that need no hops).
+    Coordinates: `coords` if given (build them once per batch and share them between
+    layers), else from `data` ([`from_pyg`][mmpe.coords.graph.Graph.from_pyg]), else from
+    `edge_index` (no edges: every pair is "unreachable", for encodings that need no hops).
 
     Raises:
-        ValueError: an input encoding (add those to the node features instead); ``x`` not
-            ``[N, channels]``; coordinates for another number of nodes.
+        ValueError: an input encoding (add those to the node features instead); `x` not
+            `[N, channels]`; coordinates for another number of nodes.
     """
 
     def __init__(self, channels: int, heads: int = 1, encodings: Sequence[EncodingSpec] = (), *,
@@ -531,8 +531,8 @@ class GraphAttention(nn.Module):
     @classmethod
     def from_multihead(cls, mha: nn.MultiheadAttention, encodings: Sequence[EncodingSpec] = (),
                        **kwargs: Any) -> GraphAttention:
-        """A :class:`GraphAttention` with the projections of a ``torch.nn.MultiheadAttention``
-        (PyG ``GPSConv``'s ``attn``): without encodings it computes what that module does.
+        """A [`GraphAttention`][mmpe.integrations.pyg.GraphAttention] with the projections of a `torch.nn.MultiheadAttention`
+        (PyG `GPSConv`'s `attn`): without encodings it computes what that module does.
 
         Raises:
             ValueError: a module with separate q/k/v widths or without projection biases.
@@ -548,13 +548,13 @@ class GraphAttention(nn.Module):
         return out
 
     def reset_parameters(self) -> None:
-        """Re-initialise the projections (what PyG's ``reset_parameters`` convention expects)."""
+        """Re-initialise the projections (what PyG's `reset_parameters` convention expects)."""
         self.attn.qkv.reset_parameters()
         self.attn.proj.reset_parameters()
 
     def coords(self, x: Tensor, batch: Tensor | None = None, *, edge_index: Tensor | None = None,
                edge_attr: Tensor | None = None, data: Data | None = None) -> Graph:
-        """The :class:`~mmpe.coords.Graph` the layer attends over (built per call)."""
+        """The [`Graph`][mmpe.coords.graph.Graph] the layer attends over (built per call)."""
         if data is not None:
             return Graph.from_pyg(data, **self.precomputed, max_distance=self.max_distance,
                                   device=x.device)
@@ -578,21 +578,21 @@ class GraphAttention(nn.Module):
 
 
 class MMPEGPSConv(GPSConv):
-    """PyG's ``GPSConv`` (Rampášek et al. 2022) with mmpe graph biases in its global attention.
+    """PyG's `GPSConv` (Rampášek et al. 2022) with mmpe graph biases in its global attention.
 
-    Same structure and numbers as ``torch_geometric.nn.GPSConv`` — local MPNN ``conv`` + residual
-    + norm, global attention + residual + norm, their sum, MLP + residual + norm — but ``attn``
-    is a :class:`GraphAttention` (``GPSConv`` only builds ``nn.MultiheadAttention`` or a
-    Performer and has no hook for pairwise terms). Without encodings it equals a ``GPSConv``
-    with the same weights (:meth:`from_gpsconv`; tested).
+    Same structure and numbers as `torch_geometric.nn.GPSConv` — local MPNN `conv` + residual
+    + norm, global attention + residual + norm, their sum, MLP + residual + norm — but `attn`
+    is a [`GraphAttention`][mmpe.integrations.pyg.GraphAttention] (`GPSConv` only builds `nn.MultiheadAttention` or a
+    Performer and has no hook for pairwise terms). Without encodings it equals a `GPSConv`
+    with the same weights ([`from_gpsconv`][mmpe.integrations.pyg.MMPEGPSConv.from_gpsconv]; tested).
 
     Args:
-        channels, conv, heads, dropout, act, act_kwargs, norm, norm_kwargs: as ``GPSConv``.
-        encodings, max_distance, precomputed, **attn_kwargs: as :class:`GraphAttention`.
+        channels, conv, heads, dropout, act, act_kwargs, norm, norm_kwargs: as `GPSConv`.
+        encodings, max_distance, precomputed, **attn_kwargs: as [`GraphAttention`][mmpe.integrations.pyg.GraphAttention].
 
     Shapes: ``forward(x [N, d], edge_index, batch [N] | None = None, *, coords: Graph | None =
-    None, data=None, **kwargs) -> [N, d]``; ``kwargs`` go to ``conv`` (``edge_attr`` …).
-    Pass ``coords`` (``Graph.from_pyg(batch)``) to build the hops once for a stack of layers.
+    None, data=None, **kwargs) -> [N, d]`; `kwargs` go to `conv` (`edge_attr`` …).
+    Pass `coords` (`Graph.from_pyg(batch)`) to build the hops once for a stack of layers.
     """
 
     def __init__(self, channels: int, conv: nn.Module | None, heads: int = 1, dropout: float = 0.0,
@@ -609,11 +609,11 @@ class MMPEGPSConv(GPSConv):
     @classmethod
     def from_gpsconv(cls, gps: GPSConv, encodings: Sequence[EncodingSpec] = (),
                      **kwargs: Any) -> MMPEGPSConv:
-        """A copy of a multi-head ``GPSConv`` (its conv, MLP, norms and attention weights) with
+        """A copy of a multi-head `GPSConv` (its conv, MLP, norms and attention weights) with
         mmpe encodings in the attention.
 
         Raises:
-            ValueError: a ``GPSConv`` whose ``attn_type`` is not ``"multihead"``.
+            ValueError: a `GPSConv` whose `attn_type` is not `"multihead"`.
         """
         if not isinstance(gps.attn, nn.MultiheadAttention):
             raise ValueError(f"MMPEGPSConv.from_gpsconv: needs attn_type='multihead', got {gps.attn_type!r}")

@@ -13,76 +13,76 @@
     >>> "pos_embed" in state, "mmpe_encodings.0.head_dim" in state
     (False, False)
 
-Tested models (``pretrained=False``, tiny sizes; ``tests/test_timm_integration.py``), by timm
-class, with what ``apply_encoding`` replaces:
+Tested models (`pretrained=False`, tiny sizes; `tests/test_timm_integration.py`), by timm
+class, with what `apply_encoding` replaces:
 
-* ``vit_tiny_patch16_224`` (also with register tokens) — ``VisionTransformer``: ``pos_embed``.
-* ``deit_tiny_distilled_patch16_224`` — ``VisionTransformerDistilled``: ``pos_embed`` (cls and
+* `vit_tiny_patch16_224` (also with register tokens) — `VisionTransformer`: `pos_embed`.
+* `deit_tiny_distilled_patch16_224` — `VisionTransformerDistilled`: `pos_embed` (cls and
   distillation tokens are the two prefix tokens).
-* ``vit_small_patch16_rope_224``, ``vit_small_patch16_rope_mixed_224`` — ``Eva`` (RoPE-ViT):
-  the built-in RoPE (``model.rope``). For the axial one, ``"rope_axial"`` is built with the
+* `vit_small_patch16_rope_224`, `vit_small_patch16_rope_mixed_224` — `Eva` (RoPE-ViT):
+  the built-in RoPE (`model.rope`). For the axial one, `"rope_axial"` is built with the
   model's convention (see below) and the model's output equals timm's — tested with every layer
   scale set to 1 and weights of std 0.3, so that attention and the position encoding change the
   output (timm's own init, layer scale 1e-5, hides them: there any RoPE, or none, matches): max
-  difference 2.3e-6, relative 3e-7, also with ``rope_rotate_half=True``, ``"ij"`` indexing with
+  difference 2.3e-6, relative 3e-7, also with `rope_rotate_half=True`, `"ij"` indexing with
   another temperature, register tokens, and at 3×5 / 5×3 grids; mmpe's default convention, the
   other axis order or no position encoding differ there by 0.4–0.6 relative. RoPE-Mixed's
-  frequencies are learned per layer and random at init; ``"rope_mixed"`` draws its own, so
-  only the kept RoPE (``keep_pos_embed=True``) is compared with timm for that model.
-* ``eva02_tiny_patch14_224`` — ``Eva`` (EVA-02): ``pos_embed`` and the built-in RoPE. Not
-  reproduced: the learned ``pos_embed`` is dropped, and EVA-02's RoPE rescales positions to
-  ``ref_feat_shape`` (its pretraining grid), which mmpe's grids do not; ``"rope_axial"`` takes
+  frequencies are learned per layer and random at init; `"rope_mixed"` draws its own, so
+  only the kept RoPE (`keep_pos_embed=True`) is compared with timm for that model.
+* `eva02_tiny_patch14_224` — `Eva` (EVA-02): `pos_embed` and the built-in RoPE. Not
+  reproduced: the learned `pos_embed` is dropped, and EVA-02's RoPE rescales positions to
+  `ref_feat_shape` (its pretraining grid), which mmpe's grids do not; `"rope_axial"` takes
   its frequencies, axis order and pair layout only.
-* ``beit_base_patch16_224`` — ``Beit``: each block's relative bias table (mmpe's ``swin`` with
-  ``prefix_tokens=1`` is the same table, three prefix entries included).
-* ``swin_tiny_patch4_window7_224`` — ``SwinTransformer``: each window attention's bias table
-  (``{"name": "swin", "prefix_bias": False}`` is the same table).
+* `beit_base_patch16_224` — `Beit`: each block's relative bias table (mmpe's `swin` with
+  `prefix_tokens=1` is the same table, three prefix entries included).
+* `swin_tiny_patch4_window7_224` — `SwinTransformer`: each window attention's bias table
+  (`{"name": "swin", "prefix_bias": False}` is the same table).
 
 What changes (ViT, DeiT, Eva, BEiT):
 
-* The token embedding step is replaced (``model._pos_embed``, or BEiT's ``forward_features``):
+* The token embedding step is replaced (`model._pos_embed`, or BEiT's `forward_features`):
   the prefix tokens (cls, distillation, registers) are concatenated as timm does, a
-  :class:`~mmpe.coords.Grid` is built from the patch grid of *this* input (so
-  ``dynamic_img_size=True`` keeps working) with the model's ``num_prefix_tokens``, and the input
-  encodings (``sincos``, ``learned_grid``, ``factorized`` …) are added. timm's own position
-  handling — ``pos_embed``, Eva's ``rope``, BEiT's relative bias tables — is removed unless
-  ``keep_pos_embed=True`` (then it runs as in timm, before mmpe's encodings).
-* Each block's ``attn`` becomes a :class:`TimmAttention` that reuses the timm module's
-  projections and norms (``qkv`` or ``q_proj``/``k_proj``/``v_proj``, ``q_bias``/``v_bias``,
-  ``q_norm``, ``k_norm``, ``norm``, ``gate``, ``proj``; same state_dict keys), applies the rotary
-  encodings to ``q``/``k`` and runs the score encodings through mmpe's attention paths.
-* Encodings live in ``model.mmpe_encodings`` (shared by all blocks) or, with
-  ``share_encodings=False``, in each block's ``attn.encodings`` — so
-  ``state_dict``/``load_state_dict`` carry them.
+  [`Grid`][mmpe.coords.grid.Grid] is built from the patch grid of *this* input (so
+  `dynamic_img_size=True` keeps working) with the model's `num_prefix_tokens`, and the input
+  encodings (`sincos`, `learned_grid`, `factorized` …) are added. timm's own position
+  handling — `pos_embed`, Eva's `rope`, BEiT's relative bias tables — is removed unless
+  `keep_pos_embed=True` (then it runs as in timm, before mmpe's encodings).
+* Each block's `attn` becomes a [`TimmAttention`][mmpe.integrations.timm.TimmAttention] that reuses the timm module's
+  projections and norms (`qkv` or `q_proj`/`k_proj`/`v_proj`, `q_bias`/`v_bias`,
+  `q_norm`, `k_norm`, `norm`, `gate`, `proj`; same state_dict keys), applies the rotary
+  encodings to `q`/`k` and runs the score encodings through mmpe's attention paths.
+* Encodings live in `model.mmpe_encodings` (shared by all blocks) or, with
+  `share_encodings=False`, in each block's `attn.encodings` — so
+  `state_dict`/`load_state_dict` carry them.
 
-Swin (windowed attention): each ``WindowAttention`` becomes a :class:`SwinWindowAttention`
-whose coordinates are the window (``Grid(window_size)``): the relative bias of ``"swin"`` over
-the window is exactly Swin's own table (copy ``attn.relative_position_bias_table`` into
-``attn.encodings[0].table`` to convert a checkpoint), and ``rope_axial``, ``alibi``, ``t5`` …
+Swin (windowed attention): each `WindowAttention` becomes a [`SwinWindowAttention`][mmpe.integrations.timm.SwinWindowAttention]
+whose coordinates are the window (`Grid(window_size)`): the relative bias of `"swin"` over
+the window is exactly Swin's own table (copy `attn.relative_position_bias_table` into
+`attn.encodings[0].table` to convert a checkpoint), and `rope_axial`, `alibi`, `t5` …
 act within windows. Only rotary and additive score encodings apply (no input encodings: Swin
 has no token grid of fixed shape after patch merging); the shift mask is kept. Encodings are
-built per block (the head count changes between stages) and, with ``share_encodings``, shared
+built per block (the head count changes between stages) and, with `share_encodings`, shared
 by the blocks of a stage.
 
-Model-wide values reach the encodings that take them: ``d_model`` (embed dim), ``num_heads``,
-``head_dim``, ``grid_shape`` (the patch grid at ``img_size``; a Swin window), ``prefix_tokens``
-(``num_prefix_tokens``), ``num_axes`` (2).
+Model-wide values reach the encodings that take them: `d_model` (embed dim), `num_heads`,
+`head_dim`, `grid_shape` (the patch grid at `img_size`; a Swin window), `prefix_tokens`
+(`num_prefix_tokens`), `num_axes` (2).
 
-Eva's own axial RoPE convention: when ``apply_encoding`` replaces an ``Eva``'s RoPE
-(``keep_pos_embed=False``) and that RoPE is timm's ``RotaryEmbeddingCat`` in language mode
-(``in_pixels=False``, integer cell positions), every ``"rope_axial"`` it builds (by name or
-config, aliases included) takes the model's convention, read from ``model.rope`` by
-:func:`rope_axial_options`: ``base`` = its ``temperature``, ``grid_indexing`` = its
-``grid_indexing``, ``interleaved`` = ``not rotate_half``. timm's RoPE-ViT
-(``vit_*_patch16_rope_224``) is ``base=100, grid_indexing="xy", interleaved=True`` (the first
-half of each head's rotary pairs turns with the column); mmpe's defaults are ``10000``,
-``"ij"`` (rows first) and rotate-half pairs. Options in the spec or in ``**options`` win; a
+Eva's own axial RoPE convention: when `apply_encoding` replaces an `Eva`'s RoPE
+(`keep_pos_embed=False`) and that RoPE is timm's `RotaryEmbeddingCat` in language mode
+(`in_pixels=False`, integer cell positions), every `"rope_axial"` it builds (by name or
+config, aliases included) takes the model's convention, read from `model.rope` by
+[`rope_axial_options`][mmpe.integrations.timm.rope_axial_options]: `base` = its `temperature`, `grid_indexing` = its
+`grid_indexing`, `interleaved` = `not rotate_half`. timm's RoPE-ViT
+(`vit_*_patch16_rope_224`) is `base=100, grid_indexing="xy", interleaved=True` (the first
+half of each head's rotary pairs turns with the column); mmpe's defaults are `10000`,
+`"ij"` (rows first) and rotate-half pairs. Options in the spec or in `**options` win; a
 built encoding is used as given. The model's RoPE is then reproduced (to float32 rounding)
-when timm adds nothing to the integer grid: ``grid_offset=0``, no ``ref_feat_shape`` and no
-coordinate augmentation — as in the RoPE-ViTs (tested); EVA-02, the ``*_rope_reg*_gap_256`` and
+when timm adds nothing to the integer grid: `grid_offset=0`, no `ref_feat_shape` and no
+coordinate augmentation — as in the RoPE-ViTs (tested); EVA-02, the `*_rope_reg*_gap_256` and
 the PE models rescale positions to their pretraining grid (PE also offsets them by 1), so
-there the convention is shared but the rotations are not. Other timm RoPEs (``rope_mixed``,
-``dinov3``, ``mrope``) leave mmpe's defaults.
+there the convention is shared but the rotations are not. Other timm RoPEs (`rope_mixed`,
+`dinov3`, `mrope`) leave mmpe's defaults.
 """
 
 from __future__ import annotations
@@ -215,9 +215,9 @@ def _embed(model: nn.Module, x: Tensor) -> tuple[Tensor, Tensor | None]:
 
 
 class _PosEmbed:
-    """Replaces ``model._pos_embed`` (ViT, DeiT, Eva).
+    """Replaces `model._pos_embed` (ViT, DeiT, Eva).
 
-    A plain object holding the model (not a closure or a bound method), so ``copy.deepcopy``
+    A plain object holding the model (not a closure or a bound method), so `copy.deepcopy`
     (EMA) and pickling give a copy that refers to the copied model.
     """
 
@@ -230,7 +230,7 @@ class _PosEmbed:
 
 
 class _BeitFeatures:
-    """Replaces BEiT's ``forward_features`` (BEiT has no ``_pos_embed`` step to patch)."""
+    """Replaces BEiT's `forward_features` (BEiT has no `_pos_embed` step to patch)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
@@ -259,7 +259,7 @@ def _reuse(target: nn.Module, attn: nn.Module) -> None:
 
 
 def _project(module: nn.Module, x: Tensor, num_heads: int) -> tuple[Tensor, Tensor, Tensor]:
-    """``q, k, v`` ``[b, n_h, n, h_d]`` as timm's ViT / Eva / BEiT / Swin attention computes them."""
+    """`q, k, v` `[b, n_h, n, h_d]` as timm's ViT / Eva / BEiT / Swin attention computes them."""
     if module.qkv is not None:
         qkv = module.qkv(x)
         if module.q_bias is not None:
@@ -280,12 +280,12 @@ def _split(encodings: Sequence[Encoding]) -> tuple[list, list, list]:
 
 class TimmAttention(MultiHeadAttention):
     """A timm ViT / Eva / BEiT attention with mmpe rotary/score/kernel encodings (replaces
-    ``block.attn``).
+    `block.attn`).
 
-    Reuses the timm module's ``qkv`` (or ``q_proj``/``k_proj``/``v_proj``), ``q_bias``/``k_bias``/
-    ``v_bias``, ``q_norm``, ``k_norm``, ``norm``, ``gate``, ``proj`` and ``proj_drop`` so its
-    state_dict keys are unchanged (plus ``encodings.*`` when the encodings are per layer). With
-    ``keep_pos_embed``, Eva's rotary embedding (``rope=``) is applied as in timm and BEiT's
+    Reuses the timm module's `qkv` (or `q_proj`/`k_proj`/`v_proj`), `q_bias`/`k_bias`/
+    `v_bias`, `q_norm`, `k_norm`, `norm`, `gate`, `proj` and `proj_drop` so its
+    state_dict keys are unchanged (plus `encodings.*` when the encodings are per layer). With
+    `keep_pos_embed`, Eva's rotary embedding (`rope=`) is applied as in timm and BEiT's
     relative bias table is kept and added. Attention dropout of the timm module is not applied.
 
     Shapes: ``forward(x [b, n, d], attn_mask=None, is_causal=False, rope=None,
@@ -293,7 +293,7 @@ class TimmAttention(MultiHeadAttention):
     embedding step.
 
     Raises:
-        ValueError: at forward, ``attn_mask`` or ``is_causal`` (grid coordinates carry no mask).
+        ValueError: at forward, `attn_mask` or `is_causal` (grid coordinates carry no mask).
     """
 
     def __init__(self, attn: nn.Module, encodings: Sequence[Encoding], state: _GridState,
@@ -325,7 +325,7 @@ class TimmAttention(MultiHeadAttention):
         object.__setattr__(self, "_state", state)
 
     def _timm_bias(self) -> Tensor:
-        """BEiT's relative position bias ``[1, n_h, n, n]`` (its ``_get_rel_pos_bias``)."""
+        """BEiT's relative position bias `[1, n_h, n, n]` (its `_get_rel_pos_bias`)."""
         n = self.window_size[0] * self.window_size[1] + 1
         bias = self.relative_position_bias_table[self.relative_position_index.view(-1)].view(n, n, -1)
         return bias.permute(2, 0, 1).contiguous().unsqueeze(0)
@@ -378,16 +378,16 @@ class TimmAttention(MultiHeadAttention):
 
 
 class SwinWindowAttention(nn.Module):
-    """timm's Swin ``WindowAttention`` with mmpe rotary and additive score encodings over the window.
+    """timm's Swin `WindowAttention` with mmpe rotary and additive score encodings over the window.
 
-    The coordinates of every window are ``Grid(window_size)``; Swin's shift mask (``mask``
-    ``[n_w, N, N]``, 0 / −100) is added as timm does. Reuses ``qkv``, ``proj``, ``proj_drop``;
-    with ``keep_pos_embed`` also Swin's own table (``relative_position_bias_table``), added first.
+    The coordinates of every window are `Grid(window_size)`; Swin's shift mask (`mask`
+    `[n_w, N, N]`, 0 / −100) is added as timm does. Reuses `qkv`, `proj`, `proj_drop`;
+    with `keep_pos_embed` also Swin's own table (`relative_position_bias_table`), added first.
 
-    Shapes: ``forward(x [n_w·b, N, C], mask=None) -> [n_w·b, N, C]`` with ``N`` = window area.
+    Shapes: `forward(x [n_w·b, N, C], mask=None) -> [n_w·b, N, C]` with `N` = window area.
 
     Raises:
-        ValueError: at forward, ``N`` other than the window area.
+        ValueError: at forward, `N` other than the window area.
     """
 
     def __init__(self, attn: nn.Module, encodings: Sequence[Encoding], keep_pos_embed: bool,
@@ -414,7 +414,7 @@ class SwinWindowAttention(nn.Module):
         self._grids: dict[tuple[Any, ...], Grid] = {}
 
     def set_window_size(self, window_size: tuple[int, int]) -> None:
-        """Follow timm's ``set_input_size``: the window grid changes, mmpe's table interpolates."""
+        """Follow timm's `set_input_size`: the window grid changes, mmpe's table interpolates."""
         if self.relative_position_bias_table is not None and tuple(window_size) != self.window_size:
             raise ValueError("SwinWindowAttention: keep_pos_embed tables cannot change window size")
         self.window_size = tuple(window_size)
@@ -457,15 +457,15 @@ def _specs(encodings: EncodingSpec | Sequence[EncodingSpec]) -> list[EncodingSpe
 
 
 def rope_axial_options(model: nn.Module) -> dict[str, Any]:
-    """The ``rope_axial`` options that follow a timm ``Eva``'s own axial RoPE convention.
+    """The `rope_axial` options that follow a timm `Eva`'s own axial RoPE convention.
 
-    ``{"base": temperature, "grid_indexing": "ij" | "xy", "interleaved": not rotate_half}``
-    read from ``model.rope`` when it is timm's ``RotaryEmbeddingCat`` in language mode
-    (``in_pixels=False``, integer cell positions); ``{}`` for any other model or RoPE
-    (``rope_mixed``, ``dinov3``, ``mrope``, none, or a model whose RoPE ``apply_encoding``
-    already removed). With those options ``rope_axial`` equals the model's RoPE when the latter
-    has ``grid_offset=0``, no ``ref_feat_shape`` and no coordinate augmentation (timm's
-    RoPE-ViT: ``{"base": 100.0, "grid_indexing": "xy", "interleaved": True}``); otherwise it
+    `{"base": temperature, "grid_indexing": "ij" | "xy", "interleaved": not rotate_half}`
+    read from `model.rope` when it is timm's `RotaryEmbeddingCat` in language mode
+    (`in_pixels=False`, integer cell positions); `{}` for any other model or RoPE
+    (`rope_mixed`, `dinov3`, `mrope`, none, or a model whose RoPE `apply_encoding`
+    already removed). With those options `rope_axial` equals the model's RoPE when the latter
+    has `grid_offset=0`, no `ref_feat_shape` and no coordinate augmentation (timm's
+    RoPE-ViT: `{"base": 100.0, "grid_indexing": "xy", "interleaved": True}`); otherwise it
     shares its frequencies, axis order and pair layout only (see the module docstring).
     """
     from timm.layers import RotaryEmbeddingCat
@@ -489,8 +489,8 @@ def _is_rope_axial(spec: EncodingSpec) -> bool:
 
 def _maker(context: dict[str, Any], options: Mapping[str, Any],
            rope_axial: Mapping[str, Any] | None = None):
-    """``make(spec)``: builds a spec with the model's context; ``rope_axial`` holds the model's
-    own RoPE convention, given to ``rope_axial`` specs under their options and ``options``."""
+    """`make(spec)`: builds a spec with the model's context; `rope_axial` holds the model's
+    own RoPE convention, given to `rope_axial` specs under their options and `options`."""
     def make(spec: EncodingSpec) -> Encoding:
         if isinstance(spec, Encoding):
             return spec
@@ -547,30 +547,30 @@ def apply_encoding(
     **options: Any,
 ) -> nn.Module:
     """Replace a timm vision transformer's position handling by mmpe encodings (in place; returns
-    ``model``).
+    `model`).
 
     Args:
-        model: a timm ``VisionTransformer`` (ViT, DeiT incl. distilled), ``Eva`` (EVA-02, the
-            ``vit_*_rope_*`` RoPE-ViTs), ``Beit`` or ``SwinTransformer``, created with
-            ``pretrained=False`` or loaded. See the module docstring for the tested list.
+        model: a timm `VisionTransformer` (ViT, DeiT incl. distilled), `Eva` (EVA-02, the
+            `vit_*_rope_*` RoPE-ViTs), `Beit` or `SwinTransformer`, created with
+            `pretrained=False` or loaded. See the module docstring for the tested list.
         encodings: one or several registry names, config dicts or built encodings (any hook;
             Swin: rotary and additive score encodings).
         share_encodings: one set of attention encodings for all blocks (default; Swin: per
             stage), or one per block (RoPE-Mixed's per-layer frequencies; Swin's own layout).
-        keep_pos_embed: keep timm's own position handling (learned ``pos_embed``, Eva's RoPE,
+        keep_pos_embed: keep timm's own position handling (learned `pos_embed`, Eva's RoPE,
             BEiT/Swin relative bias tables) and add mmpe's on top; default drops it.
-        backend: mmpe attention path (``"auto"``, ``"sdpa"``, ``"flex"``, ``"math"``).
-        **options: extra build options for every encoding built here (e.g. ``base=100``).
-            Replacing an ``Eva``'s axial RoPE, ``"rope_axial"`` specs first take the model's
-            ``base``/``grid_indexing``/``interleaved`` (:func:`rope_axial_options`); a spec's
+        backend: mmpe attention path (`"auto"`, `"sdpa"`, `"flex"`, `"math"`).
+        **options: extra build options for every encoding built here (e.g. `base=100`).
+            Replacing an `Eva`'s axial RoPE, `"rope_axial"` specs first take the model's
+            `base`/`grid_indexing`/`interleaved` ([`rope_axial_options`][mmpe.integrations.timm.rope_axial_options]); a spec's
             own options and these override them.
 
     Raises:
-        TypeError: not one of the supported timm model classes (``VisionTransformerRelPos``,
-            XCiT and CaiT are refused by name, saying why), blocks whose ``attn`` does not
-            project with ``qkv`` or ``q_proj``/``k_proj``/``v_proj``; an encoding of an unknown hook.
+        TypeError: not one of the supported timm model classes (`VisionTransformerRelPos`,
+            XCiT and CaiT are refused by name, saying why), blocks whose `attn` does not
+            project with `qkv` or `q_proj`/`k_proj`/`v_proj`; an encoding of an unknown hook.
         ValueError: a patch-dropout model (tokens dropped at random have no fixed grid), a model
-            that already went through ``apply_encoding``, ``share_encodings=False`` with an
+            that already went through `apply_encoding`, `share_encodings=False` with an
             already built attention encoding; for Swin, input encodings, kernels or rescaling
             score encodings.
     """

@@ -2,39 +2,39 @@
 
 Three pieces, each usable alone:
 
-* :func:`from_hf_rope` / :func:`to_hf_rope` convert an HF ``rope_parameters`` (v5) or
-  ``rope_scaling`` (v4) dict — or a whole config — to the mmpe encoding of the same rotations
-  and back. The inverse frequencies equal HF's ``ROPE_INIT_FUNCTIONS`` (to float32 rounding:
+* [`from_hf_rope`][mmpe.integrations.transformers.from_hf_rope] / [`to_hf_rope`][mmpe.integrations.transformers.to_hf_rope] convert an HF `rope_parameters` (v5) or
+  `rope_scaling` (v4) dict — or a whole config — to the mmpe encoding of the same rotations
+  and back. The inverse frequencies equal HF's `ROPE_INIT_FUNCTIONS` (to float32 rounding:
   HF forms them in float32, mmpe in float64).
 
   ==============  ======================  ===========================================================
   HF rope_type    mmpe encoding           settings read
   ==============  ======================  ===========================================================
-  ``default``     ``rope``                ``rope_theta``, ``partial_rotary_factor``
-  ``linear``      ``rope_pi``             + ``factor``
-  ``dynamic``     ``rope_dynamic_ntk``    + ``factor``; training length = the config's
-                                          ``max_position_embeddings`` (HF's convention)
-  ``yarn``        ``rope_yarn``           + ``factor``, ``original_max_position_embeddings``,
-                                          ``beta_fast``/``beta_slow``, ``attention_factor``,
-                                          ``mscale``/``mscale_all_dim``, ``truncate``
-  ``longrope``    ``rope_longrope``       + ``short_factor``/``long_factor``, ``factor``,
-                                          ``original_max_position_embeddings``, ``attention_factor``
-  ``llama3``      ``rope_llama3``         + ``factor``, ``low_freq_factor``/``high_freq_factor``,
-                                          ``original_max_position_embeddings``
+  `default`     `rope`                `rope_theta`, `partial_rotary_factor`
+  `linear`      `rope_pi`             + `factor`
+  `dynamic`     `rope_dynamic_ntk`    + `factor`; training length = the config's
+                                          `max_position_embeddings` (HF's convention)
+  `yarn`        `rope_yarn`           + `factor`, `original_max_position_embeddings`,
+                                          `beta_fast`/`beta_slow`, `attention_factor`,
+                                          `mscale`/`mscale_all_dim`, `truncate`
+  `longrope`    `rope_longrope`       + `short_factor`/`long_factor`, `factor`,
+                                          `original_max_position_embeddings`, `attention_factor`
+  `llama3`      `rope_llama3`         + `factor`, `low_freq_factor`/`high_freq_factor`,
+                                          `original_max_position_embeddings`
   ==============  ======================  ===========================================================
 
-* :class:`HFRotary` replaces a Llama-family model's ``model.model.rotary_emb``
-  (:func:`replace_rotary`): it returns what HF's rotary module returns — ``(cos, sin)``,
-  ``[b, s, rotary_dim]`` with duplicated halves, in the dtype of ``x`` — but forms the phases
-  ``m·θ`` in float64 and reduces them modulo 2π before the cosine. HF forms them in float32, so
+* [`HFRotary`][mmpe.integrations.transformers.HFRotary] replaces a Llama-family model's `model.model.rotary_emb`
+  ([`replace_rotary`][mmpe.integrations.transformers.replace_rotary]): it returns what HF's rotary module returns — `(cos, sin)`,
+  `[b, s, rotary_dim]` with duplicated halves, in the dtype of `x` — but forms the phases
+  `m·θ` in float64 and reduces them modulo 2π before the cosine. HF forms them in float32, so
   its phases drift by ~0.05 rad around position 10⁶; these stay exact there.
 
-* :func:`apply_score_encodings` adds any mmpe score encodings (ALiBi, T5, FIRE, KERPLE …) to
+* [`apply_score_encodings`][mmpe.integrations.transformers.apply_score_encodings] adds any mmpe score encodings (ALiBi, T5, FIRE, KERPLE …) to
   an HF model through its attention interface: it registers the attention function
-  :func:`mmpe_attention_forward` (and a boolean mask function) under the name ``"mmpe"``,
-  switches the model to it, and keeps the encodings in ``model.mmpe_encodings`` so they train and
-  are saved with the model's ``state_dict``. Cached decoding, left padding and grouped-query
-  heads are handled; ``generate(..., use_cache=True)`` equals ``use_cache=False``.
+  [`mmpe_attention_forward`][mmpe.integrations.transformers.mmpe_attention_forward] (and a boolean mask function) under the name `"mmpe"`,
+  switches the model to it, and keeps the encodings in `model.mmpe_encodings` so they train and
+  are saved with the model's `state_dict`. Cached decoding, left padding and grouped-query
+  heads are handled; `generate(..., use_cache=True)` equals `use_cache=False`.
 
     >>> import torch
     >>> from transformers import LlamaConfig, LlamaForCausalLM
@@ -99,7 +99,7 @@ _CONFIG_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "partial_rotary
 
 
 def _model_info(config_or_dict: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(rope dict, model-level values)`` of an HF config, a config dict or a bare rope dict."""
+    """`(rope dict, model-level values)` of an HF config, a config dict or a bare rope dict."""
     if isinstance(config_or_dict, Mapping):
         d = dict(config_or_dict)
         if {"rope_parameters", "rope_scaling", "hidden_size", "num_attention_heads"} & set(d):
@@ -122,26 +122,26 @@ def from_hf_rope(config_or_dict: Any, *, head_dim: int | None = None,
     """The mmpe rotary encoding of an HF RoPE configuration.
 
     Args:
-        config_or_dict: an HF ``PretrainedConfig`` (``rope_parameters``, or v4's ``rope_scaling``
-            with ``rope_theta``), its ``config.json`` as a dict, or a bare ``rope_parameters``
-            dict (``{"rope_type": "yarn", "factor": 4.0, ...}``; ``"type"`` is read too).
-        head_dim: channels per head; default: the config's ``head_dim`` or
-            ``hidden_size // num_attention_heads``. Required with a bare rope dict.
+        config_or_dict: an HF `PretrainedConfig` (`rope_parameters`, or v4's `rope_scaling`
+            with `rope_theta`), its `config.json` as a dict, or a bare `rope_parameters`
+            dict (`{"rope_type": "yarn", "factor": 4.0, ...}`; `"type"` is read too).
+        head_dim: channels per head; default: the config's `head_dim` or
+            `hidden_size // num_attention_heads`. Required with a bare rope dict.
         max_position_embeddings: the config's value; default: read from the config. Needed by
-            ``dynamic`` (HF's training length for dynamic NTK) and by ``yarn``/``longrope``
-            without a ``factor``.
-        layer_type: which entry of a per-layer-type ``rope_parameters`` (Gemma 3's
-            ``{"full_attention": {...}, "sliding_attention": {...}}``) to convert.
+            `dynamic` (HF's training length for dynamic NTK) and by `yarn`/`longrope`
+            without a `factor`.
+        layer_type: which entry of a per-layer-type `rope_parameters` (Gemma 3's
+            `{"full_attention": {...}, "sliding_attention": {...}}`) to convert.
 
     Returns:
-        ``rope``, ``rope_pi``, ``rope_dynamic_ntk``, ``rope_yarn``, ``rope_longrope`` or
-        ``rope_llama3`` with non-interleaved (HF, GPT-NeoX) channel pairs.
+        `rope`, `rope_pi`, `rope_dynamic_ntk`, `rope_yarn`, `rope_longrope` or
+            `rope_llama3` with non-interleaved (HF, GPT-NeoX) channel pairs.
 
     Raises:
-        ValueError: an unsupported ``rope_type`` (naming the supported ones); a missing
-            ``head_dim``, ``factor``, ``max_position_embeddings`` or LongRoPE factor list; an
-            odd rotary dimension; a nested dict without ``layer_type``.
-        TypeError: ``config_or_dict`` of another type.
+        ValueError: an unsupported `rope_type` (naming the supported ones); a missing
+            `head_dim`, `factor`, `max_position_embeddings` or LongRoPE factor list; an
+            odd rotary dimension; a nested dict without `layer_type`.
+        TypeError: `config_or_dict` of another type.
     """
     rope, info = _model_info(config_or_dict)
     nested = [k for k, v in rope.items() if isinstance(v, Mapping)]
@@ -256,16 +256,16 @@ def _check_rope_numbers(rope: Mapping[str, Any], info: Mapping[str, Any]) -> Non
 
 
 def to_hf_rope(encoding: RoPE) -> dict[str, Any]:
-    """The HF ``rope_parameters`` dict of an mmpe rotary encoding (inverse of :func:`from_hf_rope`).
+    """The HF `rope_parameters` dict of an mmpe rotary encoding (inverse of [`from_hf_rope`][mmpe.integrations.transformers.from_hf_rope]).
 
-    ``partial_rotary_factor`` is written when ``rotary_dim < head_dim``. YaRN's temperature is
-    written as ``attention_factor`` (whatever ``mscale``/``mscale_all_dim`` produced it). Dynamic
+    `partial_rotary_factor` is written when `rotary_dim < head_dim`. YaRN's temperature is
+    written as `attention_factor` (whatever `mscale`/`mscale_all_dim` produced it). Dynamic
     NTK's training length is not part of HF's dict: it is the config's
-    ``max_position_embeddings`` (``encoding.original_max_position_embeddings``).
+    `max_position_embeddings` (`encoding.original_max_position_embeddings`).
 
     Raises:
-        TypeError: not one of the six encodings of :data:`ROPE_TYPES` (``rope_ntk``, xPos …
-            have no HF ``rope_type``).
+        TypeError: not one of the six encodings of `ROPE_TYPES` (`rope_ntk`, xPos …
+            have no HF `rope_type`).
         ValueError: interleaved channel pairs (HF's rope types rotate halves).
     """
     kinds = [(RoPEPositionInterpolation, "linear"), (RoPEDynamicNTK, "dynamic"), (RoPEYaRN, "yarn"),
@@ -299,26 +299,26 @@ def to_hf_rope(encoding: RoPE) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- rotary module
 class HFRotary(nn.Module):
-    """Drop-in for HF's ``LlamaRotaryEmbedding`` (and its copies in Qwen2, Mistral …) from an mmpe
+    """Drop-in for HF's `LlamaRotaryEmbedding` (and its copies in Qwen2, Mistral …) from an mmpe
     rotary encoding, with float64 phases.
 
-    ``forward(x, position_ids) -> (cos, sin)``, each ``[b, s, rotary_dim]`` (the two halves
-    equal, as HF's ``rotate_half`` expects) in ``x.dtype``: ``cos(m·θ_i)·a`` and ``sin(m·θ_i)·a``
-    with ``θ`` the encoding's :meth:`~mmpe.encodings.rope.RoPE.inv_freq` at a length ``L`` and
-    ``a`` its ``attention_scaling``. LongRoPE (and every static scaling) uses ``L =
-    max(position_ids) + 1`` of the call. Dynamic NTK keeps HF's state (``stateful=True``): ``L``
+    `forward(x, position_ids) -> (cos, sin)`, each `[b, s, rotary_dim]` (the two halves
+    equal, as HF's `rotate_half` expects) in `x.dtype`: `cos(m·θ_i)·a` and `sin(m·θ_i)·a`
+    with `θ` the encoding's [`inv_freq`][mmpe.encodings.rope.RoPE.inv_freq] at a length `L` and
+    `a` its `attention_scaling`. LongRoPE (and every static scaling) uses ``L =
+    max(position_ids) + 1` of the call. Dynamic NTK keeps HF's state (`stateful=True`): `L``
     is the longest length seen so far, grown when a call is longer, and reset to the original
     context when a call falls back within it while the longest seen is beyond it
-    (``transformers.modeling_rope_utils.dynamic_rope_update``); ``stateful=False`` uses each
-    call's own length instead, and :meth:`reset` forgets the lengths seen. The phase ``m·θ`` is formed in float64 and reduced modulo 2π
-    before the cosine, so it stays exact at positions where HF's float32 ``m·θ`` drifts.
+    (`transformers.modeling_rope_utils.dynamic_rope_update`); `stateful=False` uses each
+    call's own length instead, and [`reset`][mmpe.integrations.transformers.HFRotary.reset] forgets the lengths seen. The phase `m·θ` is formed in float64 and reduced modulo 2π
+    before the cosine, so it stays exact at positions where HF's float32 `m·θ` drifts.
 
-    The encoding is held as a plain attribute, not a submodule: the model's ``state_dict`` is
+    The encoding is held as a plain attribute, not a submodule: the model's `state_dict` is
     unchanged (HF's rotary module holds only non-persistent buffers).
 
     Raises:
-        TypeError: ``encoding`` not an mmpe :class:`~mmpe.encodings.rope.RoPE`.
-        ValueError: interleaved pairs; at call, ``position_ids`` not ``[b, s]`` integers.
+        TypeError: `encoding` not an mmpe [`RoPE`][mmpe.encodings.rope.RoPE].
+        ValueError: interleaved pairs; at call, `position_ids` not `[b, s]` integers.
     """
 
     def __init__(self, encoding: RoPE, stateful: bool = True) -> None:
@@ -393,7 +393,7 @@ class _NoRotary(nn.Module):
 
 
 def _rotary_modules(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
-    """``(parent, attribute, module)`` of every ``rotary_emb`` submodule of ``model``."""
+    """`(parent, attribute, module)` of every `rotary_emb` submodule of `model`."""
     found = []
     for parent in model.modules():
         child = parent._modules.get("rotary_emb")
@@ -404,21 +404,21 @@ def _rotary_modules(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
 
 def replace_rotary(model: nn.Module, encoding: RoPE | None = None, *,
                    stateful: bool = True) -> HFRotary:
-    """Replace the rotary module(s) ``rotary_emb`` of an HF model by :class:`HFRotary` (in place).
+    """Replace the rotary module(s) `rotary_emb` of an HF model by [`HFRotary`][mmpe.integrations.transformers.HFRotary] (in place).
 
     Args:
-        model: an HF model whose rotary module is called ``rotary_emb(x, position_ids)`` and
-            returns ``(cos, sin)`` (Llama, Qwen2, Mistral, Phi-3 … ``model.model.rotary_emb``).
-        encoding: the rotations; default :func:`from_hf_rope` of ``model.config`` (the same
+        model: an HF model whose rotary module is called `rotary_emb(x, position_ids)` and
+            returns `(cos, sin)` (Llama, Qwen2, Mistral, Phi-3 … `model.model.rotary_emb`).
+        encoding: the rotations; default [`from_hf_rope`][mmpe.integrations.transformers.from_hf_rope] of `model.config` (the same
             rotations as HF's, with float64 phases).
         stateful: dynamic NTK keeps HF's longest-length state across calls (default, as HF);
-            False: each call's own length (see :class:`HFRotary`).
+            False: each call's own length (see [`HFRotary`][mmpe.integrations.transformers.HFRotary]).
 
     Returns:
-        the new module (one, shared if the model has several ``rotary_emb``).
+        the new module (one, shared if the model has several `rotary_emb`).
 
     Raises:
-        ValueError: no ``rotary_emb`` submodule; the errors of :func:`from_hf_rope`.
+        ValueError: no `rotary_emb` submodule; the errors of [`from_hf_rope`][mmpe.integrations.transformers.from_hf_rope].
     """
     targets = _rotary_modules(model)
     if not targets:
@@ -442,8 +442,8 @@ class _ModelState:
 
 
 class _Capture:
-    """Forward pre-hook: remember the 2D ``attention_mask`` of this call (a callable object, so
-    ``copy.deepcopy`` gives the copy its own state)."""
+    """Forward pre-hook: remember the 2D `attention_mask` of this call (a callable object, so
+    `copy.deepcopy` gives the copy its own state)."""
 
     def __init__(self, state: _ModelState, index: int | None) -> None:
         self.state, self.index = state, index
@@ -472,7 +472,7 @@ def _is_causal(module: nn.Module, kwargs: Mapping[str, Any]) -> bool:
 
 
 def _visible_keys(mask: Tensor | None) -> Tensor | None:
-    """``[b, k]`` bool: the keys some query may attend to, from HF's 4D boolean or additive mask."""
+    """`[b, k]` bool: the keys some query may attend to, from HF's 4D boolean or additive mask."""
     if mask is None or mask.dim() != 4:
         return None
     allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
@@ -485,8 +485,8 @@ def _key_count(state: _ModelState, mask: Tensor | None, q_len: int, k_len: int,
     filled slots come first); the rest are dropped.
 
     Read from the call's 2D padding mask, else from HF's 4D mask, else — an unpadded batch,
-    where HF passes no mask at all — from ``position_ids``: the queries sit at slots
-    ``position_ids``, so the filled slots are ``0 … max(position_ids)``.
+    where HF passes no mask at all — from `position_ids`: the queries sit at slots
+    `position_ids`, so the filled slots are `0 … max(position_ids)`.
     """
     if k_len <= q_len:
         return k_len
@@ -503,16 +503,16 @@ def _key_count(state: _ModelState, mask: Tensor | None, q_len: int, k_len: int,
 
 def _coordinates(state: _ModelState, mask: Tensor | None, q_len: int, k_len: int, causal: bool,
                  device: torch.device, position_ids: Tensor | None = None) -> Seq1D:
-    """The keys' positions: real tokens numbered from 0 per example (HF's ``position_ids`` for a
-    left-padded batch); the queries are the last ``q_len`` keys.
+    """The keys' positions: real tokens numbered from 0 per example (HF's `position_ids` for a
+    left-padded batch); the queries are the last `q_len` keys.
 
-    Real tokens are read from the model call's 2D ``attention_mask`` when there is one (the
-    last ``k_len`` of its entries: a sliding-window cache keeps only the newest keys), else from
+    Real tokens are read from the model call's 2D `attention_mask` when there is one (the
+    last `k_len` of its entries: a sliding-window cache keeps only the newest keys), else from
     HF's 4D mask (keys no query may see are padding), else all keys are real.
 
     Without a 2D mask the keys are numbered from the first cached one; a sliding-window cache
     has dropped older keys, so the numbers are then shifted to make the last query's position
-    its ``position_ids`` (absolute positions: FIRE normalises by the query's position).
+    its `position_ids` (absolute positions: FIRE normalises by the query's position).
     """
     pad = state.padding
     from_2d = pad is not None and pad.shape[-1] >= k_len
@@ -565,24 +565,24 @@ def _plain_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tenso
 def mmpe_attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
                            attention_mask: Tensor | None, scaling: float | None = None,
                            dropout: float = 0.0, **kwargs: Any) -> tuple[Tensor, Tensor | None]:
-    """HF ``AttentionInterface`` function adding the module's mmpe score encodings.
+    """HF `AttentionInterface` function adding the module's mmpe score encodings.
 
     Called by HF as ``fn(module, query [b, n_h, q, d], key [b, n_kv, k, d], value, attention_mask,
-    scaling=..., dropout=..., **kwargs)``; returns ``(out [b, q, n_h, d], probs | None)``.
+    scaling=..., dropout=..., **kwargs)`; returns `(out [b, q, n_h, d], probs | None)``.
 
-    * Positions: a ``Sequence`` whose queries are the last ``q`` of the ``k`` keys (the cache
+    * Positions: a `Sequence` whose queries are the last `q` of the `k` keys (the cache
       offset), with the real tokens of each example numbered from 0 — read from the model call's
-      2D ``attention_mask`` (captured by :func:`apply_score_encodings`' hook); a static cache's
+      2D `attention_mask` (captured by [`apply_score_encodings`][mmpe.integrations.transformers.apply_score_encodings]' hook); a static cache's
       unfilled slots are dropped.
-    * Mask: HF's ``attention_mask`` (boolean, True = attend, or additive float), or HF's causal
+    * Mask: HF's `attention_mask` (boolean, True = attend, or additive float), or HF's causal
       mask when it is None.
-    * Grouped-query heads: ``key``/``value`` are repeated to ``n_h`` heads
-      (``module.num_key_value_groups``).
-    * Logit scale: HF's ``scaling`` unless an encoding prescribes its own (DeBERTa,
+    * Grouped-query heads: `key`/`value` are repeated to `n_h` heads
+      (`module.num_key_value_groups`).
+    * Logit scale: HF's `scaling` unless an encoding prescribes its own (DeBERTa,
       Transformer-XL).
 
     A module without encodings (cross-attention, or a model not prepared by
-    :func:`apply_score_encodings`) gets plain SDPA attention.
+    [`apply_score_encodings`][mmpe.integrations.transformers.apply_score_encodings]) gets plain SDPA attention.
     """
     link: _Link | None = getattr(module, "_mmpe_link", None)
     causal = _is_causal(module, kwargs)
@@ -679,8 +679,8 @@ def _mask_function() -> Callable[..., Any]:
 
 
 def register_attention(name: str = ATTN_IMPLEMENTATION) -> str:
-    """Register :func:`mmpe_attention_forward` and a boolean mask function under ``name`` with
-    ``transformers.AttentionInterface`` and ``AttentionMaskInterface`` (idempotent).
+    """Register [`mmpe_attention_forward`][mmpe.integrations.transformers.mmpe_attention_forward] and a boolean mask function under `name` with
+    `transformers.AttentionInterface` and `AttentionMaskInterface` (idempotent).
 
     Without a registered mask function HF passes *no* mask to a custom attention function
     (padding would be lost); this registers HF's own boolean SDPA mask for it.
@@ -732,30 +732,30 @@ def apply_score_encodings(
     """Add mmpe score encodings to an HF model through its attention interface (in place).
 
     Args:
-        model: an HF ``PreTrainedModel`` whose attention modules call
-            ``ALL_ATTENTION_FUNCTIONS`` (Llama, Qwen2, Mistral, BERT … in transformers ≥ 4.48).
-        encodings: registry names, config dicts or built score (or kernel) encodings: ``alibi``,
-            ``t5``, ``fire``, ``kerple_log`` … Each is built with the model's ``num_heads``,
-            ``head_dim``, ``d_model`` and ``max_len`` (``max_position_embeddings``).
-        share_encodings: one set for all layers in ``model.mmpe_encodings`` (default), or one
-            per layer in each attention module's ``mmpe_encodings``.
-        drop_rope: replace ``rotary_emb`` by a module that rotates nothing (NoPE + the score
+        model: an HF `PreTrainedModel` whose attention modules call
+            `ALL_ATTENTION_FUNCTIONS` (Llama, Qwen2, Mistral, BERT … in transformers ≥ 4.48).
+        encodings: registry names, config dicts or built score (or kernel) encodings: `alibi`,
+            `t5`, `fire`, `kerple_log` … Each is built with the model's `num_heads`,
+            `head_dim`, `d_model` and `max_len` (`max_position_embeddings`).
+        share_encodings: one set for all layers in `model.mmpe_encodings` (default), or one
+            per layer in each attention module's `mmpe_encodings`.
+        drop_rope: replace `rotary_emb` by a module that rotates nothing (NoPE + the score
             encodings, e.g. ALiBi alone as in BLOOM/MPT).
-        backend: ``"auto"`` (SDPA with the additive bias; explicit scores for rescaling or
-            value-side terms) or ``"math"`` (always explicit scores; returns the probabilities).
+        backend: `"auto"` (SDPA with the additive bias; explicit scores for rescaling or
+            value-side terms) or `"math"` (always explicit scores; returns the probabilities).
         is_attention: which submodules are self-attention layers; default: modules with
-            ``scaling`` and ``config`` attributes that are not cross-attention.
+            `scaling` and `config` attributes that are not cross-attention.
         **options: extra build options for every encoding built here.
 
     Returns:
-        ``model``, with ``config._attn_implementation == "mmpe"``.
+        `model`, with `config._attn_implementation == "mmpe"`.
 
     Raises:
-        TypeError: a rotary or input encoding (use :func:`replace_rotary` for RoPE); an encoding
-            whose coordinates needs a token sequence cannot meet (``swin``, ``graphormer``);
+        TypeError: a rotary or input encoding (use [`replace_rotary`][mmpe.integrations.transformers.replace_rotary] for RoPE); an encoding
+            whose coordinates needs a token sequence cannot meet (`swin`, `graphormer`);
             a model that is not an HF transformers model.
         ValueError: a model already prepared, no attention module found, an encoding that reads
-            the layer input (FoX), more than one kernel encoding, an unknown ``backend``.
+            the layer input (FoX), more than one kernel encoding, an unknown `backend`.
     """
     if backend not in ("auto", "math"):
         raise ValueError(f"apply_score_encodings: backend must be 'auto' or 'math', got {backend!r}")
