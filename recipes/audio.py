@@ -1,19 +1,19 @@
 """Spoken-digit recognition with a spectrogram transformer (AST-style), on held-out voices.
 
-Data: the words "zero" … "nine" synthesised by espeak-ng (Debian ``espeak-ng``; run
-``make data-audio`` = ``python -m mmpe.recipes.audio_data --out data/spoken_digits``, or let the data
+Data: the words "zero" … "nine" synthesised by espeak-ng (Debian `espeak-ng`; run
+`make data-audio` = `python -m mmpe.recipes.audio_data --out data/spoken_digits`, or let the data
 module do it on first use): 192 voices (8 English accents × 24 voice variants) at several speaking
 rates and pitches, plus the held-out voices at a slow 80 words per minute. Voices are held out by
 variant: no test or validation voice shares its variant (timbre) with a training voice. Any folder
-of labelled WAV files works instead (``--data.root my_recordings``): ``<root>/<label>/*.wav``,
-where the speaker of a file is its name's text before the first ``_``.
+of labelled WAV files works instead (`--data.root my_recordings`): `<root>/<label>/*.wav`,
+where the speaker of a file is its name's text before the first `_`.
 
-Features (Gong et al. 2021, AST): 16 kHz audio → ``torchaudio.transforms.MelSpectrogram`` (25 ms
-windows, 10 ms hop, ``n_mels`` bands) → log → normalised with the training mean and standard
+Features (Gong et al. 2021, AST): 16 kHz audio → `torchaudio.transforms.MelSpectrogram` (25 ms
+windows, 10 ms hop, `n_mels` bands) → log → normalised with the training mean and standard
 deviation. Leading and trailing silence is trimmed; the word is placed in a fixed window
-(``window_seconds``; at a random offset while training, at the start for evaluation) padded with
-silence. The ``[time, mel]`` image is cut into non-overlapping ``patch`` patches (``(10, 8)``:
-0.1 s × 8 mel bands), a :class:`~mmpe.coords.Grid` of (time, frequency) patches with a cls token.
+(`window_seconds`; at a random offset while training, at the start for evaluation) padded with
+silence. The `[time, mel]` image is cut into non-overlapping `patch` patches (`(10, 8)`:
+0.1 s × 8 mel bands), a [`Grid`][mmpe.coords.grid.Grid] of (time, frequency) patches with a cls token.
 
 Protocol: train on 1 s windows; test on the held-out voices in a 1 s window, in a 2 s window (the
 same words, the grid twice as long along time, the rest silence), and on the held-out voices
@@ -23,9 +23,9 @@ speaking slowly (80 wpm, about 1.4–2.2 s) in a 2 s window — longer speech, m
     python -m mmpe.recipes.audio fit --config configs/audio/default.yaml --model.encoding rope_axial
     mmpe compare audio --encodings learned_grid,sincos,rope_axial,swin,alibi,nope,conv_pe
 
-``conv_pe`` is wav2vec 2.0 / HuBERT's convolutional position embedding (a grouped convolution
+`conv_pe` is wav2vec 2.0 / HuBERT's convolutional position embedding (a grouped convolution
 over the frames, GELU, added): on the (time, mel) grid it slides along the time axis of every
-mel band with one kernel (default ``K = 128`` patches, 16 groups: at 10 or 20 time patches it
+mel band with one kernel (default `K = 128` patches, 16 groups: at 10 or 20 time patches it
 spans the whole window).
 """
 
@@ -84,10 +84,10 @@ COMPARE = CompareSpec(
 # Reading WAV folders
 # ---------------------------------------------------------------------------------------------
 def find_wavs(root: str | Path) -> list[tuple[Path, str]]:
-    """``(path, label)`` of every ``<root>/<label>/*.wav`` (``.WAV`` too; sorted).
+    """`(path, label)` of every `<root>/<label>/*.wav` (`.WAV` too; sorted).
 
     Raises:
-        FileNotFoundError: ``root`` is missing or holds no ``<label>/*.wav`` file.
+        FileNotFoundError: `root` is missing or holds no `<label>/*.wav` file.
     """
     root = Path(root)
     if not root.is_dir():
@@ -99,7 +99,7 @@ def find_wavs(root: str | Path) -> list[tuple[Path, str]]:
 
 
 def read_wav(path: str | Path, sample_rate: int = SAMPLE_RATE) -> Tensor:
-    """Mono float32 waveform ``[n]`` of a WAV file, resampled to ``sample_rate`` with torchaudio."""
+    """Mono float32 waveform `[n]` of a WAV file, resampled to `sample_rate` with torchaudio."""
     import soundfile as sf
 
     data, sr = sf.read(str(path), dtype="float32", always_2d=True)
@@ -112,14 +112,14 @@ def read_wav(path: str | Path, sample_rate: int = SAMPLE_RATE) -> Tensor:
 
 @functools.lru_cache(maxsize=8)
 def resampler(orig: int, new: int) -> nn.Module:
-    """``torchaudio.transforms.Resample`` (its sinc kernel computed once per rate pair)."""
+    """`torchaudio.transforms.Resample` (its sinc kernel computed once per rate pair)."""
     import torchaudio
 
     return torchaudio.transforms.Resample(orig, new)
 
 
 def trim(wav: Tensor, threshold: float = 0.02) -> Tensor:
-    """Drop leading and trailing samples quieter than ``threshold`` × the clip's peak."""
+    """Drop leading and trailing samples quieter than `threshold` × the clip's peak."""
     loud = (wav.abs() >= threshold * wav.abs().max().clamp_min(1e-8)).nonzero()
     return wav if len(loud) == 0 else wav[int(loud[0]):int(loud[-1]) + 1]
 
@@ -133,13 +133,13 @@ def mel_transform(n_mels: int) -> nn.Module:
 
 
 def log_mel(wav: Tensor, n_mels: int = 40) -> Tensor:
-    """``log(mel power + 1e-6)`` of a 16 kHz waveform ``[n]``: ``[frames, n_mels]``, 10 ms frames."""
+    """`log(mel power + 1e-6)` of a 16 kHz waveform `[n]`: `[frames, n_mels]`, 10 ms frames."""
     with torch.no_grad():
         return torch.log(mel_transform(n_mels)(wav) + SILENCE).T.contiguous()
 
 
 def fit_window(features: Tensor, frames: int, offset: int = 0) -> Tensor:
-    """Place ``features [f, n_mels]`` at ``offset`` in a ``frames`` window of silence (crop if long)."""
+    """Place `features [f, n_mels]` at `offset` in a `frames` window of silence (crop if long)."""
     out = torch.full((frames, features.shape[1]), float(np.log(SILENCE)), dtype=features.dtype)
     n = min(len(features), frames - offset)
     out[offset:offset + n] = features[:n]
@@ -148,7 +148,7 @@ def fit_window(features: Tensor, frames: int, offset: int = 0) -> Tensor:
 
 @functools.lru_cache(maxsize=8)
 def load_folder(root: str, n_mels: int) -> tuple[list[Tensor], list[str], list[str]]:
-    """Log-mel features, labels and speakers of every WAV under ``root`` (trimmed; cached).
+    """Log-mel features, labels and speakers of every WAV under `root` (trimmed; cached).
 
     Runs single-threaded: these small per-clip ops only lose time to thread hand-offs.
     """
@@ -166,16 +166,16 @@ def load_folder(root: str, n_mels: int) -> tuple[list[Tensor], list[str], list[s
 
 
 class Clips(Dataset):
-    """Log-mel clips in fixed windows: item ``(features [frames, n_mels], label index)``.
+    """Log-mel clips in fixed windows: item `(features [frames, n_mels], label index)`.
 
     Args:
-        feats: per-clip ``[f, n_mels]`` log-mel features.
+        feats: per-clip `[f, n_mels]` log-mel features.
         labels: per-clip label index.
         frames: window length (10 ms frames).
         mean, std: normalisation.
         random_offset: place each clip at a random offset (training) instead of at 0.
-        seed: the offset of item ``(epoch, i)`` (or ``i``: epoch 0) is drawn from a generator
-            seeded by ``(seed, epoch, i)``: fresh each epoch, the same on every rank and after a
+        seed: the offset of item `(epoch, i)` (or `i`: epoch 0) is drawn from a generator
+            seeded by `(seed, epoch, i)`: fresh each epoch, the same on every rank and after a
             resume, never from the global RNG.
     """
 
@@ -201,20 +201,20 @@ class SpokenDigitsData(L.LightningDataModule):
     """Labelled WAV folders, split by speaker groups (held-out voices).
 
     Args:
-        root: ``<root>/<label>/*.wav``. The default, ``data/spoken_digits/main``, is synthesised
+        root: `<root>/<label>/*.wav`. The default, `data/spoken_digits/main`, is synthesised
             with espeak-ng on first use if missing.
         slow_root: an extra test folder (same layout) for the "slow 2s" column; only its files whose
-            speaker is a test speaker are used. ``None``: no such column.
+            speaker is a test speaker are used. `None`: no such column.
         n_mels: mel bands.
         window_seconds: training window (the 1 s column).
         test_fraction, val_fraction, split_seed: the held-out speaker groups
-            (:func:`mmpe.recipes.audio_data.split_groups` over :func:`mmpe.recipes.audio_data.group_of`).
+            ([`mmpe.recipes.audio_data.split_groups`][recipes.audio_data.split_groups] over [`mmpe.recipes.audio_data.group_of`][recipes.audio_data.group_of]).
         batch_size: clips per step.
 
     Raises:
-        FileNotFoundError: ``root`` holds no ``<label>/*.wav``.
+        FileNotFoundError: `root` holds no `<label>/*.wav`.
         mmpe.recipes.audio_data.MissingEspeakError: the default data is missing and espeak-ng is not
-            installed (``apt-get install espeak-ng``).
+            installed (`apt-get install espeak-ng`).
     """
 
     def __init__(self, root: str = f"{DEFAULT_ROOT}/main", slow_root: str | None = f"{DEFAULT_ROOT}/slow",
@@ -286,21 +286,21 @@ class SpokenDigitsData(L.LightningDataModule):
 
 
 class SpectrogramTransformer(GridClassifier):
-    """AST-style classifier: ``[time, mel]`` log-mel → ``patch`` patches → cls + :class:`GridEncoder`.
+    """AST-style classifier: `[time, mel]` log-mel → `patch` patches → cls + [`GridEncoder`][recipes.vision.GridEncoder].
 
     Args:
         encoding, encoding_options: the positional encoding (registry name, options).
         num_classes: labels (linked from the data module).
         n_mels: mel bands (linked).
         window_frames: training window in 10 ms frames (linked); sets the training grid.
-        patch: ``(time frames, mel bands)`` per patch; ``n_mels`` and every window must divide.
+        patch: `(time frames, mel bands)` per patch; `n_mels` and every window must divide.
         d_model, num_heads, depth, mlp_ratio, dropout: transformer size.
-        eval_positions: see :class:`mmpe.recipes.vision.GridEncoder`.
+        eval_positions: see [`mmpe.recipes.vision.GridEncoder`][recipes.vision.GridEncoder].
         lr, weight_decay, warmup_steps: AdamW with warm-up and cosine decay.
-        input_combine: ``"add"`` or ``"concat"``: how an input encoding meets the patch
-            tokens (:class:`mmpe.Transformer`, docs/add_vs_concat.md).
+        input_combine: `"add"` or `"concat"`: how an input encoding meets the patch
+            tokens ([`mmpe.Transformer`][mmpe.transformer.Transformer], docs/add_vs_concat.md).
 
-    Shapes: ``forward(features [b, frames, n_mels]) -> logits [b, num_classes]``.
+    Shapes: `forward(features [b, frames, n_mels]) -> logits [b, num_classes]`.
     """
 
     def __init__(self, encoding: str = "rope_axial", encoding_options: dict[str, Any] | None = None,
@@ -358,7 +358,7 @@ def evaluate_inputs(trainer: L.Trainer, model: SpectrogramTransformer, data: Spo
 
 
 def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> dict[str, float | None]:
-    """Train with ``encoding`` from ``configs/audio/default.yaml``; held-out accuracy per input."""
+    """Train with `encoding` from `configs/audio/default.yaml`; held-out accuracy per input."""
     cli = fit_for_compare(make_cli, "audio", encoding, seed=seed, out_dir=out_dir, cli_args=cli_args)
     return evaluate_inputs(cli.trainer, cli.model, cli.datamodule)
 

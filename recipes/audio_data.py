@@ -2,20 +2,20 @@
 
     python -m mmpe.recipes.audio_data --out data/spoken_digits        # `make data-audio`
 
-writes ``<out>/main/<digit>/<voice>_r<rate>_p<pitch>.wav`` — the English words "zero" … "nine"
-spoken by every *voice* (an espeak-ng English accent + a voice variant, e.g. ``en-us+f3``) at a
-few speaking rates (words per minute) and pitches (0-99) — and ``<out>/slow/<digit>/…``: the same
-words by the held-out test voices at a slow rate (``--slow-rate``, default 80 wpm), for the
+writes `<out>/main/<digit>/<voice>_r<rate>_p<pitch>.wav` — the English words "zero" … "nine"
+spoken by every *voice* (an espeak-ng English accent + a voice variant, e.g. `en-us+f3`) at a
+few speaking rates (words per minute) and pitches (0-99) — and `<out>/slow/<digit>/…`: the same
+words by the held-out test voices at a slow rate (`--slow-rate`, default 80 wpm), for the
 evaluation of longer inputs. The voice is the speaker: the file name's text before the first
-``_`` (:func:`speaker_of`); voices are held out by variant (:func:`group_of`, :func:`split_groups`).
-Defaults: 24 variants × 8 accents = 192 voices, 1,920 clips in ``main/`` and 480 in ``slow/``
+`_` ([`speaker_of`][recipes.audio_data.speaker_of]); voices are held out by variant ([`group_of`][recipes.audio_data.group_of], [`split_groups`][recipes.audio_data.split_groups]).
+Defaults: 24 variants × 8 accents = 192 voices, 1,920 clips in `main/` and 480 in `slow/`
 (about a minute with two espeak-ng processes, ~110 MB).
 
-Which (rate, pitch) pairs a voice speaks is drawn from ``random.Random(seed)`` over the sorted
+Which (rate, pitch) pairs a voice speaks is drawn from `random.Random(seed)` over the sorted
 voices: the same files on every machine with the same espeak-ng voices. Espeak-ng writes 16-bit
 mono WAV at 22,050 Hz.
 
-Raises :class:`MissingEspeakError` (``apt-get install espeak-ng``) when the program is missing.
+Raises [`MissingEspeakError`][recipes.audio_data.MissingEspeakError] (`apt-get install espeak-ng`) when the program is missing.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class MissingEspeakError(RuntimeError):
 
 
 def espeak() -> str:
-    """Path of the ``espeak-ng`` program, or :class:`MissingEspeakError` naming the package."""
+    """Path of the `espeak-ng` program, or [`MissingEspeakError`][recipes.audio_data.MissingEspeakError] naming the package."""
     path = shutil.which("espeak-ng")
     if path is None:
         raise MissingEspeakError(f"the audio recipe synthesises speech with espeak-ng, which is not "
@@ -51,7 +51,7 @@ def espeak() -> str:
 
 
 def variants() -> list[str]:
-    """espeak-ng voice variants (``m1``, ``f3``, ``klatt``, ``whisper`` …), sorted."""
+    """espeak-ng voice variants (`m1`, `f3`, `klatt`, `whisper` …), sorted."""
     out = subprocess.run([espeak(), "--voices=variant"], check=True, capture_output=True,
                          text=True).stdout
     names = set()
@@ -63,16 +63,16 @@ def variants() -> list[str]:
 
 
 def voices(num_variants: int | None = None, accents: tuple[str, ...] = ACCENTS) -> list[str]:
-    """Voices ``accent+variant`` (the first ``num_variants`` variants of every accent), sorted."""
+    """Voices `accent+variant` (the first `num_variants` variants of every accent), sorted."""
     vs = variants()[:num_variants]
     return sorted(f"{a}+{v}" for a, v in itertools.product(accents, vs))
 
 
 def synthesise(text: str, path: Path, voice: str, rate: int, pitch: int) -> Path:
-    """``espeak-ng -v voice -s rate -p pitch -w path text``; returns ``path``.
+    """`espeak-ng -v voice -s rate -p pitch -w path text`; returns `path`.
 
     Raises:
-        ValueError: ``rate`` outside 80-450 wpm or ``pitch`` outside 0-99.
+        ValueError: `rate` outside 80-450 wpm or `pitch` outside 0-99.
         RuntimeError: espeak-ng failed (its message included).
     """
     if not 80 <= rate <= 450:
@@ -88,24 +88,24 @@ def synthesise(text: str, path: Path, voice: str, rate: int, pitch: int) -> Path
 
 
 def speaker_of(path: str | Path) -> str:
-    """The speaker of a WAV file: its name's text before the first ``_`` (the whole stem if none)."""
+    """The speaker of a WAV file: its name's text before the first `_` (the whole stem if none)."""
     return Path(path).stem.split("_", 1)[0]
 
 
 def group_of(speaker: str) -> str:
-    """The hold-out unit of a speaker: the voice variant after the last ``+`` (``en-us+f3`` → ``f3``).
+    """The hold-out unit of a speaker: the voice variant after the last `+` (`en-us+f3` → `f3`).
 
-    Voices that share a variant (``en-us+f3``, ``en-gb+f3``) sound alike, so they go to the same
-    split; a speaker name without ``+`` (your own recordings) is its own group.
+    Voices that share a variant (`en-us+f3`, `en-gb+f3`) sound alike, so they go to the same
+    split; a speaker name without `+` (your own recordings) is its own group.
     """
     return speaker.rsplit("+", 1)[-1]
 
 
 def split_groups(groups: list[str], test_fraction: float = 0.2, val_fraction: float = 0.1,
                  seed: int = 0) -> dict[str, list[str]]:
-    """Disjoint ``{"train", "val", "test"}`` lists of groups: a fixed shuffle (``seed``) of the sorted
-    unique groups gives the first ``round(n·test_fraction)`` to test, the next
-    ``round(n·val_fraction)`` to validation and the rest to training (at least one each for n ≥ 3).
+    """Disjoint `{"train", "val", "test"}` lists of groups: a fixed shuffle (`seed`) of the sorted
+    unique groups gives the first `round(n·test_fraction)` to test, the next
+    `round(n·val_fraction)` to validation and the rest to training (at least one each for n ≥ 3).
 
     Raises:
         ValueError: fractions outside [0, 1) or summing to 1 or more; fewer than 3 groups.
@@ -127,7 +127,7 @@ def split_groups(groups: list[str], test_fraction: float = 0.2, val_fraction: fl
 
 def plan(voice_list: list[str], per_voice: int, seed: int = 0,
          rates: tuple[int, ...] = RATES, pitches: tuple[int, ...] = PITCHES) -> list[tuple[str, int, int]]:
-    """``per_voice`` distinct (voice, rate, pitch) settings per voice, drawn with ``seed``."""
+    """`per_voice` distinct (voice, rate, pitch) settings per voice, drawn with `seed`."""
     rng = random.Random(seed)
     combos = list(itertools.product(rates, pitches))
     out = []
@@ -139,18 +139,18 @@ def plan(voice_list: list[str], per_voice: int, seed: int = 0,
 
 def generate(out: str | Path, num_variants: int | None = 24, per_voice: int = 1,
              slow_rate: int | None = 80, seed: int = 0, workers: int = 2) -> dict[str, int]:
-    """Write the spoken-digit folders under ``out`` (see the module docstring); skips existing files.
+    """Write the spoken-digit folders under `out` (see the module docstring); skips existing files.
 
     Args:
-        out: root folder (``main/`` and ``slow/`` are written inside).
-        num_variants: voice variants used (× 8 accents = voices); ``None``: all.
+        out: root folder (`main/` and `slow/` are written inside).
+        num_variants: voice variants used (× 8 accents = voices); `None`: all.
         per_voice: (rate, pitch) settings per voice and word.
-        slow_rate: words per minute of the ``slow/`` set (pitch 50; only the voices whose variant
-            :func:`split_groups` puts in the test split); ``None``: no slow set.
+        slow_rate: words per minute of the `slow/` set (pitch 50; only the voices whose variant
+            [`split_groups`][recipes.audio_data.split_groups] puts in the test split); `None`: no slow set.
         seed: fixes the (rate, pitch) draws.
         workers: espeak-ng processes run at once.
 
-    Returns ``{"main": files, "slow": files}``.
+    Returns `{"main": files, "slow": files}`.
     """
     out = Path(out)
     jobs = []

@@ -1,13 +1,13 @@
 """Pieces every recipe shares: finding offline data, threads, LightningCLI, the cosine schedule,
 and what makes training reproducible under DDP and across a resume.
 
-Data order and per-sample randomness are functions of ``(seed, epoch, index)`` only
-(:class:`EpochSampler`, datasets that seed a generator per item), so every rank draws the same
-global order and Lightning's ``use_distributed_sampler`` gives each rank a disjoint share of it;
-:class:`ResumableDataLoader` puts its position in the epoch into Lightning's checkpoint, so
-``fit --ckpt_path`` continues where the run stopped; :class:`StepSeed` seeds the global RNG
-(dropout, augmentations inside the model) from ``(seed, epoch, batch, rank)`` at every training
-batch; :class:`RecipeCLI` always adds a ``ModelCheckpoint`` (``--checkpoint.*``) and saves the
+Data order and per-sample randomness are functions of `(seed, epoch, index)` only
+([`EpochSampler`][recipes.common.EpochSampler], datasets that seed a generator per item), so every rank draws the same
+global order and Lightning's `use_distributed_sampler` gives each rank a disjoint share of it;
+[`ResumableDataLoader`][recipes.common.ResumableDataLoader] puts its position in the epoch into Lightning's checkpoint, so
+`fit --ckpt_path` continues where the run stopped; [`StepSeed`][recipes.common.StepSeed] seeds the global RNG
+(dropout, augmentations inside the model) from `(seed, epoch, batch, rank)` at every training
+batch; [`RecipeCLI`][recipes.common.RecipeCLI] always adds a `ModelCheckpoint` (`--checkpoint.*`) and saves the
 resolved config next to the logs.
 """
 
@@ -38,7 +38,7 @@ class MissingDataError(RuntimeError):
 
 
 def require(module: str, install: str) -> ModuleType:
-    """Import ``module`` or raise :class:`MissingDataError` naming the install command."""
+    """Import `module` or raise [`MissingDataError`][recipes.common.MissingDataError] naming the install command."""
     try:
         return importlib.import_module(module)
     except ImportError as err:
@@ -52,7 +52,7 @@ def set_threads() -> None:
 
 
 def warmup_cosine(step: int, warmup: int, total: int, floor: float = 0.1) -> float:
-    """LR multiplier: linear warm-up over ``warmup`` steps, cosine decay to ``floor`` at ``total``."""
+    """LR multiplier: linear warm-up over `warmup` steps, cosine decay to `floor` at `total`."""
     if step < warmup:
         return (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
@@ -73,13 +73,13 @@ def make_optimizer(module: torch.nn.Module, lr: float, weight_decay: float, warm
 
 
 def planned_steps(trainer: Any, train_size: int, batch_size: int, drop_last: bool = False) -> int:
-    """Optimizer steps of the run: ``trainer.estimated_stepping_batches``, computed from the
+    """Optimizer steps of the run: `trainer.estimated_stepping_batches`, computed from the
     training set's size instead of by loading the training data.
 
-    Called in ``configure_optimizers``, that property builds the train loader before a resumed
+    Called in `configure_optimizers`, that property builds the train loader before a resumed
     run has restored the loader's place in the epoch, and Lightning then never restores it (the
-    resumed run would replay the epoch). Each rank gets ``ceil(train_size / world_size)`` samples
-    (Lightning's ``DistributedSampler``).
+    resumed run would replay the epoch). Each rank gets `ceil(train_size / world_size)` samples
+    (Lightning's `DistributedSampler`).
     """
     per_rank = math.ceil(train_size / max(1, trainer.world_size))
     batches = per_rank // batch_size if drop_last else math.ceil(per_rank / batch_size)
@@ -94,8 +94,8 @@ def planned_steps(trainer: Any, train_size: int, batch_size: int, drop_last: boo
 
 
 def pop_option(args: list[str], name: str, default: str | None = None) -> str | None:
-    """Remove ``name VALUE`` (or ``name=VALUE``) from ``args`` and return VALUE (``default``
-    when absent): a recipe option ``run_one`` reads before LightningCLI sees the rest."""
+    """Remove `name VALUE` (or `name=VALUE`) from `args` and return VALUE (`default`
+    when absent): a recipe option `run_one` reads before LightningCLI sees the rest."""
     for i, a in enumerate(args):
         if a == name and i + 1 < len(args):
             value = args[i + 1]
@@ -108,7 +108,7 @@ def pop_option(args: list[str], name: str, default: str | None = None) -> str | 
 
 
 def cli_args_for(config: str | Path, encoding: str, out_dir: Path, extra: Sequence[str]) -> list[str]:
-    """LightningCLI arguments of one ``mmpe compare`` run."""
+    """LightningCLI arguments of one `mmpe compare` run."""
     return ["--config", str(config), "--model.encoding", encoding,
             "--trainer.default_root_dir", str(out_dir), *extra]
 
@@ -117,34 +117,34 @@ def cli_args_for(config: str | Path, encoding: str, out_dir: Path, extra: Sequen
 # Reproducible data order and randomness (DDP sharding, exact resume)
 # ---------------------------------------------------------------------------------------------
 def run_seed() -> int:
-    """The run's seed: the one ``seed_everything`` stored in ``PL_GLOBAL_SEED`` (0 if unset).
+    """The run's seed: the one `seed_everything` stored in `PL_GLOBAL_SEED` (0 if unset).
 
-    Lightning seeds the ``DistributedSampler`` it injects under DDP from the same variable.
+    Lightning seeds the `DistributedSampler` it injects under DDP from the same variable.
     """
     return int(os.environ.get("PL_GLOBAL_SEED", 0))
 
 
 def mix_seed(*values: int) -> int:
-    """One 63-bit seed from non-negative integers (``numpy.random.SeedSequence``): distinct
-    tuples such as ``(seed, epoch, index)`` give unrelated streams."""
+    """One 63-bit seed from non-negative integers (`numpy.random.SeedSequence`): distinct
+    tuples such as `(seed, epoch, index)` give unrelated streams."""
     return int(np.random.SeedSequence([int(v) for v in values]).generate_state(1, np.uint64)[0] >> 1)
 
 
 class EpochSampler(Sampler):
-    """Every index of a map-style dataset once per epoch, in an order fixed by ``(seed, epoch)``.
+    """Every index of a map-style dataset once per epoch, in an order fixed by `(seed, epoch)`.
 
-    Lightning calls :meth:`set_epoch` at the start of every epoch. The order depends on nothing
-    else — not on the global RNG, not on the rank — so under DDP (``use_distributed_sampler``,
-    on by default) Lightning wraps this sampler in its ``DistributedSamplerWrapper`` and each
+    Lightning calls [`set_epoch`][recipes.common.EpochSampler.set_epoch] at the start of every epoch. The order depends on nothing
+    else — not on the global RNG, not on the rank — so under DDP (`use_distributed_sampler`,
+    on by default) Lightning wraps this sampler in its `DistributedSamplerWrapper` and each
     rank takes a disjoint share of the same order; after a resume the epoch is drawn again
     identically.
 
     Args:
         num_samples: dataset length.
-        shuffle: a fresh permutation per epoch (else ``0 … n−1``).
-        seed: permutation seed (default: :func:`run_seed`).
-        with_epoch: yield ``(epoch, index)`` pairs instead of indices, for datasets whose items
-            draw fresh randomness each epoch from a generator seeded by ``(seed, epoch, index)``.
+        shuffle: a fresh permutation per epoch (else `0 … n−1`).
+        seed: permutation seed (default: [`run_seed`][recipes.common.run_seed]).
+        with_epoch: yield `(epoch, index)` pairs instead of indices, for datasets whose items
+            draw fresh randomness each epoch from a generator seeded by `(seed, epoch, index)`.
     """
 
     def __init__(self, num_samples: int, shuffle: bool = True, seed: int | None = None,
@@ -173,20 +173,20 @@ class EpochSampler(Sampler):
 
 
 def split_index(index: int | tuple[int, int]) -> tuple[int, int]:
-    """``(epoch, i)`` of a dataset index from :class:`EpochSampler` (a bare ``i`` is epoch 0)."""
+    """`(epoch, i)` of a dataset index from [`EpochSampler`][recipes.common.EpochSampler] (a bare `i` is epoch 0)."""
     if isinstance(index, tuple):
         return int(index[0]), int(index[1])
     return 0, int(index)
 
 
 def _samplers(loader: DataLoader) -> list[Any]:
-    """The loader's sampler and its batch sampler's sampler (where ``set_epoch`` lives)."""
+    """The loader's sampler and its batch sampler's sampler (where `set_epoch` lives)."""
     found = [getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)]
     return [s for i, s in enumerate(found) if s is not None and all(s is not t for t in found[:i])]
 
 
 class _SkipFirst:
-    """The loader's index sampler with its first ``skip`` batches dropped (once: a restart)."""
+    """The loader's index sampler with its first `skip` batches dropped (once: a restart)."""
 
     def __init__(self, base: Any, skip: int) -> None:
         self.base, self.skip = base, skip
@@ -204,19 +204,19 @@ class _SkipFirst:
 
 
 class ResumableDataLoader(DataLoader):
-    """A ``DataLoader`` whose place in the epoch is saved in Lightning's checkpoints.
+    """A `DataLoader` whose place in the epoch is saved in Lightning's checkpoints.
 
-    Lightning stores ``state_dict()`` of a stateful training loader in the checkpoint
-    (``loops.fit_loop.state_dict.combined_loader``) and calls :meth:`load_state_dict` when
-    ``fit(ckpt_path=...)`` resumes. The state is ``{"epoch", "batches"}``: the sampler's epoch and
+    Lightning stores `state_dict()` of a stateful training loader in the checkpoint
+    (`loops.fit_loop.state_dict.combined_loader`) and calls [`load_state_dict`][recipes.common.ResumableDataLoader.load_state_dict] when
+    `fit(ckpt_path=...)` resumes. The state is `{"epoch", "batches"}`: the sampler's epoch and
     the batches handed out in it. On resume the sampler is set to that epoch and the first
-    ``batches`` batches are skipped at the index level (no sample is loaded), so with a sampler
-    whose order depends only on ``(seed, epoch)`` (:class:`EpochSampler`, Lightning's
-    ``DistributedSampler``) the run continues with the very next batch instead of replaying the
+    `batches` batches are skipped at the index level (no sample is loaded), so with a sampler
+    whose order depends only on `(seed, epoch)` ([`EpochSampler`][recipes.common.EpochSampler], Lightning's
+    `DistributedSampler`) the run continues with the very next batch instead of replaying the
     epoch. Batches are counted as the loader yields them, so worker prefetching does not shift
     the count. Resume with the same batch size and number of devices. An epoch counts as over
-    when all ``len(loader)`` batches were handed out: an end-of-epoch checkpoint of a run
-    shortened by ``limit_train_batches`` would skip that many batches of the next epoch.
+    when all `len(loader)` batches were handed out: an end-of-epoch checkpoint of a run
+    shortened by `limit_train_batches` would skip that many batches of the next epoch.
     """
 
     _resume_skip = 0
@@ -265,17 +265,17 @@ class ResumableDataLoader(DataLoader):
 
 def epoch_loader(dataset: Any, batch_size: int, *, shuffle: bool = True, with_epoch: bool = False,
                  seed: int | None = None, **kwargs: Any) -> ResumableDataLoader:
-    """A training loader: :class:`EpochSampler` order, resumable mid-epoch, sharded under DDP."""
+    """A training loader: [`EpochSampler`][recipes.common.EpochSampler] order, resumable mid-epoch, sharded under DDP."""
     sampler = EpochSampler(len(dataset), shuffle=shuffle, seed=seed, with_epoch=with_epoch)
     return ResumableDataLoader(dataset, batch_size=batch_size, sampler=sampler, **kwargs)
 
 
 class StepSeed(Callback):
-    """Seed the global torch RNG at every training batch from ``(seed, epoch, batch, rank)``.
+    """Seed the global torch RNG at every training batch from `(seed, epoch, batch, rank)`.
 
     Dropout and augmentations drawn inside the model then depend on the step, not on what ran
     before it (validation, data-loader start-up, a restart), so a resumed run draws what the
-    straight run drew; each rank draws its own. ``seed`` is :func:`run_seed`.
+    straight run drew; each rank draws its own. `seed` is [`run_seed`][recipes.common.run_seed].
     """
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
@@ -288,13 +288,13 @@ class StepSeed(Callback):
 class RecipeCLI(LightningCLI):
     """The recipes' LightningCLI.
 
-    * A ``ModelCheckpoint`` is always configured, as ``--checkpoint.*`` (defaults:
-      ``save_last: true``; each config sets how often): checkpoints go to
-      ``<log dir>/checkpoints``; ``--trainer.enable_checkpointing false`` drops it.
-    * Training writes the resolved config to ``<log dir>/config.yaml`` (Lightning's
-      ``SaveConfigCallback``; it refuses to overwrite one, so give each run its own log dir —
-      the CSV logger's ``version_N`` does).
-    * :class:`StepSeed` is always on.
+    * A `ModelCheckpoint` is always configured, as `--checkpoint.*` (defaults:
+      `save_last: true`; each config sets how often): checkpoints go to
+      `<log dir>/checkpoints`; `--trainer.enable_checkpointing false` drops it.
+    * Training writes the resolved config to `<log dir>/config.yaml` (Lightning's
+      `SaveConfigCallback`; it refuses to overwrite one, so give each run its own log dir —
+      the CSV logger's `version_N` does).
+    * [`StepSeed`][recipes.common.StepSeed] is always on.
     """
 
     def add_arguments_to_parser(self, parser) -> None:
@@ -311,7 +311,7 @@ class RecipeCLI(LightningCLI):
 
 def make_lightning_cli(cli_cls: type, model_cls: type, data_cls: type,
                        args: list[str] | None, run: bool) -> Any:
-    """A recipe's LightningCLI (a :class:`RecipeCLI`): threads set, :class:`StepSeed` added."""
+    """A recipe's LightningCLI (a [`RecipeCLI`][recipes.common.RecipeCLI]): threads set, [`StepSeed`][recipes.common.StepSeed] added."""
     set_threads()
     with warnings.catch_warnings():
         # Called from `mmpe compare` with explicit args while sys.argv holds mmpe's own.
@@ -322,10 +322,10 @@ def make_lightning_cli(cli_cls: type, model_cls: type, data_cls: type,
 
 def fit_for_compare(make_cli: Callable[..., Any], modality: str, encoding: str, *, seed: int,
                     out_dir: Path, cli_args: Sequence[str], config: str = "default.yaml") -> Any:
-    """Build the recipe from ``configs/<modality>/<config>`` with ``encoding`` and train it.
+    """Build the recipe from `configs/<modality>/<config>` with `encoding` and train it.
 
-    CSV logs, checkpoints and the resolved ``config.yaml`` go to the run's log directory under
-    ``out_dir``; ``cli_args`` (LightningCLI syntax) override the config.
+    CSV logs, checkpoints and the resolved `config.yaml` go to the run's log directory under
+    `out_dir`; `cli_args` (LightningCLI syntax) override the config.
     """
     args = cli_args_for(CONFIGS / modality / config, encoding, out_dir,
                         ["--seed_everything", str(seed), *cli_args])
@@ -339,10 +339,10 @@ def fit_for_compare(make_cli: Callable[..., Any], modality: str, encoding: str, 
 
 
 def test_or_none(trainer: Any, model: Any, loader: Any, metric: str) -> float | None:
-    """Test ``model`` on ``loader`` and return the logged ``metric``.
+    """Test `model` on `loader` and return the logged `metric`.
 
-    None where the encoding cannot represent the positions (``PositionOutOfRangeError``), which
-    ``mmpe compare`` shows as "n/a".
+    None where the encoding cannot represent the positions (`PositionOutOfRangeError`), which
+    `mmpe compare` shows as "n/a".
     """
     from mmpe.encodings.base import PositionOutOfRangeError
 

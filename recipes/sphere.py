@@ -1,35 +1,35 @@
 """Points on the globe: land/sea from position alone, and a global field from scattered samples.
 
 Two tasks on real global data that ships offline, both reading tokens placed on the sphere
-(:class:`mmpe.coords.Sphere`, batched: every example has its own points):
+([`mmpe.coords.Sphere`][mmpe.coords.sphere.Sphere], batched: every example has its own points):
 
-* ``task: land`` — land/sea classification from position alone. Data: the 30″ global land
-  mask of ``global-land-mask`` (``pip install global-land-mask``; derived from the GLOBE DEM,
-  NOAA, public domain), ``globe.is_land(lat, lon)``. Each example is ``n_points`` points drawn
-  uniformly by area (``sin φ ~ U(−1, 1)``, ``λ ~ U(−180°, 180°)``); each token carries only its
+* `task: land` — land/sea classification from position alone. Data: the 30″ global land
+  mask of `global-land-mask` (`pip install global-land-mask`; derived from the GLOBE DEM,
+  NOAA, public domain), `globe.is_land(lat, lon)`. Each example is `n_points` points drawn
+  uniformly by area (`sin φ ~ U(−1, 1)`, `λ ~ U(−180°, 180°)`); each token carries only its
   position and is classified land or sea. About 29 % of the surface is land.
-* ``task: geoid`` — reconstruction of the EGM96 geoid (heights of the geoid above the WGS84
+* `task: geoid` — reconstruction of the EGM96 geoid (heights of the geoid above the WGS84
   ellipsoid, metres, −107 … 85 m; NGA/NASA, public domain; 0.25° grid in the Debian package
-  ``proj-data``: ``apt-get install proj-data``, ``/usr/share/proj/egm96_15.gtx``) from scattered
-  observations. Each example holds ``n_obs`` observed points (tokens carry their height) and
-  ``n_query`` query points (tokens carry a learned "query" vector); the model predicts the
+  `proj-data`: `apt-get install proj-data`, `/usr/share/proj/egm96_15.gtx`) from scattered
+  observations. Each example holds `n_obs` observed points (tokens carry their height) and
+  `n_query` query points (tokens carry a learned "query" vector); the model predicts the
   height at the queries. Values are bilinearly interpolated from the grid.
 
-Held-out regions: a polar cap (``lat ≥ polar_cap_deg``, default 70°N) and a band across the date
-line (``|lon| ≥ 180° − dateline_halfwidth_deg``, default 170°E…170°W) never appear in training
-(neither as observations nor as queries). Test sets (fixed seeds): ``geoid RMSE`` — observations
-and queries outside the held-out regions; ``polar RMSE`` and ``dateline RMSE`` — observations
+Held-out regions: a polar cap (`lat ≥ polar_cap_deg`, default 70°N) and a band across the date
+line (`|lon| ≥ 180° − dateline_halfwidth_deg`, default 170°E…170°W) never appear in training
+(neither as observations nor as queries). Test sets (fixed seeds): `geoid RMSE` — observations
+and queries outside the held-out regions; `polar RMSE` and `dateline RMSE` — observations
 everywhere (including inside the region) and queries inside the region. A flat encoding of
-``(lat, lon)`` meets positions it never saw there, and at the date line puts 179.9°E far from
+`(lat, lon)` meets positions it never saw there, and at the date line puts 179.9°E far from
 179.9°W; encodings built on the sphere see neighbours as neighbours.
 
     python -m mmpe.recipes.sphere fit --config configs/sphere/default.yaml --model.encoding spherical_harmonics
     python -m mmpe.recipes.sphere fit --config configs/sphere/land.yaml --model.encoding fourier_sphere
     mmpe compare sphere --encodings latlon_raw,latlon_sincos,fourier_sphere,spherical_harmonics,alibi
 
-Score encodings (``alibi``, ``t5``, ``fire``) read the great-circle angle; the model passes
-``distance_unit = model.distance_unit_deg`` (1° by default) to ALiBi and T5 — the "geodesic
-ALiBi" — and ``init_L = π`` to FIRE.
+Score encodings (`alibi`, `t5`, `fire`) read the great-circle angle; the model passes
+`distance_unit = model.distance_unit_deg` (1° by default) to ALiBi and T5 — the "geodesic
+ALiBi" — and `init_L = π` to FIRE.
 """
 
 from __future__ import annotations
@@ -93,10 +93,10 @@ COMPARE = CompareSpec(
 # ---------------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=1)
 def load_geoid() -> np.ndarray:
-    """EGM96 geoid heights ``[721, 1440]`` (metres), rows lat −90…90°, columns lon −180…179.75°.
+    """EGM96 geoid heights `[721, 1440]` (metres), rows lat −90…90°, columns lon −180…179.75°.
 
     Raises:
-        mmpe.recipes.common.MissingDataError: ``proj-data`` is not installed (names the apt command).
+        mmpe.recipes.common.MissingDataError: `proj-data` is not installed (names the apt command).
     """
     path = Path(GEOID_PATH)
     if not path.exists():
@@ -106,7 +106,7 @@ def load_geoid() -> np.ndarray:
 
 
 def geoid_at(lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
-    """Bilinear EGM96 height (metres) at ``lat``, ``lon`` (degrees; lon wrapped), any shape."""
+    """Bilinear EGM96 height (metres) at `lat`, `lon` (degrees; lon wrapped), any shape."""
     grid = load_geoid()
     y = (np.clip(lat, -90.0, 90.0) + 90.0) * 4.0
     x = (np.mod(np.asarray(lon) + 180.0, 360.0)) * 4.0
@@ -120,7 +120,7 @@ def geoid_at(lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
 
 
 def is_land(lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
-    """``global_land_mask.globe.is_land`` (bool) at degrees ``lat``, ``lon`` (lon in [−180, 180))."""
+    """`global_land_mask.globe.is_land` (bool) at degrees `lat`, `lon` (lon in [−180, 180))."""
     globe = require("global_land_mask.globe", LAND_INSTALL)
     lon = np.mod(np.asarray(lon) + 180.0, 360.0) - 180.0
     return np.asarray(globe.is_land(np.asarray(lat), lon), dtype=bool)
@@ -128,8 +128,8 @@ def is_land(lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
 
 def sample_sphere(rng: np.random.Generator, n: int, region: str = "all", *, cap_deg: float = 70.0,
                   band_deg: float = 10.0) -> tuple[np.ndarray, np.ndarray]:
-    """``n`` points uniform by area (degrees) in ``region``: ``all``, ``train`` (outside the held-out
-    regions), ``polar`` (``lat ≥ cap_deg``) or ``dateline`` (``|lon| ≥ 180 − band_deg``)."""
+    """`n` points uniform by area (degrees) in `region`: `all`, `train` (outside the held-out
+    regions), `polar` (`lat ≥ cap_deg`) or `dateline` (`|lon| ≥ 180 − band_deg`)."""
     if region == "polar":
         z = rng.uniform(math.sin(math.radians(cap_deg)), 1.0, n)
         return np.degrees(np.arcsin(z)), rng.uniform(-180.0, 180.0, n)
@@ -154,12 +154,12 @@ def sample_sphere(rng: np.random.Generator, n: int, region: str = "all", *, cap_
 class GlobeExamples(Dataset):
     """Examples of one task, each made from its own RNG stream (reproducible, in any order).
 
-    Item ``i`` (or ``(0, i)``) uses the stream ``(seed, i)``; item ``(epoch, i)`` with
-    ``epoch > 0`` (training epochs after the first) uses ``(seed, i, epoch)``: fresh points.
+    Item `i` (or `(0, i)`) uses the stream `(seed, i)`; item `(epoch, i)` with
+    `epoch > 0` (training epochs after the first) uses `(seed, i, epoch)`: fresh points.
 
-    Land: ``{"lat", "lon" [n] (degrees), "label" [n] float 0/1}``. Geoid: ``{"lat", "lon",
+    Land: `{"lat", "lon" [n] (degrees), "label" [n] float 0/1}`. Geoid: ``{"lat", "lon",
     "value" [n] (normalised heights; queries hold their target), "observed" [n] bool}`` with the
-    ``n_obs`` observations first. ``split`` picks where points lie (see :func:`sample_sphere`).
+    `n_obs` observations first. `split` picks where points lie (see [`sample_sphere`][recipes.sphere.sample_sphere]).
     """
 
     def __init__(self, task: str, size: int, seed: int, split: str, n_obs: int, n_query: int,
@@ -196,7 +196,7 @@ class GlobeData(L.LightningDataModule):
     """Land/sea or geoid examples on the globe (see the module docstring).
 
     Args:
-        task: ``"land"`` or ``"geoid"``.
+        task: `"land"` or `"geoid"`.
         n_obs: points per land example, observations per geoid example.
         n_query: query points per geoid example.
         batch_size: examples per step.
@@ -204,10 +204,10 @@ class GlobeData(L.LightningDataModule):
         test_examples: examples per test set (fixed seeds; per region for the geoid).
         polar_cap_deg: southern edge of the held-out polar cap (°N).
         dateline_halfwidth_deg: half width of the held-out date-line band (degrees of longitude).
-        seed: data seed (test sets use ``seed + 1000 …``).
+        seed: data seed (test sets use `seed + 1000 …`).
 
     Raises:
-        ValueError: unknown ``task`` or non-positive sizes.
+        ValueError: unknown `task` or non-positive sizes.
         mmpe.recipes.common.MissingDataError: the task's data package is missing (names its install).
     """
 
@@ -253,7 +253,7 @@ class GlobeData(L.LightningDataModule):
         return DataLoader(self.dataset(split, hp.test_examples, hp.seed + 500), batch_size=hp.batch_size)
 
     def test_sets(self) -> dict[str, DataLoader]:
-        """Fixed test loaders: ``{"land": …}`` or ``{"global", "polar", "dateline": …}``."""
+        """Fixed test loaders: `{"land": …}` or `{"global", "polar", "dateline": …}`."""
         hp = self.hparams
         names = ("land",) if hp.task == "land" else GEOID_SETS
         return {name: DataLoader(self.dataset("all" if name == "land" else name, hp.test_examples,
@@ -268,15 +268,15 @@ class GlobeData(L.LightningDataModule):
 # Model
 # ---------------------------------------------------------------------------------------------
 class GlobeModel(L.LightningModule):
-    """Tokens on the sphere → :class:`mmpe.Transformer` → a logit (land) or a height (geoid).
+    """Tokens on the sphere → [`mmpe.Transformer`][mmpe.transformer.Transformer] → a logit (land) or a height (geoid).
 
     Token embeddings: land — one learned vector for every token (position enters only through
-    the encoding); geoid — ``Linear(height) + e_obs`` for observations, ``e_query`` for queries.
+    the encoding); geoid — `Linear(height) + e_obs` for observations, `e_query` for queries.
 
     Args:
-        encoding: registry name of the positional encoding (any with ``"sphere"`` coordinates).
+        encoding: registry name of the positional encoding (any with `"sphere"` coordinates).
         encoding_options: extra options for it.
-        task: ``"land"`` or ``"geoid"`` (linked from the data).
+        task: `"land"` or `"geoid"` (linked from the data).
         value_std: metres per unit of normalised height (linked from the data).
         d_model, num_heads, depth, mlp_ratio: transformer size.
         distance_unit_deg: the great-circle angle (degrees) that counts as one step for ALiBi
@@ -306,7 +306,7 @@ class GlobeModel(L.LightningModule):
         self.head = nn.Linear(d_model, 1)
 
     def forward(self, batch: dict[str, Tensor]) -> Tensor:
-        """Per-token output ``[b, n]``: land logit or normalised height."""
+        """Per-token output `[b, n]`: land logit or normalised height."""
         coords = Sphere(batch["lat"], batch["lon"], units="deg")
         lat = batch["lat"]
         if self.hparams.task == "land":
@@ -350,7 +350,7 @@ class GlobeModel(L.LightningModule):
 
 @torch.no_grad()
 def evaluate(model: GlobeModel, loader: DataLoader) -> float:
-    """Land: error % over all points; geoid: RMSE (metres) over all query points of ``loader``."""
+    """Land: error % over all points; geoid: RMSE (metres) over all query points of `loader`."""
     model.eval()
     total, count = 0.0, 0
     for batch in loader:
@@ -378,7 +378,7 @@ def make_cli(args: list[str] | None = None, run: bool = True) -> GlobeCLI:
 
 
 def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> dict[str, float | None]:
-    """Train ``encoding`` on both tasks (``configs/sphere/land.yaml``, ``default.yaml``); test errors."""
+    """Train `encoding` on both tasks (`configs/sphere/land.yaml`, `default.yaml`); test errors."""
     results: dict[str, float | None] = {}
     for task, config in (("land", "land.yaml"), ("geoid", "default.yaml")):
         cli = fit_for_compare(make_cli, "sphere", encoding, seed=seed, out_dir=Path(out_dir) / task,

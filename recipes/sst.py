@@ -1,56 +1,56 @@
 """Sea-surface temperature (SST) on the globe: next month's anomaly, and infilling a global field.
 
 Two tasks on real SST analyses that ship offline, tokens placed on the sphere
-(:class:`mmpe.coords.Sphere`, with a time axis for the forecast):
+([`mmpe.coords.Sphere`][mmpe.coords.sphere.Sphere], with a time axis for the forecast):
 
-* ``task: forecast`` — predict next month's SST anomaly from the previous ``k`` months.
+* `task: forecast` — predict next month's SST anomaly from the previous `k` months.
   Data: the monthly OSTIA analysis (Donlon et al. 2012, *The Operational Sea Surface
   Temperature and Sea Ice Analysis (OSTIA) system*, Remote Sens. Environ. 116) in the
-  ``iris-sample-data`` package (``pip install iris-sample-data``,
-  ``sample_data/ostia_monthly.nc``): 54 months (2006-04 … 2010-09), latitudes −5° … +5° (a
+  `iris-sample-data` package (`pip install iris-sample-data`,
+  `sample_data/ostia_monthly.nc`): 54 months (2006-04 … 2010-09), latitudes −5° … +5° (a
   tropical band, 18 rows) × 432 longitudes (0° … 359.17°E, the full circle, date line included),
   in K, masked over land. The field is averaged to a coarse grid (default 3 × 9 points: 6 rows
   of ≈1.67° × 48 columns of 7.5°; a cell is ocean when at least half of its points are). Months
   are split by time: the last 12 months (2009-10 … 2010-09) are the test year, the 12 before
   the validation year, the first 30 train. The anomaly is the SST minus the per-calendar-month
   climatology computed on the **training months only** (2–3 years per calendar month). An
-  example is one target month ``t``: tokens ``(lat, lon, month)`` for the ``k`` previous months
-  (time stamps ``0 … k−1`` months, carrying their anomaly) and query tokens at month ``t``
-  (time stamp ``k``), on which the model predicts the anomaly. The **date-line sector**
+  example is one target month `t`: tokens `(lat, lon, month)` for the `k` previous months
+  (time stamps `0 … k−1` months, carrying their anomaly) and query tokens at month `t`
+  (time stamp `k`), on which the model predicts the anomaly. The **date-line sector**
   165°E … 195°E (165°E–165°W) is held out: its cells appear in no training example (neither
   as history nor as target); at validation/test time every cell is given as history and the
   error inside the sector is reported separately.
-* ``task: infill`` — reconstruct the SST at masked ocean cells of one global field from
+* `task: infill` — reconstruct the SST at masked ocean cells of one global field from
   visible ones. Data: the HadISST1 month (Rayner et al. 2003, *Global analyses of sea surface
   temperature, sea ice, and night marine air temperature since the late nineteenth century*,
   J. Geophys. Res. 108, D14, 4407) that ships with cartopy
-  (``cartopy/data/netcdf/HadISST1_SST_update.nc``: 2012-08, 1° × 1°, °C; sea ice is −1.8 °C).
+  (`cartopy/data/netcdf/HadISST1_SST_update.nc`: 2012-08, 1° × 1°, °C; sea ice is −1.8 °C).
   It holds one month only, so no sequence can come from it. Averaged to 5° cells (36 × 72,
-  centred on 179.5°W + 5°·j, latitudes −87.5° + 5°·i). Each example holds ``n_obs`` visible
-  ocean cells (tokens carry their SST) and ``n_query`` query cells. Held-out regions: **polar**
-  (``|lat| > 60°``) and the **date line** (165°E … 195°E, ``|lat| ≤ 60°``; the two are
+  centred on 179.5°W + 5°·j, latitudes −87.5° + 5°·i). Each example holds `n_obs` visible
+  ocean cells (tokens carry their SST) and `n_query` query cells. Held-out regions: **polar**
+  (`|lat| > 60°`) and the **date line** (165°E … 195°E, `|lat| ≤ 60°`; the two are
   disjoint) never appear in training; the test sets put the queries inside a region and the
   visible cells anywhere.
 
-Metrics: area-weighted RMSE (weights ``cos φ`` over ocean cells; WeatherBench eq. 2, FourCastNet
+Metrics: area-weighted RMSE (weights `cos φ` over ocean cells; WeatherBench eq. 2, FourCastNet
 §4) in K (an SST difference of 1 K is 1 °C). Losses are area-weighted MSEs.
 
-Encodings. ``--model.encoding`` names a registered encoding. For the forecast a spatial input
-encoding on the sphere (family ``sphere``: ``latlon_raw``, ``latlon_sincos``, ``latlon_grid``,
-``spherical_harmonics``, ``sphere_m`` …) is composed with sinusoids of the time stamp (months)
-through ``spacetime`` (``P = P_space(φ, λ) + P_time(t)``, the Earthformer sum of per-axis
+Encodings. `--model.encoding` names a registered encoding. For the forecast a spatial input
+encoding on the sphere (family `sphere`: `latlon_raw`, `latlon_sincos`, `latlon_grid`,
+`spherical_harmonics`, `sphere_m` …) is composed with sinusoids of the time stamp (months)
+through `spacetime` (`P = P_space(φ, λ) + P_time(t)`, the Earthformer sum of per-axis
 embeddings: Gao et al. 2022, *Earthformer: Exploring Space-Time Transformers for Earth System
-Forecasting*, NeurIPS), so ``latlon_sincos`` gives the *flat* lat/lon/time encoding and
-``spherical_harmonics`` the *spherical + temporal* one; ``latlon_grid`` is FourCastNet's learned
+Forecasting*, NeurIPS), so `latlon_sincos` gives the *flat* lat/lon/time encoding and
+`spherical_harmonics` the *spherical + temporal* one; `latlon_grid` is FourCastNet's learned
 per-cell table (Pathak et al. 2022, *FourCastNet: A Global Data-driven High-resolution Weather
 Model using Adaptive Fourier Neural Operators*, arXiv:2202.11214) plus time sinusoids. Other
-encodings are used as they are (``Positioned`` ones such as ``sincos`` read ``(lat, lon,
-time)`` in radians and months; score encodings such as ``alibi`` read only the great-circle
+encodings are used as they are (`Positioned` ones such as `sincos` read ``(lat, lon,
+time)` in radians and months; score encodings such as `alibi`` read only the great-circle
 angle, so they cannot tell the months apart).
 
-Baselines (``python -m mmpe.recipes.sst baselines``), on the same test sets: forecast —
-climatology (anomaly 0), persistence (anomaly of month ``t`` = anomaly of month ``t − 1``) and
-damped persistence (``α ·`` that, ``α`` fitted on the training windows); infill — the mean of
+Baselines (`python -m mmpe.recipes.sst baselines`), on the same test sets: forecast —
+climatology (anomaly 0), persistence (anomaly of month `t` = anomaly of month `t − 1`) and
+damped persistence (`α ·` that, `α` fitted on the training windows); infill — the mean of
 the visible cells, their mean in the query's latitude band (±5°), and the nearest visible cell
 (great circle).
 
@@ -116,7 +116,7 @@ BASELINES = {"climatology": "climatology (anomaly 0)", "persistence": "persisten
 
 
 def _check_encoding(name: str) -> object:
-    """A registry encoding or one of :data:`BASELINES`."""
+    """A registry encoding or one of [`BASELINES`][mmpe.recipes.sst.BASELINES]."""
     return BASELINES.get(name) or registry.get(name)
 
 COMPARE = CompareSpec(
@@ -146,7 +146,7 @@ COMPARE = CompareSpec(
 # Data: files, coarse grids, climatology, held-out masks
 # ---------------------------------------------------------------------------------------------
 def ostia_path() -> Path:
-    """``ostia_monthly.nc`` of ``iris-sample-data``.
+    """`ostia_monthly.nc` of `iris-sample-data`.
 
     Raises:
         mmpe.recipes.common.MissingDataError: the package is not installed (names the command).
@@ -159,7 +159,7 @@ def ostia_path() -> Path:
 
 
 def hadisst_path() -> Path:
-    """cartopy's ``HadISST1_SST_update.nc`` (one month, 2012-08).
+    """cartopy's `HadISST1_SST_update.nc` (one month, 2012-08).
 
     Raises:
         mmpe.recipes.common.MissingDataError: cartopy is not installed (names the command).
@@ -177,8 +177,8 @@ def load_ostia() -> dict[str, np.ndarray]:
 
     Returns:
         ``{"sst": [54, 18, 432] float64 K (NaN over land), "lat": [18] degrees north
-        (−5 … 4.44), "lon": [432] degrees east (0 … 359.17), "year": [54], "month": [54]
-        (1 … 12)}``.
+            (−5 … 4.44), "lon": [432] degrees east (0 … 359.17), "year": [54], "month": [54]
+            (1 … 12)}``.
     """
     netcdf = require("netCDF4", "pip install netCDF4")
     with netcdf.Dataset(ostia_path()) as ds:
@@ -201,7 +201,7 @@ def load_hadisst() -> dict[str, np.ndarray]:
 
     Returns:
         ``{"sst": [180, 360] float64 °C (NaN over land; sea ice −1.8 °C), "lat": [180]
-        ascending (−89.5 … 89.5), "lon": [360] (−179.5 … 179.5)}``.
+            ascending (−89.5 … 89.5), "lon": [360] (−179.5 … 179.5)}``.
     """
     netcdf = require("netCDF4", "pip install netCDF4")
     with netcdf.Dataset(hadisst_path()) as ds:
@@ -215,9 +215,9 @@ def load_hadisst() -> dict[str, np.ndarray]:
 
 
 def coarsen(field: np.ndarray, fy: int, fx: int, min_ocean: float = 0.5) -> np.ndarray:
-    """Block means of ``fy × fx`` points over the last two axes, ignoring NaN (land).
+    """Block means of `fy × fx` points over the last two axes, ignoring NaN (land).
 
-    A block with fewer than ``min_ocean`` of its points valid is NaN (land).
+    A block with fewer than `min_ocean` of its points valid is NaN (land).
     """
     *lead, ny, nx = field.shape
     if ny % fy or nx % fx:
@@ -232,8 +232,8 @@ def coarsen(field: np.ndarray, fy: int, fx: int, min_ocean: float = 0.5) -> np.n
 
 
 def ostia_grid(lat_block: int = 3, lon_block: int = 9) -> dict[str, np.ndarray]:
-    """OSTIA on the coarse grid: ``sst [54, ny, nx]`` K, ``lat [ny]``, ``lon [nx]`` (cell means of
-    the points' coordinates, degrees east in ``[0, 360)``), ``year``, ``month``."""
+    """OSTIA on the coarse grid: `sst [54, ny, nx]` K, `lat [ny]`, `lon [nx]` (cell means of
+    the points' coordinates, degrees east in `[0, 360)`), `year`, `month`."""
     d = load_ostia()
     sst = coarsen(d["sst"], lat_block, lon_block)
     lat = d["lat"].reshape(-1, lat_block).mean(1)
@@ -242,11 +242,11 @@ def ostia_grid(lat_block: int = 3, lon_block: int = 9) -> dict[str, np.ndarray]:
 
 
 def hadisst_grid(block: int = 5) -> dict[str, np.ndarray]:
-    """HadISST on ``block``° cells: ``sst [180/block, 360/block]`` °C, ``lat``, ``lon`` (degrees).
+    """HadISST on `block`° cells: `sst [180/block, 360/block]` °C, `lat`, `lon` (degrees).
 
-    Columns are shifted by ``block // 2`` points so that cell ``j`` is centred on
-    ``−179.5° + block·j``, half a point from :meth:`mmpe.Sphere.grid`'s ``−180° + block·j``:
-    every cell then falls in its own column of a ``latlon_grid`` table.
+    Columns are shifted by `block // 2` points so that cell `j` is centred on
+    `−179.5° + block·j`, half a point from [`mmpe.Sphere.grid`][mmpe.coords.sphere.Sphere.grid]'s `−180° + block·j`:
+    every cell then falls in its own column of a `latlon_grid` table.
     """
     d = load_hadisst()
     shift = block // 2
@@ -257,8 +257,8 @@ def hadisst_grid(block: int = 5) -> dict[str, np.ndarray]:
 
 
 def in_sector(lon: np.ndarray, sector: tuple[float, float] = DATELINE_DEG) -> np.ndarray:
-    """Whether longitudes (degrees, any convention) lie in ``[west, east)`` degrees east
-    (``east`` may exceed 360: 165 … 195 is 165°E … 165°W)."""
+    """Whether longitudes (degrees, any convention) lie in `[west, east)` degrees east
+    (`east` may exceed 360: 165 … 195 is 165°E … 165°W)."""
     west, east = sector
     rel = np.mod(np.asarray(lon, dtype=np.float64) - west, 360.0)
     return rel < (east - west)
@@ -275,7 +275,7 @@ def split_months(n_months: int, n_val: int = 12, n_test: int = 12) -> dict[str, 
 
 
 def climatology(sst: np.ndarray, month: np.ndarray, train: np.ndarray) -> np.ndarray:
-    """Per-calendar-month mean ``[12, ...]`` of ``sst [T, ...]`` over the months ``train`` only.
+    """Per-calendar-month mean `[12, ...]` of `sst [T, ...]` over the months `train` only.
 
     Raises:
         ValueError: a calendar month has no training month.
@@ -291,13 +291,13 @@ def climatology(sst: np.ndarray, month: np.ndarray, train: np.ndarray) -> np.nda
 
 
 def anomalies(sst: np.ndarray, month: np.ndarray, train: np.ndarray) -> np.ndarray:
-    """``sst − climatology[calendar month]`` with the climatology of the ``train`` months only."""
+    """`sst − climatology[calendar month]` with the climatology of the `train` months only."""
     clim = climatology(sst, month, train)
     return sst - clim[np.asarray(month) - 1]
 
 
 def persistence(anom: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """Persistence forecast: the anomaly of month ``t − 1`` for every target month ``t``."""
+    """Persistence forecast: the anomaly of month `t − 1` for every target month `t`."""
     targets = np.asarray(targets)
     if (targets < 1).any():
         raise ValueError("persistence: a target month needs a previous month")
@@ -305,13 +305,13 @@ def persistence(anom: np.ndarray, targets: np.ndarray) -> np.ndarray:
 
 
 def cell_weights(lat: np.ndarray) -> np.ndarray:
-    """Area weights ``cos φ`` (latitudes in degrees), normalised to mean 1 over ``lat``."""
+    """Area weights `cos φ` (latitudes in degrees), normalised to mean 1 over `lat`."""
     w = np.cos(np.radians(np.asarray(lat, dtype=np.float64)))
     return w / w.mean()
 
 
 def weighted_rmse(pred: np.ndarray, target: np.ndarray, weight: np.ndarray) -> float:
-    """``√(Σ w (pred − target)² / Σ w)`` over all entries (broadcast)."""
+    """`√(Σ w (pred − target)² / Σ w)` over all entries (broadcast)."""
     pred, target = np.broadcast_arrays(np.asarray(pred, float), np.asarray(target, float))
     w = np.broadcast_to(np.asarray(weight, float), pred.shape)
     return float(np.sqrt((w * (pred - target) ** 2).sum() / w.sum()))
@@ -321,12 +321,12 @@ def weighted_rmse(pred: np.ndarray, target: np.ndarray, weight: np.ndarray) -> f
 # Datasets
 # ---------------------------------------------------------------------------------------------
 class ForecastWindows(Dataset):
-    """One item per target month: the ``k`` previous months of ``cells`` and the target month.
+    """One item per target month: the `k` previous months of `cells` and the target month.
 
     Item: ``{"lat", "lon" [n] (degrees), "time" [n] (months: 0 … k−1 history, k target),
     "value" [n] (normalised anomaly; targets hold theirs), "last" [n] (targets: the cell's
     anomaly at month t − 1, the persistence forecast; 0 on history), "observed" [n] bool,
-    "weight" [n] (area weight), "region" [n] (1 inside the date-line sector)}`` with ``n = (k + 1)·len(cells)``,
+    "weight" [n] (area weight), "region" [n] (1 inside the date-line sector)}` with `n = (k + 1)·len(cells)``,
     history first (time-major).
     """
 
@@ -355,12 +355,12 @@ class ForecastWindows(Dataset):
 
 
 class InfillExamples(Dataset):
-    """Random visible/query cells of one field; item ``i`` (or ``(0, i)``) from the stream
-    ``(seed, i)``, ``(epoch, i)`` from ``(seed, i, epoch)``: fresh cells every training epoch.
+    """Random visible/query cells of one field; item `i` (or `(0, i)`) from the stream
+    `(seed, i)`, `(epoch, i)` from `(seed, i, epoch)`: fresh cells every training epoch.
 
-    ``split``: ``train``/``global`` — visible and query cells outside the held-out regions;
-    ``polar``/``dateline`` — queries in that region, visible cells anywhere else.
-    Item: ``{"lat", "lon", "value" (normalised SST), "observed", "weight", "region"}``, visible
+    `split`: `train`/`global` — visible and query cells outside the held-out regions;
+    `polar`/`dateline` — queries in that region, visible cells anywhere else.
+    Item: `{"lat", "lon", "value" (normalised SST), "observed", "weight", "region"}`, visible
     cells first.
     """
 
@@ -398,8 +398,8 @@ class SSTData(L.LightningDataModule):
     """Forecast windows (OSTIA) or infill examples (HadISST); see the module docstring.
 
     Args:
-        task: ``"forecast"`` or ``"infill"``.
-        history: forecast: months of history ``k``.
+        task: `"forecast"` or `"infill"`.
+        history: forecast: months of history `k`.
         lat_block, lon_block: forecast: OSTIA points per coarse cell (3 × 9 → 6 × 48 cells).
         val_months, test_months: forecast: months at the end held out for validation and test.
         cell_deg: infill: cell size in degrees (5 → 36 × 72).
@@ -407,10 +407,10 @@ class SSTData(L.LightningDataModule):
         batch_size: examples per step.
         train_examples: infill: examples per training epoch (fresh cells every epoch).
         test_examples: infill: examples per test set (fixed seeds).
-        seed: infill: data seed (test sets use ``seed + 1000 …``).
+        seed: infill: data seed (test sets use `seed + 1000 …`).
 
     Raises:
-        ValueError: unknown ``task`` or non-positive sizes.
+        ValueError: unknown `task` or non-positive sizes.
         mmpe.recipes.common.MissingDataError: the task's data package is missing.
     """
 
@@ -487,7 +487,7 @@ class SSTData(L.LightningDataModule):
 
     @property
     def table_shape(self) -> tuple[int, int]:
-        """``(n_lat, n_lon)`` of a global ``latlon_grid`` table whose cells are this grid's."""
+        """`(n_lat, n_lon)` of a global `latlon_grid` table whose cells are this grid's."""
         return tuple(int(v) for v in self.grid_shape)
 
     def train_dataloader(self) -> DataLoader:
@@ -505,8 +505,8 @@ class SSTData(L.LightningDataModule):
                           batch_size=hp.batch_size)
 
     def test_sets(self) -> dict[str, DataLoader]:
-        """Fixed test loaders: ``{"forecast": …}`` (test year, every cell) or
-        ``{"global", "polar", "dateline": …}``."""
+        """Fixed test loaders: `{"forecast": …}` (test year, every cell) or
+        `{"global", "polar", "dateline": …}`."""
         hp = self.hparams
         if hp.task == "forecast":
             return {"forecast": DataLoader(self.windows("test"), batch_size=hp.batch_size)}
@@ -525,9 +525,9 @@ def encoding_spec(encoding: str, options: dict[str, Any] | None, task: str,
                   grid_shape: tuple[int, int] = (108, 48)) -> dict[str, Any]:
     """The encoding spec the model builds.
 
-    Spatial sphere encodings get :data:`SPATIAL_DEFAULTS` for the task (unless ``options`` set
-    them) and ``latlon_grid`` the ``grid_shape`` of the data; for the forecast an input encoding
-    of family ``sphere`` is wrapped as ``{"name": "spacetime", "spatial": ..., "temporal":
+    Spatial sphere encodings get [`SPATIAL_DEFAULTS`][mmpe.recipes.sst.SPATIAL_DEFAULTS] for the task (unless `options` set
+    them) and `latlon_grid` the `grid_shape` of the data; for the forecast an input encoding
+    of family `sphere` is wrapped as ``{"name": "spacetime", "spatial": ..., "temporal":
     temporal}``.
     """
     entry = registry.get(encoding)
@@ -541,21 +541,21 @@ def encoding_spec(encoding: str, options: dict[str, Any] | None, task: str,
 
 
 class SSTModel(L.LightningModule):
-    """Tokens on the sphere → :class:`mmpe.Transformer` → a normalised value per query token.
+    """Tokens on the sphere → [`mmpe.Transformer`][mmpe.transformer.Transformer] → a normalised value per query token.
 
-    Token embeddings: ``Linear(value) + e_visible`` for history/visible tokens, ``e_query`` for
-    queries. With ``residual`` (forecast only) a query token also carries its cell's anomaly of
-    the last month, ``Linear(last) + e_query``, and the prediction is that persistence forecast
+    Token embeddings: `Linear(value) + e_visible` for history/visible tokens, `e_query` for
+    queries. With `residual` (forecast only) a query token also carries its cell's anomaly of
+    the last month, `Linear(last) + e_query`, and the prediction is that persistence forecast
     plus the model's correction. Loss: area-weighted MSE on the queries.
 
     Args:
-        encoding: registry name of the positional encoding (see :func:`encoding_spec`).
+        encoding: registry name of the positional encoding (see [`encoding_spec`][recipes.sst.encoding_spec]).
         encoding_options: extra options for it.
-        temporal: the temporal part of ``spacetime`` for the forecast (spec).
+        temporal: the temporal part of `spacetime` for the forecast (spec).
         residual: forecast: predict the correction to persistence (see above).
-        task: ``"forecast"`` or ``"infill"`` (linked from the data).
+        task: `"forecast"` or `"infill"` (linked from the data).
         value_std: K per unit of normalised value (linked from the data).
-        grid_shape: ``(n_lat, n_lon)`` of a ``latlon_grid`` table (linked from the data).
+        grid_shape: `(n_lat, n_lon)` of a `latlon_grid` table (linked from the data).
         d_model, num_heads, depth, mlp_ratio: transformer size.
         distance_unit_deg: the great-circle angle (degrees) that counts as one step for ALiBi/T5.
         lr, weight_decay, warmup_steps: AdamW with warm-up and cosine decay.
@@ -588,7 +588,7 @@ class SSTModel(L.LightningModule):
         return Sphere(batch["lat"], batch["lon"], units="deg", time=time)
 
     def forward(self, batch: dict[str, Tensor]) -> Tensor:
-        """Normalised value per token ``[b, n]`` (meaningful at the queries)."""
+        """Normalised value per token `[b, n]` (meaningful at the queries)."""
         obs = batch["observed"]
         value = torch.where(obs, batch["value"], torch.zeros_like(batch["value"]))
         query_in = self.token[1]
@@ -650,7 +650,7 @@ class _Sums:
 
 @torch.no_grad()
 def evaluate(model: SSTModel, loader: DataLoader, region: int | None = None) -> float:
-    """Area-weighted RMSE (K) over the query tokens of ``loader`` (of one ``region`` code: 0
+    """Area-weighted RMSE (K) over the query tokens of `loader` (of one `region` code: 0
     outside the held-out regions, 1 date line (forecast) / polar (infill), 2 date line (infill))."""
     model.eval()
     sums = _Sums()
@@ -660,9 +660,9 @@ def evaluate(model: SSTModel, loader: DataLoader, region: int | None = None) -> 
 
 
 def forecast_baselines(data: SSTData) -> dict[str, dict[str, float]]:
-    """Climatology, persistence and damped persistence (``α·`` persistence, ``α`` fitted by
-    least squares on the training months, in its row as ``alpha``) on the forecast's test year:
-    ``{name: {"fc RMSE": outside the sector, "fc dateline": inside}}`` (K)."""
+    """Climatology, persistence and damped persistence (`α·` persistence, `α` fitted by
+    least squares on the training months, in its row as `alpha`) on the forecast's test year:
+    `{name: {"fc RMSE": outside the sector, "fc dateline": inside}}` (K)."""
     anom, tr = data.anom, data.targets["train"]
     prev, cur = anom[np.ix_(tr - 1, data.train_cells)], anom[np.ix_(tr, data.train_cells)]
     w_tr = data.weight[data.train_cells]
@@ -683,7 +683,7 @@ def forecast_baselines(data: SSTData) -> dict[str, dict[str, float]]:
 
 
 def infill_baselines(data: SSTData) -> dict[str, dict[str, float]]:
-    """Mean of the visible cells, their latitude-band mean (±``cell_deg``) and the nearest
+    """Mean of the visible cells, their latitude-band mean (±`cell_deg`) and the nearest
     visible cell, on the infill test sets: ``{name: {"infill RMSE", "infill polar",
     "infill dateline"}}`` (K)."""
     cols = {"global": "infill RMSE", "polar": "infill polar", "dateline": "infill dateline"}
@@ -715,8 +715,8 @@ def infill_baselines(data: SSTData) -> dict[str, dict[str, float]]:
 
 
 def baselines(cli_args: list[str] | None = None) -> dict[str, dict[str, float]]:
-    """The baselines on the test sets of ``configs/sst/default.yaml`` and ``infill.yaml``
-    (``cli_args`` override both): ``{method: {column: RMSE in K}}``."""
+    """The baselines on the test sets of `configs/sst/default.yaml` and `infill.yaml`
+    (`cli_args` override both): `{method: {column: RMSE in K}}`."""
     from mmpe.recipes.common import CONFIGS
 
     rows: dict[str, dict[str, float]] = {}
@@ -748,8 +748,8 @@ def make_cli(args: list[str] | None = None, run: bool = True) -> SSTCLI:
 
 
 def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> dict[str, float | None]:
-    """Train ``encoding`` on both tasks (``configs/sst/default.yaml``, ``infill.yaml``); test RMSEs
-    (K). A name of :data:`BASELINES` trains nothing: its RMSEs (None on the other task)."""
+    """Train `encoding` on both tasks (`configs/sst/default.yaml`, `infill.yaml`); test RMSEs
+    (K). A name of [`BASELINES`][mmpe.recipes.sst.BASELINES] trains nothing: its RMSEs (None on the other task)."""
     if encoding in BASELINES:
         row = baselines(cli_args)[BASELINES[encoding]]
         return {**dict.fromkeys(COLUMNS), **row}

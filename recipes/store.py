@@ -1,6 +1,6 @@
 """Stored runs: one JSON line per (recipe, setting, encoding, seed), written as each run ends.
 
-A results store is a folder of JSON Lines files, ``<store>/<recipe>.jsonl``. Every line is one
+A results store is a folder of JSON Lines files, `<store>/<recipe>.jsonl`. Every line is one
 finished training run::
 
     {"recipe": "text", "setting": "default", "encoding": "rope", "seed": 0,
@@ -10,13 +10,13 @@ finished training run::
      "git": {"commit": ..., "dirty": ...}, "device": "cpu (...)", "threads": 2,
      "finished": "2026-11-26T03:10:00+00:00"}
 
-``pandas.read_json(path, lines=True)`` reads a store; a table is a groupby over ``encoding``.
+`pandas.read_json(path, lines=True)` reads a store; a table is a groupby over `encoding`.
 A line is appended (under a file lock) as soon as its run finishes, so a comparison stopped
-part-way keeps what it finished, and :func:`done` lets a re-run skip those runs.
+part-way keeps what it finished, and [`done`][recipes.store.done] lets a re-run skip those runs.
 
-``setting`` names the configuration a run used: ``"default"`` is the recipe's default config
+`setting` names the configuration a run used: `"default"` is the recipe's default config
 without extra arguments; runs with extra LightningCLI arguments get ``custom-<hash of the
-arguments>`` unless the caller names the setting (``mmpe compare --setting NAME``).
+arguments>` unless the caller names the setting (`mmpe compare --setting NAME``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ KEY_FIELDS = ("recipe", "setting", "encoding", "seed")
 
 
 def setting_name(cli_args: Sequence[str], setting: str | None = None) -> str:
-    """``setting`` if given, ``"default"`` without extra arguments, else ``custom-<hash>``."""
+    """`setting` if given, `"default"` without extra arguments, else `custom-<hash>`."""
     if setting:
         return setting
     if not cli_args:
@@ -47,14 +47,14 @@ def setting_name(cli_args: Sequence[str], setting: str | None = None) -> str:
 
 
 def store_file(store: str | Path, recipe: str) -> Path:
-    """The JSON Lines file of ``recipe`` in ``store``."""
+    """The JSON Lines file of `recipe` in `store`."""
     return Path(store) / f"{recipe}.jsonl"
 
 
 def read(store: str | Path, recipe: str) -> list[dict[str, Any]]:
-    """Every record of ``recipe`` in ``store`` (an empty list when there is none).
+    """Every record of `recipe` in `store` (an empty list when there is none).
 
-    A later record with the same key replaces an earlier one (``mmpe compare --rerun`` appends).
+    A later record with the same key replaces an earlier one (`mmpe compare --rerun` appends).
 
     Raises:
         ValueError: a line that is not a JSON object with the key fields (names file and line).
@@ -78,12 +78,12 @@ def read(store: str | Path, recipe: str) -> list[dict[str, Any]]:
 
 
 def key(record: dict[str, Any]) -> tuple:
-    """``(recipe, setting, encoding, seed)`` of a record."""
+    """`(recipe, setting, encoding, seed)` of a record."""
     return tuple(record[f] for f in KEY_FIELDS)
 
 
 def done(store: str | Path, recipe: str, setting: str) -> set[tuple[str, int]]:
-    """``(encoding, seed)`` pairs of ``recipe``/``setting`` already stored."""
+    """`(encoding, seed)` pairs of `recipe`/`setting` already stored."""
     return {(r["encoding"], int(r["seed"])) for r in read(store, recipe) if r["setting"] == setting}
 
 
@@ -115,7 +115,7 @@ def _jsonable(value: Any) -> Any:
 
 def environment() -> dict[str, Any]:
     """Versions, git commit and device of this process (stored with every run; the threads are
-    read by :func:`make_record`, after the recipe set them)."""
+    read by [`make_record`][recipes.store.make_record], after the recipe set them)."""
     import torch
 
     import mmpe
@@ -132,7 +132,7 @@ def environment() -> dict[str, Any]:
 
 
 def device_name() -> str:
-    """``cuda:<name>`` when a GPU is visible, else ``cpu (<processor>, <n> cores)``."""
+    """`cuda:<name>` when a GPU is visible, else `cpu (<processor>, <n> cores)`."""
     import torch
 
     if torch.cuda.is_available():
@@ -152,7 +152,7 @@ def _cpu_model() -> str | None:
 
 
 def git_state(cwd: str | Path | None = None) -> dict[str, Any]:
-    """``{"commit", "dirty"}`` of the repository mmpe runs from (None outside a checkout)."""
+    """`{"commit", "dirty"}` of the repository mmpe runs from (None outside a checkout)."""
     here = Path(cwd) if cwd else Path(__file__).resolve().parent
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
@@ -165,7 +165,7 @@ def git_state(cwd: str | Path | None = None) -> dict[str, Any]:
 
 
 def resolved_configs(out_dir: str | Path) -> dict[str, Any]:
-    """Every ``config.yaml`` LightningCLI saved under ``out_dir`` (relative path -> content)."""
+    """Every `config.yaml` LightningCLI saved under `out_dir` (relative path -> content)."""
     import yaml
 
     out = Path(out_dir)
@@ -184,8 +184,8 @@ def _finite_or_none(value: float | None) -> float | None:
 def make_record(recipe: str, setting: str, encoding: str, seed: int,
                 metrics: dict[str, float | None], *, wall_s: float, cli_args: Iterable[str],
                 out_dir: str | Path, env: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A complete record of one finished run; ``env`` is :func:`environment` taken when the run
-    started (the code that trained it), read now if not given. ``threads`` is read now: the
+    """A complete record of one finished run; `env` is [`environment`][recipes.store.environment] taken when the run
+    started (the code that trained it), read now if not given. `threads` is read now: the
     recipe sets the process's threads when it builds its trainer."""
     import torch
 

