@@ -21,11 +21,11 @@ EXTRAS = {
 
 
 def require(module: str, purpose: str) -> ModuleType:
-    """Import ``module`` or raise ``ImportError`` naming ``purpose`` and the pip extra.
+    """Import `module` or raise `ImportError` naming `purpose` and the pip extra.
 
     Raises:
-        ModuleNotFoundError: ``module`` is not installed (an ``ImportError``; ``name`` is the
-            missing top-level module); the message gives ``pip install 'mmpe[…]'``.
+        ModuleNotFoundError: `module` is not installed (an `ImportError`; `name` is the
+            missing top-level module); the message gives `pip install 'mmpe[…]'`.
     """
     try:
         return importlib.import_module(module)

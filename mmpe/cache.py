@@ -2,8 +2,8 @@
 
 A decoder that generates token by token keeps each layer's keys and values of the tokens seen
 so far, so a step costs O(n) instead of recomputing O(n²). The coordinates of a step say where
-its tokens sit: ``Sequence(s_new, offset=cache.length, causal=True)`` — queries at ``offset …
-offset + s_new − 1``, keys ``0 … offset + s_new − 1`` — optionally with a ``padding_mask``
+its tokens sit: `Sequence(s_new, offset=cache.length, causal=True)` — queries at ``offset …
+offset + s_new − 1`, keys `0 … offset + s_new − 1` — optionally with a `padding_mask``
 covering every key for a left-padded batch.
 
     >>> import torch, mmpe
@@ -26,7 +26,7 @@ from torch import Tensor
 
 
 class KVCache:
-    """One attention layer's cached keys and values, ``[b, n_kv, s, h_d]`` each.
+    """One attention layer's cached keys and values, `[b, n_kv, s, h_d]` each.
 
     Attributes:
         k, v: the cached tensors (None before the first step).
@@ -49,15 +49,15 @@ class KVCache:
 
     def update(self, k: Tensor, v: Tensor, owner: object | None = None,
                causal: bool | None = None) -> tuple[Tensor, Tensor]:
-        """Append this step's ``k``, ``v`` ``[b, n_kv, s_new, h_d]``; return all of them.
+        """Append this step's `k`, `v` `[b, n_kv, s_new, h_d]`; return all of them.
 
-        ``owner`` (the attention layer calling) and ``causal`` (its coordinates' mask) are
+        `owner` (the attention layer calling) and `causal` (its coordinates' mask) are
         remembered at the first step and checked at every later one.
 
         Raises:
             ValueError: a batch, head count or head dimension that differs from the cache's;
                 another attention layer than the one that filled the cache (one cache per
-                model: ``model.make_cache()``); a causal step after a bidirectional one or the
+                model: `model.make_cache()`); a causal step after a bidirectional one or the
                 reverse.
         """
         if self.k is None:
@@ -87,9 +87,9 @@ class KVCache:
 
 
 class ModelCache:
-    """The caches of every layer of a model (``Transformer.make_cache()``).
+    """The caches of every layer of a model (`Transformer.make_cache()`).
 
-    Index it by layer; :attr:`length` is the number of tokens cached (the ``offset`` of the
+    Index it by layer; [`length`][mmpe.cache.ModelCache.length] is the number of tokens cached (the `offset` of the
     next step's coordinates).
     """
 
@@ -106,7 +106,7 @@ class ModelCache:
 
     @property
     def length(self) -> int:
-        """Tokens cached so far (the next step's ``offset``)."""
+        """Tokens cached so far (the next step's `offset`)."""
         return self.layers[0].length
 
     def reset(self) -> None:

@@ -1,10 +1,10 @@
-"""Encodings read back from training checkpoints: :func:`load_encoding`.
+"""Encodings read back from training checkpoints: [`load_encoding`][mmpe.checkpoints.load_encoding].
 
-A Lightning checkpoint (``torch.load(path)["state_dict"]``, or a plain state dict) holds every
-module of a trained model; :func:`load_encoding` builds one encoding (with the checkpoint's
-saved hyperparameters and settings) and loads its tensors from the module under ``prefix``,
-found by parameter names when not given. :mod:`mmpe.plot` draws what it returns, e.g. FIRE's
-learned bias row (``mmpe plot fire --checkpoint last.ckpt``).
+A Lightning checkpoint (`torch.load(path)["state_dict"]`, or a plain state dict) holds every
+module of a trained model; [`load_encoding`][mmpe.checkpoints.load_encoding] builds one encoding (with the checkpoint's
+saved hyperparameters and settings) and loads its tensors from the module under `prefix`,
+found by parameter names when not given. [`mmpe.plot`][mmpe.plot] draws what it returns, e.g. FIRE's
+learned bias row (`mmpe plot fire --checkpoint last.ckpt`).
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ __all__ = ["find_prefix", "load_encoding", "read_checkpoint"]
 
 def read_checkpoint(checkpoint: str | os.PathLike,
                     fn: str = "read_checkpoint") -> tuple[Mapping[str, Any], Mapping[str, Any]]:
-    """``(state_dict, hyper_parameters)`` of a checkpoint file.
+    """`(state_dict, hyper_parameters)` of a checkpoint file.
 
-    A Lightning checkpoint gives its ``state_dict`` and ``hyper_parameters``; a plain state
+    A Lightning checkpoint gives its `state_dict` and `hyper_parameters`; a plain state
     dict is its own state dict, with no hyperparameters. The file is loaded with
-    ``weights_only=True`` first; a checkpoint that needs more (pickled objects in its
+    `weights_only=True` first; a checkpoint that needs more (pickled objects in its
     hyperparameters) is loaded fully, so only read checkpoints you trust.
 
     Args:
@@ -54,9 +54,9 @@ def read_checkpoint(checkpoint: str | os.PathLike,
 
 
 def find_prefix(state: Mapping[str, Any], wanted: list[str]) -> str | None:
-    """The first module of ``state`` (a state dict) that holds every name of ``wanted`` (an
-    encoding's own state-dict keys), e.g. ``"transformer.blocks.0.attn.scores.0"``; None when
-    no module does or ``wanted`` is empty."""
+    """The first module of `state` (a state dict) that holds every name of `wanted` (an
+    encoding's own state-dict keys), e.g. `"transformer.blocks.0.attn.scores.0"`; None when
+    no module does or `wanted` is empty."""
     if not wanted:
         return None
     first = wanted[0]
@@ -73,24 +73,24 @@ def load_encoding(enc: str | Mapping[str, Any] | Encoding, checkpoint: str | os.
                   defaults: Mapping[str, Any] | None = None, **options: Any) -> Encoding:
     """An encoding with its parameters read from a training checkpoint.
 
-    Reads ``torch.load(checkpoint)["state_dict"]`` (a Lightning checkpoint; a plain state dict
-    works too) and loads the tensors under ``prefix`` (e.g.
-    ``"transformer.blocks.0.attn.scores.0"``) into the encoding. Without ``prefix`` the first
+    Reads `torch.load(checkpoint)["state_dict"]` (a Lightning checkpoint; a plain state dict
+    works too) and loads the tensors under `prefix` (e.g.
+    `"transformer.blocks.0.attn.scores.0"`) into the encoding. Without `prefix` the first
     module of the state dict holding every parameter name of the encoding is used. A Lightning
-    checkpoint's ``hyper_parameters`` fill the context keys it holds (``num_heads``,
-    ``d_model`` …; ``head_dim = d_model // num_heads``; ``grid_shape`` from ``image_size`` /
-    ``patch_size`` as in ``recipes/vision.py``) and, when its ``encoding`` is this one, the
-    ``encoding_options``; ``context`` and ``options`` given here win, and ``defaults`` fill
+    checkpoint's `hyper_parameters` fill the context keys it holds (`num_heads`,
+    `d_model` …; `head_dim = d_model // num_heads`; `grid_shape` from `image_size` /
+    `patch_size` as in `recipes/vision.py`) and, when its `encoding` is this one, the
+    `encoding_options`; `context` and `options` given here win, and `defaults` fill
     the context keys neither gives.
 
-    The file is loaded with ``weights_only=True`` first; a checkpoint that needs more (pickled
+    The file is loaded with `weights_only=True` first; a checkpoint that needs more (pickled
     objects in its hyperparameters) is loaded fully, so only read checkpoints you trust.
 
     Raises:
         FileNotFoundError: no such file. KeyError: an unknown encoding name.
-        ValueError: nothing under ``prefix``, no module holding the encoding's parameters, or
+        ValueError: nothing under `prefix`, no module holding the encoding's parameters, or
             tensors whose names or shapes differ from the encoding's (build options such as
-            ``num_heads`` that do not match the checkpoint).
+            `num_heads` that do not match the checkpoint).
     """
     path = Path(checkpoint)
     state, hparams = read_checkpoint(path, "load_encoding")

@@ -1,4 +1,4 @@
-"""The ``mmpe`` command line.
+"""The `mmpe` command line.
 
     mmpe show NAME                             one encoding: paper, hook, capabilities, options
     mmpe list [--hook H] [--coords C]          registered encodings: hook, the coordinate
@@ -17,7 +17,7 @@
               [--smiles S] [--features] [--out DIR] [--stem S] [--show]
                                                PNG figures of an encoding (docs/plot.md)
 
-Arguments after ``--`` go to the recipe's LightningCLI (e.g. ``--trainer.max_steps 200``).
+Arguments after `--` go to the recipe's LightningCLI (e.g. `--trainer.max_steps 200`).
 """
 
 from __future__ import annotations

@@ -1,24 +1,24 @@
 """Model-wide context: the values a model hands to every encoding it builds by name.
 
-A model (``mmpe.Transformer``, a recipe) knows things every encoding may need — its width, its
-heads, the length or grid it trains on. It passes them once as ``build(name, context={...})``;
-each encoding declares in ``register(..., context=(...))`` which of these keys it takes, and
+A model (`mmpe.Transformer`, a recipe) knows things every encoding may need — its width, its
+heads, the length or grid it trains on. It passes them once as `build(name, context={...})`;
+each encoding declares in `register(..., context=(...))` which of these keys it takes, and
 receives only those (an option given explicitly wins). Every key has one meaning:
 
 ==================================  ==========================================================
 key                                 meaning
 ==================================  ==========================================================
-``d_model``                         model width (channels of the token embeddings)
-``num_heads``                       attention heads ``n_h``
-``head_dim``                        channels per head ``h_d``
-``max_len``                         positions a learned table holds (tokens): the table size
-``original_max_position_embeddings``  the context length the model is trained at (tokens);
+`d_model`                         model width (channels of the token embeddings)
+`num_heads`                       attention heads `n_h`
+`head_dim`                        channels per head `h_d`
+`max_len`                         positions a learned table holds (tokens): the table size
+`original_max_position_embeddings`  the context length the model is trained at (tokens);
                                     HF's name; RoPE scalings extend from it
-``grid_shape``                      the training grid, cells per axis (tuple of ints)
-``prefix_tokens``                   coordinate-free tokens before the grid (cls, registers)
-``num_axes``                        axes of the positions (2 for images, 3 for video)
-``distance_unit``                   the distance one step of a bucketed/linear bias spans, in
-                                    the coordinates' unit (e.g. ``radians(1°)`` on the sphere)
+`grid_shape`                      the training grid, cells per axis (tuple of ints)
+`prefix_tokens`                   coordinate-free tokens before the grid (cls, registers)
+`num_axes`                        axes of the positions (2 for images, 3 for video)
+`distance_unit`                   the distance one step of a bucketed/linear bias spans, in
+                                    the coordinates' unit (e.g. `radians(1°)` on the sphere)
 ==================================  ==========================================================
 
 An unknown key, or a value of the wrong type or range, raises before anything is built.
@@ -81,12 +81,12 @@ CONTEXT_KEYS: dict[str, ContextKey] = {k.name: k for k in (
 
 
 def check_context(context: Mapping[str, Any] | None, where: str = "context") -> dict[str, Any]:
-    """Validate ``context``: every key declared in :data:`CONTEXT_KEYS`, every value valid.
+    """Validate `context`: every key declared in `CONTEXT_KEYS`, every value valid.
 
-    Returns a plain dict (``grid_shape`` as a tuple).
+    Returns a plain dict (`grid_shape` as a tuple).
 
     Raises:
-        TypeError: ``context`` is not a mapping.
+        TypeError: `context` is not a mapping.
         ValueError: an unknown key (the message lists the known ones) or an invalid value.
     """
     if context is None:
@@ -107,8 +107,8 @@ def check_context(context: Mapping[str, Any] | None, where: str = "context") -> 
 
 
 def coords_context(coords: Any) -> dict[str, Any]:
-    """The context keys a coordinates object answers: ``num_axes`` (``Positioned``),
-    ``grid_shape`` and ``prefix_tokens`` (``GridLayout``); others are absent."""
+    """The context keys a coordinates object answers: `num_axes` (`Positioned`),
+    `grid_shape` and `prefix_tokens` (`GridLayout`); others are absent."""
     from mmpe.coords.capabilities import GridLayout, Positioned
 
     out: dict[str, Any] = {}

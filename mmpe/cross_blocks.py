@@ -1,14 +1,14 @@
 """Building blocks for attention across modalities: a decoder layer, Flamingo's gated
 cross-attention and Perceiver resampler.
 
-* :class:`DecoderBlock` — pre-norm self-attention over the decoder's own coordinates, then
+* [`DecoderBlock`][mmpe.cross_blocks.DecoderBlock] — pre-norm self-attention over the decoder's own coordinates, then
   cross-attention to a memory with its own coordinates, then an MLP: the encoder–decoder
   layer (Vaswani et al. 2017) and DETR's decoder (Carion et al. 2020: object queries as
-  :class:`~mmpe.coords.cross.Latents`, image features on a ``Grid``).
-* :class:`GatedCrossAttentionBlock` — Flamingo's ``tanh``-gated cross-attention and MLP
+  [`Latents`][mmpe.coords.cross.Latents], image features on a `Grid`).
+* [`GatedCrossAttentionBlock`][mmpe.cross_blocks.GatedCrossAttentionBlock] — Flamingo's `tanh`-gated cross-attention and MLP
   inserted before a frozen language model layer (Alayrac et al. 2022, eq. 1 and Fig. 4); the
   gates start at 0, so the block starts as the identity.
-* :class:`PerceiverResampler` — Flamingo's resampler (Alayrac et al. 2022, §2.1 and Fig. 5):
+* [`PerceiverResampler`][mmpe.cross_blocks.PerceiverResampler] — Flamingo's resampler (Alayrac et al. 2022, §2.1 and Fig. 5):
   learned latents attend to the media features plus a learned embedding of each frame's time
   index, keys being the media tokens and the latents themselves; a fixed number of visual
   tokens comes out whatever the number of frames or patches.
@@ -36,21 +36,21 @@ def _mlp(d_model: int, mlp_ratio: float) -> nn.Sequential:
 
 
 class DecoderBlock(nn.Module):
-    """``x + SelfAttn(LN x)``, ``x + CrossAttn(LN x, memory)``, ``x + MLP(LN x)`` (pre-norm).
+    """`x + SelfAttn(LN x)`, `x + CrossAttn(LN x, memory)`, `x + MLP(LN x)` (pre-norm).
 
     Args:
-        d_model: width of ``x``.
+        d_model: width of `x`.
         num_heads: heads of both attentions.
         self_encodings: rotary/score/kernel encodings of the self-attention (the decoder's
             coordinates, e.g. RoPE on text, or none for DETR's object queries).
         cross_encodings: encodings of the cross-attention (read ``Cross(coords,
             memory_coords)``: positions on both sides for rotary encodings, a distance only
             when both sides share a space).
-        kv_dim: width of ``memory`` (default ``d_model``).
+        kv_dim: width of `memory` (default `d_model`).
         mlp_ratio, dropout: MLP width and residual dropout.
 
     Shapes: ``forward(x [b, n, d_model], coords, memory [b, m, kv_dim], memory_coords,
-    cache=None) -> [b, n, d_model]``; ``cache`` (a :class:`~mmpe.cache.KVCache`) caches the
+    cache=None) -> [b, n, d_model]`; `cache`` (a [`KVCache`][mmpe.cache.KVCache]) caches the
     self-attention for decoding.
     """
 
@@ -74,26 +74,26 @@ class DecoderBlock(nn.Module):
 class GatedCrossAttentionBlock(nn.Module):
     """Flamingo's gated cross-attention dense block (Alayrac et al. 2022, Fig. 4).
 
-    ``x ← x + tanh(α_attn)·CrossAttn(LN x, media)``, ``x ← x + tanh(α_ff)·MLP(LN x)`` with
-    ``α`` learned scalars initialised to 0 (``gate_init``), so inserting the block leaves a
+    `x ← x + tanh(α_attn)·CrossAttn(LN x, media)`, `x ← x + tanh(α_ff)·MLP(LN x)` with
+    `α` learned scalars initialised to 0 (`gate_init`), so inserting the block leaves a
     pretrained language model unchanged at the start of training.
 
-    At 0 the gradient of every cross-attention weight is multiplied by ``tanh(0) = 0``: only the
+    At 0 the gradient of every cross-attention weight is multiplied by `tanh(0) = 0`: only the
     gates themselves learn at first, and their gradient is the correlation of a random
     cross-attention output with the loss gradient. With a frozen, pretrained language model
     and long training (Flamingo) the gates open; a model trained from scratch for a few hundred
-    steps may never open them. ``gate_init > 0`` starts the block partly open.
+    steps may never open them. `gate_init > 0` starts the block partly open.
 
     Args:
-        d_model: width of the text tokens ``x``.
+        d_model: width of the text tokens `x`.
         num_heads: heads.
         encodings: cross-attention encodings (none in Flamingo).
-        kv_dim: width of the media tokens (default ``d_model``).
+        kv_dim: width of the media tokens (default `d_model`).
         mlp_ratio: MLP width.
-        gate_init: the initial ``α`` of both gates (0: Flamingo; must be finite).
+        gate_init: the initial `α` of both gates (0: Flamingo; must be finite).
 
     Raises:
-        ValueError: a non-finite ``gate_init``.
+        ValueError: a non-finite `gate_init`.
 
     Shapes: ``forward(x [b, n, d_model], coords, media [b, m, kv_dim], media_coords)
     -> [b, n, d_model]``.
@@ -118,13 +118,13 @@ class GatedCrossAttentionBlock(nn.Module):
 
 
 class PerceiverResampler(nn.Module):
-    """Flamingo's Perceiver resampler: ``num_latents`` visual tokens from any number of frames.
+    """Flamingo's Perceiver resampler: `num_latents` visual tokens from any number of frames.
 
-    Media features ``[b, T, n, d]`` get a learned time embedding per frame (``max_frames``
+    Media features `[b, T, n, d]` get a learned time embedding per frame (`max_frames`
     rows: Flamingo's only positional information; spatial position comes from the vision
-    encoder), are flattened to ``T·n`` tokens, and ``depth`` layers update the latents with
-    ``latents += CrossAttn(LN latents, [media; latents])`` and ``latents += MLP(LN latents)``.
-    Latents have no position (:class:`~mmpe.coords.cross.Latents`).
+    encoder), are flattened to `T·n` tokens, and `depth` layers update the latents with
+    `latents += CrossAttn(LN latents, [media; latents])` and `latents += MLP(LN latents)`.
+    Latents have no position ([`Latents`][mmpe.coords.cross.Latents]).
 
     Args:
         d_model: feature width.
@@ -138,8 +138,8 @@ class PerceiverResampler(nn.Module):
     d_model]``.
 
     Raises:
-        ValueError: non-positive sizes; ``media`` of the wrong rank or width, or more than
-            ``max_frames`` frames (naming both numbers).
+        ValueError: non-positive sizes; `media` of the wrong rank or width, or more than
+            `max_frames` frames (naming both numbers).
     """
 
     def __init__(self, d_model: int, num_heads: int, depth: int = 2, num_latents: int = 64,

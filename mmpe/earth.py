@@ -1,13 +1,13 @@
 """Area-weighted metrics for fields on a latitude–longitude grid (weather and climate models).
 
-A regular lat/lon grid over-samples the poles: a cell's area is proportional to ``cos φ``.
+A regular lat/lon grid over-samples the poles: a cell's area is proportional to `cos φ`.
 Global scores therefore weight every cell by its latitude — WeatherBench (Rasp et al. 2020,
 eq. 1-2) and FourCastNet (Pathak et al. 2022, §4) report the latitude-weighted RMSE
 
-    ``RMSE = √( Σ L(φ_i) (pred_i − target_i)² / Σ L(φ_i) )``, ``L(φ) = cos φ / mean(cos φ)``
+    `RMSE = √( Σ L(φ_i) (pred_i − target_i)² / Σ L(φ_i) )`, `L(φ) = cos φ / mean(cos φ)`
 
-over the grid's cells, which for an ``n_lat × n_lon`` grid is WeatherBench's
-``√(1/(N_lat N_lon) Σ_j Σ_k L(φ_j)(f_jk − t_jk)²)``.
+over the grid's cells, which for an `n_lat × n_lon` grid is WeatherBench's
+`√(1/(N_lat N_lon) Σ_j Σ_k L(φ_j)(f_jk − t_jk)²)`.
 
     >>> import torch
     >>> lat = torch.tensor([-60.0, 0.0, 60.0])
@@ -44,19 +44,19 @@ def _lat_radians(lat: Tensor, units: str, where: str) -> Tensor:
 
 
 def area_weights(lat: Tensor, units: str = "deg") -> Tensor:
-    """``L(φ) = cos φ / mean(cos φ)``: each latitude's weight, mean 1 over ``lat``.
+    """`L(φ) = cos φ / mean(cos φ)`: each latitude's weight, mean 1 over `lat`.
 
     Args:
-        lat: latitudes, any shape (the rows of a grid ``[n_lat]``, or per token ``[n]``).
-        units: ``"deg"`` (default) or ``"rad"``.
+        lat: latitudes, any shape (the rows of a grid `[n_lat]`, or per token `[n]`).
+        units: `"deg"` (default) or `"rad"`.
 
     Returns:
-        The weights, ``lat``'s shape (float32, or float64 for float64 input).
+        The weights, `lat`'s shape (float32, or float64 for float64 input).
 
     Raises:
-        ValueError: unknown ``units``, a latitude outside ``[−90°, 90°]``, or weights that sum
+        ValueError: unknown `units`, a latitude outside `[−90°, 90°]`, or weights that sum
             to 0 (every latitude at a pole).
-        TypeError: non-real ``lat``.
+        TypeError: non-real `lat`.
     """
     w = torch.cos(_lat_radians(lat, units, "area_weights")).clamp_min(0.0)
     total = w.mean()
@@ -87,14 +87,14 @@ def _reduce_dims(pred: Tensor, lat: Tensor, dim: int | Seq[int], where: str) -> 
 
 def weighted_mean(values: Tensor, lat: Tensor, dim: int | Seq[int] = (-2, -1),
                   units: str = "deg") -> Tensor:
-    """``Σ cos φ · values / Σ cos φ`` over ``dim`` (area-weighted mean on the sphere).
+    """`Σ cos φ · values / Σ cos φ` over `dim` (area-weighted mean on the sphere).
 
-    ``lat`` has one dimension per reduced dimension and broadcasts against them: ``[n_lat, 1]``
-    for ``values [..., n_lat, n_lon]`` (the default ``dim``), ``[n]`` with ``dim=-1`` for
-    per-token values ``[..., n]``.
+    `lat` has one dimension per reduced dimension and broadcasts against them: `[n_lat, 1]`
+    for `values [..., n_lat, n_lon]` (the default `dim`), `[n]` with `dim=-1` for
+    per-token values `[..., n]`.
 
     Raises:
-        ValueError: ``lat`` not matching the reduced dimensions, or as :func:`area_weights`.
+        ValueError: `lat` not matching the reduced dimensions, or as [`area_weights`][mmpe.earth.area_weights].
     """
     if not isinstance(values, Tensor) or not values.dtype.is_floating_point:
         raise TypeError("weighted_mean: values must be a floating-point tensor")
@@ -116,21 +116,21 @@ def weighted_mean(values: Tensor, lat: Tensor, dim: int | Seq[int] = (-2, -1),
 def weighted_rmse(pred: Tensor, target: Tensor, lat: Tensor, dim: int | Seq[int] = (-2, -1),
                   units: str = "deg") -> Tensor:
     """Latitude-weighted RMSE (WeatherBench eq. 2, FourCastNet §4): ``√(weighted_mean((pred −
-    target)², lat))`` over ``dim``, one value per remaining index (time, channel, batch).
+    target)², lat))` over `dim``, one value per remaining index (time, channel, batch).
 
     Args:
-        pred, target: the same shape, e.g. ``[time, channel, n_lat, n_lon]``.
-        lat: ``[n_lat, 1]`` for a grid (default ``dim=(-2, -1)``), or ``[n]`` per token with
-            ``dim=-1``; degrees by default.
+        pred, target: the same shape, e.g. `[time, channel, n_lat, n_lon]`.
+        lat: `[n_lat, 1]` for a grid (default `dim=(-2, -1)`), or `[n]` per token with
+            `dim=-1`; degrees by default.
         dim: the dimensions reduced (the grid's, or the tokens').
-        units: ``"deg"`` or ``"rad"`` for ``lat``.
+        units: `"deg"` or `"rad"` for `lat`.
 
     Returns:
-        ``pred``'s shape without ``dim``.
+        `pred`'s shape without `dim`.
 
     Raises:
-        ValueError: ``pred`` and ``target`` of different shapes, ``lat`` not matching ``dim``.
-        TypeError: non-floating ``pred``.
+        ValueError: `pred` and `target` of different shapes, `lat` not matching `dim`.
+        TypeError: non-floating `pred`.
     """
     if not isinstance(pred, Tensor) or not isinstance(target, Tensor):
         raise TypeError("weighted_rmse: pred and target must be tensors")

@@ -1,27 +1,27 @@
 """Compiled FlexAttention with a bounded number of compilations and no silent fallback.
 
-``torch.compile(flex_attention)`` keeps its compiled variants on the code object of
-``flex_attention``, and torch stops compiling a code object after ``recompile_limit`` (8)
-variants: every later call then runs FlexAttention *unfused*, materialising the ``n × n``
+`torch.compile(flex_attention)` keeps its compiled variants on the code object of
+`flex_attention`, and torch stops compiling a code object after `recompile_limit` (8)
+variants: every later call then runs FlexAttention *unfused*, materialising the `n × n`
 scores, with one warning per process. Each score-mod family (a distinct composition of
 encodings), sequence length, batch size, dtype and grad mode is a variant, so a process that
-trains and evaluates a few encodings — ``mmpe compare``, a test session — used to fall off the
+trains and evaluates a few encodings — `mmpe compare`, a test session — used to fall off the
 compiled path part-way without saying so.
 
 Here:
 
-* every *family* (the code of its ``score_mod`` terms and ``mask_mod``, the dtype and head
+* every *family* (the code of its `score_mod` terms and `mask_mod`, the dtype and head
   dims) gets its own copy of the function, so families do not share one limit;
-* shapes are dynamic (``dynamic=True``): lengths and batch sizes do not recompile, and a
+* shapes are dynamic (`dynamic=True`): lengths and batch sizes do not recompile, and a
   family compiles about twice per run (training and evaluation, the grad mode), once more
   for a batch of one or a sequence within one 128-token block;
-* ``fullgraph=True`` turns torch's silent fallback into ``FailOnRecompileLimitHit`` (torch
-  ≥ 2.6), which is counted in :data:`stats`, logged once per family, and raised when
-  ``MMPE_FLEX_STRICT=1`` (the GPU test tier sets it) — otherwise the call runs unfused, as
+* `fullgraph=True` turns torch's silent fallback into `FailOnRecompileLimitHit` (torch
+  ≥ 2.6), which is counted in [`stats`][mmpe.flex_compile.stats], logged once per family, and raised when
+  `MMPE_FLEX_STRICT=1` (the GPU test tier sets it) — otherwise the call runs unfused, as
   torch would have;
 * a kernel that needs more shared memory than the card has (``No valid triton configs …
   out of resource``: head_dim 64, bf16, a score_mod that captures several tensors) is compiled
-  again with smaller tiles (:data:`KERNEL_OPTIONS`), and the family keeps the first that fits;
+  again with smaller tiles ([`KERNEL_OPTIONS`][mmpe.flex_compile.KERNEL_OPTIONS]), and the family keeps the first that fits;
   a family's first training call runs its backward once on copies of the inputs, so that a
   backward kernel's failure is seen here too.
 """
@@ -60,7 +60,7 @@ _RESOURCE_ERRORS = ("out of resource", "No valid triton configs", "OutOfResource
 
 @dataclass
 class FlexStats:
-    """Counts of this process's compiled FlexAttention calls (read them; :meth:`reset`)."""
+    """Counts of this process's compiled FlexAttention calls (read them; [`reset`][mmpe.flex_compile.FlexStats.reset])."""
 
     families: int = 0  #: compiled copies made (one per score-mod family)
     unfused: int = 0  #: calls that ran unfused after a family reached torch's recompile limit
@@ -82,7 +82,7 @@ MIN_TORCH = (2, 6)
 
 
 class FlexUnavailableError(ValueError):
-    """FlexAttention was asked for on a torch older than :data:`MIN_TORCH`."""
+    """FlexAttention was asked for on a torch older than [`MIN_TORCH`][mmpe.flex_compile.MIN_TORCH]."""
 
 
 def available() -> bool:
@@ -94,12 +94,12 @@ _tiles: dict[tuple, int] = {}
 
 
 def strict() -> bool:
-    """Whether an unfused fallback raises (``MMPE_FLEX_STRICT=1``) instead of being counted."""
+    """Whether an unfused fallback raises (`MMPE_FLEX_STRICT=1`) instead of being counted."""
     return os.environ.get("MMPE_FLEX_STRICT", "") not in ("", "0")
 
 
 def _fresh(fn: Callable, tag: str) -> Callable:
-    """``fn`` with a code object of its own, so that torch.compile keeps a separate cache (and
+    """`fn` with a code object of its own, so that torch.compile keeps a separate cache (and
     recompile count) for it."""
     code = fn.__code__.replace(co_name=f"{fn.__name__}__{tag}")
     copy = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
@@ -109,7 +109,7 @@ def _fresh(fn: Callable, tag: str) -> Callable:
 
 def compiled(fn: Callable, family: tuple, backend: str = "inductor",
              fullgraph: bool = True) -> Callable:
-    """The compiled copy of ``fn`` for ``family`` (made on first use)."""
+    """The compiled copy of `fn` for `family` (made on first use)."""
     key = (fn, family, backend)
     if key not in _copies:
         stats.families += 1
@@ -120,7 +120,7 @@ def compiled(fn: Callable, family: tuple, backend: str = "inductor",
 
 
 def compile_counts() -> list[int]:
-    """Compiled variants held by each family's copy of ``flex_attention`` in this process."""
+    """Compiled variants held by each family's copy of `flex_attention` in this process."""
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
     return [len(_debug_get_cache_entry_list(fn._torchdynamo_orig_callable.__code__))
@@ -133,7 +133,7 @@ def _code(fn: Callable | None) -> object:
 
 def family_of(mods: list[Callable], block_mask, q: Tensor, v: Tensor, kinds: tuple = ()) -> tuple:
     """What decides a compiled variant besides shapes: the terms' code, the mask's, dtype and
-    head dims, and ``kinds`` (the encodings' classes: subclasses can share a ``score_mod``'s
+    head dims, and `kinds` (the encodings' classes: subclasses can share a `score_mod`'s
     code and differ in what it calls)."""
     mask_mod = getattr(block_mask, "mask_mod", None)
     return (tuple(_code(m) for m in mods), _code(mask_mod), q.dtype, q.shape[-1], v.shape[-1],
@@ -142,12 +142,12 @@ def family_of(mods: list[Callable], block_mask, q: Tensor, v: Tensor, kinds: tup
 
 def flex(q: Tensor, k: Tensor, v: Tensor, mods: list[Callable], score_mod: Callable | None,
          block_mask, scale: float, backend: str = "inductor", kinds: tuple = ()) -> Tensor:
-    """``flex_attention(q, k, v, score_mod, block_mask, scale)`` compiled per family
-    (:func:`family_of`; ``mods`` are the terms ``score_mod`` composes).
+    """`flex_attention(q, k, v, score_mod, block_mask, scale)` compiled per family
+    ([`family_of`][mmpe.flex_compile.family_of]; `mods` are the terms `score_mod` composes).
 
     Raises:
-        RuntimeError: the family reached torch's recompile limit and ``MMPE_FLEX_STRICT`` is
-            set; or every tile size in :data:`KERNEL_OPTIONS` failed to compile.
+        RuntimeError: the family reached torch's recompile limit and `MMPE_FLEX_STRICT` is
+            set; or every tile size in [`KERNEL_OPTIONS`][mmpe.flex_compile.KERNEL_OPTIONS] failed to compile.
     """
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -177,14 +177,14 @@ def flex(q: Tensor, k: Tensor, v: Tensor, mods: list[Callable], score_mod: Calla
 
 
 def compile_config():
-    """Allow :data:`RECOMPILE_LIMIT` variants per family; do not assume that sizes which
+    """Allow [`RECOMPILE_LIMIT`][mmpe.flex_compile.RECOMPILE_LIMIT] variants per family; do not assume that sizes which
     happen to be equal stay equal (duck sizing: each would be another compile of the same
-    family); and specialise Python floats (the softmax scale, an encoding's constants): symbolic floats inside a ``score_mod`` whose captured tensors need
-    gradients fail to trace (``PendingUnbackedSymbolNotFound``, torch 2.11, FIRE).
+    family); and specialise Python floats (the softmax scale, an encoding's constants): symbolic floats inside a `score_mod` whose captured tensors need
+    gradients fail to trace (`PendingUnbackedSymbolNotFound`, torch 2.11, FIRE).
 
-    Not used, measured on an H200 with torch 2.11: ``backed_size_oblivious`` (no 0/1
-    specialisation; it breaks the lowering of slices, ``KeyError: 'unbacked_bindings'``) and
-    ``force_non_lazy_backward_lowering`` (its backward kept the first call's strides and failed
+    Not used, measured on an H200 with torch 2.11: `backed_size_oblivious` (no 0/1
+    specialisation; it breaks the lowering of slices, `KeyError: 'unbacked_bindings'`) and
+    `force_non_lazy_backward_lowering` (its backward kept the first call's strides and failed
     at the next length). Sizes of 1 (a batch of one, one 128-token block) therefore still
     compile once more each.
     """
@@ -203,7 +203,7 @@ def compile_config():
 
 
 def _limit_errors() -> tuple[type[BaseException], ...]:
-    """What torch raises at the recompile limit under ``fullgraph=True`` (torch ≥ 2.6; older
+    """What torch raises at the recompile limit under `fullgraph=True` (torch ≥ 2.6; older
     versions fall back as torch does, uncounted)."""
     from torch._dynamo import exc
 
@@ -219,7 +219,7 @@ def _probe_backward(fn: Callable, family: tuple, level: int, q: Tensor, k: Tenso
     """On a family's first call with gradients, run its backward once on copies of the inputs
     (gradients w.r.t. the copies only: nothing accumulates into parameters), so that a backward
     kernel too large for shared memory fails here, where a smaller tile can be chosen, and not
-    inside ``loss.backward()``."""
+    inside `loss.backward()`."""
     key = (family, level, id(fn))
     if key in _probed or not torch.is_grad_enabled() or not any(
             t.requires_grad for t in (q, k, v)):
@@ -249,7 +249,7 @@ def _unfused(family: tuple, err: Exception, q, k, v, score_mod, block_mask, scal
 
 def block_mask(mask_mod: Callable, batch: int | None, n_q: int, n_k: int,
                device: torch.device):
-    """``create_block_mask`` compiled per ``mask_mod`` code on CUDA (eager elsewhere)."""
+    """`create_block_mask` compiled per `mask_mod` code on CUDA (eager elsewhere)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     if device.type != "cuda":

@@ -1,71 +1,71 @@
 """Pure functions of positional encoding, and FlexAttention mods for people who call attention.
 
-Everything here is stateless: tensors in, tensors out, no ``nn.Module``. The functions are the
+Everything here is stateless: tensors in, tensors out, no `nn.Module`. The functions are the
 ones mmpe's encodings are built from, re-exported under one roof (their home module is named in
-brackets), plus :func:`sincos_grid` and the three FlexAttention helpers at the bottom. Shapes
-use torchtune's notation: ``b`` batch, ``s`` tokens, ``n_h`` heads, ``h_d`` head dimension,
-``n_q`` / ``n_k`` query / key tokens, ``r`` rotary channels.
+brackets), plus [`sincos_grid`][mmpe.functional.sincos_grid] and the three FlexAttention helpers at the bottom. Shapes
+use torchtune's notation: `b` batch, `s` tokens, `n_h` heads, `h_d` head dimension,
+`n_q` / `n_k` query / key tokens, `r` rotary channels.
 
 Rotary (Su et al. 2021, RoFormer)
 
-* :func:`rope_inv_freq` — ``θ_i = base^(−2i/r)``, ``[r/2]`` float64, radians per token
-  [``mmpe.encodings.rope``].
-* :func:`rope_cos_sin` — ``cos(m·θ)``, ``sin(m·θ)`` for positions ``m`` (tokens), each
-  ``[*positions.shape, r/2]`` float32 (phase formed in float64) [``mmpe.encodings.rope``].
-* :func:`apply_rotary` — rotate the first ``r`` channels of ``x [b, n_h, s, h_d]`` by a
-  cos/sin table ``[s, r/2]`` or ``[b, s, r/2]``; half-split (NeoX/Llama) or interleaved
-  (GPT-J) pairs [``mmpe.encodings.rope``].
-* :func:`yarn_get_mscale` — YaRN's attention temperature ``0.1·mscale·ln(scale) + 1``
-  (Peng et al. 2024) [``mmpe.encodings.rope_scaling``].
+* [`rope_inv_freq`][mmpe.encodings.rope.rope_inv_freq] — `θ_i = base^(−2i/r)`, `[r/2]` float64, radians per token
+  [`mmpe.encodings.rope`].
+* [`rope_cos_sin`][mmpe.encodings.rope.rope_cos_sin] — `cos(m·θ)`, `sin(m·θ)` for positions `m` (tokens), each
+  `[*positions.shape, r/2]` float32 (phase formed in float64) [`mmpe.encodings.rope`].
+* [`apply_rotary`][mmpe.encodings.rope.apply_rotary] — rotate the first `r` channels of `x [b, n_h, s, h_d]` by a
+  cos/sin table `[s, r/2]` or `[b, s, r/2]`; half-split (NeoX/Llama) or interleaved
+  (GPT-J) pairs [`mmpe.encodings.rope`].
+* [`yarn_get_mscale`][mmpe.encodings.rope_scaling.yarn_get_mscale] — YaRN's attention temperature `0.1·mscale·ln(scale) + 1`
+  (Peng et al. 2024) [`mmpe.encodings.rope_scaling`].
 
 Absolute tables (Vaswani et al. 2017; MAE / DETR / timm for grids)
 
-* :func:`sinusoidal_table` — ``[*positions.shape, d]`` float32, interleaved ``sin``/``cos``
-  of positions in tokens [``mmpe.encodings.sinusoidal``].
-* :func:`sincos_grid_embed` — 2D/3D/… sin-cos embedding of positions ``[n, A]`` (grid units),
-  ``[n, d]`` float32, layouts ``"mae"``/``"timm"``/``"detr"`` [``mmpe.encodings.sincos``].
-* :func:`sincos_grid` — the same for every cell of a grid ``shape`` (row-major),
-  ``[prod(shape), d]`` float32 (new here).
+* [`sinusoidal_table`][mmpe.encodings.sinusoidal.sinusoidal_table] — `[*positions.shape, d]` float32, interleaved `sin`/`cos`
+  of positions in tokens [`mmpe.encodings.sinusoidal`].
+* [`sincos_grid_embed`][mmpe.encodings.sincos.sincos_grid_embed] — 2D/3D/… sin-cos embedding of positions `[n, A]` (grid units),
+  `[n, d]` float32, layouts `"mae"`/`"timm"`/`"detr"` [`mmpe.encodings.sincos`].
+* [`sincos_grid`][mmpe.functional.sincos_grid] — the same for every cell of a grid `shape` (row-major),
+  `[prod(shape), d]` float32 (new here).
 
 Score biases
 
-* :func:`alibi_slopes` — ALiBi's per-head slopes ``[n_h]`` float32 (Press et al. 2022)
-  [``mmpe.encodings.alibi``].
-* :func:`t5_bucket` — T5's log-spaced bucket of ``key − query`` offsets (tokens), int64 in
-  ``[0, num_buckets)`` (Raffel et al. 2020); equals HF ``T5Attention._relative_position_bucket``
-  [``mmpe.encodings.t5``].
-* :func:`log_bucket_position` — DeBERTa-v2's log-bucketed signed offset, int64; equals HF
-  ``make_log_bucket_position`` (He et al. 2021) [``mmpe.encodings.deberta``].
+* [`alibi_slopes`][mmpe.encodings.alibi.alibi_slopes] — ALiBi's per-head slopes `[n_h]` float32 (Press et al. 2022)
+  [`mmpe.encodings.alibi`].
+* [`t5_bucket`][mmpe.encodings.t5.t5_bucket] — T5's log-spaced bucket of `key − query` offsets (tokens), int64 in
+  `[0, num_buckets)` (Raffel et al. 2020); equals HF `T5Attention._relative_position_bucket`
+  [`mmpe.encodings.t5`].
+* [`log_bucket_position`][mmpe.encodings.deberta.log_bucket_position] — DeBERTa-v2's log-bucketed signed offset, int64; equals HF
+  `make_log_bucket_position` (He et al. 2021) [`mmpe.encodings.deberta`].
 
 Sphere (Rußwurm et al. 2024 for the harmonics)
 
-* :func:`real_spherical_harmonics` — real orthonormal ``Y_l^m`` of latitude/longitude
-  (radians), ``[..., (L+1)²]`` [``mmpe.encodings.spherical_harmonics``].
-* :func:`great_circle` — great-circle angle (radians) between points in radians
-  [``mmpe.coords.sphere``].
-* :func:`haversine` — great-circle distance ``radius·angle`` between points in degrees or
-  radians, float64 [``mmpe.coords.sphere``].
+* [`real_spherical_harmonics`][mmpe.encodings.spherical_harmonics.real_spherical_harmonics] — real orthonormal `Y_l^m` of latitude/longitude
+  (radians), `[..., (L+1)²]` [`mmpe.encodings.spherical_harmonics`].
+* [`great_circle`][mmpe.coords.sphere.great_circle] — great-circle angle (radians) between points in radians
+  [`mmpe.coords.sphere`].
+* [`haversine`][mmpe.coords.sphere.haversine] — great-circle distance `radius·angle` between points in degrees or
+  radians, float64 [`mmpe.coords.sphere`].
 
 Graphs (numpy / scipy; Dwivedi & Bresson 2020, Dwivedi et al. 2022, Ying et al. 2021)
 
-* :func:`laplacian_eigenvectors` — the ``k`` smallest non-trivial Laplacian eigenpairs:
-  ``eigvals [k]``, ``eigvecs [n, k]`` float64, canonical signs [``mmpe.coords.spectral``].
-* :func:`random_sign_flip` — LapPE's random ±1 per eigenvector (training augmentation)
-  [``mmpe.coords.spectral``].
-* :func:`random_walk_pe` — RWSE: return probabilities ``[(D⁻¹A)^t]_ii``, ``t = 1 … k``,
-  ``[n, k]`` float64 [``mmpe.coords.graph``].
-* :func:`shortest_path_hops` — all-pairs hop counts ``[n, n]`` float64, ``inf`` where
-  unreachable [``mmpe.coords.graph``].
+* [`laplacian_eigenvectors`][mmpe.graph_maths.laplacian_eigenvectors] — the `k` smallest non-trivial Laplacian eigenpairs:
+  `eigvals [k]`, `eigvecs [n, k]` float64, canonical signs [`mmpe.coords.spectral`].
+* [`random_sign_flip`][mmpe.graph_maths.random_sign_flip] — LapPE's random ±1 per eigenvector (training augmentation)
+  [`mmpe.coords.spectral`].
+* [`random_walk_pe`][mmpe.graph_maths.random_walk_pe] — RWSE: return probabilities `[(D⁻¹A)^t]_ii`, `t = 1 … k`,
+  `[n, k]` float64 [`mmpe.coords.graph`].
+* [`shortest_path_hops`][mmpe.graph_maths.shortest_path_hops] — all-pairs hop counts `[n, n]` float64, `inf` where
+  unreachable [`mmpe.coords.graph`].
 
 FlexAttention
 
-* :func:`score_mod` — one ``score_mod(score, b, h, q_idx, kv_idx)`` for any score encoding (or
+* [`score_mod`][mmpe.functional.score_mod] — one `score_mod(score, b, h, q_idx, kv_idx)` for any score encoding (or
   a list of them, or a registry name / config) on given coordinates, to pass to
-  ``torch.nn.attention.flex_attention.flex_attention``.
-* :func:`mask_mod` — the coordinates' ``mask_mod(b, h, q_idx, kv_idx) -> bool`` (True = may
+  `torch.nn.attention.flex_attention.flex_attention`.
+* [`mask_mod`][mmpe.functional.mask_mod] — the coordinates' `mask_mod(b, h, q_idx, kv_idx) -> bool` (True = may
   attend), or None.
-* :func:`block_mask` — a ``BlockMask`` from that ``mask_mod``
-  (``create_block_mask``), or None when the coordinates mask nothing.
+* [`block_mask`][mmpe.functional.block_mask] — a `BlockMask` from that `mask_mod`
+  (`create_block_mask`), or None when the coordinates mask nothing.
 
     >>> import torch, mmpe
     >>> from mmpe import functional as F
@@ -126,26 +126,26 @@ def sincos_grid(
     *,
     device: torch.device | str | None = None,
 ) -> Tensor:
-    """2D / 3D sine-cosine table of every cell of a grid, ``[prod(shape), d_model]`` float32.
+    """2D / 3D sine-cosine table of every cell of a grid, `[prod(shape), d_model]` float32.
 
-    Cell ``(i_0, …, i_{A−1})`` (row-major order, grid units: ``0 … shape_a − 1`` per axis) gets
-    :func:`sincos_grid_embed` of its position: per axis ``F = d_model / (2A)`` frequencies
-    ``ω_k = temperature^(−k/F)`` and ``sin(i·ω_k)``, ``cos(i·ω_k)``. With ``layout="mae"`` and
-    ``shape = (H, W)`` this is MAE's ``get_2d_sincos_pos_embed(d_model, ·)`` for an ``H×W``
-    grid (He et al. 2022); ``(T, H, W)`` gives the 3D (video) table. For DETR's 1-based,
-    normalised positions call :func:`sincos_grid_embed` on your own positions.
+    Cell `(i_0, …, i_{A−1})` (row-major order, grid units: `0 … shape_a − 1` per axis) gets
+    [`sincos_grid_embed`][mmpe.encodings.sincos.sincos_grid_embed] of its position: per axis `F = d_model / (2A)` frequencies
+    `ω_k = temperature^(−k/F)` and `sin(i·ω_k)`, `cos(i·ω_k)`. With `layout="mae"` and
+    `shape = (H, W)` this is MAE's `get_2d_sincos_pos_embed(d_model, ·)` for an `H×W`
+    grid (He et al. 2022); `(T, H, W)` gives the 3D (video) table. For DETR's 1-based,
+    normalised positions call [`sincos_grid_embed`][mmpe.encodings.sincos.sincos_grid_embed] on your own positions.
 
     Args:
-        shape: cells per axis, e.g. ``(H, W)`` or ``(T, H, W)``: positive ints.
-        d_model: channels ``d``, divisible by ``2·len(shape)``.
+        shape: cells per axis, e.g. `(H, W)` or `(T, H, W)`: positive ints.
+        d_model: channels `d`, divisible by `2·len(shape)`.
         temperature: wavelength base (10000).
-        layout: ``"mae"``, ``"timm"`` or ``"detr"`` (see :func:`sincos_grid_embed`).
+        layout: `"mae"`, `"timm"` or `"detr"` (see [`sincos_grid_embed`][mmpe.encodings.sincos.sincos_grid_embed]).
         device: where the table is built.
 
     Raises:
-        TypeError: ``shape`` not a sequence of ints.
-        ValueError: an empty ``shape`` or a non-positive entry; ``d_model`` not divisible by
-            ``2·len(shape)``, an unknown ``layout``, ``temperature <= 0``.
+        TypeError: `shape` not a sequence of ints.
+        ValueError: an empty `shape` or a non-positive entry; `d_model` not divisible by
+            `2·len(shape)`, an unknown `layout`, `temperature <= 0`.
     """
     if not isinstance(shape, Seq) or isinstance(shape, str):
         raise TypeError(f"sincos_grid: shape must be a sequence of ints, got {type(shape).__name__}")
@@ -173,65 +173,65 @@ def score_mod(
     v: Tensor | None = None,
     x: Tensor | None = None,
 ) -> ScoreMod:
-    """A FlexAttention ``score_mod(score, b, h, q_idx, kv_idx)`` for score encodings on ``coords``.
+    """A FlexAttention `score_mod(score, b, h, q_idx, kv_idx)` for score encodings on `coords`.
 
     Pass the result to ``torch.nn.attention.flex_attention.flex_attention(q, k, v,
     score_mod=..., block_mask=block_mask(coords))``; it is the same function mmpe's
-    :class:`~mmpe.MultiHeadAttention` uses on its flex path, so the numbers match its math and
-    SDPA paths. It builds the :class:`~mmpe.encodings.base.AttentionContext` for one attention
-    call and calls ``encoding.score_mod(ctx)``; a list is applied in order
-    (:func:`mmpe.attention.compose_score_mods`).
+    [`MultiHeadAttention`][mmpe.attention.MultiHeadAttention] uses on its flex path, so the numbers match its math and
+    SDPA paths. It builds the [`AttentionContext`][mmpe.encodings.base.AttentionContext] for one attention
+    call and calls `encoding.score_mod(ctx)`; a list is applied in order
+    ([`mmpe.attention.compose_score_mods`][mmpe.attention.compose_score_mods]).
 
     The returned function also carries two attributes:
 
-    * ``encodings`` — the tuple of encodings it applies (those built from names included: their
+    * `encodings` — the tuple of encodings it applies (those built from names included: their
       parameters are fresh and untrained; train or load them through this tuple);
-    * ``softmax_scale`` — the logit scale an encoding prescribes instead of ``1/√h_d`` (DeBERTa's
-      ``1/√(3·h_d)``, TENER's 1), or None; pass it as ``flex_attention(..., scale=...)``.
+    * `softmax_scale` — the logit scale an encoding prescribes instead of `1/√h_d` (DeBERTa's
+      `1/√(3·h_d)`, TENER's 1), or None; pass it as `flex_attention(..., scale=...)`.
 
     Kinds of score encoding:
 
-    * position-only additive terms (``alibi``, ``t5``, ``fire``, ``kerple_*``, ``swin`` …)
-      need only ``coords`` and ``num_heads``; the mod adds to ``score``.
-    * content-dependent terms (``shaw``, ``deberta``, ``cope``, ``transformer_xl``, ``tener``,
-      ``huang_3``/``huang_4``; ``fox`` also reads ``x``) precompute from the layer's ``q``/``k``:
-      pass the very tensors (after any rotary encoding) that go to ``flex_attention``.
-    * rescaling terms (``huang_1``/``huang_2``, ``da_transformer``) multiply ``score`` rather than
-      add to it; in a list their place in the order matters, as in ``MultiHeadAttention``.
-    * value-side terms (``shaw`` with ``values=True``) add ``Σ_j α_ij a^V_ij`` to the output,
+    * position-only additive terms (`alibi`, `t5`, `fire`, `kerple_*`, `swin` …)
+      need only `coords` and `num_heads`; the mod adds to `score`.
+    * content-dependent terms (`shaw`, `deberta`, `cope`, `transformer_xl`, `tener`,
+      `huang_3`/`huang_4`; `fox` also reads `x`) precompute from the layer's `q`/`k`:
+      pass the very tensors (after any rotary encoding) that go to `flex_attention`.
+    * rescaling terms (`huang_1`/`huang_2`, `da_transformer`) multiply `score` rather than
+      add to it; in a list their place in the order matters, as in `MultiHeadAttention`.
+    * value-side terms (`shaw` with `values=True`) add `Σ_j α_ij a^V_ij` to the output,
       which needs the probabilities FlexAttention never exposes: refused (ValueError); use
-      ``MultiHeadAttention(..., backend="math")``.
+      `MultiHeadAttention(..., backend="math")`.
 
     Args:
-        encoding: a built :class:`~mmpe.encodings.base.ScoreEncoding`, a registry name
-            (``"alibi"``) or config dict (``{"name": "t5", "num_buckets": 16}``) built with
-            ``mmpe.build(..., context={"num_heads", "head_dim", "d_model"})`` (``d_model`` from
-            ``x``) and moved to the device of ``q``/``k``/``x``/coords, or a non-empty list
-            (or ``nn.ModuleList``) of these. Encodings you pass built are used as they are:
+        encoding: a built [`ScoreEncoding`][mmpe.encodings.base.ScoreEncoding], a registry name
+            (`"alibi"`) or config dict (`{"name": "t5", "num_buckets": 16}`) built with
+            `mmpe.build(..., context={"num_heads", "head_dim", "d_model"})` (`d_model` from
+            `x`) and moved to the device of `q`/`k`/`x`/coords, or a non-empty list
+            (or `nn.ModuleList`) of these. Encodings you pass built are used as they are:
             their parameters must already be on the attention's device.
-        coords: the tokens' :class:`~mmpe.coords.base.Coordinates` (``n_q`` queries, ``n_k``
+        coords: the tokens' [`Coordinates`][mmpe.coords.base.Coordinates] (`n_q` queries, `n_k`
             keys).
-        num_heads: ``n_h`` (>= 1).
-        head_dim: ``h_d`` (>= 1); inferred from ``q``/``k`` when omitted. Position-only encodings
+        num_heads: `n_h` (>= 1).
+        head_dim: `h_d` (>= 1); inferred from `q`/`k` when omitted. Position-only encodings
             do not read it (it stays None in the context when nothing gives it).
-        q: queries ``[b, n_h, n_q, h_d]`` (after rotary encodings).
-        k: keys ``[b, n_h, n_k, h_d]`` (after rotary encodings; repeat grouped KV heads first).
-        v: values ``[b, n_h, n_k, h_dv]``.
-        x: the attention layer's input ``[b, n_k, d_model]`` (forget gates read it).
+        q: queries `[b, n_h, n_q, h_d]` (after rotary encodings).
+        k: keys `[b, n_h, n_k, h_d]` (after rotary encodings; repeat grouped KV heads first).
+        v: values `[b, n_h, n_k, h_dv]`.
+        x: the attention layer's input `[b, n_k, d_model]` (forget gates read it).
 
     Returns:
-        ``fn(score, b, h, q_idx, kv_idx) -> Tensor``: scalar indices inside FlexAttention; it
-        also evaluates eagerly on broadcast index grids (:func:`mmpe.coords.base.index_grid`).
+        `fn(score, b, h, q_idx, kv_idx) -> Tensor`: scalar indices inside FlexAttention; it
+            also evaluates eagerly on broadcast index grids ([`mmpe.coords.base.index_grid`][mmpe.coords.base.index_grid]).
 
     Raises:
-        TypeError: ``encoding`` not a score encoding, name, config or list of them (a rotary,
-            input or kernel encoding is named as such); ``coords`` not Coordinates; a
-            non-tensor ``q``/``k``/``v``/``x``; ``num_heads``/``head_dim`` not ints; the
-            encoding does not support ``coords`` (from its capability check).
-        ValueError: ``num_heads``/``head_dim`` < 1; an empty list; ``q``/``k``/``v``/``x`` of
-            the wrong rank, heads, token count, batch or ``h_d``; a content-dependent encoding
-            without ``q``/``k`` (or ``x``), naming what is missing; a value-side encoding; an
-            encoding built for another ``num_heads`` / ``head_dim``.
+        TypeError: `encoding` not a score encoding, name, config or list of them (a rotary,
+            input or kernel encoding is named as such); `coords` not Coordinates; a
+            non-tensor `q`/`k`/`v`/`x`; `num_heads`/`head_dim` not ints; the
+            encoding does not support `coords` (from its capability check).
+        ValueError: `num_heads`/`head_dim` < 1; an empty list; `q`/`k`/`v`/`x` of
+            the wrong rank, heads, token count, batch or `h_d`; a content-dependent encoding
+            without `q`/`k` (or `x`), naming what is missing; a value-side encoding; an
+            encoding built for another `num_heads` / `head_dim`.
         KeyError: an unknown registry name.
     """
     _check_coords("score_mod", coords)
@@ -271,33 +271,33 @@ def score_mod(
 
 
 def mask_mod(coords: Coordinates) -> MaskMod | None:
-    """The FlexAttention ``mask_mod(b, h, q_idx, kv_idx) -> bool`` of ``coords``, or None.
+    """The FlexAttention `mask_mod(b, h, q_idx, kv_idx) -> bool` of `coords`, or None.
 
     True where the query may attend to the key: causal sequences, packed documents, padded
-    graph nodes … (``coords.mask_mod()``). None when every pair is allowed (a bidirectional
-    sequence, a grid). Pass it to ``create_block_mask`` yourself, or use :func:`block_mask`.
+    graph nodes … (`coords.mask_mod()`). None when every pair is allowed (a bidirectional
+    sequence, a grid). Pass it to `create_block_mask` yourself, or use [`block_mask`][mmpe.functional.block_mask].
 
     Raises:
-        TypeError: ``coords`` is not an mmpe Coordinates object.
+        TypeError: `coords` is not an mmpe Coordinates object.
     """
     _check_coords("mask_mod", coords)
     return coords.mask_mod()
 
 
 def block_mask(coords: Coordinates, device: torch.device | str | None = None):
-    """A FlexAttention ``BlockMask`` for ``coords``, or None when they mask nothing.
+    """A FlexAttention `BlockMask` for `coords`, or None when they mask nothing.
 
     Built by ``torch.nn.attention.flex_attention.create_block_mask(mask_mod(coords), B, None,
-    n_q, n_k, device=...)`` with ``B = coords.batch_size`` (None, i.e. broadcast over the
+    n_q, n_k, device=...)` with `B = coords.batch_size`` (None, i.e. broadcast over the
     batch, when positions are shared by the batch) and the mask shared by all heads.
 
     Args:
         coords: the tokens' coordinates.
-        device: where the mask is built; defaults to ``coords.device`` (``create_block_mask``'s
-            own default is CUDA). Must be the device of ``q``/``k``/``v``.
+        device: where the mask is built; defaults to `coords.device` (`create_block_mask`'s
+            own default is CUDA). Must be the device of `q`/`k`/`v`.
 
     Raises:
-        TypeError: ``coords`` is not an mmpe Coordinates object.
+        TypeError: `coords` is not an mmpe Coordinates object.
     """
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -383,7 +383,7 @@ def _resolve(spec: object, context: dict[str, int], device: torch.device,
 
 def _build(spec: str | Mapping[str, Any], context: dict[str, int], device: torch.device,
            given: set[str]) -> object:
-    """``mmpe.build(spec, context=context)`` on ``device``, refusing what cannot be a score mod."""
+    """`mmpe.build(spec, context=context)` on `device`, refusing what cannot be a score mod."""
     from mmpe.registry import build, get
 
     name = spec if isinstance(spec, str) else spec.get("name")
@@ -421,7 +421,7 @@ def _hook_message(name: str, hook: str) -> str:
 
 
 def _encoding_mod(enc: ScoreEncoding, ctx: AttentionContext) -> ScoreMod:
-    """``enc.score_mod(ctx)``, with clear errors for what flex_attention cannot do or lacks."""
+    """`enc.score_mod(ctx)`, with clear errors for what flex_attention cannot do or lacks."""
     name = getattr(enc, "registry_name", type(enc).__name__)
     if getattr(enc, "needs_probs", False):
         raise ValueError(f"score_mod: {name} adds a value-side term computed from the attention "

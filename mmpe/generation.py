@@ -1,8 +1,8 @@
 """Autoregressive generation, with or without a key/value cache (greedy or sampled).
 
-``model(tokens [b, s], coords, cache=None) -> logits [b, s, vocab]`` and
-``model.make_cache()`` are all it needs (:class:`mmpe.lm.CausalLM`, the text recipe's model).
-With a cache each step feeds one token at ``offset = cache.length``; without one each step
+`model(tokens [b, s], coords, cache=None) -> logits [b, s, vocab]` and
+`model.make_cache()` are all it needs ([`mmpe.lm.CausalLM`][mmpe.lm.CausalLM], the text recipe's model).
+With a cache each step feeds one token at `offset = cache.length`; without one each step
 re-reads the whole sequence. Both give the same tokens (tested for every causal encoding).
 """
 
@@ -27,23 +27,23 @@ def generate(
     top_k: int | None = None,
     generator: torch.Generator | None = None,
 ) -> Tensor:
-    """Extend ``prompt`` ``[b, s]`` by ``max_new_tokens`` tokens; returns ``[b, s + new]``.
+    """Extend `prompt` `[b, s]` by `max_new_tokens` tokens; returns `[b, s + new]`.
 
     Args:
-        model: callable as ``model(tokens, coords, cache=None)`` with ``make_cache()``.
+        model: callable as `model(tokens, coords, cache=None)` with `make_cache()`.
         prompt: int64 token ids. A batch of prompts of different lengths is left-padded, with
-            ``padding_mask`` ``[b, s]`` (True at real tokens): each example's positions then
+            `padding_mask` `[b, s]` (True at real tokens): each example's positions then
             start at its first real token.
         max_new_tokens: tokens to add (>= 0).
         use_cache: decode one token per step from a key/value cache (True) or recompute the
             whole sequence each step (False).
         temperature: 0 for greedy decoding (argmax), else the softmax temperature.
-        top_k: sample among the ``top_k`` most likely tokens only.
+        top_k: sample among the `top_k` most likely tokens only.
         generator: random generator for sampling.
 
     Raises:
-        ValueError: a prompt that is not ``[b, s]`` integers, a ``padding_mask`` of another
-            shape or dtype, negative ``max_new_tokens`` or ``temperature``, ``top_k < 1``.
+        ValueError: a prompt that is not `[b, s]` integers, a `padding_mask` of another
+            shape or dtype, negative `max_new_tokens` or `temperature`, `top_k < 1`.
     """
     _check(prompt, padding_mask, max_new_tokens, temperature, top_k)
     tokens, mask = prompt, padding_mask

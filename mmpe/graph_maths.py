@@ -1,75 +1,75 @@
 """Graph maths as pure functions of one graph: shortest paths, random walks, spectra, degrees.
 
-Every function takes one graph as an edge list ``edge_index [2, E]`` (a numpy array or a torch
-tensor of integers; column ``e`` is the edge ``edge_index[0, e] → edge_index[1, e]``) and its
-node count ``num_nodes`` (node ids lie in ``[0, num_nodes)``; nodes without edges are isolated),
-and returns numpy arrays. Nothing is cached and nothing is padded: :class:`mmpe.coords.Graph`
-calls these (the ``batched_*`` ones for a batch of several graphs) and lays the results out as
-padded ``[b, n_max]`` tokens, and the PyG transforms of :mod:`mmpe.integrations.pyg` call them
+Every function takes one graph as an edge list `edge_index [2, E]` (a numpy array or a torch
+tensor of integers; column `e` is the edge `edge_index[0, e] → edge_index[1, e]`) and its
+node count `num_nodes` (node ids lie in `[0, num_nodes)`; nodes without edges are isolated),
+and returns numpy arrays. Nothing is cached and nothing is padded: [`mmpe.coords.Graph`][mmpe.coords.graph.Graph]
+calls these (the `batched_*` ones for a batch of several graphs) and lays the results out as
+padded `[b, n_max]` tokens, and the PyG transforms of [`mmpe.integrations.pyg`][mmpe.integrations.pyg] call them
 to precompute.
 
-Small graphs take dense kernels on stacks ``[G, n, n]`` (a vectorised Floyd–Warshall for hops up
-to :data:`DENSE_HOPS_MAX` nodes, matrix products for random walks up to 128 nodes, one ``eigh``
-of the whole Laplacian up to :data:`BATCHED_DENSE_MAX` nodes): the fixed cost of a sparse
+Small graphs take dense kernels on stacks `[G, n, n]` (a vectorised Floyd–Warshall for hops up
+to `DENSE_HOPS_MAX` nodes, matrix products for random walks up to 128 nodes, one `eigh`
+of the whole Laplacian up to `BATCHED_DENSE_MAX` nodes): the fixed cost of a sparse
 library call dominates there. A graph gets the same numbers, bit for bit, alone (a stack of one)
-or through the ``batched_*`` functions (graphs of one size stacked).
+or through the `batched_*` functions (graphs of one size stacked).
 
 Conventions:
 
 * the edge list is **coalesced** (a duplicate edge counts once);
-* ``undirected=True`` symmetrises it (an edge ``u → v`` is also ``v → u``) — the default of
+* `undirected=True` symmetrises it (an edge `u → v` is also `v → u`) — the default of
   shortest paths; Laplacians are always built on the symmetrised graph;
 * self-loops are ignored by shortest paths and Laplacians; a random walk may take them (as in
-  PyG's ``AddRandomWalkPE``); degrees count them once (in and out);
-* distances are **hops** (edge counts), ``inf`` between nodes with no path.
+  PyG's `AddRandomWalkPE`); degrees count them once (in and out);
+* distances are **hops** (edge counts), `inf` between nodes with no path.
 
 Functions (papers where a formula is implemented):
 
 =============================  ===============================================================
-:func:`adjacency`              coalesced 0/1 adjacency, ``scipy.sparse`` CSR ``[n, n]``
-:func:`shortest_path_hops`     all-pairs hops (BFS, ``scipy.sparse.csgraph``; dense
+[`adjacency`][mmpe.graph_maths.adjacency]              coalesced 0/1 adjacency, `scipy.sparse` CSR `[n, n]`
+[`shortest_path_hops`][mmpe.graph_maths.shortest_path_hops]     all-pairs hops (BFS, `scipy.sparse.csgraph`; dense
                                Floyd–Warshall on small graphs), predecessors
-:func:`random_walk_pe`         ``[(D⁻¹A)^t]_ii``, ``t = 1 … k`` (RWSE; Dwivedi et al. 2022)
-:func:`laplacian_pe`           ``k`` smallest non-trivial Laplacian eigenvectors (LapPE;
-                               Dwivedi & Bresson 2020), from :func:`laplacian_eigenvectors`
-:func:`degrees`                in- and out-degrees (Graphormer centrality; Ying et al. 2021)
-:func:`path_edge_ids`          the edges along one shortest path per pair (Graphormer eq. 7)
-:func:`path_edge_features`     their features ``x_{e_1} … x_{e_N}`` (Graphormer eq. 7)
+[`random_walk_pe`][mmpe.graph_maths.random_walk_pe]         `[(D⁻¹A)^t]_ii`, `t = 1 … k` (RWSE; Dwivedi et al. 2022)
+[`laplacian_pe`][mmpe.graph_maths.laplacian_pe]           `k` smallest non-trivial Laplacian eigenvectors (LapPE;
+                               Dwivedi & Bresson 2020), from [`laplacian_eigenvectors`][mmpe.graph_maths.laplacian_eigenvectors]
+[`degrees`][mmpe.graph_maths.degrees]                in- and out-degrees (Graphormer centrality; Ying et al. 2021)
+[`path_edge_ids`][mmpe.graph_maths.path_edge_ids]          the edges along one shortest path per pair (Graphormer eq. 7)
+[`path_edge_features`][mmpe.graph_maths.path_edge_features]     their features `x_{e_1} … x_{e_N}` (Graphormer eq. 7)
 =============================  ===============================================================
 
-Spectral helpers (formerly :mod:`mmpe.coords.spectral`, still importable from there), for a
-symmetric, non-negative weighted adjacency ``A`` (``n × n``) with degrees ``D = diag(A·1)``:
+Spectral helpers (formerly `mmpe.coords.spectral`, still importable from there), for a
+symmetric, non-negative weighted adjacency `A` (`n × n`) with degrees `D = diag(A·1)`:
 
-* ``normalization=None`` — combinatorial Laplacian ``L = D − A``;
-* ``normalization="sym"`` — ``L = I − D^{-1/2} A D^{-1/2}`` (eigenvalues in ``[0, 2]``).
+* `normalization=None` — combinatorial Laplacian `L = D − A`;
+* `normalization="sym"` — `L = I − D^{-1/2} A D^{-1/2}` (eigenvalues in `[0, 2]`).
 
-Both are built by :func:`scipy.sparse.csgraph.laplacian`, which **ignores the diagonal of**
-``A`` (self-loops do not enter the Laplacian) and gives an isolated node a zero row (so each
+Both are built by `scipy.sparse.csgraph.laplacian`, which **ignores the diagonal of**
+`A` (self-loops do not enter the Laplacian) and gives an isolated node a zero row (so each
 connected component, isolated nodes included, contributes one zero eigenvalue; PyG's
-``get_laplacian`` instead puts 1 on an isolated node's diagonal).
+`get_laplacian` instead puts 1 on an isolated node's diagonal).
 
-:func:`laplacian_eigenvectors` returns the ``k`` smallest **non-trivial** eigenpairs: the
+[`laplacian_eigenvectors`][mmpe.graph_maths.laplacian_eigenvectors] returns the `k` smallest **non-trivial** eigenpairs: the
 eigenpairs sorted by eigenvalue with the first (the trivial one, eigenvalue 0, vector
-``∝ D^{1/2}·1``; ``∝ 1`` for ``D − A``) dropped — the convention of PyG's
-``AddLaplacianEigenvectorPE``. On a disconnected graph (isolated nodes are components of their
+`∝ D^{1/2}·1`; `∝ 1` for `D − A`) dropped — the convention of PyG's
+`AddLaplacianEigenvectorPE`. On a disconnected graph (isolated nodes are components of their
 own) the zero eigenspace has one dimension per component; it is built in closed form (the
-per-component vectors ``∝ D^{1/2}·1_C``, ``e_i`` for an isolated node), the graph-wide trivial
-vector is dropped from it, and the other ``c − 1`` zero eigenvalues are kept, with a fixed
+per-component vectors `∝ D^{1/2}·1_C`, `e_i` for an isolated node), the graph-wide trivial
+vector is dropped from it, and the other `c − 1` zero eigenvalues are kept, with a fixed
 orthonormal basis of the rest: they are informative positions (which component a node is in).
 The non-zero eigenpairs are those of each component's own Laplacian (the Laplacian is block
-diagonal over components), found per component: dense ``eigh`` below
-:data:`DENSE_THRESHOLD` nodes, shift-invert ``eigsh`` above, whose completeness (every copy of
+diagonal over components), found per component: dense `eigh` below
+`DENSE_THRESHOLD` nodes, shift-invert `eigsh` above, whose completeness (every copy of
 a repeated eigenvalue: Lanczos from one start vector sees one vector per eigenspace) is checked
 by counting the eigenvalues below a point of the spectrum with Sylvester's law of inertia, with
 deflation passes where the count says some are missing. Both paths give the same eigenvalues
-and eigenspaces (tested). :func:`laplacian_pe` solves graphs of at most
-:data:`BATCHED_DENSE_MAX` nodes by one dense ``eigh`` of the whole Laplacian (same conventions;
+and eigenspaces (tested). [`laplacian_pe`][mmpe.graph_maths.laplacian_pe] solves graphs of at most
+`BATCHED_DENSE_MAX` nodes by one dense `eigh` of the whole Laplacian (same conventions;
 within a repeated eigenvalue the basis may differ from the per-component one).
 
 Sign convention (deterministic): every eigenvector is flipped so that its entry of largest
-absolute value is positive (ties within ``1e-8`` go to the lowest node index). Eigenvectors
+absolute value is positive (ties within `1e-8` go to the lowest node index). Eigenvectors
 of a repeated eigenvalue are only defined up to a rotation of their subspace; the solver's
-basis is returned as is. Models should not rely on the sign: :func:`random_sign_flip`
+basis is returned as is. Models should not rely on the sign: [`random_sign_flip`][mmpe.graph_maths.random_sign_flip]
 multiplies every eigenvector by an independent random ±1 (LapPE training augmentation,
 Dwivedi & Bresson 2020).
 
@@ -150,7 +150,7 @@ def _positive_int(value: Any, name: str, fn: str) -> int:
 
 
 def _edges(edge_index: Any, num_nodes: int, fn: str) -> np.ndarray:
-    """``edge_index`` as an int64 numpy ``[2, E]`` with ids in ``[0, num_nodes)``, or an error."""
+    """`edge_index` as an int64 numpy `[2, E]` with ids in `[0, num_nodes)`, or an error."""
     if isinstance(edge_index, Tensor):
         edge_index = edge_index.detach().cpu().numpy()
     if not isinstance(edge_index, np.ndarray):
@@ -190,8 +190,8 @@ _ZERO_EIGENVALUE = 1e-9
 
 def _stack_edges(rows: np.ndarray, cols: np.ndarray, slot: np.ndarray, local: np.ndarray,
                  count: int, n: int, fill: float = 0.0) -> np.ndarray:
-    """``[count, n, n]`` float64 holding ``fill``, and 1 at ``(slot[u], local[u], local[v])``
-    for every edge ``u → v`` (``rows[e], cols[e]``) with ``slot[u] >= 0``."""
+    """`[count, n, n]` float64 holding `fill`, and 1 at `(slot[u], local[u], local[v])`
+    for every edge `u → v` (`rows[e], cols[e]`) with `slot[u] >= 0`."""
     out = np.full((count, n, n), fill)
     keep = slot[rows] >= 0
     r, c = rows[keep], cols[keep]
@@ -202,9 +202,9 @@ def _stack_edges(rows: np.ndarray, cols: np.ndarray, slot: np.ndarray, local: np
 def _floyd_warshall(hops: np.ndarray) -> np.ndarray:
     """All-pairs hop counts of a stack of small graphs, in place.
 
-    ``hops [G, n, n]`` float64 holds 1 on edges, 0 on the diagonal and ``inf`` elsewhere; after
-    ``n`` broadcast steps ``hops[g, i, j] = min_k hops[g, i, k] + hops[g, k, j]`` it holds the
-    shortest-path hop counts (``inf``: no path). Exact: the entries are small integers or inf.
+    `hops [G, n, n]` float64 holds 1 on edges, 0 on the diagonal and `inf` elsewhere; after
+    `n` broadcast steps `hops[g, i, j] = min_k hops[g, i, k] + hops[g, k, j]` it holds the
+    shortest-path hop counts (`inf`: no path). Exact: the entries are small integers or inf.
     """
     for k in range(hops.shape[-1]):
         np.minimum(hops, hops[:, :, k, None] + hops[:, None, k, :], out=hops)
@@ -212,13 +212,13 @@ def _floyd_warshall(hops: np.ndarray) -> np.ndarray:
 
 
 def _walk_diagonals(walk: np.ndarray, k: int) -> np.ndarray:
-    """``diag(W^t)``, ``t = 1 … k``, of a stack of transition matrices ``walk [G, n, n]``
-    (float64) as ``[G, n, k]``.
+    """`diag(W^t)`, `t = 1 … k`, of a stack of transition matrices `walk [G, n, n]`
+    (float64) as `[G, n, k]`.
 
-    The diagonal of a product needs no product: ``(PQ)_ii = Σ_j P_ij Q_ji``. With
-    ``s = ⌈√k⌉``, the powers ``W … W^s`` and ``W^{2s}, W^{3s} …`` are multiplied out
-    (``s − 1 + ⌈k/s⌉ − 1`` matrix products, 5 for ``k = 16`` instead of 15), and
-    ``diag(W^{qs + r}) = Σ_j (W^{qs})_ij (W^r)_ji``. All terms are non-negative: no cancellation,
+    The diagonal of a product needs no product: `(PQ)_ii = Σ_j P_ij Q_ji`. With
+    `s = ⌈√k⌉`, the powers `W … W^s` and `W^{2s}, W^{3s} …` are multiplied out
+    (`s − 1 + ⌈k/s⌉ − 1` matrix products, 5 for `k = 16` instead of 15), and
+    `diag(W^{qs + r}) = Σ_j (W^{qs})_ij (W^r)_ji`. All terms are non-negative: no cancellation,
     the result equals the power-by-power diagonals to a few ulps.
     """
     count, n, _ = walk.shape
@@ -241,19 +241,19 @@ def _walk_diagonals(walk: np.ndarray, k: int) -> np.ndarray:
 
 def _dense_laplacian_eigenvectors(adj: np.ndarray, k: int, normalization: str | None
                                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`laplacian_eigenvectors` of a stack of small graphs by one stacked dense ``eigh``.
+    """[`laplacian_eigenvectors`][mmpe.graph_maths.laplacian_eigenvectors] of a stack of small graphs by one stacked dense `eigh`.
 
     Args:
-        adj: ``[G, n, n]`` symmetric 0/1 float64 adjacencies, zero diagonal, ``n >= 2``.
+        adj: `[G, n, n]` symmetric 0/1 float64 adjacencies, zero diagonal, `n >= 2`.
         k: eigenpairs (>= 1).
-        normalization: ``"sym"`` or None.
+        normalization: `"sym"` or None.
 
     Returns:
-        ``vals [G, k]``, ``vecs [G, n, k]``, ``mask [G, k]`` with the conventions of
-        :func:`laplacian_eigenvectors`: the ``c`` zero eigenvalues of a graph with ``c``
-        components are replaced by the closed-form zero eigenspace (:func:`_zero_eigenspace`,
-        trivial vector dropped), the rest are the non-zero eigenpairs in ascending order; signs
-        follow :func:`canonical_sign`.
+        `vals [G, k]`, `vecs [G, n, k]`, `mask [G, k]` with the conventions of
+            [`laplacian_eigenvectors`][mmpe.graph_maths.laplacian_eigenvectors]: the `c` zero eigenvalues of a graph with `c`
+            components are replaced by the closed-form zero eigenspace ([`_zero_eigenspace`][mmpe.graph_maths._zero_eigenspace],
+            trivial vector dropped), the rest are the non-zero eigenpairs in ascending order; signs
+            follow [`canonical_sign`][mmpe.graph_maths.canonical_sign].
     """
     count, n, _ = adj.shape
     m = min(k, n - 1)
@@ -296,18 +296,18 @@ def adjacency(edge_index: np.ndarray | Tensor, num_nodes: int, *, undirected: bo
     """The coalesced 0/1 adjacency of one graph.
 
     Args:
-        edge_index: ``[2, E]`` integer node ids in ``[0, num_nodes)``.
-        num_nodes: ``n`` (>= 0).
-        undirected: add every edge's reverse (``A = max(A, Aᵀ)``).
-        self_loops: keep edges ``u → u`` (dropped otherwise).
+        edge_index: `[2, E]` integer node ids in `[0, num_nodes)`.
+        num_nodes: `n` (>= 0).
+        undirected: add every edge's reverse (`A = max(A, Aᵀ)`).
+        self_loops: keep edges `u → u` (dropped otherwise).
 
     Returns:
-        ``A [n, n]`` float64 ``scipy.sparse`` CSR, ``A[u, v] = 1`` for an edge ``u → v``
-        (duplicates count once).
+        `A [n, n]` float64 `scipy.sparse` CSR, `A[u, v] = 1` for an edge `u → v`
+            (duplicates count once).
 
     Raises:
-        TypeError: ``edge_index`` not an integer array/tensor.
-        ValueError: ``edge_index`` not ``[2, E]``, node ids out of range, bad ``num_nodes``.
+        TypeError: `edge_index` not an integer array/tensor.
+        ValueError: `edge_index` not `[2, E]`, node ids out of range, bad `num_nodes`.
     """
     n = _num_nodes(num_nodes, "adjacency")
     row, col = _edges(edge_index, n, "adjacency")
@@ -325,25 +325,25 @@ def shortest_path_hops(edge_index: np.ndarray | Tensor, num_nodes: int, undirect
                        return_predecessors: bool = False) -> Any:
     """All-pairs shortest-path hop counts of one graph (unweighted BFS).
 
-    ``scipy.sparse.csgraph.shortest_path`` on the coalesced adjacency without self-loops
-    (:func:`adjacency`); ``undirected=False`` follows edges ``u → v`` only. Graphs of at most
-    :data:`DENSE_HOPS_MAX` nodes, when no predecessors are asked for, take a vectorised
+    `scipy.sparse.csgraph.shortest_path` on the coalesced adjacency without self-loops
+    ([`adjacency`][mmpe.graph_maths.adjacency]); `undirected=False` follows edges `u → v` only. Graphs of at most
+    `DENSE_HOPS_MAX` nodes, when no predecessors are asked for, take a vectorised
     Floyd–Warshall on the dense hop matrix instead (the same hop counts, several times faster
     there: a csgraph call has a fixed cost of about 0.1 ms).
 
     Args:
-        edge_index: ``[2, E]`` integer node ids in ``[0, num_nodes)``.
-        num_nodes: ``n`` (>= 0).
+        edge_index: `[2, E]` integer node ids in `[0, num_nodes)`.
+        num_nodes: `n` (>= 0).
         undirected: treat every edge as undirected.
         return_predecessors: also return the predecessor matrix.
 
     Returns:
-        ``hops [n, n]`` float64 (units: hops; ``0`` on the diagonal, ``inf`` where no path
-        leads from ``i`` to ``j``), and with ``return_predecessors`` ``pred [n, n]`` int32: the
-        node before ``j`` on the chosen shortest path from ``i`` (−9999 where none).
+        `hops [n, n]` float64 (units: hops; `0` on the diagonal, `inf` where no path
+            leads from `i` to `j`), and with `return_predecessors` `pred [n, n]` int32: the
+            node before `j` on the chosen shortest path from `i` (−9999 where none).
 
     Raises:
-        TypeError / ValueError: bad ``edge_index`` or ``num_nodes`` (see :func:`adjacency`).
+        TypeError / ValueError: bad `edge_index` or `num_nodes` (see [`adjacency`][mmpe.graph_maths.adjacency]).
     """
     n = _num_nodes(num_nodes, "shortest_path_hops")
     ei = _edges(edge_index, n, "shortest_path_hops")
@@ -359,9 +359,9 @@ def shortest_path_hops(edge_index: np.ndarray | Tensor, num_nodes: int, undirect
 
 def _dense_hops(ei: np.ndarray, slot: np.ndarray, local: np.ndarray, count: int, n: int,
                 undirected: bool) -> np.ndarray:
-    """Hops ``[count, n, n]`` of the graphs whose nodes have ``slot >= 0`` (``ei``: their
-    edges, global ids; ``slot``/``local``: stack slot and row of each node), by
-    :func:`_floyd_warshall`. Padding rows (``n`` above a graph's size) stay ``inf``."""
+    """Hops `[count, n, n]` of the graphs whose nodes have `slot >= 0` (`ei`: their
+    edges, global ids; `slot`/`local`: stack slot and row of each node), by
+    [`_floyd_warshall`][mmpe.graph_maths._floyd_warshall]. Padding rows (`n` above a graph's size) stay `inf`."""
     rows, cols = ei
     if undirected:
         rows, cols = np.concatenate([rows, cols]), np.concatenate([cols, rows])
@@ -372,7 +372,7 @@ def _dense_hops(ei: np.ndarray, slot: np.ndarray, local: np.ndarray, count: int,
 
 
 def _coalesce(ei: np.ndarray, n: int) -> np.ndarray:
-    """The distinct columns of ``ei [2, E]`` (ids in ``[0, n)``), sorted by (source, target)."""
+    """The distinct columns of `ei [2, E]` (ids in `[0, n)`), sorted by (source, target)."""
     if not ei.size:
         return ei
     key = np.unique(ei[0] * max(n, 1) + ei[1])  # one int64 sort, not unique(axis=1)'s row sort
@@ -383,19 +383,19 @@ def degrees(edge_index: np.ndarray | Tensor, num_nodes: int) -> tuple[np.ndarray
     """In- and out-degrees of the coalesced edge list (Graphormer's centrality, Ying et al. 2021
     eq. 5, reads them).
 
-    A node's in-degree counts the distinct edges ``u → v`` into it, its out-degree the distinct
+    A node's in-degree counts the distinct edges `u → v` into it, its out-degree the distinct
     edges leaving it; a self-loop counts once in each. A PyG undirected graph stores both
     directions of every edge, so there in = out = the number of neighbours.
 
     Args:
-        edge_index: ``[2, E]`` integer node ids in ``[0, num_nodes)``.
-        num_nodes: ``n`` (>= 0).
+        edge_index: `[2, E]` integer node ids in `[0, num_nodes)`.
+        num_nodes: `n` (>= 0).
 
     Returns:
-        ``(in_degree [n], out_degree [n])`` int64.
+        `(in_degree [n], out_degree [n])` int64.
 
     Raises:
-        TypeError / ValueError: bad ``edge_index`` or ``num_nodes``.
+        TypeError / ValueError: bad `edge_index` or `num_nodes`.
     """
     n = _num_nodes(num_nodes, "degrees")
     ei = _coalesce(_edges(edge_index, n, "degrees"), n)
@@ -406,30 +406,30 @@ def degrees(edge_index: np.ndarray | Tensor, num_nodes: int) -> tuple[np.ndarray
 # ---------------------------------------------------------------------------- random walks
 def random_walk_pe(edge_index: np.ndarray | Tensor, num_nodes: int, k: int,
                    undirected: bool = False) -> np.ndarray:
-    """Random-walk return probabilities ``[(D⁻¹A)^t]_ii``, ``t = 1 … k`` (RWSE/RWPE, Dwivedi et
+    """Random-walk return probabilities `[(D⁻¹A)^t]_ii`, `t = 1 … k` (RWSE/RWPE, Dwivedi et
     al. 2022, eq. 6; as GraphGPS uses it).
 
-    ``A`` is the coalesced adjacency of ``edge_index`` (self-loops kept; symmetrised when
-    ``undirected``), ``D`` its out-degrees clamped to ≥ 1 (an isolated node never returns: its
-    row is 0). This is PyG's ``AddRandomWalkPE`` on a coalesced edge list.
+    `A` is the coalesced adjacency of `edge_index` (self-loops kept; symmetrised when
+    `undirected`), `D` its out-degrees clamped to ≥ 1 (an isolated node never returns: its
+    row is 0). This is PyG's `AddRandomWalkPE` on a coalesced edge list.
 
-    Up to 128 nodes the powers are dense float64 matrices, and only about ``2√k`` of them are
-    multiplied out (:func:`_walk_diagonals`: the diagonal of ``W^a W^b`` is a row-wise sum of
-    an element-wise product). Larger graphs take sparse products up to ``W^⌈k/2⌉`` and the same
+    Up to 128 nodes the powers are dense float64 matrices, and only about `2√k` of them are
+    multiplied out (`_walk_diagonals`: the diagonal of `W^a W^b` is a row-wise sum of
+    an element-wise product). Larger graphs take sparse products up to `W^⌈k/2⌉` and the same
     row-wise sums for the longer walks; up to 2000 nodes, when the sparse powers fill in (an
     expander's do within a few steps, a grid's do not), the dense products instead.
 
     Args:
-        edge_index: ``[2, E]`` integer node ids in ``[0, num_nodes)``.
-        num_nodes: ``n`` (>= 0).
-        k: walk lengths ``1 … k`` (>= 1).
+        edge_index: `[2, E]` integer node ids in `[0, num_nodes)`.
+        num_nodes: `n` (>= 0).
+        k: walk lengths `1 … k` (>= 1).
         undirected: symmetrise the edge list first.
 
     Returns:
-        ``[n, k]`` float64 probabilities in ``[0, 1]``.
+        `[n, k]` float64 probabilities in `[0, 1]`.
 
     Raises:
-        TypeError / ValueError: bad ``edge_index`` or ``num_nodes``; ``k < 1``.
+        TypeError / ValueError: bad `edge_index` or `num_nodes`; `k < 1`.
     """
     n = _num_nodes(num_nodes, "random_walk_pe")
     k = _positive_int(k, "k", "random_walk_pe")
@@ -462,9 +462,9 @@ def random_walk_pe(edge_index: np.ndarray | Tensor, num_nodes: int, k: int,
 
 
 def _sparse_walk_work(nnz: int, growth: float, products: int, n: int, sums: int) -> float:
-    """Estimated cost, in dense multiply-adds, of :func:`random_walk_pe`'s sparse path from a
-    power with ``nnz`` entries on: ``products`` more products whose fill grows by ``growth``
-    each (capped at ``n²``), then ``sums`` row-wise sums over the last power."""
+    """Estimated cost, in dense multiply-adds, of [`random_walk_pe`][mmpe.graph_maths.random_walk_pe]'s sparse path from a
+    power with `nnz` entries on: `products` more products whose fill grows by `growth`
+    each (capped at `n²`), then `sums` row-wise sums over the last power."""
     work, fill = 0.0, float(nnz)
     for _ in range(products):
         fill = min(fill * max(growth, 1.0), float(n) * n)
@@ -474,8 +474,8 @@ def _sparse_walk_work(nnz: int, growth: float, products: int, n: int, sums: int)
 
 def _dense_walk(ei: np.ndarray, slot: np.ndarray, local: np.ndarray, count: int, n: int, k: int,
                 undirected: bool) -> np.ndarray:
-    """Return probabilities ``[count, n, k]`` of the graphs whose nodes have ``slot >= 0``
-    (see :func:`_dense_hops`), by :func:`_walk_diagonals` on dense ``D⁻¹A`` (self-loops kept,
+    """Return probabilities `[count, n, k]` of the graphs whose nodes have `slot >= 0`
+    (see [`_dense_hops`][mmpe.graph_maths._dense_hops]), by `_walk_diagonals` on dense `D⁻¹A` (self-loops kept,
     duplicates once, an isolated node's row 0)."""
     rows, cols = ei
     if undirected:
@@ -487,7 +487,7 @@ def _dense_walk(ei: np.ndarray, slot: np.ndarray, local: np.ndarray, count: int,
 
 # ---------------------------------------------------------------------------- spectra
 def _as_adjacency(adjacency: object) -> sp.csr_matrix | np.ndarray:
-    """Validate ``adjacency`` and return it as float64 CSR (sparse input) or ndarray (dense)."""
+    """Validate `adjacency` and return it as float64 CSR (sparse input) or ndarray (dense)."""
     if isinstance(adjacency, Tensor):
         adjacency = adjacency.detach().cpu().numpy()
     if sp.issparse(adjacency):
@@ -517,14 +517,14 @@ def _as_adjacency(adjacency: object) -> sp.csr_matrix | np.ndarray:
 
 
 def graph_laplacian(adjacency: object, normalization: str | None = "sym") -> sp.csr_matrix | np.ndarray:
-    """The Laplacian of ``adjacency`` (``None``: ``D − A``; ``"sym"``: ``I − D^-½ A D^-½``).
+    """The Laplacian of `adjacency` (`None`: `D − A`; `"sym"`: `I − D^-½ A D^-½`).
 
-    Same input rules as :func:`laplacian_eigenvectors`; the output is sparse for sparse input.
+    Same input rules as [`laplacian_eigenvectors`][mmpe.graph_maths.laplacian_eigenvectors]; the output is sparse for sparse input.
 
     Raises:
         TypeError: adjacency of an unsupported type or dtype.
         ValueError: non-square, asymmetric, negative or non-finite adjacency; an unknown
-            ``normalization``.
+            `normalization`.
     """
     if normalization not in (None, "sym"):
         raise ValueError(f"normalization must be 'sym' or None, got {normalization!r}")
@@ -536,11 +536,11 @@ def canonical_sign(eigvecs: np.ndarray, atol: float = 1e-8) -> np.ndarray:
     """Flip each column so that its largest-|entry| (lowest index among ties) is positive.
 
     Args:
-        eigvecs: ``[n, k]``.
-        atol: entries within ``atol`` of a column's largest magnitude count as ties.
+        eigvecs: `[n, k]`.
+        atol: entries within `atol` of a column's largest magnitude count as ties.
 
     Returns:
-        ``[n, k]`` float64 copy.
+        `[n, k]` float64 copy.
     """
     v = np.array(eigvecs, dtype=np.float64, copy=True)
     if v.size == 0:
@@ -562,34 +562,34 @@ def laplacian_eigenvectors(
     return_mask: bool = False,
     tol: float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray] | tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The ``k`` smallest non-trivial eigenpairs of the graph Laplacian of ``adjacency``.
+    """The `k` smallest non-trivial eigenpairs of the graph Laplacian of `adjacency`.
 
     The Laplacian is block diagonal over connected components (an isolated node is one), so
     its eigenpairs are those of the components: the zero eigenspace in closed form (one vector
-    per component, the graph-wide trivial vector ``∝ D^{1/2}·1`` — ``∝ 1`` for ``D − A`` —
+    per component, the graph-wide trivial vector `∝ D^{1/2}·1` — `∝ 1` for `D − A` —
     dropped, see the module docstring), the non-zero eigenpairs per component.
 
     Args:
-        adjacency: symmetric non-negative weights ``[n, n]``: a ``scipy.sparse`` matrix, a
+        adjacency: symmetric non-negative weights `[n, n]`: a `scipy.sparse` matrix, a
             numpy array or a torch tensor. The diagonal (self-loops) is ignored.
         k: number of eigenpairs (>= 1).
-        normalization: ``"sym"`` (``I − D^-½ A D^-½``) or ``None`` (``D − A``).
-        dense_threshold: components with fewer nodes use dense ``scipy.linalg.eigh``, larger
-            ones ``scipy.sparse.linalg.eigsh`` (shift-invert, with deflation passes until no
+        normalization: `"sym"` (`I − D^-½ A D^-½`) or `None` (`D − A`).
+        dense_threshold: components with fewer nodes use dense `scipy.linalg.eigh`, larger
+            ones `scipy.sparse.linalg.eigsh` (shift-invert, with deflation passes until no
             eigenvalue below the ones found is missing: repeated eigenvalues are complete).
-        return_mask: also return ``mask [k]`` (bool, True where the eigenpair exists).
-        tol: ``eigsh`` tolerance (0 = machine precision).
+        return_mask: also return `mask [k]` (bool, True where the eigenpair exists).
+        tol: `eigsh` tolerance (0 = machine precision).
 
     Returns:
-        ``eigvals [k]`` (ascending, float64) and ``eigvecs [n, k]`` (float64, unit-norm columns,
-        sign convention of :func:`canonical_sign`). A graph with ``n < k + 1`` nodes has only
-        ``n − 1`` non-trivial eigenpairs: the missing columns (and eigenvalues) are zeros and
-        ``mask`` is False there. A graph with 0 nodes gives ``[k]`` zeros and ``[0, k]``.
+        `eigvals [k]` (ascending, float64) and `eigvecs [n, k]` (float64, unit-norm columns,
+            sign convention of [`canonical_sign`][mmpe.graph_maths.canonical_sign]). A graph with `n < k + 1` nodes has only
+            `n − 1` non-trivial eigenpairs: the missing columns (and eigenvalues) are zeros and
+            `mask` is False there. A graph with 0 nodes gives `[k]` zeros and `[0, k]`.
 
     Raises:
         TypeError: adjacency of an unsupported type or dtype.
-        ValueError: non-square, asymmetric, negative or non-finite adjacency; ``k < 1``; an
-            unknown ``normalization``.
+        ValueError: non-square, asymmetric, negative or non-finite adjacency; `k < 1`; an
+            unknown `normalization`.
     """
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"laplacian_eigenvectors: k must be an int >= 1, got {k!r}")
@@ -604,8 +604,8 @@ def laplacian_eigenvectors(
 def _laplacian_eigenvectors(a: sp.csr_matrix, k: int, normalization: str | None,
                             dense_threshold: int = DENSE_THRESHOLD, return_mask: bool = False,
                             tol: float = 0.0) -> Any:
-    """:func:`laplacian_eigenvectors` of a checked adjacency (symmetric, non-negative, finite,
-    zero diagonal, CSR): what :func:`adjacency` builds needs no second check."""
+    """[`laplacian_eigenvectors`][mmpe.graph_maths.laplacian_eigenvectors] of a checked adjacency (symmetric, non-negative, finite,
+    zero diagonal, CSR): what [`adjacency`][mmpe.graph_maths.adjacency] builds needs no second check."""
     lap = sp.csr_matrix(laplacian(a, normed=normalization == "sym"))
     n = lap.shape[0]
     m = min(k, max(n - 1, 0))  # non-trivial eigenpairs that exist
@@ -624,7 +624,7 @@ def _laplacian_eigenvectors(a: sp.csr_matrix, k: int, normalization: str | None,
 
 def _smallest_nontrivial(a: sp.csr_matrix, lap: sp.csr_matrix, m: int, normalization: str | None,
                          dense_threshold: int, tol: float) -> tuple[np.ndarray, np.ndarray]:
-    """The ``m`` smallest eigenpairs of ``lap`` after the trivial one (see the caller)."""
+    """The `m` smallest eigenpairs of `lap` after the trivial one (see the caller)."""
     n = lap.shape[0]
     count, labels = connected_components(a, directed=False)
     order = np.argsort(labels, kind="stable")
@@ -659,8 +659,8 @@ def _smallest_nontrivial(a: sp.csr_matrix, lap: sp.csr_matrix, m: int, normaliza
 
 def _zero_eigenspace(labels: np.ndarray, count: int, sizes: np.ndarray, deg: np.ndarray,
                      normalization: str | None, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(zval [n], vecs [n, min(m, count − 1)])``: each node's entry of its component's unit
-    null vector, and the kept zero eigenvectors (see :func:`_smallest_nontrivial`)."""
+    """`(zval [n], vecs [n, min(m, count − 1)])`: each node's entry of its component's unit
+    null vector, and the kept zero eigenvectors (see [`_smallest_nontrivial`][mmpe.graph_maths._smallest_nontrivial])."""
     # Zero eigenspace: one unit vector per component, z_C ∝ D^½·1_C (sym) or 1_C; an isolated
     # node (no degree) gets e_i. The trivial vector t = Σ_C w_C z_C ∝ D^½·1 (∝ 1 for D − A, or
     # when there are no edges); the kept zero eigenvectors are an orthonormal basis of the
@@ -687,14 +687,14 @@ def _zero_eigenspace(labels: np.ndarray, count: int, sizes: np.ndarray, deg: np.
 
 
 def _count_below(sub: sp.spmatrix, tau: float) -> int | None:
-    """How many eigenvalues of the symmetric matrix ``sub`` lie below ``tau`` (Sylvester's law
+    """How many eigenvalues of the symmetric matrix `sub` lie below `tau` (Sylvester's law
     of inertia), or None when the factorisation cannot tell.
 
-    SuperLU in symmetric mode (``MMD_AT_PLUS_A`` ordering, diagonal pivots only) factors
-    ``P (sub − τI) Pᵀ = L U`` with a unit lower triangular ``L``. When no row was swapped
-    (``perm_r == perm_c``) that is ``L D Lᵀ`` with ``D = diag(U)`` (the factorisation of a
-    symmetric matrix is unique), and ``sub − τI`` has as many negative eigenvalues as ``D`` has
-    negative entries. Callers put ``τ`` in a gap of the spectrum, away from every eigenvalue,
+    SuperLU in symmetric mode (`MMD_AT_PLUS_A` ordering, diagonal pivots only) factors
+    `P (sub − τI) Pᵀ = L U` with a unit lower triangular `L`. When no row was swapped
+    (`perm_r == perm_c`) that is `L D Lᵀ` with `D = diag(U)` (the factorisation of a
+    symmetric matrix is unique), and `sub − τI` has as many negative eigenvalues as `D` has
+    negative entries. Callers put `τ` in a gap of the spectrum, away from every eigenvalue,
     so that no pivot is near zero.
     """
     size = sub.shape[0]
@@ -711,7 +711,7 @@ def _count_below(sub: sp.spmatrix, tau: float) -> int | None:
 
 def _eigsh_or_nothing(op: LinearOperator, inv: LinearOperator, kk: int, sigma: float, tol: float,
                       room: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """One shift-invert ``eigsh`` pass: the eigenpairs that converged (none: empty arrays).
+    """One shift-invert `eigsh` pass: the eigenpairs that converged (none: empty arrays).
 
     ARPACK can also stop with error 3 ("no shifts could be applied", seen on small components
     whose Krylov space is exhausted): it is tried once more with a wider subspace and another
@@ -731,17 +731,17 @@ def _eigsh_or_nothing(op: LinearOperator, inv: LinearOperator, kk: int, sigma: f
 
 def _component_eigsh(sub: sp.csr_matrix, q: int, null: np.ndarray, bound: float,
                      tol: float) -> tuple[np.ndarray, np.ndarray]:
-    """The ``q`` smallest non-zero eigenpairs of one connected component's Laplacian ``sub``.
+    """The `q` smallest non-zero eigenpairs of one connected component's Laplacian `sub`.
 
-    Shift-invert Lanczos (``eigsh``; the factorisation of ``sub − σI`` is reused) on ``sub``
-    with every eigenvector found so far deflated (moved up by ``bound + 1``, past the spectrum;
-    the known null vector from the start). Each pass asks for ``q + 2`` eigenpairs. The result
-    is complete when the eigenvalues below a point ``τ`` in the first gap above the ``q``-th
-    found are as many as the factorisation of ``sub − τI`` counts (:func:`_count_below`).
+    Shift-invert Lanczos (`eigsh`; the factorisation of `sub − σI` is reused) on `sub`
+    with every eigenvector found so far deflated (moved up by `bound + 1`, past the spectrum;
+    the known null vector from the start). Each pass asks for `q + 2` eigenpairs. The result
+    is complete when the eigenvalues below a point `τ` in the first gap above the `q`-th
+    found are as many as the factorisation of `sub − τI` counts ([`_count_below`][mmpe.graph_maths._count_below]).
     Lanczos from one start vector finds one vector of an exactly repeated eigenvalue: when the
     count says some are missing (or cannot tell), passes are repeated, each with the
     eigenvectors found deflated, until the count agrees or a pass finds nothing below the
-    ``q``-th eigenvalue kept. A pass that does not converge contributes the eigenpairs that did
+    `q`-th eigenvalue kept. A pass that does not converge contributes the eigenpairs that did
     (the next pass deflates them); one where none did falls back to the dense solver.
     """
     size = sub.shape[0]
@@ -807,32 +807,32 @@ def laplacian_pe(edge_index: np.ndarray | Tensor, num_nodes: int, k: int,
                  normalization: str | None = "sym") -> tuple[np.ndarray, np.ndarray]:
     """Laplacian eigenvector positions of one graph (LapPE, Dwivedi & Bresson 2020 §3.1).
 
-    The ``k`` smallest non-trivial eigenvectors (:func:`laplacian_eigenvectors`, deterministic
+    The `k` smallest non-trivial eigenvectors ([`laplacian_eigenvectors`][mmpe.graph_maths.laplacian_eigenvectors], deterministic
     signs) of the Laplacian of the coalesced, symmetrised adjacency without self-loops
-    (:func:`adjacency`). Equal, up to sign and to rotations within repeated eigenvalues, to
-    PyG's ``AddLaplacianEigenvectorPE(k, is_undirected=True)`` on a coalesced, loop-free
+    ([`adjacency`][mmpe.graph_maths.adjacency]). Equal, up to sign and to rotations within repeated eigenvalues, to
+    PyG's `AddLaplacianEigenvectorPE(k, is_undirected=True)` on a coalesced, loop-free
     undirected graph without isolated nodes (PyG gives an isolated node eigenvalue 1, this
     function 0).
 
-    Graphs of at most :data:`BATCHED_DENSE_MAX` nodes are solved by one dense ``eigh`` of the
-    whole Laplacian (the kernel of :func:`batched_laplacian_eigenvectors`, so a graph gets the
-    same vectors alone or in a batch); larger ones by :func:`laplacian_eigenvectors`. The two
+    Graphs of at most `BATCHED_DENSE_MAX` nodes are solved by one dense `eigh` of the
+    whole Laplacian (the kernel of [`batched_laplacian_eigenvectors`][mmpe.graph_maths.batched_laplacian_eigenvectors], so a graph gets the
+    same vectors alone or in a batch); larger ones by [`laplacian_eigenvectors`][mmpe.graph_maths.laplacian_eigenvectors]. The two
     agree up to rotations within repeated eigenvalues.
 
     Args:
-        edge_index: ``[2, E]`` integer node ids in ``[0, num_nodes)``.
-        num_nodes: ``n`` (>= 0).
+        edge_index: `[2, E]` integer node ids in `[0, num_nodes)`.
+        num_nodes: `n` (>= 0).
         k: eigenvectors (>= 1).
-        normalization: ``"sym"`` (``I − D^-½ A D^-½``) or ``None`` (``D − A``).
+        normalization: `"sym"` (`I − D^-½ A D^-½`) or `None` (`D − A`).
 
     Returns:
-        ``eigvecs [n, k]`` float64 (unit-norm columns; zero columns past the ``n − 1``
-        non-trivial eigenvectors a graph of ``n`` nodes has) and ``mask [k]`` bool (True where
-        the column exists).
+        `eigvecs [n, k]` float64 (unit-norm columns; zero columns past the `n − 1`
+            non-trivial eigenvectors a graph of `n` nodes has) and `mask [k]` bool (True where
+            the column exists).
 
     Raises:
-        TypeError / ValueError: bad ``edge_index`` or ``num_nodes``; ``k < 1``; an unknown
-            ``normalization``.
+        TypeError / ValueError: bad `edge_index` or `num_nodes`; `k < 1`; an unknown
+            `normalization`.
     """
     n = _num_nodes(num_nodes, "laplacian_pe")
     k = _positive_int(k, "k", "laplacian_pe")
@@ -844,8 +844,8 @@ def laplacian_pe(edge_index: np.ndarray | Tensor, num_nodes: int, k: int,
 
 def _one_laplacian(ei: np.ndarray, n: int, k: int, normalization: str | None
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(eigvals [k], eigvecs [n, k], mask [k])`` of one graph's Laplacian (validated local
-    edges ``ei``), as :func:`laplacian_pe` computes it."""
+    """`(eigvals [k], eigvecs [n, k], mask [k])` of one graph's Laplacian (validated local
+    edges `ei`), as [`laplacian_pe`][mmpe.graph_maths.laplacian_pe] computes it."""
     if n <= 1:
         return np.zeros(k), np.zeros((n, k)), np.zeros(k, dtype=bool)
     if n <= BATCHED_DENSE_MAX:
@@ -858,7 +858,7 @@ def _one_laplacian(ei: np.ndarray, n: int, k: int, normalization: str | None
 
 def _laplacian_stack(ei: np.ndarray, slot: np.ndarray, local: np.ndarray, count: int,
                      n: int) -> np.ndarray:
-    """Symmetrised, loop-free dense 0/1 adjacencies ``[count, n, n]`` (see :func:`_dense_hops`)."""
+    """Symmetrised, loop-free dense 0/1 adjacencies `[count, n, n]` (see [`_dense_hops`][mmpe.graph_maths._dense_hops])."""
     keep = ei[0] != ei[1]
     rows, cols = ei[0][keep], ei[1][keep]
     return _stack_edges(np.concatenate([rows, cols]), np.concatenate([cols, rows]), slot, local,
@@ -870,16 +870,16 @@ def random_sign_flip(eigvecs: Tensor, generator: torch.Generator | None = None) 
     Dwivedi & Bresson 2020).
 
     Args:
-        eigvecs: ``[n, k]`` (one graph; one sign per column) or ``[b, n, k]`` (one sign per
+        eigvecs: `[n, k]` (one graph; one sign per column) or `[b, n, k]` (one sign per
             graph and column).
-        generator: optional ``torch.Generator`` for reproducible flips.
+        generator: optional `torch.Generator` for reproducible flips.
 
     Returns:
         Tensor of the same shape and dtype.
 
     Raises:
-        TypeError: ``eigvecs`` not a tensor.
-        ValueError: ``eigvecs`` not of rank 2 or 3.
+        TypeError: `eigvecs` not a tensor.
+        ValueError: `eigvecs` not of rank 2 or 3.
     """
     if not isinstance(eigvecs, Tensor):
         raise TypeError(f"random_sign_flip: eigvecs must be a torch.Tensor, got {type(eigvecs).__name__}")
@@ -894,28 +894,28 @@ def random_sign_flip(eigvecs: Tensor, generator: torch.Generator | None = None) 
 def path_edge_ids(edge_index: np.ndarray | Tensor, num_nodes: int, max_hops: int, *,
                   undirected: bool = True,
                   paths: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The first ``max_hops`` edges along one shortest path per pair (Graphormer's edge
-    encoding, Ying et al. 2021 eq. 7: ``SP_ij = (e_1, …, e_N)``).
+    """The first `max_hops` edges along one shortest path per pair (Graphormer's edge
+    encoding, Ying et al. 2021 eq. 7: `SP_ij = (e_1, …, e_N)`).
 
-    The path ``i → j`` is the one scipy's predecessor matrix chooses (:func:`shortest_path_hops`).
-    Edge ``e_n`` (``n = 1 … N``, counted from ``i``) is named by its column in ``edge_index``;
+    The path `i → j` is the one scipy's predecessor matrix chooses ([`shortest_path_hops`][mmpe.graph_maths.shortest_path_hops]).
+    Edge `e_n` (`n = 1 … N`, counted from `i`) is named by its column in `edge_index`;
     when several columns join the same two nodes, the last one is used, and with
-    ``undirected=True`` a step ``v → u`` along an edge stored only as ``u → v`` uses that column.
+    `undirected=True` a step `v → u` along an edge stored only as `u → v` uses that column.
 
     Args:
-        edge_index: ``[2, E]`` integer node ids in ``[0, num_nodes)``.
-        num_nodes: ``n`` (>= 0).
-        max_hops: ``N_max`` edges kept per path (>= 1).
+        edge_index: `[2, E]` integer node ids in `[0, num_nodes)`.
+        num_nodes: `n` (>= 0).
+        max_hops: `N_max` edges kept per path (>= 1).
         undirected: treat every edge as undirected.
-        paths: ``(hops, predecessors)`` already computed by
-            ``shortest_path_hops(edge_index, num_nodes, undirected, return_predecessors=True)``.
+        paths: `(hops, predecessors)` already computed by
+            `shortest_path_hops(edge_index, num_nodes, undirected, return_predecessors=True)`.
 
     Returns:
-        ``ids [n, n, max_hops]`` int64 (column of ``edge_index``; −1 where no edge: past the
-        path's end, on the diagonal, between unreachable nodes) and ``valid = ids >= 0``.
+        `ids [n, n, max_hops]` int64 (column of `edge_index`; −1 where no edge: past the
+            path's end, on the diagonal, between unreachable nodes) and `valid = ids >= 0`.
 
     Raises:
-        TypeError / ValueError: bad ``edge_index``, ``num_nodes`` or ``paths``; ``max_hops < 1``.
+        TypeError / ValueError: bad `edge_index`, `num_nodes` or `paths`; `max_hops < 1`.
     """
     n = _num_nodes(num_nodes, "path_edge_ids")
     max_hops = _positive_int(max_hops, "max_hops", "path_edge_ids")
@@ -959,23 +959,23 @@ def path_edge_ids(edge_index: np.ndarray | Tensor, num_nodes: int, max_hops: int
 def path_edge_features(edge_index: np.ndarray | Tensor, edge_attr: np.ndarray | Tensor,
                        num_nodes: int, max_hops: int, *, undirected: bool = True,
                        paths: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[Any, Any]:
-    """Edge features along one shortest path per pair: ``x_{e_1} … x_{e_N}`` of Graphormer's
-    edge encoding (Ying et al. 2021 eq. 7), for the edges of :func:`path_edge_ids`.
+    """Edge features along one shortest path per pair: `x_{e_1} … x_{e_N}` of Graphormer's
+    edge encoding (Ying et al. 2021 eq. 7), for the edges of [`path_edge_ids`][mmpe.graph_maths.path_edge_ids].
 
     Args:
-        edge_index: ``[2, E]`` integer node ids in ``[0, num_nodes)``.
-        edge_attr: ``[E, F]`` (or ``[E]``, read as ``F = 1``) features of the edges, numpy or
+        edge_index: `[2, E]` integer node ids in `[0, num_nodes)`.
+        edge_attr: `[E, F]` (or `[E]`, read as `F = 1`) features of the edges, numpy or
             torch, integer or float.
-        num_nodes, max_hops, undirected, paths: as :func:`path_edge_ids`.
+        num_nodes, max_hops, undirected, paths: as [`path_edge_ids`][mmpe.graph_maths.path_edge_ids].
 
     Returns:
-        ``attr [n, n, max_hops, F]`` (``edge_attr``'s dtype; zeros where no edge) and
-        ``valid [n, n, max_hops]`` bool — torch tensors (on ``edge_attr``'s device) when
-        ``edge_attr`` is a tensor, numpy arrays otherwise.
+        `attr [n, n, max_hops, F]` (`edge_attr`'s dtype; zeros where no edge) and
+            `valid [n, n, max_hops]` bool — torch tensors (on `edge_attr`'s device) when
+            `edge_attr` is a tensor, numpy arrays otherwise.
 
     Raises:
-        TypeError: ``edge_attr`` neither a numpy array nor a tensor.
-        ValueError: ``edge_attr`` not ``[E, F]``; the errors of :func:`path_edge_ids`.
+        TypeError: `edge_attr` neither a numpy array nor a tensor.
+        ValueError: `edge_attr` not `[E, F]`; the errors of [`path_edge_ids`][mmpe.graph_maths.path_edge_ids].
     """
     is_tensor = isinstance(edge_attr, Tensor)
     if not is_tensor and not isinstance(edge_attr, np.ndarray):
@@ -1008,8 +1008,8 @@ _STACK_ENTRIES = 1 << 21
 
 def _layout(edge_index: Any, batch: Any, num_graphs: Any, fn: str
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``(edges [2, E] int64, batch [N] int64, sizes [G], ptr [G + 1])`` of a batch of graphs,
-    or an error: ``batch`` sorted (PyG's layout: graph ``g``'s nodes are ``ptr[g] … ptr[g+1]−1``),
+    """`(edges [2, E] int64, batch [N] int64, sizes [G], ptr [G + 1])` of a batch of graphs,
+    or an error: `batch` sorted (PyG's layout: graph `g`'s nodes are `ptr[g] … ptr[g+1]−1`),
     every edge inside one graph."""
     if isinstance(batch, Tensor):
         batch = batch.detach().cpu().numpy()
@@ -1033,8 +1033,8 @@ def _layout(edge_index: Any, batch: Any, num_graphs: Any, fn: str
 
 
 def collate_edges(edge_indices: Sequence[Any], num_nodes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """One batch ``(edge_index [2, ΣE], batch [Σn])`` from per-graph edge lists (node ids offset
-    by the nodes before), the input of the ``batched_*`` functions."""
+    """One batch `(edge_index [2, ΣE], batch [Σn])` from per-graph edge lists (node ids offset
+    by the nodes before), the input of the `batched_*` functions."""
     sizes = np.asarray([int(n) for n in num_nodes], dtype=np.int64)
     if len(sizes) != len(edge_indices):
         raise ValueError("collate_edges: one num_nodes per edge_index needed")
@@ -1046,8 +1046,8 @@ def collate_edges(edge_indices: Sequence[Any], num_nodes: Sequence[int]) -> tupl
 
 
 def _size_groups(sizes: np.ndarray, lo: int, hi: int) -> list[tuple[int, np.ndarray]]:
-    """``(n, graph ids)`` for every node count ``lo <= n <= hi``, chunked so that one stacked
-    ``[G, n, n]`` block stays under :data:`_STACK_ENTRIES` entries."""
+    """`(n, graph ids)` for every node count `lo <= n <= hi`, chunked so that one stacked
+    `[G, n, n]` block stays under [`_STACK_ENTRIES`][mmpe.graph_maths._STACK_ENTRIES] entries."""
     out = []
     for n in np.unique(sizes):
         n = int(n)
@@ -1061,8 +1061,8 @@ def _size_groups(sizes: np.ndarray, lo: int, hi: int) -> list[tuple[int, np.ndar
 
 def _grouped(ei: np.ndarray, batch: np.ndarray, sizes: np.ndarray, ptr: np.ndarray, lo: int,
              hi: int) -> Any:
-    """Yield ``(n, ids, edges, slot, local)`` for every chunk of :func:`_size_groups`: its graphs
-    ``ids`` (all of ``n`` nodes), the columns of ``ei`` inside them, and for every node of the
+    """Yield `(n, ids, edges, slot, local)` for every chunk of [`_size_groups`][mmpe.graph_maths._size_groups]: its graphs
+    `ids` (all of `n` nodes), the columns of `ei` inside them, and for every node of the
     batch its slot in the chunk's stack (−1 outside the chunk) and its row within its graph."""
     groups = _size_groups(sizes, lo, hi)
     if not groups:
@@ -1084,35 +1084,35 @@ def _grouped(ei: np.ndarray, batch: np.ndarray, sizes: np.ndarray, ptr: np.ndarr
 
 
 def _graph_edges(ei: np.ndarray, batch: np.ndarray, ptr: np.ndarray, g: int) -> np.ndarray:
-    """Graph ``g``'s columns of ``ei`` with local node ids."""
+    """Graph `g`'s columns of `ei` with local node ids."""
     return ei[:, batch[ei[0]] == g] - ptr[g]
 
 
 def batched_shortest_path_hops(edge_index: np.ndarray | Tensor, batch: np.ndarray | Tensor,
                                undirected: bool = True, *, num_graphs: int | None = None,
                                bucket_nodes: int = 512) -> list[np.ndarray]:
-    """:func:`shortest_path_hops` of every graph of a batch, at once.
+    """[`shortest_path_hops`][mmpe.graph_maths.shortest_path_hops] of every graph of a batch, at once.
 
-    Graphs of at most :data:`DENSE_HOPS_MAX` nodes are stacked by node count as dense
-    ``[G, n, n]`` hop matrices and solved by one vectorised Floyd–Warshall per stack (the
-    kernel :func:`shortest_path_hops` uses for one such graph). Larger graphs are cut into
-    buckets of about ``bucket_nodes`` nodes; each bucket's block-diagonal adjacency goes through
-    ``scipy.sparse.csgraph.shortest_path`` once (BFS never leaves a graph's block, so a block of
+    Graphs of at most `DENSE_HOPS_MAX` nodes are stacked by node count as dense
+    `[G, n, n]` hop matrices and solved by one vectorised Floyd–Warshall per stack (the
+    kernel [`shortest_path_hops`][mmpe.graph_maths.shortest_path_hops] uses for one such graph). Larger graphs are cut into
+    buckets of about `bucket_nodes` nodes; each bucket's block-diagonal adjacency goes through
+    `scipy.sparse.csgraph.shortest_path` once (BFS never leaves a graph's block, so a block of
     the result is that graph's hops).
 
     Args:
-        edge_index: ``[2, E]`` node ids of the whole batch (PyG ``Batch.edge_index``).
-        batch: ``[N]`` sorted graph id of every node (PyG ``Batch.batch``).
+        edge_index: `[2, E]` node ids of the whole batch (PyG `Batch.edge_index`).
+        batch: `[N]` sorted graph id of every node (PyG `Batch.batch`).
         undirected: treat every edge as undirected.
-        num_graphs: ``G`` (default ``batch.max() + 1``; more for trailing empty graphs).
-        bucket_nodes: nodes per ``shortest_path`` call (a larger graph is a bucket of its own).
+        num_graphs: `G` (default `batch.max() + 1`; more for trailing empty graphs).
+        bucket_nodes: nodes per `shortest_path` call (a larger graph is a bucket of its own).
 
     Returns:
-        ``G`` arrays ``hops [n_g, n_g]`` float64 (hops, ``inf``: no path), equal to
-        ``shortest_path_hops`` per graph.
+        `G` arrays `hops [n_g, n_g]` float64 (hops, `inf`: no path), equal to
+            `shortest_path_hops` per graph.
 
     Raises:
-        ValueError / TypeError: bad ``edge_index``, unsorted ``batch``, an edge between graphs.
+        ValueError / TypeError: bad `edge_index`, unsorted `batch`, an edge between graphs.
     """
     ei, batch_v, sizes, ptr = _layout(edge_index, batch, num_graphs, "batched_shortest_path_hops")
     out: list[np.ndarray] = [np.zeros((0, 0))] * len(sizes)
@@ -1143,10 +1143,10 @@ def batched_shortest_path_hops(edge_index: np.ndarray | Tensor, batch: np.ndarra
 
 def batched_degrees(edge_index: np.ndarray | Tensor, batch: np.ndarray | Tensor, *,
                     num_graphs: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
-    """:func:`degrees` of every graph of a batch (one ``unique`` and two ``bincount``).
+    """[`degrees`][mmpe.graph_maths.degrees] of every graph of a batch (one `unique` and two `bincount`).
 
     Returns:
-        ``G`` pairs ``(in_degree [n_g], out_degree [n_g])`` int64.
+        `G` pairs `(in_degree [n_g], out_degree [n_g])` int64.
     """
     ei, _, sizes, ptr = _layout(edge_index, batch, num_graphs, "batched_degrees")
     total = int(ptr[-1])
@@ -1159,21 +1159,21 @@ def batched_degrees(edge_index: np.ndarray | Tensor, batch: np.ndarray | Tensor,
 def batched_random_walk_pe(edge_index: np.ndarray | Tensor, batch: np.ndarray | Tensor, k: int,
                            undirected: bool = False, *,
                            num_graphs: int | None = None) -> list[np.ndarray]:
-    """:func:`random_walk_pe` of every graph of a batch, at once.
+    """[`random_walk_pe`][mmpe.graph_maths.random_walk_pe] of every graph of a batch, at once.
 
-    Graphs with the same node count ``n`` (up to 128) are stacked as dense ``[G, n, n]``
-    transition matrices ``D⁻¹A``, and the stack goes through the kernel :func:`random_walk_pe`
-    uses for one graph (:func:`_walk_diagonals`: about ``2√k`` stacked float64 products; numpy's
-    ``matmul`` beats ``torch.bmm`` in float64 on the CPU). Larger graphs go through
-    :func:`random_walk_pe` (sparse or dense products) one by one.
+    Graphs with the same node count `n` (up to 128) are stacked as dense `[G, n, n]`
+    transition matrices `D⁻¹A`, and the stack goes through the kernel [`random_walk_pe`][mmpe.graph_maths.random_walk_pe]
+    uses for one graph (`_walk_diagonals`: about `2√k` stacked float64 products; numpy's
+    `matmul` beats `torch.bmm` in float64 on the CPU). Larger graphs go through
+    [`random_walk_pe`][mmpe.graph_maths.random_walk_pe] (sparse or dense products) one by one.
 
     Args:
-        edge_index, batch, num_graphs: as :func:`batched_shortest_path_hops`.
-        k: walk lengths ``1 … k`` (>= 1).
+        edge_index, batch, num_graphs: as [`batched_shortest_path_hops`][mmpe.graph_maths.batched_shortest_path_hops].
+        k: walk lengths `1 … k` (>= 1).
         undirected: symmetrise the edge list first.
 
     Returns:
-        ``G`` arrays ``[n_g, k]`` float64, equal to ``random_walk_pe`` per graph (bit for bit).
+        `G` arrays `[n_g, k]` float64, equal to `random_walk_pe` per graph (bit for bit).
     """
     k = _positive_int(k, "k", "batched_random_walk_pe")
     ei, batch_v, sizes, ptr = _layout(edge_index, batch, num_graphs, "batched_random_walk_pe")
@@ -1192,30 +1192,30 @@ def batched_laplacian_eigenvectors(
     normalization: str | None = "sym", *, num_graphs: int | None = None,
     dense_max: int = BATCHED_DENSE_MAX,
 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """:func:`laplacian_eigenvectors` (with ``return_mask``) of the Laplacian of every graph of
-    a batch (coalesced, symmetrised, loop-free adjacency, as :func:`laplacian_pe`), at once.
+    """[`laplacian_eigenvectors`][mmpe.graph_maths.laplacian_eigenvectors] (with `return_mask`) of the Laplacian of every graph of
+    a batch (coalesced, symmetrised, loop-free adjacency, as [`laplacian_pe`][mmpe.graph_maths.laplacian_pe]), at once.
 
-    Graphs with the same node count ``n <= dense_max`` are stacked as dense ``[G, n, n]``
-    Laplacians and solved by one ``numpy.linalg.eigh`` (:func:`_dense_laplacian_eigenvectors`,
-    the kernel :func:`laplacian_pe` uses for one such graph): the spectrum of a graph with ``c``
-    components starts with ``c`` zero eigenvalues, whose columns are replaced by the closed-form
-    zero eigenspace of :func:`laplacian_eigenvectors` (trivial vector dropped, the same
+    Graphs with the same node count `n <= dense_max` are stacked as dense `[G, n, n]`
+    Laplacians and solved by one `numpy.linalg.eigh` (`_dense_laplacian_eigenvectors`,
+    the kernel [`laplacian_pe`][mmpe.graph_maths.laplacian_pe] uses for one such graph): the spectrum of a graph with `c`
+    components starts with `c` zero eigenvalues, whose columns are replaced by the closed-form
+    zero eigenspace of [`laplacian_eigenvectors`][mmpe.graph_maths.laplacian_eigenvectors] (trivial vector dropped, the same
     deterministic basis); the rest are the non-zero eigenpairs in ascending order; signs follow
-    :func:`canonical_sign`. Larger graphs go through :func:`laplacian_eigenvectors` one by one.
-    With the default ``dense_max`` every graph gets exactly what :func:`laplacian_pe` gives it;
-    against :func:`laplacian_eigenvectors` (solved per connected component) eigenvalues agree to
+    [`canonical_sign`][mmpe.graph_maths.canonical_sign]. Larger graphs go through [`laplacian_eigenvectors`][mmpe.graph_maths.laplacian_eigenvectors] one by one.
+    With the default `dense_max` every graph gets exactly what [`laplacian_pe`][mmpe.graph_maths.laplacian_pe] gives it;
+    against [`laplacian_eigenvectors`][mmpe.graph_maths.laplacian_eigenvectors] (solved per connected component) eigenvalues agree to
     rounding, eigenvectors up to sign for simple eigenvalues and up to a rotation within a
     repeated eigenvalue's subspace.
 
     Args:
-        edge_index, batch, num_graphs: as :func:`batched_shortest_path_hops`.
+        edge_index, batch, num_graphs: as [`batched_shortest_path_hops`][mmpe.graph_maths.batched_shortest_path_hops].
         k: eigenpairs (>= 1).
-        normalization: ``"sym"`` or ``None``.
-        dense_max: largest node count solved by the stacked dense ``eigh``.
+        normalization: `"sym"` or `None`.
+        dense_max: largest node count solved by the stacked dense `eigh`.
 
     Returns:
-        ``G`` triples ``(eigvals [k], eigvecs [n_g, k], mask [k])`` as
-        ``laplacian_eigenvectors(..., return_mask=True)``.
+        `G` triples `(eigvals [k], eigvecs [n_g, k], mask [k])` as
+            `laplacian_eigenvectors(..., return_mask=True)`.
     """
     fn = "batched_laplacian_eigenvectors"
     k = _positive_int(k, "k", fn)
@@ -1238,12 +1238,12 @@ def batched_laplacian_eigenvectors(
 def batched_laplacian_pe(edge_index: np.ndarray | Tensor, batch: np.ndarray | Tensor, k: int,
                          normalization: str | None = "sym", *,
                          num_graphs: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
-    """:func:`laplacian_pe` of every graph of a batch, at once
-    (:func:`batched_laplacian_eigenvectors`; same numbers up to eigenvector sign and rotations
+    """[`laplacian_pe`][mmpe.graph_maths.laplacian_pe] of every graph of a batch, at once
+    ([`batched_laplacian_eigenvectors`][mmpe.graph_maths.batched_laplacian_eigenvectors]; same numbers up to eigenvector sign and rotations
     within repeated eigenvalues).
 
     Returns:
-        ``G`` pairs ``(eigvecs [n_g, k] float64, mask [k] bool)``.
+        `G` pairs `(eigvecs [n_g, k] float64, mask [k] bool)`.
     """
     return [(vecs, mask) for _, vecs, mask in
             batched_laplacian_eigenvectors(edge_index, batch, k, normalization, num_graphs=num_graphs)]

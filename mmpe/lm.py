@@ -1,4 +1,4 @@
-"""A small causal language model around :class:`mmpe.Transformer`, for generation and tests."""
+"""A small causal language model around [`mmpe.Transformer`][mmpe.transformer.Transformer], for generation and tests."""
 
 from __future__ import annotations
 
@@ -14,19 +14,19 @@ from mmpe.transformer import EncodingSpec, Transformer
 
 
 class CausalLM(nn.Module):
-    """Token embedding → causal :class:`~mmpe.transformer.Transformer` → logits.
+    """Token embedding → causal [`Transformer`][mmpe.transformer.Transformer] → logits.
 
     Args:
         vocab_size: number of token ids.
-        d_model, num_heads, depth, encodings: as :class:`~mmpe.transformer.Transformer`.
-        **transformer_options: further :class:`~mmpe.transformer.Transformer` options
-            (``num_kv_heads``, ``encoding_context``, ``mlp_ratio`` …).
+        d_model, num_heads, depth, encodings: as [`Transformer`][mmpe.transformer.Transformer].
+        **transformer_options: further [`Transformer`][mmpe.transformer.Transformer] options
+            (`num_kv_heads`, `encoding_context`, `mlp_ratio` …).
 
-    Shapes: ``forward(tokens [b, s] int64, coords=None, cache=None) -> logits [b, s, vocab]``;
-    ``coords`` defaults to ``Sequence(s, offset=cache.length, causal=True)``.
+    Shapes: `forward(tokens [b, s] int64, coords=None, cache=None) -> logits [b, s, vocab]`;
+    `coords` defaults to `Sequence(s, offset=cache.length, causal=True)`.
 
     Raises:
-        ValueError: ``vocab_size < 1``; ``tokens`` not ``[b, s]`` integers.
+        ValueError: `vocab_size < 1`; `tokens` not `[b, s]` integers.
     """
 
     def __init__(self, vocab_size: int, d_model: int, num_heads: int, depth: int,
@@ -52,5 +52,5 @@ class CausalLM(nn.Module):
         return self.head(self.transformer(self.embed(tokens), coords, cache=cache))
 
     def make_cache(self) -> ModelCache:
-        """An empty key/value cache for :meth:`forward` (see :mod:`mmpe.cache`)."""
+        """An empty key/value cache for `forward` (see [`mmpe.cache`][mmpe.cache])."""
         return self.transformer.make_cache()

@@ -1,9 +1,9 @@
 """Molecules given as SMILES strings: their graph and a 2D layout (RDKit).
 
-RDKit is imported inside the functions (``pip install rdkit``, in the ``data`` extra), so
-``import mmpe`` does not need it. :func:`molecule_graph` gives the :class:`~mmpe.Graph`
-coordinates graph encodings read; :func:`molecule_layout` adds the 2D depiction that
-:func:`mmpe.plot.plot_graph_eigenvectors` draws.
+RDKit is imported inside the functions (`pip install rdkit`, in the `data` extra), so
+`import mmpe` does not need it. [`molecule_graph`][mmpe.molecules.molecule_graph] gives the [`Graph`][mmpe.coords.graph.Graph]
+coordinates graph encodings read; [`molecule_layout`][mmpe.molecules.molecule_layout] adds the 2D depiction that
+[`mmpe.plot.plot_graph_eigenvectors`][mmpe.plot.graph.plot_graph_eigenvectors] draws.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ def molecule_layout(smiles: str, fn: str = "molecule_layout"
         fn: the name errors start with.
 
     Returns:
-        ``(edge_index [2, 2E], n, xy [n, 2], labels, orders [E])``: both directions of each
-        bond (the ``E`` bonds first, then reversed), the number of atoms, their 2D coordinates,
-        their element symbols and the bond orders (1, 2, 3, 1.5 for aromatic).
+        `(edge_index [2, 2E], n, xy [n, 2], labels, orders [E])`: both directions of each
+            bond (the `E` bonds first, then reversed), the number of atoms, their 2D coordinates,
+            their element symbols and the bond orders (1, 2, 3, 1.5 for aromatic).
 
     Raises:
         ImportError: RDKit is not installed. ValueError: an invalid or empty SMILES string.
@@ -60,7 +60,7 @@ def molecule_layout(smiles: str, fn: str = "molecule_layout"
 
 
 def molecule_graph(smiles: str, *, virtual_token: bool = False) -> Graph:
-    """:class:`~mmpe.Graph` coordinates of a molecule given as SMILES (RDKit; atoms = nodes),
+    """[`Graph`][mmpe.coords.graph.Graph] coordinates of a molecule given as SMILES (RDKit; atoms = nodes),
     with the bond type as an integer edge feature (0 single, 1 double, 2 triple, 3 aromatic).
 
     Raises:

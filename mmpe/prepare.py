@@ -1,12 +1,12 @@
 """Position-derived tensors computed once per model forward and shared by every layer.
 
 Rotary cos/sin tables, the eager bias of an encoding shared across layers, the dense mask and
-the FlexAttention ``BlockMask`` depend only on the coordinates (and the encoding's parameters,
-which do not change during a forward). ``Transformer.forward`` opens a :func:`forward_scope` on
-its coordinates; inside it :func:`memoized` computes each such tensor once. Outside a scope
+the FlexAttention `BlockMask` depend only on the coordinates (and the encoding's parameters,
+which do not change during a forward). `Transformer.forward` opens a [`forward_scope`][mmpe.prepare.forward_scope] on
+its coordinates; inside it [`memoized`][mmpe.prepare.memoized] computes each such tensor once. Outside a scope
 (a single attention call) it simply computes. The memo is dropped when the forward ends, so a
 coordinates object reused across training steps never serves a tensor from an earlier step.
-Under ``torch.compile`` the memo is bypassed: the traced graph shares the computation itself.
+Under `torch.compile` the memo is bypassed: the traced graph shares the computation itself.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ def sharing(enabled: bool) -> Iterator[None]:
 
 
 def forward_scope(coords: Any) -> AbstractContextManager[None]:
-    """Share :func:`memoized` values across the layers of one forward on ``coords``.
+    """Share [`memoized`][mmpe.prepare.memoized] values across the layers of one forward on `coords`.
 
-    Nested scopes on the same object share the outer one's memo. Under ``torch.compile`` it is
-    ``nullcontext()`` (the compiler shares common subexpressions itself; and torch 2.5 cannot
+    Nested scopes on the same object share the outer one's memo. Under `torch.compile` it is
+    `nullcontext()` (the compiler shares common subexpressions itself; and torch 2.5 cannot
     trace a generator-based context manager).
     """
     if torch.compiler.is_compiling():
@@ -57,7 +57,7 @@ def _scope(coords: Any) -> Iterator[None]:
 
 
 def memoized(coords: Any, key: Hashable, compute: Callable[[], T]) -> T:
-    """``compute()``, once per key inside a :func:`forward_scope` on ``coords``."""
+    """`compute()`, once per key inside a [`forward_scope`][mmpe.prepare.forward_scope] on `coords`."""
     if torch.compiler.is_compiling() or not _ENABLED[0]:
         return compute()
     memo = coords.__dict__.get(_MEMO)

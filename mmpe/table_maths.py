@@ -3,21 +3,21 @@
 Tab-PET (Leng, Ghosh & Motani 2025, "Tab-PET: Graph-Based Positional Encodings for Tabular
 Transformers", AAAI 2026, arXiv:2511.13338) gives the feature columns of a table a geometry: a
 **feature graph** estimated from the *training rows only*, whose nodes are the columns and whose
-edge weights measure how strongly two columns depend on each other. :class:`mmpe.coords.Table`
+edge weights measure how strongly two columns depend on each other. [`mmpe.coords.Table`][mmpe.coords.table.Table]
 holds the result as coordinates; these functions compute it:
 
-1. :func:`feature_graph` — ``W[i, j] = |ρ(x_i, x_j)|`` with ``ρ`` Pearson
-   (:func:`abs_pearson`) or Spearman (:func:`abs_spearman`) correlation, or the mutual
-   information ``I(x_i; x_j)`` (nats; :func:`mutual_information`) when columns are categorical.
+1. [`feature_graph`][mmpe.table_maths.feature_graph] — `W[i, j] = |ρ(x_i, x_j)|` with `ρ` Pearson
+   ([`abs_pearson`][mmpe.table_maths.abs_pearson]) or Spearman ([`abs_spearman`][mmpe.table_maths.abs_spearman]) correlation, or the mutual
+   information `I(x_i; x_j)` (nats; [`mutual_information`][mmpe.table_maths.mutual_information]) when columns are categorical.
    Diagonal 0.
-2. :func:`sparsify_graph` — keep each column's ``knn`` strongest neighbours (union:
-   ``A = max(M, Mᵀ)``), or the edges with ``W >= threshold``, or everything (``None``; the
+2. [`sparsify_graph`][mmpe.table_maths.sparsify_graph] — keep each column's `knn` strongest neighbours (union:
+   `A = max(M, Mᵀ)`), or the edges with `W >= threshold`, or everything (`None`; the
    dense association graph of the Tab-PET reference code).
-3. :func:`feature_spectrum` — Laplacian eigenvectors of ``A``
-   (:func:`mmpe.graph_maths.laplacian_eigenvectors`; ``L = I − D^-½ A D^-½`` by default, as
-   Tab-PET): the ``k`` smallest non-trivial eigenvectors and optionally the ``k_high`` largest
+3. [`feature_spectrum`][mmpe.table_maths.feature_spectrum] — Laplacian eigenvectors of `A`
+   ([`mmpe.graph_maths.laplacian_eigenvectors`][mmpe.graph_maths.laplacian_eigenvectors]; `L = I − D^-½ A D^-½` by default, as
+   Tab-PET): the `k` smallest non-trivial eigenvectors and optionally the `k_high` largest
    (the Tab-PET reference concatenates low- and high-frequency eigenvectors).
-4. :func:`feature_hops` — unweighted shortest-path hops in ``A`` (``scipy.sparse.csgraph``).
+4. [`feature_hops`][mmpe.table_maths.feature_hops] — unweighted shortest-path hops in `A` (`scipy.sparse.csgraph`).
 
 Every function takes numpy arrays or torch tensors and returns float64 numpy arrays.
 """
@@ -43,7 +43,7 @@ GRAPH_METHODS = ("pearson", "spearman", "mi", "auto")
 
 
 def _check_table(X: object, name: str = "X") -> np.ndarray:
-    """``X`` as a finite float64 ``[n_rows, n_features]`` array, or a clear error."""
+    """`X` as a finite float64 `[n_rows, n_features]` array, or a clear error."""
     if isinstance(X, Tensor):
         X = X.detach().cpu().numpy()
     try:
@@ -79,7 +79,7 @@ def _check_categorical(categorical: Seq[int], f: int) -> list[int]:
 
 
 def _abs_correlation(X: np.ndarray) -> np.ndarray:
-    """``|Pearson(x_i, x_j)|`` of the columns of a checked table (constant columns: 0)."""
+    """`|Pearson(x_i, x_j)|` of the columns of a checked table (constant columns: 0)."""
     xc = X - X.mean(axis=0, keepdims=True)
     norm = np.sqrt((xc**2).sum(axis=0))
     const = norm <= 1e-12 * max(1.0, float(np.abs(X).max()))
@@ -93,48 +93,48 @@ def _abs_correlation(X: np.ndarray) -> np.ndarray:
 
 
 def abs_pearson(X: object) -> np.ndarray:
-    """``W[i, j] = |ρ_P(x_i, x_j)|``, the absolute Pearson correlation of the columns of ``X``.
+    """`W[i, j] = |ρ_P(x_i, x_j)|`, the absolute Pearson correlation of the columns of `X`.
 
     A constant column correlates 0 with every other (not NaN); the diagonal is 0.
 
     Args:
-        X: ``[n_rows, n_features]`` numbers (at least 3 rows and 2 columns, finite).
+        X: `[n_rows, n_features]` numbers (at least 3 rows and 2 columns, finite).
 
     Returns:
-        ``[n_features, n_features]`` float64, symmetric, in ``[0, 1]``.
+        `[n_features, n_features]` float64, symmetric, in `[0, 1]`.
 
     Raises:
-        TypeError: non-numeric ``X``.
-        ValueError: ``X`` not 2-D, too few rows or columns, NaN/inf cells (named by column).
+        TypeError: non-numeric `X`.
+        ValueError: `X` not 2-D, too few rows or columns, NaN/inf cells (named by column).
     """
     return _abs_correlation(_check_table(X))
 
 
 def abs_spearman(X: object) -> np.ndarray:
-    """``W[i, j] = |ρ_S(x_i, x_j)|``: Pearson correlation of the columns' average ranks (ties
-    share their mean rank, as ``scipy.stats.spearmanr``); the association graph Tab-PET
-    reports best (Leng et al. 2025). Same input rules and output as :func:`abs_pearson`."""
+    """`W[i, j] = |ρ_S(x_i, x_j)|`: Pearson correlation of the columns' average ranks (ties
+    share their mean rank, as `scipy.stats.spearmanr`); the association graph Tab-PET
+    reports best (Leng et al. 2025). Same input rules and output as [`abs_pearson`][mmpe.table_maths.abs_pearson]."""
     return _abs_correlation(rankdata(_check_table(X), axis=0))
 
 
 def mutual_information(X: object, categorical: Seq[int] = (), *, random_state: int = 0) -> np.ndarray:
-    """Pairwise mutual information of the columns of ``X`` (nats), symmetrised.
+    """Pairwise mutual information of the columns of `X` (nats), symmetrised.
 
-    Row ``j`` of the raw matrix ``M`` estimates ``I(x_j; x_i)`` for all ``i`` with ``x_j`` as the
-    target: scikit-learn's ``mutual_info_classif`` (categorical target, contingency / k-NN
-    estimators) or ``mutual_info_regression`` (continuous target, Kraskov k-NN estimator), with
-    ``categorical`` marked discrete. The result is ``W = max((M + Mᵀ) / 2, 0)``, diagonal 0.
+    Row `j` of the raw matrix `M` estimates `I(x_j; x_i)` for all `i` with `x_j` as the
+    target: scikit-learn's `mutual_info_classif` (categorical target, contingency / k-NN
+    estimators) or `mutual_info_regression` (continuous target, Kraskov k-NN estimator), with
+    `categorical` marked discrete. The result is `W = max((M + Mᵀ) / 2, 0)`, diagonal 0.
 
     Args:
-        X: ``[n_rows, n_features]`` numbers; categorical columns as integer codes.
+        X: `[n_rows, n_features]` numbers; categorical columns as integer codes.
         categorical: indices of the categorical columns.
         random_state: seed of scikit-learn's estimators (they add tiny noise).
 
     Returns:
-        ``[n_features, n_features]`` float64, symmetric, non-negative.
+        `[n_features, n_features]` float64, symmetric, non-negative.
 
     Raises:
-        TypeError / ValueError: as :func:`abs_pearson`; ``categorical`` indices out of range or
+        TypeError / ValueError: as [`abs_pearson`][mmpe.table_maths.abs_pearson]; `categorical` indices out of range or
             repeated.
     """
     require("sklearn", "mutual_information")
@@ -164,25 +164,25 @@ def feature_graph(
     categorical: Seq[int] = (),
     random_state: int = 0,
 ) -> np.ndarray:
-    """Dense association graph of the columns of ``X`` (Tab-PET's association-based graphs).
+    """Dense association graph of the columns of `X` (Tab-PET's association-based graphs).
 
     Args:
-        X: training rows only, ``[n_rows, n_features]`` numbers (categorical columns as integer
+        X: training rows only, `[n_rows, n_features]` numbers (categorical columns as integer
             codes). Never pass validation or test rows: the graph (and every encoding built on
             it) must not see them.
-        method: ``"pearson"`` (:func:`abs_pearson`), ``"spearman"`` (:func:`abs_spearman`),
-            ``"mi"`` (:func:`mutual_information`), or ``"auto"`` (``"mi"`` when ``categorical``
-            is non-empty, else ``"spearman"``, the paper's best association graph).
+        method: `"pearson"` ([`abs_pearson`][mmpe.table_maths.abs_pearson]), `"spearman"` ([`abs_spearman`][mmpe.table_maths.abs_spearman]),
+            `"mi"` ([`mutual_information`][mmpe.table_maths.mutual_information]), or `"auto"` (`"mi"` when `categorical`
+            is non-empty, else `"spearman"`, the paper's best association graph).
         categorical: indices of categorical columns (discrete for the MI estimators).
         random_state: seed of scikit-learn's MI estimators.
 
     Returns:
-        ``W [n_features, n_features]`` float64, symmetric, non-negative, zero diagonal.
+        `W [n_features, n_features]` float64, symmetric, non-negative, zero diagonal.
 
     Raises:
-        TypeError: non-numeric ``X``.
-        ValueError: ``X`` not 2-D, fewer than 3 rows or 2 columns, NaN/inf cells (the message
-            names the columns), bad ``categorical`` indices, unknown ``method``.
+        TypeError: non-numeric `X`.
+        ValueError: `X` not 2-D, fewer than 3 rows or 2 columns, NaN/inf cells (the message
+            names the columns), bad `categorical` indices, unknown `method`.
     """
     arr = _check_table(X)
     cats = _check_categorical(categorical, arr.shape[1])
@@ -210,19 +210,19 @@ def sparsify_graph(weights: object, mode: str | None = "knn", *, knn: int = 4,
     """Sparsify a dense feature graph.
 
     Args:
-        weights: ``[f, f]`` symmetric non-negative weights (e.g. from :func:`feature_graph`).
-        mode: ``"knn"`` — each node keeps its ``knn`` largest-weight neighbours (ties: lower
-            index first), and an edge survives if either endpoint kept it (``max(M, Mᵀ)``);
-            ``"threshold"`` — keep edges with weight ``>= threshold``; ``None`` — keep all.
-        knn: neighbours per node, ``1 <= knn <= f − 1``.
+        weights: `[f, f]` symmetric non-negative weights (e.g. from [`feature_graph`][mmpe.table_maths.feature_graph]).
+        mode: `"knn"` — each node keeps its `knn` largest-weight neighbours (ties: lower
+            index first), and an edge survives if either endpoint kept it (`max(M, Mᵀ)`);
+            `"threshold"` — keep edges with weight `>= threshold`; `None` — keep all.
+        knn: neighbours per node, `1 <= knn <= f − 1`.
         threshold: minimum weight kept (same units as the weights).
 
     Returns:
-        ``A [f, f]`` float64, symmetric, zero diagonal, weights of the kept edges.
+        `A [f, f]` float64, symmetric, zero diagonal, weights of the kept edges.
 
     Raises:
-        ValueError: non-square, asymmetric, negative or non-finite weights; ``knn`` out of range;
-            unknown ``mode``.
+        ValueError: non-square, asymmetric, negative or non-finite weights; `knn` out of range;
+            unknown `mode`.
     """
     w = _square_weights(weights)
     if not np.all(np.isfinite(w)) or np.any(w < 0):
@@ -250,18 +250,18 @@ def sparsify_graph(weights: object, mode: str | None = "knn", *, knn: int = 4,
 
 
 def feature_hops(adjacency: object) -> np.ndarray:
-    """All-pairs unweighted shortest-path hops of an undirected graph (``inf`` if unreachable).
+    """All-pairs unweighted shortest-path hops of an undirected graph (`inf` if unreachable).
 
     Args:
-        adjacency: ``[f, f]`` (numpy, torch or scipy.sparse); a non-zero entry is an edge (its
-            weight is ignored; ``A[i, j]`` or ``A[j, i]`` non-zero joins ``i`` and ``j``).
+        adjacency: `[f, f]` (numpy, torch or scipy.sparse); a non-zero entry is an edge (its
+            weight is ignored; `A[i, j]` or `A[j, i]` non-zero joins `i` and `j`).
 
     Returns:
-        ``[f, f]`` float64 hop counts (units: hops), ``0`` on the diagonal, ``inf`` between
-        components.
+        `[f, f]` float64 hop counts (units: hops), `0` on the diagonal, `inf` between
+            components.
 
     Raises:
-        ValueError: ``adjacency`` not square.
+        ValueError: `adjacency` not square.
     """
     a = _square_weights(adjacency, "adjacency")
     graph = sp.csr_matrix((a != 0).astype(np.float64))
@@ -270,24 +270,24 @@ def feature_hops(adjacency: object) -> np.ndarray:
 
 def feature_spectrum(adjacency: object, k: int, k_high: int = 0,
                      normalization: str | None = "sym") -> tuple[np.ndarray, np.ndarray]:
-    """Tab-PET's positions: the ``k`` smallest non-trivial and ``k_high`` largest Laplacian
+    """Tab-PET's positions: the `k` smallest non-trivial and `k_high` largest Laplacian
     eigenpairs of the feature graph (Leng et al. 2025; eigenvectors of
-    :func:`mmpe.graph_maths.laplacian_eigenvectors`, deterministic signs).
+    [`mmpe.graph_maths.laplacian_eigenvectors`][mmpe.graph_maths.laplacian_eigenvectors], deterministic signs).
 
     Args:
-        adjacency: ``[f, f]`` symmetric non-negative weights (numpy, torch or scipy.sparse); the
+        adjacency: `[f, f]` symmetric non-negative weights (numpy, torch or scipy.sparse); the
             diagonal is ignored.
-        k: low-frequency eigenpairs (``>= 0``).
-        k_high: high-frequency eigenpairs (``>= 0``); ``1 <= k + k_high <= f − 1``.
-        normalization: ``"sym"`` (``I − D^-½ A D^-½``, Tab-PET) or ``None`` (``D − A``).
+        k: low-frequency eigenpairs (`>= 0`).
+        k_high: high-frequency eigenpairs (`>= 0`); `1 <= k + k_high <= f − 1`.
+        normalization: `"sym"` (`I − D^-½ A D^-½`, Tab-PET) or `None` (`D − A`).
 
     Returns:
-        ``eigvals [k + k_high]`` (ascending) and ``eigvecs [f, k + k_high]`` float64 (unit-norm
-        columns): the ``k`` lowest, then the ``k_high`` highest.
+        `eigvals [k + k_high]` (ascending) and `eigvecs [f, k + k_high]` float64 (unit-norm
+            columns): the `k` lowest, then the `k_high` highest.
 
     Raises:
-        ValueError: ``k``/``k_high`` out of range; bad adjacency (see
-            :func:`~mmpe.graph_maths.laplacian_eigenvectors`).
+        ValueError: `k`/`k_high` out of range; bad adjacency (see
+            [`laplacian_eigenvectors`][mmpe.graph_maths.laplacian_eigenvectors]).
     """
     a = _square_weights(adjacency, "adjacency")
     f = a.shape[0]

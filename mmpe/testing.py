@@ -1,7 +1,7 @@
 """Test helpers for users who write their own coordinate classes.
 
-:func:`assert_coordinates_contract` checks that a coordinate object keeps the promises every
-encoding relies on (:mod:`mmpe.coords.capabilities`). Run it in your test suite on a few
+[`assert_coordinates_contract`][mmpe.testing.assert_coordinates_contract] checks that a coordinate object keeps the promises every
+encoding relies on ([`mmpe.coords.capabilities`][mmpe.coords.capabilities]). Run it in your test suite on a few
 instances of your class (small ones: it evaluates every pair)::
 
     import torch
@@ -28,8 +28,8 @@ instances of your class (small ones: it evaluates every pair)::
     def test_ring_contract():
         assert_coordinates_contract(Ring(7))
 
-A violation raises ``AssertionError`` whose message names the member (``distance``,
-``extent``, ``relation``, ``mask_mod`` …) and the property it broke.
+A violation raises `AssertionError` whose message names the member (`distance`,
+`extent`, `relation`, `mask_mod` …) and the property it broke.
 """
 
 from __future__ import annotations
@@ -49,40 +49,40 @@ _SCALAR_SAMPLES = 24
 
 
 def assert_coordinates_contract(coords: Any, *, atol: float = 1e-6) -> None:
-    """Check the coordinate contract on ``coords``; raise ``AssertionError`` on a violation.
+    """Check the coordinate contract on `coords`; raise `AssertionError` on a violation.
 
     Checked for every object:
 
-    * ``num_queries`` / ``num_keys`` are positive ints; ``batch_size`` is None or a positive
-      int; ``device`` is a ``torch.device``.
-    * ``mask_mod`` (when not None) is well formed: ``dense_mask()`` is bool
-      ``[b or 1, 1, n_q, n_k]`` and every query may attend to at least one key.
+    * `num_queries` / `num_keys` are positive ints; `batch_size` is None or a positive
+      int; `device` is a `torch.device`.
+    * `mask_mod` (when not None) is well formed: `dense_mask()` is bool
+      `[b or 1, 1, n_q, n_k]` and every query may attend to at least one key.
 
-    And for each capability the object provides (``isinstance(coords, Metric)`` …):
+    And for each capability the object provides (`isinstance(coords, Metric)` …):
 
-    * ``Metric`` — ``distance`` is a float tensor of the broadcast index shape, finite and
-      non-negative on every pair; symmetric (``d(i, j) = d(j, i)``) when queries and keys are
-      one token set (``n_q == n_k``) and the coordinates are not ``Directed`` (a directed
-      distance may be asymmetric); ``d(i, i) = 0`` on the diagonal of such a set where the mask
-      allows the pair; ``extent`` finite and ``extent(q) >= distance(q, k)`` on every pair the
-      mask allows (tolerance ``atol + 1e-5·extent``).
-    * ``Directed`` — ``distance == |relation|`` on every pair (in float); ``causal`` is a
-      ``bool``; when causal there is a ``mask_mod`` and it allows no pair with
-      ``relation < 0`` (it may mask more: documents, token order).
-    * ``Positioned`` — ``query_positions`` / ``key_positions`` are tensors ``[n, a]`` or
-      ``[b, n, a]`` with ``a == num_axes``, ``n_q`` / ``n_k`` rows and finite entries.
+    * `Metric` — `distance` is a float tensor of the broadcast index shape, finite and
+      non-negative on every pair; symmetric (`d(i, j) = d(j, i)`) when queries and keys are
+      one token set (`n_q == n_k`) and the coordinates are not `Directed` (a directed
+      distance may be asymmetric); `d(i, i) = 0` on the diagonal of such a set where the mask
+      allows the pair; `extent` finite and `extent(q) >= distance(q, k)` on every pair the
+      mask allows (tolerance `atol + 1e-5·extent`).
+    * `Directed` — `distance == |relation|` on every pair (in float); `causal` is a
+      `bool`; when causal there is a `mask_mod` and it allows no pair with
+      `relation < 0` (it may mask more: documents, token order).
+    * `Positioned` — `query_positions` / `key_positions` are tensors `[n, a]` or
+      `[b, n, a]` with `a == num_axes`, `n_q` / `n_k` rows and finite entries.
 
-    Scalar (flex) evaluation equals broadcast (eager) evaluation: ``distance``, ``relation``,
-    ``extent`` and ``mask_mod`` are evaluated on the full :func:`~mmpe.coords.base.index_grid`
-    and on a sample of 0-d index tensors ``torch.tensor(i)`` (as FlexAttention calls them),
+    Scalar (flex) evaluation equals broadcast (eager) evaluation: `distance`, `relation`,
+    `extent` and `mask_mod` are evaluated on the full [`index_grid`][mmpe.coords.base.index_grid]
+    and on a sample of 0-d index tensors `torch.tensor(i)` (as FlexAttention calls them),
     and the two must agree.
 
     Args:
-        coords: any coordinate object (an :class:`mmpe.Coordinates` subclass, mmpe's or yours).
+        coords: any coordinate object (an [`mmpe.Coordinates`][mmpe.coords.base.Coordinates] subclass, mmpe's or yours).
         atol: absolute tolerance of the float comparisons.
 
     Raises:
-        AssertionError: ``"<Class>.<member>: violates the contract: <property>"``, naming the
+        AssertionError: `"<Class>.<member>: violates the contract: <property>"`, naming the
             member and the violated property.
     """
     try:

@@ -1,4 +1,4 @@
-"""A small pre-norm transformer stack built on :class:`mmpe.attention.MultiHeadAttention`."""
+"""A small pre-norm transformer stack built on [`mmpe.attention.MultiHeadAttention`][mmpe.attention.MultiHeadAttention]."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ INPUT_COMBINE = ("add", "concat")
 def build_encodings(specs: Seq[EncodingSpec], **context: Any) -> list[Encoding]:
     """Build each spec (registry name, config dict, or an already built module).
 
-    ``context`` (keys of :data:`mmpe.context.CONTEXT_KEYS`) fills the options each encoding
+    `context` (keys of `mmpe.context.CONTEXT_KEYS`) fills the options each encoding
     declares and the spec does not set.
     """
     if isinstance(specs, (str, Mapping, Encoding)):
@@ -66,7 +66,7 @@ def _warn_duplicates(encodings: Seq[Encoding]) -> None:
 
 
 def check_input_combine(value: Any, owner: str = "transformer") -> str:
-    """``value`` if it is one of :data:`INPUT_COMBINE`, else ``ValueError`` naming the option."""
+    """`value` if it is one of `INPUT_COMBINE`, else `ValueError` naming the option."""
     if not isinstance(value, str) or value not in INPUT_COMBINE:
         raise ValueError(f"{owner}: input_combine must be one of {', '.join(map(repr, INPUT_COMBINE))}, "
                          f"got {value!r}")
@@ -74,8 +74,8 @@ def check_input_combine(value: Any, owner: str = "transformer") -> str:
 
 
 def pe_width(enc: InputEncoding, d_model: int) -> int:
-    """``d_pe``: the channels of an input encoding's ``P`` (``width`` for encodings that set it,
-    such as ``tabpet``; otherwise the encoding's ``d_model``, by default the model's)."""
+    """`d_pe`: the channels of an input encoding's `P` (`width` for encodings that set it,
+    such as `tabpet`; otherwise the encoding's `d_model`, by default the model's)."""
     for attr in ("width", "d_model"):
         value = getattr(enc, attr, None)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
@@ -84,28 +84,28 @@ def pe_width(enc: InputEncoding, d_model: int) -> int:
 
 
 def input_term(enc: InputEncoding, x: Tensor, coords: Coordinates) -> Tensor:
-    """The encoding's ``P`` for tokens ``x``: ``enc.term(x, coords)`` for content-dependent
-    encodings that define it (``conv_pe``: ``GELU(conv(x))``), else ``enc(coords)``."""
+    """The encoding's `P` for tokens `x`: `enc.term(x, coords)` for content-dependent
+    encodings that define it (`conv_pe`: `GELU(conv(x))`), else `enc(coords)`."""
     term = getattr(enc, "term", None)
     return term(x, coords) if callable(term) else enc(coords)
 
 
 class ConcatProjection(nn.Module):
-    """``Linear(d_model + d_pe → d_model)([x ; P])``: an input encoding concatenated with the
+    """`Linear(d_model + d_pe → d_model)([x ; P])`: an input encoding concatenated with the
     token embeddings and projected back to the model width.
 
-    ``P`` (``[s, d_pe]`` or ``[b, s, d_pe]``) is broadcast over the batch. The weight
-    ``W = [W_x | W_p]`` starts as ``[I | I]`` (the leading ``min(d_model, d_pe)`` channels of
-    ``P`` on the diagonal) and the bias at 0, so at initialisation the output is exactly
-    ``x + P`` (for ``d_pe = d_model``): the concatenated model starts as the added one and
-    training moves ``W_x`` and ``W_p`` from there. Building it draws nothing from the global
-    RNG, so with one seed the rest of a model is initialised as in its ``add`` twin. Since ``W [x ; P] = W_x x + W_p P``,
-    concatenation is addition of a learned linear map of ``P`` (and of ``x``).
+    `P` (`[s, d_pe]` or `[b, s, d_pe]`) is broadcast over the batch. The weight
+    `W = [W_x | W_p]` starts as `[I | I]` (the leading `min(d_model, d_pe)` channels of
+    `P` on the diagonal) and the bias at 0, so at initialisation the output is exactly
+    `x + P` (for `d_pe = d_model`): the concatenated model starts as the added one and
+    training moves `W_x` and `W_p` from there. Building it draws nothing from the global
+    RNG, so with one seed the rest of a model is initialised as in its `add` twin. Since `W [x ; P] = W_x x + W_p P`,
+    concatenation is addition of a learned linear map of `P` (and of `x`).
 
-    Shapes: ``forward(x [b, s, d_model], pe [s, d_pe] or [b, s, d_pe]) -> [b, s, d_model]``.
+    Shapes: `forward(x [b, s, d_model], pe [s, d_pe] or [b, s, d_pe]) -> [b, s, d_model]`.
 
     Raises:
-        ValueError: non-positive widths; ``x`` or ``pe`` of the wrong shape (naming the
+        ValueError: non-positive widths; `x` or `pe` of the wrong shape (naming the
             expected shape).
     """
 
@@ -123,7 +123,7 @@ class ConcatProjection(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """``W = [I | I]``, ``b = 0``: the projection starts as ``x + P``."""
+        """`W = [I | I]`, `b = 0`: the projection starts as `x + P`."""
         with torch.no_grad():
             self.proj.weight.zero_()
             eye = torch.eye(self.d_model, dtype=self.proj.weight.dtype)
@@ -149,9 +149,9 @@ class ConcatProjection(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    """Pre-norm block: ``x + attn(LN(x))`` then ``x + MLP(LN(x))`` (GELU MLP).
+    """Pre-norm block: `x + attn(LN(x))` then `x + MLP(LN(x))` (GELU MLP).
 
-    Shapes: ``forward(x [b, s, d_model], coords) -> [b, s, d_model]``.
+    Shapes: `forward(x [b, s, d_model], coords) -> [b, s, d_model]`.
     """
 
     def __init__(self, d_model: int, num_heads: int, encodings: Seq[Encoding] = (),
@@ -175,36 +175,36 @@ class Transformer(nn.Module):
     """Encoder or decoder stack (causality comes from the coordinates) with any encodings.
 
     Input encodings are applied once to the embeddings; rotary, score and kernel encodings
-    enter every layer's attention. ``input_combine`` says how an input encoding's ``P`` meets
-    the embeddings ``x``: ``"add"`` (``x + P``: the encoding's own ``combine``) or
-    ``"concat"`` (``Linear(d_model + d_pe → d_model)([x ; P])``, one learned
-    :class:`ConcatProjection` per input encoding, started at ``x + P``). By default one set of attention encodings is shared by all
-    layers, as T5 shares its relative bias; ``share_encodings=False`` gives each layer its own.
+    enter every layer's attention. `input_combine` says how an input encoding's `P` meets
+    the embeddings `x`: `"add"` (`x + P`: the encoding's own `combine`) or
+    `"concat"` (`Linear(d_model + d_pe → d_model)([x ; P])`, one learned
+    [`ConcatProjection`][mmpe.transformer.ConcatProjection] per input encoding, started at `x + P`). By default one set of attention encodings is shared by all
+    layers, as T5 shares its relative bias; `share_encodings=False` gives each layer its own.
 
     Args:
         d_model: width.
-        num_heads: ``n_h``.
+        num_heads: `n_h`.
         depth: number of blocks.
         encodings: registry names, config dicts or built encodings.
-        mlp_ratio, dropout, backend, num_kv_heads: per block (see :class:`MultiHeadAttention`).
+        mlp_ratio, dropout, backend, num_kv_heads: per block (see [`MultiHeadAttention`][mmpe.attention.MultiHeadAttention]).
         share_encodings: share attention encodings across layers.
         encoding_context: model-wide values for building encodings, keys of
-            :data:`mmpe.context.CONTEXT_KEYS` (e.g. ``max_len``,
-            ``original_max_position_embeddings``, ``grid_shape``); ``d_model``, ``num_heads``
-            and ``head_dim`` are filled in.
-        input_combine: ``"add"`` (default) or ``"concat"`` (see above; models without an
+            `mmpe.context.CONTEXT_KEYS` (e.g. `max_len`,
+            `original_max_position_embeddings`, `grid_shape`); `d_model`, `num_heads`
+            and `head_dim` are filled in.
+        input_combine: `"add"` (default) or `"concat"` (see above; models without an
             input encoding are unchanged and warn).
 
     Raises:
-        TypeError: ``encodings`` given as a single name/config/module instead of a list.
-        ValueError: ``depth < 1``; an unknown context key or an invalid context value;
-            ``input_combine`` not ``"add"`` or ``"concat"``.
+        TypeError: `encodings` given as a single name/config/module instead of a list.
+        ValueError: `depth < 1`; an unknown context key or an invalid context value;
+            `input_combine` not `"add"` or `"concat"`.
 
-    Shapes: ``forward(x [b, s, d_model], coords, cache=None) -> [b, s, d_model]`` (final
-    LayerNorm applied). For cached decoding pass ``cache = model.make_cache()`` and, each step,
-    coordinates with ``offset = cache.length`` (see :mod:`mmpe.cache`). Position-derived
+    Shapes: `forward(x [b, s, d_model], coords, cache=None) -> [b, s, d_model]` (final
+    LayerNorm applied). For cached decoding pass `cache = model.make_cache()` and, each step,
+    coordinates with `offset = cache.length` (see [`mmpe.cache`][mmpe.cache]). Position-derived
     tensors (rotary tables, shared biases, masks) are computed once per forward and shared by
-    the layers (:mod:`mmpe.prepare`).
+    the layers (`mmpe.prepare`).
     """
 
     def __init__(
@@ -268,5 +268,5 @@ class Transformer(nn.Module):
         return self.norm(x)
 
     def make_cache(self) -> ModelCache:
-        """An empty key/value cache with one :class:`~mmpe.cache.KVCache` per layer."""
+        """An empty key/value cache with one [`KVCache`][mmpe.cache.KVCache] per layer."""
         return ModelCache(len(self.blocks))

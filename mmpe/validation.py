@@ -1,14 +1,14 @@
 """Argument checks shared by every public constructor and function (one module, no copies).
 
-Every check raises ``ValueError`` (a value of the right kind out of range: ``0`` heads, a NaN
-base) or ``TypeError`` (a value of the wrong kind: ``"8"`` heads, a list where a tensor is
+Every check raises `ValueError` (a value of the right kind out of range: `0` heads, a NaN
+base) or `TypeError` (a value of the wrong kind: `"8"` heads, a list where a tensor is
 expected), and the message always names the argument: ``"rope: head_dim must be an int >= 2,
 got '8'"``.
 
-:func:`check_options` validates a registered encoding's constructor arguments from its
-signature's annotations (``int``, ``float``, ``bool``, tuples of ints) and from the ranges
-of :data:`OPTION_RANGES` (by argument name: every shipped encoding uses a name with one
-meaning); :func:`mmpe.register` runs it before the constructor, so the constructor's own
+[`check_options`][mmpe.validation.check_options] validates a registered encoding's constructor arguments from its
+signature's annotations (`int`, `float`, `bool`, tuples of ints) and from the ranges
+of [`OPTION_RANGES`][mmpe.validation.OPTION_RANGES] (by argument name: every shipped encoding uses a name with one
+meaning); [`mmpe.register`][mmpe.registry.register] runs it before the constructor, so the constructor's own
 checks (parities, sums, relations between arguments) see well-typed values.
 """
 
@@ -45,7 +45,7 @@ def _is_real(value: object) -> bool:
 
 def check_int(where: str, arg: str, value: object, minimum: int | None = 1,
               maximum: int | None = None) -> int:
-    """``value`` as an int in ``[minimum, maximum]``; ``TypeError``/``ValueError`` naming ``arg``."""
+    """`value` as an int in `[minimum, maximum]`; `TypeError`/`ValueError` naming `arg`."""
     if not _is_int(value):
         raise TypeError(f"{where}: {arg} must be an int, got {value!r} "
                         f"({type(value).__name__})")
@@ -60,10 +60,10 @@ def check_int(where: str, arg: str, value: object, minimum: int | None = 1,
 
 
 def check_positive_int(where: str, arg: str, value: object, minimum: int = 1) -> None:
-    """Raise unless ``value`` is an int ``>= minimum`` (``ValueError`` naming ``arg``).
+    """Raise unless `value` is an int `>= minimum` (`ValueError` naming `arg`).
 
-    Kept with its historic signature (``ValueError`` for every bad value) for the encodings
-    that call it; new code uses :func:`check_int`.
+    Kept with its historic signature (`ValueError` for every bad value) for the encodings
+    that call it; new code uses [`check_int`][mmpe.validation.check_int].
     """
     if not _is_int(value) or value < minimum:
         what = "a positive int (>= 1)" if minimum == 1 else f"an int >= {minimum}"
@@ -72,7 +72,7 @@ def check_positive_int(where: str, arg: str, value: object, minimum: int = 1) ->
 
 def check_finite_float(where: str, arg: str, value: object, *, low: float | None = None,
                        low_open: bool = False, high: float | None = None) -> float:
-    """``value`` as a finite float, optionally ``> low`` (``low_open``) or ``>= low``, ``<= high``."""
+    """`value` as a finite float, optionally `> low` (`low_open`) or `>= low`, `<= high`."""
     if not _is_real(value):
         raise TypeError(f"{where}: {arg} must be a real number, got {value!r} "
                         f"({type(value).__name__})")
@@ -87,7 +87,7 @@ def check_finite_float(where: str, arg: str, value: object, *, low: float | None
 
 
 def check_bool(where: str, arg: str, value: object) -> bool:
-    """``value`` when it is a bool (numpy bools too), else ``TypeError`` naming ``arg``."""
+    """`value` when it is a bool (numpy bools too), else `TypeError` naming `arg`."""
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{where}: {arg} must be a bool, got {value!r} ({type(value).__name__})")
     return bool(value)
@@ -96,11 +96,11 @@ def check_bool(where: str, arg: str, value: object) -> bool:
 def check_tensor(where: str, arg: str, value: object, *, dims: tuple[int, ...] | None = None,
                  floating: bool | None = None, finite: bool = False,
                  convert: bool = True) -> Tensor:
-    """``value`` as a tensor (a list/tuple/array converted when ``convert``), checked.
+    """`value` as a tensor (a list/tuple/array converted when `convert`), checked.
 
     Raises:
         TypeError: not a tensor (nor convertible), or not floating/integer as asked.
-        ValueError: a rank not in ``dims``, or non-finite entries when ``finite``.
+        ValueError: a rank not in `dims`, or non-finite entries when `finite`.
     """
     if not isinstance(value, Tensor):
         if not convert or isinstance(value, (str, bytes, Mapping)) or value is None:
@@ -176,7 +176,7 @@ OPTION_RANGES: dict[str, tuple[float | None, bool, float | None]] = {
 
 
 def _kind(annotation: object) -> tuple[str | None, bool]:
-    """(``"int"``/``"float"``/``"bool"``/``"shape"``/``None``, whether ``None`` is allowed)."""
+    """(`"int"`/`"float"`/`"bool"`/`"shape"`/`None`, whether `None` is allowed)."""
     text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__",
                                                                   str(annotation))
     text = str(text).replace(" ", "")
@@ -193,7 +193,7 @@ def _kind(annotation: object) -> tuple[str | None, bool]:
 
 
 def check_option(where: str, arg: str, annotation: object, value: object) -> None:
-    """Check one constructor option against its annotation and :data:`OPTION_RANGES`."""
+    """Check one constructor option against its annotation and [`OPTION_RANGES`][mmpe.validation.OPTION_RANGES]."""
     kind, optional = _kind(annotation)
     if kind is None or (value is None and optional):
         return
@@ -213,7 +213,7 @@ def check_option(where: str, arg: str, annotation: object, value: object) -> Non
 
 
 def check_options(where: str, cls: Callable[..., Any], args: tuple, kwargs: dict) -> None:
-    """Check the arguments of ``cls(*args, **kwargs)`` by annotation (see :func:`check_option`)."""
+    """Check the arguments of `cls(*args, **kwargs)` by annotation (see [`check_option`][mmpe.validation.check_option])."""
     try:
         bound = inspect.signature(cls).bind(*args, **kwargs)
     except TypeError:
