@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from mmpe.context import CONTEXT_KEYS, check_context
 from mmpe.coords.base import coordinate_types
 from mmpe.coords.capabilities import Capability, provides
@@ -126,6 +128,9 @@ def register(
             _ALIASES[alias] = name
         cls.registry_name = name  # type: ignore[attr-defined]
         _validate_options(cls, name)
+        origin = _plugin_origin(cls)
+        if origin is not None:
+            _name_plugin_errors(cls, name, origin)
         # One source of truth: the coordinate check at run time reads the registry metadata.
         cls.needs = needs  # type: ignore[attr-defined]
         return cls
@@ -138,6 +143,96 @@ def register(
 #: module is imported (its ``@register`` decorators run) the first time the registry is read.
 ENTRY_POINT_GROUP = "mmpe.encodings"
 _PLUGINS_LOADED: list[bool] = []
+_LOADING_ENTRY_POINT: list[str] = []  # the entry point being imported, for plugins' error notes
+
+#: Methods of an encoding that mmpe calls (and the constructor): a plugin's errors in any of
+#: them carry a note naming the plugin, since the traceback's frames are mostly mmpe's.
+PLUGIN_METHODS = ("__init__", "check_coords", "forward", "combine", "score_mod", "bias",
+                  "bias_rows", "value_term", "relation_bias", "compact_bias", "softmax_scale",
+                  "attend", "term", "make_cache", "prepare")
+
+
+def _plugin_origin(cls: Any) -> str | None:
+    """Where a registered class comes from, or ``None`` for mmpe's own encodings."""
+    module = getattr(cls, "__module__", "") or "?"
+    if module == "mmpe" or module.startswith("mmpe."):
+        return None
+    return _LOADING_ENTRY_POINT[-1] if _LOADING_ENTRY_POINT else module
+
+
+def _note(err: BaseException, note: str) -> None:
+    # Once: a plugin method calling another (combine → forward) must not repeat the note.
+    if note not in getattr(err, "__notes__", ()):
+        err.add_note(note)
+
+
+class _NamedScoreMod:
+    """A plugin's ``score_mod`` function whose errors name the plugin.
+
+    ``__code__`` is the wrapped function's, so `mmpe.flex_compile` keys its compile families
+    on the plugin's own code (one wrapper class for every plugin would merge their families).
+    """
+
+    def __init__(self, mod: Callable[..., Any], note: str) -> None:
+        self.mod, self.note = mod, note
+        self.__code__ = getattr(mod, "__code__", None)
+        self.__name__ = getattr(mod, "__name__", "score_mod")
+
+    def __call__(self, *args: Any) -> Any:
+        if torch.compiler.is_compiling():
+            # Traced (FlexAttention traces its score_mod even eagerly): Dynamo cannot trace an
+            # except clause that reads the exception's notes; its own error quotes the plugin's
+            # source line ("from user code: ...").
+            return self.mod(*args)
+        try:
+            return self.mod(*args)
+        except Exception as err:
+            _note(err, self.note)
+            raise
+
+
+def note_plugin_errors(err: BaseException, encodings: Any) -> None:
+    """Add the plugin note of each plugin among ``encodings`` to ``err`` (if it has none).
+
+    For errors raised where mmpe cannot tell which encoding failed: FlexAttention traces the
+    composed ``score_mod`` and re-raises a plugin's exception as a Dynamo error outside it, so
+    the call site of ``flex_attention`` catches and calls this with its score encodings.
+    """
+    notes = getattr(err, "__notes__", ())
+    if any(n.startswith("in plugin encoding ") for n in notes):
+        return
+    for enc in encodings:
+        note = getattr(getattr(type(enc), "score_mod", None), "_mmpe_plugin_note", None)
+        if note:
+            _note(err, note)
+
+
+def _name_plugin_errors(cls: type, name: str, origin: str) -> None:
+    """Wrap ``cls``'s `PLUGIN_METHODS` so an exception gets the note ``in plugin encoding
+    'name' from origin`` (the exception itself, its type and message are unchanged)."""
+    note = f"in plugin encoding {name!r} from {origin}"
+    for attr in PLUGIN_METHODS:
+        definer = next((k for k in cls.__mro__ if attr in k.__dict__), object)
+        if definer.__module__.split(".")[0] in ("mmpe", "torch", "builtins"):
+            continue  # mmpe's own base methods stay as they are (a score_mod closure is wrapped)
+        method = getattr(cls, attr)
+        if getattr(method, "_mmpe_plugin_note", None) == note:
+            continue
+
+        def wrapper(self: Any, *args: Any, __method: Any = method, __attr: str = attr,
+                    **kwargs: Any) -> Any:
+            try:
+                out = __method(self, *args, **kwargs)
+            except Exception as err:
+                _note(err, note)
+                raise
+            if __attr == "score_mod" and callable(out):
+                return _NamedScoreMod(out, note)  # its errors surface later, inside attention
+            return out
+
+        functools.update_wrapper(wrapper, method)
+        wrapper._mmpe_plugin_note = note  # type: ignore[attr-defined]
+        setattr(cls, attr, wrapper)
 
 
 def _ensure_loaded() -> None:
@@ -159,12 +254,15 @@ def load_plugins() -> list[str]:
 
     loaded = []
     for ep in entry_points(group=ENTRY_POINT_GROUP):
+        dist = getattr(ep.dist, "name", "?")
+        _LOADING_ENTRY_POINT.append(f"{ep.value} (entry point {ep.name!r} of {dist})")
         try:
             ep.load()
         except Exception as err:  # name the plugin: a bare traceback hides which package broke
-            dist = getattr(ep.dist, "name", "?")
             raise ImportError(f"mmpe: the encoding plugin {ep.name!r} = {ep.value!r} (from "
                               f"{dist}) failed to import: {err}") from err
+        finally:
+            _LOADING_ENTRY_POINT.pop()
         loaded.append(ep.name)
     return loaded
 

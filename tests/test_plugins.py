@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 import mmpe
 from mmpe.cli import main
@@ -90,3 +91,125 @@ def test_duplicate_rotary_or_input_encodings_warn() -> None:
         mmpe.Transformer(32, 4, 1, ["rope", "rope"])
     with pytest.warns(UserWarning, match="2 input encodings 'sinusoidal'"):
         mmpe.Transformer(32, 4, 1, ["sinusoidal", "sinusoidal"])
+
+
+# --- A plugin that raises is named in the error (issue 21) ----------------------------------
+# Every place mmpe calls into a plugin — its constructor, its hook method, the score function
+# it returns (called later, deep inside attention, on each path) — adds the note
+# "in plugin encoding '<name>' from <module>" to the exception; type and message are the
+# plugin's own.
+
+FAILING = ("init", "forward", "score_mod", "closure")
+
+
+def _failing_plugin(hook: str, where: str):
+    from mmpe.encodings.base import InputEncoding, RotaryEncoding, ScoreEncoding
+
+    def fail(point: str) -> None:
+        if where == point:
+            raise RuntimeError(f"plugin failed in {point}")
+
+    class Input(InputEncoding):
+        def __init__(self, d_model: int) -> None:
+            super().__init__()
+            fail("init")
+            self.d_model = d_model
+
+        def forward(self, coords):
+            fail("forward")
+            return torch.zeros(coords.num_queries, self.d_model)
+
+    class Rotary(RotaryEncoding):
+        def __init__(self) -> None:
+            super().__init__()
+            fail("init")
+
+        def forward(self, q, k, coords):
+            fail("forward")
+            return q, k
+
+    class Score(ScoreEncoding):
+        def __init__(self, num_heads: int) -> None:
+            super().__init__()
+            fail("init")
+            self.num_heads = num_heads
+
+        def score_mod(self, ctx):
+            fail("score_mod")
+            coords = ctx.coords
+
+            def mod(score, b, h, q_idx, kv_idx):
+                fail("closure")
+                return score - coords.distance(q_idx, kv_idx, b)
+
+            return mod
+
+    # the hook's class, its capabilities and its context keys
+    cls, needs, context = {"input": (Input, (), ("d_model",)), "rotary": (Rotary, (), ()),
+                           "score": (Score, (mmpe.Metric,), ("num_heads",))}[hook]
+    name = f"failing_{hook}_{where}"
+    mmpe.register(name, hook=hook, needs=needs, context=context, learnable=False,
+                  paper="a test plugin that raises")(cls)
+    return name
+
+
+@pytest.fixture
+def forget_plugins():
+    from mmpe import registry
+
+    before = dict(registry._REGISTRY)
+    yield
+    registry._REGISTRY.clear()
+    registry._REGISTRY.update(before)
+
+
+CASES = [(hook, where) for hook in ("input", "rotary", "score") for where in FAILING
+         if (hook == "score") == (where != "forward")]  # a score encoding has no forward
+
+
+@pytest.mark.parametrize("backend", ["flex", "sdpa", "math"])
+@pytest.mark.parametrize(("hook", "where"), CASES, ids=[f"{h}-{w}" for h, w in CASES])
+def test_a_plugin_that_raises_is_named(forget_plugins, hook: str, where: str, backend: str,
+                                      request):
+    if (where, backend) == ("closure", "flex"):
+        # FlexAttention traces the score function and re-raises its error from the
+        # flex_attention call, which is in mmpe.attention: that call site must pass the error
+        # to mmpe.registry.note_plugin_errors (pending the attention package split).
+        request.applymarker(pytest.mark.xfail(strict=True, reason="note at the flex call site"))
+    name = _failing_plugin(hook, where)
+    with pytest.raises(RuntimeError, match=f"plugin failed in {where}") as info:
+        model = mmpe.Transformer(16, 2, 1, [name])
+        for block in model.modules():
+            if isinstance(block, mmpe.MultiHeadAttention):
+                block.backend = backend
+        with torch.no_grad():  # FlexAttention has no CPU backward
+            model(torch.randn(1, 5, 16), mmpe.Sequence(5))
+    notes = getattr(info.value, "__notes__", [])
+    assert notes == [f"in plugin encoding {name!r} from {__name__}"], notes
+
+
+def test_builtin_encodings_are_not_wrapped() -> None:
+    """mmpe's own encodings keep their methods (no per-call try/except on the hot path)."""
+    from mmpe.registry import PLUGIN_METHODS
+
+    for entry in mmpe.available():
+        for attr in PLUGIN_METHODS:
+            assert not hasattr(getattr(entry.cls, attr, None), "_mmpe_plugin_note"), (entry, attr)
+
+
+def test_an_entry_point_plugin_that_raises_names_its_distribution(tmp_path: Path) -> None:
+    _install_plugin(tmp_path)
+    source = PLUGIN.replace("return score - w[h]", "raise ValueError('bad distance')\n"
+                            "            return score - w[h]")
+    (tmp_path / "my_pe_plugin.py").write_text(source)
+    script = textwrap.dedent('''
+        import torch, mmpe
+        model = mmpe.Transformer(16, 2, 1, ["ring_bias"])
+        model(torch.randn(1, 5, 16), mmpe.Sequence(5))
+    ''')
+    env_path = f"{tmp_path}:{Path(mmpe.__file__).resolve().parents[1]}"
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"}, timeout=300)
+    assert run.returncode != 0 and "ValueError: bad distance" in run.stderr
+    assert ("in plugin encoding 'ring_bias' from my_pe_plugin (entry point 'ring_bias' of "
+            "my-pe-plugin)") in run.stderr, run.stderr[-2000:]
