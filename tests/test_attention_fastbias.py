@@ -1,4 +1,4 @@
-"""The relation path of the CPU attention (``mmpe.attention._RelationPlan``) against the math path.
+"""The relation path of the CPU attention (``mmpe.attention.relation._RelationPlan``) against the math path.
 
 Content-free score terms on ``toeplitz`` sequences (implicit positions, or restarts per packed
 document) run as block-wise SDPA over a per-offset table (ALiBi, T5, KERPLE) and FIRE's compact
@@ -145,7 +145,7 @@ def test_float64_runs_the_relation_path() -> None:
 
 def test_without_the_fused_kernel(monkeypatch) -> None:
     # A torch without the CPU kernel's op: each block is computed explicitly, same numbers.
-    monkeypatch.setattr("mmpe.attention._FLASH_CPU", None)
+    monkeypatch.setattr("mmpe.attention.flash._FLASH_CPU", None)
     _compare(["alibi", "fire"], Sequence(23, causal=True), heads=2, batch=2)
 
 

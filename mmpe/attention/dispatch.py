@@ -1,0 +1,174 @@
+"""Which path runs a call (flex, SDPA or math), and the SDPA and math paths themselves.
+
+``backend="auto"`` picks per device: on CUDA, flex when there are score terms or a mask (else
+SDPA, whose flash kernels are fastest without a bias); on CPU, SDPA — measured on torch
+2.13/2.15, FlexAttention has no backward pass on the CPU, its CPU kernel is 4–5× slower than
+SDPA, and without a BlockMask its CPU scratch memory is O(n²). The SDPA path hands content-free
+terms on ``toeplitz`` sequences to the relation path ([mmpe.attention.relation][]) and
+otherwise evaluates the bias, block by block over queries where it is large.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence as Seq
+
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint
+from torch import Tensor
+
+from mmpe import flex_compile
+from mmpe.attention.flex import _block_mask, _flex_mods, compose_score_mods
+from mmpe.attention.masks import _cast_bias, _dense_mask, _large_mask, _plain_causal
+from mmpe.attention.memory import _bias_bytes, _check_memory, block_bytes
+from mmpe.attention.relation import _RelationPlan
+from mmpe.coords.base import index_grid
+from mmpe.encodings.base import AttentionContext, KernelEncoding, ScoreEncoding
+from mmpe.prepare import memoized
+
+
+def choose_path(backend: str, scores: Seq[ScoreEncoding], kernel: KernelEncoding | None,
+                device: torch.device) -> str:
+    """The execution path of a call: ``"flex"``, ``"sdpa"`` or ``"math"``."""
+    kernel_softmax = kernel is None or kernel.is_softmax
+    needs_math = not kernel_softmax or any(s.needs_probs for s in scores)
+    if backend == "math" or needs_math:
+        if backend == "flex":
+            raise ValueError("attention: backend='flex' cannot run a non-softmax kernel "
+                             "or value-side score terms; use 'math' or 'auto'")
+        return "math"
+    if backend == "flex":
+        if not flex_compile.available():
+            raise flex_compile.FlexUnavailableError(
+                f"attention: backend='flex' needs torch >= 2.6 (this is {torch.__version__}: "
+                "its FlexAttention cannot differentiate learned score terms); use 'auto' "
+                "or 'sdpa'")
+        return "flex"
+    additive = all(s.additive for s in scores)
+    if backend == "sdpa":
+        return "sdpa" if additive else "math"
+    if device.type == "cuda" and scores and flex_compile.available():
+        return "flex"
+    return "sdpa" if additive else "math"
+
+
+def run_flex(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -> Tensor:
+    """FlexAttention with the composed ``score_mod`` and the coordinates' ``BlockMask``
+    (compiled per score-mod family on CUDA, see [mmpe.flex_compile][])."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    mods = _flex_mods(scores, ctx)
+    score_mod = compose_score_mods(mods)
+    block_mask = _block_mask(ctx.coords, ctx.q.device)
+    # Inductor's flex kernel refuses q/k/v that are views of one projection buffer.
+    q, k, v = (t.contiguous() for t in (ctx.q, ctx.k, ctx.v))
+    if ctx.q.device.type != "cuda" or torch.compiler.is_compiling():
+        return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+    return flex_compile.flex(q, k, v, mods, score_mod, block_mask, scale,
+                             kinds=tuple(type(e) for e in scores))
+
+
+def run_sdpa(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -> Tensor:
+    """SDPA with the additive terms as ``attn_mask``: the relation path where it applies, block
+    by block over queries where the bias or mask is large, else in one call."""
+    coords = ctx.coords
+    plan = _RelationPlan.build(scores, ctx, scale) if scores else None
+    if plan is not None:
+        return plan.run(ctx.q, ctx.k, ctx.v)
+    if scores and _bias_bytes(ctx, coords.num_queries) > block_bytes():
+        return _sdpa_blocks(scores, ctx, scale)
+    if not scores and _large_mask(ctx):  # a padded point cloud of 60k points, say
+        return _sdpa_blocks(scores, ctx, scale)
+    bias = None
+    for enc in scores:
+        term = _bias(enc, ctx)
+        bias = term if bias is None else bias + term
+    if bias is None:
+        if _plain_causal(coords):  # the fused causal kernel, no dense mask
+            return F.scaled_dot_product_attention(ctx.q, ctx.k, ctx.v, is_causal=True,
+                                                  scale=scale)
+        attn_mask = _dense_mask(coords)
+    else:
+        attn_mask = _cast_bias(bias, ctx.q.dtype, _dense_mask(coords))
+    return F.scaled_dot_product_attention(ctx.q, ctx.k, ctx.v, attn_mask=attn_mask, scale=scale)
+
+
+def _sdpa_blocks(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -> Tensor:
+    """SDPA over blocks of queries, each with only its rows of the bias and mask: peak
+    memory O(block × n_k) instead of O(n_q × n_k). With gradients, each block is
+    recomputed in the backward pass (activation checkpointing) rather than kept."""
+    n_q = ctx.coords.num_queries
+    rows = max(1, block_bytes() // max(1, _bias_bytes(ctx, 1)))
+    outs = []
+    for start in range(0, n_q, rows):
+        stop = min(n_q, start + rows)
+        run = functools.partial(_sdpa_rows, scores, ctx, scale, start, stop)
+        if torch.is_grad_enabled():
+            outs.append(torch.utils.checkpoint.checkpoint(run, use_reentrant=False))
+        else:
+            outs.append(run())
+    return torch.cat(outs, dim=2)
+
+
+def _sdpa_rows(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float, start: int,
+               stop: int) -> Tensor:
+    bias = None
+    for enc in scores:
+        term = enc.bias_rows(ctx, start, stop)
+        bias = term if bias is None else bias + term
+    mask = ctx.coords.dense_mask(start, stop)
+    bias = mask if bias is None else _cast_bias(bias, ctx.q.dtype, mask)
+    return F.scaled_dot_product_attention(ctx.q[:, :, start:stop], ctx.k, ctx.v,
+                                          attn_mask=bias, scale=scale)
+
+
+def run_math(scores: Seq[ScoreEncoding], kernel: KernelEncoding | None, ctx: AttentionContext,
+             scale: float) -> Tensor:
+    """Explicit ``q·kᵀ``, score mods, mask, then the kernel (or softmax and value-side terms)."""
+    coords = ctx.coords
+    _check_memory(3 * _bias_bytes(ctx, coords.num_queries), "the math path's scores", ctx)
+    scores_ = (ctx.q @ ctx.k.transpose(-2, -1)).float() * scale
+    score_mod = compose_score_mods([e.score_mod(ctx) for e in scores])
+    if score_mod is not None:
+        b, h, qi, ki = index_grid(coords.batch_size or 1, ctx.num_heads, coords.num_queries,
+                                  coords.num_keys, scores_.device)
+        scores_ = score_mod(scores_, b, h, qi, ki)
+    mask = _dense_mask(coords)
+    if mask is not None:
+        scores_ = scores_.masked_fill(~mask, float("-inf"))
+    v = ctx.v.float()
+    if kernel is not None and not kernel.is_softmax:
+        out = kernel.attend(scores_, v, ctx)
+        probs = None
+    else:
+        probs = scores_.softmax(dim=-1)
+        out = probs @ v
+    for enc in scores:
+        if enc.needs_probs:
+            if probs is None:
+                raise ValueError(f"attention: {type(enc).__name__} needs softmax probabilities "
+                                 f"but the kernel is {type(kernel).__name__}")
+            term = enc.value_term(probs, ctx)
+            if term is not None:
+                out = out + term
+    return out.to(ctx.q.dtype)
+
+
+def _softmax_scale(scores: Seq[ScoreEncoding], head_dim: int) -> float:
+    """The first scale an encoding prescribes, else ``1/sqrt(h_d)`` (a loop, not ``next()`` on
+    a generator: torch 2.5's compiler cannot trace the latter)."""
+    for enc in scores:
+        scale = enc.softmax_scale(head_dim)
+        if scale is not None:
+            return scale
+    return 1.0 / math.sqrt(head_dim)
+
+
+def _bias(enc: ScoreEncoding, ctx: AttentionContext) -> Tensor:
+    """The encoding's eager bias; content-free ones once per forward (shared by layers)."""
+    if not enc.content_free:
+        return enc.bias(ctx)
+    key = ("bias", id(enc), ctx.num_heads, ctx.coords.num_queries, ctx.coords.num_keys)
+    return memoized(ctx.coords, key, lambda: enc.bias(ctx))

@@ -1,0 +1,47 @@
+"""Memory of the CPU attention paths: the budget of one block of bias rows, and a guard that
+fails before allocating what the machine cannot hold."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from mmpe.encodings.base import AttentionContext
+
+#: default budget of one block of bias rows on the CPU path (bytes); ``MMPE_ATTN_BLOCK_BYTES``
+#: overrides it.
+BLOCK_BYTES = 1 << 28
+
+
+def block_bytes() -> int:
+    """Bytes one block of bias rows may take before SDPA runs block by block over queries."""
+    return int(os.environ.get("MMPE_ATTN_BLOCK_BYTES", BLOCK_BYTES))
+
+
+def _bias_bytes(ctx: AttentionContext, rows: int) -> int:
+    return ctx.q.shape[0] * ctx.num_heads * rows * ctx.coords.num_keys * 4
+
+
+def _check_memory(needed: int, what: str, ctx: AttentionContext) -> None:
+    """Fail before allocating what this machine cannot hold, naming the size and alternatives."""
+    if ctx.q.device.type != "cpu" or torch.compiler.is_compiling():
+        return
+    total = _physical_memory()
+    if total and needed > total:
+        raise MemoryError(
+            f"attention: {what} for b={ctx.q.shape[0]}, n_h={ctx.num_heads}, "
+            f"n_q={ctx.coords.num_queries}, n_k={ctx.coords.num_keys} need {needed / 2**30:.1f} "
+            f"GiB, more than this machine's {total / 2**30:.1f} GiB; use the block-wise SDPA "
+            "path (backend='sdpa' with softmax and additive terms), FlexAttention on a GPU "
+            "(backend='flex'), or shorter sequences")
+
+
+@functools.cache
+def _physical_memory() -> int | None:
+    """Bytes of physical memory (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None

@@ -1,0 +1,311 @@
+"""The attention modules: [MultiHeadAttention][mmpe.attention.MultiHeadAttention] (self-attention
+with grouped-query heads and an optional [KVCache][mmpe.cache.KVCache]) and
+[CrossAttention][mmpe.attention.CrossAttention] (from one token set to another, each with its
+coordinates). They sort the encodings by hook, project and rotate, and hand the call to the path
+that [mmpe.attention.dispatch][] chooses."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+import torch
+from einops import rearrange
+from torch import Tensor, nn
+
+from mmpe.attention.dispatch import _softmax_scale, choose_path, run_flex, run_math, run_sdpa
+from mmpe.cache import KVCache
+from mmpe.coords.base import Coordinates
+from mmpe.coords.cross import Cross
+from mmpe.encodings.base import (
+    AttentionContext,
+    Encoding,
+    KernelEncoding,
+    RotaryEncoding,
+    ScoreEncoding,
+)
+from mmpe.prepare import forward_scope
+from mmpe.validation import check_positive_int
+
+BACKENDS = ("auto", "flex", "sdpa", "math")
+
+
+
+def _check_positive(name: str, value: object) -> int:
+    check_positive_int("attention", name, value)
+    return int(value)
+
+
+
+def _autocast(x: Tensor) -> bool:
+    """Whether autocast is on for ``x``'s device (then x and the weights may differ in dtype)."""
+    try:
+        return torch.is_autocast_enabled(x.device.type)
+    except TypeError:  # torch < 2.4: no device argument
+        return torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
+
+
+
+def _head_dim(d_model: int, num_heads: int, head_dim: int | None) -> int:
+    """``h_d``: given, or ``d_model // num_heads`` (which must divide)."""
+    _check_positive("d_model", d_model)
+    _check_positive("num_heads", num_heads)
+    if head_dim is None:
+        if d_model % num_heads:
+            raise ValueError(
+                f"attention: d_model={d_model} must be divisible by num_heads={num_heads}"
+            )
+        return d_model // num_heads
+    return _check_positive("head_dim", head_dim)
+
+
+
+class _Attention(nn.Module):
+    """What self- and cross-attention share: encodings by hook, path choice, the three paths."""
+
+    def _setup(self, num_heads: int, num_kv_heads: int | None, head_dim: int,
+               encodings: Seq[Encoding], backend: str) -> None:
+        _check_positive("num_heads", num_heads)
+        num_kv_heads = num_heads if num_kv_heads is None else _check_positive("num_kv_heads",
+                                                                              num_kv_heads)
+        if num_heads % num_kv_heads:
+            raise ValueError(f"attention: num_heads={num_heads} must be a multiple of "
+                             f"num_kv_heads={num_kv_heads}")
+        if backend not in BACKENDS:
+            raise ValueError(f"attention: backend must be one of {BACKENDS}, got {backend!r}")
+        if isinstance(encodings, (str, Encoding)):
+            raise TypeError("attention: encodings must be a list of built encodings, got a "
+                            f"single {type(encodings).__name__}")
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.backend = backend
+        self.rotary, self.scores, kernels = _split_by_hook(encodings)
+        if len(kernels) > 1:
+            raise ValueError(f"attention: at most one kernel encoding, got {len(kernels)}")
+        self.kernel = kernels[0] if kernels else None
+
+    def _projection_weight(self) -> Tensor | None:
+        """The input projection's weight (encodings may keep float32 tables in a bf16 model)."""
+        for name in ("qkv", "q_proj"):
+            layer = getattr(self, name, None)
+            if isinstance(layer, nn.Linear):
+                return layer.weight
+        return next((p for p in self.parameters() if p.is_floating_point()), None)
+
+    def _check_x(self, arg: str, x: Tensor, width: int, tokens: int, what: str) -> None:
+        if not isinstance(x, Tensor):
+            raise TypeError(f"attention: {arg} must be a torch.Tensor, got {type(x).__name__}")
+        if not x.is_floating_point():
+            raise TypeError(f"attention: {arg} must be a floating-point tensor, got {x.dtype}")
+        weight = self._projection_weight()
+        if weight is not None and x.dtype != weight.dtype and not _autocast(x):
+            raise TypeError(f"attention: {arg} is {x.dtype} but the layer's weights are "
+                            f"{weight.dtype}; cast one to the other (x.to(dtype) or "
+                            "module.to(dtype)) or run under torch.autocast")
+        if x.dim() != 3 or x.shape[-1] != width:
+            raise ValueError(f"attention: {arg} must be [b, s, {width}], got {tuple(x.shape)}")
+        if x.shape[1] != tokens:
+            raise ValueError(f"attention: {arg} has s={x.shape[1]} tokens but the coordinates "
+                             f"have {tokens} {what}")
+        if x.shape[0] == 0:
+            raise ValueError(f"attention: {arg} has batch size 0 ({tuple(x.shape)}); attention "
+                             "needs at least one example")
+
+    def _check_batch(self, x: Tensor, coords: Coordinates) -> None:
+        if coords.batch_size is not None and coords.batch_size != x.shape[0]:
+            raise ValueError(f"attention: x has batch {x.shape[0]} but the coordinates hold "
+                             f"positions for {coords.batch_size} examples")
+
+    def _rotate(self, q: Tensor, k: Tensor, coords: Coordinates) -> tuple[Tensor, Tensor]:
+        for rotary in self.rotary:
+            q, k = rotary(q, k, coords)
+        return q, k
+
+    def _expand_kv(self, t: Tensor) -> Tensor:
+        groups = self.num_heads // t.shape[1]
+        return t if groups == 1 else t.repeat_interleave(groups, dim=1)
+
+    # -- path selection (mmpe/attention/dispatch.py) ----------------------------------------
+    def path(self, device: torch.device) -> str:
+        """The execution path for this call: ``"flex"``, ``"sdpa"`` or ``"math"``."""
+        return choose_path(self.backend, self.scores, self.kernel, device)
+
+    def attend(self, ctx: AttentionContext) -> Tensor:
+        """Attention output ``[b, n_h, n_q, h_d]`` for the context's (rotated) q, k, v."""
+        assert ctx.q is not None and ctx.k is not None and ctx.v is not None
+        scale = _softmax_scale(self.scores, ctx.head_dim)
+        path = self.path(ctx.q.device)
+        if path == "flex":
+            return run_flex(self.scores, ctx, scale)
+        if path == "sdpa":
+            return run_sdpa(self.scores, ctx, scale)
+        return run_math(self.scores, self.kernel, ctx, scale)
+
+
+class MultiHeadAttention(_Attention):
+    """Self-attention with positional encodings at the rotary, score and kernel hooks.
+
+    Args:
+        d_model: model width.
+        num_heads: query heads ``n_h``.
+        encodings: built encodings (rotary, score, kernel; input encodings belong to the
+            model's embedding, see :class:`mmpe.transformer.Transformer`). At most one kernel.
+        num_kv_heads: key/value heads ``n_kv`` for grouped-query attention (Ainslie et al.
+            2023; ``1`` is multi-query attention, Shazeer 2019); a divisor of ``num_heads``,
+            default ``num_heads``. The cache keeps ``n_kv`` heads.
+        head_dim: ``h_d``; defaults to ``d_model // num_heads``.
+        qkv_bias: bias in the q/k/v projection.
+        backend: ``"auto"``, ``"flex"``, ``"sdpa"`` or ``"math"`` (see the module docstring).
+
+    Shapes: ``forward(x [b, s, d_model], coords, cache=None) -> [b, s, d_model]``; ``coords``
+    has ``n_q = s`` queries and ``n_k`` keys: ``s`` without a cache, ``cache.length + s``
+    with one (``Sequence(s, offset=cache.length, causal=True)``).
+
+    Raises:
+        ValueError: ``d_model`` not divisible by ``num_heads`` (with no ``head_dim``), heads
+            that do not divide, an input encoding or more than one kernel in ``encodings``, an
+            unknown ``backend``; at forward, ``x`` not ``[b, s, d_model]`` with ``s`` equal to
+            the coordinates' queries, a batch that differs from the coordinates', or
+            coordinates whose key count is not ``cache.length + s``.
+        TypeError: ``x`` not a floating-point tensor, ``encodings`` not a list.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        encodings: Seq[Encoding] = (),
+        *,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        qkv_bias: bool = True,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        head_dim = _head_dim(d_model, num_heads, head_dim)
+        self._setup(num_heads, num_kv_heads, head_dim, encodings, backend)
+        self.d_model = d_model
+        width = (num_heads + 2 * self.num_kv_heads) * head_dim
+        self.qkv = nn.Linear(d_model, width, bias=qkv_bias)
+        self.proj = nn.Linear(num_heads * head_dim, d_model)
+
+    def forward(self, x: Tensor, coords: Coordinates, cache: KVCache | None = None) -> Tensor:
+        if not isinstance(coords, Coordinates):
+            raise TypeError(f"attention: coords must be an mmpe Coordinates object, got "
+                            f"{type(coords).__name__}")
+        self._check_x("x", x, self.d_model, coords.num_queries, "queries")
+        self._check_batch(x, coords)
+        past = 0 if cache is None else cache.length
+        if coords.num_keys != past + x.shape[1]:
+            raise ValueError(f"attention: the coordinates have {coords.num_keys} keys but there "
+                             f"are {past} cached + {x.shape[1]} new tokens; build them with "
+                             f"offset={past} (e.g. Sequence({x.shape[1]}, offset={past}, "
+                             "causal=True))")
+        with forward_scope(coords):
+            coords.prepare()
+            q, k, v = self._project(x)
+            # Length-dependent rotations (dynamic NTK, xPos …) re-rotate every key each step.
+            lazy = cache is not None and any(r.length_dependent for r in self.rotary)
+            if not lazy:
+                q, k = self._rotate(q, k, coords)
+            if cache is not None:
+                k, v = cache.update(k, v, owner=self, causal=getattr(coords, "causal", None))
+            if lazy:
+                q, k = self._rotate(q, k, coords)
+            ctx = AttentionContext(coords, self.num_heads, self.head_dim, x.shape[0], x, q,
+                                   self._expand_kv(k), self._expand_kv(v), cache=cache)
+            out = self.attend(ctx)
+        return self.proj(rearrange(out, "b h s d -> b s (h d)"))
+
+    def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        d, hq, hkv = self.head_dim, self.num_heads, self.num_kv_heads
+        q, k, v = self.qkv(x).split((hq * d, hkv * d, hkv * d), dim=-1)
+        return (rearrange(q, "b s (h d) -> b h s d", h=hq),
+                rearrange(k, "b s (h d) -> b h s d", h=hkv),
+                rearrange(v, "b s (h d) -> b h s d", h=hkv))
+
+
+
+class CrossAttention(_Attention):
+    """Attention from queries ``x`` to another token set ``memory``, each with its coordinates.
+
+    The coordinates of the call are ``Cross(coords, memory_coords)``
+    (:class:`~mmpe.coords.cross.Cross`): rotary encodings rotate ``q`` by the query side's
+    positions and ``k`` by the key side's; a distance-based score needs a distance between the
+    two sides (both on one grid, sequence, sphere or point space) and is refused with an
+    error naming the ``Metric`` capability otherwise; latent queries
+    (:class:`~mmpe.coords.cross.Latents`) have no position. With identical coordinates on both
+    sides and ``memory is x`` it computes what :class:`MultiHeadAttention` does.
+
+    Args:
+        d_model: width of ``x`` (and of the output).
+        num_heads, num_kv_heads, head_dim, qkv_bias, backend: as :class:`MultiHeadAttention`.
+        encodings: built rotary/score/kernel encodings.
+        kv_dim: width of ``memory`` (default ``d_model``).
+
+    Shapes: ``forward(x [b, n_q, d_model], coords, memory [b, n_k, kv_dim], memory_coords)
+    -> [b, n_q, d_model]``.
+
+    Raises:
+        ValueError: as :class:`MultiHeadAttention`, for ``x`` and for ``memory`` against
+            ``memory_coords``' keys.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        encodings: Seq[Encoding] = (),
+        *,
+        kv_dim: int | None = None,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        qkv_bias: bool = True,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        head_dim = _head_dim(d_model, num_heads, head_dim)
+        kv_dim = d_model if kv_dim is None else _check_positive("kv_dim", kv_dim)
+        self._setup(num_heads, num_kv_heads, head_dim, encodings, backend)
+        self.d_model, self.kv_dim = d_model, kv_dim
+        self.q_proj = nn.Linear(d_model, num_heads * head_dim, bias=qkv_bias)
+        self.kv_proj = nn.Linear(kv_dim, 2 * self.num_kv_heads * head_dim, bias=qkv_bias)
+        self.proj = nn.Linear(num_heads * head_dim, d_model)
+
+    def forward(self, x: Tensor, coords: Coordinates, memory: Tensor,
+                memory_coords: Coordinates) -> Tensor:
+        pair = coords if isinstance(coords, Cross) else Cross(coords, memory_coords)
+        self._check_x("x", x, self.d_model, pair.num_queries, "queries")
+        self._check_x("memory", memory, self.kv_dim, pair.num_keys, "keys")
+        if memory.shape[0] != x.shape[0]:
+            raise ValueError(f"attention: x has batch {x.shape[0]} but memory {memory.shape[0]}")
+        self._check_batch(x, pair)
+        with forward_scope(pair):
+            pair.prepare()
+            q = rearrange(self.q_proj(x), "b s (h d) -> b h s d", h=self.num_heads)
+            k, v = rearrange(self.kv_proj(memory), "b s (two h d) -> two b h s d", two=2,
+                             h=self.num_kv_heads)
+            q, k = self._rotate(q, k, pair)
+            ctx = AttentionContext(pair, self.num_heads, self.head_dim, x.shape[0], x, q,
+                                   self._expand_kv(k), self._expand_kv(v))
+            out = self.attend(ctx)
+        return self.proj(rearrange(out, "b h s d -> b s (h d)"))
+
+
+
+def _split_by_hook(
+    encodings: Seq[Encoding],
+) -> tuple[nn.ModuleList, nn.ModuleList, list[KernelEncoding]]:
+    rotary, scores, kernels = nn.ModuleList(), nn.ModuleList(), []
+    for enc in encodings:
+        if isinstance(enc, RotaryEncoding):
+            rotary.append(enc)
+        elif isinstance(enc, ScoreEncoding):
+            scores.append(enc)
+        elif isinstance(enc, KernelEncoding):
+            kernels.append(enc)
+        else:
+            raise ValueError(
+                f"attention: {type(enc).__name__} (hook {getattr(enc, 'hook', '?')!r}) is not a "
+                "rotary, score or kernel encoding; add input encodings to the embeddings"
+            )
+    return rotary, scores, kernels
+
