@@ -17,6 +17,7 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -25,7 +26,10 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "CPU_FLOPS_PER_THREAD",
     "OPTION_RANGES",
+    "AttentionTooLargeError",
+    "check_attention_work",
     "check_bool",
     "check_finite_float",
     "check_int",
@@ -224,3 +228,61 @@ def check_options(where: str, cls: Callable[..., Any], args: tuple, kwargs: dict
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
         check_option(where, arg, p.annotation, value)
+
+
+#: A generous attention throughput of one CPU thread (floating-point operations per second):
+#: the time estimate of `check_attention_work` divides by it, so the estimate is a lower bound
+#: on ordinary hardware (measured: ~23 GFLOP/s per thread for biased SDPA at head_dim 16).
+CPU_FLOPS_PER_THREAD = 50e9
+#: default of ``MMPE_CPU_ATTENTION_SECONDS``: the longest one attention call on the CPU may be
+#: estimated to take before it is refused.
+CPU_ATTENTION_SECONDS = 60.0
+
+
+class AttentionTooLargeError(RuntimeError):
+    """An attention call on the CPU whose work alone would take longer than the limit."""
+
+
+def cpu_attention_seconds() -> float:
+    """The limit in seconds (``MMPE_CPU_ATTENTION_SECONDS``; ``inf`` turns the check off)."""
+    raw = os.environ.get("MMPE_CPU_ATTENTION_SECONDS")
+    if raw is None:
+        return CPU_ATTENTION_SECONDS
+    try:
+        limit = float(raw)
+    except ValueError:
+        raise ValueError(f"MMPE_CPU_ATTENTION_SECONDS must be a number of seconds (or 'inf'), "
+                         f"got {raw!r}") from None
+    if not limit > 0:
+        raise ValueError(f"MMPE_CPU_ATTENTION_SECONDS must be > 0 (or 'inf'), got {raw!r}")
+    return limit
+
+
+def check_attention_work(where: str, *, batch: int, num_heads: int, num_queries: int,
+                         num_keys: int, head_dim: int, device: torch.device | str) -> None:
+    """Refuse, before any work starts, an attention call on the CPU that cannot finish soon.
+
+    Attention costs ``4·b·n_h·n_q·n_k·h_d`` floating-point operations (``q kᵀ`` and the
+    probabilities times ``v``) whatever the memory layout: the block-wise CPU path bounds memory,
+    not time, so ALiBi at ``n = 200,000`` would run for many minutes per layer. The estimate
+    divides by `CPU_FLOPS_PER_THREAD` × ``torch.get_num_threads()`` (a lower bound on the
+    time); above ``MMPE_CPU_ATTENTION_SECONDS`` (default 60) it raises. GPUs and traced code
+    are not checked.
+
+    Raises:
+        AttentionTooLargeError: the estimate exceeds the limit; the message gives the sizes,
+            the estimate and the ways out.
+    """
+    if torch.device(device).type != "cpu" or torch.compiler.is_compiling():
+        return
+    flops = 4.0 * batch * num_heads * num_queries * num_keys * head_dim
+    threads = max(1, torch.get_num_threads())
+    seconds = flops / (CPU_FLOPS_PER_THREAD * threads)
+    limit = cpu_attention_seconds()
+    if seconds > limit:
+        raise AttentionTooLargeError(
+            f"{where}: attention over b={batch}, n_h={num_heads}, n_q={num_queries}, "
+            f"n_k={num_keys}, head_dim={head_dim} is {flops:.2g} floating-point operations, "
+            f"at least {seconds:.0f} s per call on this CPU ({threads} threads), more than the "
+            f"limit of {limit:g} s; run it on a GPU, use shorter sequences or a smaller batch, "
+            "or raise the limit with MMPE_CPU_ATTENTION_SECONDS (seconds, 'inf' for none)")

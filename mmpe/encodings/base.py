@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from mmpe.coords.base import Coordinates, index_grid
 from mmpe.coords.capabilities import Capability, missing
+from mmpe.validation import check_attention_work
 
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
@@ -175,12 +176,21 @@ class ScoreEncoding(Encoding):
 
     def check_context(self, ctx: AttentionContext) -> None:
         """Raise unless `ctx`'s coordinates are supported and, for an encoding built for
-        `num_heads` heads, the attention has that many (`ValueError` naming both)."""
+        `num_heads` heads, the attention has that many (`ValueError` naming both); and
+        unless the call's work fits `mmpe.validation.check_attention_work`'s limit on the CPU
+        (`AttentionTooLargeError`)."""
         self.check_coords(ctx.coords)
+        name = getattr(self, "registry_name", type(self).__name__)
         built = getattr(self, "num_heads", None)
         if built is not None and ctx.num_heads != built:
-            name = getattr(self, "registry_name", type(self).__name__)
             raise ValueError(f"{name}: built for num_heads={built}, attention has {ctx.num_heads}")
+        # Every path (flex, block-wise SDPA, math) builds the term through here first: refuse
+        # a CPU call that would run for many minutes before any of it starts.
+        coords = ctx.coords
+        check_attention_work(name, batch=ctx.batch or coords.batch_size or 1,
+                             num_heads=ctx.num_heads, num_queries=coords.num_queries,
+                             num_keys=coords.num_keys, head_dim=ctx.head_dim,
+                             device=ctx.q.device if ctx.q is not None else coords.device)
 
     def softmax_scale(self, head_dim: int) -> float | None:
         """Logit scale this method prescribes instead of `1/sqrt(h_d)`, or None."""
