@@ -16,12 +16,12 @@ Here:
   family compiles about twice per run (training and evaluation, the grad mode), once more
   for a batch of one or a sequence within one 128-token block;
 * `fullgraph=True` turns torch's silent fallback into `FailOnRecompileLimitHit` (torch
-  ≥ 2.6), which is counted in [`stats`][mmpe.flex_compile.stats], logged once per family, and raised when
+  ≥ 2.6), which is counted in `stats`, logged once per family, and raised when
   `MMPE_FLEX_STRICT=1` (the GPU test tier sets it) — otherwise the call runs unfused, as
   torch would have;
 * a kernel that needs more shared memory than the card has (``No valid triton configs …
   out of resource``: head_dim 64, bf16, a score_mod that captures several tensors) is compiled
-  again with smaller tiles ([`KERNEL_OPTIONS`][mmpe.flex_compile.KERNEL_OPTIONS]), and the family keeps the first that fits;
+  again with smaller tiles (`KERNEL_OPTIONS`), and the family keeps the first that fits;
   a family's first training call runs its backward once on copies of the inputs, so that a
   backward kernel's failure is seen here too.
 """
@@ -60,7 +60,7 @@ _RESOURCE_ERRORS = ("out of resource", "No valid triton configs", "OutOfResource
 
 @dataclass
 class FlexStats:
-    """Counts of this process's compiled FlexAttention calls (read them; [`reset`][mmpe.flex_compile.FlexStats.reset])."""
+    """Counts of this process's compiled FlexAttention calls (read them; `reset`)."""
 
     families: int = 0  #: compiled copies made (one per score-mod family)
     unfused: int = 0  #: calls that ran unfused after a family reached torch's recompile limit
@@ -82,7 +82,7 @@ MIN_TORCH = (2, 6)
 
 
 class FlexUnavailableError(ValueError):
-    """FlexAttention was asked for on a torch older than [`MIN_TORCH`][mmpe.flex_compile.MIN_TORCH]."""
+    """FlexAttention was asked for on a torch older than `MIN_TORCH`."""
 
 
 def available() -> bool:
@@ -147,7 +147,7 @@ def flex(q: Tensor, k: Tensor, v: Tensor, mods: list[Callable], score_mod: Calla
 
     Raises:
         RuntimeError: the family reached torch's recompile limit and `MMPE_FLEX_STRICT` is
-            set; or every tile size in [`KERNEL_OPTIONS`][mmpe.flex_compile.KERNEL_OPTIONS] failed to compile.
+            set; or every tile size in `KERNEL_OPTIONS` failed to compile.
     """
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -177,7 +177,7 @@ def flex(q: Tensor, k: Tensor, v: Tensor, mods: list[Callable], score_mod: Calla
 
 
 def compile_config():
-    """Allow [`RECOMPILE_LIMIT`][mmpe.flex_compile.RECOMPILE_LIMIT] variants per family; do not assume that sizes which
+    """Allow `RECOMPILE_LIMIT` variants per family; do not assume that sizes which
     happen to be equal stay equal (duck sizing: each would be another compile of the same
     family); and specialise Python floats (the softmax scale, an encoding's constants): symbolic floats inside a `score_mod` whose captured tensors need
     gradients fail to trace (`PendingUnbackedSymbolNotFound`, torch 2.11, FIRE).
