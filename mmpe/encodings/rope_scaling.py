@@ -135,6 +135,7 @@ class RoPEDynamicNTK(RoPE):
     """
 
     length_dependent = True  # rotations change with the number of tokens
+    renamed_options = {"max_len": "original_max_position_embeddings"}  # 0.1's name
     saved_settings = ("factor", "original_max_position_embeddings", *_ROPE_SETTINGS)
 
     def __init__(self, head_dim: int, factor: float = 4.0, original_max_position_embeddings: int = 2048,
@@ -183,6 +184,7 @@ class RoPEYaRN(RoPE):
             `beta_slow ≤ 0`, `attention_factor ≤ 0`, and RoPE's errors.
     """
 
+    renamed_options = {"max_len": "original_max_position_embeddings"}  # 0.1's name
     saved_settings = {"factor": "factor",
                       "original_max_position_embeddings": "original_max_position_embeddings",
                       "beta_fast": "beta_fast", "beta_slow": "beta_slow", "truncate": "truncate",
@@ -261,6 +263,7 @@ class RoPELongRoPE(KeepDtype, RoPE):
 
     length_dependent = True  # rotations change with the number of tokens
     keep_dtype = ("short_factor", "long_factor")  # float64 rescale factors in bf16 models too
+    renamed_options = {"max_len": "original_max_position_embeddings"}  # 0.1's name
     saved_settings = {"factor": "factor",
                       "original_max_position_embeddings": "original_max_position_embeddings",
                       "short_factor": "short_factor", "long_factor": "long_factor",
@@ -290,6 +293,11 @@ class RoPELongRoPE(KeepDtype, RoPE):
                              persistent=False)
         self.register_buffer("long_factor", torch.tensor(list(long_factor), dtype=torch.float64),
                              persistent=False)
+        if attention_factor is None and self.factor > 1 and self.original_max_position_embeddings == 1:
+            # The default attention factor divides by ln L (HF's formula): undefined at L = 1.
+            raise ValueError("rope_longrope: original_max_position_embeddings must be >= 2 for "
+                             "the default attention_factor √(1 + ln s / ln L) (ln 1 = 0), got 1; "
+                             "or give attention_factor")
         if attention_factor is None:
             attention_factor = (1.0 if self.factor <= 1
                                 else math.sqrt(1 + math.log(self.factor) / math.log(self.original_max_position_embeddings)))
@@ -329,6 +337,7 @@ class RoPELlama3(RoPE):
             or `low_freq_factor ≤ 0`, and RoPE's errors.
     """
 
+    renamed_options = {"max_len": "original_max_position_embeddings"}  # 0.1's name
     saved_settings = ("factor", "low_freq_factor", "high_freq_factor",
                       "original_max_position_embeddings", *_ROPE_SETTINGS)
 

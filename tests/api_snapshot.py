@@ -1,0 +1,87 @@
+"""Write tests/data/api_previous_release.txt: the public API of the previous release.
+
+Run once per release (``python tests/api_snapshot.py``); `tests/test_api_stability.py`
+checks that every name in it still imports and every encoding still builds with the option
+names and defaults it had. The previous release, 0.1.0, was never tagged: it is the last
+commit before "Coordinates v2" (4bcd413), where CHANGELOG.md's 0.2.0 section begins; its
+``pyproject.toml`` and ``mmpe.__version__`` say 0.1.0.
+
+The snapshot is taken by importing that commit's ``mmpe`` (extracted with ``git archive``)
+in a subprocess, so the file lists what the release really exported, not what its docs said.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "tests" / "data" / "api_previous_release.txt"
+RELEASE = "a51e16b72479fac8542ccafe3bd6dc2ff3739ec3"  # 0.1.0 (untagged), see the docstring
+
+# Runs inside the old release: one JSON object per line.
+DUMP = r'''
+import ast, inspect, json, mmpe
+
+def literal(value):
+    try:
+        return ast.literal_eval(repr(value)) == value, value
+    except (ValueError, SyntaxError, TypeError):
+        return False, None
+
+def params(obj):
+    out = []
+    for p in inspect.signature(obj).parameters.values():
+        if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            continue
+        entry = {"name": p.name, "required": p.default is p.empty}
+        ok, value = literal(p.default) if p.default is not p.empty else (False, None)
+        if ok:
+            entry["default"] = value
+        out.append(entry)
+    return out
+
+print(json.dumps({"kind": "version", "name": mmpe.__version__}))
+for name in sorted(mmpe.__all__):
+    obj = getattr(mmpe, name)
+    line = {"kind": "name", "name": name}
+    if callable(obj):
+        try:
+            line["params"] = params(obj)
+        except (TypeError, ValueError):
+            pass
+    print(json.dumps(line))
+for e in mmpe.available():
+    print(json.dumps({"kind": "encoding", "name": e.name, "aliases": list(e.aliases),
+                      "hook": e.hook, "params": params(e.cls)}))
+'''
+
+
+def snapshot(commit: str) -> list[str]:
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(["git", "archive", commit, "mmpe"], cwd=ROOT, check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        run = subprocess.run([sys.executable, "-c", DUMP], cwd=tmp, capture_output=True,
+                             text=True, env={"PYTHONPATH": tmp, "PATH": "/usr/bin:/bin"},
+                             check=True)
+    return run.stdout.splitlines()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--commit", default=RELEASE, help="the release commit (default 0.1.0)")
+    args = parser.parse_args()
+    lines = snapshot(args.commit)
+    header = (f"# The public API of the previous release ({args.commit[:12]}), one JSON object a "
+              "line; written by tests/api_snapshot.py, checked by tests/test_api_stability.py")
+    OUT.write_text("\n".join([header, *lines]) + "\n")
+    print(f"wrote {len(lines)} entries to {OUT.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
