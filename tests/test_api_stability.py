@@ -158,3 +158,16 @@ def test_register_with_0_1_coordinate_kinds(monkeypatch) -> None:
     with pytest.raises(TypeError, match="pass needs only"):
         mmpe.register("old_style_3", hook="score", coords=("sequence",), needs=(mmpe.Metric,),
                       learnable=False, paper="x")
+
+
+def test_the_0_1_compare_module_still_imports() -> None:
+    pytest.importorskip("lightning", reason="mmpe.recipes.compare needs mmpe[recipes]")
+    import importlib
+    import sys
+
+    sys.modules.pop("mmpe.compare", None)
+    with pytest.warns(FutureWarning, match="mmpe.compare moved to mmpe.recipes.compare"):
+        old = importlib.import_module("mmpe.compare")
+    from mmpe.recipes import compare as new
+
+    assert old.compare is new.compare and old.CompareSpec is new.CompareSpec

@@ -51,6 +51,8 @@ def test_core_library_never_imports_the_recipes():
     for path in (ROOT / "mmpe").rglob("*.py"):
         if path.name == "cli.py":
             continue
+        if path.relative_to(ROOT).as_posix() == "mmpe/compare.py":
+            continue  # 0.1's module, a deprecated re-export of mmpe.recipes.compare until 0.3
         if any(n == "recipes" or n.startswith(("recipes.", "mmpe.recipes")) for n in _imports(path)):
             offenders.append(str(path.relative_to(ROOT)))
     assert offenders == []
