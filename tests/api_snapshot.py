@@ -49,6 +49,10 @@ print(json.dumps({"kind": "version", "name": mmpe.__version__}))
 for name in sorted(mmpe.__all__):
     obj = getattr(mmpe, name)
     line = {"kind": "name", "name": name}
+    if inspect.isclass(obj):  # public members, less those every torch module has
+        import torch
+        line["members"] = sorted(a for a in dir(obj) if not a.startswith("_")
+                                 and not hasattr(torch.nn.Module, a))
     if callable(obj):
         try:
             line["params"] = params(obj)

@@ -53,6 +53,30 @@ def test_every_name_still_imports_with_its_arguments(entry: dict) -> None:
     assert not lost, f"{entry['name']}: arguments of 0.1.0 gone without a deprecation: {lost}"
 
 
+# Members 0.1 defined on every coordinate class (a base-class default that raised, or a flag),
+# removed by the capability redesign: an encoding now asks `isinstance(coords, Metric)`, which
+# holds exactly when the class defines `distance`, so a default on every class would make
+# every class provide every capability. They cannot be kept; CHANGELOG lists them as Breaking.
+CAPABILITY_MEMBERS = {"distance", "extent", "relation", "query_positions", "key_positions"}
+
+
+@pytest.mark.parametrize("entry", [x for x in NAMES if "members" in x],
+                         ids=[x["name"] for x in NAMES if "members" in x])
+def test_every_class_keeps_its_members(entry: dict) -> None:
+    cls = getattr(mmpe, entry["name"])
+    lost = [m for m in entry["members"] if not hasattr(cls, m) and m not in CAPABILITY_MEMBERS]
+    assert not lost, f"{entry['name']}: members of 0.1.0 gone without a deprecation: {lost}"
+
+
+@pytest.mark.parametrize(("make", "directed"), [
+    (lambda: mmpe.Sequence(4), True), (lambda: mmpe.Grid((2, 2)), False),
+    (lambda: mmpe.Composite([2, (1, 2)]), True),
+    (lambda: mmpe.Sphere(torch.zeros(2), torch.zeros(2)), False)])
+def test_directed_flag_of_0_1(make, directed: bool) -> None:
+    with pytest.warns(FutureWarning, match="isinstance"):
+        assert make().directed is directed
+
+
 def _old_options(entry: dict) -> dict:
     # Every option 0.1.0 gave a literal default, at that default: what a 0.1 config could say.
     return {p["name"]: (tuple(p["default"]) if isinstance(p["default"], list) else p["default"])
