@@ -68,19 +68,26 @@ def _first_rows(readme: str, name: str) -> list[str]:
     return rows
 
 
-def test_site_builds_strict(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The site as `make docs` builds it (strict: any warning fails), built once per module."""
     pytest.importorskip("mkdocs")
     pytest.importorskip("material")
     pytest.importorskip("mkdocstrings_handlers.python")
-    site = tmp_path / "site"
+    pytest.importorskip("mkdocs_gen_files")
+    pytest.importorskip("matplotlib")
+    out = tmp_path_factory.mktemp("docs")
     run = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",
-         str(ROOT / "mkdocs.yml"), "--site-dir", str(site)],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+         str(ROOT / "mkdocs.yml"), "--site-dir", str(out / "site")],
+        capture_output=True, text=True, timeout=600, cwd=out,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert run.returncode == 0, run.stderr[-4000:]
     assert "WARNING" not in run.stderr, run.stderr[-4000:]
+    return out / "site"
 
+
+def test_site_builds_strict(site: Path) -> None:
     # Pages are files (use_directory_urls: false), so the site reads from file:// too.
     for page in ("index.html", "install.html", "architecture.html", "text.html", "grids.html",
                  "graphs.html", "tables.html", "sphere.html", "benchmarks.html", "results.html",
@@ -112,3 +119,69 @@ def test_site_builds_strict(tmp_path: Path) -> None:
         assert "fonts.googleapis" not in text and "fonts.gstatic" not in text, path
         external = re.findall(r'<(?:script|link)\b[^>]*(?:src|href)="(?:https?:)?//[^"]*"', text)
         assert not external, (path, external[:3])
+
+
+#: Sphinx roles and RST literals: mkdocstrings (Google style, Markdown) shows them as typed.
+RAW_MARKUP = re.compile(r":(?:func|class|meth|data|mod|attr|exc|obj):`|``")
+
+
+def _prose(html: str) -> str:
+    """A page's text outside code blocks (a code example may show any markup it likes)."""
+    return _text(re.sub(r"<pre\b.*?</pre>", " ", html, flags=re.S))
+
+
+def test_no_raw_sphinx_markup(site: Path) -> None:
+    """Docstrings cross-reference in autorefs syntax (``[`x`][mmpe.module.x]``) and quote code
+    in single backticks: no ``:func:`x` `` or double backticks reach the HTML."""
+    found = {}
+    for path in sorted(site.rglob("*.html")):
+        hits = RAW_MARKUP.findall(_prose(path.read_text(encoding="utf-8")))
+        if hits:
+            found[path.relative_to(site).as_posix()] = len(hits)
+    assert not found, f"raw Sphinx roles or double backticks (count per page): {found}"
+
+
+_RETURNS = re.compile(r'doc-section-title">(?:Returns|Yields):</span></p>\s*<table>(.*?)</table>',
+                      flags=re.S)
+
+
+def test_returns_rows_are_whole(site: Path) -> None:
+    """A Returns / Yields row is one whole description: a wrapped sentence whose continuation
+    line is not indented deeper than its first line renders as extra rows repeating the type,
+    the earlier row then ending mid-sentence."""
+    split = []
+    for path in sorted((site / "api").rglob("*.html")):
+        for table in _RETURNS.findall(path.read_text(encoding="utf-8")):
+            rows = re.findall(r'<tr class="doc-section-item">.*?<div class="doc-md-description">'
+                              r"(.*?)</div>", table, flags=re.S)
+            for row in rows[:-1]:
+                text = _text(row).strip()
+                if not text.endswith((".", ";", ":", "!", "?")):
+                    split.append(f"{path.name}: {text[-60:]!r}")
+    assert not split, f"Returns rows that end mid-sentence (split items): {split}"
+
+
+#: Modality pages and the figure each must show (generated at build time by docs/gen_figures.py).
+FIGURES = {
+    "text.html": "text_length", "grids.html": "grid_bias", "graphs.html": "graph_molecule",
+    "tables.html": "table_feature_graph", "sphere.html": "sphere_map",
+    "geometry.html": "geometry_kernels", "multimodal.html": "multimodal",
+    "gallery.html": "gallery_",
+}
+
+
+@pytest.mark.parametrize("page", sorted(FIGURES))
+def test_modality_pages_show_a_generated_figure(site: Path, page: str) -> None:
+    html = (site / page).read_text(encoding="utf-8")
+    images = re.findall(r'<img[^>]+src="([^"]+\.png)"', html)
+    ours = [src for src in images if FIGURES[page] in src]
+    assert ours, f"{page} shows no {FIGURES[page]}* figure: {images}"
+    for src in ours:
+        png = (site / page).parent / src
+        assert png.is_file() and png.stat().st_size > 5_000, src
+    assert "glightbox" in html, f"{page}: figures do not open enlarged"
+
+
+def test_architecture_has_a_diagram(site: Path) -> None:
+    html = (site / "architecture.html").read_text(encoding="utf-8")
+    assert '<pre class="mermaid">' in html, "the Mermaid diagram is not rendered as one"

@@ -144,3 +144,16 @@ def test_results_figures_need_no_pyplot():
             "fig = results.draw_metric_lines(['a'], {'x': [(1, 0.1)]}, xlabel='', ylabel='')\n"
             "assert 'matplotlib.pyplot' not in sys.modules\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_metric_lines_bands_replace_error_bars() -> None:
+    """`bands=True`: the sd is a shaded band per series (a PolyCollection), no error bars."""
+    from mmpe.plot.results import draw_metric_lines
+
+    series = {"rope": [(3.0, 0.1), (3.5, 0.2)], "alibi": [(3.0, None), (3.1, None)]}
+    fig = draw_metric_lines(["1x", "2x"], series, xlabel="x", ylabel="y", bands=True)
+    ax = fig.axes[0]
+    assert len(ax.collections) == 1  # rope's band; alibi has no sd
+    assert all(not c.has_yerr for c in ax.containers)
+    lower = ax.collections[0].get_paths()[0].vertices[:, 1].min()
+    assert abs(lower - 2.9) < 1e-9

@@ -144,7 +144,9 @@ def _score_terms(fn: str, enc: ScoreEncoding, coords: Coordinates,
                          "bias; there is no bias to plot")
     with evaluating(enc):
         try:
-            mod = score_mod(enc, coords, num_heads=num_heads)
+            # head_dim only sizes the work check: a position-only bias does not read q or k
+            mod = score_mod(enc, coords, num_heads=num_heads,
+                            head_dim=int(getattr(enc, "head_dim", None) or 64))
         except ValueError as err:
             raise ValueError(f"{fn}: no position-only bias of {name_of(enc)} on "
                              f"{type(coords).__name__}: {err}") from err

@@ -34,6 +34,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from mmpe.plot.style import new_figure, save
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -51,12 +53,14 @@ _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
 def draw_metric_lines(columns: Sequence[str], series: Mapping[str, Sequence[Cell]], *,
-                      xlabel: str, ylabel: str, title: str = "") -> Figure:
+                      xlabel: str, ylabel: str, title: str = "", bands: bool = False) -> Figure:
     """The figure of [`metric_lines`][mmpe.plot.results.metric_lines], not saved.
 
     The columns are categorical: series `i`'s points lie at `x = 0 … len(columns) − 1`, the
     ticks labelled with the columns. Each series is one `errorbar` (its `ax.containers`
     entry, labelled with its name) holding the points whose mean is known, in column order.
+    With `bands`, the sd is a shaded band `mean ± sd` around each line instead of error bars
+    (easier to read where many lines overlap).
 
     Raises:
         ValueError: no columns; a series with a cell per column missing or extra, a cell that
@@ -73,9 +77,14 @@ def draw_metric_lines(columns: Sequence[str], series: Mapping[str, Sequence[Cell
         x = [j for j, (mean, _) in enumerate(cells) if mean is not None]
         y = [cells[j][0] for j in x]
         err = [math.nan if cells[j][1] is None else cells[j][1] for j in x]
-        ax.errorbar(x, y, yerr=err if any(not math.isnan(e) for e in err) else None,
+        has_sd = any(not math.isnan(e) for e in err)
+        ax.errorbar(x, y, yerr=err if has_sd and not bands else None,
                     color=f"C{i % 10}", marker=_MARKERS[i % len(_MARKERS)], ms=5, lw=1.4,
                     capsize=3, label=name)
+        if bands and has_sd:
+            mean = np.asarray(y, dtype=float)
+            sd = np.nan_to_num(np.asarray(err, dtype=float))  # no sd: a band of width 0
+            ax.fill_between(x, mean - sd, mean + sd, color=f"C{i % 10}", alpha=0.15, lw=0)
     _categorical_ticks(ax, cols, 6.0)
     ax.set_xlim(-0.5, len(cols) - 0.5)
     ax.set_xlabel(textwrap.fill(xlabel or "", 90))  # a long label wraps instead of clipping

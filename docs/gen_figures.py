@@ -1,0 +1,165 @@
+"""The docs' figures and the attention gallery page, drawn at build time (mkdocs-gen-files).
+
+`make docs` runs this before the pages are read: every PNG under `img/gen/` and the page
+`gallery.md` exist only in the built site, drawn from the stored runs in `results/*.jsonl` and
+from closed forms or freshly built encodings (seeded, no training), in about 15 s on one core.
+A page shows a figure as `![...](img/gen/NAME.png)`; tests/test_docs_site.py checks that each
+modality page has its figure.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import mkdocs_gen_files
+import numpy as np
+import torch
+
+import mmpe
+from mmpe import registry
+from mmpe.plot import gallery
+from mmpe.plot.results import draw_metric_lines
+from mmpe.plot.style import DPI
+
+ROOT = Path(__file__).resolve().parent.parent
+#: What every encoding of a figure is built with (each takes the keys it declares).
+CONTEXT = {"d_model": 96, "num_heads": 4, "head_dim": 24, "max_len": 1024}
+
+
+def build(name: str, **context) -> object:
+    """An encoding by registry name, seeded so that learned tables are the same every build."""
+    torch.manual_seed(0)
+    entry = registry.get(name)
+    ctx = {k: v for k, v in {**CONTEXT, **context}.items() if k in entry.context}
+    return registry.build(name, context=ctx)
+
+
+def write(name: str, draw: Callable[[], object]) -> None:
+    """Draw a figure and store it as img/gen/NAME.png in the built site."""
+    start = time.perf_counter()
+    fig = draw()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    with mkdocs_gen_files.open(f"img/gen/{name}.png", "wb") as f:
+        f.write(buf.getvalue())
+    print(f"gen_figures: img/gen/{name}.png in {time.perf_counter() - start:.1f} s")
+
+
+def _series(recipe: str, setting: str = "default") -> tuple[object, dict]:
+    """The recipe's compare spec and `{encoding: [(mean, sd) per column]}` from results/."""
+    from mmpe.recipes.compare import load_recipe
+    from mmpe.recipes.report import series
+
+    spec = load_recipe(recipe).COMPARE
+    records = [json.loads(line) for line in (ROOT / "results" / f"{recipe}.jsonl").open()]
+    return spec, series(spec, records, setting)
+
+
+def text_length() -> object:
+    spec, rows = _series("text")
+    return draw_metric_lines(spec.columns, rows, xlabel=spec.xlabel, bands=True,
+                             ylabel=f"test {spec.metric} (lower is better)",
+                             title=spec.title)
+
+
+def multimodal_results() -> object:
+    spec, rows = _series("multimodal")
+    return draw_metric_lines(spec.columns, rows, xlabel=spec.xlabel, bands=True,
+                             ylabel=f"{spec.metric} (higher is better)", title=spec.title)
+
+
+def grid_bias() -> object:
+    shape = (14, 14)
+    encs = {n: build(n, grid_shape=shape) for n in ("alibi", "swin", "rope_axial", "sincos")}
+    return gallery.plot_query_maps(encs, mmpe.Grid(shape))
+
+
+def video_slices() -> object:
+    shape = (4, 8, 8)
+    encs = {n: build(n, grid_shape=shape) for n in ("sincos", "rope_axial", "alibi")}
+    return gallery.plot_query_maps(encs, mmpe.Grid(shape))
+
+
+def sphere_map() -> object:
+    names = ("spherical_harmonics", "sphere_c_plus", "latlon_sincos", "fourier_sphere",
+             "rope_sphere", "alibi")
+    return gallery.plot_sphere_maps({n: build(n) for n in names})
+
+
+def table() -> mmpe.Table:
+    """Two groups of three correlated columns and two noise columns, as on the Tables page."""
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(300, 1)), rng.normal(size=(300, 1))
+    x = np.hstack([a + 0.1 * rng.normal(size=(300, 3)), b + 0.1 * rng.normal(size=(300, 3)),
+                   rng.normal(size=(300, 2))])
+    names = ["a1", "a2", "a3", "b1", "b2", "b3", "noise1", "noise2"]
+    return mmpe.Table.from_data(x, method="pearson", knn=2, feature_names=names)
+
+
+def table_feature_graph() -> object:
+    return gallery.plot_feature_graph(table())
+
+
+#: Coordinates of each type the gallery draws the score encodings on (small: a panel each).
+def gallery_coordinates() -> dict[str, object]:
+    from mmpe.molecules import DEFAULT_SMILES, molecule_graph
+
+    torch.manual_seed(0)
+    return {
+        "sequence": mmpe.Sequence(24, causal=True),
+        "grid": mmpe.Grid((5, 5)),
+        "points": mmpe.Points(torch.randn(16, 3) * 1.5, units="Å"),
+        "sphere": mmpe.Sphere.grid(4, 8),
+        "graph": molecule_graph(DEFAULT_SMILES),
+        "table": table(),
+    }
+
+
+def gallery_page() -> None:
+    """gallery.md: a figure per coordinate type with every score encoding that runs on it."""
+    lines = ["# Attention gallery", "",
+             "What each score encoding adds to the attention logits before any content is seen: "
+             "the bias `[query, key]` (mean over 4 heads) of every registered score encoding, "
+             "on each coordinate type it supports, as built (seed 0, untrained: learned tables "
+             "such as T5's, Swin's or Graphormer's start near zero and random). Rows are "
+             "queries, columns keys; blank cells are masked (causal sequences). Drawn at build "
+             "time from the registry (`mmpe.available(coords=...)`), so a new encoding appears "
+             "here by itself. Click a figure to enlarge it.", ""]
+    for kind, coords in gallery_coordinates().items():
+        names = [e.name for e in mmpe.available(hook="score", coords=coords)]
+        encs = {}
+        for name in names:
+            shape = {"grid_shape": coords.shape} if isinstance(coords, mmpe.Grid) else {}
+            encs[name] = build(name, **shape)
+        title = f"score encodings on {type(coords).__name__}"
+        write(f"gallery_{kind}", lambda e=encs, c=coords, t=title: gallery.plot_bias_gallery(
+            e, c, title=t))
+        lines += [f"## {type(coords).__name__}", "", f"`{coords!r}`: {len(names)} score "
+                  "encodings.", "", f"![Bias of every score encoding on {kind}]"
+                  f"(img/gen/gallery_{kind}.png)", ""]
+    lines += ["Rotary and input encodings have no bias matrix; what one query sees through them "
+              "is on the modality pages ([grids](grids.md), [the sphere](sphere.md)). Encodings "
+              "marked *needs queries and keys* (Shaw, DeBERTa, CoPE …) compute their term from "
+              "the content, so there is nothing to draw without a model.", ""]
+    with mkdocs_gen_files.open("gallery.md", "w") as f:
+        f.write("\n".join(lines))
+
+
+FIGURES: dict[str, Callable[[], object]] = {
+    "text_length": text_length,
+    "grid_bias": grid_bias,
+    "video_slices": video_slices,
+    "graph_molecule": lambda: gallery.plot_molecule_positions(mmpe.plot.DEFAULT_SMILES),
+    "table_feature_graph": table_feature_graph,
+    "sphere_map": sphere_map,
+    "geometry_kernels": gallery.plot_distance_kernels,
+    "multimodal_results": multimodal_results,
+}
+
+for _name, _draw in FIGURES.items():
+    write(_name, _draw)
+gallery_page()
