@@ -5,21 +5,17 @@ heads, the length or grid it trains on. It passes them once as `build(name, cont
 each encoding declares in `register(..., context=(...))` which of these keys it takes, and
 receives only those (an option given explicitly wins). Every key has one meaning:
 
-==================================  ==========================================================
-key                                 meaning
-==================================  ==========================================================
-`d_model`                         model width (channels of the token embeddings)
-`num_heads`                       attention heads `n_h`
-`head_dim`                        channels per head `h_d`
-`max_len`                         positions a learned table holds (tokens): the table size
-`original_max_position_embeddings`  the context length the model is trained at (tokens);
-                                    HF's name; RoPE scalings extend from it
-`grid_shape`                      the training grid, cells per axis (tuple of ints)
-`prefix_tokens`                   coordinate-free tokens before the grid (cls, registers)
-`num_axes`                        axes of the positions (2 for images, 3 for video)
-`distance_unit`                   the distance one step of a bucketed/linear bias spans, in
-                                    the coordinates' unit (e.g. `radians(1°)` on the sphere)
-==================================  ==========================================================
+| key | meaning |
+| --- | --- |
+| `d_model` | model width (channels of the token embeddings) |
+| `num_heads` | attention heads `n_h` |
+| `head_dim` | channels per head `h_d` |
+| `max_len` | positions a learned table holds (tokens): the table size |
+| `original_max_position_embeddings` | the context length the model is trained at (tokens); HF's name; RoPE scalings extend from it |
+| `grid_shape` | the training grid, cells per axis (tuple of ints) |
+| `prefix_tokens` | coordinate-free tokens before the grid (cls, registers) |
+| `num_axes` | axes of the positions (2 for images, 3 for video) |
+| `distance_unit` | the distance one step of a bucketed/linear bias spans, in the coordinates' unit (e.g. `radians(1°)` on the sphere) |
 
 An unknown key, or a value of the wrong type or range, raises before anything is built.
 """

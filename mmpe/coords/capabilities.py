@@ -7,22 +7,17 @@ provides it when its class (or the instance) defines every member the capability
 `isinstance(coords, Metric)` performs that check without calling anything, and
 [`missing`][mmpe.coords.capabilities.missing] names what is absent, which is what the "unsupported coordinates" error prints.
 
-==============  ============================================  ===========================================
-capability      members                                       read by
-==============  ============================================  ===========================================
-`Metric`      `distance(q_idx, kv_idx, b)`,               ALiBi, T5 (undirected), FIRE, KERPLE,
-                `extent(q_idx, b)`                          DA-Transformer
-`Directed`    `relation(q_idx, kv_idx, b)` (signed),      Shaw, Transformer-XL, DeBERTa, T5 buckets
-                `causal`
-`Causal`      `Directed` with `causal` true             CoPE, FoX, stick-breaking
-`Positioned`  `query_positions`, `key_positions`,       2D/3D sincos, axial and mixed RoPE,
-                `num_axes`                                  M-RoPE
-`Positioned1D` `Positioned` with `num_axes == 1`         sinusoidal, learned, RoPE family, xPos
-`GridLayout`  `shape`, `prefix_tokens`, `grid_index`  learned ViT tables, factorized, Swin, SwinV2
-`GraphLayout` `spd`, `node_mask`, degrees, spectra      Graphormer, LapPE, RWSE
-`Spherical`   `lat`, `lon` (radians)                    spherical harmonics, Sphere2Vec, lat/lon
-`FeatureGraph` `spectral_positions`                       Tab-PET
-==============  ============================================  ===========================================
+| capability | members | read by |
+| --- | --- | --- |
+| `Metric` | `distance(q_idx, kv_idx, b)`, `extent(q_idx, b)` DA-Transformer | ALiBi, T5 (undirected), FIRE, KERPLE, |
+| `Directed` | `relation(q_idx, kv_idx, b)` (signed), `causal` | Shaw, Transformer-XL, DeBERTa, T5 buckets |
+| `Causal` | `Directed` with `causal` true | CoPE, FoX, stick-breaking |
+| `Positioned` | `query_positions`, `key_positions`, `num_axes` M-RoPE | 2D/3D sincos, axial and mixed RoPE, |
+| `Positioned1D` `Positioned` with `num_axes == 1` | sinusoidal, learned, RoPE family, xPos |  |
+| `GridLayout` | `shape`, `prefix_tokens`, `grid_index` | learned ViT tables, factorized, Swin, SwinV2 |
+| `GraphLayout` `spd`, `node_mask`, degrees, spectra | Graphormer, LapPE, RWSE |  |
+| `Spherical` | `lat`, `lon` (radians) | spherical harmonics, Sphere2Vec, lat/lon |
+| `FeatureGraph` `spectral_positions` | Tab-PET |  |
 
 Conventions every implementation follows (`mmpe.testing.assert_coordinates_contract` checks
 them): pairwise members take integer *index tensors that broadcast* — scalars inside

@@ -9,16 +9,12 @@ PyG's `DataLoader`. [`mmpe.coords.Graph`][mmpe.coords.graph.Graph] reads them on
 `Graph.from_pyg(batch, rwse="random_walk_pe")`). Every transform takes the attribute name it
 writes (`attr_name`), and [`graph_kwargs`][mmpe.integrations.pyg.graph_kwargs] passes those names on:
 
-==========================  ==============================  ===================================
-transform                   functional name                 attributes (default `attr_name`)
-==========================  ==============================  ===================================
-[`AddShortestPaths`][mmpe.integrations.pyg.AddShortestPaths]   `mmpe_shortest_paths`         `spd [n²]`, `spd_index [2, n²]`
-                                                            (+ `spd_edge_attr [n², P, F]`,
-                                                            `spd_edge_mask [n², P]`)
-[`AddLaplacianPE`][mmpe.integrations.pyg.AddLaplacianPE]     `mmpe_laplacian_pe`           `laplacian_eigenvector_pe [n, k]`
-[`AddRWSE`][mmpe.integrations.pyg.AddRWSE]            `mmpe_rwse`                   `random_walk_pe [n, k]`
-[`AddDegree`][mmpe.integrations.pyg.AddDegree]          `mmpe_degree`                 `in_degree [n]`, `out_degree [n]`
-==========================  ==============================  ===================================
+| transform | functional name | attributes (default `attr_name`) |
+| --- | --- | --- |
+| [`AddShortestPaths`][mmpe.integrations.pyg.AddShortestPaths] | `mmpe_shortest_paths` | `spd [n²]`, `spd_index [2, n²]` (+ `spd_edge_attr [n², P, F]`, `spd_edge_mask [n², P]`) |
+| [`AddLaplacianPE`][mmpe.integrations.pyg.AddLaplacianPE] | `mmpe_laplacian_pe` | `laplacian_eigenvector_pe [n, k]` |
+| [`AddRWSE`][mmpe.integrations.pyg.AddRWSE] | `mmpe_rwse` | `random_walk_pe [n, k]` |
+| [`AddDegree`][mmpe.integrations.pyg.AddDegree] | `mmpe_degree` | `in_degree [n]`, `out_degree [n]` |
 
 `spd` holds hop counts, −1 for unreachable pairs; `spd_index` names the pairs (its name
 contains "index", so PyG offsets it by the node count when batching; for the same reason an

@@ -7,21 +7,14 @@ Three pieces, each usable alone:
   and back. The inverse frequencies equal HF's `ROPE_INIT_FUNCTIONS` (to float32 rounding:
   HF forms them in float32, mmpe in float64).
 
-  ==============  ======================  ===========================================================
-  HF rope_type    mmpe encoding           settings read
-  ==============  ======================  ===========================================================
-  `default`     `rope`                `rope_theta`, `partial_rotary_factor`
-  `linear`      `rope_pi`             + `factor`
-  `dynamic`     `rope_dynamic_ntk`    + `factor`; training length = the config's
-                                          `max_position_embeddings` (HF's convention)
-  `yarn`        `rope_yarn`           + `factor`, `original_max_position_embeddings`,
-                                          `beta_fast`/`beta_slow`, `attention_factor`,
-                                          `mscale`/`mscale_all_dim`, `truncate`
-  `longrope`    `rope_longrope`       + `short_factor`/`long_factor`, `factor`,
-                                          `original_max_position_embeddings`, `attention_factor`
-  `llama3`      `rope_llama3`         + `factor`, `low_freq_factor`/`high_freq_factor`,
-                                          `original_max_position_embeddings`
-  ==============  ======================  ===========================================================
+  | HF rope_type | mmpe encoding | settings read |
+  | --- | --- | --- |
+  | `default` | `rope` | `rope_theta`, `partial_rotary_factor` |
+  | `linear` | `rope_pi` | + `factor` |
+  | `dynamic` | `rope_dynamic_ntk` | + `factor`; training length = the config's `max_position_embeddings` (HF's convention) |
+  | `yarn` | `rope_yarn` | + `factor`, `original_max_position_embeddings`, `beta_fast`/`beta_slow`, `attention_factor`, `mscale`/`mscale_all_dim`, `truncate` |
+  | `longrope` | `rope_longrope` | + `short_factor`/`long_factor`, `factor`, `original_max_position_embeddings`, `attention_factor` |
+  | `llama3` | `rope_llama3` | + `factor`, `low_freq_factor`/`high_freq_factor`, `original_max_position_embeddings` |
 
 * [`HFRotary`][mmpe.integrations.transformers.HFRotary] replaces a Llama-family model's `model.model.rotary_emb`
   ([`replace_rotary`][mmpe.integrations.transformers.replace_rotary]): it returns what HF's rotary module returns — `(cos, sin)`,

@@ -4,14 +4,10 @@ The functions take plain Python data, `series = {name: [(mean, sd), ...]}` with 
 `(mean, sd)` cell per column (or panel), as a report builds it from stored runs; a `None`
 mean leaves the point out, a `None` sd draws no error bar (NaN counts as `None`).
 
-==========================  ====================================================================
-function                    figure
-==========================  ====================================================================
-[`metric_lines`][mmpe.plot.results.metric_lines]        one line per series across categorical columns (e.g. training
-                            lengths, data sizes), sd error bars, a legend
-[`metric_points`][mmpe.plot.results.metric_points]       one panel per metric, one point ± sd per series (a dot plot to
-                            compare a handful of encodings on a few metrics)
-==========================  ====================================================================
+| function | figure |
+| --- | --- |
+| [`metric_lines`][mmpe.plot.results.metric_lines] | one line per series across categorical columns (e.g. training lengths, data sizes), sd error bars, a legend |
+| [`metric_points`][mmpe.plot.results.metric_points] | one panel per metric, one point ± sd per series (a dot plot to compare a handful of encodings on a few metrics) |
 
 Each writes a PNG and returns its path; [`draw_metric_lines`][mmpe.plot.results.draw_metric_lines] and
 [`draw_metric_points`][mmpe.plot.results.draw_metric_points] return the `Figure` instead, unsaved.
