@@ -382,6 +382,7 @@ def build(
     name_or_config: str | Mapping[str, Any],
     *,
     context: Mapping[str, Any] | None = None,
+    coords: Any = None,
     **options: Any,
 ) -> Any:
     """Build an encoding from its registry name or a config dict ``{"name": ..., **options}``.
@@ -392,12 +393,24 @@ def build(
     the keys it declared in ``register(..., context=...)``, so one model builds any encoding
     by name.
 
+    ``coords``, a coordinates object, builds the encoding for those coordinates: it must be
+    one that ``available(coords=coords)`` lists (else the capability error, now rather than at
+    the first forward), and the context keys it answers (``num_axes``, ``grid_shape``,
+    ``prefix_tokens``: `mmpe.context.coords_context`) fill the context where it does not
+    say. What `available` promises for an object, ``build(name, coords=obj)`` delivers
+    (``rope_mixed`` on a `Sequence` is built for one axis).
+
     Raises:
         KeyError: an unknown name (with close matches) or a config without ``"name"``.
         ValueError: an unknown context key or an invalid context value.
-        TypeError: an option the encoding does not take (naming the option and the encoding).
+        TypeError: an option the encoding does not take (naming the option and the encoding);
+            ``coords`` the encoding cannot run on (naming the missing capability).
     """
     context = check_context(context, "build(context=...)")
+    if coords is not None:
+        from mmpe.context import coords_context
+
+        context = {**coords_context(coords), **context}  # the model's own values win
     if isinstance(name_or_config, Mapping):
         config = dict(name_or_config)
         if "name" not in config:
@@ -411,6 +424,14 @@ def build(
             f"build: name_or_config must be a str or a mapping, got {type(name_or_config).__name__}"
         )
     entry = get(name)
+    if coords is not None and not entry.supports(coords):
+        from mmpe.coords.capabilities import missing
+
+        gaps = "; ".join(f"{cap.__name__} needs {', '.join(missing(coords, cap))}"
+                         for cap in entry.needs if missing(coords, cap))
+        raise TypeError(f"build({entry.name!r}, coords=...): {entry.name} needs coordinates "
+                        f"providing {[c.__name__ for c in entry.needs]}; "
+                        f"{type(coords).__name__} does not: {gaps}")
     renamed = getattr(entry.cls, "renamed_options", None) or {}
     translate_renamed(f"build({entry.name!r})", entry.cls, options, stacklevel=2)
     for key in entry.context:
@@ -420,7 +441,10 @@ def build(
         # 0.1 passed every context key the constructor took: a context that still names the
         # encoding's old option (and not the new key) meant it for this encoding.
         if old in context and new in entry.context and new not in options:
-            _deprecated(f"build({entry.name!r}, context=...)", old, new, stacklevel=2)
+            warnings.warn(f"build({entry.name!r}, context=...): the context's {old!r} is "
+                          f"taken as {new!r}, its meaning for {entry.name} in 0.1 (until "
+                          f"{REMOVED_IN}); put {new!r} in the context to say it (then {old!r} "
+                          f"is only {CONTEXT_KEYS[old].meaning})", FutureWarning, stacklevel=2)
             options[new] = context[old]
     try:
         return entry.cls(**options)
