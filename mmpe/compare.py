@@ -1,7 +1,7 @@
 """Deprecated: `mmpe.compare` moved to `mmpe.recipes.compare` in 0.2; kept until 0.3.
 
 Importing it warns (`FutureWarning`) and re-exports the functions 0.1 had there, from their new
-home (which needs the recipes extra: ``pip install 'mmpe[recipes]'``). 0.1's ``plot`` is gone:
+home (which needs the recipes extra: `pip install 'mmpe[recipes]'`). 0.1's `plot` is gone:
 `mmpe report` renders the results figures.
 """
 

@@ -43,8 +43,8 @@ class DecoderBlock(nn.Module):
         num_heads: heads of both attentions.
         self_encodings: rotary/score/kernel encodings of the self-attention (the decoder's
             coordinates, e.g. RoPE on text, or none for DETR's object queries).
-        cross_encodings: encodings of the cross-attention (read ``Cross(coords,
-            memory_coords)``: positions on both sides for rotary encodings, a distance only
+        cross_encodings: encodings of the cross-attention (read `Cross(coords,
+            memory_coords)`: positions on both sides for rotary encodings, a distance only
             when both sides share a space).
         kv_dim: width of `memory` (default `d_model`).
         mlp_ratio, dropout: MLP width and residual dropout.
@@ -95,8 +95,8 @@ class GatedCrossAttentionBlock(nn.Module):
     Raises:
         ValueError: a non-finite `gate_init`.
 
-    Shapes: ``forward(x [b, n, d_model], coords, media [b, m, kv_dim], media_coords)
-    -> [b, n, d_model]``.
+    Shapes: `forward(x [b, n, d_model], coords, media [b, m, kv_dim], media_coords)
+    -> [b, n, d_model]`.
     """
 
     def __init__(self, d_model: int, num_heads: int, encodings: Seq[Encoding] = (), *,
@@ -134,8 +134,8 @@ class PerceiverResampler(nn.Module):
         max_frames: rows of the time embedding (frames per example at most).
         mlp_ratio: MLP width.
 
-    Shapes: ``forward(media [b, T, n, d_model] or [b, n, d_model]) -> [b, num_latents,
-    d_model]``.
+    Shapes: `forward(media [b, T, n, d_model] or [b, n, d_model]) -> [b, num_latents,
+    d_model]`.
 
     Raises:
         ValueError: non-positive sizes; `media` of the wrong rank or width, or more than

@@ -19,8 +19,8 @@ Here:
   ≥ 2.6), which is counted in `stats`, logged once per family, and raised when
   `MMPE_FLEX_STRICT=1` (the GPU test tier sets it) — otherwise the call runs unfused, as
   torch would have;
-* a kernel that needs more shared memory than the card has (``No valid triton configs …
-  out of resource``: head_dim 64, bf16, a score_mod that captures several tensors) is compiled
+* a kernel that needs more shared memory than the card has (`No valid triton configs …
+  out of resource`: head_dim 64, bf16, a score_mod that captures several tensors) is compiled
   again with smaller tiles (`KERNEL_OPTIONS`), and the family keeps the first that fits;
   a family's first training call runs its backward once on copies of the inputs, so that a
   backward kernel's failure is seen here too.

@@ -175,8 +175,8 @@ def score_mod(
 ) -> ScoreMod:
     """A FlexAttention `score_mod(score, b, h, q_idx, kv_idx)` for score encodings on `coords`.
 
-    Pass the result to ``torch.nn.attention.flex_attention.flex_attention(q, k, v,
-    score_mod=..., block_mask=block_mask(coords))``; it is the same function mmpe's
+    Pass the result to `torch.nn.attention.flex_attention.flex_attention(q, k, v,
+    score_mod=..., block_mask=block_mask(coords))`; it is the same function mmpe's
     [`MultiHeadAttention`][mmpe.attention.MultiHeadAttention] uses on its flex path, so the numbers match its math and
     SDPA paths. It builds the [`AttentionContext`][mmpe.encodings.base.AttentionContext] for one attention
     call and calls `encoding.score_mod(ctx)`; a list is applied in order

@@ -40,7 +40,7 @@ def _deprecated(where: str, old: str, new: str, stacklevel: int) -> None:
 
 def translate_renamed(where: str, cls: Any, kwargs: dict[str, Any],
                       stacklevel: int = 2) -> dict[str, Any]:
-    """``kwargs`` with ``cls.renamed_options``' old names replaced by the new ones.
+    """`kwargs` with `cls.renamed_options`' old names replaced by the new ones.
 
     Raises:
         TypeError: both the old and the new name given.
@@ -60,16 +60,16 @@ class Entry:
     """Metadata of one registered encoding.
 
     Attributes:
-        name: registry name, the field's own (``"rope"``, ``"alibi"``, ``"t5"`` …).
+        name: registry name, the field's own (`"rope"`, `"alibi"`, `"t5"` …).
         cls: the class (or factory) that builds it.
-        hook: where position enters attention: ``input``, ``rotary``, ``score`` or ``kernel``.
-        needs: the coordinate capabilities it reads (:mod:`mmpe.coords.capabilities`); any
+        hook: where position enters attention: `input`, `rotary`, `score` or `kernel`.
+        needs: the coordinate capabilities it reads ([`mmpe.coords.capabilities`][mmpe.coords.capabilities]); any
             coordinates providing all of them qualify.
-        context: the model-wide context keys (:mod:`mmpe.context`) it takes.
+        context: the model-wide context keys ([`mmpe.context`][mmpe.context]) it takes.
         learnable: whether it has trainable parameters.
         paper: citation of the paper whose formula it implements.
-        family: a short group name used by ``mmpe compare --family``.
-        extrapolates: ``False`` where the method cannot, by construction, encode
+        family: a short group name used by `mmpe compare --family`.
+        extrapolates: `False` where the method cannot, by construction, encode
             positions beyond those it was built for (a learned table).
     """
 
@@ -86,11 +86,11 @@ class Entry:
 
     @property
     def coords(self) -> tuple[str, ...]:
-        """``kind`` names of the known coordinate classes that provide :attr:`needs`."""
+        """`kind` names of the known coordinate classes that provide `needs`."""
         return tuple(kind for kind, cls in coordinate_types().items() if provides(cls, self.needs))
 
     def supports(self, coords: Any) -> bool:
-        """Whether ``coords`` (an object, a class, or a known ``kind`` name) meets :attr:`needs`."""
+        """Whether `coords` (an object, a class, or a known `kind` name) meets `needs`."""
         if isinstance(coords, str):
             cls = coordinate_types().get(coords)
             if cls is None:
@@ -117,19 +117,19 @@ def register(
     aliases: tuple[str, ...] = (),
     coords: tuple[str, ...] | list[str] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Class decorator: add an encoding to the registry under ``name``.
+    """Class decorator: add an encoding to the registry under `name`.
 
     Args:
-        needs: coordinate capabilities the encoding reads (``(Metric,)``, ``(Positioned,)`` …);
+        needs: coordinate capabilities the encoding reads (`(Metric,)`, `(Positioned,)` …);
             an empty tuple means it runs on any coordinates.
-        context: model-wide keys of :data:`mmpe.context.CONTEXT_KEYS` the constructor takes.
-        coords: deprecated (0.1's coordinate ``kind`` names, ``("sequence",)``): translated, with
-            a `FutureWarning`, to the capabilities every named kind provides; use ``needs``.
+        context: model-wide keys of [`mmpe.context.CONTEXT_KEYS`][mmpe.context.CONTEXT_KEYS] the constructor takes.
+        coords: deprecated (0.1's coordinate `kind` names, `("sequence",)`): translated, with
+            a `FutureWarning`, to the capabilities every named kind provides; use `needs`.
 
     Raises:
-        ValueError: ``hook`` not one of :data:`HOOKS`, ``name`` taken, an unknown context key,
+        ValueError: `hook` not one of [`HOOKS`][mmpe.registry.HOOKS], `name` taken, an unknown context key,
             or a context key the constructor does not accept.
-        TypeError: an entry of ``needs`` that is not a capability.
+        TypeError: an entry of `needs` that is not a capability.
     """
     if hook not in HOOKS:
         raise ValueError(f"register({name!r}): hook must be one of {HOOKS}, got {hook!r}")
@@ -178,8 +178,8 @@ def register(
 
 
 def _needs_of_kinds(name: str, kinds: Any) -> tuple[type[Capability], ...]:
-    """The capabilities that every coordinate class named in ``kinds`` provides (0.1's
-    ``register(coords=("sequence",))`` becomes ``needs=(Positioned1D, Directed, Metric)``)."""
+    """The capabilities that every coordinate class named in `kinds` provides (0.1's
+    `register(coords=("sequence",))` becomes `needs=(Positioned1D, Directed, Metric)`)."""
     from mmpe.coords import capabilities as caps
 
     if isinstance(kinds, str) or not all(isinstance(k, str) for k in kinds) or not kinds:
@@ -217,7 +217,7 @@ PLUGIN_METHODS = ("__init__", "check_coords", "forward", "combine", "score_mod",
 
 
 def _plugin_origin(cls: Any) -> str | None:
-    """Where a registered class comes from, or ``None`` for mmpe's own encodings."""
+    """Where a registered class comes from, or `None` for mmpe's own encodings."""
     module = getattr(cls, "__module__", "") or "?"
     if module == "mmpe" or module.startswith("mmpe."):
         return None
@@ -231,9 +231,9 @@ def _note(err: BaseException, note: str) -> None:
 
 
 class _NamedScoreMod:
-    """A plugin's ``score_mod`` function whose errors name the plugin.
+    """A plugin's `score_mod` function whose errors name the plugin.
 
-    ``__code__`` is the wrapped function's, so `mmpe.flex_compile` keys its compile families
+    `__code__` is the wrapped function's, so `mmpe.flex_compile` keys its compile families
     on the plugin's own code (one wrapper class for every plugin would merge their families).
     """
 
@@ -256,11 +256,11 @@ class _NamedScoreMod:
 
 
 def note_plugin_errors(err: BaseException, encodings: Any) -> None:
-    """Add the plugin note of each plugin among ``encodings`` to ``err`` (if it has none).
+    """Add the plugin note of each plugin among `encodings` to `err` (if it has none).
 
     For errors raised where mmpe cannot tell which encoding failed: FlexAttention traces the
-    composed ``score_mod`` and re-raises a plugin's exception as a Dynamo error outside it, so
-    the call site of ``flex_attention`` catches and calls this with its score encodings.
+    composed `score_mod` and re-raises a plugin's exception as a Dynamo error outside it, so
+    the call site of `flex_attention` catches and calls this with its score encodings.
     """
     notes = getattr(err, "__notes__", ())
     if any(n.startswith("in plugin encoding ") for n in notes):
@@ -272,8 +272,8 @@ def note_plugin_errors(err: BaseException, encodings: Any) -> None:
 
 
 def _name_plugin_errors(cls: type, name: str, origin: str) -> None:
-    """Wrap ``cls``'s `PLUGIN_METHODS` so an exception gets the note ``in plugin encoding
-    'name' from origin`` (the exception itself, its type and message are unchanged)."""
+    """Wrap `cls`'s `PLUGIN_METHODS` so an exception gets the note `in plugin encoding
+    'name' from origin` (the exception itself, its type and message are unchanged)."""
     note = f"in plugin encoding {name!r} from {origin}"
     for attr in PLUGIN_METHODS:
         definer = next((k for k in cls.__mro__ if attr in k.__dict__), object)
@@ -309,10 +309,10 @@ def _ensure_loaded() -> None:
 
 
 def load_plugins() -> list[str]:
-    """Import every module registered under the ``mmpe.encodings`` entry-point group.
+    """Import every module registered under the `mmpe.encodings` entry-point group.
 
     Returns the entry-point names loaded. A plugin that fails to import raises an
-    ``ImportError`` naming the entry point and its distribution (never silently skipped).
+    `ImportError` naming the entry point and its distribution (never silently skipped).
     """
     from importlib.metadata import entry_points
 
@@ -361,7 +361,7 @@ def describe(name: str) -> str:
 
 
 def get(name: str) -> Entry:
-    """The registry entry for ``name`` (or an alias).
+    """The registry entry for `name` (or an alias).
 
     Raises:
         KeyError: for an unknown name; the message lists every known name.
@@ -385,26 +385,26 @@ def build(
     coords: Any = None,
     **options: Any,
 ) -> Any:
-    """Build an encoding from its registry name or a config dict ``{"name": ..., **options}``.
+    """Build an encoding from its registry name or a config dict `{"name": ..., **options}`.
 
-    Keyword ``options`` override those in the config. ``context`` holds model-wide values
-    (keys of :data:`mmpe.context.CONTEXT_KEYS`: ``d_model``, ``num_heads``, ``head_dim``,
-    ``max_len``, ``original_max_position_embeddings``, ``grid_shape`` …); each encoding receives
-    the keys it declared in ``register(..., context=...)``, so one model builds any encoding
+    Keyword `options` override those in the config. `context` holds model-wide values
+    (keys of [`mmpe.context.CONTEXT_KEYS`][mmpe.context.CONTEXT_KEYS]: `d_model`, `num_heads`, `head_dim`,
+    `max_len`, `original_max_position_embeddings`, `grid_shape` …); each encoding receives
+    the keys it declared in `register(..., context=...)`, so one model builds any encoding
     by name.
 
-    ``coords``, a coordinates object, builds the encoding for those coordinates: it must be
-    one that ``available(coords=coords)`` lists (else the capability error, now rather than at
-    the first forward), and the context keys it answers (``num_axes``, ``grid_shape``,
-    ``prefix_tokens``: `mmpe.context.coords_context`) fill the context where it does not
-    say. What `available` promises for an object, ``build(name, coords=obj)`` delivers
-    (``rope_mixed`` on a `Sequence` is built for one axis).
+    `coords`, a coordinates object, builds the encoding for those coordinates: it must be
+    one that `available(coords=coords)` lists (else the capability error, now rather than at
+    the first forward), and the context keys it answers (`num_axes`, `grid_shape`,
+    `prefix_tokens`: `mmpe.context.coords_context`) fill the context where it does not
+    say. What `available` promises for an object, `build(name, coords=obj)` delivers
+    (`rope_mixed` on a `Sequence` is built for one axis).
 
     Raises:
-        KeyError: an unknown name (with close matches) or a config without ``"name"``.
+        KeyError: an unknown name (with close matches) or a config without `"name"`.
         ValueError: an unknown context key or an invalid context value.
         TypeError: an option the encoding does not take (naming the option and the encoding);
-            ``coords`` the encoding cannot run on (naming the missing capability).
+            `coords` the encoding cannot run on (naming the missing capability).
     """
     context = check_context(context, "build(context=...)")
     if coords is not None:
@@ -472,7 +472,7 @@ def _validate_options(cls: Any, name: str) -> None:
 
 
 def _accepted_kwargs(cls: Callable[..., Any]) -> set[str]:
-    """Keyword names the constructor names explicitly (context never goes into ``**kwargs``)."""
+    """Keyword names the constructor names explicitly (context never goes into `**kwargs`)."""
     params = inspect.signature(cls).parameters.values()
     return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
@@ -482,8 +482,8 @@ def available(
 ) -> list[Entry]:
     """Registered encodings, sorted by name, optionally filtered by hook, coordinates and family.
 
-    ``coords`` may be a coordinate object, a coordinate class, or the ``kind`` name of a known
-    coordinate class (``"grid"``); an encoding is listed when the coordinates provide every
+    `coords` may be a coordinate object, a coordinate class, or the `kind` name of a known
+    coordinate class (`"grid"`); an encoding is listed when the coordinates provide every
     capability it needs.
     """
     _ensure_loaded()

@@ -2,8 +2,8 @@
 
 Every check raises `ValueError` (a value of the right kind out of range: `0` heads, a NaN
 base) or `TypeError` (a value of the wrong kind: `"8"` heads, a list where a tensor is
-expected), and the message always names the argument: ``"rope: head_dim must be an int >= 2,
-got '8'"``.
+expected), and the message always names the argument: `"rope: head_dim must be an int >= 2,
+got '8'"`.
 
 [`check_options`][mmpe.validation.check_options] validates a registered encoding's constructor arguments from its
 signature's annotations (`int`, `float`, `bool`, tuples of ints) and from the ranges
@@ -244,7 +244,7 @@ class AttentionTooLargeError(RuntimeError):
 
 
 def cpu_attention_seconds() -> float:
-    """The limit in seconds (``MMPE_CPU_ATTENTION_SECONDS``; ``inf`` turns the check off)."""
+    """The limit in seconds (`MMPE_CPU_ATTENTION_SECONDS`; `inf` turns the check off)."""
     raw = os.environ.get("MMPE_CPU_ATTENTION_SECONDS")
     if raw is None:
         return CPU_ATTENTION_SECONDS
@@ -262,11 +262,11 @@ def check_attention_work(where: str, *, batch: int, num_heads: int, num_queries:
                          num_keys: int, head_dim: int, device: torch.device | str) -> None:
     """Refuse, before any work starts, an attention call on the CPU that cannot finish soon.
 
-    Attention costs ``4·b·n_h·n_q·n_k·h_d`` floating-point operations (``q kᵀ`` and the
-    probabilities times ``v``) whatever the memory layout: the block-wise CPU path bounds memory,
-    not time, so ALiBi at ``n = 200,000`` would run for many minutes per layer. The estimate
-    divides by `CPU_FLOPS_PER_THREAD` × ``torch.get_num_threads()`` (a lower bound on the
-    time); above ``MMPE_CPU_ATTENTION_SECONDS`` (default 60) it raises. GPUs and traced code
+    Attention costs `4·b·n_h·n_q·n_k·h_d` floating-point operations (`q kᵀ` and the
+    probabilities times `v`) whatever the memory layout: the block-wise CPU path bounds memory,
+    not time, so ALiBi at `n = 200,000` would run for many minutes per layer. The estimate
+    divides by `CPU_FLOPS_PER_THREAD` × `torch.get_num_threads()` (a lower bound on the
+    time); above `MMPE_CPU_ATTENTION_SECONDS` (default 60) it raises. GPUs and traced code
     are not checked.
 
     Raises:

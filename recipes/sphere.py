@@ -157,8 +157,8 @@ class GlobeExamples(Dataset):
     Item `i` (or `(0, i)`) uses the stream `(seed, i)`; item `(epoch, i)` with
     `epoch > 0` (training epochs after the first) uses `(seed, i, epoch)`: fresh points.
 
-    Land: `{"lat", "lon" [n] (degrees), "label" [n] float 0/1}`. Geoid: ``{"lat", "lon",
-    "value" [n] (normalised heights; queries hold their target), "observed" [n] bool}`` with the
+    Land: `{"lat", "lon" [n] (degrees), "label" [n] float 0/1}`. Geoid: `{"lat", "lon",
+    "value" [n] (normalised heights; queries hold their target), "observed" [n] bool}` with the
     `n_obs` observations first. `split` picks where points lie (see [`sample_sphere`][recipes.sphere.sample_sphere]).
     """
 

@@ -176,9 +176,9 @@ def load_ostia() -> dict[str, np.ndarray]:
     """The OSTIA monthly field.
 
     Returns:
-        ``{"sst": [54, 18, 432] float64 K (NaN over land), "lat": [18] degrees north
+        `{"sst": [54, 18, 432] float64 K (NaN over land), "lat": [18] degrees north
             (−5 … 4.44), "lon": [432] degrees east (0 … 359.17), "year": [54], "month": [54]
-            (1 … 12)}``.
+            (1 … 12)}`.
     """
     netcdf = require("netCDF4", "pip install netCDF4")
     with netcdf.Dataset(ostia_path()) as ds:
@@ -200,8 +200,8 @@ def load_hadisst() -> dict[str, np.ndarray]:
     """The HadISST month of cartopy.
 
     Returns:
-        ``{"sst": [180, 360] float64 °C (NaN over land; sea ice −1.8 °C), "lat": [180]
-            ascending (−89.5 … 89.5), "lon": [360] (−179.5 … 179.5)}``.
+        `{"sst": [180, 360] float64 °C (NaN over land; sea ice −1.8 °C), "lat": [180]
+            ascending (−89.5 … 89.5), "lon": [360] (−179.5 … 179.5)}`.
     """
     netcdf = require("netCDF4", "pip install netCDF4")
     with netcdf.Dataset(hadisst_path()) as ds:
@@ -527,8 +527,8 @@ def encoding_spec(encoding: str, options: dict[str, Any] | None, task: str,
 
     Spatial sphere encodings get [`SPATIAL_DEFAULTS`][mmpe.recipes.sst.SPATIAL_DEFAULTS] for the task (unless `options` set
     them) and `latlon_grid` the `grid_shape` of the data; for the forecast an input encoding
-    of family `sphere` is wrapped as ``{"name": "spacetime", "spatial": ..., "temporal":
-    temporal}``.
+    of family `sphere` is wrapped as `{"name": "spacetime", "spatial": ..., "temporal":
+    temporal}`.
     """
     entry = registry.get(encoding)
     spec = {"name": entry.name, **SPATIAL_DEFAULTS.get(task, {}).get(entry.name, {}), **(options or {})}
@@ -684,8 +684,8 @@ def forecast_baselines(data: SSTData) -> dict[str, dict[str, float]]:
 
 def infill_baselines(data: SSTData) -> dict[str, dict[str, float]]:
     """Mean of the visible cells, their latitude-band mean (±`cell_deg`) and the nearest
-    visible cell, on the infill test sets: ``{name: {"infill RMSE", "infill polar",
-    "infill dateline"}}`` (K)."""
+    visible cell, on the infill test sets: `{name: {"infill RMSE", "infill polar",
+    "infill dateline"}}` (K)."""
     cols = {"global": "infill RMSE", "polar": "infill polar", "dateline": "infill dateline"}
     band = float(data.hparams.cell_deg)
     out: dict[str, dict[str, float]] = {"visible mean": {}, "latitude-band mean": {},

@@ -17,8 +17,8 @@ before it in that window.
     mmpe compare text --encodings sinusoidal,learned,rope,alibi,t5,fire,nope
 
 Input encodings are added to the embeddings; `--model.input_combine concat` concatenates
-them and projects back (``mmpe compare text --encodings sinusoidal,learned --out
-runs/compare/text_concat -- --model.input_combine concat``; docs/add_vs_concat.md).
+them and projects back (`mmpe compare text --encodings sinusoidal,learned --out
+runs/compare/text_concat -- --model.input_combine concat`; docs/add_vs_concat.md).
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ class Coordinates(ABC):
     @property
     def directed(self) -> bool:
         """Deprecated (0.1's flag, kept until 0.3): whether the coordinates are `Directed`;
-        use ``isinstance(coords, mmpe.Directed)``."""
+        use `isinstance(coords, mmpe.Directed)`."""
         import warnings
 
         from mmpe.coords.capabilities import Directed

@@ -202,8 +202,8 @@ class ScoreEncoding(Encoding):
         return self.bias_rows(ctx, 0, ctx.coords.num_queries)
 
     def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
-        """The additive term of queries `start … stop−1` only, ``[b or 1, n_h, stop−start,
-        n_k]``: the memory-bounded CPU path evaluates a bias block by block with it. The
+        """The additive term of queries `start … stop−1` only, `[b or 1, n_h, stop−start,
+        n_k]`: the memory-bounded CPU path evaluates a bias block by block with it. The
         default evaluates `score_mod` on those rows' index grid (equal by construction);
         an encoding with a faster eager form overrides it."""
         if not self.additive:

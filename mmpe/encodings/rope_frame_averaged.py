@@ -82,8 +82,8 @@ class FrameAveragedRoPE(SavesSettings, ContentScoreEncoding):
     set of frame coordinates — so `s` is unchanged, and a permutation of the points permutes
     it (given distinct covariance eigenvalues; a degenerate spectrum has no unique frame).
 
-    Exact reduction: the axial score is a sum of per-axis terms ``A_j cos(θ_j Δ_a) + B_j
-    sin(θ_j Δ_a)``, each depending on one axis' sign only, so over the sign frames the odd
+    Exact reduction: the axial score is a sum of per-axis terms `A_j cos(θ_j Δ_a) + B_j
+    sin(θ_j Δ_a)`, each depending on one axis' sign only, so over the sign frames the odd
     (sine) parts cancel and `s = Σ_j A_j cos(θ_j (Vᵀ(x_k − x_q))_a)` — the same as averaging
     over the two frames `{V, −V}`, which is what is computed (4× fewer than the 8 frames in
     3D, identical numbers; the tests compare with the explicit 8-frame average). The proper

@@ -75,8 +75,8 @@ class TabPET(SavesSettings, InputEncoding):
         clip: bound of the standardised entries (10 in the reference code), or `None`.
         project: learn a projection back to `d_model` instead of narrowing the embeddings.
 
-    Shapes: `forward(coords) -> [s, width]`; ``combine(x [b, s, input_width], coords) ->
-    [b, s, d_model]``.
+    Shapes: `forward(coords) -> [s, width]`; `combine(x [b, s, input_width], coords) ->
+    [b, s, d_model]`.
 
     Raises:
         ValueError: `width` not in `[1, d_model − 1]`, negative `alpha`; at forward, more

@@ -429,8 +429,8 @@ class GraphTransformer(nn.Module):
             attached them); None computes everything. Used only with `data`.
         **kwargs: passed to [`Transformer`][mmpe.transformer.Transformer] (`mlp_ratio`, `dropout` …).
 
-    Shapes: ``forward(x [N, d_model], edge_index [2, E], batch [N] | None, edge_attr [E, F] |
-    None, data=None) -> [N, d_model]``.
+    Shapes: `forward(x [N, d_model], edge_index [2, E], batch [N] | None, edge_attr [E, F] |
+    None, data=None) -> [N, d_model]`.
 
     Raises:
         ValueError: `x` not `[N, d_model]`; `precomputed` names without `data`; the
@@ -496,8 +496,8 @@ class GraphAttention(nn.Module):
         **kwargs: passed to [`MultiHeadAttention`][mmpe.attention.MultiHeadAttention] (`num_kv_heads`,
             `qkv_bias`, `backend`).
 
-    Shapes: ``forward(x [N, d], batch [N] | None = None, coords: Graph | None = None, *,
-    edge_index [2, E] | None = None, edge_attr [E, F] | None = None, data=None) -> [N, d]``.
+    Shapes: `forward(x [N, d], batch [N] | None = None, coords: Graph | None = None, *,
+    edge_index [2, E] | None = None, edge_attr [E, F] | None = None, data=None) -> [N, d]`.
     Coordinates: `coords` if given (build them once per batch and share them between
     layers), else from `data` ([`from_pyg`][mmpe.coords.graph.Graph.from_pyg]), else from
     `edge_index` (no edges: every pair is "unreachable", for encodings that need no hops).

@@ -288,8 +288,8 @@ class TimmAttention(MultiHeadAttention):
     `keep_pos_embed`, Eva's rotary embedding (`rope=`) is applied as in timm and BEiT's
     relative bias table is kept and added. Attention dropout of the timm module is not applied.
 
-    Shapes: ``forward(x [b, n, d], attn_mask=None, is_causal=False, rope=None,
-    shared_rel_pos_bias=None) -> [b, n, d]``; the grid comes from the model's patched
+    Shapes: `forward(x [b, n, d], attn_mask=None, is_causal=False, rope=None,
+    shared_rel_pos_bias=None) -> [b, n, d]`; the grid comes from the model's patched
     embedding step.
 
     Raises:
