@@ -21,6 +21,7 @@ from torch import Tensor
 
 from mmpe import flex_compile
 from mmpe.attention.flex import _block_mask, _flex_mods, compose_score_mods
+from mmpe.attention.grid import _GridPlan
 from mmpe.attention.masks import _cast_bias, _dense_mask, _large_mask, _plain_causal
 from mmpe.attention.memory import _bias_bytes, _check_memory, block_bytes
 from mmpe.attention.relation import _RelationPlan
@@ -77,6 +78,10 @@ def run_sdpa(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) ->
     plan = _RelationPlan.build(scores, ctx, scale) if scores else None
     if plan is not None:
         return plan.run(ctx.q, ctx.k, ctx.v)
+    grid = _GridPlan.build(scores, ctx, scale) if scores else None
+    if grid is not None:  # an offset-only bias on a grid: block-Toeplitz tables
+        grid_plan, table, prefix = grid
+        return grid_plan.run(ctx.q, ctx.k, ctx.v, table, prefix)
     if scores and _bias_bytes(ctx, coords.num_queries) > block_bytes():
         return _sdpa_blocks(scores, ctx, scale)
     if not scores and _large_mask(ctx):  # a padded point cloud of 60k points, say

@@ -72,6 +72,9 @@ class ALiBi(KeepDtype, SavesSettings, ScoreEncoding):
     """
 
     saved_settings = ("distance_unit",)
+    #: on a Grid the term depends on a pair only through its cell offset (the attention's grid
+    #: path reads it from a table over the offsets, mmpe/attention/grid.py)
+    grid_offset_only = True
     keep_dtype = ("slopes",)  # a fixed slope is a frequency: float32 in bf16 models too
 
     def __init__(self, num_heads: int, slopes: Tensor | None = None,

@@ -40,6 +40,9 @@ class FIRE(SavesSettings, ScoreEncoding):
     """
 
     saved_settings = ("eps",)
+    #: on a Grid the term depends on a pair only through its cell offset (the extent is the
+    #: grid's diagonal for every query): the attention's grid path reads it from a table
+    grid_offset_only = True
 
     def __init__(
         self,

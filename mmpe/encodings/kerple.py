@@ -19,6 +19,9 @@ class _Kerple(ScoreEncoding):
     """Per-head conditionally positive definite kernel of the distance, added to the logits."""
 
     eps = 1e-2
+    #: on a Grid the term depends on a pair only through its cell offset (the attention's grid
+    #: path reads it from a table over the offsets, mmpe/attention/grid.py)
+    grid_offset_only = True
 
     def __init__(self, num_heads: int) -> None:
         super().__init__()

@@ -126,6 +126,9 @@ class SwinRelativeBias(SavesSettings, ScoreEncoding):
     """
 
     saved_settings = ("grid_shape",)  # (2, 3) and (3, 2) have tables of one size
+    #: the term depends on a pair only through its cell offset and prefix kind (the
+    #: attention's grid path reads it from a table over the offsets, mmpe/attention/grid.py)
+    grid_offset_only = True
 
     def __init__(self, num_heads: int, grid_shape: tuple[int, ...], prefix_bias: bool = True) -> None:
         super().__init__()

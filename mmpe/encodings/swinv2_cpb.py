@@ -59,6 +59,9 @@ class SwinV2CPB(SavesSettings, ScoreEncoding):
     """
 
     saved_settings = ("grid_shape",)  # the offset normalisation
+    #: the term depends on a pair only through its cell offset and prefix kind (the
+    #: attention's grid path reads it from a table over the offsets, mmpe/attention/grid.py)
+    grid_offset_only = True
 
     def __init__(self, num_heads: int, grid_shape: tuple[int, ...], hidden: int = 512) -> None:
         super().__init__()

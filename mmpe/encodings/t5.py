@@ -84,6 +84,9 @@ class T5RelativeBias(SavesSettings, ScoreEncoding):
     """
 
     saved_settings = ("max_distance", "bidirectional", "distance_unit")
+    #: on a Grid the term depends on a pair only through its cell offset (the attention's grid
+    #: path reads it from a table over the offsets, mmpe/attention/grid.py)
+    grid_offset_only = True
 
     def __init__(
         self,
