@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from mmpe.cache import ModelCache
@@ -46,6 +47,13 @@ class CausalLM(nn.Module):
         if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.is_floating_point():
             shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
             raise ValueError(f"CausalLM: tokens must be [b, s] integer ids, got {shape}")
+        if tokens.device.type == "cpu" and tokens.numel() and not torch.compiler.is_compiling():
+            # nn.Embedding says only "index out of range in self". Checked on the CPU only:
+            # on a GPU the check would synchronise every step (CUDA asserts in the kernel).
+            low, high = int(tokens.min()), int(tokens.max())
+            if low < 0 or high >= self.embed.num_embeddings:
+                raise ValueError(f"CausalLM: tokens must be ids in [0, vocab_size="
+                                 f"{self.embed.num_embeddings}), got ids in [{low}, {high}]")
         if coords is None:
             offset = 0 if cache is None else cache.length
             coords = Sequence(tokens.shape[1], offset=offset, causal=True, device=tokens.device)

@@ -350,7 +350,7 @@ def describe(name: str) -> str:
         f"coordinates:   {', '.join(entry.coords) or '(none shipped)'}",
         f"context keys:  {', '.join(entry.context) or 'none'}",
         f"aliases:       {', '.join(entry.aliases) or 'none'}",
-        *([f"renamed:       " + ", ".join(f"{o} -> {n} (old name until {REMOVED_IN})" for o, n in
+        *(["renamed:       " + ", ".join(f"{o} -> {n} (old name until {REMOVED_IN})" for o, n in
                                        entry.cls.renamed_options.items())]
           if getattr(entry.cls, "renamed_options", None) else []),
         f"class:         {entry.cls.__module__}.{entry.cls.__qualname__}",

@@ -252,6 +252,9 @@ class Transformer(nn.Module):
         self.norm = nn.LayerNorm(d_model)
 
     def forward(self, x: Tensor, coords: Coordinates, cache: ModelCache | None = None) -> Tensor:
+        if cache is not None and not isinstance(cache, ModelCache):
+            raise TypeError(f"transformer: cache must be the ModelCache of model.make_cache(), "
+                            f"got {type(cache).__name__}")
         if cache is not None and len(cache) != len(self.blocks):
             raise ValueError(f"transformer: cache has {len(cache)} layers, the model "
                              f"{len(self.blocks)}; make it with model.make_cache()")

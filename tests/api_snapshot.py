@@ -13,7 +13,6 @@ in a subprocess, so the file lists what the release really exported, not what it
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile

@@ -17,8 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mmpe
-from mmpe.validation import (CPU_FLOPS_PER_THREAD, AttentionTooLargeError,
-                             check_attention_work)
+from mmpe.validation import CPU_FLOPS_PER_THREAD, AttentionTooLargeError, check_attention_work
 
 HUGE = 200_000
 

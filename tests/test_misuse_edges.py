@@ -3,8 +3,22 @@ legitimate use, works)."""
 
 import pytest
 import torch
+from test_bad_input import CATEGORIES
 
 import mmpe
+
+#: each test's category (the categories of tests/test_bad_input.py), counted by
+#: tests/bad_input_counts.py; a test with several checks takes its main one's
+CATEGORY = {
+    "test_alibi_slopes_from_a_list_and_bad_slopes": "range",
+    "test_empty_batch_is_named": "shape",
+    "test_hf_rope_dicts_that_would_be_misread": "dtype",
+    "test_one_cache_per_model_and_one_mask_per_cache": "api-misuse",
+    "test_generate_refuses_an_example_without_tokens": "api-misuse",
+    "test_rope_mixed_on_a_sequence_says_how_to_build_it": "unsupported-combination",
+    "test_non_hf_module_and_nan_laplacian_pe_are_named": "api-misuse",
+    "test_a_str_cache_and_tokens_beyond_the_vocabulary_are_named": "api-misuse",
+}
 
 
 def test_alibi_slopes_from_a_list_and_bad_slopes():
@@ -80,3 +94,24 @@ def test_non_hf_module_and_nan_laplacian_pe_are_named():
     pe[1, 0] = float("nan")
     with pytest.raises(ValueError, match=r"laplacian_pe has NaN or inf entries \(nodes \[1\]"):
         mmpe.Graph(edges, num_nodes=3, laplacian_pe=pe)
+
+
+def test_a_str_cache_and_tokens_beyond_the_vocabulary_are_named():
+    """Found by the bad-input probe: a str passed as cache was measured with len() ("cache
+    has 5 layers"), and a token id past the vocabulary ended in nn.Embedding's IndexError."""
+    model = mmpe.Transformer(32, 4, 2, ["rope"])
+    with pytest.raises(TypeError, match="cache must be the ModelCache of model.make_cache"):
+        model(torch.randn(1, 3, 32), mmpe.Sequence(3, causal=True), cache="cache")
+    lm = mmpe.CausalLM(vocab_size=20, d_model=32, num_heads=4, depth=1, encodings=["rope"])
+    with pytest.raises(ValueError, match=r"ids in \[0, vocab_size=20\), got ids in \[-1, 25\]"):
+        lm(torch.tensor([[1, 25, -1]]))
+    with pytest.raises(ValueError, match="vocab_size=20"):
+        mmpe.generate(lm, torch.tensor([[1, 20]]), 2)
+    assert lm(torch.tensor([[0, 19]])).shape == (1, 2, 20)  # both ends of the range are ids
+
+
+def test_every_misuse_case_is_classified():
+    tests = sorted(n for n in globals()
+                   if n.startswith("test_") and n != "test_every_misuse_case_is_classified")
+    assert sorted(CATEGORY) == tests
+    assert set(CATEGORY.values()) <= set(CATEGORIES)

@@ -606,6 +606,14 @@ def apply_encoding(
     convention = rope_axial_options(model) if eva and not keep_pos_embed else {}
     make = _maker(context, options, convention)
     built = [make(s) for s in specs]
+    # An encoding the patch grid cannot carry (rope_yarn needs a 1D sequence) is refused here,
+    # before the model changes; it used to fail at the first forward.
+    patches = Grid(grid_shape, prefix_tokens=model.num_prefix_tokens)
+    for enc in built:
+        try:
+            enc.check_coords(patches)
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"apply_encoding: {err}") from err
     inputs = [e for e in built if isinstance(e, InputEncoding)]
     attn_specs = [(s, e) for s, e in zip(specs, built, strict=True) if not isinstance(e, InputEncoding)]
     if not share_encodings and any(isinstance(s, Encoding) for s, _ in attn_specs):
