@@ -122,12 +122,12 @@ def register(
     Args:
         needs: coordinate capabilities the encoding reads (`(Metric,)`, `(Positioned,)` …);
             an empty tuple means it runs on any coordinates.
-        context: model-wide keys of [`mmpe.context.CONTEXT_KEYS`][mmpe.context.CONTEXT_KEYS] the constructor takes.
+        context: model-wide keys of `mmpe.context.CONTEXT_KEYS` the constructor takes.
         coords: deprecated (0.1's coordinate `kind` names, `("sequence",)`): translated, with
             a `FutureWarning`, to the capabilities every named kind provides; use `needs`.
 
     Raises:
-        ValueError: `hook` not one of [`HOOKS`][mmpe.registry.HOOKS], `name` taken, an unknown context key,
+        ValueError: `hook` not one of `HOOKS`, `name` taken, an unknown context key,
             or a context key the constructor does not accept.
         TypeError: an entry of `needs` that is not a capability.
     """
@@ -388,7 +388,7 @@ def build(
     """Build an encoding from its registry name or a config dict `{"name": ..., **options}`.
 
     Keyword `options` override those in the config. `context` holds model-wide values
-    (keys of [`mmpe.context.CONTEXT_KEYS`][mmpe.context.CONTEXT_KEYS]: `d_model`, `num_heads`, `head_dim`,
+    (keys of `mmpe.context.CONTEXT_KEYS`: `d_model`, `num_heads`, `head_dim`,
     `max_len`, `original_max_position_embeddings`, `grid_shape` …); each encoding receives
     the keys it declared in `register(..., context=...)`, so one model builds any encoding
     by name.
