@@ -19,6 +19,7 @@ from mmpe.coords import (
     Graph,
     Grid,
     Latents,
+    Numbers,
     Points,
     Sequence,
     Sphere,
@@ -44,7 +45,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CONTEXT_KEYS", "CausalLM", "Causal", "Composite", "CrossAttention", "Cross", "KVCache",
-    "Latents", "ModelCache", "cache", "generate", "generation", "plot", "Coordinates", "Directed", "FeatureGraph", "Graph",
+    "Latents", "ModelCache", "Numbers", "cache", "generate", "generation", "plot", "Coordinates", "Directed", "FeatureGraph", "Graph",
     "GraphLayout", "Grid", "GridLayout", "Metric", "MultiHeadAttention", "Points", "Positioned",
     "Positioned1D", "Sequence", "Sphere", "Spherical", "Table", "Transformer",
     "TransformerBlock", "available", "build", "functional", "get", "register", "testing",

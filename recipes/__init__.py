@@ -19,6 +19,10 @@ RECIPES: dict[str, tuple[str, str]] = {
     "tabular": ("mmpe.recipes.tabular", "ISLP/scikit-learn tables; feature-graph encodings"),
     "sphere": ("mmpe.recipes.sphere", "land/sea and geoid height on the sphere"),
     "sst": ("mmpe.recipes.sst", "SST: next-month anomaly (OSTIA) and global infilling (HadISST)"),
+    "context": ("mmpe.recipes.context", "RoPE scalings extend a char LM trained at 64 characters: "
+                "zero-shot and fine-tuned bpc to 16x"),
+    "lengthgen": ("mmpe.recipes.lengthgen", "train short, test long: copy, reverse, sort, addition, "
+                  "parity, SCAN, passkey; exact match per length bucket"),
     "multimodal": ("mmpe.recipes.multimodal", "read a strip of MNIST digits as text"),
     "gpu_cost": ("mmpe.recipes.gpu_cost", "attention fwd+bwd time and memory on a CUDA device, "
                  "× the unbiased layer (a measurement, not training)"),

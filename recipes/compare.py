@@ -67,6 +67,7 @@ class CompareSpec:
     check_encoding: Callable[[str], object] | None = None
     seeds: int = 3
     higher_is_better: tuple[str, ...] = ()
+    plot: Callable[..., Any] | None = None
 
 
 def lower_is_better(spec: CompareSpec, column: str) -> bool:

@@ -222,8 +222,12 @@ def series(spec: Any, records: list[dict[str, Any]], setting: str = "default",
 
 def plot(spec: Any, records: list[dict[str, Any]], path: str | Path, setting: str = "default",
          rows: Iterable[str] | None = None) -> Path:
-    """The recipe's metric per column, one line per encoding, sd error bars (PNG)."""
+    """The recipe's metric per column, one line per encoding, sd error bars (PNG); or the
+    recipe's own figure (``spec.plot``)."""
     from mmpe.plot.results import metric_lines
+
+    if getattr(spec, "plot", None) is not None:
+        return spec.plot(records, Path(path), setting, rows)
 
     ylabel = spec.metric + (" (lower is better)" if spec.lower_is_better else " (higher is better)")
     return metric_lines(list(spec.columns), series(spec, records, setting, rows), Path(path),

@@ -5,11 +5,13 @@ from mmpe.coords.composite import Composite
 from mmpe.coords.cross import Cross, Latents, register_cross_distance, register_cross_positions
 from mmpe.coords.graph import Graph
 from mmpe.coords.grid import Grid
+from mmpe.coords.numbers import Numbers
 from mmpe.coords.points import Points
+from mmpe.coords.randomized import randomized_positions
 from mmpe.coords.sequence import Sequence
 from mmpe.coords.sphere import Sphere
 from mmpe.coords.table import Table
 
-__all__ = ["Composite", "Coordinates", "Cross", "Graph", "Grid", "Latents", "Points", "Sequence",
-           "Sphere", "Table", "index_grid", "register_cross_distance",
+__all__ = ["Composite", "Coordinates", "Cross", "Graph", "Grid", "Latents", "Numbers", "Points", "Sequence",
+           "Sphere", "Table", "index_grid", "randomized_positions", "register_cross_distance",
            "register_cross_positions"]

@@ -1,0 +1,148 @@
+"""Context extension of a trained RoPE model: each scaling zero-shot and after a short fine-tune.
+
+The RoPE scalings (position interpolation, NTK-aware, dynamic NTK, YaRN, LongRoPE, Llama 3)
+exist to stretch a model trained at a short context to a longer one. This recipe measures that
+on the text recipe's model (:mod:`mmpe.recipes.text`): a character-level RoPE transformer is
+trained on Shakespeare at ``L = 64`` (once per seed, shared by every scaling), then for each
+scaling with factor ``s = 4``:
+
+* **zero-shot**: the trained weights with the scaled rotation, test bits/char at ``1 … 16 × L``
+  (columns ``zs@mx``);
+* **fine-tuned**: the same, after ``--finetune_steps`` steps (default 100, the same for every
+  scaling) of training at ``s · L = 256`` (columns ``ft@mx``).
+
+``rope`` (no scaling) is the control: the base model as it is, and fine-tuned at 256 with its
+original rotation. Peng et al. 2023 (YaRN, arXiv:2309.00071, Tables 1–2 and Fig. 4) report that
+YaRN reaches the lowest perplexity at the extended length after the fewest fine-tuning steps,
+that dynamic NTK helps without any fine-tuning, and that position interpolation (Chen et al.
+2023) needs fine-tuning; the tables here test that ordering on a small model.
+
+    mmpe compare context --encodings rope,rope_pi,rope_ntk,rope_dynamic_ntk,rope_yarn,rope_longrope,rope_llama3
+    mmpe compare context -- --finetune_steps 200
+"""
+
+from __future__ import annotations
+
+import fcntl
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from mmpe.recipes import text
+from mmpe.recipes.common import CONFIGS, cli_args_for, fit_for_compare, pop_option, test_or_none
+from mmpe.recipes.compare import CompareSpec
+
+from mmpe import registry
+from mmpe.coords import Sequence
+
+MULTIPLIERS = (1, 2, 4, 8, 16)
+SCALINGS = ["rope", "rope_pi", "rope_ntk", "rope_dynamic_ntk", "rope_yarn", "rope_longrope",
+            "rope_llama3"]
+FACTOR = 4
+FINETUNE_STEPS = 100
+
+COMPARE = CompareSpec(
+    metric="bpc",
+    columns=[f"zs@{m}x" for m in MULTIPLIERS] + [f"ft@{m}x" for m in MULTIPLIERS],
+    xlabel="evaluation length (multiples of the training context L = 64 characters)",
+    lower_is_better=True,
+    default_encodings=SCALINGS,
+    coords=Sequence(2, causal=True),
+    title="Context extension of a RoPE char LM trained at L = 64 (factor 4): test bits/char",
+    notes=["zs: the trained weights with the scaling, no training; ft: after the same short "
+           "fine-tune at 4 L = 256 for every scaling.",
+           "rope: no scaling (the control)."],
+    check_encoding=lambda name: check_scaling(name),
+)
+
+
+def check_scaling(name: str) -> None:
+    """Raises ValueError unless ``name`` is ``rope`` or a RoPE scaling of the registry."""
+    entry = registry.get(name)
+    if entry.name not in SCALINGS:
+        raise ValueError(f"context: {name!r} is not a RoPE scaling; known: {', '.join(SCALINGS)}")
+
+
+def scaling_options(name: str, factor: float, original: int) -> dict[str, Any]:
+    """The scaling's options: the factor and, where it takes one, the original context."""
+    if name == "rope":
+        return {}
+    options: dict[str, Any] = {"factor": factor}
+    if "original_max_position_embeddings" in registry.get(name).context:
+        options["original_max_position_embeddings"] = original
+    return options
+
+
+def train_base(seed: int, root: Path, cli_args: list[str]) -> Path:
+    """The seed's RoPE model at L = 64 (trained once; other runs wait for it and reuse it)."""
+    folder = root / f"seed{seed}"
+    folder.mkdir(parents=True, exist_ok=True)
+    weights = folder / "rope_base.pt"
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel runs of one seed train the base once
+        if not weights.exists():
+            cli = fit_for_compare(text.make_cli, "text", "rope", seed=seed, out_dir=folder,
+                                  cli_args=cli_args)
+            torch.save(cli.model.state_dict(), weights)
+    return weights
+
+
+def load_base(model: text.CharLM, weights: Path) -> None:
+    """Copy the base weights; only the scaling's own settings may be new."""
+    missing, unexpected = model.load_state_dict(torch.load(weights, map_location="cpu"), strict=False)
+    stray = [k for k in [*missing, *unexpected] if ".rotary." not in k or ".settings." not in k]
+    if stray:
+        raise RuntimeError(f"context: base weights do not fit the model: {stray[:5]}")
+
+
+def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> dict[str, float | None]:
+    """Zero-shot and fine-tuned test bpc of the scaling ``encoding`` on the seed's base model.
+
+    Recipe options (before LightningCLI's): ``--finetune_steps N`` (default 100), ``--factor s``
+    (default 4). Other arguments go to both the base training and the fine-tune.
+
+    Raises:
+        ValueError: not a RoPE scaling; ``factor <= 1``; ``finetune_steps < 0``.
+    """
+    check_scaling(encoding)
+    args = list(cli_args)
+    steps = int(pop_option(args, "--finetune_steps", str(FINETUNE_STEPS)))
+    factor = float(pop_option(args, "--factor", str(FACTOR)))
+    if steps < 0:
+        raise ValueError(f"context: --finetune_steps must be >= 0, got {steps}")
+    if not factor > 1:
+        raise ValueError(f"context: --factor must be > 1 (the context is extended), got {factor}")
+    weights = train_base(seed, Path(out_dir).parent.parent / "_base", args)
+    cli = _finetune_cli(encoding, seed, Path(out_dir), factor, steps, args)
+    load_base(cli.model, weights)
+    out = _evaluate(cli, "zs")
+    if steps:
+        cli.trainer.fit(cli.model, cli.datamodule)
+    out.update(_evaluate(cli, "ft") if steps else {f"ft@{m}x": out[f"zs@{m}x"] for m in MULTIPLIERS})
+    return out
+
+
+def _finetune_cli(encoding: str, seed: int, out_dir: Path, factor: float, steps: int,
+                  args: list[str]) -> Any:
+    original = 64
+    options = scaling_options(encoding, factor, original)
+    import json
+
+    extra = ["--seed_everything", str(seed), "--data.context_length", str(int(factor * original)),
+             "--model.encoding_options", json.dumps(options), "--model.warmup_steps", "10",
+             "--model.lr", "0.001", "--trainer.val_check_interval", str(max(1, steps)),
+             "--trainer.limit_val_batches", "0", *args, "--trainer.max_steps", str(max(1, steps))]
+    cli = text.make_cli(cli_args_for(CONFIGS / "text" / "default.yaml", encoding, out_dir, extra), run=False)
+    from lightning.pytorch.loggers import CSVLogger
+
+    cli.trainer.loggers = [CSVLogger(save_dir=str(out_dir))]
+    return cli
+
+
+def _evaluate(cli: Any, prefix: str) -> dict[str, float | None]:
+    data, out = cli.datamodule, {}
+    for m in MULTIPLIERS:
+        value = test_or_none(cli.trainer, cli.model, data.eval_dataloader("test", m * 64), "test/bpc")
+        out[f"{prefix}@{m}x"] = None if value is None or not math.isfinite(value) else value
+    return out

