@@ -1,11 +1,11 @@
 """mmpe: positional encodings for every kind of data a transformer reads.
 
-A PE is defined once over a coordinate system (``mmpe.coords``) and enters attention at one
-of four hooks (``mmpe.encodings``): input, rotary, score, kernel. An encoding declares the
-coordinate capabilities it needs (``mmpe.coords.capabilities``: ``Metric``, ``Directed``,
-``Positioned`` …) and runs on any coordinates that provide them. ``mmpe.build`` makes any
-registered encoding by its paper's name; ``mmpe.functional`` holds the pure functions and a
-one-call FlexAttention ``score_mod``; ``mmpe.testing`` the coordinates contract.
+A PE is defined once over a coordinate system (`mmpe.coords`) and enters attention at one
+of four hooks (`mmpe.encodings`): input, rotary, score, kernel. An encoding declares the
+coordinate capabilities it needs (`mmpe.coords.capabilities`: `Metric`, `Directed`,
+`Positioned` …) and runs on any coordinates that provide them. `mmpe.build` makes any
+registered encoding by its paper's name; `mmpe.functional` holds the pure functions and a
+one-call FlexAttention `score_mod`; `mmpe.testing` the coordinates contract.
 """
 
 from mmpe import cache, functional, generation, plot, testing

@@ -49,8 +49,8 @@ class DecoderBlock(nn.Module):
         kv_dim: width of `memory` (default `d_model`).
         mlp_ratio, dropout: MLP width and residual dropout.
 
-    Shapes: ``forward(x [b, n, d_model], coords, memory [b, m, kv_dim], memory_coords,
-    cache=None) -> [b, n, d_model]`; `cache`` (a [`KVCache`][mmpe.cache.KVCache]) caches the
+    Shapes: `forward(x [b, n, d_model], coords, memory [b, m, kv_dim], memory_coords,
+    cache=None) -> [b, n, d_model]`; `cache` (a [`KVCache`][mmpe.cache.KVCache]) caches the
     self-attention for decoding.
     """
 

@@ -115,8 +115,8 @@ def weighted_mean(values: Tensor, lat: Tensor, dim: int | Seq[int] = (-2, -1),
 
 def weighted_rmse(pred: Tensor, target: Tensor, lat: Tensor, dim: int | Seq[int] = (-2, -1),
                   units: str = "deg") -> Tensor:
-    """Latitude-weighted RMSE (WeatherBench eq. 2, FourCastNet §4): ``√(weighted_mean((pred −
-    target)², lat))` over `dim``, one value per remaining index (time, channel, batch).
+    """Latitude-weighted RMSE (WeatherBench eq. 2, FourCastNet §4): `√(weighted_mean((pred −
+    target)², lat))` over `dim`, one value per remaining index (time, channel, batch).
 
     Args:
         pred, target: the same shape, e.g. `[time, channel, n_lat, n_lon]`.

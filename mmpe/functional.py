@@ -287,8 +287,8 @@ def mask_mod(coords: Coordinates) -> MaskMod | None:
 def block_mask(coords: Coordinates, device: torch.device | str | None = None):
     """A FlexAttention `BlockMask` for `coords`, or None when they mask nothing.
 
-    Built by ``torch.nn.attention.flex_attention.create_block_mask(mask_mod(coords), B, None,
-    n_q, n_k, device=...)` with `B = coords.batch_size`` (None, i.e. broadcast over the
+    Built by `torch.nn.attention.flex_attention.create_block_mask(mask_mod(coords), B, None,
+    n_q, n_k, device=...)` with `B = coords.batch_size` (None, i.e. broadcast over the
     batch, when positions are shared by the batch) and the mask shared by all heads.
 
     Args:

@@ -1,10 +1,10 @@
 """Lightning recipes: the same transformer trained with any registered encoding on real data.
 
-Installed as ``mmpe.recipes`` (the repository keeps them in ``recipes/``; configs ship as
-``mmpe.configs``). One module per modality; each defines ``COMPARE`` and ``run_one`` for
-``mmpe compare`` (see :mod:`mmpe.recipes.compare`) and a LightningCLI entry point
-(``python -m mmpe.recipes.<modality>``). They need the ``mmpe[recipes]`` extra (Lightning,
-jsonargparse, matplotlib) and, for their data, ``mmpe[data]``.
+Installed as `mmpe.recipes` (the repository keeps them in `recipes/`; configs ship as
+`mmpe.configs`). One module per modality; each defines `COMPARE` and `run_one` for
+`mmpe compare` (see :mod:`mmpe.recipes.compare`) and a LightningCLI entry point
+(`python -m mmpe.recipes.<modality>`). They need the `mmpe[recipes]` extra (Lightning,
+jsonargparse, matplotlib) and, for their data, `mmpe[data]`.
 """
 
 #: Every recipe ``mmpe compare`` knows, by name: its module and one line on what it trains.

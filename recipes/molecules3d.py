@@ -39,8 +39,8 @@ The comparison's three variants:
 * `spd+gaussian_distance` — both, summed (Transformer-M's 2D + 3D mode).
 
 `mmpe compare molecules3d` (its default encodings are these three) trains each variant on
-each task (`compare.datasets`) with 3 seeds, one stored run per seed, and ``mmpe report
-molecules3d` gives the mean and the sample standard deviation (`ddof=1``) over the seeds of
+each task (`compare.datasets`) with 3 seeds, one stored run per seed, and `mmpe report
+molecules3d` gives the mean and the sample standard deviation (`ddof=1`) over the seeds of
 the test RMSE and R² per task. The seeds vary the model's initialisation and the batch order;
 splits and conformers are fixed.
 
@@ -230,9 +230,9 @@ def conformers(mols: list[Any], name: str, seed: int = 0, optimize: str = "mmff"
                directory: str | Path | None = None) -> dict[str, np.ndarray]:
     """Conformers of `mols` ([`embed_conformer`][recipes.molecules3d.embed_conformer]), read from or written to the disk cache.
 
-    Returns ``{"positions": [Σn, 3] float32 Å, "ptr": [m + 1] int64 (molecule i's atoms are
+    Returns `{"positions": [Σn, 3] float32 Å, "ptr": [m + 1] int64 (molecule i's atoms are
     rows ptr[i] … ptr[i+1]−1), "atomic_numbers": [Σn] int64, "method": [m] int8, "relaxed":
-    [m] int8}`. The file (`directory``, default [`cache_dir`][recipes.molecules3d.cache_dir]) is named
+    [m] int8}`. The file (`directory`, default [`cache_dir`][recipes.molecules3d.cache_dir]) is named
     `<name>-rdkit<version>-seed<seed>-<optimize>-<digest>.npz`: another RDKit, seed,
     relaxation or set of molecules gets its own. Written to a temporary file and renamed, so
     concurrent processes (DDP ranks) never read a partial file.

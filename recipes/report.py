@@ -223,7 +223,7 @@ def series(spec: Any, records: list[dict[str, Any]], setting: str = "default",
 def plot(spec: Any, records: list[dict[str, Any]], path: str | Path, setting: str = "default",
          rows: Iterable[str] | None = None) -> Path:
     """The recipe's metric per column, one line per encoding, sd error bars (PNG); or the
-    recipe's own figure (``spec.plot``)."""
+    recipe's own figure (`spec.plot`)."""
     from mmpe.plot.results import metric_lines
 
     if getattr(spec, "plot", None) is not None:

@@ -44,8 +44,8 @@ Forecasting*, NeurIPS), so `latlon_sincos` gives the *flat* lat/lon/time encodin
 `spherical_harmonics` the *spherical + temporal* one; `latlon_grid` is FourCastNet's learned
 per-cell table (Pathak et al. 2022, *FourCastNet: A Global Data-driven High-resolution Weather
 Model using Adaptive Fourier Neural Operators*, arXiv:2202.11214) plus time sinusoids. Other
-encodings are used as they are (`Positioned` ones such as `sincos` read ``(lat, lon,
-time)` in radians and months; score encodings such as `alibi`` read only the great-circle
+encodings are used as they are (`Positioned` ones such as `sincos` read `(lat, lon,
+time)` in radians and months; score encodings such as `alibi` read only the great-circle
 angle, so they cannot tell the months apart).
 
 Baselines (`python -m mmpe.recipes.sst baselines`), on the same test sets: forecast —
@@ -323,10 +323,10 @@ def weighted_rmse(pred: np.ndarray, target: np.ndarray, weight: np.ndarray) -> f
 class ForecastWindows(Dataset):
     """One item per target month: the `k` previous months of `cells` and the target month.
 
-    Item: ``{"lat", "lon" [n] (degrees), "time" [n] (months: 0 … k−1 history, k target),
+    Item: `{"lat", "lon" [n] (degrees), "time" [n] (months: 0 … k−1 history, k target),
     "value" [n] (normalised anomaly; targets hold theirs), "last" [n] (targets: the cell's
     anomaly at month t − 1, the persistence forecast; 0 on history), "observed" [n] bool,
-    "weight" [n] (area weight), "region" [n] (1 inside the date-line sector)}` with `n = (k + 1)·len(cells)``,
+    "weight" [n] (area weight), "region" [n] (1 inside the date-line sector)}` with `n = (k + 1)·len(cells)`,
     history first (time-major).
     """
 

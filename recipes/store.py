@@ -15,8 +15,8 @@ A line is appended (under a file lock) as soon as its run finishes, so a compari
 part-way keeps what it finished, and [`done`][recipes.store.done] lets a re-run skip those runs.
 
 `setting` names the configuration a run used: `"default"` is the recipe's default config
-without extra arguments; runs with extra LightningCLI arguments get ``custom-<hash of the
-arguments>` unless the caller names the setting (`mmpe compare --setting NAME``).
+without extra arguments; runs with extra LightningCLI arguments get `custom-<hash of the
+arguments>` unless the caller names the setting (`mmpe compare --setting NAME`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Coordinate systems: every data type is one (see ``mmpe.coords.base``)."""
+"""Coordinate systems: every data type is one (see `mmpe.coords.base`)."""
 
 from mmpe.coords.base import Coordinates, index_grid
 from mmpe.coords.composite import Composite

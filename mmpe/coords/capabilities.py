@@ -205,8 +205,8 @@ class GraphEdges(Capability):
     """Edge features along shortest paths (Graphormer's edge encoding, Ying et al. 2021 eq. 7).
 
     `path_edge_attr(max_hops) -> (attr, valid)`: for every token pair `(i, j)` the features
-    of the first `max_hops` edges of one shortest path `i → j`, ``attr [b, n, n, max_hops,
-    F]` (integer categories or floats; zeros where no edge) and `valid [b, n, n, max_hops]``
+    of the first `max_hops` edges of one shortest path `i → j`, `attr [b, n, n, max_hops,
+    F]` (integer categories or floats; zeros where no edge) and `valid [b, n, n, max_hops]`
     bool. Raises `ValueError` when the graph carries no edge features.
     """
 

@@ -4,7 +4,7 @@ Abacus embeddings (McLeish et al. 2024) give a digit the index of its place insi
 belongs to, so the digits of equal significance of two operands share a position however far
 apart they sit in the sequence. :class:`Numbers` carries that index beside the ordinary token
 positions: it *is* a :class:`~mmpe.coords.sequence.Sequence` (every 1D encoding, causal mask and
-cache works as on one) and adds the ``DigitPositioned`` capability.
+cache works as on one) and adds the `DigitPositioned` capability.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from mmpe.coords.sequence import Sequence
 
 
 class DigitPositioned(Capability):
-    """``digit_positions``: per key token, its 1-based place within its number (0: not a digit).
+    """`digit_positions`: per key token, its 1-based place within its number (0: not a digit).
 
-    Read by Abacus. Shape ``[n_k]`` or ``[b, n_k]`` int64; the queries are the last ``n_q``.
+    Read by Abacus. Shape `[n_k]` or `[b, n_k]` int64; the queries are the last `n_q`.
     """
 
     members = ("digit_positions",)
@@ -30,17 +30,17 @@ class Numbers(Sequence):
 
     A *number* is a maximal run of consecutive digit tokens. Its first digit gets place 1, the
     next 2, and so on; every other token gets 0. Write numbers least-significant digit first
-    (as McLeish et al. 2024 do) and place ``i`` is the ``10^(i-1)`` digit of every operand.
+    (as McLeish et al. 2024 do) and place `i`` is the `10^(i-1)`` digit of every operand.
 
     Args:
-        is_digit: ``[n_k]`` or ``[b, n_k]`` bool, True at digit tokens (``n_k = offset + n``:
+        is_digit: `[n_k]` or `[b, n_k]` bool, True at digit tokens (`n_k = offset + n`:
             the cached tokens, then the new ones).
-        **sequence_options: as :class:`~mmpe.coords.sequence.Sequence` (``offset``,
-            ``causal``, ``position_ids``, ``padding_mask``, ``device`` …); the length is that of
-            ``is_digit`` minus ``offset``.
+        **sequence_options: as :class:`~mmpe.coords.sequence.Sequence` (`offset`,
+            `causal`, `position_ids`, `padding_mask`, `device` …); the length is that of
+            `is_digit` minus `offset`.
 
     Raises:
-        ValueError: ``is_digit`` not a bool tensor of rank 1 or 2, or its length or batch size
+        ValueError: `is_digit` not a bool tensor of rank 1 or 2, or its length or batch size
             differing from the sequence's.
     """
 
@@ -66,14 +66,14 @@ class Numbers(Sequence):
 
     @classmethod
     def from_tokens(cls, tokens: Tensor, digit_ids: Tensor | list[int], **sequence_options) -> Numbers:
-        """Numbers over token ids ``[n]`` or ``[b, n]``: a token is a digit when its id is in
-        ``digit_ids`` (the ids of ``"0"`` … ``"9"`` in the vocabulary)."""
+        """Numbers over token ids `[n]` or `[b, n]`: a token is a digit when its id is in
+        `digit_ids` (the ids of `"0"`` … `"9"`` in the vocabulary)."""
         digits = torch.as_tensor(digit_ids, device=tokens.device)
         return cls(torch.isin(tokens, digits), **sequence_options)
 
     @property
     def query_digit_positions(self) -> Tensor:
-        """Places of the query tokens: ``[n]`` or ``[b, n]`` (the last ``n`` keys)."""
+        """Places of the query tokens: `[n]` or `[b, n]` (the last `n` keys)."""
         return self.digit_positions[..., self.offset:]
 
     def __repr__(self) -> str:
@@ -84,7 +84,7 @@ class Numbers(Sequence):
 def digit_places(is_digit: Tensor) -> Tensor:
     """1-based place of every digit within its run of consecutive digits; 0 elsewhere.
 
-    ``[0, 1, 1, 0, 1] -> [0, 1, 2, 0, 1]``. Shape as ``is_digit``, int64.
+    `[0, 1, 1, 0, 1] -> [0, 1, 2, 0, 1]``. Shape as `is_digit``, int64.
     """
     run = is_digit.long()
     count = run.cumsum(-1)

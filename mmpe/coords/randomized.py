@@ -2,14 +2,14 @@
 
 Ruoss, Delétang, Genewein, Grau-Moya, Csordás, Bennani, Legg, Veness, "Randomized Positional
 Encodings Boost Length Generalization of Transformers" (ACL 2023), Section 3: for a training
-sequence of ``n`` tokens, draw ``n`` distinct positions uniformly from ``[0, L_max)`` and sort
-them; the model then sees every position up to ``L_max`` during training while keeping the
+sequence of `n` tokens, draw `n` distinct positions uniformly from `[0, L_max)` and sort
+them; the model then sees every position up to `L_max`` during training while keeping the
 order of its tokens, so positions of sequences longer than the training ones are not new at
-test time. Evaluation uses the ordinary positions ``0 … n−1``.
+test time. Evaluation uses the ordinary positions `0 … n−1``.
 
-The positions feed :class:`~mmpe.coords.sequence.Sequence` as ``position_ids``, so the method
+The positions feed :class:`~mmpe.coords.sequence.Sequence` as `position_ids``, so the method
 works with every encoding that reads positions from the coordinates (sinusoidal, learned with a
-table of ``L_max`` rows, RoPE and its scalings, ALiBi, T5, FIRE, KERPLE …) and leaves those that
+table of `L_max`` rows, RoPE and its scalings, ALiBi, T5, FIRE, KERPLE …) and leaves those that
 do not (NoPE, CoPE's contextual positions) unchanged.
 """
 
@@ -22,12 +22,12 @@ from torch import Tensor
 def randomized_positions(batch: int, length: int, max_len: int, *,
                          generator: torch.Generator | None = None,
                          device: torch.device | str | None = None) -> Tensor:
-    """``[batch, length]`` int64: per row a sorted sample of ``length`` distinct positions from
-    ``[0, max_len)``, uniform over all such subsets.
+    """`[batch, length]` int64: per row a sorted sample of `length` distinct positions from
+    `[0, max_len)`, uniform over all such subsets.
 
     Raises:
-        ValueError: ``batch`` or ``length`` < 1, or ``max_len < length`` (the range must hold
-            every token of the sequence: set ``max_len`` at least to the longest evaluation
+        ValueError: `batch` or `length` < 1, or `max_len < length` (the range must hold
+            every token of the sequence: set `max_len` at least to the longest evaluation
             length).
     """
     for name, value in (("batch", batch), ("length", length), ("max_len", max_len)):

@@ -113,9 +113,9 @@ class Sequence(Coordinates):
 
     @property
     def toeplitz(self) -> bool:
-        """Whether every pair the mask allows has ``relation(q_idx, kv_idx) = q_idx + n_k − n_q
+        """Whether every pair the mask allows has `relation(q_idx, kv_idx) = q_idx + n_k − n_q
         − kv_idx` (and `distance` its absolute value): the positions are the implicit `0 …
-        n_k−1``, or restart at every document (the mask keeps pairs inside one document, where
+        n_k−1`, or restart at every document (the mask keeps pairs inside one document, where
         positions and indices differ by the same shift). False with explicit `position_ids`,
         or with a `padding_mask` and no documents (positions then count real tokens only).
 

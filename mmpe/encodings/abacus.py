@@ -19,24 +19,24 @@ from mmpe.registry import register
 class Abacus(InputEncoding):
     """A trainable vector per *place of a digit within its number*, added to the embeddings.
 
-    With ``i`` the 1-based place of a digit in its number (``Numbers.digit_positions``; 0 for a
-    token that is not a digit), ``P = E[i + k]`` for digits and ``P = E[0]`` for other tokens.
-    During training ``k`` is drawn uniformly from ``{0, …, max_offset}`` at every call, one
+    With `i` the 1-based place of a digit in its number (`Numbers.digit_positions`; 0 for a
+    token that is not a digit), `P = E[i + k]` for digits and `P = E[0]` for other tokens.
+    During training `k` is drawn uniformly from `{0, …, max_offset}` at every call, one
     draw for the whole batch (as in the paper), so rows past the longest training number are
     trained too and a model trained on 20-digit numbers can read 100-digit ones; in evaluation
-    ``k = 0``. Digits of the same significance share a vector wherever they stand, which is what
+    `k = 0`. Digits of the same significance share a vector wherever they stand, which is what
     lets addition generalise in length (numbers written least-significant digit first).
 
     Args:
         d_model: embedding width.
-        max_digits: longest number (digits) the table must cover at ``k = 0``.
-        max_offset: largest training offset ``k`` (the paper's 100); 0 disables it.
+        max_digits: longest number (digits) the table must cover at `k = 0``.
+        max_offset: largest training offset `k`` (the paper's 100); 0 disables it.
 
-    Shapes: ``forward(coords: Numbers) -> [n, d_model]`` or ``[b, n, d_model]``.
+    Shapes: `forward(coords: Numbers) -> [n, d_model]`` or `[b, n, d_model]``.
 
     Raises:
-        ValueError: non-positive ``d_model`` or ``max_digits``, negative ``max_offset``.
-        PositionOutOfRangeError: at forward, a number longer than ``max_digits``.
+        ValueError: non-positive `d_model` or `max_digits`, negative `max_offset`.
+        PositionOutOfRangeError: at forward, a number longer than `max_digits`.
     """
 
     def __init__(self, d_model: int, max_digits: int = 64, max_offset: int = 100) -> None:

@@ -32,8 +32,8 @@ class MRoPE(SavesSettings, RotaryEncoding):
     """Rotary embedding whose frequency bands are split into temporal, height and width sections.
 
     The `h_d/2` RoPE frequencies `θ_j = base^(−2j/h_d)` are cut into consecutive sections
-    `(s_t, s_h, s_w)`; pair `j` of section `c` rotates by `p_c · θ_j` where ``(p_t,
-    p_h, p_w)` is the token's 3-component position id. Pairs are `(j, j + h_d/2)`` (HF
+    `(s_t, s_h, s_w)`; pair `j` of section `c` rotates by `p_c · θ_j` where `(p_t,
+    p_h, p_w)` is the token's 3-component position id. Pairs are `(j, j + h_d/2)` (HF
     transformers' `rotate_half` layout). On [`Composite`][mmpe.coords.composite.Composite] coordinates the
     ids are Qwen2-VL's (text tokens `(p, p, p)` — plain 1D RoPE; vision patches
     `(s + t, s + h, s + w)`); on a 2D grid `(0, h, w)`, on a 3D grid `(t, h, w)`, on a

@@ -76,8 +76,8 @@ class AxialRoPE(SavesSettings, RotaryEncoding):
     Positions are the grid's (cell index × scale); prefix tokens sit at 0 and are not rotated
     (as timm leaves its prefix tokens).
 
-    Equals timm's ``RotaryEmbeddingCat(dim=h_d, in_pixels=False, temperature=base,
-    grid_indexing=grid_indexing, rotate_half=not interleaved)` (index grid, `grid_offset=0``,
+    Equals timm's `RotaryEmbeddingCat(dim=h_d, in_pixels=False, temperature=base,
+    grid_indexing=grid_indexing, rotate_half=not interleaved)` (index grid, `grid_offset=0`,
     no `ref_feat_shape`) applied with `apply_rot_embed_cat(..., half=not interleaved)`:
     timm's bands `freq_bands(h_d/4, temperature, step=1) = temperature^(−j/(h_d/4))` are
     `θ_j` above, its `[x bands, y bands]` per-token layout is the block order

@@ -95,8 +95,8 @@ class SpaceTimePE(SavesSettings, InputEncoding):
       part `time_dim`, concatenated (space first).
 
     A sphere without time stamps is one snapshot at `t = 0` (the temporal part then adds the
-    same vector to every token). Each part is built with ``mmpe.build(spec, context={"d_model":
-    width})`, so a spec is a registry name or `{"name": ..., **options}``; the parts are the
+    same vector to every token). Each part is built with `mmpe.build(spec, context={"d_model":
+    width})`, so a spec is a registry name or `{"name": ..., **options}`; the parts are the
     submodules `spatial` and `temporal`, and the specs are saved in the state_dict.
 
     Args:

@@ -560,8 +560,8 @@ def mmpe_attention_forward(module: nn.Module, query: Tensor, key: Tensor, value:
                            dropout: float = 0.0, **kwargs: Any) -> tuple[Tensor, Tensor | None]:
     """HF `AttentionInterface` function adding the module's mmpe score encodings.
 
-    Called by HF as ``fn(module, query [b, n_h, q, d], key [b, n_kv, k, d], value, attention_mask,
-    scaling=..., dropout=..., **kwargs)`; returns `(out [b, q, n_h, d], probs | None)``.
+    Called by HF as `fn(module, query [b, n_h, q, d], key [b, n_kv, k, d], value, attention_mask,
+    scaling=..., dropout=..., **kwargs)`; returns `(out [b, q, n_h, d], probs | None)`.
 
     * Positions: a `Sequence` whose queries are the last `q` of the `k` keys (the cache
       offset), with the real tokens of each example numbered from 0 — read from the model call's
