@@ -9,11 +9,20 @@ use it (``--rounds`` > 1 repeats the n = 2048 cases, interleaved, and prints the
 
     python benchmarks/bench_attention.py            # the table of the README
     python benchmarks/bench_attention.py --quick    # n = 2048 fwd+bwd only, no n = 16,384
+    python benchmarks/bench_attention.py --coords   # grids, video, points and graphs
+
+``--coords`` times the forward + backward of ``MultiHeadAttention(384, 6)`` (batch 1) on a 2D
+grid, a 3D video grid, a point cloud and a graph at several sizes, each encoding against the
+same layer with no encoding on the same coordinates, interleaved round by round; ratios are
+medians of the per-round ratios of CPU times. Memory is the step's own peak: the process's peak
+resident memory minus its resident memory just before the step (each case its own process).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -46,6 +55,96 @@ CASE = textwrap.dedent("""
 NAMES = ["none", "alibi", "t5", "fire", "kerple_log"]
 
 
+COORDS_CASE = textwrap.dedent("""
+    import resource, sys, time, torch, mmpe
+    torch.set_num_threads(1)
+    kind, size, name, repeat = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    dims = tuple(int(s) for s in size.split("x"))
+    if kind in ("grid", "video"):
+        coords = mmpe.Grid(dims, prefix_tokens=1 if kind == "grid" else 0)
+    elif kind == "points":
+        coords = mmpe.Points(torch.rand(1, dims[0], 3, generator=torch.Generator().manual_seed(0)) * 10)
+    else:  # a 2D lattice graph of dims[0] nodes in rows of 32: hop distances up to ~n/16
+        n, w = dims[0], 32
+        i = torch.arange(n)
+        right = torch.stack((i[(i + 1) % w != 0][:-1], i[(i + 1) % w != 0][:-1] + 1))
+        down = torch.stack((i[: n - w], i[: n - w] + w))
+        edges = torch.cat((right[:, right[1] < n], down), dim=1)
+        coords = mmpe.Graph(edges, num_nodes=n, max_distance=64)
+    context = {"num_heads": 6, "head_dim": 64, "d_model": 384, "grid_shape": dims}
+    encs = [] if name == "none" else [mmpe.build(name, context=context)]
+    attn = mmpe.MultiHeadAttention(384, 6, encs)
+    x = torch.randn(1, coords.num_queries, 384, requires_grad=True)
+    def step():
+        attn(x, coords).square().mean().backward()
+    def rss():
+        return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+    base = rss()
+    cpu = []
+    for _ in range(repeat):
+        c = time.process_time()
+        step()
+        cpu.append(time.process_time() - c)
+    print(min(cpu), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10 - base)
+""")
+
+#: (coordinates, size, encodings): grids with a cls token, video grids, points, graphs.
+COORDS = [
+    ("grid", "32x32", ["alibi", "t5", "kerple_log", "fire", "swin", "swinv2_cpb", "rope_axial"]),
+    ("grid", "64x64", ["alibi", "t5", "kerple_log", "fire", "swin", "swinv2_cpb", "rope_axial"]),
+    ("video", "8x16x16", ["alibi", "t5", "fire", "swin"]),
+    ("video", "16x16x16", ["alibi", "t5", "fire", "swin"]),
+    ("points", "1024", ["alibi", "fire", "kerple_log", "gaussian_distance"]),
+    ("points", "4096", ["alibi", "fire", "kerple_log", "gaussian_distance"]),
+    ("graph", "1024", ["alibi", "graphormer_spatial"]),
+    ("graph", "4096", ["alibi", "graphormer_spatial"]),
+]
+
+#: memory only (one timed step): the grid whose peak memory the grid path must keep.
+MEMORY = [("grid", "128x128", ["alibi", "t5", "swin"])]
+
+
+def run_coords(kind: str, size: str, name: str, repeat: int) -> tuple[float, float]:
+    """``(CPU s, step peak MiB)`` of one case in a fresh process."""
+    out = subprocess.run([sys.executable, "-c", COORDS_CASE, kind, size, name, str(repeat)],
+                         capture_output=True, text=True, check=True).stdout.split()
+    return float(out[0]), float(out[1])
+
+
+def coords_table(rounds: int, repeat: int, only: str | None, memory: bool) -> None:
+    """Print the ratio table of ``--coords``: time and step memory against no encoding."""
+    print("## Position biases beyond sequences (CPU, one thread, d_model 384, 6 heads, batch 1, "
+          "fwd+bwd)\n")
+    print("| coordinates | tokens | encoding | CPU (s) | time ratio | step MiB | memory ratio |")
+    print("|---|---|---|---|---|---|---|")
+    cases = [c for c in COORDS if only is None or c[0] == only]
+    if memory:
+        cases += MEMORY
+    for kind, size, names in cases:
+        reps = 1 if (kind, size, names) in MEMORY else repeat
+        times = {name: [] for name in ["none", *names]}
+        mems = {name: [] for name in times}
+        for _ in range(1 if reps == 1 else rounds):
+            for name in times:  # interleaved: a slow spell of the machine hits every case
+                cpu, mem = run_coords(kind, size, name, reps)
+                times[name].append(cpu)
+                mems[name].append(mem)
+        tokens = _tokens(kind, size)
+        for name in names:
+            ratio = statistics.median(a / b for a, b in zip(times[name], times["none"],
+                                                            strict=True))
+            mem = max(mems[name])
+            print(f"| {kind} {size} | {tokens:,} | {name} | {min(times[name]):.2f} | "
+                  f"{ratio:.2f} | {mem:.0f} | {mem / max(mems['none']):.2f} |", flush=True)
+        print(f"| {kind} {size} | {tokens:,} | none | {min(times['none']):.2f} | 1.00 | "
+              f"{max(mems['none']):.0f} | 1.00 |", flush=True)
+
+
+def _tokens(kind: str, size: str) -> int:
+    cells = math.prod(int(s) for s in size.split("x"))
+    return cells + 1 if kind == "grid" else cells
+
+
 def run(name: str, n: int, grad: bool, repeat: int) -> tuple[float, float, float]:
     """``(wall s, CPU s, peak GiB)`` of one case in a fresh process."""
     out = subprocess.run([sys.executable, "-c", CASE, name, str(n), "1" if grad else "0",
@@ -63,7 +162,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1,
                         help="repetitions of the fwd+bwd cases (ratios then as min–max)")
     parser.add_argument("--quick", action="store_true", help="fwd+bwd only, one round")
+    parser.add_argument("--coords", action="store_true",
+                        help="grids, video, points and graphs instead of sequences")
+    parser.add_argument("--only", choices=["grid", "video", "points", "graph"],
+                        help="with --coords: one kind of coordinates")
+    parser.add_argument("--no-memory", action="store_true",
+                        help="with --coords: skip the 128 x 128 memory rows")
     args = parser.parse_args()
+    if args.coords:
+        coords_table(max(args.rounds, 3), args.repeat, args.only, not args.no_memory)
+        return
     names = args.names.split(",")
     if "none" not in names:
         names.insert(0, "none")

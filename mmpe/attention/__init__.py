@@ -13,7 +13,10 @@ numbers:
   over queries. On the CPU, content-free terms on `toeplitz` sequences (implicit positions,
   packed documents) take the relation path instead: tables over the `n_q + n_k − 1` offsets,
   read by the fused kernel as strided views, with a backward pass that sums the gradient of the
-  scores along the diagonals.
+  scores along the diagonals. On a `Grid` of two or more axes, terms that depend only on the
+  cell offset (ALiBi, T5, KERPLE, FIRE, Swin/BEiT, SwinV2-CPB) take the grid path: one table
+  over the `Π (2 s_a − 1)` offsets read block by block (block-Toeplitz), its gradient reduced
+  onto the table, prefix tokens with their own terms.
 * `"math"` — explicit `q·kᵀ`, score mods, mask, kernel; needed by non-additive score mods with
   a non-softmax kernel, or value-side terms that need the probabilities.
 
@@ -35,6 +38,7 @@ The package, one idea per file:
 | `dispatch.py` | which path runs a call; the SDPA and math paths |
 | `flex.py` | FlexAttention glue: composed `score_mod`s, per-offset tables, `BlockMask` |
 | `relation.py` | the relation path on `toeplitz` sequences (CPU), its backward pass |
+| `grid.py` | the relation path on grids: block-Toeplitz offset tables (CPU), its backward pass |
 | `flash.py` | the one door to SDPA's private CPU kernel that returns the log-sum-exp |
 | `masks.py` | dense masks, SDPA's causal triangle, bias casting |
 | `memory.py` | block budget, memory guard |

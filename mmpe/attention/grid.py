@@ -33,17 +33,28 @@ import torch
 from torch import Tensor
 
 from mmpe.attention.flash import _attend_block
-from mmpe.attention.memory import block_bytes
 from mmpe.coords.grid import Grid
 from mmpe.encodings.base import AttentionContext, ScoreEncoding
 from mmpe.prepare import memoized
 
-#: columns of the last axis per group of queries: `E` holds `n_h × C × ~2n` values (C = 64 at
-#: n = 16,384, 6 heads: 50 MB, about one block of the backward pass's probabilities).
+#: most columns of the last axis per group of queries.
 GRID_CHUNK = 64
 
-#: queries per block of the backward pass (as the sequence path's, measured there).
+#: bytes of one group's expanded table `E` (and of its gradient): the chunk of columns is cut to
+#: fit (at 128 × 128 with 6 heads, 8 columns). A few MiB keeps the path's peak memory within a
+#: few percent of the unbiased layer's (which holds q, k, v, the output and their gradients).
+GRID_TABLE_BYTES = 8 << 20
+
+#: bytes of one head's block of bias rows in the forward pass (512 rows at n = 4,096: SDPA's
+#: CPU kernel tiles blocks of 192 rows or more in 64-row tiles, smaller ones in 32-row tiles).
+GRID_FORWARD_BYTES = 8 << 20
+
+#: queries per block of the backward pass.
 GRID_BACKWARD_ROWS = 256
+
+#: keys per tile of the backward pass: a head's `[256, 512]` probabilities (512 kB) stay in the
+#: cache; measured 1.25× faster than whole rows of keys at n = 4,096.
+GRID_KEY_TILE = 512
 
 
 def takes_grid_path(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
@@ -92,14 +103,16 @@ def offset_table(enc: ScoreEncoding, ctx: AttentionContext) -> Tensor:
 
 
 class _GridPlan:
-    """Softmax attention with an offset-only bias on a grid: the forward and backward passes."""
+    """Softmax attention with an offset-only bias on a grid: layout and forward pass (the
+    backward pass is [_Backward][mmpe.attention.grid._Backward])."""
 
-    def __init__(self, grid: Grid, scale: float, chunk: int) -> None:
+    def __init__(self, grid: Grid, scale: float, heads: int, itemsize: int) -> None:
         self.grid, self.scale = grid, scale
         self.shape, self.prefix = grid.shape, grid.prefix_tokens
         self.slab = math.prod(self.shape[1:])  # M: cells per value of the first axis
         self.cells = grid.num_cells
-        self.chunk = chunk
+        row = heads * (2 * self.shape[0] - 1) * self.slab * itemsize  # one column of E
+        self.chunk = max(1, min(GRID_CHUNK, self.shape[-1], GRID_TABLE_BYTES // row))
         self.groups = self._groups()
 
     @classmethod
@@ -118,11 +131,8 @@ class _GridPlan:
             total = term if total is None else total + term
         total = total.to(ctx.q.dtype)
         body = total[:, :-3].reshape(ctx.num_heads, 2 * grid.shape[0] - 1, -1)
-        # E (the expanded table of one group) stays within the block budget.
-        width = ctx.num_heads * (2 * grid.shape[0] - 1) * math.prod(grid.shape[1:])
-        chunk = max(1, min(GRID_CHUNK, grid.shape[-1],
-                           block_bytes() // max(1, width * ctx.q.element_size())))
-        return cls(grid, scale, chunk), body, total[:, -3:]
+        plan = cls(grid, scale, ctx.num_heads, ctx.q.element_size())
+        return plan, body, total[:, -3:]
 
     def run(self, q: Tensor, k: Tensor, v: Tensor, table: Tensor, prefix: Tensor) -> Tensor:
         """Attention output `[b, n_h, n, h_d]`."""
@@ -155,70 +165,73 @@ class _GridPlan:
                 out.append((index.to(self.grid.device), tokens.to(self.grid.device)))
         return out
 
+    def blocks(self, tokens: Tensor, rows: int) -> list[tuple[Tensor, int, int]]:
+        """A group's queries in blocks of about `rows`: `(tokens [G·C'], base, G)` for `G`
+        first-axis indices taken downwards from the top one, whose slice of `E` starts at `base`
+        (block `g`'s at `base + g·M`, so one strided view reads the whole block's bias)."""
+        s0, width = self.shape[0], tokens.shape[1]
+        count = max(1, rows // width)
+        out = []
+        for top in range(s0 - 1, -1, -count):
+            c0 = torch.arange(top, max(top - count, -1), -1, device=tokens.device)
+            out.append((tokens[c0].reshape(-1), (s0 - 1 - top) * self.slab, c0.shape[0]))
+        return out
+
     def expand(self, table: Tensor, index: Tensor) -> Tensor:
         """`E [n_h, C', (2 s_0 − 1)·M]` of one group: row `j` holds, at `a_0·M + cell`, the
-        table's value for query column `j` and a key at first-axis offset `a_0` and `cell`."""
-        h, a0, _ = table.shape
-        e = table[:, :, index]  # [n_h, 2 s_0 − 1, C', M]
-        return e.permute(0, 2, 1, 3).reshape(h, index.shape[0], a0 * self.slab)
+        table's value for query column `j` and a key at first-axis offset `a_0` and `cell`
+        (gathered one first-axis offset at a time: no transient copy of `E`)."""
+        h, offsets, _ = table.shape
+        e = table.new_empty(h, index.shape[0], offsets, self.slab)
+        for a0 in range(offsets):
+            e[:, :, a0] = table[:, a0, index]
+        return e.view(h, index.shape[0], offsets * self.slab)
 
     def fold(self, d_table: Tensor, d_e: Tensor, index: Tensor) -> None:
         """Add a group's `dE` (the layout of [expand][mmpe.attention.grid._GridPlan.expand])
         onto the offset table's gradient."""
-        h, a0, _ = d_table.shape
-        d_e = d_e.view(h, index.shape[0], a0, self.slab).permute(0, 2, 1, 3)
-        d_table.index_add_(2, index.reshape(-1), d_e.reshape(h, a0, -1))
+        h, offsets, _ = d_table.shape
+        d_e = d_e.view(h, index.shape[0], offsets, self.slab)
+        flat = index.reshape(-1)
+        for a0 in range(offsets):
+            d_table[:, a0].index_add_(1, flat, d_e[:, :, a0].reshape(h, -1))
 
-    def slab_view(self, e: Tensor) -> Tensor:
-        """The cell-key bias of a whole group, `[s_0, n_h, C', n_cells]`: batch entry `u` is the
-        queries with first index `s_0 − 1 − u` (their slice starts `u·M` into `E`)."""
-        s0 = self.shape[0]
-        return e.as_strided((s0, e.shape[0], e.shape[1], self.cells),
-                            (self.slab, e.stride(0), e.stride(1), 1), e.storage_offset())
+    def rows_view(self, e_head: Tensor, base: int, count: int, keys: int) -> Tensor:
+        """Bias of a block's queries on `keys` cell keys from `base`, `[G, C', keys]`: a view of
+        one head's `E` `[C', (2 s_0 − 1)·M]` (overlapping: the block-Toeplitz structure)."""
+        return e_head.as_strided((count, e_head.shape[0], keys), (self.slab, e_head.stride(0), 1),
+                                 e_head.storage_offset() + base)
 
     # -- forward ------------------------------------------------------------------------------
     @torch.no_grad()
     def forward(self, q: Tensor, k: Tensor, v: Tensor, table: Tensor,
                 prefix: Tensor) -> tuple[Tensor, Tensor]:
-        """Output `[b, n_h, n, h_d]` and each query's log-sum-exp `[b, n_h, n]`."""
+        """Output `[b, n_h, n, h_d]` and each query's log-sum-exp `[b, n_h, n]`: per group and
+        head, blocks of queries against every key by SDPA's fused CPU kernel, each block's bias
+        copied from `E` into one buffer (the kernel tiles large blocks faster than a view could
+        be read by many small calls)."""
         b, h, n, _ = q.shape
         out = q.new_empty(b, h, n, v.shape[-1])
         lse = q.new_empty(b, h, n, dtype=torch.float32 if q.dtype != torch.float64 else q.dtype)
         p = self.prefix
+        rows = max(1, GRID_FORWARD_BYTES // (n * q.element_size()))
         for index, tokens in self.groups:
             e = self.expand(table, index)
-            mask = self.slab_view(e)
-            rows = tokens.flip(0)  # batch entry u: first index s_0 − 1 − u
-            for i in range(b):
-                o, m = self._group_forward(q[i], k[i], v[i], rows, mask, prefix)
-                out[i][:, rows.reshape(-1)] = o.permute(1, 0, 2, 3).reshape(h, -1, o.shape[-1])
-                lse[i][:, rows.reshape(-1)] = m.permute(1, 0, 2).reshape(h, -1)
+            for block, base, count in self.blocks(tokens, rows):
+                bias = q.new_empty(1, 1, block.shape[0], n)
+                for head in range(h):
+                    if p:  # cell → prefix: column 1 of the prefix values
+                        bias[0, 0, :, :p] = prefix[head, 1]
+                    cells = bias[0, 0, :, p:].unflatten(0, (count, -1))
+                    cells.copy_(self.rows_view(e[head], base, count, self.cells))
+                    o, m = _attend_block(q[:, head:head + 1, block], k[:, head:head + 1],
+                                         v[:, head:head + 1], bias, self.scale)
+                    out[:, head, block], lse[:, head, block] = o[:, 0], m[:, 0]
         if p:
             bias = self.prefix_rows(prefix)[None]
             o, m = _attend_block(q[:, :, :p], k, v, bias, self.scale)
             out[:, :, :p], lse[:, :, :p] = o, m
         return out, lse
-
-    def _group_forward(self, q: Tensor, k: Tensor, v: Tensor, rows: Tensor, mask: Tensor,
-                       prefix: Tensor) -> tuple[Tensor, Tensor]:
-        """One example's group: queries `rows [s_0, C']` against every key, `[s_0, n_h, C', d]`
-        and the log-sum-exp. Cell keys through the fused kernel (the first axis in its batch,
-        keys broadcast); prefix keys, a few columns, explicitly and merged by log-sum-exp."""
-        p, s0 = self.prefix, self.shape[0]
-        qg = q[:, rows].permute(1, 0, 2, 3)  # [s_0, n_h, C', d]
-        kc = k[None, :, p:].expand(s0, -1, -1, -1)
-        vc = v[None, :, p:].expand(s0, -1, -1, -1)
-        o, m = _attend_block(qg, kc, vc, mask, self.scale)
-        if not p:
-            return o, m
-        # Cell → prefix: one learned value per head (column 1 of `prefix`).
-        s = torch.matmul(qg, k[None, :, :p].transpose(-2, -1)) * self.scale
-        s = s + prefix[:, 1, None, None]
-        m_p = s.logsumexp(-1)
-        total = torch.logaddexp(m.to(m_p.dtype), m_p)
-        o_p = torch.matmul((s - m_p[..., None]).exp(), v[None, :, :p])
-        o = o * (m - total).exp()[..., None].to(o.dtype) + o_p * (m_p - total).exp()[..., None]
-        return o, total.to(m.dtype)
 
     def prefix_rows(self, prefix: Tensor) -> Tensor:
         """The bias of the prefix queries `[n_h, P, n]`: prefix→prefix, then prefix→cell."""
@@ -238,13 +251,10 @@ class _GridPlan:
         prefix values) the tile's bias came from."""
         need_q, need_k, need_v, need_table, need_prefix = needs
         acc = _Backward(self, q, k, v, d_out.to(out.dtype), out, lse, needs, table, prefix)
-        step = max(1, GRID_BACKWARD_ROWS // self.chunk)  # first-axis indices per block
         for index, tokens in self.groups:
             e = self.expand(table, index)
             d_e = torch.zeros_like(e) if acc.bias else None
-            blocks = [(tokens[c0].reshape(-1), ((self.shape[0] - 1 - c0) * self.slab).tolist())
-                      for c0 in torch.arange(self.shape[0]).split(step)]
-            acc.cell_rows(blocks, e, d_e)
+            acc.cell_rows(self.blocks(tokens, GRID_BACKWARD_ROWS), e, d_e)
             if d_e is not None:
                 self.fold(acc.d_table, d_e, index)
         if self.prefix:
@@ -252,11 +262,6 @@ class _GridPlan:
         return (acc.dq if need_q else None, acc.dk if need_k else None,
                 acc.dv if need_v else None, acc.d_table if need_table else None,
                 acc.d_prefix if need_prefix else None)
-
-
-#: keys per tile of the backward pass: `[R, K]` probabilities of one head stay in the cache
-#: (256 × 512 floats: 512 kB); measured 1.25× faster than whole rows of keys at n = 4,096.
-GRID_KEY_TILE = 512
 
 
 class _Backward:
@@ -280,29 +285,30 @@ class _Backward:
         self.d_prefix = torch.zeros_like(prefix) if self.bias else None
         self.floor = math.log(torch.finfo(q.dtype).tiny) + 0.5
 
-    def cell_rows(self, blocks: list[tuple[Tensor, list[int]]], e: Tensor,
+    def cell_rows(self, blocks: list[tuple[Tensor, int, int]], e: Tensor,
                   d_e: Tensor | None) -> None:
-        """The cell queries of one group, in blocks `(rows, starts)` (block `g` of `C'` rows
-        reads `E` from `starts[g]`), against every key. Head by head: one head's slices of `E`,
-        `dE`, `K` and `V` stay in the cache across the blocks."""
-        width, p = e.shape[1], self.plan.prefix
+        """The cell queries of one group, in blocks `(tokens, base, G)` of
+        [blocks][mmpe.attention.grid._GridPlan.blocks], against every key. Head by head: one
+        head's slices of `E`, `dE`, `K` and `V` stay in the cache across the blocks."""
+        plan, width = self.plan, e.shape[1]
 
-        def bias(out: Tensor, head: int, c: int, ls: Tensor, starts: list[int]) -> None:
-            for g, start in enumerate(starts):
-                part = slice(g * width, (g + 1) * width)
-                torch.sub(e[head, :, start + c:start + c + out.shape[1]], ls[part], out=out[part])
+        def bias(out: Tensor, head: int, c: int, ls: Tensor, base: int, count: int) -> None:
+            view = plan.rows_view(e[head], base + c, count, out.shape[1])
+            torch.sub(view, ls.view(count, width, 1), out=out.view(count, width, -1))
 
-        def grad(ds: Tensor, head: int, c: int, starts: list[int]) -> None:
-            for g, start in enumerate(starts):
-                d_e[head, :, start + c:start + c + ds.shape[1]] += ds[g * width:(g + 1) * width]
+        def grad(ds: Tensor, head: int, c: int, base: int, count: int) -> None:
+            # one slice per first-axis index: the block's view of E overlaps itself
+            for g in range(count):
+                start = base + g * plan.slab + c
+                d_e[head, :, start:start + ds.shape[1]] += ds[g * width:(g + 1) * width]
 
         for i in range(self.q.shape[0]):
             for head in range(self.q.shape[1]):
-                for rows, starts in blocks:
+                for rows, base, count in blocks:
                     # cell → prefix keys: column 1 of the prefix values
-                    self._head_rows(i, head, rows, 1 if p else None,
-                                    functools.partial(bias, starts=starts),
-                                    functools.partial(grad, starts=starts)
+                    self._head_rows(i, head, rows, 1 if plan.prefix else None,
+                                    functools.partial(bias, base=base, count=count),
+                                    functools.partial(grad, base=base, count=count)
                                     if d_e is not None else None)
 
     def prefix_rows(self) -> None:
