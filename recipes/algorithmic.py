@@ -1,18 +1,18 @@
 """Synthetic reasoning tasks for length generalisation, generated on the machine.
 
-Every task maps an *instance length* ``n`` and a ``numpy`` generator to one example, a pair of
-token lists ``(input, output)``; the same generator state gives the same example. The tasks
+Every task maps an *instance length* `n` and a `numpy` generator to one example, a pair of
+token lists `(input, output)`; the same generator state gives the same example. The tasks
 follow the papers' descriptions:
 
-* ``copy``, ``reverse``, ``sort``: a string of ``n`` random digits, returned as is, reversed,
+* `copy`, `reverse`, `sort`: a string of `n` random digits, returned as is, reversed,
   or sorted (Kazemnejad et al. 2023, Appendix E; Ruoss et al. 2023, Table A.1).
-* ``addition``: two ``n``-digit numbers and their sum, every number written least-significant
+* `addition`: two `n`-digit numbers and their sum, every number written least-significant
   digit first (Kazemnejad et al. 2023; McLeish et al. 2024 write numbers the same way).
-* ``parity``: ``n`` random bits, answer their parity (Kazemnejad et al. 2023; Ruoss et al.).
-* ``scan``: SCAN commands (Lake & Baroni 2018, "Generalization without Systematicity", ICML,
+* `parity`: `n` random bits, answer their parity (Kazemnejad et al. 2023; Ruoss et al.).
+* `scan`: SCAN commands (Lake & Baroni 2018, "Generalization without Systematicity", ICML,
   Section 2): the full phrase-structure grammar of the paper, all 20,910 commands enumerated
-  with their action sequences; ``n`` is the number of actions (the paper's length split).
-* ``passkey``: ``n`` random filler letters with a five-digit key planted at a random place
+  with their action sequences; `n` is the number of actions (the paper's length split).
+* `passkey`: `n` random filler letters with a five-digit key planted at a random place
   after a marker, asked for at the end (Mohtashami & Jaggi 2023, "Landmark Attention",
   Section 4.2, with letters instead of sentences).
 """
@@ -30,7 +30,7 @@ LETTERS = [chr(c) for c in range(ord("a"), ord("z") + 1)]
 SCAN_WORDS = ["walk", "look", "run", "jump", "turn", "left", "right", "opposite", "around",
               "twice", "thrice", "and", "after"]
 SCAN_ACTIONS = ["I_WALK", "I_LOOK", "I_RUN", "I_JUMP", "I_TURN_LEFT", "I_TURN_RIGHT"]
-#: Separators and markers: the answer starts after ``=`` and ends with ``<eos>``.
+#: Separators and markers: the answer starts after `=` and ends with `<eos>`.
 SPECIALS = ["<pad>", "<eos>", "=", "+", "?", "#"]
 
 Example = tuple[list[str], list[str]]
@@ -56,7 +56,7 @@ def sort_task(n: int, rng: np.random.Generator) -> Example:
 
 
 def addition_task(n: int, rng: np.random.Generator) -> Example:
-    """Two numbers of exactly ``n`` digits (no leading zero), least-significant digit first."""
+    """Two numbers of exactly `n` digits (no leading zero), least-significant digit first."""
     a, b = (int("".join(_digits(rng, 1, low=1 if n > 1 else 0) + _digits(rng, n - 1))) for _ in range(2))
     return list(str(a)[::-1]) + ["+"] + list(str(b)[::-1]), list(str(a + b)[::-1])
 
@@ -67,8 +67,8 @@ def parity_task(n: int, rng: np.random.Generator) -> Example:
 
 
 def passkey_task(n: int, rng: np.random.Generator) -> Example:
-    """``n`` filler letters, ``# d d d d d`` planted before filler letter ``p`` (uniform in
-    ``0 … n``), then ``?``; the answer is the five digits."""
+    """`n` filler letters, `# d d d d d` planted before filler letter `p` (uniform in
+    `0 … n`), then `?`; the answer is the five digits."""
     filler = [LETTERS[i] for i in rng.integers(0, len(LETTERS), n)]
     key = _digits(rng, 5)
     place = int(rng.integers(0, n + 1))
@@ -81,7 +81,7 @@ _TURN = {"left": "I_TURN_LEFT", "right": "I_TURN_RIGHT"}
 
 
 def _scan_verbs() -> list[tuple[list[str], list[str]]]:
-    """Every V of the grammar with its meaning: U, D, ``x opposite dir``, ``x around dir``."""
+    """Every V of the grammar with its meaning: U, D, `x opposite dir`, `x around dir`."""
     out = [([u], [a]) for u, a in _PRIMITIVE.items()]
     for d, turn in _TURN.items():
         out.append((["turn", d], [turn]))
@@ -111,10 +111,10 @@ def scan_commands() -> dict[int, list[Example]]:
 
 
 def scan_task(n: int, rng: np.random.Generator) -> Example:
-    """A uniformly drawn SCAN command meaning exactly ``n`` actions.
+    """A uniformly drawn SCAN command meaning exactly `n` actions.
 
     Raises:
-        ValueError: no SCAN command means ``n`` actions (see :func:`scan_lengths`).
+        ValueError: no SCAN command means `n` actions (see `scan_lengths`).
     """
     pool = scan_commands().get(n)
     if not pool:
@@ -127,7 +127,7 @@ def scan_lengths() -> list[int]:
     return sorted(scan_commands())
 
 
-#: Task name -> generator. ``lengths`` of a task: the instance lengths it can produce.
+#: Task name -> generator. `lengths` of a task: the instance lengths it can produce.
 TASKS: dict[str, Callable[[int, np.random.Generator], Example]] = {
     "copy": copy_task, "reverse": reverse_task, "sort": sort_task, "addition": addition_task,
     "parity": parity_task, "scan": scan_task, "passkey": passkey_task,
@@ -135,12 +135,12 @@ TASKS: dict[str, Callable[[int, np.random.Generator], Example]] = {
 
 
 def vocabulary() -> list[str]:
-    """Every token of every task, ``<pad>`` first (id 0), then one task marker per task."""
+    """Every token of every task, `<pad>` first (id 0), then one task marker per task."""
     return SPECIALS + [f"[{t}]" for t in TASKS] + DIGITS + LETTERS + SCAN_WORDS + SCAN_ACTIONS
 
 
 def task_lengths(task: str, low: int, high: int) -> list[int]:
-    """Instance lengths in ``[low, high]`` the task can produce (every one, except SCAN's gaps)."""
+    """Instance lengths in `[low, high]` the task can produce (every one, except SCAN's gaps)."""
     check_task(task)
     if task == "scan":
         return [n for n in scan_lengths() if low <= n <= high]
@@ -160,7 +160,7 @@ def has_digits(task: str) -> bool:
 
 
 def sample(task: str, n: int, rng: np.random.Generator) -> Example:
-    """One example of ``task`` with instance length ``n``."""
+    """One example of `task` with instance length `n`."""
     check_task(task)
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"{task}: instance length must be an int >= 1, got {n!r}")
@@ -168,7 +168,7 @@ def sample(task: str, n: int, rng: np.random.Generator) -> Example:
 
 
 def layout(task: str, example: Example) -> tuple[list[str], int]:
-    """The token sequence ``[task] input = output <eos>`` and the index of ``=`` (the model is
+    """The token sequence `[task] input = output <eos>` and the index of `=` (the model is
     scored on every token after it)."""
     inp, out = example
     tokens = [f"[{task}]", *inp, "=", *out, "<eos>"]

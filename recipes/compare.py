@@ -27,7 +27,7 @@ from typing import Any
 
 from mmpe import registry
 
-#: Where ``mmpe compare`` stores its runs unless told otherwise (``--store``).
+#: Where `mmpe compare` stores its runs unless told otherwise (`--store`).
 DEFAULT_STORE = Path("runs/results")
 
 

@@ -2,16 +2,16 @@
 
 The RoPE scalings (position interpolation, NTK-aware, dynamic NTK, YaRN, LongRoPE, Llama 3)
 exist to stretch a model trained at a short context to a longer one. This recipe measures that
-on the text recipe's model (:mod:`mmpe.recipes.text`): a character-level RoPE transformer is
-trained on Shakespeare at ``L = 64`` (once per seed, shared by every scaling), then for each
-scaling with factor ``s = 4``:
+on the text recipe's model (`mmpe.recipes.text`): a character-level RoPE transformer is
+trained on Shakespeare at `L = 64` (once per seed, shared by every scaling), then for each
+scaling with factor `s = 4`:
 
-* **zero-shot**: the trained weights with the scaled rotation, test bits/char at ``1 … 16 × L``
-  (columns ``zs@mx``);
-* **fine-tuned**: the same, after ``--finetune_steps`` steps (default 100, the same for every
-  scaling) of training at ``s · L = 256`` (columns ``ft@mx``).
+* **zero-shot**: the trained weights with the scaled rotation, test bits/char at `1 … 16 × L`
+  (columns `zs@mx`);
+* **fine-tuned**: the same, after `--finetune_steps` steps (default 100, the same for every
+  scaling) of training at `s · L = 256` (columns `ft@mx`).
 
-``rope`` (no scaling) is the control: the base model as it is, and fine-tuned at 256 with its
+`rope` (no scaling) is the control: the base model as it is, and fine-tuned at 256 with its
 original rotation. Peng et al. 2023 (YaRN, arXiv:2309.00071, Tables 1–2 and Fig. 4) report that
 YaRN reaches the lowest perplexity at the extended length after the fewest fine-tuning steps,
 that dynamic NTK helps without any fine-tuning, and that position interpolation (Chen et al.
@@ -58,7 +58,7 @@ COMPARE = CompareSpec(
 
 
 def check_scaling(name: str) -> None:
-    """Raises ValueError unless ``name`` is ``rope`` or a RoPE scaling of the registry."""
+    """Raises ValueError unless `name` is `rope` or a RoPE scaling of the registry."""
     entry = registry.get(name)
     if entry.name not in SCALINGS:
         raise ValueError(f"context: {name!r} is not a RoPE scaling; known: {', '.join(SCALINGS)}")
@@ -97,13 +97,13 @@ def load_base(model: text.CharLM, weights: Path) -> None:
 
 
 def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> dict[str, float | None]:
-    """Zero-shot and fine-tuned test bpc of the scaling ``encoding`` on the seed's base model.
+    """Zero-shot and fine-tuned test bpc of the scaling `encoding` on the seed's base model.
 
-    Recipe options (before LightningCLI's): ``--finetune_steps N`` (default 100), ``--factor s``
+    Recipe options (before LightningCLI's): `--finetune_steps N` (default 100), `--factor s`
     (default 4). Other arguments go to both the base training and the fine-tune.
 
     Raises:
-        ValueError: not a RoPE scaling; ``factor <= 1``; ``finetune_steps < 0``.
+        ValueError: not a RoPE scaling; `factor <= 1`; `finetune_steps < 0`.
     """
     check_scaling(encoding)
     args = list(cli_args)

@@ -3,27 +3,27 @@
 The experiment of Kazemnejad et al. 2023 ("The Impact of Positional Encoding on Length
 Generalization in Transformers", NeurIPS 2023, Fig. 3), with two remedies from the literature
 beside the encodings: randomised positions (Ruoss et al. 2023, ACL) and Abacus digit
-embeddings (McLeish et al. 2024, NeurIPS). A decoder-only transformer (:class:`mmpe.CausalLM`)
-reads ``[task] input = output <eos>`` and is trained on the answer tokens; tasks and their
-data are generated on the machine (:mod:`mmpe.recipes.algorithmic`: copy, reverse, sort,
+embeddings (McLeish et al. 2024, NeurIPS). A decoder-only transformer (`mmpe.CausalLM`)
+reads `[task] input = output <eos>` and is trained on the answer tokens; tasks and their
+data are generated on the machine (`mmpe.recipes.algorithmic`: copy, reverse, sort,
 addition, parity, SCAN and passkey retrieval), deterministically per seed.
 
-Protocol: each task ``t`` has a training length ``L_t`` (``data.train_lengths``); training
-draws a task uniformly and an instance length uniformly from ``1 … L_t``. Evaluation is exact
+Protocol: each task `t` has a training length `L_t` (`data.train_lengths`); training
+draws a task uniformly and an instance length uniformly from `1 … L_t`. Evaluation is exact
 match of the whole answer (every answer token the argmax under teacher forcing, which equals
-greedy decoding's exact match) on ``data.eval_examples`` fixed examples per length bucket:
-``1x`` = lengths ``1 … L_t`` (in distribution), ``mx`` = lengths ``(m/2·L_t, m·L_t]``. The
-column ``<task> reach`` is the largest ``m`` up to which every bucket keeps ≥ 50 % accuracy
+greedy decoding's exact match) on `data.eval_examples` fixed examples per length bucket:
+`1x` = lengths `1 … L_t` (in distribution), `mx` = lengths `(m/2·L_t, m·L_t]`. The
+column `<task> reach` is the largest `m` up to which every bucket keeps ≥ 50 % accuracy
 (0: not even in distribution). Evaluation sets do not depend on the run's seed.
 
 One model is trained on the mixture of all tasks (a task token first): Kazemnejad et al. train
-one model per task; a mixture is what fits the 2-core budget (``--data.tasks [copy]`` trains
+one model per task; a mixture is what fits the 2-core budget (`--data.tasks [copy]` trains
 on one task).
 
     python -m mmpe.recipes.lengthgen fit --config configs/lengthgen/default.yaml --model.encoding nope
     mmpe compare lengthgen --encodings nope,rope,alibi,abacus,rope+randpos
 
-``<encoding>+randpos`` trains with randomised positions drawn from ``[0, data.random_positions)``
+`<encoding>+randpos` trains with randomised positions drawn from `[0, data.random_positions)`
 (default 256; it must cover the longest evaluation sequence).
 """
 
@@ -89,7 +89,7 @@ COMPARE = CompareSpec(
 
 
 def parse_encoding(name: str) -> tuple[str, bool]:
-    """``"rope+randpos"`` -> ``("rope", True)``; the base must be a registered encoding.
+    """`"rope+randpos"` -> `("rope", True)`; the base must be a registered encoding.
 
     Raises:
         ValueError: an unknown encoding (names the known ones).
@@ -102,7 +102,7 @@ def parse_encoding(name: str) -> tuple[str, bool]:
 
 # --- data ------------------------------------------------------------------------------------
 class Tokenizer:
-    """The shared vocabulary of :mod:`mmpe.recipes.algorithmic` (``<pad>`` is id 0)."""
+    """The shared vocabulary of `mmpe.recipes.algorithmic` (`<pad>` is id 0)."""
 
     def __init__(self) -> None:
         self.vocab = tasks_mod.vocabulary()
@@ -114,7 +114,7 @@ class Tokenizer:
 
 
 def bucket_lengths(task: str, train_length: int, m: int) -> list[int]:
-    """Instance lengths of bucket ``m``: ``1 … L`` for ``m = 1``, else ``(m/2·L, m·L]``."""
+    """Instance lengths of bucket `m`: `1 … L` for `m = 1`, else `(m/2·L, m·L]`."""
     low = 1 if m == 1 else m * train_length // 2 + 1
     return tasks_mod.task_lengths(task, low, m * train_length)
 
@@ -125,7 +125,7 @@ def encode_example(tok: Tokenizer, task: str, n: int, rng: np.random.Generator) 
 
 
 class TrainStream(Dataset):
-    """``num_samples`` training examples; item ``(epoch, i)`` is drawn from ``(seed, epoch, i)``."""
+    """`num_samples` training examples; item `(epoch, i)` is drawn from `(seed, epoch, i)`."""
 
     def __init__(self, tasks: list[str], train_lengths: dict[str, int], num_samples: int,
                  seed: int) -> None:
@@ -147,8 +147,8 @@ class TrainStream(Dataset):
 
 
 class Collate:
-    """Right-pads a batch; the loss mask covers the answer and ``<eos>``. With
-    ``random_positions`` each row gets sorted random positions from ``[0, random_positions)``
+    """Right-pads a batch; the loss mask covers the answer and `<eos>`. With
+    `random_positions` each row gets sorted random positions from `[0, random_positions)`
     drawn from its example's seed (Ruoss et al. 2023)."""
 
     def __init__(self, random_positions: int | None = None) -> None:
@@ -171,19 +171,19 @@ class Collate:
 
 
 class TaskData(L.LightningDataModule):
-    """Generated reasoning tasks (:mod:`mmpe.recipes.algorithmic`).
+    """Generated reasoning tasks (`mmpe.recipes.algorithmic`).
 
     Args:
         tasks: the tasks trained and evaluated together.
-        train_lengths: training instance lengths ``L`` per task (missing tasks: the defaults).
+        train_lengths: training instance lengths `L` per task (missing tasks: the defaults).
         batch_size: examples per step.
         eval_examples: fixed test examples per (task, length bucket).
         samples_per_epoch: training examples per epoch (fresh every epoch).
-        random_positions: ``L_max`` of randomised positions for training, or None (ordinary
-            positions). Set by ``mmpe compare`` for ``<encoding>+randpos``.
+        random_positions: `L_max` of randomised positions for training, or None (ordinary
+            positions). Set by `mmpe compare` for `<encoding>+randpos`.
 
     Raises:
-        ValueError: an unknown task, a non-positive length, or ``random_positions`` shorter
+        ValueError: an unknown task, a non-positive length, or `random_positions` shorter
             than the longest evaluation sequence (before any training).
     """
 
@@ -214,7 +214,7 @@ class TaskData(L.LightningDataModule):
 
     @staticmethod
     def sequence_bound(task: str, n: int) -> int:
-        """Tokens of the longest input sequence (without the final ``<eos>``) at length ≤ n."""
+        """Tokens of the longest input sequence (without the final `<eos>`) at length ≤ n."""
         longest = max(tasks_mod.task_lengths(task, 1, n))
         ids, _ = encode_example(Tokenizer(), task, longest, np.random.default_rng(0))
         # Addition's sum may carry one digit more than this draw had.
@@ -237,7 +237,7 @@ class TaskData(L.LightningDataModule):
                             collate_fn=Collate(hp.random_positions))
 
     def eval_set(self, task: str, m: int) -> list[tuple[list[int], int, int]]:
-        """The fixed examples of bucket ``m`` of ``task`` (empty where no length fits)."""
+        """The fixed examples of bucket `m` of `task` (empty where no length fits)."""
         lengths = bucket_lengths(task, self.lengths[task], m)
         rng = np.random.default_rng(mix_seed(EVAL_SEED, TASKS.index(task), m))
         out = []
@@ -249,12 +249,12 @@ class TaskData(L.LightningDataModule):
 
 # --- model -----------------------------------------------------------------------------------
 class TaskLM(L.LightningModule):
-    """A causal decoder (:class:`mmpe.CausalLM`) trained on the answer tokens.
+    """A causal decoder (`mmpe.CausalLM`) trained on the answer tokens.
 
     Args:
-        encoding: registry name (``abacus`` reads digit places from :class:`mmpe.Numbers`).
+        encoding: registry name (`abacus` reads digit places from `mmpe.Numbers`).
         encoding_options: extra options for it.
-        vocab_size, max_len: linked from the data (``max_len``: positions a learned table holds).
+        vocab_size, max_len: linked from the data (`max_len`: positions a learned table holds).
         d_model, num_heads, depth: transformer size.
         lr, weight_decay, warmup_steps: AdamW with warm-up and cosine decay.
     """
@@ -326,7 +326,7 @@ def _accuracy(model: TaskLM, batches: list[dict[str, Tensor]]) -> float | None:
 
 
 def reach(accuracies: list[float | None], threshold: float = 0.5) -> int:
-    """Largest multiplier up to which every bucket has accuracy ≥ ``threshold`` (0: none)."""
+    """Largest multiplier up to which every bucket has accuracy ≥ `threshold` (0: none)."""
     best = 0
     for m, acc in zip(MULTIPLIERS, accuracies, strict=True):
         if acc is None or acc < threshold:
@@ -397,7 +397,7 @@ def _option(args: list[str], name: str) -> str | None:
 
 
 def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> dict[str, float | None]:
-    """Train with ``encoding`` (``<name>+randpos``: randomised positions) and evaluate."""
+    """Train with `encoding` (`<name>+randpos`: randomised positions) and evaluate."""
     base, randpos = parse_encoding(encoding)
     check_options(base, cli_args)
     extra = ["--data.random_positions", "256"] if randpos and _option(cli_args, "--data.random_positions") is None else []

@@ -2,8 +2,8 @@
 
 Abacus embeddings (McLeish et al. 2024) give a digit the index of its place inside the number it
 belongs to, so the digits of equal significance of two operands share a position however far
-apart they sit in the sequence. :class:`Numbers` carries that index beside the ordinary token
-positions: it *is* a :class:`~mmpe.coords.sequence.Sequence` (every 1D encoding, causal mask and
+apart they sit in the sequence. `Numbers` carries that index beside the ordinary token
+positions: it *is* a `Sequence` (every 1D encoding, causal mask and
 cache works as on one) and adds the `DigitPositioned` capability.
 """
 
@@ -26,16 +26,16 @@ class DigitPositioned(Capability):
 
 
 class Numbers(Sequence):
-    """A :class:`~mmpe.coords.sequence.Sequence` whose digits carry their place in their number.
+    """A `Sequence` whose digits carry their place in their number.
 
     A *number* is a maximal run of consecutive digit tokens. Its first digit gets place 1, the
     next 2, and so on; every other token gets 0. Write numbers least-significant digit first
-    (as McLeish et al. 2024 do) and place `i`` is the `10^(i-1)`` digit of every operand.
+    (as McLeish et al. 2024 do) and place `i` is the `10^(i-1)` digit of every operand.
 
     Args:
         is_digit: `[n_k]` or `[b, n_k]` bool, True at digit tokens (`n_k = offset + n`:
             the cached tokens, then the new ones).
-        **sequence_options: as :class:`~mmpe.coords.sequence.Sequence` (`offset`,
+        **sequence_options: as `Sequence` (`offset`,
             `causal`, `position_ids`, `padding_mask`, `device` …); the length is that of
             `is_digit` minus `offset`.
 
@@ -67,7 +67,7 @@ class Numbers(Sequence):
     @classmethod
     def from_tokens(cls, tokens: Tensor, digit_ids: Tensor | list[int], **sequence_options) -> Numbers:
         """Numbers over token ids `[n]` or `[b, n]`: a token is a digit when its id is in
-        `digit_ids` (the ids of `"0"`` … `"9"`` in the vocabulary)."""
+        `digit_ids` (the ids of `"0"` … `"9"` in the vocabulary)."""
         digits = torch.as_tensor(digit_ids, device=tokens.device)
         return cls(torch.isin(tokens, digits), **sequence_options)
 
@@ -84,7 +84,7 @@ class Numbers(Sequence):
 def digit_places(is_digit: Tensor) -> Tensor:
     """1-based place of every digit within its run of consecutive digits; 0 elsewhere.
 
-    `[0, 1, 1, 0, 1] -> [0, 1, 2, 0, 1]``. Shape as `is_digit``, int64.
+    `[0, 1, 1, 0, 1] -> [0, 1, 2, 0, 1]`. Shape as `is_digit`, int64.
     """
     run = is_digit.long()
     count = run.cumsum(-1)

@@ -3,13 +3,13 @@
 Ruoss, Delétang, Genewein, Grau-Moya, Csordás, Bennani, Legg, Veness, "Randomized Positional
 Encodings Boost Length Generalization of Transformers" (ACL 2023), Section 3: for a training
 sequence of `n` tokens, draw `n` distinct positions uniformly from `[0, L_max)` and sort
-them; the model then sees every position up to `L_max`` during training while keeping the
+them; the model then sees every position up to `L_max` during training while keeping the
 order of its tokens, so positions of sequences longer than the training ones are not new at
-test time. Evaluation uses the ordinary positions `0 … n−1``.
+test time. Evaluation uses the ordinary positions `0 … n−1`.
 
-The positions feed :class:`~mmpe.coords.sequence.Sequence` as `position_ids``, so the method
+The positions feed `Sequence` as `position_ids`, so the method
 works with every encoding that reads positions from the coordinates (sinusoidal, learned with a
-table of `L_max`` rows, RoPE and its scalings, ALiBi, T5, FIRE, KERPLE …) and leaves those that
+table of `L_max` rows, RoPE and its scalings, ALiBi, T5, FIRE, KERPLE …) and leaves those that
 do not (NoPE, CoPE's contextual positions) unchanged.
 """
 

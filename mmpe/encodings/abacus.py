@@ -29,10 +29,10 @@ class Abacus(InputEncoding):
 
     Args:
         d_model: embedding width.
-        max_digits: longest number (digits) the table must cover at `k = 0``.
-        max_offset: largest training offset `k`` (the paper's 100); 0 disables it.
+        max_digits: longest number (digits) the table must cover at `k = 0`.
+        max_offset: largest training offset `k` (the paper's 100); 0 disables it.
 
-    Shapes: `forward(coords: Numbers) -> [n, d_model]`` or `[b, n, d_model]``.
+    Shapes: `forward(coords: Numbers) -> [n, d_model]` or `[b, n, d_model]`.
 
     Raises:
         ValueError: non-positive `d_model` or `max_digits`, negative `max_offset`.
