@@ -86,7 +86,7 @@ def _bias_row(enc: ScoreEncoding, coords: Coordinates, query: int, num_heads: in
         masked = mask_mod(coords)
         allowed = torch.ones(coords.num_keys, dtype=torch.bool) if masked is None \
             else masked(b, h, q, k).expand(1, 1, 1, coords.num_keys).reshape(-1)
-    row = row[0, :, 0].float().mean(0).cpu().numpy()
+    row = row[0, :, 0].double().mean(0).cpu().numpy()
     return np.where(allowed.cpu().numpy(), row, np.nan)
 
 
@@ -208,10 +208,10 @@ def _draw_molecule(ax: Axes, xy: np.ndarray, edges: np.ndarray, values: np.ndarr
         ax.plot(xy[[u, v], 0], xy[[u, v], 1], color="0.6", lw=1.5, zorder=1)
     signed = cmap == DIVERGING
     lim = symmetric_limit(values) if signed else None
-    sc = ax.scatter(xy[:, 0], xy[:, 1], c=values, cmap=cmap, s=160, zorder=2,
+    sc = ax.scatter(xy[:, 0], xy[:, 1], c=values, cmap=cmap, s=260, zorder=2,
                     vmin=-lim if signed else None, vmax=lim, edgecolors="black", linewidths=0.5)
     for i, label in enumerate(labels or []):
-        ax.annotate(label, xy[i], ha="center", va="center", fontsize=6, zorder=3)
+        ax.annotate(label, xy[i], ha="center", va="center", fontsize=7, zorder=3)
     ax.set_title(title, fontsize=9)
     ax.set_aspect("equal")
     ax.set_axis_off()
@@ -250,14 +250,15 @@ def plot_molecule_positions(smiles: str, atom: int = 0, *, k: int = 2, walk: int
 
 
 def plot_feature_graph(table: Any, *, path: str | os.PathLike | None = None) -> Figure:
-    """A [`Table`][mmpe.coords.table.Table]'s feature graph (networkx spring layout, edge width
+    """A [`Table`][mmpe.coords.table.Table]'s feature graph (features on a circle, edge width
     ∝ weight), nodes coloured by the first two spectral positions Tab-PET concatenates to the
-    feature tokens, next to the hop distances between features."""
+    feature tokens, next to the hop distances between features (`f` where no path joins them,
+    as the coordinates store it)."""
     import networkx as nx
 
     adjacency = table.adjacency.cpu().numpy()
     graph = nx.from_numpy_array(adjacency)
-    layout = nx.spring_layout(graph, seed=0, weight="weight")
+    layout = nx.circular_layout(graph)  # disconnected groups stay apart and readable
     xy = np.array([layout[i] for i in range(table.num_features)])
     names = table.feature_names or [f"x{i}" for i in range(table.num_features)]
     pos = table.spectral_positions[table.cls_token * 1:].cpu().numpy()
@@ -270,7 +271,10 @@ def plot_feature_graph(table: Any, *, path: str | os.PathLike | None = None) -> 
         _draw_molecule(ax, xy, np.zeros((2, 0), dtype=int), pos[:, j],
                        f"Tab-PET spectral position {j + 1}", labels=names)
     hops = table.hops[int(table.cls_token):, int(table.cls_token):].cpu().numpy()
-    _image(axes[2], hops, "hops between features (Metric)", diverging=False)
+    _image(axes[2], hops, f"hops between features ({table.num_features}: no path)",
+           diverging=False)
+    axes[2].set_xticks(range(len(names)), names, rotation=90, fontsize=7)
+    axes[2].set_yticks(range(len(names)), names, fontsize=7)
     fig.colorbar(axes[2].images[0], ax=axes[2], shrink=0.7)
     return finish(fig, path)
 
