@@ -2,7 +2,7 @@
 
 Installed as `mmpe.recipes` (the repository keeps them in `recipes/`; configs ship as
 `mmpe.configs`). One module per modality; each defines `COMPARE` and `run_one` for
-`mmpe compare` (see :mod:`mmpe.recipes.compare`) and a LightningCLI entry point
+`mmpe compare` (see [`mmpe.recipes.compare`][recipes.compare]) and a LightningCLI entry point
 (`python -m mmpe.recipes.<modality>`). They need the `mmpe[recipes]` extra (Lightning,
 jsonargparse, matplotlib) and, for their data, `mmpe[data]`.
 """
