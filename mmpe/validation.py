@@ -258,8 +258,9 @@ def cpu_attention_seconds() -> float:
     return limit
 
 
-def check_attention_work(where: str, *, batch: int, num_heads: int, num_queries: int,
-                         num_keys: int, head_dim: int, device: torch.device | str) -> None:
+def check_attention_work(where: str, *, batch: int | None, num_heads: int | None,
+                         num_queries: int | None, num_keys: int | None, head_dim: int | None,
+                         device: torch.device | str) -> None:
     """Refuse, before any work starts, an attention call on the CPU that cannot finish soon.
 
     Attention costs `4·b·n_h·n_q·n_k·h_d` floating-point operations (`q kᵀ` and the
@@ -275,6 +276,8 @@ def check_attention_work(where: str, *, batch: int, num_heads: int, num_queries:
     """
     if torch.device(device).type != "cpu" or torch.compiler.is_compiling():
         return
+    if None in (batch, num_heads, num_queries, num_keys, head_dim):
+        return  # a size not known here (mmpe.functional's mods leave head_dim to the caller)
     flops = 4.0 * batch * num_heads * num_queries * num_keys * head_dim
     threads = max(1, torch.get_num_threads())
     seconds = flops / (CPU_FLOPS_PER_THREAD * threads)

@@ -44,6 +44,8 @@ def test_the_limit_is_read_from_the_environment(monkeypatch) -> None:
     monkeypatch.setenv("MMPE_CPU_ATTENTION_SECONDS", "inf")
     check_attention_work("alibi", device="cpu", **sizes)  # no limit: allowed
     check_attention_work("alibi", device="meta", **sizes)  # not a CPU: never checked
+    monkeypatch.setenv("MMPE_CPU_ATTENTION_SECONDS", "1e-9")
+    check_attention_work("alibi", device="cpu", **{**sizes, "head_dim": None})  # unknown size
     for bad in ("soon", "0", "-5", "nan"):
         monkeypatch.setenv("MMPE_CPU_ATTENTION_SECONDS", bad)
         with pytest.raises(ValueError, match="MMPE_CPU_ATTENTION_SECONDS must be"):
