@@ -23,6 +23,7 @@ RECIPES: dict[str, tuple[str, str]] = {
                 "zero-shot and fine-tuned bpc to 16x"),
     "lengthgen": ("mmpe.recipes.lengthgen", "train short, test long: copy, reverse, sort, addition, "
                   "parity, SCAN, passkey; exact match per length bucket"),
+    "genomics": ("mmpe.recipes.genomics", "lambda DNA + JASPAR motifs: periodic, local, bits/nt"),
     "multimodal": ("mmpe.recipes.multimodal", "read a strip of MNIST digits as text"),
     "gpu_cost": ("mmpe.recipes.gpu_cost", "attention fwd+bwd time and memory on a CUDA device, "
                  "× the unbiased layer (a measurement, not training)"),
