@@ -9,7 +9,10 @@ scaling with factor `s = 4`:
 * **zero-shot**: the trained weights with the scaled rotation, test bits/char at `1 … 16 × L`
   (columns `zs@mx`);
 * **fine-tuned**: the same, after `--finetune_steps` steps (default 100, the same for every
-  scaling) of training at `s · L = 256` (columns `ft@mx`).
+  scaling) of training at `s · L = 256` (columns `ft@mx`);
+* **retrieval**: a RoPE model trained on passkey retrieval (the task of
+  `mmpe.recipes.lengthgen`, filler lengths up to 16; once per seed) with the scaling and no
+  training, exact match at 1–8 × its training length (columns `passkey@mx`).
 
 `rope` (no scaling) is the control: the base model as it is, and fine-tuned at 256 with its
 original rotation. Peng et al. 2023 (YaRN, arXiv:2309.00071, Tables 1–2 and Fig. 4) report that
@@ -41,10 +44,14 @@ SCALINGS = ["rope", "rope_pi", "rope_ntk", "rope_dynamic_ntk", "rope_yarn", "rop
             "rope_llama3"]
 FACTOR = 4
 FINETUNE_STEPS = 100
+PASSKEY_STEPS = 1500
+PASSKEY_COLUMNS = [f"passkey@{m}x" for m in (1, 2, 4, 8)]
 
 COMPARE = CompareSpec(
     metric="bpc",
-    columns=[f"zs@{m}x" for m in MULTIPLIERS] + [f"ft@{m}x" for m in MULTIPLIERS],
+    columns=([f"zs@{m}x" for m in MULTIPLIERS] + [f"ft@{m}x" for m in MULTIPLIERS]
+             + PASSKEY_COLUMNS),
+    higher_is_better=tuple(PASSKEY_COLUMNS),
     xlabel="evaluation length (multiples of the training context L = 64 characters)",
     lower_is_better=True,
     default_encodings=SCALINGS,
@@ -52,7 +59,9 @@ COMPARE = CompareSpec(
     title="Context extension of a RoPE char LM trained at L = 64 (factor 4): test bits/char",
     notes=["zs: the trained weights with the scaling, no training; ft: after the same short "
            "fine-tune at 4 L = 256 for every scaling.",
-           "rope: no scaling (the control)."],
+           "rope: no scaling (the control).",
+           "passkey@mx: exact match of passkey retrieval (mmpe compare lengthgen's task) by a "
+           "RoPE model trained on it at L = 16 filler letters, with the scaling, no training."],
     check_encoding=lambda name: check_scaling(name),
 )
 
@@ -100,15 +109,20 @@ def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> 
     """Zero-shot and fine-tuned test bpc of the scaling `encoding` on the seed's base model.
 
     Recipe options (before LightningCLI's): `--finetune_steps N` (default 100), `--factor s`
-    (default 4). Other arguments go to both the base training and the fine-tune.
+    (default 4), `--passkey_steps N` (training steps of the retrieval model, default 1500; 0
+    leaves the retrieval columns out). Other arguments go to the text base training and the
+    fine-tune.
 
     Raises:
-        ValueError: not a RoPE scaling; `factor <= 1`; `finetune_steps < 0`.
+        ValueError: not a RoPE scaling; `factor <= 1`; `finetune_steps < 0`; `passkey_steps < 0`.
     """
     check_scaling(encoding)
     args = list(cli_args)
     steps = int(pop_option(args, "--finetune_steps", str(FINETUNE_STEPS)))
     factor = float(pop_option(args, "--factor", str(FACTOR)))
+    passkey_steps = int(pop_option(args, "--passkey_steps", str(PASSKEY_STEPS)))
+    if passkey_steps < 0:
+        raise ValueError(f"context: --passkey_steps must be >= 0, got {passkey_steps}")
     if steps < 0:
         raise ValueError(f"context: --finetune_steps must be >= 0, got {steps}")
     if not factor > 1:
@@ -120,7 +134,44 @@ def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> 
     if steps:
         cli.trainer.fit(cli.model, cli.datamodule)
     out.update(_evaluate(cli, "ft") if steps else {f"ft@{m}x": out[f"zs@{m}x"] for m in MULTIPLIERS})
+    out.update(dict.fromkeys(PASSKEY_COLUMNS))
+    if passkey_steps:
+        root = Path(out_dir).parent.parent / "_base"
+        out.update(passkey_retrieval(encoding, factor, train_passkey(seed, root, passkey_steps)))
     return out
+
+
+def train_passkey(seed: int, root: Path, steps: int) -> Path:
+    """The seed's RoPE model trained on passkey retrieval alone (once; shared like the base)."""
+    from mmpe.recipes import lengthgen
+
+    folder = root / f"seed{seed}"
+    folder.mkdir(parents=True, exist_ok=True)
+    weights = folder / "rope_passkey.pt"
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not weights.exists():
+            cli = fit_for_compare(lengthgen.make_cli, "lengthgen", "rope", seed=seed,
+                                  out_dir=folder / "passkey",
+                                  cli_args=["--data.tasks", "[passkey]", "--trainer.max_steps", str(steps)])
+            hparams = {k: v for k, v in cli.model.hparams.items() if not k.startswith("_")}
+            torch.save({"hparams": hparams, "state": cli.model.state_dict()}, weights)
+    return weights
+
+
+def passkey_retrieval(encoding: str, factor: float, weights: Path) -> dict[str, float | None]:
+    """Exact match of the passkey model with the scaling `encoding`, no training."""
+    from mmpe.recipes import lengthgen
+
+    saved = torch.load(weights, map_location="cpu")
+    data = lengthgen.TaskData(tasks=["passkey"])
+    options = scaling_options(encoding, factor, data.longest_train)
+    model = lengthgen.TaskLM(**{**saved["hparams"], "encoding": encoding, "encoding_options": options})
+    missing, unexpected = model.load_state_dict(saved["state"], strict=False)
+    if any(".settings." not in k for k in [*missing, *unexpected]):
+        raise RuntimeError(f"context: passkey weights do not fit the model: {[*missing, *unexpected][:5]}")
+    found = lengthgen.evaluate(model, data)
+    return {c: found[c] for c in PASSKEY_COLUMNS}
 
 
 def _finetune_cli(encoding: str, seed: int, out_dir: Path, factor: float, steps: int,

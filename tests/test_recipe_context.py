@@ -11,7 +11,7 @@ import torch
 from mmpe.recipes import context
 from mmpe.recipes.compare import resolve_encodings
 
-QUICK = ["--trainer.max_steps", "3", "--data.eval_chars", "1100", "--model.d_model", "32",
+QUICK = ["--passkey_steps", "3", "--trainer.max_steps", "3", "--data.eval_chars", "1100", "--model.d_model", "32",
          "--model.depth", "1", "--trainer.enable_progress_bar", "false",
          "--trainer.enable_checkpointing", "false"]
 
@@ -31,7 +31,10 @@ def test_every_scaling_reads_one_base_model(tmp_path):
         out[name] = context.run_one(name, seed=0, out_dir=tmp_path / name / "seed0",
                                     cli_args=[*QUICK, "--finetune_steps", "2"])
         assert set(out[name]) == set(context.COMPARE.columns)
-    assert len(list((tmp_path / "_base" / "seed0").glob("*.pt"))) == 1
+    assert sorted(p.name for p in (tmp_path / "_base" / "seed0").glob("*.pt")) == [
+        "rope_base.pt", "rope_passkey.pt"]
+    assert all(0 <= out["rope_pi"][c] <= 1 for c in context.PASSKEY_COLUMNS)
+    assert out["rope"]["passkey@1x"] is not None
     assert out["rope"]["zs@1x"] != pytest.approx(out["rope_pi"]["zs@1x"], abs=1e-6)
     base = torch.load(tmp_path / "_base" / "seed0" / "rope_base.pt")
     assert any("embed" in k for k in base)
@@ -42,6 +45,8 @@ def test_every_scaling_reads_one_base_model(tmp_path):
     (lambda t: context.run_one("rope_pi", seed=0, out_dir=t, cli_args=["--factor", "1"]), "factor"),
     (lambda t: context.run_one("rope_pi", seed=0, out_dir=t, cli_args=["--finetune_steps", "-1"]),
      "finetune_steps"),
+    (lambda t: context.run_one("rope_pi", seed=0, out_dir=t, cli_args=["--passkey_steps", "-2"]),
+     "passkey_steps"),
     (lambda t: resolve_encodings(context.COMPARE, "rope,sinusoidal", None), "not a RoPE scaling"),
 ])
 def test_bad_options_fail_before_training(tmp_path, call, match):
