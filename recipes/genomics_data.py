@@ -172,7 +172,8 @@ def group_span(offsets: list[int], last_length: int) -> int:
 
 
 def periodic_example(background: np.ndarray, block: int, positive: bool, rules: TaskRules,
-                     pfm: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, list[list[int]]]:
+                     pfm: np.ndarray,
+                     rng: np.random.Generator) -> tuple[np.ndarray, list[list[int]]]:
     """`background` (``m`` blocks of `block` bp) with one group of sites per block, periodic
     or jittered; returns the sequence and each group's site starts."""
     groups, sites = [], []
