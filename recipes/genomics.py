@@ -404,6 +404,7 @@ def plot_tasks(records: list[dict[str, Any]], path: Path, setting: str = "defaul
         ax.set_xlabel("window / L")
         if task in CLASSIFY:
             ax.axhline(0.5, color="0.6", lw=0.8, ls=":")  # chance
+            ax.set_ylim(-0.03, 1.03)
             ax.set_ylabel("accuracy (higher is better)")
         else:
             ax.set_ylabel("bits per nucleotide (lower is better)")

@@ -150,15 +150,6 @@ def test_evaluation_windows_come_from_the_test_region(data):
     assert np.array_equal(first, test[:128])
 
 
-def test_quick_run_returns_every_column(genome, jaspar, tmp_path):
-    metrics = gn.run_one("learned", seed=0, out_dir=tmp_path, cli_args=QUICK)
-    assert set(metrics) == set(gn.COMPARE.columns)
-    assert all(0.0 <= metrics[f"{t}@1x"] <= 1.0 for t in gn.CLASSIFY)
-    assert 1.0 < metrics["lm@1x"] < 3.0  # bits per nucleotide of a barely trained model
-    # a learned table of L + 1 rows cannot represent longer windows
-    assert metrics["lm@2x"] is None and metrics["periodic@8x"] is None
-
-
 @pytest.mark.parametrize("option, value, match", [
     ("--data.tasks", "[periodic, motifs]", "data.tasks"),
     ("--data.eval_multipliers", "[1, 0]", "data.eval_multipliers"),
@@ -200,3 +191,25 @@ def test_periodic_is_learned_in_distribution(genome, jaspar, tmp_path):
         "--trainer.enable_checkpointing", "false"])
     assert metrics["periodic@1x"] >= 0.9
     assert metrics["local@1x"] is None and metrics["lm@1x"] is None
+
+
+def test_compare_runs_stores_renders_and_plots(genome, jaspar, tmp_path):
+    """A quick run of two encodings through `mmpe compare`: every column stored, n/a where a
+    learned table ends, mixed directions in the table, the three-panel plot."""
+    from mmpe.recipes import store
+    from mmpe.recipes.compare import compare
+
+    table = compare("genomics", "learned,rope", out_dir=tmp_path / "out", seeds=1,
+                    store=tmp_path / "store", cli_args=QUICK)
+    runs = {r["encoding"]: r["metrics"] for r in store.read(tmp_path / "store", "genomics")}
+    for metrics in runs.values():
+        assert set(metrics) == set(gn.COMPARE.columns)
+        assert all(0.0 <= metrics[f"{t}@1x"] <= 1.0 for t in gn.CLASSIFY)
+        assert 1.0 < metrics["lm@1x"] < 3.0  # bits per nucleotide of a barely trained model
+    # a learned table of L + 1 rows cannot represent longer windows; RoPE can
+    assert runs["learned"]["lm@2x"] is None and runs["learned"]["periodic@8x"] is None
+    assert all(v is not None for v in runs["rope"].values())
+    assert "| rope |" in table and "periodic@8x" in table and "n/a" in table
+    assert "higher is better in periodic@1x" in table  # accuracy up, bits per nucleotide down
+    png = tmp_path / "out" / "accuracy__periodic__local____bits_per_nucleotide__lm.png"
+    assert png.stat().st_size > 10_000
