@@ -95,7 +95,9 @@ COMPARE = CompareSpec(
     notes=[
         "periodic: MYCN sites exactly 10 bp apart vs 8/9/11/12 bp; local: SOX2 then POU5F1 "
         "0–2 bp apart vs 16–32 bp; chance is 0.5. lm: bits per nucleotide (2 = uniform).",
-        "mx: windows of m·L bp (m blocks, one arrangement each) from the held-out genome region.",
+        "mx: windows of m·L bp (m blocks, one arrangement each) from the held-out genome region; "
+        "the max readout sees m arrangements, so accuracy may rise with m where the encoding "
+        "carries to unseen positions.",
         "n/a: the encoding cannot represent those positions (a learned table of L + 1 rows).",
     ],
     plot=lambda records, path, setting="default", rows=None: plot_tasks(records, path, setting,
