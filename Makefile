@@ -3,7 +3,7 @@ VENV    ?= .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 PYTEST  := $(PY) -m pytest
-APT_PKGS := espeak-ng proj-data
+APT_PKGS := espeak-ng proj-data bowtie2-examples
 
 .PHONY: setup run report results test test-slow test-gpu test-floor test-core lint bench docs data-audio apt clean
 
@@ -94,7 +94,8 @@ lint: setup
 bench: setup
 	for f in benchmarks/bench_*.py benchmarks/gpu/bench_*.py; do $(PY) $$f || exit 1; done
 
-# Debian data packages (needs root): espeak-ng for the audio recipe, proj-data for the geoid.
+# Debian data packages (needs root): espeak-ng for the audio recipe, proj-data for the geoid,
+# bowtie2-examples for the genomics recipe's lambda phage genome.
 apt:
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PKGS)
 

