@@ -346,9 +346,12 @@ def plot_tasks(records: list[dict[str, Any]], path: Path, setting: str = "defaul
     runs = [r for r in records if r["setting"] == setting and (not rows or r["encoding"] in rows)]
     summary = summarise(runs, COMPARE.columns)
     tasks = [t for t in TASKS if any(row[f"{t}@1x"].mean is not None for row in summary.values())]
-    fig, axes = subplots(1, len(tasks), figsize=(2.6 * len(tasks), 3.2), squeeze=False, sharey=True)
+    cols = min(4, len(tasks))
+    rows_n = -(-len(tasks) // cols)
+    fig, axes = subplots(rows_n, cols, figsize=(2.8 * cols, 2.6 * rows_n), squeeze=False, sharey=True)
+    flat = list(axes.flat)
     x = np.arange(len(MULTIPLIERS))
-    for ax, task in zip(axes[0], tasks, strict=True):
+    for ax, task in zip(flat, tasks, strict=False):
         for enc, row in summary.items():
             cells = [row[f"{task}@{m}x"] for m in MULTIPLIERS]
             keep = [i for i, c in enumerate(cells) if c.mean is not None]
@@ -361,8 +364,12 @@ def plot_tasks(records: list[dict[str, Any]], path: Path, setting: str = "defaul
         ax.set_xticks(x, [f"{m}x" for m in MULTIPLIERS])
         ax.set_ylim(-0.03, 1.03)
         ax.set_xlabel("length / L")
-    axes[0][0].set_ylabel("exact match")
-    axes[0][-1].legend(fontsize=6, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    for ax in flat[::cols]:
+        ax.set_ylabel("exact match")
+    handles, labels = flat[0].get_legend_handles_labels()
+    for ax in flat[len(tasks):]:  # the spare panel holds the legend
+        ax.axis("off")
+    (flat[-1] if len(flat) > len(tasks) else fig).legend(handles, labels, fontsize=7, loc="center")
     return save(fig, path)
 
 
