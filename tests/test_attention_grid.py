@@ -26,6 +26,13 @@ from mmpe.encodings.base import AttentionContext
 NAMES = ["alibi", "t5", "kerple_log", "kerple_power", "fire", "swin", "swinv2_cpb"]
 
 
+@pytest.fixture(autouse=True)
+def _small_grids_take_the_grid_path(monkeypatch):
+    # The path is taken from a dense-bias size up (small grids run faster dense); these tests
+    # use small grids, so the threshold is lifted for them.
+    monkeypatch.setattr(grid_path, "GRID_MIN_BIAS_BYTES", 0)
+
+
 def _encodings(names: list[str], heads: int, shape: tuple[int, ...], seed: int) -> list:
     """Built encodings with every learnable parameter moved off its initial value (T5's table
     starts at zero, Swin's near it). FIRE's threshold L is small so its normaliser is active."""
@@ -183,3 +190,14 @@ def test_which_calls_take_the_grid_path() -> None:
     assert not takes(["alibi"], Grid((7,)))  # one axis: a sequence's business
     assert not takes(["alibi", "da_transformer"], Grid((4, 4)))  # reads the content
     assert not takes([], Grid((4, 4)))
+
+
+def test_small_grids_run_dense(monkeypatch) -> None:
+    # Below GRID_MIN_BIAS_BYTES of dense bias, one fused SDPA call is faster.
+    monkeypatch.setattr(grid_path, "GRID_MIN_BIAS_BYTES", 64 << 20)
+    enc = mmpe.build("swin", num_heads=6, grid_shape=(32, 32))
+    for shape, expected in (((32, 32), False), ((64, 64), True)):
+        grid = Grid(shape, prefix_tokens=1)
+        q = torch.zeros(1, 6, grid.num_tokens, 8)
+        ctx = AttentionContext(grid, 6, 8, 1, None, q, q, q)
+        assert grid_path.takes_grid_path([enc], ctx) is expected
