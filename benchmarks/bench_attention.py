@@ -14,10 +14,12 @@ use it (``--rounds`` > 1 repeats the n = 2048 cases, interleaved, and prints the
 ``--coords`` times the forward + backward of ``MultiHeadAttention(384, 6)`` (batch 1) on a 2D
 grid, a 3D video grid, a point cloud and a graph at several sizes, each encoding against the
 same layer with no encoding on the same coordinates, interleaved round by round; ratios are
-medians of the per-round ratios of CPU times. Memory is the step's own peak: the process's peak
-resident memory minus its resident memory just before the step (each case its own process, with
-glibc's mmap threshold fixed at 64 kB so that freed blocks leave the resident set at once:
-with its default, adaptive threshold the same case's peak varied by ±30 MB from run to run).
+medians of the per-round ratios of CPU times (after a warm-up step, with the default
+allocator). Memory is the step's own peak, from one more process per case: the peak resident
+memory minus the resident memory just before the step, with glibc's mmap threshold fixed at
+64 kB so that freed blocks leave the resident set at once (with its default, adaptive threshold
+the same case's peak varied by ±30 MB from run to run; with the fixed one, every large
+allocation faults its pages in afresh, so that run is not timed).
 """
 
 from __future__ import annotations
@@ -83,12 +85,13 @@ COORDS_CASE = textwrap.dedent("""
     def rss():
         return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
     base = rss()
+    step()  # warm-up (and, in the memory run, the step whose peak is read)
     cpu = []
     for _ in range(repeat):
         c = time.process_time()
         step()
         cpu.append(time.process_time() - c)
-    print(min(cpu), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10 - base)
+    print(min(cpu, default=float("nan")), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10 - base)
 """)
 
 #: (coordinates, size, encodings): grids with a cls token, video grids, points, graphs.
@@ -97,19 +100,22 @@ COORDS = [
     ("grid", "64x64", ["alibi", "t5", "kerple_log", "fire", "swin", "swinv2_cpb", "rope_axial"]),
     ("video", "8x16x16", ["alibi", "t5", "fire", "swin"]),
     ("video", "16x16x16", ["alibi", "t5", "fire", "swin"]),
-    ("points", "1024", ["alibi", "fire", "kerple_log", "gaussian_distance"]),
-    ("points", "4096", ["alibi", "fire", "kerple_log", "gaussian_distance"]),
+    # gaussian_distance builds [b, n, n, K] pair features: 3.4 GB and 69x at 1,024 points
+    ("points", "1024", ["alibi", "fire", "kerple_log"]),
+    ("points", "4096", ["alibi", "fire", "kerple_log"]),
     ("graph", "1024", ["alibi", "graphormer_spatial"]),
     ("graph", "4096", ["alibi", "graphormer_spatial"]),
 ]
 
-#: memory only (one timed step): the grid whose peak memory the grid path must keep.
+#: memory only (not timed): the grid whose peak memory the grid path must keep.
 MEMORY = [("grid", "128x128", ["alibi", "t5", "swin"])]
 
 
-def run_coords(kind: str, size: str, name: str, repeat: int) -> tuple[float, float]:
-    """``(CPU s, step peak MiB)`` of one case in a fresh process."""
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+def run_coords(kind: str, size: str, name: str, repeat: int,
+               memory: bool = False) -> tuple[float, float]:
+    """``(CPU s, step peak MiB)`` of one case in a fresh process (``memory``: the run whose
+    peak is read, with a fixed mmap threshold; ``repeat=0`` then times nothing)."""
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"} if memory else None
     out = subprocess.run([sys.executable, "-c", COORDS_CASE, kind, size, name, str(repeat)],
                          capture_output=True, text=True, check=True, env=env).stdout.split()
     return float(out[0]), float(out[1])
@@ -125,14 +131,17 @@ def coords_table(rounds: int, repeat: int, only: str | None, memory: bool) -> No
     if memory:
         cases += MEMORY
     for kind, size, names in cases:
-        reps = 1 if (kind, size, names) in MEMORY else repeat
+        memory_only = (kind, size, names) in MEMORY
         times = {name: [] for name in ["none", *names]}
         mems = {name: [] for name in times}
-        for _ in range(1 if reps == 1 else rounds):
+        for _ in range(1 if memory_only else rounds):
             for name in times:  # interleaved: a slow spell of the machine hits every case
-                cpu, mem = run_coords(kind, size, name, reps)
-                times[name].append(cpu)
-                mems[name].append(mem)
+                if memory_only:
+                    times[name].append(float("nan"))
+                else:
+                    times[name].append(run_coords(kind, size, name, repeat)[0])
+        for name in times:
+            mems[name].append(run_coords(kind, size, name, 0, memory=True)[1])
         tokens = _tokens(kind, size)
         for name in names:
             ratio = statistics.median(a / b for a, b in zip(times[name], times["none"],
