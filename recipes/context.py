@@ -63,7 +63,43 @@ COMPARE = CompareSpec(
            "passkey@mx: exact match of passkey retrieval (mmpe compare lengthgen's task) by a "
            "RoPE model trained on it at L = 16 filler letters, with the scaling, no training."],
     check_encoding=lambda name: check_scaling(name),
+    plot=lambda records, path, setting="default", rows=None: plot_panels(records, path, setting, rows),
 )
+
+#: The figure's panels: (title, columns, y label).
+PANELS = [
+    ("zero-shot", [f"zs@{m}x" for m in MULTIPLIERS], "test bits/char"),
+    ("after 100 steps at 4 L", [f"ft@{m}x" for m in MULTIPLIERS], "test bits/char"),
+    ("passkey retrieval, zero-shot", PASSKEY_COLUMNS, "exact match"),
+]
+
+
+def plot_panels(records: list[dict[str, Any]], path: Path, setting: str = "default",
+                rows: list[str] | None = None) -> Path:
+    """Zero-shot bpc, fine-tuned bpc and passkey accuracy vs length, one line per scaling with
+    the seeds' sd as a band."""
+    import numpy as np
+    from mmpe.recipes.report import summarise
+
+    from mmpe.plot.style import save, subplots
+
+    runs = [r for r in records if r["setting"] == setting and (not rows or r["encoding"] in rows)]
+    summary = summarise(runs, COMPARE.columns)
+    fig, axes = subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.4), squeeze=False)
+    for ax, (title, columns, ylabel) in zip(axes[0], PANELS, strict=True):
+        x = np.arange(len(columns))
+        for enc, row in summary.items():
+            keep = [i for i, c in enumerate(columns) if row[c].mean is not None]
+            mean = np.array([row[columns[i]].mean for i in keep])
+            sd = np.array([row[columns[i]].sd or 0.0 for i in keep])
+            (line,) = ax.plot(x[keep], mean, marker="o", ms=3, label=enc)
+            ax.fill_between(x[keep], mean - sd, mean + sd, color=line.get_color(), alpha=0.15, lw=0)
+        ax.set_xticks(x, [c.split("@")[1] for c in columns])
+        ax.set_title(title)
+        ax.set_xlabel("length / L")
+        ax.set_ylabel(ylabel)
+    axes[0][-1].legend(fontsize=7)
+    return save(fig, path)
 
 
 def check_scaling(name: str) -> None:
