@@ -39,6 +39,20 @@ def test_huge_cpu_attention_fails_fast(name: str, backend: str, monkeypatch) -> 
         assert message.startswith(f"{name}:") and "MMPE_CPU_ATTENTION_SECONDS" in message
 
 
+@pytest.mark.parametrize("encodings", [[], ["rope"]], ids=["plain", "rotary"])
+def test_attention_without_a_score_term_is_checked_too(encodings, monkeypatch) -> None:
+    """No score encoding to run the check: the attention module does it (a control at the
+    default limit runs)."""
+    built = [mmpe.build(e, head_dim=8) for e in encodings]
+    attn = mmpe.MultiHeadAttention(32, 4, built)
+    x, coords = torch.randn(1, 256, 32), mmpe.Sequence(256)
+    monkeypatch.delenv("MMPE_CPU_ATTENTION_SECONDS", raising=False)
+    assert attn(x, coords).shape == (1, 256, 32)
+    monkeypatch.setenv("MMPE_CPU_ATTENTION_SECONDS", "1e-7")
+    with pytest.raises(AttentionTooLargeError, match=r"MultiHeadAttention: .*n_q=256"):
+        attn(x, coords)
+
+
 def test_the_limit_is_read_from_the_environment(monkeypatch) -> None:
     sizes = dict(batch=1, num_heads=4, num_queries=HUGE, num_keys=HUGE, head_dim=16)
     monkeypatch.setenv("MMPE_CPU_ATTENTION_SECONDS", "inf")

@@ -169,13 +169,9 @@ CASES = [(hook, where) for hook in ("input", "rotary", "score") for where in FAI
 
 @pytest.mark.parametrize("backend", ["flex", "sdpa", "math"])
 @pytest.mark.parametrize(("hook", "where"), CASES, ids=[f"{h}-{w}" for h, w in CASES])
-def test_a_plugin_that_raises_is_named(forget_plugins, hook: str, where: str, backend: str,
-                                      request):
-    if (where, backend) == ("closure", "flex"):
-        # FlexAttention traces the score function and re-raises its error from the
-        # flex_attention call, which is in mmpe.attention: that call site must pass the error
-        # to mmpe.registry.note_plugin_errors (pending the attention package split).
-        request.applymarker(pytest.mark.xfail(strict=True, reason="note at the flex call site"))
+def test_a_plugin_that_raises_is_named(forget_plugins, hook: str, where: str, backend: str):
+    # (closure, flex): FlexAttention traces the score function and re-raises its error from
+    # the flex_attention call; mmpe.attention.dispatch.run_flex adds the note there.
     name = _failing_plugin(hook, where)
     with pytest.raises(RuntimeError, match=f"plugin failed in {where}") as info:
         model = mmpe.Transformer(16, 2, 1, [name])

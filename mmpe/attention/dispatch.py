@@ -65,10 +65,17 @@ def run_flex(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) ->
     block_mask = _block_mask(ctx.coords, ctx.q.device)
     # Inductor's flex kernel refuses q/k/v that are views of one projection buffer.
     q, k, v = (t.contiguous() for t in (ctx.q, ctx.k, ctx.v))
-    if ctx.q.device.type != "cuda" or torch.compiler.is_compiling():
-        return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
-    return flex_compile.flex(q, k, v, mods, score_mod, block_mask, scale,
-                             kinds=tuple(type(e) for e in scores))
+    try:
+        if ctx.q.device.type != "cuda" or torch.compiler.is_compiling():
+            return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+        return flex_compile.flex(q, k, v, mods, score_mod, block_mask, scale,
+                                 kinds=tuple(type(e) for e in scores))
+    except Exception as err:
+        # Tracing re-raises a plugin's error from here, outside its own frames: name it.
+        from mmpe.registry import note_plugin_errors
+
+        note_plugin_errors(err, scores)
+        raise
 
 
 def run_sdpa(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -> Tensor:

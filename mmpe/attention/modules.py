@@ -24,7 +24,7 @@ from mmpe.encodings.base import (
     ScoreEncoding,
 )
 from mmpe.prepare import forward_scope
-from mmpe.validation import check_positive_int
+from mmpe.validation import check_attention_work, check_positive_int
 
 BACKENDS = ("auto", "flex", "sdpa", "math")
 
@@ -131,6 +131,10 @@ class _Attention(nn.Module):
     def attend(self, ctx: AttentionContext) -> Tensor:
         """Attention output ``[b, n_h, n_q, h_d]`` for the context's (rotated) q, k, v."""
         assert ctx.q is not None and ctx.k is not None and ctx.v is not None
+        if not self.scores:  # a score encoding checks this in its check_context
+            b, n_h, n_q, h_d = ctx.q.shape
+            check_attention_work(type(self).__name__, batch=b, num_heads=n_h, num_queries=n_q,
+                                 num_keys=ctx.k.shape[2], head_dim=h_d, device=ctx.q.device)
         scale = _softmax_scale(self.scores, ctx.head_dim)
         path = self.path(ctx.q.device)
         if path == "flex":
