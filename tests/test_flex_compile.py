@@ -209,3 +209,87 @@ def test_a_control_term_fails_the_table_comparison() -> None:
     wrong = [lambda s, b, h, qi, ki: table_mod(s, b, h, ki, qi)]
     assert not torch.allclose(_dense_scores(wrong, q, k, coords),
                               _dense_scores([enc.score_mod(ctx)], q, k, coords))
+
+
+GRID_LEARNED = ["t5", "kerple_log", "swin", "swinv2_cpb", "fire", "alibi"]
+
+
+@settings(max_examples=20, deadline=None)
+@given(name=st.sampled_from(GRID_LEARNED), shape=st.sampled_from([(3, 4), (2, 3, 2), (4, 1)]),
+       prefix=st.integers(0, 2), seed=st.integers(0, 2**16))
+def test_grid_offset_table_equals_the_in_kernel_terms(name, shape, prefix, seed) -> None:
+    """On a Grid (the GPU's table path), the block-Toeplitz offset table gives every pair the
+    score and every parameter the gradient of the encoding's own ``score_mod``."""
+    torch.manual_seed(seed)
+    grid = mmpe.Grid(shape, prefix_tokens=prefix)
+    kwargs = {"learnable_slopes": True} if name == "alibi" else {}
+    enc = mmpe.build(name, coords=grid, context={"num_heads": HEADS, "head_dim": HEAD_DIM}, **kwargs)
+    with torch.no_grad():
+        for p in enc.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    n = grid.num_queries
+    q = torch.randn(2, HEADS, n, HEAD_DIM, requires_grad=True)
+    k = torch.randn(2, HEADS, n, HEAD_DIM, requires_grad=True)
+    ctx = AttentionContext(grid, HEADS, HEAD_DIM, 2, None, q, k, k)
+    weight = torch.randn(2, HEADS, n, n)
+    results = []
+    for tables in (True, False):
+        mods = _flex_mods([enc], ctx, tables=tables)
+        assert (mods[0].__name__ == "grid_offset_table") == tables
+        scores = _dense_scores(mods, q, k, grid)
+        learned = [p for p in enc.parameters() if p.requires_grad]
+        grads = torch.autograd.grad((scores * weight).sum(), [q, k, *learned])
+        results.append((scores, grads))
+    (s1, g1), (s2, g2) = results
+    torch.testing.assert_close(s1, s2, rtol=1e-5, atol=1e-5)
+    for a, b in zip(g1, g2, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * float(b.abs().max()) + 1e-6)
+
+
+def test_a_transposed_grid_read_fails_the_table_comparison() -> None:
+    """Control: the table read with query and key swapped (the mirrored offset) differs."""
+    grid = mmpe.Grid((3, 4), prefix_tokens=1)
+    enc = mmpe.build("swin", coords=grid, context={"num_heads": HEADS})
+    with torch.no_grad():
+        for p in enc.parameters():
+            p.add_(torch.randn_like(p))
+    q, k = torch.randn(1, HEADS, 13, HEAD_DIM), torch.randn(1, HEADS, 13, HEAD_DIM)
+    ctx = AttentionContext(grid, HEADS, HEAD_DIM, 1, None, q, k, k)
+    table_mod = _flex_mods([enc], ctx, tables=True)[0]
+    wrong = [lambda s, b, h, qi, ki: table_mod(s, b, h, ki, qi)]
+    assert not torch.allclose(_dense_scores(wrong, q, k, grid),
+                              _dense_scores([enc.score_mod(ctx)], q, k, grid))
+
+
+def test_grid_offset_table_compiles_once_for_two_grid_shapes() -> None:
+    """The grid's sizes are captured tensors: a second shape of the same kind is no new graph."""
+    counts = []
+    for shape in ((3, 4), (5, 2)):
+        grid = mmpe.Grid(shape)
+        enc = mmpe.build("t5", coords=grid, context={"num_heads": HEADS})
+        q = torch.randn(1, HEADS, grid.num_queries, HEAD_DIM)
+        ctx = AttentionContext(grid, HEADS, HEAD_DIM, 1, None, q, q, q)
+        mod = _flex_mods([enc], ctx, tables=True)[0]
+        assert mod.__name__ == "grid_offset_table"
+        counts.append(mod)
+    assert counts[0].__code__ is counts[1].__code__
+
+
+@pytest.mark.slow
+def test_grid_offset_table_compiles_and_equals_flex_on_the_cpu() -> None:
+    """The compiled kernel (CPU forward; the GPU runs the same graph) with the grid table
+    equals eager FlexAttention with the encoding's own score_mod."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if not flex_compile.available():
+        pytest.skip("FlexAttention needs torch >= 2.6")
+    grid = mmpe.Grid((6, 8), prefix_tokens=1)
+    enc = mmpe.build("swin", coords=grid, context={"num_heads": HEADS})
+    q, k, v = (torch.randn(1, HEADS, grid.num_queries, HEAD_DIM) for _ in range(3))
+    ctx = AttentionContext(grid, HEADS, HEAD_DIM, 1, None, q, k, v)
+    with torch.no_grad():
+        table = compose_score_mods(_flex_mods([enc], ctx, tables=True))
+        compiled = torch.compile(flex_attention, dynamic=True, fullgraph=True)
+        torch.testing.assert_close(compiled(q, k, v, score_mod=table),
+                                   flex_attention(q, k, v, score_mod=enc.score_mod(ctx)),
+                                   rtol=1e-5, atol=1e-5)

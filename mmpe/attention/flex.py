@@ -3,6 +3,7 @@ a GPU, and the ``BlockMask`` of the coordinates (built once per forward)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence as Seq
 
 import torch
@@ -37,11 +38,19 @@ def _flex_mods(scores: Seq[ScoreEncoding], ctx: AttentionContext,
     32 buckets × heads, every pair contends for a handful of addresses (90× the unbiased
     layer at n = 4,096); into ``2n − 1`` offsets per head the adds spread out.
 
+    On a self-attention [Grid][mmpe.coords.grid.Grid] of two axes or more, learned terms that
+    depend only on the cell offset (`grid_offset_only`: T5, KERPLE, FIRE, Swin, SwinV2-CPB …)
+    are summed into the block-Toeplitz table `[n_h, Π (2 s_a − 1) + 3]` of
+    [offset_table][mmpe.attention.grid.offset_table] in the same way (Swin's 16,129 offsets
+    at 64 × 64 instead of its per-head bias table read through an index map).
+
     ``tables``: use the per-offset table (default: on CUDA only)."""
-    table, mods = None, []
     coords = ctx.coords
     if tables is None:
         tables = ctx.q.device.type == "cuda"
+    if tables and _grid_table_applies(coords):
+        return _grid_mods(scores, ctx)
+    table, mods = None, []
     use_table = tables and getattr(coords, "toeplitz", False) is True
     if use_table:
         n_q, n_k = coords.num_queries, coords.num_keys
@@ -72,6 +81,64 @@ def _relation_mod(table: Tensor, last_query: Tensor) -> ScoreMod:
         return score + table[h, kv_idx - q_idx + last_query]
 
     return relation_table
+
+
+def _grid_table_applies(coords: Coordinates) -> bool:
+    from mmpe.coords.grid import Grid
+
+    return (isinstance(coords, Grid) and coords.ndim >= 2
+            and coords.num_queries == coords.num_keys == coords.num_tokens)
+
+
+def _grid_mods(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> list[ScoreMod]:
+    """`_flex_mods` on a grid: learned offset-only terms in one block-Toeplitz table."""
+    from mmpe.attention.grid import offset_table
+
+    table, mods = None, []
+    for enc in scores:
+        learned = any(p.requires_grad for p in enc.parameters())
+        if learned and enc.content_free and enc.additive and getattr(enc, "grid_offset_only", False):
+            term = memoized(ctx.coords, ("grid_offset_table", id(enc), ctx.num_heads),
+                            lambda enc=enc: offset_table(enc, ctx))
+            table = term if table is None else table + term
+        else:
+            mods.append(enc.score_mod(ctx))
+    if table is not None:
+        mods.insert(0, _grid_offset_mod(table.contiguous(), ctx.coords))
+    return mods
+
+
+def _grid_offset_mod(table: Tensor, grid) -> ScoreMod:
+    """`score + table[h, offset(q_idx, kv_idx)]` with the layout of
+    [offset_pairs][mmpe.attention.grid.offset_pairs]: cell offsets row-major over
+    `kv_a − q_a + s_a − 1`, then prefix→cell, cell→prefix, prefix→prefix. The grid's sizes and
+    strides are captured tensors, not ints, so that a new grid shape is not a new compile; the
+    table is indexed once per pair (a captured tensor that requires grad may be read only once
+    in a compiled `score_mod`)."""
+    shape = list(grid.shape)
+    device = table.device
+    sizes = torch.tensor(shape, device=device)
+    strides = torch.tensor([math.prod(shape[a + 1:]) for a in range(len(shape))], device=device)
+    spans = torch.tensor([math.prod(2 * s - 1 for s in shape[a + 1:]) for a in range(len(shape))],
+                         device=device)
+    prefix = torch.tensor(grid.prefix_tokens, device=device)
+    cells = torch.tensor(math.prod(2 * s - 1 for s in shape), device=device)
+    axes = len(shape)
+
+    def grid_offset_table(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor,
+                          kv_idx: Tensor) -> Tensor:
+        q_cell, k_cell = (q_idx - prefix).clamp(min=0), (kv_idx - prefix).clamp(min=0)
+        flat = torch.zeros_like(q_cell)
+        for a in range(axes):  # unrolled: the number of axes is fixed per grid kind
+            qa = (q_cell // strides[a]) % sizes[a]
+            ka = (k_cell // strides[a]) % sizes[a]
+            flat = flat + (ka - qa + sizes[a] - 1) * spans[a]
+        q_pre, k_pre = q_idx < prefix, kv_idx < prefix
+        index = torch.where(q_pre, torch.where(k_pre, cells + 2, cells),
+                            torch.where(k_pre, cells + 1, flat))
+        return score + table[h, index]
+
+    return grid_offset_table
 
 
 def _block_mask(coords: Coordinates, device: torch.device):
