@@ -69,7 +69,9 @@ def takes_grid_path(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
     `GRID_MIN_BIAS_BYTES` or more, and every score term content-free, additive and declared a
     function of the cell offset (`grid_offset_only`)."""
     coords, q = ctx.coords, ctx.q
-    return (bool(scores) and q.device.type == "cpu"
+    if torch.compiler.is_compiling():  # a traced model keeps its dense or flex path
+        return False
+    return (len(scores) > 0 and q.device.type == "cpu"
             and _bias_bytes(ctx, coords.num_queries) >= GRID_MIN_BIAS_BYTES
             and q.dtype in (torch.float32, torch.float64)
             and not torch.compiler.is_compiling() and isinstance(coords, Grid)

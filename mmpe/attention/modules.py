@@ -131,7 +131,7 @@ class _Attention(nn.Module):
     def attend(self, ctx: AttentionContext) -> Tensor:
         """Attention output ``[b, n_h, n_q, h_d]`` for the context's (rotated) q, k, v."""
         assert ctx.q is not None and ctx.k is not None and ctx.v is not None
-        if not self.scores:  # a score encoding checks this in its check_context
+        if len(self.scores) == 0:  # a score encoding checks this in its check_context
             b, n_h, n_q, h_d = ctx.q.shape
             check_attention_work(type(self).__name__, batch=b, num_heads=n_h, num_queries=n_q,
                                  num_keys=ctx.k.shape[2], head_dim=h_d, device=ctx.q.device)
