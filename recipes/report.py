@@ -58,6 +58,7 @@ class Block:
     columns: tuple[str, ...] | None = None
     plot: str | None = None
     summary: bool = False
+    preliminary: bool = False
 
     @classmethod
     def parse(cls, args: str) -> Block:
@@ -73,8 +74,8 @@ class Block:
             raise ValueError(f"mmpe:report block {args!r}: the first word must be a recipe name")
         fields: dict[str, Any] = {"recipe": words[0]}
         for word in words[1:]:
-            if word == "summary":
-                fields["summary"] = True
+            if word in ("summary", "preliminary"):
+                fields[word] = True
                 continue
             name, _, value = word.partition("=")
             items = tuple(v for v in value.split(",") if v)
@@ -86,7 +87,7 @@ class Block:
                 fields["plot"] = value
             else:
                 raise ValueError(f"mmpe:report block {args!r}: unknown key {name!r} "
-                                 "(known: setting, rows, columns, plot, summary)")
+                                 "(known: setting, rows, columns, plot, summary, preliminary)")
         return cls(**fields)
 
 
@@ -241,9 +242,34 @@ def render_block(block: Block, store: str | Path) -> str:
     return _render(block, load_recipe(block.recipe).COMPARE, _store.read(store, block.recipe))
 
 
+#: Seeds per row a comparison needs before its table stands on its own.
+MIN_SEEDS = 3
+
+
 def _render(block: Block, spec: Any, records: list[dict[str, Any]]) -> str:
-    return render_table(spec, records, settings=block.settings, rows=block.rows,
+    text = render_table(spec, records, settings=block.settings, rows=block.rows,
                         columns=block.columns, summary=block.summary) + "\n"
+    if block.preliminary:
+        text += preliminary_line(block, records) + "\n"
+    return text
+
+
+def seeds_per_row(block: Block, records: list[dict[str, Any]]) -> dict[str, int]:
+    """Stored seeds of each row (encoding) the block shows."""
+    runs = [r for r in records if r["setting"] in block.settings
+            and (not block.rows or r["encoding"] in block.rows)]
+    out: dict[str, set[int]] = {}
+    for r in runs:
+        out.setdefault(r["encoding"], set()).add(r["seed"])
+    return {enc: len(seeds) for enc, seeds in out.items()}
+
+
+def preliminary_line(block: Block, records: list[dict[str, Any]]) -> str:
+    """The visible warning under a block marked `preliminary` (fewer seeds than it needs)."""
+    fewest = min(seeds_per_row(block, records).values())
+    return (f"*Preliminary: {fewest} of the {MIN_SEEDS} seeds per row stored so far; "
+            f"`mmpe compare {block.recipe} --store results` trains the rest (stored runs are "
+            "skipped) and `make report` re-renders this.*")
 
 
 def blocks(text: str) -> list[tuple[Block, str]]:

@@ -577,7 +577,7 @@ def test_conv_pe_coordinates_and_input_checks() -> None:
     torch.manual_seed(0)
     enc = mmpe.build("conv_pe", d_model=32, kernel_size=8, groups=4)
     assert isinstance(Sequence(4), FrameAxis) and isinstance(Grid((2, 3)), FrameAxis)
-    assert {"grid", "sequence"} == set(mmpe.get("conv_pe").coords)
+    assert {"grid", "sequence", "numbers"} == set(mmpe.get("conv_pe").coords)  # numbers: a Sequence
     with pytest.raises(ValueError, match="causal"):
         enc.combine(torch.randn(1, 4, 32), Sequence(4, causal=True))
     with pytest.raises((TypeError, ValueError), match="FrameAxis"):

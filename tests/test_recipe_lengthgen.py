@@ -66,7 +66,7 @@ def test_eval_sets_do_not_depend_on_the_run():
     b = lg.TaskData().eval_set("addition", 2)
     assert a == b and len(a) == 100
     lengths = {(ids.index(lg.Tokenizer().index["+"]) - 1) for ids, _, _ in a}
-    assert lengths <= set(range(9, 17)) and len(lengths) > 3
+    assert lengths == set(range(5, 9))  # addition: L = 4 digits, bucket 2x = (4, 8]
 
 
 def test_quick_run_reports_every_bucket(tmp_path):
