@@ -298,9 +298,17 @@ def block_mask(coords: Coordinates, device: torch.device | str | None = None):
 
     Raises:
         TypeError: `coords` is not an mmpe Coordinates object.
+        FlexUnavailableError: (a `ValueError`) torch older than 2.6, whose `create_block_mask`
+            indexes the mask past the sequence (an `IndexError` deep inside torch).
     """
     from torch.nn.attention.flex_attention import create_block_mask
 
+    from mmpe import flex_compile
+
+    if not flex_compile.available():
+        raise flex_compile.FlexUnavailableError(
+            f"block_mask: FlexAttention needs torch >= 2.6 (this is {torch.__version__}); "
+            "use mmpe.MultiHeadAttention with backend='auto' or 'sdpa'")
     mod = mask_mod(coords)
     if mod is None:
         return None

@@ -369,3 +369,13 @@ def test_graph_closed_forms():
     np.testing.assert_allclose(np.linalg.norm(vecs, axis=0), 1.0)
     flipped = F.random_sign_flip(torch.from_numpy(vecs), torch.Generator().manual_seed(0))
     torch.testing.assert_close(flipped.abs(), torch.from_numpy(vecs).abs())
+
+
+def test_block_mask_on_an_old_torch_is_a_clear_error(monkeypatch):
+    """torch 2.5's create_block_mask indexes past the sequence (IndexError inside torch):
+    mmpe says FlexAttention needs 2.6 instead."""
+    from mmpe import flex_compile
+
+    monkeypatch.setattr(flex_compile, "available", lambda: False)
+    with pytest.raises(flex_compile.FlexUnavailableError, match=r"torch >= 2\.6"):
+        F.block_mask(mmpe.Sequence(4, causal=True))
