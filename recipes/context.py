@@ -78,8 +78,7 @@ def plot_panels(records: list[dict[str, Any]], path: Path, setting: str = "defau
                 rows: list[str] | None = None) -> Path:
     """Zero-shot bpc, fine-tuned bpc and passkey accuracy vs length, one line per scaling with
     the seeds' sd as a band."""
-    import numpy as np
-    from mmpe.recipes.report import summarise
+    from mmpe.recipes.report import draw_bands, summarise
 
     from mmpe.plot.style import save, subplots
 
@@ -87,14 +86,8 @@ def plot_panels(records: list[dict[str, Any]], path: Path, setting: str = "defau
     summary = summarise(runs, COMPARE.columns)
     fig, axes = subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.4), squeeze=False)
     for ax, (title, columns, ylabel) in zip(axes[0], PANELS, strict=True):
-        x = np.arange(len(columns))
-        for enc, row in summary.items():
-            keep = [i for i, c in enumerate(columns) if row[c].mean is not None]
-            mean = np.array([row[columns[i]].mean for i in keep])
-            sd = np.array([row[columns[i]].sd or 0.0 for i in keep])
-            (line,) = ax.plot(x[keep], mean, marker="o", ms=3, label=enc)
-            ax.fill_between(x[keep], mean - sd, mean + sd, color=line.get_color(), alpha=0.15, lw=0)
-        ax.set_xticks(x, [c.split("@")[1] for c in columns])
+        draw_bands(ax, summary, columns)
+        ax.set_xticks(range(len(columns)), [c.split("@")[1] for c in columns])
         ax.set_title(title)
         ax.set_xlabel("length / L")
         ax.set_ylabel(ylabel)

@@ -385,7 +385,7 @@ def plot_tasks(records: list[dict[str, Any]], path: Path, setting: str = "defaul
                rows: list[str] | None = None) -> Path:
     """One panel per task (accuracy, accuracy, bits/nt) vs window length, one line per
     encoding with the seeds' sd as a band."""
-    from mmpe.recipes.report import summarise
+    from mmpe.recipes.report import draw_bands, summarise
 
     from mmpe.plot.style import save, subplots
 
@@ -394,13 +394,7 @@ def plot_tasks(records: list[dict[str, Any]], path: Path, setting: str = "defaul
     fig, axes = subplots(1, len(TASKS), figsize=(3.0 * len(TASKS), 3.2), squeeze=False)
     x = np.arange(len(MULTIPLIERS))
     for ax, task in zip(axes[0], TASKS, strict=True):
-        for enc, row in summary.items():
-            cells = [row[f"{task}@{m}x"] for m in MULTIPLIERS]
-            keep = [i for i, c in enumerate(cells) if c.mean is not None]
-            mean = np.array([cells[i].mean for i in keep])
-            sd = np.array([cells[i].sd or 0.0 for i in keep])
-            (line,) = ax.plot(x[keep], mean, marker="o", ms=3, label=enc)
-            ax.fill_between(x[keep], mean - sd, mean + sd, color=line.get_color(), alpha=0.15, lw=0)
+        draw_bands(ax, summary, [f"{task}@{m}x" for m in MULTIPLIERS])
         ax.set_title(task)
         ax.set_xticks(x, [f"{m}x" for m in MULTIPLIERS])
         ax.set_xlabel("window / L")

@@ -339,7 +339,7 @@ def plot_tasks(records: list[dict[str, Any]], path: Path, setting: str = "defaul
                rows: list[str] | None = None) -> Path:
     """Accuracy vs length bucket, one panel per task, one line per encoding with the seeds'
     sd as a band (the layout of Kazemnejad et al. 2023, Fig. 3)."""
-    from mmpe.recipes.report import summarise
+    from mmpe.recipes.report import draw_bands, summarise
 
     from mmpe.plot.style import save, subplots
 
@@ -352,13 +352,7 @@ def plot_tasks(records: list[dict[str, Any]], path: Path, setting: str = "defaul
     flat = list(axes.flat)
     x = np.arange(len(MULTIPLIERS))
     for ax, task in zip(flat, tasks, strict=False):
-        for enc, row in summary.items():
-            cells = [row[f"{task}@{m}x"] for m in MULTIPLIERS]
-            keep = [i for i, c in enumerate(cells) if c.mean is not None]
-            mean = np.array([cells[i].mean for i in keep])
-            sd = np.array([cells[i].sd or 0.0 for i in keep])
-            (line,) = ax.plot(x[keep], mean, marker="o", ms=3, label=enc)
-            ax.fill_between(x[keep], mean - sd, mean + sd, color=line.get_color(), alpha=0.15, lw=0)
+        draw_bands(ax, summary, [f"{task}@{m}x" for m in MULTIPLIERS])
         ax.axhline(0.5, color="0.6", lw=0.8, ls=":")
         ax.set_title(task)
         ax.set_xticks(x, [f"{m}x" for m in MULTIPLIERS])

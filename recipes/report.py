@@ -221,6 +221,20 @@ def series(spec: Any, records: list[dict[str, Any]], setting: str = "default",
     return {enc: [(row[c].mean, row[c].sd) for c in spec.columns] for enc, row in summary.items()}
 
 
+def draw_bands(ax: Any, summary: dict[str, dict[str, Cell]], columns: list[str]) -> None:
+    """On `ax`, one line per encoding over `columns` (at x = 0, 1, …) with the seeds' sd as a
+    band; cells without a mean are left out. The recipes' multi-panel figures share it."""
+    import numpy as np
+
+    x = np.arange(len(columns))
+    for enc, row in summary.items():
+        keep = [i for i, c in enumerate(columns) if row[c].mean is not None]
+        mean = np.array([row[columns[i]].mean for i in keep])
+        sd = np.array([row[columns[i]].sd or 0.0 for i in keep])
+        (line,) = ax.plot(x[keep], mean, marker="o", ms=3, label=enc)
+        ax.fill_between(x[keep], mean - sd, mean + sd, color=line.get_color(), alpha=0.15, lw=0)
+
+
 def plot(spec: Any, records: list[dict[str, Any]], path: str | Path, setting: str = "default",
          rows: Iterable[str] | None = None) -> Path:
     """The recipe's metric per column, one line per encoding, sd error bars (PNG); or the
