@@ -28,6 +28,8 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from mmpe.recipes.common import MissingDataError
+
 WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 #: espeak-ng's own English accents (not the mbrola voices, which need another package).
 ACCENTS = ("en-us", "en-gb", "en-gb-scotland", "en-gb-x-rp", "en-gb-x-gbclan", "en-gb-x-gbcwmd",
@@ -37,8 +39,10 @@ PITCHES = (25, 50, 75)
 INSTALL = "apt-get install espeak-ng"
 
 
-class MissingEspeakError(RuntimeError):
-    """espeak-ng is not installed; the message names the Debian package."""
+class MissingEspeakError(MissingDataError):
+    """espeak-ng is not installed; the message names the Debian package (a
+    [`MissingDataError`][recipes.common.MissingDataError]: callers that skip on missing data skip
+    here too)."""
 
 
 def espeak() -> str:

@@ -1,10 +1,13 @@
-"""Compiled FlexAttention can differentiate a captured tensor only if the `score_mod` indexes it
-once: a tensor that requires grad and is read with two `__getitem__` calls makes inductor's
-backward fail to lower ("Using multiple indexing operations on the same tensor that requires
-gradients in a score_mod function is not currently supported"). The rule is static, so it is
-checked here on the CPU for every score and kernel encoding on every coordinate type it
-supports: run the `score_mod` on scalar indices, as FlexAttention does, and count the indexing
-of each captured tensor that requires grad."""
+"""Compiled FlexAttention can differentiate a captured tensor only through one indexing of it:
+a tensor that requires grad and is read with two `__getitem__` calls makes inductor's backward
+fail to lower ("Using multiple indexing operations on the same tensor that requires gradients
+in a score_mod function is not currently supported"), and one used without an index (a 0-d
+parameter multiplied in) fails in `process_joint_outputs` (`assert buf.name is not None`; FIRE
+and the mesh-displacement MLP did, on an H100). The rule is static, so it is checked here on
+the CPU for every score and kernel encoding on every coordinate type it supports, on the terms
+the GPU path composes (`_flex_mods(tables=True)`: per-offset and grid tables included): run the
+`score_mod` on scalar indices, as FlexAttention does, and record every use of each captured
+tensor that requires grad."""
 
 from __future__ import annotations
 
@@ -17,25 +20,31 @@ from test_registry_matrix import COORDS, D_MODEL, HEADS, _context
 from torch.overrides import TorchFunctionMode
 
 import mmpe
+from mmpe.attention.flex import _flex_mods, compose_score_mods
 from mmpe.encodings.base import AttentionContext, ScoreEncoding
 
 
-class IndexCounter(TorchFunctionMode):
-    """Counts `__getitem__` on tensors that require grad and were not made inside the call."""
+class CapturedUses(TorchFunctionMode):
+    """Records each use of a tensor that requires grad and was not made inside the call: as the
+    tensor a `__getitem__` indexes (`reads`) or in any other op (`other`)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.made: list[torch.Tensor] = []  # kept alive so their ids are not reused
         self.made_ids: set[int] = set()
         self.reads: Counter[int] = Counter()
+        self.other: set[tuple[tuple, str]] = set()
         self.shapes: dict[int, tuple] = {}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func is torch.Tensor.__getitem__:
-            t = args[0]
-            if isinstance(t, torch.Tensor) and t.requires_grad and id(t) not in self.made_ids:
-                self.reads[id(t)] += 1
+        tensors = [a for a in (*args, *(kwargs or {}).values()) if isinstance(a, torch.Tensor)]
+        for t in tensors:
+            if t.requires_grad and id(t) not in self.made_ids:
                 self.shapes[id(t)] = tuple(t.shape)
+                if func is torch.Tensor.__getitem__ and t is args[0]:
+                    self.reads[id(t)] += 1
+                else:
+                    self.other.add((tuple(t.shape), getattr(func, "__name__", str(func))))
         out = func(*args, **(kwargs or {}))
         for o in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(o, torch.Tensor):
@@ -55,7 +64,8 @@ def _pairs() -> list:
 
 
 @pytest.mark.parametrize(("name", "cname"), _pairs())
-def test_each_captured_grad_tensor_is_indexed_once(name: str, cname: str) -> None:
+@pytest.mark.parametrize("gpu_terms", [False, True], ids=["score_mod", "gpu_terms"])
+def test_each_captured_grad_tensor_is_indexed_once(name: str, cname: str, gpu_terms: bool) -> None:
     coords = COORDS[cname]()
     enc = mmpe.build(name, context=_context(coords))
     if not isinstance(enc, ScoreEncoding) or not any(p.requires_grad for p in enc.parameters()):
@@ -65,12 +75,26 @@ def test_each_captured_grad_tensor_is_indexed_once(name: str, cname: str) -> Non
     q, k, v = rearrange(mha.qkv(x), "b s (three h d) -> three b h s d", three=3, h=HEADS)
     ctx = AttentionContext(coords, HEADS, D_MODEL // HEADS, x.shape[0], x, q, k, v)
     try:
-        mod = enc.score_mod(ctx)
+        mod = (compose_score_mods(_flex_mods([enc], ctx, tables=True)) if gpu_terms
+               else enc.score_mod(ctx))
     except (NotImplementedError, ValueError) as err:  # no score_mod on this path (e.g. needs probs)
         pytest.skip(f"{name} on {cname}: {err}")
-    counter = IndexCounter()
-    with counter:
+    uses = CapturedUses()
+    with uses:
         mod(torch.zeros(()), torch.tensor(1), torch.tensor(1), torch.tensor(2),
             torch.tensor(coords.num_keys - 1))
-    twice = {counter.shapes[i]: n for i, n in counter.reads.items() if n > 1}
+    twice = {uses.shapes[i]: n for i, n in uses.reads.items() if n > 1}
     assert not twice, f"{name} on {cname}: captured grad tensors indexed more than once {twice}"
+    assert not uses.other, f"{name} on {cname}: captured grad tensors used unindexed {uses.other}"
+
+
+def test_the_check_sees_an_unindexed_scalar_and_a_double_read() -> None:
+    """The control: the two shapes of `score_mod` that fail to lower on a GPU are caught."""
+    scale = torch.tensor(0.5, requires_grad=True)
+    table = torch.randn(4, requires_grad=True)
+    for mod, field in ((lambda s, b, h, q, k: s * scale, "other"),
+                       (lambda s, b, h, q, k: s + table[q] + table[k], "reads")):
+        uses = CapturedUses()
+        with uses:
+            mod(torch.zeros(()), torch.tensor(0), torch.tensor(0), torch.tensor(1), torch.tensor(2))
+        assert uses.other if field == "other" else max(uses.reads.values()) == 2

@@ -7,6 +7,7 @@ from torch import Tensor, nn
 
 from mmpe.coords.base import index_grid
 from mmpe.coords.capabilities import Metric
+from mmpe.encodings._captured import per_head, per_head_units
 from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import AttentionContext, CompactBias, ScoreEncoding, ScoreMod
 from mmpe.registry import register
@@ -63,35 +64,41 @@ class FIRE(SavesSettings, ScoreEncoding):
         self.L_mult = nn.Parameter(torch.tensor(1.0))
         self.mlp = nn.Sequential(nn.Linear(1, mlp_width), nn.ReLU(), nn.Linear(mlp_width, num_heads))
 
-    def _psi(self, x: Tensor) -> Tensor:
-        return torch.log(torch.abs(self.c.float() * x) + 1.0)
+    def _psi(self, x: Tensor, c: Tensor | None = None) -> Tensor:
+        return torch.log(torch.abs((self.c.float() if c is None else c) * x) + 1.0)
+
+    def _threshold(self) -> Tensor:
+        return torch.abs(self.L_mult.float() * self.init_L.float())
 
     def normalised_distance(self, ctx: AttentionContext, q_idx: Tensor, kv_idx: Tensor,
-                            b: Tensor) -> Tensor:
-        """`ψ(i − j) / ψ(max(L, i))` on the broadcast pairs (float32)."""
+                            b: Tensor, c: Tensor | None = None,
+                            threshold: Tensor | None = None) -> Tensor:
+        """`ψ(i − j) / ψ(max(L, i))` on the broadcast pairs (float32); `c` and `threshold`
+        default to the module's (a `score_mod` passes its per-head copies)."""
         coords = ctx.coords
         rel = coords.distance(q_idx, kv_idx, b).float()
         i = coords.extent(q_idx, b).float()
-        threshold = torch.abs(self.L_mult.float() * self.init_L.float())
-        return self._psi(rel) / (self._psi(torch.maximum(i, threshold)) + self.eps)
+        threshold = self._threshold() if threshold is None else threshold
+        return self._psi(rel, c) / (self._psi(torch.maximum(i, threshold), c) + self.eps)
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
         self.check_context(ctx)
         # float32 weights: the normalised distance is float32 (a bf16 module keeps bf16 ones).
-        # One tensor per hidden unit: compiled flex differentiates a captured tensor only if
-        # the score_mod indexes it once (tests/test_score_mod_indexing.py). Each is a copy, not
-        # a view: views carry storage offsets that dynamic shapes make symbolic, which the
-        # flex kernel's joint graph cannot trace.
-        w1 = _units(self.mlp[0].weight[:, 0].float(), 0)
-        b1 = _units(self.mlp[0].bias.float(), 0)
-        w2, b2 = _units(self.mlp[2].weight.float(), 1), self.mlp[2].bias.float()
+        # Compiled flex differentiates a captured tensor only through one indexing of it
+        # (tests/test_score_mod_indexing.py): one `[n_h]` tensor per hidden unit and per
+        # scalar (c, L), each read once as `[h]`.
+        n_h = self.num_heads
+        c, threshold = per_head(self.c.float(), n_h), per_head(self._threshold(), n_h)
+        w1 = per_head_units(self.mlp[0].weight[:, 0].float(), 0, n_h)
+        b1 = per_head_units(self.mlp[0].bias.float(), 0, n_h)
+        w2, b2 = per_head_units(self.mlp[2].weight.float(), 1, n_h), self.mlp[2].bias.float()
 
         def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            x = self.normalised_distance(ctx, q_idx, kv_idx, b)
+            x = self.normalised_distance(ctx, q_idx, kv_idx, b, c[h], threshold[h])
             # The MLP unrolled over its hidden units so FlexAttention sees scalar ops only.
             out = b2[h]
             for w1_u, b1_u, w2_u in zip(w1, b1, w2, strict=True):
-                out = out + w2_u[h] * torch.relu(x * w1_u + b1_u)
+                out = out + w2_u[h] * torch.relu(x * w1_u[h] + b1_u[h])
             return score + out
 
         return mod
@@ -121,7 +128,7 @@ class FIRE(SavesSettings, ScoreEncoding):
         batch = coords.batch_size or 1
         extent = coords.extent(torch.arange(n_q, device=coords.device)[None, :],
                                torch.arange(batch, device=coords.device)[:, None]).float()
-        threshold = torch.abs(self.L_mult.float() * self.init_L.float())
+        threshold = self._threshold()
         norm = self._psi(torch.maximum(extent, threshold)) + self.eps
         slope, intercept, cuts = self.pieces()
         return FIRERows(n_q, psi, norm.expand(norm.shape[0], n_q).contiguous(), slope, intercept,
@@ -262,7 +269,3 @@ class FIRERows(CompactBias):
         if d_norm is not None:
             d_norm[:, start:stop] -= ((d_x * x).sum(-1) * inv).flip(-1)
 
-
-def _units(t: Tensor, dim: int) -> list[Tensor]:
-    """The slices of `t` along `dim` as separate tensors (copies, differentiable)."""
-    return [u.clone() for u in t.unbind(dim)]

@@ -11,6 +11,7 @@ from mmpe.coords.capabilities import Positioned
 from mmpe.encodings._geometry import pad_axes, safe_sqrt
 from mmpe.encodings._precision import full_precision
 from mmpe.encodings._state import SavesSettings
+from mmpe.encodings._captured import per_head_units
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
 from mmpe.registry import register
 from mmpe.validation import check_finite_float, check_int
@@ -96,12 +97,12 @@ class MeshDisplacementBias(SavesSettings, ScoreEncoding):
         k_axes = [kpos[..., a].contiguous() for a in range(self.num_axes)]
         scale = 1.0 / self.length_scale
         lin1, lin2 = self.mlp[0], self.mlp[2]
-        # One tensor per weight read: compiled flex differentiates a captured tensor only if the
-        # score_mod indexes it once (tests/test_score_mod_indexing.py).
-        # Copies, not views (see FIRE's score_mod): dynamic shapes cannot trace views' offsets.
-        w1 = [[w.clone() for w in row.unbind(0)] for row in lin1.weight.float().unbind(0)]
-        b1 = [b.clone() for b in lin1.bias.float().unbind(0)]
-        w2 = [w.clone() for w in lin2.weight.float().unbind(1)]
+        # Compiled flex differentiates a captured tensor only through one indexing of it
+        # (tests/test_score_mod_indexing.py): one `[n_h]` tensor per weight, read once as `[h]`.
+        n_h = lin2.out_features
+        w1 = [per_head_units(row, 0, n_h) for row in lin1.weight.float().unbind(0)]
+        b1 = per_head_units(lin1.bias.float(), 0, n_h)
+        w2 = per_head_units(lin2.weight.float(), 1, n_h)
         b2 = lin2.bias.float()
 
         def take(values: Tensor, idx: Tensor, b: Tensor) -> Tensor:
@@ -117,9 +118,9 @@ class MeshDisplacementBias(SavesSettings, ScoreEncoding):
             # The MLP unrolled over its hidden units so FlexAttention sees scalar ops only.
             out = b2[h]
             for w1_u, b1_u, w2_u in zip(w1, b1, w2, strict=True):
-                pre = b1_u
+                pre = b1_u[h]
                 for w, feat in zip(w1_u, feats, strict=True):
-                    pre = pre + w * feat
+                    pre = pre + w[h] * feat
                 out = out + w2_u[h] * torch.relu(pre)
             return score + out
 
