@@ -17,6 +17,7 @@ three-component position id `(t, h, w)`:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence as Seq
 
 import torch
@@ -35,8 +36,10 @@ class Composite(Coordinates):
             `(H, W)` (an image of `H × W` patches, `T = 1`), a triple `(T, H, W)` (a
             video), or a [`Grid`][mmpe.coords.grid.Grid] / [`Sequence`][mmpe.coords.sequence.Sequence]
             without prefix tokens / offset.
-        temporal_scale: multiplies a video's temporal index (Qwen2.5-VL's absolute-time ids:
-            `tokens_per_second · seconds_per_grid`); 1 gives Qwen2-VL.
+        temporal_scale: multiplies a video's temporal index before truncation to an int
+            (Qwen2.5-VL's absolute-time ids: `tokens_per_second · second_per_grid_t`); 1 gives
+            Qwen2-VL. A float applies to every video; a list gives one per video segment, in
+            order ([`qwen2_5_vl_composite`][mmpe.coords.vlm.qwen2_5_vl_composite] builds it from seconds).
         causal: queries attend only to keys at or before them in token order (decoder).
         device: where the tensors live.
 
@@ -49,7 +52,8 @@ class Composite(Coordinates):
     Raises:
         ValueError: an empty `segments` list, a segment that is not a positive int or a
             2/3-tuple of positive ints, a Grid with prefix tokens or more than 3 axes,
-            `temporal_scale <= 0`.
+            `temporal_scale <= 0`, a `temporal_scale` list whose length is not the number of
+            video segments.
     """
 
     kind = "composite"
@@ -60,17 +64,23 @@ class Composite(Coordinates):
         self,
         segments: Seq[Segment | Coordinates],
         *,
-        temporal_scale: float = 1.0,
+        temporal_scale: float | Seq[float] = 1.0,
         causal: bool = False,
         device: torch.device | str | None = None,
     ) -> None:
         if not isinstance(segments, Seq) or isinstance(segments, str) or not segments:
             raise ValueError(f"Composite: segments must be a non-empty list, got {segments!r}")
-        if not temporal_scale > 0:
-            raise ValueError(f"Composite: temporal_scale must be > 0, got {temporal_scale}")
         self._device = torch.device(device) if device is not None else torch.device("cpu")
         self.causal = bool(causal)
         self.segments: list[tuple[str, tuple[int, ...]]] = [_parse(s, i) for i, s in enumerate(segments)]
+        n_video = sum(kind == "video" for kind, _ in self.segments)
+        scalar = isinstance(temporal_scale, int | float)
+        scales = [temporal_scale] * max(n_video, 1) if scalar else list(temporal_scale)
+        if (len(scales) != n_video and not scalar) or not all(
+                isinstance(v, int | float) and 0 < v < math.inf for v in scales):
+            raise ValueError(f"Composite: temporal_scale must be a finite float > 0 or a list of "
+                             f"one per video segment ({n_video}); got {temporal_scale!r}")
+        scales.reverse()
         ids, seg_ids, vision = [], [], []
         start = 0
         for n, (kind, shape) in enumerate(self.segments):
@@ -81,7 +91,8 @@ class Composite(Coordinates):
                 t, h, w = shape
                 grid = torch.cartesian_prod(torch.arange(t), torch.arange(h), torch.arange(w))
                 grid = grid.reshape(-1, 3)
-                tt = (grid[:, 0].double() * temporal_scale).long()
+                scale = scales.pop() if kind == "video" else 1.0
+                tt = (grid[:, 0].double() * scale).long()
                 block = torch.stack((tt, grid[:, 1], grid[:, 2]), dim=-1) + start
             ids.append(block)
             seg_ids.append(torch.full((block.shape[0],), n))
