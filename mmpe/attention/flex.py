@@ -4,6 +4,7 @@ a GPU, and the ``BlockMask`` of the coordinates (built once per forward)."""
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Sequence as Seq
 
 import torch
@@ -141,11 +142,30 @@ def _grid_offset_mod(table: Tensor, grid) -> ScoreMod:
     return grid_offset_table
 
 
+#: BlockMasks of coordinates whose mask is a function of their sizes (`Coordinates.mask_key`),
+#: kept across forwards: building one costs a kernel per forward (157 µs at 4,096 causal tokens
+#: on an H100, 60 % of the unbiased layer's fwd+bwd). Bounded: the least recent is dropped.
+_STATIC_MASKS: OrderedDict = OrderedDict()
+STATIC_MASKS_MAX = 32
+
+
 def _block_mask(coords: Coordinates, device: torch.device):
-    """The ``BlockMask`` of the coordinates' ``mask_mod``, built once per forward."""
+    """The ``BlockMask`` of the coordinates' ``mask_mod``, built once per forward, or once per
+    process where the mask is determined by the sizes (`mask_key`)."""
     mask_mod = coords.mask_mod()
     if mask_mod is None:
         return None
+    key = coords.mask_key()
+    if key is not None and not torch.compiler.is_compiling():
+        key = (key, str(device))
+        if key not in _STATIC_MASKS:
+            _STATIC_MASKS[key] = flex_compile.block_mask(mask_mod, coords.batch_size,
+                                                         coords.num_queries, coords.num_keys,
+                                                         device)
+            while len(_STATIC_MASKS) > STATIC_MASKS_MAX:
+                _STATIC_MASKS.popitem(last=False)
+        _STATIC_MASKS.move_to_end(key)
+        return _STATIC_MASKS[key]
 
     def build():
         if torch.compiler.is_compiling():

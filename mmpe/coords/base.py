@@ -95,6 +95,13 @@ class Coordinates(ABC):
         """FlexAttention-style `mask_mod(b, h, q_idx, kv_idx) -> bool` (True = may attend), or None."""
         return None
 
+    def mask_key(self) -> tuple | None:
+        """A hashable that determines `mask_mod` completely when the mask is a function of the
+        sizes alone (a causal sequence with implicit positions), else None. Two coordinates
+        with equal keys have the same mask, so its FlexAttention `BlockMask` is built once
+        per process instead of once per forward. Override only where that holds exactly."""
+        return None
+
     @property
     def device(self) -> torch.device:
         """Where the coordinates' tensors live (from the positions when there are any, else CPU)."""

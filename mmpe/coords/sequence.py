@@ -185,6 +185,15 @@ class Sequence(Coordinates):
 
         return mask
 
+    def mask_key(self) -> tuple | None:
+        """`("sequence-causal", n_q, n_k)` for a causal sequence with implicit positions and no
+        documents or padding (its mask is `q + offset ≥ k`); None otherwise (the mask then
+        reads position, document or padding tensors)."""
+        plain = self.document_ids is None and self.padding_mask is None
+        if self.causal and plain and self._toeplitz:
+            return ("sequence-causal", self.length, self.offset + self.length)
+        return None
+
     def __repr__(self) -> str:
         return (f"Sequence(length={self.length}, offset={self.offset}, causal={self.causal}, "
                 f"batched={self.batch_size is not None})")
