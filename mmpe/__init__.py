@@ -20,6 +20,8 @@ from mmpe.coords import (
     Grid,
     Latents,
     Numbers,
+    PackedGrids,
+    PerImage,
     Points,
     Sequence,
     Sphere,
@@ -46,7 +48,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CONTEXT_KEYS", "CausalLM", "Causal", "Composite", "CrossAttention", "Cross", "KVCache",
     "Latents", "ModelCache", "Numbers", "cache", "generate", "generation", "plot", "Coordinates", "Directed", "FeatureGraph", "Graph",
-    "GraphLayout", "Grid", "GridLayout", "Metric", "MultiHeadAttention", "Points", "Positioned",
+    "GraphLayout", "Grid", "GridLayout", "Metric", "MultiHeadAttention", "PackedGrids", "PerImage", "Points", "Positioned",
     "Positioned1D", "Sequence", "Sphere", "Spherical", "Table", "Transformer",
     "TransformerBlock", "available", "build", "functional", "get", "register", "testing",
 ]
