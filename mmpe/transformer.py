@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Mapping
 from collections.abc import Sequence as Seq
@@ -11,12 +12,14 @@ import torch
 from torch import Tensor, nn
 
 from mmpe.attention import MultiHeadAttention
+from mmpe.attention.masks import LocalWindow
 from mmpe.cache import KVCache, ModelCache
 from mmpe.context import check_context
 from mmpe.coords.base import Coordinates
 from mmpe.encodings.base import Encoding, InputEncoding
 from mmpe.prepare import forward_scope
 from mmpe.registry import build
+from mmpe.schedule import AttentionTemperature, LayerSchedule, LayerSpec
 
 EncodingSpec = str | Mapping[str, Any] | Encoding
 
@@ -156,11 +159,11 @@ class TransformerBlock(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int, encodings: Seq[Encoding] = (),
                  mlp_ratio: float = 4.0, dropout: float = 0.0, backend: str = "auto",
-                 num_kv_heads: int | None = None) -> None:
+                 num_kv_heads: int | None = None, window: LocalWindow | None = None) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(d_model)
         self.attn = MultiHeadAttention(d_model, num_heads, encodings, backend=backend,
-                                       num_kv_heads=num_kv_heads)
+                                       num_kv_heads=num_kv_heads, window=window)
         self.norm2 = nn.LayerNorm(d_model)
         hidden = int(d_model * mlp_ratio)
         self.mlp = nn.Sequential(nn.Linear(d_model, hidden), nn.GELU(), nn.Linear(hidden, d_model))
@@ -194,11 +197,21 @@ class Transformer(nn.Module):
             and `head_dim` are filled in.
         input_combine: `"add"` (default) or `"concat"` (see above; models without an
             input encoding are unchanged and warn).
+        layer_schedule: per-layer encodings and attention windows ([`mmpe.schedule`][mmpe.schedule]):
+            a preset name (`"llama4"`, `"gemma3"`, `"gemma2"`, `"cohere2"`, `"smollm3"`), a
+            preset dict `{"preset": "gemma3", "sliding_window": 512}`, a pattern `{"every": 4,
+            "then": {...}, "otherwise": {...}}`, a list of one layer spec per layer, or a
+            [`LayerSchedule`][mmpe.schedule.LayerSchedule]. A layer whose spec gives
+            `encodings` uses those instead of the model's attention encodings (input encodings
+            still apply once to the embeddings); with `share_encodings`, layers with equal
+            specs share one built module. Saved in the `state_dict` and checked on load.
 
     Raises:
         TypeError: `encodings` given as a single name/config/module instead of a list.
         ValueError: `depth < 1`; an unknown context key or an invalid context value;
-            `input_combine` not `"add"` or `"concat"`.
+            `input_combine` not `"add"` or `"concat"`; a `layer_schedule` that does not parse
+            or has not `depth` layers; an input encoding in a layer spec; model attention
+            encodings that no layer of the schedule uses.
 
     Shapes: `forward(x [b, s, d_model], coords, cache=None) -> [b, s, d_model]` (final
     LayerNorm applied). For cached decoding pass `cache = model.make_cache()` and, each step,
@@ -221,6 +234,7 @@ class Transformer(nn.Module):
         encoding_context: Mapping[str, Any] | None = None,
         num_kv_heads: int | None = None,
         input_combine: str = "add",
+        layer_schedule: Any = None,
     ) -> None:
         super().__init__()
         if depth < 1:
@@ -244,11 +258,51 @@ class Transformer(nn.Module):
         def layer_encodings() -> list[Encoding]:
             return shared if share_encodings else build_encodings(specs, **context)
 
-        self.blocks = nn.ModuleList(
-            TransformerBlock(d_model, num_heads, layer_encodings(), mlp_ratio, dropout, backend,
-                             num_kv_heads)
-            for _ in range(depth)
-        )
+        schedule = None if layer_schedule is None else LayerSchedule.parse(layer_schedule, depth)
+        if schedule is None:
+            self.blocks = nn.ModuleList(
+                TransformerBlock(d_model, num_heads, layer_encodings(), mlp_ratio, dropout, backend,
+                                 num_kv_heads)
+                for _ in range(depth)
+            )
+        else:
+            if shared and all(spec.encodings is not None for spec in schedule):
+                names = [getattr(e, "registry_name", type(e).__name__) for e in shared]
+                raise ValueError(f"transformer: encodings {names} are used by no layer: every layer "
+                                 "of the layer_schedule gives its own encodings; drop them or leave "
+                                 "'encodings' out of some layer specs")
+            built_for: dict[str, list[Encoding]] = {}
+
+            def scheduled(spec: LayerSpec) -> list[Encoding]:
+                if spec.encodings is None:
+                    encs = layer_encodings()
+                else:
+                    key = json.dumps(spec.to_dict().get("encodings"), sort_keys=True)
+                    if key not in built_for or not share_encodings:
+                        made = build_encodings(list(spec.encodings), **context)
+                        inputs = [e for e in made if isinstance(e, InputEncoding)]
+                        if inputs:
+                            raise ValueError(f"transformer: layer_schedule encodings must enter "
+                                             f"attention; {type(inputs[0]).__name__} is an input "
+                                             "encoding: put it in the model's encodings")
+                        built_for[key] = made
+                    encs = built_for[key]
+                if spec.temperature is not None:
+                    encs = [*encs, AttentionTemperature(**spec.temperature)]
+                return encs
+
+            def window(spec: LayerSpec) -> LocalWindow | None:
+                if spec.window is not None:
+                    return LocalWindow("sliding", spec.window)
+                return None if spec.chunk is None else LocalWindow("chunked", spec.chunk)
+
+            self.blocks = nn.ModuleList(
+                TransformerBlock(d_model, num_heads, scheduled(spec), mlp_ratio, dropout, backend,
+                                 num_kv_heads, window=window(spec))
+                for spec in schedule
+            )
+        #: the per-layer schedule (None: every layer alike); its JSON is in the state_dict.
+        self.layer_schedule = schedule
         self.norm = nn.LayerNorm(d_model)
 
     def forward(self, x: Tensor, coords: Coordinates, cache: ModelCache | None = None) -> Tensor:

@@ -1,15 +1,24 @@
 """Masks of the coordinates on the eager paths: the dense boolean mask (once per forward), which
-masks are SDPA's own causal triangle, and a bias cast with masked pairs at ``-inf``."""
+masks are SDPA's own causal triangle, and a bias cast with masked pairs at ``-inf``; and the
+local attention windows of per-layer schedules ([`LocalWindow`][mmpe.attention.masks.LocalWindow]:
+sliding-window and chunked masks laid over the coordinates' own mask)."""
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from mmpe.attention.memory import block_bytes
-from mmpe.coords.base import Coordinates
+from mmpe.coords.base import Coordinates, MaskMod
+from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import AttentionContext
-from mmpe.prepare import memoized
+from mmpe.prepare import _MEMO, memoized
+
+#: The kinds of [`LocalWindow`][mmpe.attention.masks.LocalWindow].
+LOCAL_KINDS = ("sliding", "chunked")
 
 
 def _dense_mask(coords: Coordinates) -> Tensor | None:
@@ -19,7 +28,8 @@ def _dense_mask(coords: Coordinates) -> Tensor | None:
 def _only_causal(coords: Coordinates) -> bool:
     """On ``toeplitz`` coordinates: the mask is causality alone (no documents, no padding)."""
     return (getattr(coords, "causal", False) is True
-            and getattr(coords, "document_ids", None) is None and coords.key_mask is None)
+            and getattr(coords, "document_ids", None) is None and coords.key_mask is None
+            and getattr(coords, "local_window", None) is None)
 
 
 def _plain_causal(coords: Coordinates) -> bool:
@@ -50,3 +60,135 @@ def _cast_bias(bias: Tensor, dtype: torch.dtype, mask: Tensor | None) -> Tensor:
     top = bias.amax(dim=-1, keepdim=True).detach()
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
     return (bias - top).to(dtype)
+
+
+class LocalWindow(SavesSettings, nn.Module):
+    """A local attention window laid over the coordinates' own mask (a layer's key set).
+
+    Two kinds, in the conventions of HF transformers' `masking_utils` (positions `p`, in
+    tokens, from the coordinates; `rel = p_q − p_k`):
+
+    * `"sliding"` (Beltagy et al. 2020, Longformer; Mistral, Gemma 2/3, Cohere 2): on causal
+      coordinates a query sees the `size` most recent keys, itself included,
+      `0 ≤ rel < size` (HF `sliding_window_overlay`: `kv > q − size`); on bidirectional
+      coordinates the keys within `distance(q, k) ≤ size` (HF
+      `sliding_window_bidirectional_overlay`), which also serves grids and points (`Metric`).
+    * `"chunked"` (Llama 4's `attention_chunk_size`): positions are cut into chunks of `size`
+      and a query sees only keys of its own chunk, `p_q // size == p_k // size` (HF
+      `chunked_overlay`; a left-padded batch counts positions from each example's first real
+      token, as HF subtracts the left padding). Needs one integer position per token.
+
+    The window is a function of positions, so it holds unchanged with a key/value cache
+    (`Sequence(s, offset=cache.length)`): every key stays cached and the window masks those out
+    of reach, so incremental decoding equals the full forward. Its `kind` and `size` are saved
+    with the `state_dict` (`<prefix>settings.kind`, `settings.size`) and checked on load.
+
+    Args:
+        kind: `"sliding"` or `"chunked"`.
+        size: the window or chunk length in tokens (`>= 1`).
+
+    Raises:
+        ValueError: an unknown `kind`, a `size` that is not an int `>= 1`; at use, coordinates
+            without what the window reads (`relation` for a causal sliding window, `distance`
+            for a bidirectional one, one integer position per token for chunks).
+    """
+
+    saved_settings = ("kind", "size")
+
+    def __init__(self, kind: str, size: int) -> None:
+        super().__init__()
+        if kind not in LOCAL_KINDS:
+            raise ValueError(f"LocalWindow: kind must be one of {LOCAL_KINDS}, got {kind!r}")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"LocalWindow: size must be an int >= 1 (tokens), got {size!r}")
+        self.kind, self.size = kind, size
+
+    def extra_repr(self) -> str:
+        return f"kind={self.kind!r}, size={self.size}"
+
+    def overlay(self, coords: Coordinates) -> MaskMod:
+        """The window alone as a `mask_mod(b, h, q_idx, kv_idx) -> bool` on `coords`."""
+        return window_overlay(self.kind, self.size, coords)
+
+    def apply(self, coords: Coordinates) -> Coordinates:
+        """`coords` with this window laid over its mask: a shallow view of the same class (every
+        capability, position and tensor shared) whose `mask_mod` is the coordinates' mask AND
+        the window. Inside a model's forward the views of one window share their memo (the dense
+        mask or `BlockMask` is built once for all layers with this window)."""
+        if "local_window" in coords.__dict__:
+            raise ValueError(f"LocalWindow: the coordinates already carry the window "
+                             f"{coords.__dict__['local_window']}; a layer has one window")
+        self.overlay(coords)  # the error for coordinates the window cannot read, now
+        view = _local_class(type(coords)).__new__(_local_class(type(coords)))
+        view.__dict__.update(coords.__dict__)
+        view.__dict__["local_window"] = (self.kind, self.size)
+        memo = coords.__dict__.get(_MEMO)
+        if memo is not None:
+            view.__dict__[_MEMO] = memo.setdefault(("local_window", self.kind, self.size), {})
+        else:
+            view.__dict__.pop(_MEMO, None)
+        return view
+
+
+def window_overlay(kind: str, size: int, coords: Coordinates) -> MaskMod:
+    """The `mask_mod` of a [`LocalWindow`][mmpe.attention.masks.LocalWindow] of `kind` and `size`
+    on `coords` (without the coordinates' own mask)."""
+    if kind == "sliding":
+        if getattr(coords, "causal", False) is True:
+            if not callable(getattr(coords, "relation", None)):
+                raise ValueError(f"LocalWindow('sliding'): causal coordinates need relation(); "
+                                 f"{type(coords).__name__} has none")
+            return lambda b, h, q, k: coords.relation(q, k, b) < size
+        if not callable(getattr(coords, "distance", None)):
+            raise ValueError(f"LocalWindow('sliding'): bidirectional coordinates need "
+                             f"distance() (Metric); {type(coords).__name__} has none")
+        return lambda b, h, q, k: coords.distance(q, k, b) <= size
+    if kind != "chunked":
+        raise ValueError(f"LocalWindow: kind must be one of {LOCAL_KINDS}, got {kind!r}")
+    qpos, kpos = (_positions_1d(coords, attr) for attr in ("query_positions", "key_positions"))
+
+    def chunk(b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
+        return _take(qpos, q, b) // size == _take(kpos, k, b) // size
+
+    return chunk
+
+
+def _positions_1d(coords: Coordinates, attr: str) -> Tensor:
+    pos = getattr(coords, attr, None)
+    if not isinstance(pos, Tensor) or pos.shape[-1] != 1 or pos.dtype.is_floating_point:
+        raise ValueError(f"LocalWindow('chunked'): needs one integer position per token "
+                         f"({attr} [n, 1] or [b, n, 1]); {type(coords).__name__} gives "
+                         f"{tuple(pos.shape) if isinstance(pos, Tensor) else None}")
+    return pos[..., 0]
+
+
+def _take(pos: Tensor, idx: Tensor, b: Tensor) -> Tensor:
+    return pos[idx] if pos.dim() == 1 else pos[b, idx]
+
+
+class _Local:
+    """Mixin of the window views made by `LocalWindow.apply`."""
+
+    local_window: tuple[str, int]
+
+    def mask_mod(self) -> MaskMod | None:
+        base = super().mask_mod()  # type: ignore[misc]
+        kind, size = self.local_window
+        local = window_overlay(kind, size, self)  # type: ignore[arg-type]
+        if base is None:
+            return local
+        return lambda b, h, q, k: base(b, h, q, k) & local(b, h, q, k)
+
+    def mask_key(self) -> tuple | None:
+        base = super().mask_key()  # type: ignore[misc]
+        return None if base is None else (*base, "local_window", *self.local_window)
+
+    def __repr__(self) -> str:
+        return f"{super().__repr__()} + LocalWindow{self.local_window}"
+
+
+@functools.cache
+def _local_class(cls: type[Any]) -> type[Any]:
+    if issubclass(cls, _Local):
+        return cls
+    return type(f"Local{cls.__name__}", (_Local, cls), {"__module__": cls.__module__})

@@ -13,6 +13,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from mmpe.attention.dispatch import _softmax_scale, choose_path, run_flex, run_math, run_sdpa
+from mmpe.attention.masks import LocalWindow
 from mmpe.cache import KVCache
 from mmpe.coords.base import Coordinates
 from mmpe.coords.cross import Cross
@@ -158,10 +159,14 @@ class MultiHeadAttention(_Attention):
         head_dim: ``h_d``; defaults to ``d_model // num_heads``.
         qkv_bias: bias in the q/k/v projection.
         backend: ``"auto"``, ``"flex"``, ``"sdpa"`` or ``"math"`` (see the module docstring).
+        window: a :class:`~mmpe.attention.masks.LocalWindow` (sliding or chunked local
+            attention) laid over the coordinates' mask in this layer, or None (per-layer
+            schedules, :mod:`mmpe.schedule`, set it).
 
     Shapes: ``forward(x [b, s, d_model], coords, cache=None) -> [b, s, d_model]``; ``coords``
     has ``n_q = s`` queries and ``n_k`` keys: ``s`` without a cache, ``cache.length + s``
     with one (``Sequence(s, offset=cache.length, causal=True)``).
+    :meth:`forward_heads` runs the same attention on already projected ``q``, ``k``, ``v``.
 
     Raises:
         ValueError: ``d_model`` not divisible by ``num_heads`` (with no ``head_dim``), heads
@@ -182,10 +187,15 @@ class MultiHeadAttention(_Attention):
         head_dim: int | None = None,
         qkv_bias: bool = True,
         backend: str = "auto",
+        window: LocalWindow | None = None,
     ) -> None:
         super().__init__()
         head_dim = _head_dim(d_model, num_heads, head_dim)
         self._setup(num_heads, num_kv_heads, head_dim, encodings, backend)
+        if window is not None and not isinstance(window, LocalWindow):
+            raise TypeError(f"attention: window must be a LocalWindow or None, got "
+                            f"{type(window).__name__}")
+        self.window = window
         self.d_model = d_model
         width = (num_heads + 2 * self.num_kv_heads) * head_dim
         self.qkv = nn.Linear(d_model, width, bias=qkv_bias)
@@ -203,9 +213,44 @@ class MultiHeadAttention(_Attention):
                              f"are {past} cached + {x.shape[1]} new tokens; build them with "
                              f"offset={past} (e.g. Sequence({x.shape[1]}, offset={past}, "
                              "causal=True))")
+        q, k, v = self._project(x)
+        out = self.forward_heads(q, k, v, coords, cache, x=x)
+        return self.proj(rearrange(out, "b h s d -> b s (h d)"))
+
+    def forward_heads(self, q: Tensor, k: Tensor, v: Tensor, coords: Coordinates,
+                      cache: KVCache | None = None, x: Tensor | None = None) -> Tensor:
+        """Attention of projected heads: the layer's window, rotary encodings, cache and score
+        terms, without the input and output projections (a bridge into another model's
+        attention layer uses it with that model's projections and q/k norms).
+
+        Shapes: ``q [b, n_h, s, h_d]``, ``k``/``v [b, n_kv, s, h_d]`` (this step's tokens) ->
+        ``[b, n_h, s, h_d]``; ``x`` (``[b, s, d]``, optional) is what content-dependent
+        score terms read as the layer input.
+
+        Raises:
+            ValueError: heads, head dim or tokens that differ from the layer's and the
+                coordinates' (checked before anything runs).
+        """
+        if not isinstance(coords, Coordinates):
+            raise TypeError(f"attention: coords must be an mmpe Coordinates object, got "
+                            f"{type(coords).__name__}")
+        expected = ((self.num_heads, self.head_dim), (self.num_kv_heads, self.head_dim),
+                    (self.num_kv_heads, self.head_dim))
+        for name, t, (heads, dim) in zip("qkv", (q, k, v), expected, strict=True):
+            if not isinstance(t, Tensor) or t.dim() != 4 or t.shape[1] != heads or \
+                    t.shape[-1] != dim or t.shape[2] != coords.num_queries or t.shape[0] != q.shape[0]:
+                shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+                raise ValueError(f"attention: {name} must be [b, {heads}, {coords.num_queries}, "
+                                 f"{dim}] (heads, the coordinates' queries, head dim), got {shape}")
+        past = 0 if cache is None else cache.length
+        if coords.num_keys != past + q.shape[2]:
+            raise ValueError(f"attention: the coordinates have {coords.num_keys} keys but there "
+                             f"are {past} cached + {q.shape[2]} new tokens; build them with "
+                             f"offset={past}")
+        if self.window is not None:
+            coords = self.window.apply(coords)
         with forward_scope(coords):
             coords.prepare()
-            q, k, v = self._project(x)
             # Length-dependent rotations (dynamic NTK, xPos …) re-rotate every key each step.
             lazy = cache is not None and any(r.length_dependent for r in self.rotary)
             if not lazy:
@@ -214,10 +259,9 @@ class MultiHeadAttention(_Attention):
                 k, v = cache.update(k, v, owner=self, causal=getattr(coords, "causal", None))
             if lazy:
                 q, k = self._rotate(q, k, coords)
-            ctx = AttentionContext(coords, self.num_heads, self.head_dim, x.shape[0], x, q,
+            ctx = AttentionContext(coords, self.num_heads, self.head_dim, q.shape[0], x, q,
                                    self._expand_kv(k), self._expand_kv(v), cache=cache)
-            out = self.attend(ctx)
-        return self.proj(rearrange(out, "b h s d -> b s (h d)"))
+            return self.attend(ctx)
 
     def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         d, hq, hkv = self.head_dim, self.num_heads, self.num_kv_heads
