@@ -95,6 +95,7 @@ ALLOWED = {
     ("rope_yarn", "mscale", 0.0),
     ("rope_yarn", "mscale_all_dim", -1.0),
     ("rope_yarn", "mscale_all_dim", 0.0),
+    ("maglap", "q", 0.0),          # magnetic Laplacian at q = 0: the symmetrised graph's Laplacian
 }
 
 TRIED: list[tuple[str, str]] = []  # (category, what)
