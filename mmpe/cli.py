@@ -1,6 +1,8 @@
 """The `mmpe` command line.
 
     mmpe show NAME                             one encoding: paper, hook, capabilities, options
+    mmpe show PRESET|CHECKPOINT [--depth N] [--option K=V]
+                                               a layer schedule (llama4, gemma3 …) layer by layer
     mmpe list [--hook H] [--coords C]          registered encodings: hook, the coordinate
                                                capabilities they need, the shipped coordinate
                                                types that provide them, and their papers
@@ -153,15 +155,21 @@ def _main(argv: list[str] | None = None) -> int:
     p_rep.add_argument("--no-plots", action="store_true", help="with --write: tables only")
     p_rep.add_argument("--check", nargs="+", metavar="FILE",
                        help="exit 1 naming every block of FILES that differs from the store")
-    p_show = sub.add_parser("show", help="one encoding: paper, hook, capabilities, options")
-    p_show.add_argument("name")
+    p_show = sub.add_parser("show", help="one encoding: paper, hook, capabilities, options; or "
+                            "a layer schedule (a preset name, or a checkpoint that holds one)")
+    p_show.add_argument("name", help="registry name, schedule preset (llama4, gemma3, gemma2, "
+                        "cohere2, smollm3) or a checkpoint file")
+    p_show.add_argument("--depth", type=int, default=12,
+                        help="layers of a preset schedule (default 12)")
+    p_show.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a preset option, e.g. sliding_window=512 (repeatable)")
     _add_plot_parser(sub)
     args = parser.parse_args(argv)
     try:
         if args.command == "list":
             return _list(args)
         if args.command == "show":
-            print(registry.describe(args.name))
+            print(_show(args))
             return 0
         if args.command == "plot":
             return _plot(args)
@@ -171,6 +179,40 @@ def _main(argv: list[str] | None = None) -> int:
     except (KeyError, ValueError, LookupError) as err:
         print(f"mmpe: error: {err}", file=sys.stderr)
         return 2
+
+
+def _show(args: argparse.Namespace) -> str:
+    """What `mmpe show NAME` prints: a schedule preset layer by layer, the schedule a checkpoint
+    holds, or an encoding's description."""
+    import json
+    import os
+
+    from mmpe.schedule import PRESETS, LayerSchedule
+
+    if args.name in PRESETS:
+        options = {}
+        for item in args.option:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise ValueError(f"show: --option must be KEY=VALUE, got {item!r}")
+            try:
+                options[key] = json.loads(value)
+            except json.JSONDecodeError:
+                options[key] = value
+        return LayerSchedule.parse({"preset": args.name, **options}, args.depth).describe()
+    if os.path.isfile(args.name):
+        from mmpe.checkpoints import read_checkpoint
+
+        state, _ = read_checkpoint(args.name, "show")
+        schedule = LayerSchedule.from_state_dict(state)
+        if schedule is None:
+            raise ValueError(f"show: {args.name} holds no layer schedule "
+                             "(no '...layer_schedule.settings.config' entry)")
+        return schedule.describe()
+    try:
+        return registry.describe(args.name)
+    except KeyError as err:
+        raise KeyError(f"{err.args[0]}; schedule presets: {', '.join(sorted(PRESETS))}") from None
 
 
 def _add_plot_parser(sub: argparse._SubParsersAction) -> None:
