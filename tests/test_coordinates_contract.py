@@ -76,6 +76,8 @@ COORDS = {
     "table": _table,
     "points_batched_padded": _points,
     "points_single": lambda: mmpe.Points(torch.randn(6, 2), units="m"),
+    "packed_grids_batched_padded": lambda: mmpe.PackedGrids([[(2, 3), (1, 2)], [(3, 3)]],
+                                                            prefix_tokens=1, max_tokens=12),
 }
 
 

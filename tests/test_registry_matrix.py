@@ -57,6 +57,9 @@ COORDS = {
     "graph_virtual": lambda: _graph(virtual_token=True),
     "table": _table,
     "points": _points,
+    # Two rows of images at their own resolutions, one cls each, padded (NaViT / NaFlex packing).
+    "packed_grids": lambda: mmpe.PackedGrids([[(2, 3), (1, 2)], [(2, 2)]], prefix_tokens=1,
+                                             max_tokens=11),
     # Digits 3, 1 | 4, 5 | 9: a Sequence whose tokens also know their place in a number (Abacus).
     "numbers": lambda: mmpe.Numbers.from_tokens(torch.tensor([3, 1, 12, 4, 5, 11, 9]), list(range(10)),
                                                 causal=True),
