@@ -5,9 +5,9 @@ Three layouts of text + image/video tokens, each from its paper's reference code
 * [`qwen2_5_vl_composite`][mmpe.coords.vlm.qwen2_5_vl_composite] — Qwen2.5-VL's M-RoPE ids
   whose temporal component counts *time*: temporal patch `t` of a video sits at
   `s + ⌊t · tokens_per_second · second_per_grid_t⌋` (Bai et al. 2025, Qwen2.5-VL Technical
-  Report, §2.1.3 "absolute time encoding"; HF transformers' `Qwen2_5_VLModel.get_rope_index`).
+  Report, absolute time encoding; HF transformers' `Qwen2_5_VLModel.get_rope_index`).
 * [`VideoRoPEComposite`][mmpe.coords.vlm.VideoRoPEComposite] — VideoRoPE's diagonal layout
-  with adjustable temporal spacing δ (Wei et al. 2025, §3.3 and §3.4).
+  with adjustable temporal spacing δ (Wei et al. 2025, arXiv:2502.05173).
 * [`V2PESequence`][mmpe.coords.vlm.V2PESequence] — V2PE's 1D positions in which a visual
   token advances the position by `δ < 1` and a text token by 1 (Ge et al. 2024).
 """
@@ -88,8 +88,8 @@ def qwen2_5_vl_composite(
 
 class VideoRoPEComposite(Composite):
     """VideoRoPE's diagonal layout with adjustable temporal spacing (Wei et al. 2025,
-    "VideoRoPE: What Makes for Good Video Rotary Position Embedding?", ICML, §3.3 Diagonal
-    Layout, §3.4 Adjustable Temporal Spacing; reference `get_t_scale_rope_index`).
+    "VideoRoPE: What Makes for Good Video Rotary Position Embedding?", arXiv:2502.05173:
+    Diagonal Layout, Adjustable Temporal Spacing; reference code `get_t_scale_rope_index`).
 
     Every segment starts at `s = 1 + ` the largest temporal id so far (0 at the start).
     Text token `i` gets `(s + i, s + i, s + i)`. Patch `(t, h, w)` of a `T × H × W`
@@ -162,7 +162,8 @@ class VideoRoPEComposite(Composite):
 def v2pe_position_ids(segments: Seq[Segment | Coordinates], delta: float) -> Tensor:
     """V2PE positions `[n]` (float64) of text and visual segments (Ge et al. 2024, "V2PE:
     Improving Multimodal Long-Context Capability of Vision-Language Models with Variable
-    Visual Position Encoding", §3.2 eq. 3; reference `get_rope_pos_id(..., 'v2pe_fix')`).
+    Visual Position Encoding", arXiv:2412.09616; reference code
+    `get_rope_pos_id(..., rope_pos_id_version='v2pe_fix')`).
 
     `p_i = p_{i−1} + 1` for a text token, `p_{i−1} + δ` for a visual token, with
     `p_{−1} = −1`; after a visual segment the position is rounded up, `⌈p⌉`, before the
@@ -213,7 +214,7 @@ class V2PESequence(Coordinates):
 
     Positions: `query_positions` / `key_positions` `[n, 1]` float64. Pairs: `distance =
     |p_q − p_k|` (float32), `extent` a bound on it (`Metric`); `is_vision` `[n]` marks
-    visual tokens. Capabilities: `Positioned` (1 axis), `Metric`.
+    visual tokens, `segment_ids` `[n]` numbers the segments. Capabilities: `Positioned` (1 axis), `Metric`.
 
     Raises:
         ValueError: as `v2pe_position_ids`.
@@ -229,9 +230,11 @@ class V2PESequence(Coordinates):
         self.delta = float(delta)
         self._device = torch.device(device) if device is not None else torch.device("cpu")
         self.causal = bool(causal)
-        vision = [torch.full((math.prod(shape),), kind != "text")
-                  for kind, shape in (_parse(s, i) for i, s in enumerate(segments))]
-        self.is_vision = torch.cat(vision).to(self._device)
+        parsed = [_parse(s, i) for i, s in enumerate(segments)]
+        self.is_vision = torch.cat([torch.full((math.prod(shape),), kind != "text")
+                                    for kind, shape in parsed]).to(self._device)
+        self.segment_ids = torch.cat([torch.full((math.prod(shape),), i)
+                                      for i, (_, shape) in enumerate(parsed)]).to(self._device)
         self._pos = pos.to(self._device)
         self._lo, self._hi = self._pos.amin(), self._pos.amax()
 
