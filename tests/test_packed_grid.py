@@ -319,3 +319,44 @@ def test_transformer_on_packs_equals_each_image_alone() -> None:
         out = packed.unpack(model(packed.pack(tokens), packed))
         for got, t, grid in zip(out, tokens, packed.grids(), strict=True):
             torch.testing.assert_close(got, model(t[None], grid)[0], atol=2e-5, rtol=1e-4)
+
+
+# -- the vision recipe: mixed-resolution training -------------------------------------------
+def test_vision_recipe_trains_on_packed_mixed_resolutions(tmp_path) -> None:
+    pytest.importorskip("lightning", reason="the recipes need mmpe[recipes]")
+    from mmpe.recipes import vision
+    from mmpe.recipes.common import CONFIGS, MissingDataError
+
+    try:
+        vision.load_mnist()
+    except MissingDataError as err:
+        pytest.skip(str(err))
+    cli = vision.make_cli([
+        "--config", str(CONFIGS / "vision" / "mixed.yaml"),
+        "--trainer.max_steps", "3", "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "3",
+        "--trainer.default_root_dir", str(tmp_path), "--trainer.logger", "false",
+        "--trainer.enable_progress_bar", "false", "--data.train_samples", "96",
+        "--data.eval_samples", "32", "--data.batch_size", "32", "--model.d_model", "32",
+        "--model.depth", "1", "--model.warmup_steps", "1", "--model.max_tokens", "64",
+    ], run=False)
+    model, data = cli.model, cli.datamodule
+    assert model.hparams.mixed_resolution is True  # linked from data.mixed_resolution
+    assert isinstance(model.encoder.transformer.input_encodings[0], mmpe.PerImage)
+    images, labels = next(iter(data.train_dataloader()))
+    sizes = {tuple(x.shape[-2:]) for x in images}
+    assert len(images) == len(labels) == 32 and len(sizes) > 5
+    assert any(h != w for h, w in sizes) and all(h % 7 == 0 and w % 7 == 0 for h, w in sizes)
+    before = model.encoder.transformer.input_encodings[0].encoding.table.detach().clone()
+    cli.trainer.fit(model, data)
+    assert cli.trainer.global_step == 3
+    assert not torch.equal(before, model.encoder.transformer.input_encodings[0].encoding.table)
+    # The packed forward equals classifying each digit alone; evaluation runs on square grids.
+    model.eval()
+    with torch.no_grad():
+        packed = model(images[:6])
+        alone = torch.cat([model(x[None]) for x in images[:6]])
+    torch.testing.assert_close(packed, alone, atol=1e-4, rtol=1e-4)
+    results = vision.evaluate_resolutions(cli.trainer, model, data, resolutions=(28,), canvases=())
+    assert 0.0 <= results["28px"] <= 1.0
+    with pytest.raises(ValueError, match="needs mixed_resolution=True"):
+        vision.ViTClassifier(d_model=16, num_heads=2, depth=1)([torch.zeros(1, 14, 21)])
