@@ -41,13 +41,14 @@ from mmpe.coords.capabilities import (
 from mmpe.generation import generate
 from mmpe.lm import CausalLM
 from mmpe.registry import available, build, get, register
+from mmpe.schedule import LayerSchedule, LayerSpec
 from mmpe.transformer import Transformer, TransformerBlock
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CONTEXT_KEYS", "CausalLM", "Causal", "Composite", "CrossAttention", "Cross", "KVCache",
-    "Latents", "ModelCache", "Numbers", "cache", "generate", "generation", "plot", "Coordinates", "Directed", "FeatureGraph", "Graph",
+    "Latents", "LayerSchedule", "LayerSpec", "ModelCache", "Numbers", "cache", "generate", "generation", "plot", "Coordinates", "Directed", "FeatureGraph", "Graph",
     "GraphLayout", "Grid", "GridLayout", "Metric", "MultiHeadAttention", "PackedGrids", "PerImage", "Points", "Positioned",
     "Positioned1D", "Sequence", "Sphere", "Spherical", "Table", "Transformer",
     "TransformerBlock", "available", "build", "functional", "get", "register", "testing",
