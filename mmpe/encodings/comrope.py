@@ -51,23 +51,24 @@ class _ComRoPE(SavesSettings, LearnedRotation):
         """`exp(s_k(x) B_k)` per block: `[H_r, U, h_d/b, b, b]` for positions `[U, A]`."""
         base = skew(self.blocks.to(positions.dtype), self.block_size)  # [H_r, nb, b, b]
         s = torch.einsum("ua,ahk->huk", positions, self.coefficient_matrix().to(positions.dtype))
-        return torch.linalg.matrix_exp(s[..., None, None] * base.unsqueeze(1))
+        # contiguous: matrix_exp views its input, which the product may lay out with any strides
+        return torch.linalg.matrix_exp((s[..., None, None] * base.unsqueeze(1)).contiguous())
 
 
 @register("comrope_ap", hook="rotary", needs=(Positioned,), learnable=True, family="rotary",
           paper=PAPER + " (ComRoPE-AP, axis-partition)", context=CONTEXT)
 class ComRoPEAP(_ComRoPE):
     """ComRoPE-AP (axis partition; Yu et al. 2025): the blocks are shared out among the axes
-    — block `k` belongs to axis `a(k) = k // (h_d/(b·A))` (contiguous groups, as axial RoPE's
-    channel blocks) — and turns by `exp(x_{a(k)} B_k)` with a learned skew-symmetric
-    `B_k`; the angle matrices `A_a` have disjoint supports, so they commute.
+    — block `k` of the `n_b = h_d/b` belongs to axis `a(k) = ⌊k·A/n_b⌋` (contiguous groups
+    as even as possible, as axial RoPE's channel blocks; equal when `A` divides `n_b`) — and
+    turns by `exp(x_{a(k)} B_k)` with a learned skew-symmetric `B_k`; the angle matrices `A_a` have disjoint supports, so they commute.
 
     With `b = 2` and `B_k` the 2×2 RoPE generators of axial frequencies this is
     `rope_axial(interleaved=True)` (`rope(interleaved=True)` with one axis); larger blocks
     mix more channels per axis.
 
     Args:
-        head_dim: `h_d`, divisible by `b·A`.
+        head_dim: `h_d`, divisible by `b`, with at least `A` blocks.
         num_axes: `A`.
         num_heads: `n_h` (used with `per_head`).
         per_head: one set of blocks per head (False: shared by all heads).
@@ -83,7 +84,7 @@ class ComRoPEAP(_ComRoPE):
     `U` distinct positions.
 
     Raises:
-        ValueError: `block_size` < 2, `head_dim` not divisible by `block_size·num_axes`,
+        ValueError: `block_size` < 2 or not dividing `head_dim`, fewer blocks than axes,
             `per_head` without `num_heads`, coordinates with another number of axes, q/k of
             other heads (per head) or head dim.
     """
@@ -93,12 +94,12 @@ class ComRoPEAP(_ComRoPE):
     def __init__(self, head_dim: int, num_axes: int = 2, num_heads: int | None = None,
                  per_head: bool = False, block_size: int = 4, init_std: float = 1.0) -> None:
         super().__init__()
-        if block_size < 2 or head_dim % (block_size * num_axes):
-            raise ValueError(f"comrope_ap: block_size={block_size} must be >= 2 and "
-                             f"block_size·num_axes = {block_size * num_axes} must divide "
-                             f"head_dim={head_dim} (each axis owns the same number of blocks)")
+        if block_size < 2 or head_dim % block_size or head_dim // block_size < num_axes:
+            raise ValueError(f"comrope_ap: block_size={block_size} must be >= 2, divide "
+                             f"head_dim={head_dim} and leave at least one block per axis "
+                             f"(num_axes={num_axes})")
         self._init_blocks(head_dim, num_axes, num_heads, per_head, block_size, init_std)
-        owner = torch.arange(self.num_blocks) // (self.num_blocks // num_axes)
+        owner = torch.arange(self.num_blocks) * num_axes // self.num_blocks  # a(k)
         onehot = (owner.unsqueeze(0) == torch.arange(num_axes).unsqueeze(1)).float()
         self.register_buffer("coefficients", onehot.unsqueeze(1), persistent=False)  # [A, 1, nb]
 

@@ -113,4 +113,6 @@ class LieRE(SavesSettings, LearnedRotation):
     def rotation_blocks(self, positions: Tensor) -> Tensor:
         """`exp(Σ_a x_a A_a)` per block: `[H_r, U, h_d/b, b, b]` for positions `[U, A]`."""
         gens = self.generator_matrices().to(positions.dtype)
-        return torch.linalg.matrix_exp(torch.einsum("ua,ahkij->hukij", positions, gens))
+        # contiguous: matrix_exp views its input; einsum may return a permuted layout
+        return torch.linalg.matrix_exp(
+            torch.einsum("ua,ahkij->hukij", positions, gens).contiguous())
