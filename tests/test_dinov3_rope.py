@@ -27,8 +27,7 @@ def _timm(q, shape, prefix, **kw):
 OPTIONS = [({}, {}),
            ({"normalize_coords": "max"}, {"normalize_coords": "max"}),
            ({"normalize_coords": "min"}, {"normalize_coords": "min"}),
-           ({"base": 10000.0}, {"temperature": 10000.0}),
-           ({"min_period": 0.5, "max_period": 40.0}, {"min_period": 0.5, "max_period": 40.0})]
+           ({"base": 10000.0}, {"temperature": 10000.0})]
 
 
 @pytest.mark.parametrize("shape,prefix", [((5, 7), 5), ((4, 4), 1), ((3, 9), 0)])
@@ -86,7 +85,7 @@ def test_augmentation_only_in_training():
 
 
 @settings(max_examples=50, deadline=None)
-@given(shift=st.floats(0, 1), jitter=st.floats(1, 3), rescale=st.floats(1, 3),
+@given(shift=st.floats(1e-3, 1), jitter=st.floats(1, 3), rescale=st.floats(1, 3),
        seed=st.integers(0, 2**31), h=st.integers(1, 8), w=st.integers(1, 8))
 def test_augmentation_bounded_and_reproducible(shift, jitter, rescale, seed, h, w):
     """|c| <= (1 + shift)·J·R; the transform is one shift, per-axis and shared scales (so the
@@ -137,8 +136,7 @@ def test_norms_and_periods():
 def test_bad_input():
     for kw in ({"head_dim": 6}, {"head_dim": 8, "jitter_coords": 0.5},
                {"head_dim": 8, "rescale_coords": 0.0}, {"head_dim": 8, "shift_coords": -0.1},
-               {"head_dim": 8, "normalize_coords": "diag"}, {"head_dim": 8, "min_period": 1.0},
-               {"head_dim": 8, "min_period": 4.0, "max_period": 2.0}, {"head_dim": 8, "base": 1.0}):
+               {"head_dim": 8, "normalize_coords": "diag"}, {"head_dim": 8, "base": 1.0}):
         with pytest.raises((ValueError, TypeError), match="rope_dinov3"):
             mmpe.build("rope_dinov3", **kw)
     enc = mmpe.build("rope_dinov3", head_dim=8)

@@ -18,16 +18,10 @@ from mmpe.registry import register
 NORMALIZE = ("separate", "min", "max")
 
 
-def dinov3_periods(head_dim: int, base: float | None = 100.0, min_period: float | None = None,
-                   max_period: float | None = None) -> Tensor:
-    """The `h_d/4` periods (float64, in normalised-coordinate units) of each axis.
-
-    `base^(2j/(h_d/2))` for `j = 0 … h_d/4 − 1` (DINOv3's `base` = 100), or, with both
-    `min_period` and `max_period`, `min · (max/min)^(j/(h_d/4 − 1))` (log-spaced).
-    """
+def dinov3_periods(head_dim: int, base: float = 100.0) -> Tensor:
+    """The `h_d/4` periods (float64, in normalised-coordinate units) of each axis:
+    `base^(2j/(h_d/2))` for `j = 0 … h_d/4 − 1` (DINOv3's `base` = 100)."""
     n = head_dim // 4
-    if min_period is not None and max_period is not None:
-        return min_period * (max_period / min_period) ** torch.linspace(0, 1, n, dtype=torch.float64)
     return float(base) ** (2.0 * torch.arange(n, dtype=torch.float64) / (head_dim // 2))
 
 
@@ -75,13 +69,12 @@ class DINOv3RoPE(SavesSettings, RotaryEncoding):
 
     Args:
         head_dim: `h_d`, divisible by 4.
-        base: period base (DINOv3 and timm: 100); ignored when `min_period` and
-            `max_period` are both given.
-        min_period, max_period: log-spaced periods instead (both or neither).
+        base: period base (DINOv3 and timm: 100). The reference's alternative log-spaced
+            `min_period`/`max_period` schedule is not offered.
         normalize_coords: `"separate"` (each axis by its size, default), `"min"` or
             `"max"` (both axes by `min(H, W)` / `max(H, W)`: non-square grids keep their
             aspect ratio).
-        shift_coords: `shift ≥ 0` (DINOv3 default off), or None.
+        shift_coords: `shift > 0`, or None (off; DINOv3's default).
         jitter_coords: factor `J ≥ 1`, or None.
         rescale_coords: factor `R ≥ 1` (DINOv3 ViT-7B trains with 2), or None.
         generator: a `torch.Generator` for the augmentation draws (not saved).
@@ -90,21 +83,18 @@ class DINOv3RoPE(SavesSettings, RotaryEncoding):
     [`Grid`][mmpe.coords.grid.Grid] (any `GridLayout`) of `prefix_tokens + H·W` tokens.
 
     Raises:
-        ValueError: `head_dim` not a positive multiple of 4, `base <= 1`, only one of
-            `min_period`/`max_period` or `min_period` not in `(0, max_period]`, an unknown
-            `normalize_coords`, `shift_coords < 0`, `jitter_coords`/`rescale_coords` < 1
+        ValueError: `head_dim` not a positive multiple of 4, `base <= 1`, an unknown
+            `normalize_coords`, `shift_coords <= 0`, `jitter_coords`/`rescale_coords` < 1
             (or non-finite), a grid of other than 2 axes, bad q/k shapes.
     """
 
-    saved_settings = ("base", "min_period", "max_period", "normalize_coords", "shift_coords",
-                      "jitter_coords", "rescale_coords")
+    saved_settings = ("base", "normalize_coords", "shift_coords", "jitter_coords",
+                      "rescale_coords")
 
     def __init__(
         self,
         head_dim: int,
         base: float = 100.0,
-        min_period: float | None = None,
-        max_period: float | None = None,
         normalize_coords: str = "separate",
         shift_coords: float | None = None,
         jitter_coords: float | None = None,
@@ -118,28 +108,21 @@ class DINOv3RoPE(SavesSettings, RotaryEncoding):
                              f"of channel pairs), got {head_dim!r}")
         if not (isinstance(base, int | float) and 1 < base < math.inf):
             raise ValueError(f"rope_dinov3: base must be a finite number > 1, got {base!r}")
-        if (min_period is None) != (max_period is None):
-            raise ValueError("rope_dinov3: give both min_period and max_period, or neither; got "
-                             f"min_period={min_period!r}, max_period={max_period!r}")
-        if min_period is not None and not (0 < min_period <= max_period < math.inf):
-            raise ValueError(f"rope_dinov3: need 0 < min_period <= max_period < inf, got "
-                             f"{min_period!r}, {max_period!r}")
         if normalize_coords not in NORMALIZE:
             raise ValueError(f"rope_dinov3: normalize_coords must be one of {NORMALIZE}, got "
                              f"{normalize_coords!r}")
-        for arg, value, low in (("shift_coords", shift_coords, 0.0),
-                                ("jitter_coords", jitter_coords, 1.0),
-                                ("rescale_coords", rescale_coords, 1.0)):
+        for arg, value, low, rel in (("shift_coords", shift_coords, 0.0, ">"),
+                                     ("jitter_coords", jitter_coords, 1.0, ">="),
+                                     ("rescale_coords", rescale_coords, 1.0, ">=")):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
-                                      or not low <= value < math.inf):
-                raise ValueError(f"rope_dinov3: {arg} must be None or a finite number >= {low}, "
-                                 f"got {value!r}")
+                                      or not low <= value < math.inf
+                                      or (rel == ">" and value == low)):
+                raise ValueError(f"rope_dinov3: {arg} must be None (off) or a finite number "
+                                 f"{rel} {low}, got {value!r}")
         if generator is not None and not isinstance(generator, torch.Generator):
             raise ValueError(f"rope_dinov3: generator must be a torch.Generator or None, got "
                              f"{type(generator).__name__}")
         self.head_dim, self.base = head_dim, float(base)
-        self.min_period = None if min_period is None else float(min_period)
-        self.max_period = None if max_period is None else float(max_period)
         self.normalize_coords = normalize_coords
         self.shift_coords = None if shift_coords is None else float(shift_coords)
         self.jitter_coords = None if jitter_coords is None else float(jitter_coords)
@@ -177,7 +160,7 @@ class DINOv3RoPE(SavesSettings, RotaryEncoding):
         if len(shape) != 2:
             raise ValueError(f"rope_dinov3: needs a 2-axis grid (H, W) of patches, got shape "
                              f"{shape}")
-        periods = dinov3_periods(self.head_dim, self.base, self.min_period, self.max_period)
+        periods = dinov3_periods(self.head_dim, self.base)
         c = self.patch_coords(shape)  # [HW, 2]
         angles = (2 * math.pi * c.unsqueeze(-1) / periods).flatten(-2)  # [HW, h_d/2]: y then x
         pad = angles.new_zeros(coords.prefix_tokens, angles.shape[-1])
