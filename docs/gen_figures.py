@@ -119,9 +119,36 @@ def gallery_coordinates() -> dict[str, object]:
     }
 
 
+def trained_attention() -> list[str]:
+    """The gallery's first section: attention maps of the trained text models, drawn from
+    `results/attention/text.npz` (written by `python -m mmpe.recipes.attention_maps`)."""
+    path = ROOT / "results" / "attention" / "text.npz"
+    data = np.load(path)
+    meta = json.loads(str(data["meta"]))
+    names = list(meta["runs"])
+    heads = {n: meta["runs"][n]["heads"] for n in names}
+    write("gallery_trained_text", lambda: gallery.plot_trained_attention(
+        {n: data[n] for n in names}, heads=heads,
+        title=f"Trained character LMs (seed {meta['seed']}), one head per layer"))
+    steps = sorted({meta["runs"][n]["step"] for n in names})
+    return ["## Trained models: the text recipe", "",
+            f"The seven main-job models of `make run` ({', '.join(f'`{n}`' for n in names)}; "
+            f"seed {meta['seed']}, {', '.join(map(str, steps))} steps) read the same held-out "
+            f"passage of {data[names[0]].shape[-1]} characters, the training context:", "",
+            f"```text\n{str(data['text'])}\n```", "",
+            "Each column is one encoding, each row a layer; in every layer the head shown is the "
+            "one whose attention is most concentrated (lowest mean entropy over queries). Query "
+            "down, key across; the colour scale is a square root, so weak long-range attention "
+            "stays visible. Drawn at build time from `results/attention/text.npz`, which "
+            "`python -m mmpe.recipes.attention_maps --seed 1` writes from the checkpoints of "
+            "`mmpe compare text` (the recipe's stored runs).", "",
+            "![Attention of trained text models](img/gen/gallery_trained_text.png)", ""]
+
+
 def gallery_page() -> None:
-    """gallery.md: a figure per coordinate type with every score encoding that runs on it."""
-    lines = ["# Attention gallery", "",
+    """gallery.md: trained attention maps, then a figure per coordinate type with every score
+    encoding that runs on it."""
+    lines = ["# Attention gallery", "", *trained_attention(), "## Content-free biases", "",
              "What each score encoding adds to the attention logits before any content is seen: "
              "the bias `[query, key]` (mean over 4 heads) of every registered score encoding, "
              "on each coordinate type it supports, as built (seed 0, untrained: learned tables "
@@ -138,7 +165,7 @@ def gallery_page() -> None:
         title = f"score encodings on {type(coords).__name__}"
         write(f"gallery_{kind}", lambda e=encs, c=coords, t=title: gallery.plot_bias_gallery(
             e, c, title=t))
-        lines += [f"## {type(coords).__name__}", "", f"`{coords!r}`: {len(names)} score "
+        lines += [f"### {type(coords).__name__}", "", f"`{coords!r}`: {len(names)} score "
                   "encodings.", "", f"![Bias of every score encoding on {kind}]"
                   f"(img/gen/gallery_{kind}.png)", ""]
     lines += ["Rotary and input encodings have no bias matrix; what one query sees through them "

@@ -42,6 +42,7 @@ The package, one idea per file:
 | `flash.py` | the one door to SDPA's private CPU kernel that returns the log-sum-exp |
 | `masks.py` | dense masks, SDPA's causal triangle, bias casting |
 | `memory.py` | block budget, memory guard |
+| `record.py` | `record_attention`: every call's softmax weights, for heatmaps |
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ from mmpe.attention.modules import (  # noqa: F401
     _head_dim,
     _split_by_hook,
 )
+from mmpe.attention.record import record_attention
 from mmpe.attention.relation import RELATION_BLOCK_ROWS, _RelationAttention, _RelationPlan  # noqa: F401
 
 __all__ = [
@@ -90,6 +92,7 @@ __all__ = [
     "block_bytes",
     "choose_path",
     "compose_score_mods",
+    "record_attention",
     "run_flex",
     "run_math",
     "run_sdpa",

@@ -20,6 +20,7 @@ import torch.utils.checkpoint
 from torch import Tensor
 
 from mmpe import flex_compile
+from mmpe.attention import record
 from mmpe.attention.flex import _block_mask, _flex_mods, compose_score_mods
 from mmpe.attention.grid import _GridPlan
 from mmpe.attention.masks import _cast_bias, _dense_mask, _large_mask, _plain_causal
@@ -35,6 +36,11 @@ def choose_path(backend: str, scores: Seq[ScoreEncoding], kernel: KernelEncoding
     """The execution path of a call: ``"flex"``, ``"sdpa"`` or ``"math"``."""
     kernel_softmax = kernel is None or kernel.is_softmax
     needs_math = not kernel_softmax or any(s.needs_probs for s in scores)
+    if record.recording():
+        if not kernel_softmax:
+            raise ValueError(f"record_attention: {type(kernel).__name__} replaces the softmax; "
+                             "it has no softmax weights to record")
+        return "math"
     if backend == "math" or needs_math:
         if backend == "flex":
             raise ValueError("attention: backend='flex' cannot run a non-softmax kernel "
@@ -156,6 +162,7 @@ def run_math(scores: Seq[ScoreEncoding], kernel: KernelEncoding | None, ctx: Att
         probs = None
     else:
         probs = scores_.softmax(dim=-1)
+        record.record(probs)
         out = probs @ v
     for enc in scores:
         if enc.needs_probs:

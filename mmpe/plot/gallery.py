@@ -10,6 +10,7 @@ the attention gallery, drawn from closed forms and freshly built encodings (no t
 | [`plot_molecule_positions`][mmpe.plot.gallery.plot_molecule_positions] | a molecule coloured by LapPE, RWSE and the shortest-path distance from one atom |
 | [`plot_feature_graph`][mmpe.plot.gallery.plot_feature_graph] | a table's feature graph coloured by Tab-PET's spectral positions |
 | [`plot_distance_kernels`][mmpe.plot.gallery.plot_distance_kernels] | the distance kernels of `gaussian_distance`, `radial_gaussian`, `radial_bessel` |
+| [`plot_trained_attention`][mmpe.plot.gallery.plot_trained_attention] | attention maps of trained models: the encodings side by side, a row per layer |
 
 "What one query sees" is, per hook: the bias a score encoding adds to the logit (mean over
 heads), the rotated `⟨R_q x, R_k x⟩ / h_d` of a rotary encoding for `x = 1` (RoFormer's
@@ -196,6 +197,45 @@ def plot_bias_gallery(encodings: Mapping[str, Any], coords: Coordinates, *, titl
             continue
         values = np.where(allowed, bias.mean(0), np.nan)
         _image(ax, values, label, diverging=True)
+    if title:
+        fig.suptitle(title)
+    return finish(fig, path)
+
+
+def plot_trained_attention(maps: Mapping[str, np.ndarray], *, heads: Mapping[str, list] | None = None,
+                           title: str = "", path: str | os.PathLike | None = None) -> Figure:
+    """Attention weights of trained models, `maps[name]` `[layers, n_q, n_k]` (one head per
+    layer, rows summing to 1): the encodings side by side in columns, a row per layer, query
+    down and key across, on a square-root colour scale (weak long-range attention stays
+    visible).
+
+    Raises:
+        ValueError: no maps, or a map that is not `[layers, n_q, n_k]`.
+    """
+    if not maps:
+        raise ValueError("plot_trained_attention: maps is empty")
+    for name, m in maps.items():
+        if np.ndim(m) != 3:
+            raise ValueError(f"plot_trained_attention: maps[{name!r}] must be [layers, n_q, n_k], "
+                             f"got shape {np.shape(m)}")
+    from matplotlib.colors import PowerNorm
+
+    layers, cols = max(np.shape(m)[0] for m in maps.values()), len(maps)
+    fig = new_figure(2.0 * cols + 0.9, 2.1 * layers + (0.5 if title else 0.2))
+    for c, (name, m) in enumerate(maps.items()):
+        for layer in range(np.shape(m)[0]):
+            ax = fig.add_subplot(layers, cols, layer * cols + c + 1)
+            im = ax.imshow(np.asarray(m[layer], dtype=np.float32), cmap="magma",
+                           norm=PowerNorm(0.5, vmin=0.0, vmax=1.0), interpolation="nearest")
+            head = f" (head {heads[name][layer]})" if heads and name in heads else ""
+            ax.set_title(f"{name}: layer {layer + 1}{head}", fontsize=8)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if c == 0:
+                ax.set_ylabel("query", fontsize=8)
+            if layer == layers - 1:
+                ax.set_xlabel("key", fontsize=8)
+    fig.colorbar(im, ax=fig.axes, shrink=0.6, label="attention weight")
     if title:
         fig.suptitle(title)
     return finish(fig, path)
