@@ -5,7 +5,7 @@ window, temperature, cache, softmax — replaced by the mmpe layer of a schedule
 `mmpe.Transformer` (`MultiHeadAttention.forward_heads`), fed with HF's own q/k/v projections and
 q/k norms; embeddings, norms, MLPs and the output projection stay HF's. Only the position and
 attention scheme is therefore under test. Logits must equal HF's `Llama4ForCausalLM`,
-`Gemma3ForCausalLM` and `SmolLM3ForCausalLM` (tiny random configs, weights drawn with std 0.2 so
+`Gemma3ForCausalLM`, `SmolLM3ForCausalLM`, `Gemma2ForCausalLM` and `Cohere2ForCausalLM` (tiny random configs, weights drawn with std 0.2 so
 positions change the output) to `ATOL`, uncached and decoded incrementally with the mmpe cache;
 each comparison has a control (the schedule disabled) that must differ by more than `CONTROL`.
 """
@@ -438,3 +438,37 @@ def test_smollm3_nope_layers_equal_hf(quiet_hf, sliding):
         schedule = "smollm3"
         controls = {"all RoPE": [rope] * 4}
     _check_against_hf(hf, 4, _no_norm, schedule, controls)
+
+
+def test_gemma2_alternating_equals_hf(quiet_hf):
+    """Sliding-window and global layers alternate, one RoPE base (attention logit soft-capping
+    off: it is not a position scheme; `query_pre_attn_scalar = head_dim`)."""
+    tf = quiet_hf
+    cfg = tf.Gemma2Config(
+        vocab_size=50, hidden_size=H, intermediate_size=64, num_hidden_layers=4,
+        num_attention_heads=NH, num_key_value_heads=NKV, head_dim=HD, query_pre_attn_scalar=HD,
+        sliding_window=3, attn_logit_softcapping=None, final_logit_softcapping=None,
+        attn_implementation="eager", pad_token_id=0)
+    hf = _randomize(tf.Gemma2ForCausalLM(cfg))
+    preset = {"preset": "gemma2", "sliding_window": 3}
+    _check_against_hf(hf, 4, _no_norm, preset, {
+        "no windows": [{"encodings": ["rope"]}] * 4,
+        "windows on the other layers": {"every": 2, "then": {"encodings": ["rope"], "window": 3},
+                                        "otherwise": {"encodings": ["rope"]}},
+    })
+
+
+def test_cohere2_equals_hf(quiet_hf):
+    """3 sliding-window layers with interleaved RoPE, then a global NoPE layer."""
+    tf = quiet_hf
+    cfg = tf.Cohere2Config(
+        vocab_size=50, hidden_size=H, intermediate_size=64, num_hidden_layers=4,
+        num_attention_heads=NH, num_key_value_heads=NKV, sliding_window=3, logit_scale=1.0,
+        attn_implementation="eager", pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    hf = _randomize(tf.Cohere2ForCausalLM(cfg))
+    preset = {"preset": "cohere2", "sliding_window": 3}
+    rope = {"name": "rope", "interleaved": True}
+    _check_against_hf(hf, 4, _no_norm, preset, {
+        "RoPE on every layer": [{"encodings": [rope], "window": 3}] * 3 + [{"encodings": [rope]}],
+        "half-split RoPE": [{"encodings": ["rope"], "window": 3}] * 3 + [{"encodings": []}],
+    })
