@@ -24,7 +24,7 @@ import mmpe
 from mmpe.encodings._learned_rotation import rope_generators, skew, upper_entries
 from mmpe.encodings.comrope import ComRoPEAP, ComRoPELD
 from mmpe.encodings.liere import LieRE
-from mmpe.encodings.string_rope import StringRoPE, cayley
+from mmpe.encodings.string_rope import cayley
 
 SETTINGS = settings(max_examples=20, deadline=None, derandomize=True)
 LEARNED = ["liere", "string_rope", "comrope_ap", "comrope_ld"]

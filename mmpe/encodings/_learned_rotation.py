@@ -32,7 +32,7 @@ def skew(upper: Tensor, size: int) -> Tensor:
 
 
 def upper_entries(matrix: Tensor) -> Tensor:
-    """Inverse of [`skew`][mmpe.encodings._learned_rotation.skew]: the strict upper triangle
+    """Inverse of `skew`: the strict upper triangle
     `[..., b(b−1)/2]` of `[..., b, b]` matrices."""
     size = matrix.shape[-1]
     rows, cols = torch.triu_indices(size, size, 1, device=matrix.device)
@@ -41,7 +41,7 @@ def upper_entries(matrix: Tensor) -> Tensor:
 
 def axial_frequencies(head_dim: int, num_axes: int, base: float) -> Tensor:
     """`[A, h_d/2]` float64: pair `j` turns by `θ_{a,j}·x_a`, with the axial RoPE spectrum of
-    [`axial_phase`][mmpe.encodings.rope_axial.axial_phase] (`"ij"`): pair `j` belongs to axis
+    `axial_phase` (`"ij"`): pair `j` belongs to axis
     `a = j // m`, `m = h_d/(2A)`, and `θ_{a,j} = base^(−2(j mod m)/(h_d/A))`; 0 elsewhere.
     With one axis this is RoPE's `base^(−2j/h_d)`.
 
@@ -62,7 +62,7 @@ def axial_frequencies(head_dim: int, num_axes: int, base: float) -> Tensor:
 def rope_generators(head_dim: int, num_axes: int, base: float = 10000.0) -> Tensor:
     """The generators of axial RoPE, `[A, h_d, h_d]` float64 skew-symmetric: `G_a` holds, for
     each pair `j` of axis `a`, the 2×2 block `[[0, −θ_{a,j}], [θ_{a,j}, 0]]` on channels
-    `(2j, 2j+1)` ([`axial_frequencies`][mmpe.encodings._learned_rotation.axial_frequencies]).
+    `(2j, 2j+1)` (`axial_frequencies`).
     `exp(Σ_a x_a G_a)` is then `rope_axial(interleaved=True)`'s rotation (`rope(
     interleaved=True)` with one axis): pair `j` turns by `Σ_a θ_{a,j} x_a` counter-clockwise,
     `(x₁, x₂) → (x₁ cos − x₂ sin, x₂ cos + x₁ sin)`."""
@@ -83,7 +83,7 @@ class LearnedRotation(KeepDtype, RotaryEncoding):
     """Base of the learned N-D rotations: head checks, positions, deduplication, caching.
 
     Subclasses set `block_size`, `num_blocks`, `num_axes`, `head_dim`, `num_heads` and
-    `per_head`, and implement [`rotation_blocks`][mmpe.encodings._learned_rotation.LearnedRotation.rotation_blocks]
+    `per_head`, and implement `rotation_blocks`
     (or override `transform`/`apply`, as STRING does).
     """
 
@@ -108,7 +108,7 @@ class LearnedRotation(KeepDtype, RotaryEncoding):
         raise NotImplementedError  # pragma: no cover - abstract
 
     def transform(self, positions: Tensor, work: torch.dtype) -> object:
-        """What [`apply`][mmpe.encodings._learned_rotation.LearnedRotation.apply] needs for
+        """What `apply` needs for
         tokens at `positions` `[n, A]` or `[B, n, A]`: here the blocks
         `[1 or B, H_r, n, h_d/b, b, b]`, computed once per distinct position."""
         flat = positions.reshape(-1, positions.shape[-1]).to(work)

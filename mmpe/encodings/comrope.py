@@ -61,7 +61,8 @@ class ComRoPEAP(_ComRoPE):
     """ComRoPE-AP (axis partition; Yu et al. 2025): the blocks are shared out among the axes
     — block `k` of the `n_b = h_d/b` belongs to axis `a(k) = ⌊k·A/n_b⌋` (contiguous groups
     as even as possible, as axial RoPE's channel blocks; equal when `A` divides `n_b`) — and
-    turns by `exp(x_{a(k)} B_k)` with a learned skew-symmetric `B_k`; the angle matrices `A_a` have disjoint supports, so they commute.
+    turns by `exp(x_{a(k)} B_k)` with a learned skew-symmetric `B_k`; the angle matrices
+    `A_a` have disjoint supports, so they commute.
 
     With `b = 2` and `B_k` the 2×2 RoPE generators of axial frequencies this is
     `rope_axial(interleaved=True)` (`rope(interleaved=True)` with one axis); larger blocks

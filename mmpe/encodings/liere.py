@@ -45,7 +45,7 @@ class LieRE(SavesSettings, LearnedRotation):
 
     Initialisation (an assumption: the paper does not fix one we could confirm): `init="rope"`
     (default) sets the generators to axial RoPE's
-    ([`rope_generators`][mmpe.encodings._learned_rotation.rope_generators], frequencies
+    (`mmpe.encodings._learned_rotation.rope_generators`, frequencies
     `base^(−2j/(h_d/A))` per axis block, interleaved pairs), so LieRE starts exactly as
     `rope_axial(interleaved=True, base=base)` (`rope(interleaved=True)` with one axis) and
     learns from there; `init="random"` draws every free entry from `N(0, init_std²)`.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-import torch
 from torch import Tensor
 
 from mmpe.coords.capabilities import Positioned1D
@@ -28,8 +27,8 @@ def p_rope_inv_freq(head_dim: int, p: float, base: float = 10000.0) -> Tensor:
     half = head_dim // 2
     kept = math.floor(p * head_dim / 2 + 1e-9)
     if kept < 1:
-        raise ValueError(f"p_rope: p={p} keeps ⌊p·head_dim/2⌋ = 0 of the {half} frequencies of "
-                         f"head_dim={head_dim}: nothing would rotate (that is 'nope'); use "
+        raise ValueError(f"p_rope: p={p} keeps ⌊p·head_dim/2⌋ = 0 of the {half} frequencies "
+                         f"of head_dim={head_dim}: nothing would rotate (that is 'nope'); use "
                          f"p >= {2 / head_dim:.4g}")
     inv = rope_inv_freq(head_dim, base)
     inv[kept:] = 0.0
@@ -57,17 +56,17 @@ class PRoPE(RoPE):
     channels with the spectrum `base^(−2i/r)` recomputed over `r` (so it keeps the lowest
     frequency `base^(−(r−2)/r)`), and with the half-split layout leaves the *last* channels
     unrotated; here the unrotated channels are the pairs `(i, i + h_d/2)`, `i ≥ ⌊p·h_d/2⌋`
-    (interleaved: `(2i, 2i+1)`), as in the Gemma code the paper's models use
-    (`rope_proportion`: `⌊p·h_d // 2⌋` frequencies, zero-padded). The number kept is
-    `⌊p·h_d/2⌋` (floor).
+    (interleaved: `(2i, 2i+1)`). The number kept is `⌊p·h_d/2⌋` (floor; an assumption where
+    the paper gives no rounding rule, matching Gemma's reference code as we know it, which pads
+    the kept frequencies with zeros).
 
     Scores stay relative (`q_mᵀ k_n` depends on `m − n` only); the unrotated pairs contribute
     a position-independent term.
 
     Args:
         head_dim: `h_d` (even).
-        p: fraction of the frequencies kept, in (0, 1] (0.75 default: the paper's best on Gemma
-            2B; 0.25 also reported). p = 1 is `rope`; p = 0 is `nope` (build that instead).
+        p: fraction of the frequencies kept, in (0, 1] (default 0.75; the paper trains Gemma 2B
+            with p = 0.25 and 0.75). p = 1 is `rope`; p = 0 is `nope` (build that instead).
         base: frequency base (10000).
         interleaved: pairs `(2i, 2i+1)` (True) or `(i, i + h_d/2)` (False, default, HF/Gemma).
 

@@ -38,7 +38,7 @@ class StringRoPE(SavesSettings, LearnedRotation):
     (general, mixed-axis) frequencies, so `R(x)ᵀR(y) = R(y − x)` exactly for any number of
     axes: scores depend on the offset only. Here `RoPE(x)` turns pair `j` by
     `Σ_a θ_{a,j} x_a` (RoPE-Mixed's form; learned `θ` `[A, H_r, h_d/2]`, initialised to axial
-    RoPE's spectrum [`axial_frequencies`][mmpe.encodings._learned_rotation.axial_frequencies],
+    RoPE's spectrum `mmpe.encodings._learned_rotation.axial_frequencies`,
     `base^(−2j/(h_d/A))` on axis `a`'s block of pairs), and `S` starts at 0 (`init_std=0`),
     so at initialisation `P = I` and STRING *is* `rope_axial` (`rope` with one axis, same
     `interleaved` layout).
