@@ -30,7 +30,9 @@ window of that many tokens) or `chunk` (chunked attention, chunks of that many t
 model's `state_dict` (`layer_schedule.settings.config`, its JSON) and checked on load; each
 windowed layer also saves its window (`blocks.<i>.attn.window.settings.kind`/`size`).
 [`LayerSchedule.from_state_dict`][mmpe.schedule.LayerSchedule.from_state_dict] reads it back,
-and `mmpe show gemma3 --depth 12` prints a preset layer by layer.
+[`LayerSchedule.from_hf`][mmpe.schedule.LayerSchedule.from_hf] reads an HF config's
+`layer_types`, `no_rope_layers`, windows and RoPE bases (each preset equals its HF config's
+defaults read this way), and `mmpe show gemma3 --depth 12` prints a preset layer by layer.
 """
 
 from __future__ import annotations
@@ -341,6 +343,68 @@ class LayerSchedule(SavesSettings):
         if not keys:
             return None
         return cls(json.loads(decode_setting(state[keys[0]])))
+
+    @classmethod
+    def from_hf(cls, config: Any) -> LayerSchedule:
+        """The schedule of an HF transformers text config (v5 names), layer by layer.
+
+        Reads `num_hidden_layers`; `layer_types` (`"sliding_attention"` → `window =
+        sliding_window` unless `use_sliding_window` is False; `"chunked_attention"` → `chunk =
+        attention_chunk_size`); `no_rope_layers` (Llama 4, SmolLM3: 0 = NoPE), and for
+        Cohere 2 RoPE on the sliding layers only; `rope_parameters` (one dict, or one per layer
+        type as in Gemma 3) of `rope_type` `"default"` with `rope_theta` and
+        `partial_rotary_factor`; interleaved channel pairs for Llama 4 and Cohere 2; and
+        Llama 4's `attn_temperature_tuning` (`floor_scale`, `attn_scale`) on its NoPE layers.
+        What is not a position scheme (q/k norms, soft-capping, `query_pre_attn_scalar`) is not
+        read.
+
+        Raises:
+            ValueError: a `rope_type` other than `"default"` (build that layer's spec with
+                `mmpe.integrations.transformers.from_hf_rope` by hand), or a config without
+                `num_hidden_layers`.
+        """
+        get = (lambda k, d=None: config.get(k, d)) if isinstance(config, Mapping) else \
+            (lambda k, d=None: getattr(config, k, d))
+        depth = get("num_hidden_layers")
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"LayerSchedule.from_hf: the config needs num_hidden_layers >= 1, got {depth!r}")
+        model_type = get("model_type", "") or ""
+        types = list(get("layer_types") or ["full_attention"] * depth)
+        no_rope = get("no_rope_layers") or [1] * depth
+        rope_params = get("rope_parameters") or {"rope_type": "default",
+                                                  "rope_theta": get("rope_theta", 10000.0)}
+        interleaved = model_type in ("llama4_text", "llama4", "cohere2", "cohere")
+        head_dim = get("head_dim") or (get("hidden_size") // get("num_attention_heads")
+                                       if get("hidden_size") and get("num_attention_heads") else None)
+
+        def rope_for(kind: str) -> dict[str, Any]:
+            params = rope_params.get(kind, rope_params) if isinstance(rope_params.get(kind), Mapping) \
+                else rope_params
+            rope_type = params.get("rope_type", params.get("type", "default"))
+            if rope_type != "default":
+                raise ValueError(f"LayerSchedule.from_hf: rope_type {rope_type!r} is not read here; "
+                                 "give the layer specs' encodings from from_hf_rope by hand")
+            spec = _rope(params.get("rope_theta", get("rope_theta", 10000.0)), interleaved)
+            factor = params.get("partial_rotary_factor", get("partial_rotary_factor"))
+            if factor not in (None, 1, 1.0) and head_dim:
+                spec["rotary_dim"] = int(head_dim * factor)
+            return spec
+
+        layers = []
+        for i in range(depth):
+            kind = types[i]
+            window = chunk = None
+            if kind == "sliding_attention" and get("use_sliding_window", True) is not False:
+                window = get("sliding_window")
+            elif kind == "chunked_attention":
+                chunk = get("attention_chunk_size")
+            uses_rope = bool(no_rope[i]) and (model_type != "cohere2" or kind == "sliding_attention")
+            temperature = None
+            if not uses_rope and get("attn_temperature_tuning", False):
+                temperature = {"floor_scale": float(get("floor_scale")), "attn_scale": float(get("attn_scale"))}
+            layers.append(LayerSpec(encodings=(rope_for(kind),) if uses_rope else (), window=window,
+                                    chunk=chunk, temperature=temperature))
+        return cls(layers, name=f"hf:{model_type}" if model_type else "hf")
 
     def describe(self) -> str:
         """A table, one line per layer."""

@@ -239,6 +239,27 @@ def test_layers_share_encodings_by_spec_and_schedule_round_trips(tmp_path):
     assert "layer 5: rope(base=1e+06), global" in out and "sliding window 3" in out
 
 
+def test_from_hf_reads_presets_defaults_and_refuses_scaled_rope():
+    tf = pytest.importorskip("transformers")
+    tf.logging.set_verbosity_error()
+    configs = {"llama4": tf.Llama4TextConfig(num_hidden_layers=8),
+               "gemma3": tf.Gemma3TextConfig(num_hidden_layers=12),
+               "gemma2": tf.Gemma2Config(num_hidden_layers=6),
+               "cohere2": tf.Cohere2Config(num_hidden_layers=8),
+               "smollm3": tf.SmolLM3Config(num_hidden_layers=8, pad_token_id=0)}
+    for preset, cfg in configs.items():
+        got = LayerSchedule.from_hf(cfg)
+        assert got.to_config() == LayerSchedule.parse(preset, cfg.num_hidden_layers).to_config()
+    llama = tf.LlamaConfig(num_hidden_layers=2, rope_parameters={"rope_type": "linear", "factor": 2.0,
+                                                                  "rope_theta": 1e4})
+    with pytest.raises(ValueError, match="rope_type 'linear'"):
+        LayerSchedule.from_hf(llama)
+    partial = LayerSchedule.from_hf({"num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 4,
+                                     "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                                         "partial_rotary_factor": 0.5}})
+    assert partial[0].encodings[0]["rotary_dim"] == 8
+
+
 def test_forms_of_layer_schedule_agree():
     by_preset = LayerSchedule.parse({"preset": "smollm3", "nope_every": 2}, 4)
     by_pattern = LayerSchedule.parse({"every": 2, "then": {"encodings": []},
@@ -343,6 +364,9 @@ def _randomize(model, std: float = 0.2):
 
 
 def _check_against_hf(hf, depth, norm, schedule, controls):
+    # the schedule read from the HF config itself is the one under test
+    expected = LayerSchedule.parse(schedule, depth).to_config()
+    assert LayerSchedule.from_hf(hf.config).to_config() == expected
     ids = torch.randint(0, 50, (2, STEPS[-1]), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         ref = hf(ids, use_cache=False).logits
