@@ -496,3 +496,55 @@ def test_cohere2_equals_hf(quiet_hf):
         "RoPE on every layer": [{"encodings": [rope], "window": 3}] * 3 + [{"encodings": [rope]}],
         "half-split RoPE": [{"encodings": ["rope"], "window": 3}] * 3 + [{"encodings": []}],
     })
+
+
+@settings(max_examples=15, deadline=None)
+@given(window=st.integers(1, 6), chunk=st.integers(1, 6), n=st.integers(2, 12),
+       data=st.data())
+def test_property_cached_equals_full(window, chunk, n, data):
+    """Any window and chunk sizes, any split of the tokens into cached steps."""
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, n - 1), max_size=3))))
+    torch.manual_seed(window * 31 + chunk)
+    model = mmpe.Transformer(16, 2, 3, ["rope"], layer_schedule=[
+        {"window": window}, {"chunk": chunk, "temperature": {"floor_scale": 2.0, "attn_scale": 0.3}},
+        {"encodings": []}]).eval()
+    x = torch.randn(1, n, 16)
+    with torch.no_grad():
+        full = model(x, mmpe.Sequence(n, causal=True))
+        cache, outs, start = model.make_cache(), [], 0
+        for stop in [*cuts, n]:
+            outs.append(model(x[:, start:stop], mmpe.Sequence(stop - start, offset=start, causal=True),
+                              cache=cache))
+            start = stop
+    assert (torch.cat(outs, 1) - full).abs().max() < 1e-5
+
+
+def test_generate_left_padded_with_schedule():
+    """Greedy generation of a left-padded batch: cached equals uncached under windows/chunks."""
+    torch.manual_seed(0)
+    lm = CausalLM(40, 32, 4, 4, layer_schedule={"preset": "llama4", "chunk_size": 3,
+                                                "floor_scale": 2}).eval()
+    prompts = torch.tensor([[5, 7, 9, 11, 3], [0, 0, 3, 4, 8]])
+    mask = torch.tensor([[True] * 5, [False, False, True, True, True]])
+    cached = mmpe.generate(lm, prompts, 6, padding_mask=mask)
+    plain = mmpe.generate(lm, prompts, 6, padding_mask=mask, use_cache=False)
+    assert torch.equal(cached, plain)
+    # the padded example decodes as it does alone, unpadded (chunks count from its first token)
+    alone = mmpe.generate(lm, prompts[1:, 2:], 6)
+    assert torch.equal(cached[1, 5:], alone[0, 3:])
+
+
+def test_sliding_window_on_a_grid_is_distance():
+    grid = mmpe.Grid((3, 3))
+    view = LocalWindow("sliding", 1).apply(grid)
+    b, h, q, k = mmpe.coords.base.index_grid(1, 1, 9, 9)
+    assert torch.equal(view.dense_mask()[0, 0], (grid.distance(q, k, b) <= 1)[0, 0])
+    attn = mmpe.MultiHeadAttention(16, 2, [mmpe.build("alibi", num_heads=2)],
+                                   window=LocalWindow("sliding", 1))
+    x = torch.randn(2, 9, 16)
+    with torch.no_grad():
+        outs = []
+        for backend in ("sdpa", "math"):
+            attn.backend = backend
+            outs.append(attn(x, grid))
+    assert (outs[0] - outs[1]).abs().max() < 1e-5
