@@ -141,7 +141,9 @@ def test_bad_input():
             mmpe.build("rope_dinov3", **kw)
     enc = mmpe.build("rope_dinov3", head_dim=8)
     q = torch.randn(1, 1, 8, 8)
-    with pytest.raises(ValueError, match="2-axis grid"):
+    with pytest.raises(ValueError, match=r"len\(shape\) == 2"):
         enc(q, q, Grid((2, 2, 2)))
+    assert "rope_dinov3" not in {e.name for e in mmpe.available(coords=Grid((2, 2, 2)))}
+    assert "rope_dinov3" in {e.name for e in mmpe.available(coords=Grid((2, 3)))}
     with pytest.raises(TypeError, match="GridLayout"):
         enc(q, q, mmpe.Sequence(8))

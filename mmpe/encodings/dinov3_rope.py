@@ -4,6 +4,7 @@ training-time coordinate augmentation (shift, jitter, rescale)."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -16,6 +17,17 @@ from mmpe.encodings.rope import apply_rotary, rotation_dtype
 from mmpe.registry import register
 
 NORMALIZE = ("separate", "min", "max")
+
+
+class GridLayout2D(GridLayout):
+    """`GridLayout` with two axes (an image's `(H, W)` patches). A class qualifies when it
+    provides the members (the shape is set per object); an object when `len(shape) == 2`."""
+
+    @classmethod
+    def unmet(cls, coords: Any) -> list[str]:
+        if isinstance(coords, type):
+            return []
+        return [] if len(tuple(getattr(coords, "shape", ()))) == 2 else ["len(shape) == 2"]
 
 
 def dinov3_periods(head_dim: int, base: float = 100.0) -> Tensor:
@@ -38,7 +50,7 @@ def dinov3_coords(shape: tuple[int, int], normalize_coords: str = "separate") ->
 
 
 @register(
-    "rope_dinov3", hook="rotary", needs=(GridLayout,), learnable=False, family="rotary",
+    "rope_dinov3", hook="rotary", needs=(GridLayout2D,), learnable=False, family="rotary",
     aliases=("dinov3_rope",),
     paper="Siméoni et al. 2025, DINOv3 (arXiv:2508.10104), RoPE with normalised patch "
           "coordinates and box jittering; reference: facebookresearch/dinov3 "
@@ -80,12 +92,14 @@ class DINOv3RoPE(SavesSettings, RotaryEncoding):
         generator: a `torch.Generator` for the augmentation draws (not saved).
 
     Shapes: `forward(q [b, n_h, n, h_d], k [b, n_kv, n, h_d], grid) -> (q, k)` on a 2-axis
-    [`Grid`][mmpe.coords.grid.Grid] (any `GridLayout`) of `prefix_tokens + H·W` tokens.
+    [`Grid`][mmpe.coords.grid.Grid] (any `GridLayout` with `len(shape) == 2`:
+    [`GridLayout2D`][mmpe.encodings.dinov3_rope.GridLayout2D]) of `prefix_tokens + H·W` tokens.
 
     Raises:
         ValueError: `head_dim` not a positive multiple of 4, `base <= 1`, an unknown
             `normalize_coords`, `shift_coords <= 0`, `jitter_coords`/`rescale_coords` < 1
-            (or non-finite), a grid of other than 2 axes, bad q/k shapes.
+            (or non-finite), a grid of other than 2 axes (the capability check), bad q/k
+            shapes.
     """
 
     saved_settings = ("base", "normalize_coords", "shift_coords", "jitter_coords",
