@@ -10,9 +10,11 @@ local `edge_index [2, E_g]` of graph `g`). Node `i` of graph `g` sits in token s
 of nodes of graph `g` is `node_mask[g].sum()` (`node_mask` is False at the virtual token). Padding and the virtual token get zeros.
 
 Every value is computed once per coordinates object and cached (the coordinates are rebuilt
-per batch; an entry vanishes with them). Maths: dense float64 numpy per graph, eigenpairs by
-`scipy.linalg.eigh` (real symmetric or complex Hermitian), adjacencies by
-[`mmpe.graph_maths.adjacency`][mmpe.graph_maths.adjacency] (coalesced: duplicates count once).
+per batch; an entry vanishes with them). Maths: dense float64 per graph, eigenpairs by
+`torch.linalg.eigh` (real symmetric or complex Hermitian; it keeps to `torch`'s thread count,
+where numpy's BLAS would oversubscribe a loaded machine's cores), adjacencies as
+[`mmpe.graph_maths.adjacency`][mmpe.graph_maths.adjacency] builds them (coalesced: duplicates
+count once), dense.
 """
 
 from __future__ import annotations
@@ -23,12 +25,12 @@ from typing import Any
 from weakref import WeakKeyDictionary
 
 import numpy as np
-import scipy.linalg
 import torch
 from torch import Tensor
 
 from mmpe.coords.capabilities import Capability
-from mmpe.graph_maths import adjacency, canonical_sign
+from mmpe.graph_maths import _edges as _valid_edges
+from mmpe.graph_maths import _num_nodes, canonical_sign
 
 __all__ = ["GraphAdjacency", "dense_adjacency", "laplacian_eigenpairs", "magnetic_laplacian",
            "magnetic_laplacian_pe", "random_walk_powers", "rrwp"]
@@ -68,6 +70,18 @@ def _edges(coords: Any, g: int) -> np.ndarray:
     return e.detach().cpu().numpy() if isinstance(e, Tensor) else np.asarray(e)
 
 
+def _dense(edge_index: np.ndarray, n: int, self_loops: bool) -> np.ndarray:
+    """The coalesced 0/1 adjacency `[n, n]` float64 of local edges, dense: the matrix of
+    [`mmpe.graph_maths.adjacency`][mmpe.graph_maths.adjacency] (`undirected=False`) without its
+    sparse detour (per batch, that construction cost more than the eigensolver)."""
+    a = np.zeros((n, n))
+    if edge_index.size:
+        a[edge_index[0], edge_index[1]] = 1.0
+    if not self_loops:
+        np.fill_diagonal(a, 0.0)
+    return a
+
+
 # ---------------------------------------------------------------------------- random walks
 def random_walk_powers(edge_index: np.ndarray | Tensor, num_nodes: int, k: int) -> np.ndarray:
     """`[I, M, M², …, M^{k−1}]` of one graph, `M = D⁻¹A`, as `[n, n, k]` float64.
@@ -82,15 +96,14 @@ def random_walk_powers(edge_index: np.ndarray | Tensor, num_nodes: int, k: int) 
     """
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"random_walk_powers: k must be an int >= 1, got {k!r}")
-    a = adjacency(edge_index, num_nodes, undirected=False, self_loops=True).toarray()
-    m = a / np.maximum(a.sum(axis=1, keepdims=True), 1.0)
-    out = np.empty((num_nodes, num_nodes, k))
-    power = np.eye(num_nodes)
-    for t in range(k):
-        out[:, :, t] = power
-        if t + 1 < k:
-            power = power @ m
-    return out
+    num_nodes = _num_nodes(num_nodes, "random_walk_powers")
+    ei = _valid_edges(edge_index, num_nodes, "random_walk_powers")
+    a = torch.from_numpy(_dense(ei, num_nodes, self_loops=True))
+    m = a / a.sum(dim=1, keepdim=True).clamp(min=1.0)
+    powers = [torch.eye(num_nodes, dtype=torch.float64)]
+    for _ in range(k - 1):
+        powers.append(powers[-1] @ m)
+    return torch.stack(powers, dim=-1).numpy()
 
 
 def rrwp(coords: Any, k: int) -> Tensor:
@@ -150,7 +163,8 @@ def magnetic_laplacian(edge_index: np.ndarray | Tensor, num_nodes: int, q: float
         raise ValueError(f"magnetic_laplacian: q must be a finite float >= 0, got {q!r}")
     if normalization not in ("sym", None):
         raise ValueError(f"magnetic_laplacian: normalization must be 'sym' or None, got {normalization!r}")
-    a = adjacency(edge_index, num_nodes, undirected=False, self_loops=False).toarray()
+    num_nodes = _num_nodes(num_nodes, "magnetic_laplacian")
+    a = _dense(_valid_edges(edge_index, num_nodes, "magnetic_laplacian"), num_nodes, self_loops=False)
     a_s = np.maximum(a, a.T)
     h = a_s * np.exp(2j * np.pi * q * (a - a.T)) if q > 0 else a_s  # Θ = 2πq(A − Aᵀ)
     deg = a_s.sum(axis=1)
@@ -164,7 +178,7 @@ def magnetic_laplacian_pe(coords: Any, k: int, q: float,
                           normalization: str | None = "sym") -> tuple[Tensor, Tensor, Tensor]:
     """Eigenvectors of the `k` smallest eigenvalues of every graph's magnetic Laplacian
     ([`magnetic_laplacian`][mmpe.coords.graph_structure.magnetic_laplacian]; the first one
-    included: at `q > 0` it carries direction), by `scipy.linalg.eigh` on the Hermitian
+    included: at `q > 0` it carries direction), by `torch.linalg.eigh` on the Hermitian
     matrix, each column's phase fixed so that its largest-|entry| is real and positive.
 
     Returns:
@@ -183,7 +197,8 @@ def magnetic_laplacian_pe(coords: Any, k: int, q: float,
         for g, n in enumerate(sizes):
             if not n:
                 continue
-            lam, u = scipy.linalg.eigh(magnetic_laplacian(_edges(coords, g), n, q, normalization))
+            lap = torch.from_numpy(magnetic_laplacian(_edges(coords, g), n, q, normalization))
+            lam, u = (t.numpy() for t in torch.linalg.eigh(lap))
             m = min(k, n)
             u = _phase_canonical(u[:, :m])
             vecs[g, off:off + n, :m] = torch.from_numpy(u.astype(np.complex64))
@@ -221,8 +236,8 @@ def dense_adjacency(coords: Any) -> Tensor:
         out = torch.zeros(b, n_max, n_max)
         for g, n in enumerate(sizes):
             if n:
-                a = adjacency(_edges(coords, g), n, undirected=True, self_loops=False).toarray()
-                out[g, off:off + n, off:off + n] = torch.from_numpy(a).float()
+                a = _dense(_edges(coords, g), n, self_loops=False)
+                out[g, off:off + n, off:off + n] = torch.from_numpy(np.maximum(a, a.T)).float()
         return out.to(coords.node_mask.device)
 
     return _cached(coords, "adjacency", compute)

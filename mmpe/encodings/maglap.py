@@ -13,7 +13,7 @@ trivial first eigenvector); on a graph whose every edge has its reverse (e.g. a 
 PyG stores it) `Θ = 0` for every `q`.
 
 The `k` eigenvectors of the smallest eigenvalues (the first included) come from
-`scipy.linalg.eigh` per graph, each column's phase fixed so that its largest-|entry| is real
+`torch.linalg.eigh` per graph, each column's phase fixed so that its largest-|entry| is real
 and positive ([`mmpe.coords.graph_structure.magnetic_laplacian_pe`][mmpe.coords.graph_structure.magnetic_laplacian_pe]);
 the node features are their real and imaginary parts `[Re V, Im V] ∈ R^{2k}`, projected to the
 model width and added to the node embeddings. (The paper further processes them with a
