@@ -88,7 +88,7 @@ class DINOv3RoPE(SavesSettings, RotaryEncoding):
             aspect ratio).
         shift_coords: `shift > 0`, or None (off; DINOv3's default).
         jitter_coords: factor `J ≥ 1`, or None.
-        rescale_coords: factor `R ≥ 1` (DINOv3 ViT-7B trains with 2), or None.
+        rescale_coords: factor `R ≥ 1` (the DINOv3 models train with 2), or None.
         generator: a `torch.Generator` for the augmentation draws (not saved).
 
     Shapes: `forward(q [b, n_h, n, h_d], k [b, n_kv, n, h_d], grid) -> (q, k)` on a 2-axis
