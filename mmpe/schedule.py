@@ -74,7 +74,9 @@ class AttentionTemperature(SavesSettings, RotaryEncoding):
 
     Shapes: `forward(q [b, n_h, n_q, h_d], k, coords) -> (q · s(p_q), k)`, `s` formed in
     float32 and the product cast back to `q`'s dtype (as HF does); positions are the
-    coordinates' query positions (with a cache, `offset + i`).
+    coordinates' query positions (with a cache, `offset + i`). HF counts
+    `arange(s) + past_seen_tokens`, the same numbers except in a left-padded batch, where
+    mmpe counts from each example's first real token (HF counts the pads too).
 
     Raises:
         ValueError: `floor_scale <= 0` or not finite, `attn_scale` not finite; `q` not rank 4

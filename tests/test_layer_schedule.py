@@ -260,6 +260,18 @@ def test_from_hf_reads_presets_defaults_and_refuses_scaled_rope():
     assert partial[0].encodings[0]["rotary_dim"] == 8
 
 
+def test_cli_show_prints_a_preset(capsys):
+    from mmpe.cli import main
+
+    assert main(["show", "llama4", "--depth", "4", "--option", "chunk_size=16"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "layer schedule 'llama4': 4 layers"
+    assert out[1] == "  layer 0: rope(base=500000, interleaved=True), chunks of 16"
+    assert out[4] == "  layer 3: NoPE, global, temperature(floor_scale=8192, attn_scale=0.1)"
+    assert main(["show", "gemma3", "--option", "window=3"]) == 2
+    assert "preset 'gemma3'" in capsys.readouterr().err
+
+
 def test_forms_of_layer_schedule_agree():
     by_preset = LayerSchedule.parse({"preset": "smollm3", "nope_every": 2}, 4)
     by_pattern = LayerSchedule.parse({"every": 2, "then": {"encodings": []},
