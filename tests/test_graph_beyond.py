@@ -381,3 +381,18 @@ def test_the_encodings_need_the_edge_list() -> None:
     for name in ("rrwp", "spe"):
         with pytest.raises(TypeError, match="GraphAdjacency"):
             mmpe.build(name, num_heads=2).bias(ctx(toy))
+
+
+@SETTINGS
+@given(graphs, st.floats(0.05, 0.45))
+def test_maglap_is_lappe_like_where_every_edge_has_its_reverse(g, q: float) -> None:
+    """Θ = 0 on an undirected edge list (a PyG molecule): real eigenvectors, the same as q = 0."""
+    seed, n = g
+    graph = mmpe.Graph(random_edges(seed, n), n)
+    at_q = mmpe.build("maglap", d_model=8, k=4, q=q).features(graph)
+    assert at_q[..., 4:].abs().max() == 0
+    torch.testing.assert_close(at_q, mmpe.build("maglap", d_model=8, k=4, q=0.0).features(graph))
+    one_way = mmpe.Graph(random_edges(seed, n, directed=True), n)  # control: direction seen
+    lap = magnetic_laplacian(one_way.graph_edges(0), n, q)
+    if np.abs(lap.imag).max() > 1e-6:
+        assert mmpe.build("maglap", d_model=8, k=4, q=q).features(one_way)[..., 4:].abs().max() > 0

@@ -154,7 +154,8 @@ def magnetic_laplacian(edge_index: np.ndarray | Tensor, num_nodes: int, q: float
     symmetrisation, `D_s` the degrees of `A_s` and `Θ_uv = 2π q (A_uv − A_vu)`. At `q = 0` it is
     the Laplacian of the symmetrised graph ([`mmpe.graph_maths.graph_laplacian`][mmpe.graph_maths.graph_laplacian];
     an isolated node's row is 0 in the `"sym"` form, as scipy's). Edges in both directions
-    get `Θ = 0`. At `q = 0` the matrix is returned real (float64).
+    get `Θ = 0`. Where `Θ = 0` everywhere (`q = 0`, or every edge has its reverse) the matrix is
+    returned real (float64), so its eigenvectors are real as LapPE's.
 
     Raises:
         ValueError: `q` negative or not finite; an unknown `normalization`.
@@ -166,7 +167,8 @@ def magnetic_laplacian(edge_index: np.ndarray | Tensor, num_nodes: int, q: float
     num_nodes = _num_nodes(num_nodes, "magnetic_laplacian")
     a = _dense(_valid_edges(edge_index, num_nodes, "magnetic_laplacian"), num_nodes, self_loops=False)
     a_s = np.maximum(a, a.T)
-    h = a_s * np.exp(2j * np.pi * q * (a - a.T)) if q > 0 else a_s  # Θ = 2πq(A − Aᵀ)
+    theta = 2 * np.pi * q * (a - a.T)  # Θ
+    h = a_s * np.exp(1j * theta) if theta.any() else a_s
     deg = a_s.sum(axis=1)
     if normalization == "sym":
         inv = np.where(deg > 0, 1.0 / np.sqrt(np.where(deg > 0, deg, 1.0)), 0.0)
