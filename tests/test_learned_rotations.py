@@ -361,3 +361,22 @@ def test_bf16_module_keeps_float32_parameters() -> None:
         assert all(p.dtype == torch.float32 for p in enc.parameters())
         out = half(torch.randn(1, 6, 48, dtype=torch.bfloat16), mmpe.Grid((2, 3)))
         assert out.dtype == torch.bfloat16 and torch.isfinite(out).all() and ref.shape == out.shape
+
+
+@pytest.mark.parametrize("name", LEARNED)
+@pytest.mark.parametrize(("per_head", "batched"), [(False, False), (True, False), (False, True),
+                                                   (True, True)])
+def test_forward_is_the_dense_rotation_times_each_token(name, per_head, batched) -> None:
+    """q ← R(x_t) q_t with R from `rotation`, for rotations shared by the batch and heads,
+    per head, per example (batched positions) and both — every product layout of `apply`."""
+    enc = _build(name, 12, 2, 3, num_heads=3, per_head=per_head)
+    pos = _positions(2, 5, 4).double()
+    pos = torch.stack((pos, pos.flip(0) + 1.0)) if batched else pos  # [2, 5, 2] or [5, 2]
+    coords = mmpe.Points(pos)
+    x = torch.randn(2, 3, 5, 12, dtype=torch.float64)
+    out = enc(x, x, coords)[0]
+    for b in range(2):
+        r = enc.rotation(pos[b] if batched else pos)  # [H_r, 5, 12, 12]
+        r = r.expand(3, -1, -1, -1) if not per_head else r
+        expected = (r @ x[b].unsqueeze(-1)).squeeze(-1)
+        torch.testing.assert_close(out[b], expected, rtol=0, atol=1e-12)

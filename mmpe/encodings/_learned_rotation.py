@@ -125,8 +125,22 @@ class LearnedRotation(KeepDtype, RotaryEncoding):
         """`R(x_t) x_t` for every token: `x` `[b, n_h, n, h_d]`, `rot` from `transform`."""
         blocks: Tensor = rot  # type: ignore[assignment]
         b = blocks.shape[-1]
-        xb = x.to(blocks.dtype).unflatten(-1, (self.head_dim // b, b)).unsqueeze(-1)
-        return torch.matmul(blocks, xb).squeeze(-1).flatten(-2).to(x.dtype)
+        xb = x.to(blocks.dtype).unflatten(-1, (self.head_dim // b, b))  # [B, H, n, nb, b]
+        br, hr = blocks.shape[:2]
+        # The axes the rotation is shared over (batch and/or heads) become the columns of one
+        # matrix product per (token, block): broadcasting `blocks` against `x` instead would
+        # materialise a [B, H, n, nb, b, b] copy of the rotations.
+        if br == 1 and hr == 1:
+            cols = xb.permute(2, 3, 4, 0, 1).flatten(-2)  # [n, nb, b, B·H]
+            out = torch.matmul(blocks[0, 0], cols).unflatten(-1, xb.shape[:2])
+            out = out.permute(3, 4, 0, 1, 2)
+        elif br == 1:  # per head: [H, n, nb, b, b] against [H, n, nb, b, B]
+            out = torch.matmul(blocks[0], xb.permute(1, 2, 3, 4, 0)).permute(4, 0, 1, 2, 3)
+        elif hr == 1:  # per example: [B, n, nb, b, b] against [B, n, nb, b, H]
+            out = torch.matmul(blocks[:, 0], xb.permute(0, 2, 3, 4, 1)).permute(0, 4, 1, 2, 3)
+        else:
+            out = torch.matmul(blocks, xb.unsqueeze(-1)).squeeze(-1)
+        return out.flatten(-2).to(x.dtype)
 
     # -- shared -------------------------------------------------------------------------------
 
