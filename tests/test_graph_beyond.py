@@ -396,3 +396,13 @@ def test_maglap_is_lappe_like_where_every_edge_has_its_reverse(g, q: float) -> N
     lap = magnetic_laplacian(one_way.graph_edges(0), n, q)
     if np.abs(lap.imag).max() > 1e-6:
         assert mmpe.build("maglap", d_model=8, k=4, q=q).features(one_way)[..., 4:].abs().max() > 0
+
+
+def test_the_graph_recipe_compares_them() -> None:
+    pytest.importorskip("lightning")
+    from mmpe.recipes.graph import COMPARE, expand_encoding
+
+    assert expand_encoding("rrwp", {"rrwp": {"k": 8}}) == [{"name": "rrwp", "k": 8},
+                                                           {"name": "rrwp_node"}]
+    assert expand_encoding("spe") == [{"name": "spe"}]  # control: a plain registry name
+    assert {"rrwp", "signnet", "spe", "maglap"} <= set(COMPARE.default_encodings)
