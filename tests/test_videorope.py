@@ -180,3 +180,27 @@ def test_videorope_bad_input():
     for bad in (0, -1.0, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="delta"):
             VideoRoPEComposite([2, (2, 2, 2)], delta=bad)
+
+
+@pytest.mark.parametrize("delta", [1.5, 2])
+def test_every_listed_encoding_runs_on_the_layout(delta):
+    """`available` lists what runs: the ids may be fractional, so the layout is Positioned and
+    Metric but not Directed (Shaw-style tables index integer offsets)."""
+    from mmpe.context import coords_context
+    from mmpe.encodings.base import InputEncoding
+
+    coords = VideoRoPEComposite([2, (2, 2, 2), 2], delta=delta, causal=True)
+    assert not isinstance(coords, mmpe.Directed) and isinstance(coords, mmpe.Metric)
+    ctx = {"d_model": 48, "num_heads": 2, "head_dim": 24, "max_len": 64,
+           "original_max_position_embeddings": 4, **coords_context(coords)}
+    names = [e.name for e in mmpe.available(coords=coords)]
+    assert {"videorope", "mrope", "mrope_interleaved", "alibi"} <= set(names)
+    x = torch.randn(1, coords.num_queries, 48, generator=torch.Generator().manual_seed(0))
+    for name in names:
+        enc = mmpe.build(name, context=ctx)
+        with torch.no_grad():
+            if isinstance(enc, InputEncoding):
+                out = enc.combine(x, coords)
+            else:
+                out = mmpe.MultiHeadAttention(48, 2, [enc], backend="math")(x, coords)
+        assert torch.isfinite(out).all(), name

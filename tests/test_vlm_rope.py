@@ -277,3 +277,31 @@ def test_v2pe_bad_input():
             V2PESequence([2, (2, 2)], delta=bad)
     with pytest.raises(ValueError, match="segment 1"):
         v2pe_position_ids([2, (2, 0)], 0.5)
+
+
+def test_every_listed_encoding_runs_on_v2pe_or_refuses_fractional_positions():
+    """Functional 1D encodings run on V2PE's fractional positions; learned tables (one row per
+    integer position) refuse them with a ValueError that says so."""
+    from mmpe.context import coords_context
+    from mmpe.encodings.base import InputEncoding
+
+    coords = V2PESequence([2, (2, 2), 2], delta=0.25, causal=True)
+    ctx = {"d_model": 48, "num_heads": 2, "head_dim": 24, "max_len": 64,
+           "original_max_position_embeddings": 4, **coords_context(coords)}
+    x = torch.randn(1, coords.num_queries, 48, generator=torch.Generator().manual_seed(0))
+    refused = []
+    for entry in mmpe.available(coords=coords):
+        enc = mmpe.build(entry.name, context=ctx)
+        try:
+            with torch.no_grad():
+                if isinstance(enc, InputEncoding):
+                    out = enc.combine(x, coords)
+                else:
+                    out = mmpe.MultiHeadAttention(48, 2, [enc], backend="math")(x, coords)
+        except ValueError as err:
+            assert "integer positions" in str(err), (entry.name, err)
+            refused.append(entry.name)
+            continue
+        assert torch.isfinite(out).all(), entry.name
+    assert "rope" not in refused and "sinusoidal" not in refused
+    assert set(refused) <= {"learned", "axial"}

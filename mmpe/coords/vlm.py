@@ -86,7 +86,7 @@ def qwen2_5_vl_composite(
                      device=device)
 
 
-class VideoRoPEComposite(Composite):
+class VideoRoPEComposite(Coordinates):
     """VideoRoPE's diagonal layout with adjustable temporal spacing (Wei et al. 2025,
     "VideoRoPE: What Makes for Good Video Rotary Position Embedding?", arXiv:2502.05173:
     Diagonal Layout, Adjustable Temporal Spacing; reference code `get_t_scale_rope_index`).
@@ -103,18 +103,24 @@ class VideoRoPEComposite(Composite):
 
     Args:
         segments: as [`Composite`][mmpe.coords.composite.Composite].
-        delta: temporal spacing `δ` > 0 (the paper's ablation picks δ = 2; δ = 1 is the
+        delta: temporal spacing `δ` > 0 (the paper's choice is δ = 2; δ = 1 is the
             diagonal layout alone).
-        causal, device: as `Composite`.
+        causal: queries attend only to keys at or before them in token order (decoder).
+        device: where the tensors live.
 
-    Positions: `[n, 3]` `(t, h, w)`, int64 when `δ` is a whole number, else float64.
-    Pairs (`relation`, `distance`, `extent`) use the temporal id, as `Composite`.
+    Positions: `query_positions` / `key_positions` `[n, 3]` `(t, h, w)`, int64 when `δ`
+    is a whole number, else float64; `position_ids` `[3, n]`. Pairs: `distance = |t_q −
+    t_k|` (float32, temporal ids), `extent` a bound on it. Capabilities: `Positioned` (3 axes),
+    `Metric` — not `Directed`, whose table-indexing encodings need integer offsets and these
+    ids may be fractional. `segment_ids` `[n]` and `is_vision` `[n]` tell the segments apart.
 
     Raises:
-        ValueError: `delta` not a finite number > 0, and every error of `Composite`.
+        ValueError: `delta` not a finite number > 0, and the segment errors of `Composite`.
     """
 
     kind = "videorope_composite"
+    num_axes = 3
+    causal: bool
 
     def __init__(
         self,
@@ -125,10 +131,16 @@ class VideoRoPEComposite(Composite):
         device: torch.device | str | None = None,
     ) -> None:
         delta = _positive("VideoRoPEComposite", "delta", delta)
-        super().__init__(segments, causal=causal, device=device)
+        if not isinstance(segments, Seq) or isinstance(segments, str) or not segments:
+            raise ValueError(f"VideoRoPEComposite: segments must be a non-empty list, got "
+                             f"{segments!r}")
+        self._device = torch.device(device) if device is not None else torch.device("cpu")
+        self.causal = bool(causal)
         self.delta = delta
+        self.segments = [_parse(seg, i) for i, seg in enumerate(segments)]
         whole = float(delta).is_integer()
         dtype = torch.int64 if whole else torch.float64
+        step: float = int(delta) if whole else delta
         blocks: list[Tensor] = []
         start: float = 0
         for kind, shape in self.segments:
@@ -139,20 +151,60 @@ class VideoRoPEComposite(Composite):
                 t, h, w = shape
                 grid = torch.cartesian_prod(torch.arange(t), torch.arange(h), torch.arange(w))
                 grid = grid.reshape(-1, 3)
-                tt = grid[:, 0].to(dtype) * (int(delta) if whole else delta) + start
+                tt = grid[:, 0].to(dtype) * step + start
                 hh = grid[:, 1] - (h - 1) // 2 + tt
                 ww = grid[:, 2] - (w - 1) // 2 + tt
                 block = torch.stack((tt, hh.to(dtype), ww.to(dtype)), dim=-1)
             blocks.append(block)
             start = block[:, 0].max().item() + 1
+        sizes = [b.shape[0] for b in blocks]
         self._ids = torch.cat(blocks).to(self._device)
+        self.segment_ids = torch.repeat_interleave(
+            torch.arange(len(sizes)), torch.tensor(sizes)).to(self._device)
+        self.is_vision = torch.tensor([kind != "text" for kind, _ in self.segments]).repeat_interleave(
+            torch.tensor(sizes)).to(self._device)
         self._t = self._ids[:, 0].contiguous()
         self._t_lo, self._t_hi = self._t.amin(), self._t.amax()
+
+    @property
+    def num_queries(self) -> int:
+        return self._ids.shape[0]
 
     @property
     def query_positions(self) -> Tensor:
         """`[n, 3]` `(t, h, w)` VideoRoPE position ids (int64, float64 for a fractional δ)."""
         return self._ids
+
+    @property
+    def key_positions(self) -> Tensor:
+        """`[n, 3]`, the queries' (self-attention)."""
+        return self._ids
+
+    @property
+    def position_ids(self) -> Tensor:
+        """`[3, n]`, the layout of HF transformers' `get_rope_index` (per example)."""
+        return self._ids.T
+
+    def distance(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
+        """`|t_q − t_k|` (float32): token distance on text, temporal offset across frames."""
+        return (self._t[q_idx] - self._t[kv_idx]).abs().to(torch.float32)
+
+    def extent(self, q_idx: Tensor, b: Tensor | None = None) -> Tensor:
+        """A bound on `distance` from the query (float32): its temporal id minus the smallest
+        when causal, else the distance to the farther end."""
+        t = self._t[q_idx]
+        if self.causal:
+            return (t - self._t_lo).to(torch.float32)
+        return torch.maximum(t - self._t_lo, self._t_hi - t).to(torch.float32)
+
+    def mask_mod(self) -> MaskMod | None:
+        if not self.causal:
+            return None
+
+        def mask(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return kv_idx <= q_idx
+
+        return mask
 
     def __repr__(self) -> str:
         segs = ", ".join(f"{k}{s}" for k, s in self.segments)
