@@ -213,6 +213,26 @@ def test_paths_agree_with_windows_and_score_terms(backend):
     assert (torch.cat((a, b), 1) - ref).abs().max() < 1e-5
 
 
+@pytest.mark.parametrize("encodings", [[], ["rope", "alibi"]])
+def test_blockwise_sdpa_applies_the_window(monkeypatch, encodings):
+    """A mask too large for one SDPA call runs block by block over queries (`_sdpa_rows`, 26
+    blocks here), RoPE + ALiBi on the relation path, each block with its rows of the windowed
+    mask: the math path's numbers."""
+    torch.manual_seed(0)
+    sched = [{"window": 3}, {"chunk": 4}]
+    model = mmpe.Transformer(16, 2, 2, encodings, layer_schedule=sched).eval()
+    x, coords = torch.randn(2, 13, 16), mmpe.Sequence(13, causal=True)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.backend = "math"
+        ref = model(x, coords)
+        for block in model.blocks:
+            block.attn.backend = "sdpa"
+        monkeypatch.setenv("MMPE_ATTN_BLOCK_BYTES", "100")  # one query row a block
+        out = model(x, coords)
+    assert (out - ref).abs().max() < 1e-5
+
+
 def test_layers_share_encodings_by_spec_and_schedule_round_trips(tmp_path):
     model = mmpe.Transformer(32, 4, 6, layer_schedule={"preset": "gemma3", "sliding_window": 3})
     rot = [b.attn.rotary[0] for b in model.blocks]

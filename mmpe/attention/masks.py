@@ -179,6 +179,10 @@ class _Local:
             return local
         return lambda b, h, q, k: base(b, h, q, k) & local(b, h, q, k)
 
+    def dense_mask(self, start: int = 0, stop: int | None = None) -> Tensor | None:
+        # the base evaluation of mask_mod, whatever the coordinates' class does for its own
+        return Coordinates.dense_mask(self, start, stop)  # type: ignore[arg-type]
+
     def mask_key(self) -> tuple | None:
         base = super().mask_key()  # type: ignore[misc]
         return None if base is None else (*base, "local_window", *self.local_window)
