@@ -23,7 +23,8 @@ class _ComRoPE(SavesSettings, LearnedRotation):
 
         R(x)ᵀ R(y) = blockdiag_k exp((s_k(y) − s_k(x)) B_k) = R(y − x)
 
-    exactly, for any number of axes (the paper's commutativity condition, its Theorem 1).
+    exactly, for any number of axes (the paper's condition: pairwise commuting angle
+    matrices make the rotation a function of the offset).
     Subclasses fix the coefficients `c`.
     """
 
@@ -73,9 +74,9 @@ class ComRoPEAP(_ComRoPE):
         num_axes: `A`.
         num_heads: `n_h` (used with `per_head`).
         per_head: one set of blocks per head (False: shared by all heads).
-        block_size: `b` ≥ 2 (4 default; the paper studies several).
-        init_std: standard deviation of the blocks' initial free entries (an assumption: the
-            paper initialises them randomly; scale them to the coordinates' units).
+        block_size: `b` ≥ 2 (4 default).
+        init_std: standard deviation of the blocks' initial free entries (an assumption: a
+            random normal start; scale it to the coordinates' units).
 
     Parameters: `blocks` `[H_r, h_d/b, b(b−1)/2]` (strict upper triangles), float32 under
     casts.

@@ -71,6 +71,11 @@ class LieRE(SavesSettings, LearnedRotation):
     inputs' dtype (rotated in float32; float64 inputs in float64). Memory: the rotations of the
     distinct positions, `[H_r, U, h_d/b, b, b]` — at most `H_r·n·h_d²` numbers.
 
+    Precision: `Σ_a x_a A_a` and its exponential are formed in float32 (float64 for float64
+    q/k), so far positions lose accuracy as any float32 phase does: with the RoPE start and one
+    axis, max |error| against float64 RoPE is 5e-5 at position 100, 1e-3 at 4,000 and 6e-2 at
+    10⁵ (a 2D grid's cell indices stay in the first regime).
+
     Raises:
         ValueError: `block_size` < 2 or not dividing `head_dim`, an unknown `init`, the
             `"rope"` init with `head_dim` not divisible by `2·num_axes` or an odd block,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
@@ -101,10 +103,14 @@ class StringRoPE(SavesSettings, LearnedRotation):
     def transform(self, positions: Tensor, work: torch.dtype) -> object:
         """`(P [1, H_r, h_d, h_d], cos, sin [1 or B, H_r, n, h_d/2])` of positions `[n, A]` or
         `[B, n, A]`."""
-        phase = torch.einsum("...na,ahj->...hnj", positions.to(work), self.freqs.to(work))
+        # Phases in float64, reduced modulo 2π, then cos/sin rounded once (as RoPE): a float32
+        # phase is off by ~1e-2 rad at position 1e5.
+        phase = torch.einsum("...na,ahj->...hnj", positions.to(torch.float64),
+                             self.freqs.to(torch.float64))
+        phase = torch.remainder(phase, 2 * math.pi)
         if phase.dim() == 3:
             phase = phase.unsqueeze(0)
-        return self.orthogonal(work).unsqueeze(0), phase.cos(), phase.sin()
+        return self.orthogonal(work).unsqueeze(0), phase.cos().to(work), phase.sin().to(work)
 
     def apply(self, x: Tensor, rot: object) -> Tensor:
         """`P · RoPE(x) · Pᵀ` applied to `x` `[B, n_h, n, h_d]`."""
