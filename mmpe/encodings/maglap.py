@@ -47,8 +47,9 @@ class MagLap(SavesSettings, InputEncoding):
     Args:
         d_model: width of `P`.
         k: eigenvectors (graphs with fewer than `k` nodes get zero columns).
-        q: the potential (≥ 0; 0: the symmetrised graph's Laplacian; MagNet and Geisler et
-            al. use values up to 0.25, the default).
+        q: the potential (≥ 0; 0: the symmetrised graph's Laplacian; MagNet, Zhang et al.
+            2021, searches `q ∈ [0, 0.25]`; the default is its upper end). Geisler et al.
+            also scale `q` by the graph size; this module takes it as given.
         normalization: `"sym"` (`I − D_s^{-½} … D_s^{-½}`) or `None` (`D_s − …`).
         projection: `"linear"` or `"mlp"`.
 

@@ -7,7 +7,7 @@ Learning", ICLR 2023), eq. 1 / Theorem 1: for eigenvectors `v_1 … v_k` (`[n]` 
 
 which is invariant to every sign flip `v_i → −v_i` (and universal among such functions).
 `φ: R^n → R^{n×c}` is a permutation-equivariant network over the graph — here, as in the
-paper's ZINC model, a GIN (Xu et al. 2019: `h ← MLP((1 + ε) h + A h)`, `A` the symmetrised
+paper's graph-regression models, a GIN (Xu et al. 2019: `h ← MLP((1 + ε) h + A h)`, `A` the symmetrised
 adjacency) applied to every eigenvector separately with shared weights, the eigenvector's
 entries as one input channel; `ρ` is an MLP on the concatenated `k · c` channels of a node
 (GraphGPS's SignNet encoder). Eigenvectors: the `GraphLayout` member `laplacian_pe(k)` (the
