@@ -380,3 +380,17 @@ def test_forward_is_the_dense_rotation_times_each_token(name, per_head, batched)
         r = r.expand(3, -1, -1, -1) if not per_head else r
         expected = (r @ x[b].unsqueeze(-1)).squeeze(-1)
         torch.testing.assert_close(out[b], expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", LEARNED)
+def test_shared_rotations_serve_grouped_query_attention(name) -> None:
+    """Keys with fewer heads than queries (GQA) get the same rotation as a query head; control:
+    another position gives another key."""
+    enc = _build(name, 12, 2, 5)
+    coords = mmpe.Grid((2, 3))
+    q = torch.randn(1, 4, 6, 12, dtype=torch.float64)
+    k = q[:, :2]
+    qr, kr = enc(q, k, coords)
+    torch.testing.assert_close(kr, qr[:, :2], rtol=0, atol=1e-12)
+    moved = enc(q, k, mmpe.Points(coords.query_positions.double() + 1.0))[1]
+    assert (moved - kr).abs().max() > 1e-3
