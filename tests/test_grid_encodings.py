@@ -328,3 +328,16 @@ def test_gathered_bias_equals_score_mod(name, opts, shape):
     for prefix in (0, 2):
         ctx = AttentionContext(Grid(shape, prefix_tokens=prefix), 2, 8, 1)
         torch.testing.assert_close(enc.bias(ctx), ScoreEncoding.bias(enc, ctx))
+
+
+@pytest.mark.parametrize("mode", ["bicubic", "bilinear", "nearest"])
+def test_learned_grid_resamples_in_every_interpolation_mode(mode: str) -> None:
+    """Each accepted mode resamples a 2D table (nearest raised inside torch: it takes no
+    align_corners); nearest copies table entries, the others blend them."""
+    enc = mmpe.build("learned_grid", d_model=8, grid_shape=(4, 4), interpolation=mode)
+    with torch.no_grad():
+        enc.table.copy_(torch.arange(16.0)[:, None].expand(16, 8))
+    out = enc(mmpe.Grid((8, 8)))
+    assert out.shape[-2:] == (64, 8)
+    values = set(out.reshape(-1, 8)[:, 0].tolist())
+    assert values <= set(range(16)) if mode == "nearest" else not values <= set(range(16))

@@ -74,8 +74,11 @@ def resample_table(table: Tensor, old: tuple[int, ...], new: tuple[int, ...],
     if len(old) == 1:
         out = F.interpolate(grid, size=new, mode="linear", align_corners=False)
     elif len(old) == 2:
-        aa = antialias and mode_2d in ("bilinear", "bicubic")
-        out = F.interpolate(grid, size=new, mode=mode_2d, align_corners=False, antialias=aa)
+        smooth = mode_2d in ("bilinear", "bicubic")
+        # align_corners and antialias exist only for the interpolating modes ("nearest" has
+        # neither: torch raises if either is passed).
+        extra = {"align_corners": False, "antialias": antialias} if smooth else {}
+        out = F.interpolate(grid, size=new, mode=mode_2d, **extra)
     elif len(old) == 3:
         out = F.interpolate(grid, size=new, mode="trilinear", align_corners=False)
     else:
