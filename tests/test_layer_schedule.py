@@ -580,3 +580,17 @@ def test_sliding_window_on_a_grid_is_distance():
             attn.backend = backend
             outs.append(attn(x, grid))
     assert (outs[0] - outs[1]).abs().max() < 1e-5
+
+
+def test_scheduled_model_compiles_to_one_graph():
+    """Windows (views built by a traceable __init__), chunks and the temperature trace with
+    `fullgraph=True`, compiled first, and give the eager numbers."""
+    torch.manual_seed(0)
+    model = mmpe.Transformer(32, 4, 4, ["alibi"], backend="sdpa", layer_schedule=[
+        {"window": 3}, {"chunk": 4, "temperature": {"floor_scale": 2.0, "attn_scale": 0.2}},
+        {"encodings": ["rope"]}, {}]).eval()
+    x, coords = torch.randn(2, 10, 32), mmpe.Sequence(10, causal=True)
+    with torch.no_grad():
+        compiled = torch.compile(model, backend="eager", fullgraph=True)(x, coords)
+        eager = model(x, coords)
+    assert (compiled - eager).abs().max() < 1e-5

@@ -5,7 +5,6 @@ sliding-window and chunked masks laid over the coordinates' own mask)."""
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
@@ -102,6 +101,7 @@ class LocalWindow(SavesSettings, nn.Module):
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"LocalWindow: size must be an int >= 1 (tokens), got {size!r}")
         self.kind, self.size = kind, size
+        _prepare_local_classes()
 
     def extra_repr(self) -> str:
         return f"kind={self.kind!r}, size={self.size}"
@@ -111,23 +111,21 @@ class LocalWindow(SavesSettings, nn.Module):
         return window_overlay(self.kind, self.size, coords)
 
     def apply(self, coords: Coordinates) -> Coordinates:
-        """`coords` with this window laid over its mask: a shallow view of the same class (every
-        capability, position and tensor shared) whose `mask_mod` is the coordinates' mask AND
-        the window. Inside a model's forward the views of one window share their memo (the dense
-        mask or `BlockMask` is built once for all layers with this window)."""
-        if "local_window" in coords.__dict__:
+        """`coords` with this window laid over its mask: a view of a subclass of the same class
+        (every capability, position and tensor read from `coords`) whose `mask_mod` is the
+        coordinates' mask AND the window. Inside a model's forward the views of one window share
+        their memo (the dense mask or `BlockMask` is built once for all layers with this
+        window).
+
+        Raises:
+            ValueError: coordinates that already carry a window, or that lack what the window
+                reads (see the class docstring).
+        """
+        if isinstance(coords, _Local):
             raise ValueError(f"LocalWindow: the coordinates already carry the window "
-                             f"{coords.__dict__['local_window']}; a layer has one window")
+                             f"{coords.local_window}; a layer has one window")
         self.overlay(coords)  # the error for coordinates the window cannot read, now
-        view = _local_class(type(coords)).__new__(_local_class(type(coords)))
-        view.__dict__.update(coords.__dict__)
-        view.__dict__["local_window"] = (self.kind, self.size)
-        memo = coords.__dict__.get(_MEMO)
-        if memo is not None:
-            view.__dict__[_MEMO] = memo.setdefault(("local_window", self.kind, self.size), {})
-        else:
-            view.__dict__.pop(_MEMO, None)
-        return view
+        return _local_class(type(coords))(coords, self.kind, self.size)
 
 
 def window_overlay(kind: str, size: int, coords: Coordinates) -> MaskMod:
@@ -167,9 +165,25 @@ def _take(pos: Tensor, idx: Tensor, b: Tensor) -> Tensor:
 
 
 class _Local:
-    """Mixin of the window views made by `LocalWindow.apply`."""
+    """Mixin of the window views made by `LocalWindow.apply`: an instance of a subclass of the
+    coordinates' own class (so every capability check sees that class's members) that holds the
+    coordinates and reads every attribute it lacks from them. Built with a plain `__init__`, so
+    `torch.compile(fullgraph=True)` traces it (no copy of the object's `__dict__`)."""
 
     local_window: tuple[str, int]
+
+    def __init__(self, base: Coordinates, kind: str, size: int) -> None:  # noqa: D107
+        self._local_base = base
+        self.local_window = (kind, size)
+        if not torch.compiler.is_compiling():  # layers with one window share a memo (eager)
+            memo = base.__dict__.get(_MEMO)
+            if memo is not None:
+                self.__dict__[_MEMO] = memo.setdefault(("local_window", kind, size), {})
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_local_base", "local_window", _MEMO):
+            raise AttributeError(name)
+        return getattr(self._local_base, name)
 
     def mask_mod(self) -> MaskMod | None:
         base = super().mask_mod()  # type: ignore[misc]
@@ -191,8 +205,34 @@ class _Local:
         return f"{super().__repr__()} + LocalWindow{self.local_window}"
 
 
-@functools.cache
+#: window view classes by coordinate class (a plain dict: Dynamo reads it while tracing).
+_LOCAL_CLASSES: dict[type[Any], type[Any]] = {}
+
+
 def _local_class(cls: type[Any]) -> type[Any]:
+    """`Local<cls>`, the window view class of coordinates of class `cls` (made once per class;
+    under `torch.compile` a class made before tracing, e.g. by an eager call, traces without a
+    graph break)."""
+    local = _LOCAL_CLASSES.get(cls)
+    if local is None:
+        local = _make_local_class(cls)
+    return local
+
+
+def _prepare_local_classes() -> None:
+    """Make the view class of every coordinate class defined so far (when a window is built,
+    outside any compiled graph), so that compiled forwards find them ready."""
+    stack = list(Coordinates.__subclasses__())
+    while stack:
+        cls = stack.pop()
+        stack.extend(cls.__subclasses__())
+        if cls not in _LOCAL_CLASSES and not issubclass(cls, _Local):
+            _make_local_class(cls)
+
+
+@torch.compiler.disable
+def _make_local_class(cls: type[Any]) -> type[Any]:
     if issubclass(cls, _Local):
         return cls
-    return type(f"Local{cls.__name__}", (_Local, cls), {"__module__": cls.__module__})
+    local = _LOCAL_CLASSES[cls] = type(f"Local{cls.__name__}", (_Local, cls), {"__module__": __name__})
+    return local
