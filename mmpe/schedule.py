@@ -354,16 +354,17 @@ class LayerSchedule(SavesSettings):
         sliding_window` unless `use_sliding_window` is False; `"chunked_attention"` → `chunk =
         attention_chunk_size`); `no_rope_layers` (Llama 4, SmolLM3: 0 = NoPE), and for
         Cohere 2 RoPE on the sliding layers only; `rope_parameters` (one dict, or one per layer
-        type as in Gemma 3) of `rope_type` `"default"` with `rope_theta` and
-        `partial_rotary_factor`; interleaved channel pairs for Llama 4 and Cohere 2; and
+        type as in Gemma 3): `rope_type` `"default"` with `rope_theta` and
+        `partial_rotary_factor`, or a scaled type (`"llama3"`, `"yarn"`, `"linear"` …) read by
+        [`from_hf_rope`][mmpe.integrations.transformers.from_hf_rope] into a config dict
+        of its settings; interleaved channel pairs for Llama 4 and Cohere 2; and
         Llama 4's `attn_temperature_tuning` (`floor_scale`, `attn_scale`) on its NoPE layers.
         What is not a position scheme (q/k norms, soft-capping, `query_pre_attn_scalar`) is not
         read.
 
         Raises:
-            ValueError: a `rope_type` other than `"default"` (build that layer's spec with
-                `mmpe.integrations.transformers.from_hf_rope` by hand), or a config without
-                `num_hidden_layers`.
+            ValueError: a config without `num_hidden_layers`; rope parameters `from_hf_rope`
+                refuses, or whose encoding's settings do not rebuild it.
         """
         get = (lambda k, d=None: config.get(k, d)) if isinstance(config, Mapping) else \
             (lambda k, d=None: getattr(config, k, d))
@@ -384,8 +385,8 @@ class LayerSchedule(SavesSettings):
                 else rope_params
             rope_type = params.get("rope_type", params.get("type", "default"))
             if rope_type != "default":
-                raise ValueError(f"LayerSchedule.from_hf: rope_type {rope_type!r} is not read here; "
-                                 "give the layer specs' encodings from from_hf_rope by hand")
+                return _scaled_rope_spec(dict(params), head_dim, get("max_position_embeddings"),
+                                         interleaved)
             spec = _rope(params.get("rope_theta", get("rope_theta", 10000.0)), interleaved)
             factor = params.get("partial_rotary_factor", get("partial_rotary_factor"))
             if factor not in (None, 1, 1.0) and head_dim:
@@ -413,6 +414,30 @@ class LayerSchedule(SavesSettings):
         head = f"layer schedule{f' {self.name!r}' if self.name else ''}: {len(self.layers)} layers"
         width = len(str(len(self.layers) - 1))
         return "\n".join([head] + [f"  layer {i:>{width}}: {s.describe()}" for i, s in enumerate(self.layers)])
+
+
+def _scaled_rope_spec(params: dict[str, Any], head_dim: int | None, max_pos: int | None,
+                      interleaved: bool) -> dict[str, Any]:
+    """The config dict of HF rope parameters of a scaled type: `from_hf_rope` builds the
+    encoding and its saved settings (`SavesSettings`) name it; rebuilt from the dict, it must
+    hold the same settings."""
+    from mmpe.integrations.transformers import from_hf_rope
+    from mmpe.registry import build
+
+    if head_dim is None:
+        raise ValueError("LayerSchedule.from_hf: a scaled rope_type needs head_dim (or hidden_size "
+                         "and num_attention_heads) in the config")
+    enc = from_hf_rope(params, head_dim=head_dim, max_position_embeddings=max_pos)
+    settings = enc.function_settings()
+    settings["interleaved"] = bool(interleaved)
+    spec = {"name": enc.registry_name,
+            **{k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()}}
+    again = build(spec, context={"head_dim": head_dim}).function_settings()
+    if again != {**settings, "interleaved": bool(interleaved)}:
+        raise ValueError(f"LayerSchedule.from_hf: rope parameters {params} do not round-trip "
+                         f"through a config dict ({settings} vs {again}); write the layer specs "
+                         "by hand")
+    return spec
 
 
 # ------------------------------------------------------------------------------- presets
