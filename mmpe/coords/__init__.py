@@ -11,7 +11,12 @@ from mmpe.coords.randomized import randomized_positions
 from mmpe.coords.sequence import Sequence
 from mmpe.coords.sphere import Sphere
 from mmpe.coords.table import Table
-from mmpe.coords.vlm import V2PESequence, VideoRoPEComposite, qwen2_5_vl_composite, v2pe_position_ids
+from mmpe.coords.vlm import (
+           V2PESequence,
+           VideoRoPEComposite,
+           qwen2_5_vl_composite,
+           v2pe_position_ids,
+)
 
 __all__ = ["Composite", "Coordinates", "Cross", "Graph", "Grid", "Latents", "Numbers", "Points", "Sequence",
            "Sphere", "Table", "V2PESequence", "VideoRoPEComposite", "index_grid", "randomized_positions", "register_cross_distance",

@@ -8,10 +8,10 @@ from torch import Tensor, nn
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Positioned
+from mmpe.encodings._captured import per_head_units
 from mmpe.encodings._geometry import pad_axes, safe_sqrt
 from mmpe.encodings._precision import full_precision
 from mmpe.encodings._state import SavesSettings
-from mmpe.encodings._captured import per_head_units
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
 from mmpe.registry import register
 from mmpe.validation import check_finite_float, check_int
