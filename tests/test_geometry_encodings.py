@@ -577,7 +577,8 @@ def test_conv_pe_coordinates_and_input_checks() -> None:
     torch.manual_seed(0)
     enc = mmpe.build("conv_pe", d_model=32, kernel_size=8, groups=4)
     assert isinstance(Sequence(4), FrameAxis) and isinstance(Grid((2, 3)), FrameAxis)
-    assert {"grid", "sequence", "numbers"} == set(mmpe.get("conv_pe").coords)  # numbers: a Sequence
+    # numbers and v2pe: Sequences (a V2PESequence's frames are its tokens in order)
+    assert {"grid", "sequence", "numbers", "v2pe"} == set(mmpe.get("conv_pe").coords)
     with pytest.raises(ValueError, match="causal"):
         enc.combine(torch.randn(1, 4, 32), Sequence(4, causal=True))
     with pytest.raises((TypeError, ValueError), match="FrameAxis"):

@@ -202,8 +202,7 @@ class PackedGrids(Coordinates):
             **kwargs: as the constructor (`prefix_tokens`, `metric` …).
 
         Returns:
-            A batched `PackedGrids` whose [`source`][mmpe.coords.packed_grid.PackedGrids.source]
-            `[num_images]` gives each packed image's index in `shapes`.
+            A batched `PackedGrids`; its `source` `[num_images]` maps packed images to `shapes`.
 
         Raises:
             ValueError: an image longer than `max_tokens` on its own, or as the constructor.
