@@ -1,7 +1,5 @@
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from mmpe import Sequence
 
@@ -78,17 +76,3 @@ def test_offset_with_explicit_ids_and_left_padding():
     docs = Sequence(2, offset=2, document_ids=torch.tensor([0, 0, 1, 1]), causal=True)
     assert docs.dense_mask()[0, 0].tolist() == [[False, False, True, False],
                                                 [False, False, True, True]]
-
-
-@given(length=st.integers(1, 40), offset=st.integers(0, 30), seed=st.integers(0, 2**16))
-@settings(max_examples=40, deadline=None)
-def test_implicit_positions_come_from_the_index_and_equal_the_stored_ids(length, offset, seed):
-    """Implicit positions are computed from the index (no load inside a flex kernel); they equal
-    the ids the coordinates store, for any query/key indices and decoding offset."""
-    coords = Sequence(length, offset=offset, causal=True)
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randint(0, length, (7,), generator=gen, dtype=torch.int32)
-    k = torch.randint(0, length + offset, (7,), generator=gen, dtype=torch.int32)
-    assert torch.equal(coords.query_index(q), coords.query_positions[q.long(), 0])
-    assert torch.equal(coords.key_index(k), coords.key_positions[k.long(), 0])
-    assert coords.relation(q, k).dtype == torch.int64

@@ -74,9 +74,6 @@ class Sequence(Coordinates):
         if ids is None and self.padding_mask is not None:
             ids = (self.padding_mask.long().cumsum(-1) - 1).clamp(min=0)
         self._max_position = None
-        # Positions equal to the key index: FlexAttention's score_mod computes them from the
-        # index instead of loading them (no global memory read inside the kernel's loop).
-        self._implicit = ids is None
         if ids is None:
             ids = torch.arange(offset + length, device=device)
             self._max_position = offset + length - 1
@@ -130,14 +127,10 @@ class Sequence(Coordinates):
 
     def query_index(self, q_idx: Tensor, b: Tensor | None = None) -> Tensor:
         """Position (tokens) of query `q_idx`; `b` selects the example when ids are batched."""
-        if self._implicit:
-            return q_idx.to(torch.int64) + self.offset
         return _gather(self._query_ids, q_idx, b)
 
     def key_index(self, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
         """Position (tokens) of key `kv_idx`."""
-        if self._implicit:
-            return kv_idx.to(torch.int64)
         return _gather(self._key_ids, kv_idx, b)
 
     def relation(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
