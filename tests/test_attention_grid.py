@@ -23,7 +23,8 @@ import mmpe.attention.grid as grid_path
 from mmpe import Grid, MultiHeadAttention
 from mmpe.encodings.base import AttentionContext
 
-NAMES = ["alibi", "t5", "kerple_log", "kerple_power", "fire", "swin", "swinv2_cpb"]
+NAMES = ["alibi", "t5", "kerple_log", "kerple_power", "fire", "swin", "swinv2_cpb",
+         "gaussian_distance", "radial_gaussian", "radial_bessel"]
 
 
 @pytest.fixture(autouse=True)

@@ -211,7 +211,8 @@ def test_a_control_term_fails_the_table_comparison() -> None:
                               _dense_scores([enc.score_mod(ctx)], q, k, coords))
 
 
-GRID_LEARNED = ["t5", "kerple_log", "swin", "swinv2_cpb", "fire", "alibi"]
+GRID_LEARNED = ["t5", "kerple_log", "swin", "swinv2_cpb", "fire", "alibi", "gaussian_distance",
+                "radial_gaussian", "radial_bessel"]
 
 
 @settings(max_examples=20, deadline=None)

@@ -105,8 +105,11 @@ def offset_table(enc: ScoreEncoding, ctx: AttentionContext) -> Tensor:
     differentiable in its parameters."""
     grid = ctx.coords
     q_idx, kv_idx = offset_pairs(grid)
-    h = torch.arange(ctx.num_heads, device=q_idx.device)[:, None]
     b = torch.zeros(1, 1, dtype=torch.long, device=q_idx.device)
+    pair_term = getattr(enc, "pair_term", None)
+    if pair_term is not None:  # a term whose score_mod reads a table over every pair
+        return pair_term(ctx, q_idx, kv_idx, b[0]).float().transpose(0, 1)
+    h = torch.arange(ctx.num_heads, device=q_idx.device)[:, None]
     zero = torch.zeros((), device=q_idx.device)
     term = enc.score_mod(ctx)(zero, b, h, q_idx[None], kv_idx[None])
     return term.float().expand(ctx.num_heads, q_idx.shape[0])

@@ -41,6 +41,18 @@ class DistanceFeatureBias(ScoreEncoding):
     """
 
     num_heads: int
+    #: on a Grid the distance of two cells depends only on their offset (and the prefix kind):
+    #: the attention's grid paths evaluate the term once per offset (`pair_term`)
+    grid_offset_only = True
+
+    def pair_term(self, ctx: AttentionContext, q_idx: Tensor, kv_idx: Tensor,
+                  b: Tensor) -> Tensor:
+        """The term on the given pairs only, `[*pairs, n_h]` float32 (broadcast `q_idx`,
+        `kv_idx`, `b`): no table over all pairs (the grid paths' offset table reads it)."""
+        self.check_context(ctx)
+        d = ctx.coords.distance(q_idx, kv_idx, b).float()
+        with full_precision(d.device):
+            return self.head_values(self.parameters_f32(), d)
 
     def parameters_f32(self) -> dict[str, Tensor]:  # pragma: no cover - abstract
         raise NotImplementedError
