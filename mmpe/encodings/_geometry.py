@@ -38,6 +38,9 @@ class DistanceFeatureBias(ScoreEncoding):
     not an option at the papers' sizes: FlexAttention traces the mod on every call, and the
     `K·W ≈ 16k` scalar operations of a 128-kernel, 128-wide MLP take minutes to trace.
     Memory: the table is `[b or 1, n_h, n_q, n_k]` float32, the size of one score matrix.
+    On a self-attention Grid the term is a function of the cell offset: the attention's grid
+    paths (CPU relation path, GPU flex) evaluate [`pair_term`][mmpe.encodings._geometry.DistanceFeatureBias.pair_term]
+    once per offset instead, `[n_h, Π (2 s_a − 1) + 3]`.
     """
 
     num_heads: int
