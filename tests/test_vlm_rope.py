@@ -19,6 +19,17 @@ from mmpe.testing import assert_coordinates_contract
 MERGE = 2  # HF grids are in vision patches; the LLM sees them merged 2 × 2
 
 
+def _hf_at_least(version: str) -> None:
+    """Skip where the installed transformers predates the version these HF comparisons were
+    written against (its Qwen2.5-VL `get_rope_index` and rotation helpers differ before it)."""
+    transformers = pytest.importorskip("transformers")
+    from packaging.version import Version
+
+    if Version(transformers.__version__) < Version(version):
+        pytest.skip(f"compared with HF transformers >= {version}'s Qwen2.5-VL; this is "
+                    f"{transformers.__version__}")
+
+
 def _hf_index(model_cls, segments, *, tokens_per_second=2, seconds=None):
     """HF's get_rope_index for a token layout given as mmpe segments (no weights loaded)."""
     cfg = types.SimpleNamespace(vision_config=types.SimpleNamespace(
@@ -60,6 +71,7 @@ SECONDS = [0.75, 1.25]  # tokens_per_second 2: intervals 1.5 and 2.5 ids per tem
 
 
 def test_qwen25_ids_equal_hf_get_rope_index():
+    _hf_at_least("5.24")
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
 
     hf = _hf_index(Qwen2_5_VLModel, SEGMENTS_25, seconds=SECONDS)
@@ -76,6 +88,7 @@ def test_qwen25_ids_equal_hf_get_rope_index():
 
 
 def test_qwen25_rotation_equals_hf():
+    _hf_at_least("5.24")
     from transformers.models.qwen2_5_vl import configuration_qwen2_5_vl as cfgs
     from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as hf_mod
 
