@@ -86,7 +86,40 @@ def qwen2_5_vl_composite(
                      device=device)
 
 
-class VideoRoPEComposite(Coordinates):
+class _Ordered1D(Coordinates):
+    """Distance, extent and causal mask of coordinates whose tokens carry one ordered 1-D key
+    (VideoRoPE's temporal id, a V2PE position): `distance = |key_q − key_k|` (float32), the
+    extent its bound from the query (the key minus the smallest when causal, else the distance
+    to the farther end), the causal mask in token order."""
+
+    causal: bool
+
+    def _set_order(self, key: Tensor) -> None:
+        self._key = key
+        self._key_lo, self._key_hi = key.amin(), key.amax()
+
+    def distance(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
+        """`|key_q − key_k|` (float32; VideoRoPE: temporal ids, V2PE: text-token units)."""
+        return (self._key[q_idx] - self._key[kv_idx]).abs().to(torch.float32)
+
+    def extent(self, q_idx: Tensor, b: Tensor | None = None) -> Tensor:
+        """The largest distance from the query to a key it may see (float32)."""
+        k = self._key[q_idx]
+        if self.causal:
+            return (k - self._key_lo).to(torch.float32)
+        return torch.maximum(k - self._key_lo, self._key_hi - k).to(torch.float32)
+
+    def mask_mod(self) -> MaskMod | None:
+        if not self.causal:
+            return None
+
+        def mask(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return kv_idx <= q_idx
+
+        return mask
+
+
+class VideoRoPEComposite(_Ordered1D):
     """VideoRoPE's diagonal layout with adjustable temporal spacing (Wei et al. 2025,
     "VideoRoPE: What Makes for Good Video Rotary Position Embedding?", arXiv:2502.05173:
     Diagonal Layout, Adjustable Temporal Spacing; reference code `get_t_scale_rope_index`).
@@ -164,7 +197,7 @@ class VideoRoPEComposite(Coordinates):
         self.is_vision = torch.tensor([kind != "text" for kind, _ in self.segments]).repeat_interleave(
             torch.tensor(sizes)).to(self._device)
         self._t = self._ids[:, 0].contiguous()
-        self._t_lo, self._t_hi = self._t.amin(), self._t.amax()
+        self._set_order(self._t)
 
     @property
     def num_queries(self) -> int:
@@ -184,27 +217,6 @@ class VideoRoPEComposite(Coordinates):
     def position_ids(self) -> Tensor:
         """`[3, n]`, the layout of HF transformers' `get_rope_index` (per example)."""
         return self._ids.T
-
-    def distance(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """`|t_q − t_k|` (float32): token distance on text, temporal offset across frames."""
-        return (self._t[q_idx] - self._t[kv_idx]).abs().to(torch.float32)
-
-    def extent(self, q_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """A bound on `distance` from the query (float32): its temporal id minus the smallest
-        when causal, else the distance to the farther end."""
-        t = self._t[q_idx]
-        if self.causal:
-            return (t - self._t_lo).to(torch.float32)
-        return torch.maximum(t - self._t_lo, self._t_hi - t).to(torch.float32)
-
-    def mask_mod(self) -> MaskMod | None:
-        if not self.causal:
-            return None
-
-        def mask(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return kv_idx <= q_idx
-
-        return mask
 
     def __repr__(self) -> str:
         segs = ", ".join(f"{k}{s}" for k, s in self.segments)
@@ -249,7 +261,7 @@ def v2pe_position_ids(segments: Seq[Segment | Coordinates], delta: float) -> Ten
     return torch.cat(out)
 
 
-class V2PESequence(Coordinates):
+class V2PESequence(_Ordered1D):
     """A 1D sequence of text and visual tokens at V2PE positions (see
     [`v2pe_position_ids`][mmpe.coords.vlm.v2pe_position_ids]): visual tokens advance the
     position by `δ < 1`, text tokens by 1 (units: text tokens).
@@ -288,7 +300,7 @@ class V2PESequence(Coordinates):
         self.segment_ids = torch.cat([torch.full((math.prod(shape),), i)
                                       for i, (_, shape) in enumerate(parsed)]).to(self._device)
         self._pos = pos.to(self._device)
-        self._lo, self._hi = self._pos.amin(), self._pos.amax()
+        self._set_order(self._pos)
 
     @property
     def num_queries(self) -> int:
@@ -303,26 +315,6 @@ class V2PESequence(Coordinates):
     def key_positions(self) -> Tensor:
         """`[n, 1]` float64, the queries' (self-attention)."""
         return self._pos.unsqueeze(-1)
-
-    def distance(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """`|p_q − p_k|` (float32, text-token units)."""
-        return (self._pos[q_idx] - self._pos[kv_idx]).abs().to(torch.float32)
-
-    def extent(self, q_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """The largest distance from the query to a key it may see (float32)."""
-        p = self._pos[q_idx]
-        if self.causal:
-            return (p - self._lo).to(torch.float32)
-        return torch.maximum(p - self._lo, self._hi - p).to(torch.float32)
-
-    def mask_mod(self) -> MaskMod | None:
-        if not self.causal:
-            return None
-
-        def mask(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return kv_idx <= q_idx
-
-        return mask
 
     def __repr__(self) -> str:
         return f"V2PESequence(n={self.num_queries}, delta={self.delta}, causal={self.causal})"
