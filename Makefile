@@ -91,8 +91,13 @@ docs: setup
 lint: setup
 	$(VENV)/bin/ruff check mmpe recipes tests benchmarks
 
+# Every benchmark; each also appends the tables it prints to $(BENCH_STORE)/<script>.jsonl, from
+# which `make report` renders the benchmark tables of README.md and docs/ (no number typed).
+BENCH_STORE ?= results/bench
 bench: setup
-	for f in benchmarks/bench_*.py benchmarks/gpu/bench_*.py; do $(PY) $$f || exit 1; done
+	for f in benchmarks/bench_*.py benchmarks/gpu/bench_*.py; do \
+		$(PY) $$f --store $(BENCH_STORE) || exit 1; done
+	$(PY) benchmarks/bench_attention.py --coords --store $(BENCH_STORE)
 
 # Debian data packages (needs root): espeak-ng for the audio recipe, proj-data for the geoid,
 # bowtie2-examples for the genomics recipe's lambda phage genome.

@@ -20,6 +20,10 @@ memory minus the resident memory just before the step, with glibc's mmap thresho
 64 kB so that freed blocks leave the resident set at once (with its default, adaptive threshold
 the same case's peak varied by ±30 MB from run to run; with the fixed one, every large
 allocation faults its pages in afresh, so that run is not timed).
+
+``--store DIR`` also appends the printed table (``sequence``, or ``coords`` with ``--coords``)
+to ``DIR/bench_attention.jsonl`` (``benchmarks/_store.py``); runs of ``--coords --only KIND``
+each store their own rows of the one ``coords`` table.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import statistics
 import subprocess
 import sys
 import textwrap
+
+from _store import Table, write
 
 CASE = textwrap.dedent("""
     import resource, sys, time, torch, mmpe
@@ -121,8 +127,13 @@ def run_coords(kind: str, size: str, name: str, repeat: int,
     return float(out[0]), float(out[1])
 
 
-def coords_table(rounds: int, repeat: int, only: str | None, memory: bool) -> None:
+def coords_table(rounds: int, repeat: int, only: str | None, memory: bool) -> Table:
     """Print the ratio table of ``--coords``: time and step memory against no encoding."""
+    table = Table("coords", "Position biases beyond sequences (CPU, one thread, d_model 384, "
+                  "6 heads, batch 1, fwd+bwd)",
+                  ["coordinates", "tokens", "encoding", "CPU (s)", "time ratio", "step MiB",
+                   "memory ratio"],
+                  [None, "{:,.0f}", None, "{:.2f}", "{:.2f}", "{:.0f}", "{:.2f}"])
     print("## Position biases beyond sequences (CPU, one thread, d_model 384, 6 heads, batch 1, "
           "fwd+bwd)\n")
     print("| coordinates | tokens | encoding | CPU (s) | time ratio | step MiB | memory ratio |")
@@ -147,10 +158,20 @@ def coords_table(rounds: int, repeat: int, only: str | None, memory: bool) -> No
             ratio = statistics.median(a / b for a, b in zip(times[name], times["none"],
                                                             strict=True))
             mem = max(mems[name])
+            table.add(f"{kind} {size}", tokens, name, _finite(min(times[name])), _finite(ratio),
+                      mem, mem / max(mems["none"]))
             print(f"| {kind} {size} | {tokens:,} | {name} | {min(times[name]):.2f} | "
                   f"{ratio:.2f} | {mem:.0f} | {mem / max(mems['none']):.2f} |", flush=True)
+        table.add(f"{kind} {size}", tokens, "none", _finite(min(times["none"])),
+                  None if memory_only else 1.0, max(mems["none"]), 1.0)
         print(f"| {kind} {size} | {tokens:,} | none | {min(times['none']):.2f} | 1.00 | "
               f"{max(mems['none']):.0f} | 1.00 |", flush=True)
+    return table
+
+
+def _finite(value: float) -> float | None:
+    """``value``, or None where it was not measured (nan: a memory-only row)."""
+    return value if math.isfinite(value) else None
 
 
 def _tokens(kind: str, size: str) -> int:
@@ -181,9 +202,14 @@ def main() -> None:
                         help="with --coords: one kind of coordinates")
     parser.add_argument("--no-memory", action="store_true",
                         help="with --coords: skip the 128 x 128 memory rows")
+    parser.add_argument("--store", metavar="DIR",
+                        help="also append the table to DIR/bench_attention.jsonl")
     args = parser.parse_args()
     if args.coords:
-        coords_table(max(args.rounds, 3), args.repeat, args.only, not args.no_memory)
+        rounds = max(args.rounds, 3)
+        table = coords_table(rounds, args.repeat, args.only, not args.no_memory)
+        write(args.store, __file__, [table], threads=1,
+              config={"rounds": rounds, "repeat": args.repeat})
         return
     names = args.names.split(",")
     if "none" not in names:
@@ -196,10 +222,28 @@ def main() -> None:
     long = {} if args.quick else {name: run(name, args.long, False, args.repeat)
                                   for name in names}
 
-    def ratios(case: dict, name: str, col: int) -> str:
+    def ratio_range(case: dict, name: str, col: int) -> tuple[float, float]:
         values = [r[col] / b[col] for r, b in zip(case[name], case["none"], strict=True)]
-        lo, hi = min(values), max(values)
+        return min(values), max(values)
+
+    def ratios(case: dict, name: str, col: int) -> str:
+        lo, hi = ratio_range(case, name, col)
         return f"{lo:.2f}" if round(lo, 2) == round(hi, 2) else f"{lo:.2f}–{hi:.2f}"
+
+    def stored_ratio(case: dict, name: str, col: int) -> float | list[float]:
+        lo, hi = ratio_range(case, name, col)
+        return lo if lo == hi else [lo, hi]
+
+    short_cols = [f"fwd+bwd n={args.n}: wall (s)", f"fwd+bwd n={args.n}: CPU (s)",
+                  f"fwd+bwd n={args.n}: ratio (CPU)", f"fwd+bwd n={args.n}: ratio (wall)",
+                  f"fwd+bwd n={args.n}: peak GiB"]
+    long_cols = [f"fwd n={args.long}: CPU (s)", f"fwd n={args.long}: ratio (CPU)",
+                 f"fwd n={args.long}: peak GiB"] if long else []
+    table = Table("sequence", "Biased attention on the CPU (d_model 512, 8 heads, causal, one "
+                  "thread); ratios: time with the bias / time without",
+                  ["encoding", *short_cols, *long_cols],
+                  [None, "{:.2f}", "{:.2f}", "{:.2f}", "{:.2f}", "{:.2f}",
+                   *(["{:.1f}", "{:.2f}", "{:.2f}"] if long else [])])
 
     print("## Biased attention on the CPU (d_model 512, 8 heads, causal, one thread)\n")
     head = (f"| encoding | fwd+bwd n={args.n}: wall (s) | CPU (s) | ratio (CPU) | ratio (wall) "
@@ -216,10 +260,16 @@ def main() -> None:
         mem = max(r[2] for r in short[name])
         row = (f"| {name} | {wall:.2f} | {cpu:.2f} | {ratios(short, name, 1)} | "
                f"{ratios(short, name, 0)} | {mem:.2f} |")
+        cells = [name, wall, cpu, stored_ratio(short, name, 1), stored_ratio(short, name, 0), mem]
         if long:
             _, cpu16, mem16 = long[name]
             row += f" {cpu16:.1f} | {cpu16 / long['none'][1]:.2f} | {mem16:.2f} |"
+            cells += [cpu16, cpu16 / long["none"][1], mem16]
+        table.add(*cells)
         print(row)
+    write(args.store, __file__, [table], threads=1,
+          config={"names": names, "n": args.n, "long": args.long if long else None,
+                  "repeat": args.repeat, "rounds": rounds})
 
 
 if __name__ == "__main__":

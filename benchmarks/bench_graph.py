@@ -22,8 +22,11 @@ under numpy/scipy (``threadpoolctl``) are held to one thread for mmpe and peers 
 multi-threaded BLAS on small matrices is slower, and erratic on a shared machine.
 
     python benchmarks/bench_graph.py [--molecules 300] [--dataset 2000] [--repeat 3] [--quick]
+                                     [--store results/bench]
 
 ``--quick`` (a CI smoke run): 100 molecules, a dataset of 300, a 50×50 grid, one repeat.
+``--store DIR`` also appends the table (``peers``) to ``DIR/bench_graph.jsonl``
+(``benchmarks/_store.py``).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from collections.abc import Callable
 import networkx as nx
 import numpy as np
 import torch
+from _store import Table, write
 from torch_geometric.data import Data
 from torch_geometric.transforms import AddLaplacianEigenvectorPE, AddRandomWalkPE
 from torch_geometric.utils import degree, from_networkx
@@ -198,6 +202,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--quick", action="store_true", help="small sizes, one repeat (smoke run)")
+    parser.add_argument("--store", metavar="DIR",
+                        help="also append the table to DIR/bench_graph.jsonl")
     args = parser.parse_args()
     side = (100, 200)
     if args.quick:
@@ -209,12 +215,19 @@ def main() -> None:
         rows += bench_workload(name, graphs, args.k, args.repeat)
     rows += dataset_rows(args.dataset, args.k, args.repeat)
     rows += large_rows(side, min(args.repeat, 2))
+    threads = "1 thread (torch and BLAS)" if blas is not None else "1 torch thread, BLAS as configured"
+    table = Table("peers", f"Graph position precompute, best of {args.repeat}, {threads}",
+                  ["workload", "quantity", "mmpe s", "peer", "peer s", "peer / mmpe"],
+                  [None, None, "{:.4f}", None, "{:.4f}", "{:.2f}"])
     print("| workload | quantity | mmpe s | peer | peer s | peer / mmpe |")
     print("|---|---|---|---|---|---|")
     for name, what, ours, peer, theirs in rows:
+        table.add(name, what, ours, peer, theirs, theirs / ours)
         print(f"| {name} | {what} | {ours:.4f} | {peer} | {theirs:.4f} | {theirs / ours:.2f}x |")
-    threads = "1 thread (torch and BLAS)" if blas is not None else "1 torch thread, BLAS as configured"
     print(f"\n(best of {args.repeat}, {threads}; numpy {np.__version__}, torch {torch.__version__})")
+    write(args.store, __file__, [table], threads=1,
+          config={"molecules": args.molecules, "dataset": args.dataset, "repeat": args.repeat,
+                  "k": args.k, "large": list(side), "blas_limited": blas is not None})
 
 
 if __name__ == "__main__":

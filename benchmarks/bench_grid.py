@@ -1,6 +1,6 @@
 """Grid encodings: mmpe against timm, timed in the same run, reported as ratios.
 
-    python benchmarks/bench_grid.py [--quick]
+    python benchmarks/bench_grid.py [--quick] [--store results/bench]
 
 Rows (ViT-B/16-like shapes: b=8, 12 heads, head_dim 64, a 14x14 patch grid + cls token; and a
 28x28 grid for the resolution change):
@@ -19,7 +19,8 @@ Rows (ViT-B/16-like shapes: b=8, 12 heads, head_dim 64, a 14x14 patch grid + cls
 
 mmpe and timm are timed alternately, round after round (``paired``), so load from other jobs
 hits both alike; times are medians, the ratio is the median of the per-round ratios timm time /
-mmpe time (> 1: mmpe faster).
+mmpe time (> 1: mmpe faster). ``--store DIR`` also appends the table (``peers``) to
+``DIR/bench_grid.jsonl`` (``benchmarks/_store.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import argparse
 import warnings
 
 import torch
+from _store import Table, write
 from _timing import paired
 from timm.layers import resample_abs_pos_embed
 from timm.layers.pos_embed_rel import RelPosBias, RelPosMlp
@@ -134,14 +136,20 @@ def rows(b: int, h: int, side: int, d: int, repeat: int) -> list[tuple[str, floa
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="smaller shapes, fewer repeats")
+    parser.add_argument("--store", metavar="DIR",
+                        help="also append the table to DIR/bench_grid.jsonl")
     args = parser.parse_args()
     torch.set_num_threads(1)
     b, h, side, d, rep = (2, 4, 8, 32, 5) if args.quick else (8, 12, 14, 64, 15)
     table = rows(b, h, side, d, rep)
     print(f"## Grid encodings on CPU (1 thread), b={b}, heads={h}, head_dim={d}, grid {side}x{side}+cls\n")
+    stored = Table("peers", f"Grid encodings on CPU, b={b}, heads={h}, head_dim={d}, "
+                   f"grid {side}x{side}+cls", ["operation", "mmpe ms", "timm ms", "timm / mmpe"],
+                   [None, "{:.2f}", "{:.2f}", "{:.2f}"])
     print("| operation | mmpe ms | timm ms | timm / mmpe |")
     print("|---|---|---|---|")
     for op, t_ours, t_peer, ratio in table:
+        stored.add(op, t_ours * 1e3, t_peer * 1e3, ratio)
         print(f"| {op} | {t_ours * 1e3:.2f} | {t_peer * 1e3:.2f} | {ratio:.2f} |")
     print("\nsincos and axial RoPE 'build' rows empty mmpe's table cache before every call "
           "(float64 phases each time); in a model the cached table is reused across forwards.")
@@ -150,6 +158,8 @@ def main() -> None:
           "view, so the ratio is 1.0 up to noise; nothing is left to remove without changing "
           "the numbers (the plain bicubic kernel differs from the antialiased one even when "
           "upsampling).")
+    write(args.store, __file__, [stored], threads=1,
+          config={"b": b, "h": h, "side": side, "d": d, "repeat": rep})
 
 
 if __name__ == "__main__":

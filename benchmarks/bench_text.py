@@ -1,6 +1,6 @@
 """1D encodings: mmpe against peer libraries, timed in the same run, reported as ratios.
 
-    python benchmarks/bench_text.py [--quick]
+    python benchmarks/bench_text.py [--quick] [--store results/bench]
 
 Rows:
 * RoPE apply (q and k, [b, h, s, d]): mmpe vs HF transformers (Llama) in float32 and bfloat16
@@ -16,7 +16,9 @@ Rows:
 
 mmpe and the peer are timed alternately, round after round (``paired``), so load from other
 jobs on the machine hits both alike; times are medians, the ratio is the median of the
-per-round ratios peer time / mmpe time (> 1: mmpe faster).
+per-round ratios peer time / mmpe time (> 1: mmpe faster). ``--store DIR`` also appends the
+three tables (``peers``, ``rope_shift``, ``rope_dtype``) to ``DIR/bench_text.jsonl``
+(``benchmarks/_store.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import warnings
 from collections.abc import Callable
 
 import torch
+from _store import Table, write
 from _timing import paired
 
 import mmpe
@@ -67,7 +70,7 @@ def rope_rows(b: int, h: int, s: int, d: int, repeat: int) -> list[tuple]:
     return rows
 
 
-def rotation_error_rows(b: int, h: int, s: int, d: int) -> list[str]:
+def rotation_error_rows(b: int, h: int, s: int, d: int) -> list[tuple[str, float, float]]:
     """max |rotated q − float64 rotation of the same q| / (eps · max |q|), positions 0 … s−1.
 
     The reference rotates the input's own values (converted to float64) with float64 cos/sin,
@@ -92,9 +95,9 @@ def rotation_error_rows(b: int, h: int, s: int, d: int) -> list[str]:
         ours, _ = mmpe.build("rope", head_dim=d)(q, q, coords)
         cos, sin = hf(q, pos)
         theirs, _ = apply_rotary_pos_emb(q, q, cos, sin)
-        rows.append(f"| {str(dtype).removeprefix('torch.')} | "
-                    f"{float((ours.double() - ref).abs().max()) / unit:.2f} | "
-                    f"{float((theirs.double() - ref).abs().max()) / unit:.2f} |")
+        rows.append((str(dtype).removeprefix("torch."),
+                     float((ours.double() - ref).abs().max()) / unit,
+                     float((theirs.double() - ref).abs().max()) / unit))
     return rows
 
 
@@ -144,7 +147,7 @@ def paths_row(b: int, h: int, s: int, d: int, repeat: int) -> tuple[str, str, fl
             *paired(run("sdpa"), run("flex"), max(1, repeat // 3)))
 
 
-def precision_rows() -> list[str]:
+def precision_rows() -> list[tuple[str, float]]:
     """Score error between positions (m, n) and (m + 1e7, n + 1e7), float32 inputs."""
     from rotary_embedding_torch import RotaryEmbedding
     from transformers import LlamaConfig
@@ -180,29 +183,45 @@ def precision_rows() -> list[str]:
     rows = []
     for name, f in (("mmpe", score_ours), ("HF transformers", score_hf), ("rotary-embedding-torch", score_ret)):
         err = abs(f(12 + delta, 5 + delta) - f(12, 5)) / norm
-        rows.append(f"| {name} | {err:.2e} |")
+        rows.append((name, err))
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
+    parser.add_argument("--store", metavar="DIR",
+                        help="also append the tables to DIR/bench_text.jsonl")
     args = parser.parse_args()
     torch.manual_seed(0)
     b, h, s, d, rep = (2, 4, 256, 32, 5) if args.quick else (4, 8, 1024, 64, 10)
     rows = [*rope_rows(b, h, s, d, rep), alibi_row(b, h, s, d, rep), t5_row(h, s, rep),
             paths_row(1, h, min(s, 512), d, rep)]
     errors = rotation_error_rows(b, h, s, d)
-    print(f"## 1D encodings on {'CUDA' if torch.cuda.is_available() else 'CPU'}, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads, b={b} h={h} s={s} d={d}\n")
+    device = "CUDA" if torch.cuda.is_available() else "CPU"
+    threads = torch.get_num_threads()
+    peers = Table("peers", f"1D encodings on {device}, b={b} h={h} s={s} d={d}",
+                  ["operation", "peer", "mmpe ms", "peer ms", "peer / mmpe"],
+                  [None, None, "{:.2f}", "{:.2f}", "{:.2f}"])
+    print(f"## 1D encodings on {device}, "
+          f"torch {torch.__version__}, {threads} threads, b={b} h={h} s={s} d={d}\n")
     print("| operation | peer | mmpe ms | peer ms | peer / mmpe |")
     print("|---|---|---|---|---|")
     for op, peer, t_ours, t_peer, ratio in rows:
+        peers.add(op, peer, t_ours * 1e3, t_peer * 1e3, ratio)
         print(f"| {op} | {peer} | {t_ours * 1e3:.2f} | {t_peer * 1e3:.2f} | {ratio:.2f} |")
+    shift = Table("rope_shift", "RoPE score error at positions shifted by 10⁷: "
+                  "|score(m+1e7, n+1e7) − score(m, n)| / (|q||k|), float32 inputs",
+                  ["library", "relative error"], [None, "{:.1e}"])
     print("\n## RoPE precision: |score(m+1e7, n+1e7) - score(m, n)| / (|q||k|), float32 inputs\n")
     print("| library | relative error |")
     print("|---|---|")
-    print("\n".join(precision_rows()))
+    for name, err in precision_rows():
+        shift.add(name, err)
+        print(f"| {name} | {err:.2e} |")
+    dtypes = Table("rope_dtype", "RoPE rotation error per input dtype: max |out − float64 "
+                   f"rotation| / (eps · max|q|), positions 0…{s - 1}",
+                   ["input dtype", "mmpe", "HF transformers"], [None, "{:.2f}", "{:.2f}"])
     print("\n## RoPE rotation error per input dtype: max |out - float64 rotation| / (eps * max|q|),"
           f" positions 0..{s - 1}\n")
     print("mmpe rotates bf16/fp16 in their own dtype with cos/sin rounded once from float64 "
@@ -210,7 +229,11 @@ def main() -> None:
           "phase error in float32.\n")
     print("| dtype | mmpe | HF transformers |")
     print("|---|---|---|")
-    print("\n".join(errors))
+    for dtype, ours, theirs in errors:
+        dtypes.add(dtype, ours, theirs)
+        print(f"| {dtype} | {ours:.2f} | {theirs:.2f} |")
+    write(args.store, __file__, [peers, shift, dtypes], threads=threads,
+          cuda=device == "CUDA", config={"b": b, "h": h, "s": s, "d": d, "repeat": rep})
 
 
 if __name__ == "__main__":
