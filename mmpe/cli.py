@@ -151,7 +151,8 @@ def _main(argv: list[str] | None = None) -> int:
     p_rep.add_argument("--store", default="runs/results", help="results store (default runs/results)")
     p_rep.add_argument("--plot", help="also draw the metric per column to this PNG")
     p_rep.add_argument("--write", nargs="+", metavar="FILE",
-                       help="rewrite every <!-- mmpe:report ... --> block (and its plot) of FILES")
+                       help="rewrite every <!-- mmpe:report ... --> block (and its plot) of FILES, "
+                       "and every <!-- mmpe:bench ... --> block (from STORE/bench)")
     p_rep.add_argument("--no-plots", action="store_true", help="with --write: tables only")
     p_rep.add_argument("--check", nargs="+", metavar="FILE",
                        help="exit 1 naming every block of FILES that differs from the store")

@@ -15,7 +15,8 @@ README.md and the docs hold the tables between markers::
 
 `mmpe report --write FILES` rewrites every block from the store; a test renders each block
 from the committed store (`results/`) and fails where a file differs, so a number can be
-neither typed nor stale.
+neither typed nor stale. The same commands render the benchmark tables (`<!-- mmpe:bench ...
+-->` blocks, from `results/bench/`: `recipes/bench_report.py`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mmpe.recipes import bench_report
 from mmpe.recipes import store as _store
 from mmpe.recipes.compare import lower_is_better
 
@@ -292,7 +294,8 @@ def blocks(text: str) -> list[tuple[Block, str]]:
 
 
 def rewrite(text: str, store: str | Path, plots: bool = False, root: str | Path = ".") -> str:
-    """`text` with every block re-rendered (and, with `plots`, its plot redrawn)."""
+    """`text` with every block re-rendered (and, with `plots`, its plot redrawn), the
+    benchmark tables (`mmpe:bench`, `recipes/bench_report.py`) too."""
     from mmpe.recipes.compare import load_recipe
 
     def sub(m: re.Match) -> str:
@@ -302,15 +305,16 @@ def rewrite(text: str, store: str | Path, plots: bool = False, root: str | Path 
             plot(spec, records, Path(root) / block.plot, block.settings[0], block.rows)
         return m.group(1) + _render(block, spec, records) + m.group(4)
 
-    return BLOCK.sub(sub, text)
+    return bench_report.rewrite(BLOCK.sub(sub, text), store)
 
 
 def stale(paths: Iterable[str | Path], store: str | Path) -> list[str]:
-    """Blocks in `paths` whose text differs from what `store` renders (`path: args`)."""
+    """Blocks in `paths` whose text differs from what `store` renders (`path: args`), the
+    benchmark tables (`mmpe:bench`, from `store/bench`) included."""
     out = []
     for path in paths:
         text = Path(path).read_text()
         for m in BLOCK.finditer(text):
             if m.group("body") != render_block(Block.parse(m.group("args")), store):
                 out.append(f"{path}: mmpe:report {m.group('args')}")
-    return out
+    return out + bench_report.stale(paths, store)

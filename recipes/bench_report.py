@@ -1,0 +1,244 @@
+"""Benchmark tables rendered from stored benchmark runs (`results/bench/<script>.jsonl`).
+
+Every `benchmarks/bench_*.py --store results/bench` run appends one JSON line per table it
+prints (`benchmarks/_store.py`: raw numbers, a format per column, host, threads, torch, date,
+commit). README.md and the docs hold the tables between markers::
+
+    <!-- mmpe:bench bench_text table=peers -->
+    ...rendered table and caption...
+    <!-- mmpe:end -->
+
+Options after the script's stem: `table=ID` (required), `runs=N` (the newest N runs of that
+table; default all), `columns="a,b"` (pick and order columns; text columns are always the row
+labels that identify a row across runs). Only runs with the newest run's `config` (sizes,
+repeats) are combined. A numeric cell is `min–max` over the runs holding that row (one value
+where they agree to the column's format); a generated caption names the runs, dates, hosts,
+threads and torch versions. `mmpe report --write/--check` renders these blocks beside the
+`mmpe:report` ones, and a test fails where a page differs from what the store renders, so a
+benchmark number can be neither typed nor stale.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BLOCK = re.compile(r"(<!-- mmpe:bench (?P<args>[^>]*?) -->\n)(?P<body>.*?)(<!-- mmpe:end -->)",
+                   re.DOTALL)
+
+#: The benchmark store's folder inside a results store.
+SUBDIR = "bench"
+
+
+def bench_store(store: str | Path) -> Path:
+    """The benchmark store of a results store (`results` → `results/bench`)."""
+    return Path(store) / SUBDIR
+
+
+@dataclass(frozen=True)
+class BenchBlock:
+    """What one `mmpe:bench` marker asks for."""
+
+    bench: str
+    table: str
+    runs: int | None = None
+    columns: tuple[str, ...] | None = None
+    args: str = ""
+
+    @classmethod
+    def parse(cls, args: str) -> BenchBlock:
+        """`'bench_text table=peers runs=2 columns="operation,peer / mmpe"'`.
+
+        Raises:
+            ValueError: no script stem, no `table=`, a bad `runs=` or an unknown key (names the
+                block).
+        """
+        words = shlex.split(args)
+        if not words or "=" in words[0]:
+            raise ValueError(f"mmpe:bench block {args!r}: the first word must be a benchmark "
+                             "script's stem (bench_text, ...)")
+        fields: dict[str, Any] = {"bench": words[0], "args": args}
+        for word in words[1:]:
+            name, _, value = word.partition("=")
+            if name == "table":
+                fields["table"] = value
+            elif name == "runs":
+                if not value.isdigit() or int(value) < 1:
+                    raise ValueError(f"mmpe:bench block {args!r}: runs must be a positive integer")
+                fields["runs"] = int(value)
+            elif name == "columns":
+                fields["columns"] = tuple(c.strip() for c in value.split(",") if c.strip())
+            else:
+                raise ValueError(f"mmpe:bench block {args!r}: unknown key {name!r} "
+                                 "(known: table, runs, columns)")
+        if not fields.get("table"):
+            raise ValueError(f"mmpe:bench block {args!r}: give the table (table=ID)")
+        return cls(**fields)
+
+
+def read(store: str | Path, bench: str) -> list[dict[str, Any]]:
+    """Every stored table of `bench` in a benchmark store, oldest first.
+
+    Raises:
+        ValueError: a line that is not a JSON object with bench, table, columns, formats and
+            rows (names file and line).
+    """
+    path = Path(store) / f"{bench}.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{number}: not JSON ({err})") from err
+        need = ("bench", "table", "columns", "formats", "rows")
+        missing = [f for f in need if not isinstance(record, dict) or f not in record]
+        if missing:
+            raise ValueError(f"{path}:{number}: record lacks {missing}")
+        out.append(record)
+    return out
+
+
+def select(block: BenchBlock, records: list[dict[str, Any]], where: str = "") -> list[dict]:
+    """The runs a block renders: its table, the newest run's config, the newest `runs`.
+
+    Raises:
+        ValueError: no stored run of the script or of the table (names the block and what is
+            stored).
+    """
+    if not records:
+        raise ValueError(f"mmpe:bench block {block.args!r}: no stored runs of {block.bench!r}"
+                         f"{where} (run `python benchmarks/{block.bench}.py --store "
+                         "results/bench`)")
+    runs = [r for r in records if r["table"] == block.table]
+    if not runs:
+        known = sorted({r["table"] for r in records})
+        raise ValueError(f"mmpe:bench block {block.args!r}: {block.bench!r} has no stored "
+                         f"table {block.table!r} (stored: {', '.join(known)})")
+    config = runs[-1].get("config")
+    runs = [r for r in runs if r.get("config") == config]
+    return runs[-block.runs:] if block.runs else runs
+
+
+def _escape(text: str) -> str:
+    return str(text).replace("|", "\\|")
+
+
+def _fmt(fmt: str, value: float) -> str:
+    return fmt.format(value)
+
+
+def _cell(fmt: str | None, values: list[Any]) -> str:
+    """A numeric column's cell over runs: `lo–hi`, or one value where both format alike."""
+    texts = [v for v in values if isinstance(v, str)]
+    if texts:  # a label in a numeric column (e.g. a size kept as text)
+        return _escape(" / ".join(dict.fromkeys(texts)))
+    numbers: list[float] = []
+    for v in values:
+        if isinstance(v, list):
+            numbers += [float(x) for x in v]
+        elif v is not None:
+            numbers.append(float(v))
+    if not numbers:
+        return "—"
+    fmt = fmt or "{:g}"
+    lo, hi = _fmt(fmt, min(numbers)), _fmt(fmt, max(numbers))
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
+def render_table(block: BenchBlock, runs: list[dict[str, Any]]) -> str:
+    """The markdown table of `runs` (see the module doc) and its generated caption.
+
+    Raises:
+        ValueError: a column the block names that the table does not have.
+    """
+    newest = runs[-1]
+    columns, formats = list(newest["columns"]), list(newest["formats"])
+    labels = [i for i, f in enumerate(formats) if f is None]
+    if block.columns:
+        unknown = [c for c in block.columns if c not in columns]
+        if unknown:
+            raise ValueError(f"mmpe:bench block {block.args!r}: no column {unknown} "
+                             f"(columns: {', '.join(columns)})")
+        shown = [columns.index(c) for c in block.columns]
+    else:
+        shown = list(range(len(columns)))
+    cells: dict[tuple, list[list[Any]]] = {}
+    for run in runs:
+        index = {c: i for i, c in enumerate(run["columns"])}
+        for row in run["rows"]:
+            by_name = {c: row[i] for c, i in index.items()}
+            key = tuple(by_name.get(columns[i]) for i in labels)
+            cells.setdefault(key, []).append([by_name.get(c) for c in columns])
+    lines = ["| " + " | ".join(_escape(columns[i]) for i in shown) + " |",
+             "|" + "---|" * len(shown)]
+    for rows in cells.values():
+        out = []
+        for i in shown:
+            if formats[i] is None:
+                out.append(_escape(rows[-1][i] if rows[-1][i] is not None else ""))
+            else:
+                out.append(_cell(formats[i], [r[i] for r in rows]))
+        lines.append("| " + " | ".join(out) + " |")
+    return "\n".join(lines) + "\n\n" + caption(block, runs) + "\n"
+
+
+def _join(values: Iterable[Any]) -> str:
+    return ", ".join(str(v) for v in dict.fromkeys(values))
+
+
+def caption(block: BenchBlock, runs: list[dict[str, Any]]) -> str:
+    """The generated line under a table: what was measured, how often, where, when."""
+    dates = sorted(str(r.get("date", "?"))[:10] for r in runs)
+    when = dates[0] if dates[0] == dates[-1] else f"{dates[0]} – {dates[-1]}"
+    n = len(runs)
+    spread = "one run" if n == 1 else f"cells are min–max over {n} runs"
+    threads = _join(r.get("threads", "?") for r in runs)
+    commits = _join(_commit(r.get("git") or {}) for r in runs)
+    return (f"*{_escape(runs[-1].get('title', block.table))}. Rendered from "
+            f"`results/bench/{block.bench}.jsonl` (table `{block.table}`): {spread}, {when}, "
+            f"on {_escape(_join(r.get('host', '?') for r in runs))}, {threads} thread"
+            f"{'' if threads == '1' else 's'}, torch {_join(r.get('torch', '?') for r in runs)}, "
+            f"commit {commits}.*")
+
+
+def _commit(git: dict[str, Any]) -> str:
+    """`abc1234`, with `+` where the run's checkout had uncommitted changes."""
+    return (git.get("commit") or "?")[:7] + ("+" if git.get("dirty") else "")
+
+
+def render_block(block: BenchBlock, store: str | Path) -> str:
+    """The text between a block's markers, from the results store `store` (its `bench/`)."""
+    path = bench_store(store)
+    return render_table(block, select(block, read(path, block.bench), f" in {path}"))
+
+
+def blocks(text: str) -> list[tuple[BenchBlock, str]]:
+    """Every `(BenchBlock, current body)` in a markdown text."""
+    return [(BenchBlock.parse(m.group("args")), m.group("body")) for m in BLOCK.finditer(text)]
+
+
+def rewrite(text: str, store: str | Path) -> str:
+    """`text` with every `mmpe:bench` block re-rendered from `store`."""
+    def sub(m: re.Match) -> str:
+        return m.group(1) + render_block(BenchBlock.parse(m.group("args")), store) + m.group(4)
+
+    return BLOCK.sub(sub, text)
+
+
+def stale(paths: Iterable[str | Path], store: str | Path) -> list[str]:
+    """`mmpe:bench` blocks in `paths` whose text differs from what `store` renders."""
+    out = []
+    for path in paths:
+        for m in BLOCK.finditer(Path(path).read_text(encoding="utf-8")):
+            if m.group("body") != render_block(BenchBlock.parse(m.group("args")), store):
+                out.append(f"{path}: mmpe:bench {m.group('args')}")
+    return out
