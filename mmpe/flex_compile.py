@@ -51,7 +51,15 @@ KERNEL_OPTIONS: tuple[dict | None, ...] = (
      "bwd_BLOCK_M1": 16, "bwd_BLOCK_N1": 32, "bwd_BLOCK_M2": 32, "bwd_BLOCK_N2": 16,
      "bwd_num_stages": 1},
 )
-DYNAMIC = True
+#: Compile with dynamic shapes (`MMPE_FLEX_DYNAMIC=0`: static, one compile per shape). The
+#: switch exists to time both on a GPU: on one H100 (torch 2.11) the dynamic-shape forward
+#: kernel of causal ALiBi at 4k tokens took 700 µs, where an earlier static-shape run on an
+#: H200 measured ALiBi at 0.92–1.10× the unbiased layer (results/gpu/README.md).
+def _dynamic_from_env() -> bool:
+    return os.environ.get("MMPE_FLEX_DYNAMIC", "1").lower() not in ("0", "false", "no")
+
+
+DYNAMIC = _dynamic_from_env()
 #: Compiled variants allowed per family (torch's default, 8, is per code object; each family
 #: here has its own): 2 grad modes × (any size, batch of one, one block, both) is 8.
 RECOMPILE_LIMIT = 16

@@ -128,7 +128,16 @@ def environment() -> dict[str, Any]:
         versions["lightning"] = lightning.__version__
     except ImportError:  # the recipes need it; a bare store read does not
         pass
-    return {"versions": versions, "git": git_state(), "device": device_name()}
+    env = {"versions": versions, "git": git_state(), "device": device_name()}
+    # Settings that change what a run measures (FlexAttention's compilation) travel with it.
+    flags = {k: v for k, v in os.environ.items() if k in RECORDED_FLAGS}
+    if flags:
+        env["flags"] = flags
+    return env
+
+
+#: Environment variables stored with a run when set (they change the compiled attention path).
+RECORDED_FLAGS = ("MMPE_FLEX_DYNAMIC", "MMPE_FLEX_STRICT", "MMPE_ATTN_BLOCK_BYTES")
 
 
 def device_name() -> str:

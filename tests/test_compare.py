@@ -155,3 +155,13 @@ def test_record_names_the_threads_the_run_used(tmp_path, monkeypatch):
     finally:
         torch.set_num_threads(before)
     assert store.read(tmp_path / "s", "toy")[0]["threads"] == 1
+
+
+def test_record_keeps_the_flags_that_change_the_attention_path(monkeypatch):
+    monkeypatch.delenv("MMPE_FLEX_DYNAMIC", raising=False)
+    monkeypatch.delenv("MMPE_FLEX_STRICT", raising=False)
+    monkeypatch.delenv("MMPE_ATTN_BLOCK_BYTES", raising=False)
+    assert "flags" not in store.environment()
+    monkeypatch.setenv("MMPE_FLEX_DYNAMIC", "0")
+    monkeypatch.setenv("UNRELATED_VARIABLE", "1")
+    assert store.environment()["flags"] == {"MMPE_FLEX_DYNAMIC": "0"}

@@ -294,3 +294,13 @@ def test_grid_offset_table_compiles_and_equals_flex_on_the_cpu() -> None:
         torch.testing.assert_close(compiled(q, k, v, score_mod=table),
                                    flex_attention(q, k, v, score_mod=enc.score_mod(ctx)),
                                    rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("value", "dynamic"), [(None, True), ("1", True), ("0", False),
+                                                ("false", False)])
+def test_dynamic_shapes_follow_the_environment(monkeypatch, value, dynamic):
+    if value is None:
+        monkeypatch.delenv("MMPE_FLEX_DYNAMIC", raising=False)
+    else:
+        monkeypatch.setenv("MMPE_FLEX_DYNAMIC", value)
+    assert flex_compile._dynamic_from_env() is dynamic
