@@ -25,6 +25,9 @@ import torch
 
 import mmpe
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _store import Table, write  # noqa: E402  (benchmarks/_store.py, one folder up)
+
 
 def cuda_time(fn, repeat: int = 10) -> float:
     fn()
@@ -36,10 +39,6 @@ def cuda_time(fn, repeat: int = 10) -> float:
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / repeat / 1e3
-
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _store import Table, write  # noqa: E402  (benchmarks/_store.py, one folder up)
 
 
 def attention_rows(n_values: list[int]) -> Table:
