@@ -4,8 +4,10 @@
 SDPA, whose flash kernels are fastest without a bias); on CPU, SDPA — measured on torch
 2.13/2.15, FlexAttention has no backward pass on the CPU, its CPU kernel is 4–5× slower than
 SDPA, and without a BlockMask its CPU scratch memory is O(n²). The SDPA path hands content-free
-terms on ``toeplitz`` sequences to the relation path ([mmpe.attention.relation][]) and
-otherwise evaluates the bias, block by block over queries where it is large.
+terms on ``toeplitz`` sequences to the relation path ([mmpe.attention.relation][]), offset-only
+terms on grids to the grid path ([mmpe.attention.grid][]), other content-free terms whose dense
+bias is large to the blocked path ([mmpe.attention.blocked][]), and otherwise evaluates the
+bias, block by block over queries where it is large.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from torch import Tensor
 
 from mmpe import flex_compile
 from mmpe.attention import record
+from mmpe.attention.blocked import _BlockedPlan
 from mmpe.attention.flex import _block_mask, _flex_mods, compose_score_mods
 from mmpe.attention.grid import _GridPlan
 from mmpe.attention.masks import _cast_bias, _dense_mask, _large_mask, _plain_causal
@@ -96,6 +99,11 @@ def run_sdpa(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) ->
         grid_plan, table, prefix = grid
         return grid_plan.run(ctx.q, ctx.k, ctx.v, table, prefix)
     if scores and _bias_bytes(ctx, coords.num_queries) > block_bytes():
+        # content-free terms: blocks with a hand-written backward (mmpe/attention/blocked.py);
+        # content-dependent ones (and bf16, compiled code): checkpointed blocks
+        blocked = _BlockedPlan.build(scores, ctx, scale)
+        if blocked is not None:
+            return blocked.run(ctx.q, ctx.k, ctx.v)
         return _sdpa_blocks(scores, ctx, scale)
     if not scores and _large_mask(ctx):  # a padded point cloud of 60k points, say
         return _sdpa_blocks(scores, ctx, scale)

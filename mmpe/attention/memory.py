@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import TYPE_CHECKING
 
 import torch
 
-from mmpe.encodings.base import AttentionContext
+if TYPE_CHECKING:  # an annotation only: importing the encodings here would be circular
+    from mmpe.encodings.base import AttentionContext
 
 #: default budget of one block of bias rows on the CPU path (bytes); ``MMPE_ATTN_BLOCK_BYTES``
 #: overrides it.

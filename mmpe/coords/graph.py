@@ -484,6 +484,11 @@ class Graph(Coordinates):
         """Hop count between tokens (float32); unreachable/padding: `max_distance + 1`."""
         return self.distances[self._b(b), q_idx, kv_idx]
 
+    def distance_rows(self, start: int, stop: int) -> Tensor:
+        """[`distance`][mmpe.coords.graph.Graph.distance] of queries `start … stop−1` to every
+        token, `[b, 1, stop−start, n_max]` float32: a view of the hop table (no gather)."""
+        return self.distances[:, None, start:stop]
+
     def hops(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
         """The `spd` code of each pair (int64): hops, or `UNREACHABLE` / `VIRTUAL`."""
         return self.spd[self._b(b), q_idx, kv_idx]

@@ -13,9 +13,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from mmpe.coords.base import index_grid
 from mmpe.encodings._precision import full_precision
-from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
+from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod, distance_rows
 
 
 def safe_sqrt(x: Tensor) -> Tensor:
@@ -96,14 +95,13 @@ class DistanceFeatureBias(ScoreEncoding):
         self.check_context(ctx)
         coords = ctx.coords
         batch = coords.batch_size or 1
-        b, _, q, k = index_grid(batch, 1, coords.num_queries, coords.num_keys, coords.device)
         per_row = batch * coords.num_keys * max(self.feature_width, self.num_heads) * 4
         step = max(1, block_bytes() // max(1, per_row))
         p = self.parameters_f32()
         chunks = []
         for lo in range(start, stop, step):
             hi = min(stop, lo + step)
-            d = coords.distance(q[:, :, lo:hi], k, b).float()  # [b or 1, 1, rows, n_k]
+            d = distance_rows(ctx, lo, hi).float()  # [b or 1, 1, rows, n_k]
             with full_precision(d.device):  # float32 features and MLP, also under autocast
                 values = self.head_values(p, d)  # [b or 1, 1, rows, n_k, n_h]
             chunks.append(values.squeeze(1).permute(0, 3, 1, 2))

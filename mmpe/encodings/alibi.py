@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from mmpe.coords.capabilities import Metric
 from mmpe.encodings._precision import KeepDtype
 from mmpe.encodings._state import SavesSettings
-from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
+from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod, distance_rows
 from mmpe.registry import register
 from mmpe.validation import check_positive_int
 
@@ -111,6 +111,17 @@ class ALiBi(KeepDtype, SavesSettings, ScoreEncoding):
             return score - slopes[h] * (dist if unit == 1.0 else dist / unit)
 
         return mod
+
+    def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+        """`−m_h · dist` of queries `start … stop−1`, `[b or 1, n_h, stop−start, n_k]` float32:
+        the distance rows once for all heads ([`distance_rows`][mmpe.encodings.base.distance_rows]),
+        then one product per head (the numbers of `score_mod`: `0 − m·d = (−m)·d` exactly)."""
+        self.check_context(ctx)
+        dist = distance_rows(ctx, start, stop)  # [b or 1, 1, rows, n_k]
+        unit = self.distance_unit
+        if unit != 1.0:
+            dist = dist / unit
+        return dist * -self.slopes.float()[:, None, None]
 
     def relation_bias(self, ctx: AttentionContext, relation: Tensor) -> Tensor:
         """`−m_h · |relation|` on `toeplitz` coordinates, `[n_h, m]` float32."""

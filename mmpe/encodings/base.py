@@ -247,6 +247,20 @@ class ScoreEncoding(Encoding):
         return None
 
 
+def distance_rows(ctx: AttentionContext, start: int, stop: int) -> Tensor:
+    """The coordinates' `distance` of queries `start … stop−1` to every key, `[b or 1, 1,
+    stop−start, n_k]` float32, shared by the heads: from the coordinates' own eager
+    `distance_rows(start, stop)` where they have one (`Points`, `Graph`: the same numbers in
+    fewer passes), else `distance` on the rows' index grid (what `score_mod` evaluates)."""
+    coords = ctx.coords
+    rows = getattr(coords, "distance_rows", None)
+    if rows is not None:
+        return rows(start, stop)
+    b, _, q, k = index_grid(coords.batch_size or 1, 1, coords.num_queries, coords.num_keys,
+                            coords.device)
+    return coords.distance(q[:, :, start:stop], k, b)
+
+
 class CompactBias:
     """A content-free additive term held in a few `O(n)` tensors on `toeplitz` coordinates.
 

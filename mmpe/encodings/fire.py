@@ -9,7 +9,13 @@ from mmpe.coords.base import index_grid
 from mmpe.coords.capabilities import Metric
 from mmpe.encodings._captured import per_head, per_head_units
 from mmpe.encodings._state import SavesSettings
-from mmpe.encodings.base import AttentionContext, CompactBias, ScoreEncoding, ScoreMod
+from mmpe.encodings.base import (
+    AttentionContext,
+    CompactBias,
+    ScoreEncoding,
+    ScoreMod,
+    distance_rows,
+)
 from mmpe.registry import register
 
 
@@ -107,9 +113,11 @@ class FIRE(SavesSettings, ScoreEncoding):
         """The MLP on the pairs of queries `start … stop−1`, `[b or 1, n_h, stop−start, n_k]`."""
         self.check_context(ctx)
         coords = ctx.coords
-        b, _, q, k = index_grid(coords.batch_size or 1, 1, coords.num_queries, coords.num_keys,
-                                coords.device)
-        x = self.normalised_distance(ctx, q[:, :, start:stop], k, b)  # [b, 1, rows, n_k]
+        b, _, q, _ = index_grid(coords.batch_size or 1, 1, coords.num_queries, 1, coords.device)
+        # the operations of normalised_distance, on the coordinates' eager distance rows
+        rel = distance_rows(ctx, start, stop).float()  # [b or 1, 1, rows, n_k]
+        i = coords.extent(q[:, :, start:stop], b).float()  # [b or 1, 1, rows, 1]
+        x = self._psi(rel) / (self._psi(torch.maximum(i, self._threshold())) + self.eps)
         slope, intercept, cuts = self.pieces()
         # The MLP is piecewise linear in its one input: find each pair's piece, then one
         # multiply-add per head instead of a hidden layer per pair.

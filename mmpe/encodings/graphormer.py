@@ -85,6 +85,13 @@ class GraphormerSpatial(ScoreEncoding):
         self.check_context(ctx)
         return self.table[spatial_buckets(ctx.coords.spd, self.max_distance)].permute(0, 3, 1, 2)
 
+    def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+        """`table[bucket]` on the pairs of queries `start … stop−1`, `[b, n_h, stop−start, n]`:
+        the buckets of those rows only (the default would bucket every pair per block)."""
+        self.check_context(ctx)
+        buckets = spatial_buckets(ctx.coords.spd[:, start:stop], self.max_distance)
+        return self.table[buckets].permute(0, 3, 1, 2)
+
 
 @register("graphormer_edge", hook="score", needs=(GraphLayout, GraphEdges), learnable=True,
           family="graph", paper=PAPER + ", eq. 7", context=("num_heads",))

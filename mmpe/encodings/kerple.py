@@ -7,7 +7,7 @@ from torch import Tensor, nn
 
 from mmpe.coords.capabilities import Metric
 from mmpe.encodings._content import check_positive_int
-from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
+from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod, distance_rows
 from mmpe.registry import register
 
 PAPER = ("Chi, Fan, Ramadge & Rudnicky 2022, KERPLE: Kernelized Relative Positional Embedding "
@@ -47,6 +47,16 @@ class _Kerple(ScoreEncoding):
             return score + self.kernel(coords.distance(q_idx, kv_idx, b), r1[h], r2[h])
 
         return mod
+
+    def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+        """The kernel of the distance of queries `start … stop−1`, `[b or 1, n_h, stop−start,
+        n_k]` float32: the distance rows once for all heads
+        ([`distance_rows`][mmpe.encodings.base.distance_rows]), the kernel per head (the
+        operations of `score_mod`)."""
+        self.check_context(ctx)
+        r1, r2 = self.constrained()
+        dist = distance_rows(ctx, start, stop)  # [b or 1, 1, rows, n_k]
+        return self.kernel(dist, r1[:, None, None], r2[:, None, None])
 
     def relation_bias(self, ctx: AttentionContext, relation: Tensor) -> Tensor:
         """The kernel of `|relation|` per head on `toeplitz` coordinates, `[n_h, m]`."""

@@ -1,0 +1,310 @@
+"""The blocked bias path (CPU): content-free additive score terms on any coordinates.
+
+Where the relation path (Toeplitz sequences, [mmpe.attention.relation][]) and the grid path
+([mmpe.attention.grid][]) do not apply — points, graphs, sequences with explicit or padded
+positions — and the dense bias `[b, n_h, n_q, n_k]` would exceed
+[block_bytes][mmpe.attention.memory.block_bytes], attention runs here, block by block of query
+rows. Forward, per block: the block's bias rows (the sum of each encoding's
+[bias_rows][mmpe.encodings.base.ScoreEncoding.bias_rows], with no autograd graph, masked pairs
+at `−inf`), then all heads by SDPA's fused CPU kernel, which also returns each row's
+log-sum-exp. Saved for the backward pass: `q, k, v`, the output and the log-sum-exp (`O(n)`
+per head), never the bias.
+
+Backward, per block, the bias rows are computed again, and:
+
+* when nothing the bias depends on needs a gradient (fixed ALiBi slopes, positions without
+  `requires_grad`), the fused kernel's own backward pass gives `dq, dk, dv`;
+* otherwise the block's probabilities come back from the saved log-sum-exp, `P = exp(q·kᵀ·s +
+  bias − lse)`, `dS = P ⊙ (dO·Vᵀ − rowsum(dO ⊙ O))`, and `dq, dk, dv` from matrix products
+  (head by head, in tiles of keys that stay in the cache); the gradient w.r.t. the encodings'
+  parameters and the coordinates' tensors is `torch.autograd.grad(bias_rows, inputs, dS)` on
+  that block's rows only (the encodings' own differentiable code, no hand-written rule).
+
+Which tensors the bias depends on is read from the autograd graph of one probe row (see
+[bias_inputs][mmpe.attention.blocked.bias_inputs]): the leaves it reaches (parameters,
+positions that require a gradient) and, where a coordinate object holds a tensor computed from
+such a leaf (`Points` keeps each axis of its positions), that tensor; they are inputs of the
+autograd function, so the gradients reach them by the ordinary route.
+
+Peak memory is `O(block × n_k)`: no tensor of `n_q × n_k` elements is made or kept.
+Content-dependent terms, bf16/fp16 and compiled code keep the checkpointed block path of
+[mmpe.attention.dispatch][].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from collections.abc import Sequence as Seq
+
+import torch
+from torch import Tensor
+
+from mmpe.attention.flash import _attend_block, _attend_block_backward
+from mmpe.attention.masks import _cast_bias
+from mmpe.attention.memory import _bias_bytes, block_bytes
+from mmpe.coords.base import Coordinates
+from mmpe.encodings.base import AttentionContext, ScoreEncoding
+
+#: queries per block of the forward pass and of the fused backward pass (capped by
+#: `MMPE_ATTN_BLOCK_BYTES`): SDPA's CPU kernel tiles blocks of 192 rows or more in 64-row tiles.
+BLOCKED_FORWARD_ROWS = 256
+
+#: queries per block where the backward pass computes `dS` itself (a learned bias, positions
+#: with gradients): the block's bias and `dS` are `[b, n_h, R, n_k]` each.
+BLOCKED_BACKWARD_ROWS = 256
+
+#: keys per tile of that backward pass: one head's `[256, 512]` probabilities (512 kB) stay in
+#: the cache across the tile's five products (the grid path's measurement, grid.py).
+BLOCKED_KEY_TILE = 512
+
+
+def takes_blocked_path(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
+    """Whether a call whose dense bias is too large runs here: CPU, float32/64, not compiling,
+    and at least one score term, every one content-free and additive."""
+    q = ctx.q
+    return (len(scores) > 0 and q is not None and q.device.type == "cpu"
+            and q.dtype in (torch.float32, torch.float64)
+            and not torch.compiler.is_compiling()
+            and all(e.content_free and e.additive for e in scores))
+
+
+class _BlockedPlan:
+    """Softmax attention with content-free additive score terms, block by block of queries:
+    the forward pass, and the backward pass of [_BlockedAttention][mmpe.attention.blocked._BlockedAttention].
+
+    Holds the encodings and a copy of the call's context without `x, q, k, v` (a content-free
+    term does not read them; the autograd function saves q, k, v itself, so that
+    `saved_tensors_hooks` see them)."""
+
+    def __init__(self, scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -> None:
+        self.scores, self.scale = list(scores), scale
+        self.ctx = dataclasses.replace(ctx, x=None, q=None, k=None, v=None)
+        coords = ctx.coords
+        self.n_q, self.n_k = coords.num_queries, coords.num_keys
+        itemsize = max(4, ctx.q.element_size())
+        per_row = max(1, _bias_bytes(ctx, 1) * itemsize // 4)
+        cap = max(1, block_bytes() // per_row)
+        self.forward_rows = min(BLOCKED_FORWARD_ROWS, cap)
+        # a learned distance kernel's per-pair features are `feature_width / n_h` times the
+        # bias, and autograd keeps them for a block: bound the block by them as well
+        width = max([ctx.num_heads, *(getattr(e, "feature_width", 1) for e in self.scores)])
+        per_feature_row = ctx.q.shape[0] * self.n_k * width * 4
+        self.backward_rows = min(BLOCKED_BACKWARD_ROWS, cap,
+                                 max(1, block_bytes() // max(1, per_feature_row)))
+
+    @classmethod
+    def build(cls, scores: Seq[ScoreEncoding], ctx: AttentionContext,
+              scale: float) -> _BlockedPlan | None:
+        """The plan, or None where this path does not apply (see
+        [takes_blocked_path][mmpe.attention.blocked.takes_blocked_path])."""
+        return cls(scores, ctx, scale) if takes_blocked_path(scores, ctx) else None
+
+    def blocks(self, rows: int) -> Iterator[tuple[int, int]]:
+        for start in range(0, self.n_q, rows):
+            yield start, min(self.n_q, start + rows)
+
+    def raw_bias(self, start: int, stop: int) -> Tensor:
+        """The summed terms of queries `start … stop−1`, `[b or 1, n_h, R, n_k]` (the
+        encodings' dtype, float32 as a rule; unmasked), differentiable where grad mode is on."""
+        total = None
+        for enc in self.scores:
+            term = enc.bias_rows(self.ctx, start, stop)
+            total = term if total is None else total + term
+        return total
+
+    def bias(self, start: int, stop: int, dtype: torch.dtype,
+             raw: Tensor | None = None) -> Tensor:
+        """The block's bias as SDPA reads it: masked pairs at `−inf`, in `dtype` (the same cast
+        as the dense path's, [_cast_bias][mmpe.attention.masks._cast_bias])."""
+        if raw is None:
+            with torch.no_grad():
+                raw = self.raw_bias(start, stop)
+        return _cast_bias(raw, dtype, self.ctx.coords.dense_mask(start, stop))
+
+    def run(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Attention output `[b, n_h, n_q, h_d]` (`q [b, n_h, n_q, h_d]`, `k, v [b, n_h, n_k,
+        h_d]`, heads already expanded)."""
+        inputs = bias_inputs(self) if torch.is_grad_enabled() else []
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *inputs)):
+            return _BlockedAttention.apply(self, q, k, v, *inputs)
+        return self.forward(q, k, v)[0]
+
+    # -- forward ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Output `[b, n_h, n_q, h_d]` and each query's log-sum-exp `[b, n_h, n_q]` (float32,
+        float64 for float64 q; 0 on a fully masked row, whose output is 0)."""
+        b, h = q.shape[:2]
+        out = q.new_empty(b, h, self.n_q, v.shape[-1])
+        lse = q.new_empty(b, h, self.n_q,
+                          dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
+        for start, stop in self.blocks(self.forward_rows):
+            bias = self.bias(start, stop, q.dtype)
+            o, m = _attend_block(q[:, :, start:stop], k, v, bias, self.scale)
+            out[:, :, start:stop], lse[:, :, start:stop] = o, m
+        return out, lse
+
+    # -- backward -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def backward(self, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                 d_out: Tensor, inputs: Seq[Tensor],
+                 needs: Seq[bool]) -> tuple[Tensor | None, ...]:
+        """Gradients w.r.t. `q, k, v` and each of `inputs` (None where `needs` is False or an
+        input got none)."""
+        d_out = d_out.to(q.dtype)
+        if not any(needs[3:]):
+            dq, dk, dv = self._fused_backward(q, k, v, out, lse, d_out)
+            grads: list[Tensor | None] = [None] * len(inputs)
+        else:
+            dq, dk, dv, grads = self._bias_backward(q, k, v, out, lse, d_out, inputs, needs[3:])
+        return (dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None,
+                *grads)
+
+    def _fused_backward(self, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                        d_out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The fused kernel's backward per block (the bias a constant)."""
+        dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+        dk = torch.zeros_like(k, memory_format=torch.contiguous_format)
+        dv = torch.zeros_like(v, memory_format=torch.contiguous_format)
+        for start, stop in self.blocks(self.forward_rows):
+            rows = slice(start, stop)
+            bias = self.bias(start, stop, q.dtype)
+            dq_b, dk_b, dv_b = _attend_block_backward(
+                d_out[:, :, rows], q[:, :, rows], k, v, out[:, :, rows], lse[:, :, rows], bias,
+                self.scale)
+            dq[:, :, rows] = dq_b
+            dk += dk_b
+            dv += dv_b
+        return dq, dk, dv
+
+    def _bias_backward(self, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                       d_out: Tensor, inputs: Seq[Tensor], needs: Seq[bool]):
+        """`dS` per block from the saved log-sum-exp; `dq, dk, dv` and the bias inputs'
+        gradients from it. Within a block, head by head and tile by tile of
+        `BLOCKED_KEY_TILE` keys (a tile's probabilities stay in the cache across its five
+        products), `dS` written into the block's `[b, n_h, R, n_k]` gradient of the bias."""
+        dq = torch.zeros_like(q, memory_format=torch.contiguous_format)
+        dk = torch.zeros_like(k, memory_format=torch.contiguous_format)
+        dv = torch.zeros_like(v, memory_format=torch.contiguous_format)
+        grads: list[Tensor | None] = [None] * len(inputs)
+        wanted = [i for i, need in enumerate(needs) if need]
+        neg_delta = -(d_out * out).sum(-1, keepdim=True, dtype=lse.dtype).to(q.dtype)
+        lse = lse.to(q.dtype)
+        b, h = q.shape[:2]
+        for start, stop in self.blocks(self.backward_rows):
+            rows = slice(start, stop)
+            with torch.enable_grad():
+                raw = self.raw_bias(start, stop)
+            bias = self.bias(start, stop, q.dtype, raw.detach())
+            d_bias = q.new_empty(b, h, stop - start, self.n_k)
+            for i in range(b):
+                for head in range(h):
+                    self._head_rows(q[i, head, rows], k[i, head], v[i, head],
+                                    d_out[i, head, rows], lse[i, head, rows, None],
+                                    neg_delta[i, head, rows], bias[min(i, bias.shape[0] - 1),
+                                                                   min(head, bias.shape[1] - 1)],
+                                    dq[i, head, rows], dk[i, head], dv[i, head],
+                                    d_bias[i, head])
+            if raw.requires_grad:
+                # a bias shared by the batch (or heads) gets the sum of its pairs' gradients
+                d_raw = d_bias.sum_to_size(raw.shape).to(raw.dtype)
+                got = torch.autograd.grad(raw, [inputs[i] for i in wanted], d_raw,
+                                          retain_graph=True, allow_unused=True)
+                for i, g in zip(wanted, got, strict=True):
+                    if g is not None:
+                        grads[i] = g if grads[i] is None else grads[i] + g
+        return dq, dk, dv, grads
+
+    def _head_rows(self, qr: Tensor, k: Tensor, v: Tensor, dor: Tensor, ls: Tensor,
+                   nd: Tensor, bias: Tensor, dqr: Tensor, dk: Tensor, dv: Tensor,
+                   d_bias: Tensor) -> None:
+        """One head's block of queries `qr [R, h_d]` against every key, tile by tile: `P =
+        exp(bias − lse + s·q·kᵀ)`, `dS = P ⊙ (dO·Vᵀ − rowsum(dO ⊙ O))`, `dq += s·dS·K`,
+        `dk += s·dSᵀ·Q`, `dv += Pᵀ·dO`, `dS` into `d_bias [R, n_k]`."""
+        scale = self.scale
+        for c in range(0, self.n_k, BLOCKED_KEY_TILE):
+            keys = slice(c, min(self.n_k, c + BLOCKED_KEY_TILE))
+            kt, vt = k[keys], v[keys]
+            probs = torch.sub(bias[:, keys], ls)
+            probs.addmm_(qr, kt.t(), alpha=scale).exp_()
+            dv[keys].addmm_(probs.t(), dor)
+            d_s = torch.addmm(nd, dor, vt.t(), out=d_bias[:, keys]).mul_(probs)
+            dqr.addmm_(d_s, kt, alpha=scale)
+            dk[keys].addmm_(d_s.t(), qr, alpha=scale)
+
+
+class _BlockedAttention(torch.autograd.Function):
+    """Autograd of [_BlockedPlan][mmpe.attention.blocked._BlockedPlan]: inputs `q, k, v` and
+    the tensors the bias depends on ([bias_inputs][mmpe.attention.blocked.bias_inputs]); saves
+    `q, k, v`, the output and the log-sum-exp (`O(n)`), not the bias or the scores. Not itself
+    differentiable (no double backward: use `backend="math"` for gradient penalties through
+    attention)."""
+
+    @staticmethod
+    def forward(fctx, plan: _BlockedPlan, q: Tensor, k: Tensor, v: Tensor,
+                *inputs: Tensor) -> Tensor:
+        out, lse = plan.forward(q, k, v)
+        fctx.plan = plan
+        # The bias inputs are parameters and coordinate tensors, alive anyway; held as they are
+        # (a saved copy would not be the tensor autograd.grad must differentiate towards).
+        fctx.inputs = inputs
+        fctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(fctx, d_out: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, out, lse = fctx.saved_tensors
+        grads = fctx.plan.backward(q, k, v, out, lse, d_out, fctx.inputs,
+                                   fctx.needs_input_grad[1:])
+        return (None, *grads)
+
+
+def bias_inputs(plan: _BlockedPlan) -> list[Tensor]:
+    """The tensors that require a gradient and the plan's bias depends on: the leaves the
+    autograd graph of one probe row reaches (parameters, positions), except those reached
+    through a tensor the coordinates hold (e.g. `Points`' per-axis positions computed from a
+    leaf), which is listed instead — so a gradient w.r.t. a non-leaf position tensor still
+    flows through the coordinates' own graph. Empty where the bias needs no gradient."""
+    with torch.enable_grad():
+        probe = plan.raw_bias(0, 1)
+    if not probe.requires_grad or probe.grad_fn is None:
+        return []
+    stops = {(t.grad_fn, t.output_nr): t for t in _coordinate_tensors(plan.ctx.coords)
+             if t.requires_grad and t.grad_fn is not None}
+    found: dict[int, Tensor] = {}
+    seen: set = set()
+    stack = [(probe.grad_fn, probe.output_nr)]
+    while stack:
+        node, nr = stack.pop()
+        if node is None:
+            continue
+        hit = stops.get((node, nr))
+        if hit is not None:
+            found.setdefault(id(hit), hit)
+            continue
+        if node in seen:
+            continue
+        seen.add(node)
+        leaf = getattr(node, "variable", None)  # an AccumulateGrad node: a leaf
+        if isinstance(leaf, Tensor):
+            found.setdefault(id(leaf), leaf)
+            continue
+        stack.extend(node.next_functions)
+    return list(found.values())
+
+
+def _coordinate_tensors(coords: object, depth: int = 3) -> Iterator[Tensor]:
+    """The tensors a coordinate object holds in its attributes (in lists, tuples and dicts,
+    and in coordinate objects it holds, such as a window view's base)."""
+    if depth < 0:
+        return
+    for value in vars(coords).values():
+        items = (value.values() if isinstance(value, dict)
+                 else value if isinstance(value, (list, tuple)) else (value,))
+        for item in items:
+            if isinstance(item, Tensor):
+                yield item
+            elif isinstance(item, Coordinates):
+                yield from _coordinate_tensors(item, depth - 1)

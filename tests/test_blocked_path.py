@@ -1,0 +1,434 @@
+"""The blocked bias path of the CPU attention (``mmpe.attention.blocked``) and the eager bias rows.
+
+Content-free additive terms on coordinates that neither the relation path (Toeplitz sequences)
+nor the grid path serves — points, graphs, sequences with explicit positions — run block by
+block of queries with a hand-written backward pass once their dense bias exceeds the block
+budget. The budget is lowered here (``MMPE_ATTN_BLOCK_BYTES``) so that small inputs take the
+path in several blocks. Checked: output and gradients w.r.t. x, every encoding parameter and
+``Points`` positions against ``backend="math"`` (float32, 1e-5) and against the checkpointed
+block path it replaces (float64: 1e-10 where the bias is float64, see ``_F32_BIAS``); padding
+and fully masked rows; the fused kernels' plain fallbacks; that nothing of ``n × n`` elements
+is saved for the backward pass; and that every eager ``bias_rows``/``distance_rows`` override
+equals what ``score_mod``/``distance`` give on the same rows.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import mmpe
+import mmpe.attention.blocked as blocked
+from mmpe import MultiHeadAttention
+from mmpe.attention.flash import (
+    _FLASH_CPU,
+    _FLASH_CPU_BACKWARD,
+    _attend_block,
+    _attend_block_backward,
+)
+from mmpe.coords.base import index_grid
+from mmpe.encodings.base import AttentionContext, ScoreEncoding
+
+POINT_NAMES = ["alibi", "kerple_log", "kerple_power", "fire", "gaussian_distance",
+               "radial_gaussian", "radial_bessel"]
+#: encodings whose bias is float32 by design (their parameters are read as float32): in a
+#: float64 model their parameter gradients agree to float32 precision only.
+_F32_BIAS = {"alibi", "fire", "gaussian_distance", "radial_gaussian", "radial_bessel"}
+OPTIONS = {"fire": {"init_L": 2.0, "init_c": 0.5}, "gaussian_distance": {"num_kernels": 8,
+                                                                          "mlp_width": 8}}
+#: the block budget of the tests (bytes): a few rows per block
+BUDGET = 100
+SETTINGS = settings(max_examples=25, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow,
+                                           HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """A block budget of a few rows: the blocked path is taken, in several blocks."""
+    monkeypatch.setenv("MMPE_ATTN_BLOCK_BYTES", str(BUDGET))
+
+
+def _encodings(names: list[str], heads: int, seed: int) -> list:
+    torch.manual_seed(seed)
+    context = {"num_heads": heads, "head_dim": 4, "d_model": 4 * heads}
+    encs = [mmpe.build(n, context=context, **OPTIONS.get(n, {})) for n in names]
+    with torch.no_grad():  # every learnable parameter off its initial value
+        for enc in encs:
+            for p in enc.parameters():
+                if p.requires_grad:
+                    p.add_(0.3 * torch.randn_like(p))
+    return encs
+
+
+def _points(batch: int | None, n: int, seed: int, padded: bool, dtype=torch.float32,
+            grad: bool = True):
+    g = torch.Generator().manual_seed(seed)
+    shape = (n, 3) if batch is None else (batch, n, 3)
+    pos = (torch.rand(shape, generator=g, dtype=torch.float64) * 4).to(dtype)
+    pos.requires_grad_(grad)
+    mask = None
+    if padded and n > 1:
+        mask = torch.rand(shape[:-1], generator=g) > 0.3
+        mask[..., 0] = True
+    return mmpe.Points(pos, mask), pos
+
+
+def _run(encs: list, coords, heads: int, backend: str, seed: int, dtype=torch.float32,
+         extra: tuple = (), expect_blocked: bool | None = None):
+    """Output and gradients (x, every learnable parameter, then `extra`) of one backend."""
+    torch.manual_seed(seed)
+    attn = MultiHeadAttention(4 * heads, heads, encs, backend=backend).to(dtype)
+    g = torch.Generator().manual_seed(seed + 1)
+    batch = coords.batch_size or 2
+    x = torch.randn(batch, coords.num_queries, 4 * heads, generator=g, dtype=torch.float64)
+    x = x.to(dtype).requires_grad_()
+    weight = torch.randn(batch, coords.num_queries, 4 * heads, generator=g,
+                         dtype=torch.float64).to(dtype)
+    taken = []
+    real = blocked._BlockedPlan.run
+
+    def spy(self, *args):
+        taken.append(True)
+        return real(self, *args)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(blocked._BlockedPlan, "run", spy)
+        out = attn(x, coords)
+    if expect_blocked is not None:
+        # taken where the dense bias exceeds the budget (a tiny input runs dense)
+        dense = batch * heads * coords.num_queries * coords.num_keys * 4
+        assert bool(taken) == (expect_blocked and dense > BUDGET)
+    params = [p for e in encs for p in e.parameters() if p.requires_grad]
+    loss = (out * weight).sum() / math.sqrt(out.numel())
+    grads = torch.autograd.grad(loss, [x, *params, *extra], retain_graph=True,
+                                allow_unused=True)
+    return out, grads
+
+
+def _labels(encs: list, extra: int) -> list[str]:
+    return (["x"] + [f"{type(e).__name__}.{n}" for e in encs for n, p in e.named_parameters()
+                     if p.requires_grad] + [f"extra{i}" for i in range(extra)])
+
+
+def _assert_same(a_run, b_run, labels, atol=1e-5, rtol=1e-5, param_tol=None) -> None:
+    (out_a, g_a), (out_b, g_b) = a_run, b_run
+    torch.testing.assert_close(out_a, out_b, atol=atol, rtol=rtol)
+    for label, a, b in zip(labels, g_a, g_b, strict=True):
+        if b is None or a is None:
+            assert (a is None or not a.any()) and (b is None or not b.any()), label
+            continue
+        bias_side = "." in label or label.startswith("extra")  # parameters and positions
+        tol = param_tol if param_tol is not None and bias_side else (atol, rtol)
+        torch.testing.assert_close(a, b, atol=tol[0], rtol=tol[1], msg=label)
+
+
+# -- the path against the math path ---------------------------------------------------------
+@SETTINGS
+@given(names=st.lists(st.sampled_from(POINT_NAMES), min_size=1, max_size=2, unique=True),
+       n=st.integers(1, 19), heads=st.integers(1, 3), batch=st.sampled_from([None, 1, 2]),
+       padded=st.booleans(), grad_positions=st.booleans(), seed=st.integers(0, 2**16))
+def test_points_equal_math_path(small_blocks, names, n, heads, batch, padded, grad_positions,
+                                seed) -> None:
+    coords, pos = _points(batch, n, seed, padded, grad=grad_positions)
+    encs = _encodings(names, heads, seed)
+    extra = (pos,) if grad_positions else ()
+    fast = _run(encs, coords, heads, "sdpa", seed, extra=extra, expect_blocked=True)
+    slow = _run(encs, coords, heads, "math", seed, extra=extra)
+    _assert_same(fast, slow, _labels(encs, len(extra)))
+
+
+@SETTINGS
+@given(names=st.lists(st.sampled_from(["alibi", "kerple_log", "fire", "gaussian_distance"]),
+                      min_size=1, max_size=2, unique=True),
+       n=st.integers(2, 17), heads=st.integers(1, 3), padded=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_float64_equals_checkpointed_block_path(small_blocks, names, n, heads, padded,
+                                                seed) -> None:
+    # The path it replaces, in float64: output and x gradients to 1e-10; parameter and
+    # position gradients to 1e-10 where the bias itself is float64 (KERPLE in a float64 model),
+    # else to the float32 precision of the bias (the gradient of an MLP's last bias is a sum
+    # of dS over each row, ~0 in exact arithmetic, so the absolute tolerance carries it).
+    coords, pos = _points(2, n, seed, padded, dtype=torch.float64)
+    encs = _encodings(names, heads, seed)
+    fast = _run(encs, coords, heads, "sdpa", seed, torch.float64, (pos,), expect_blocked=True)
+    with pytest.MonkeyPatch.context() as mp:  # (hypothesis runs every example in one test)
+        mp.setattr(blocked._BlockedPlan, "build", classmethod(lambda cls, *a: None))
+        slow = _run(encs, coords, heads, "sdpa", seed, torch.float64, (pos,),
+                    expect_blocked=False)
+    param_tol = (1e-6, 1e-5) if set(names) & _F32_BIAS else (1e-10, 1e-10)
+    _assert_same(fast, slow, _labels(encs, 1), atol=1e-10, rtol=1e-10, param_tol=param_tol)
+
+
+def _lattice(n: int, width: int = 4) -> mmpe.Graph:
+    i = torch.arange(n)
+    right = torch.stack((i[(i + 1) % width != 0][:-1], i[(i + 1) % width != 0][:-1] + 1))
+    down = torch.stack((i[: max(0, n - width)], i[: max(0, n - width)] + width))
+    edges = torch.cat((right[:, right[1] < n], down), dim=1)
+    return mmpe.Graph(edges, num_nodes=n, max_distance=3)
+
+
+@SETTINGS
+@given(n=st.integers(2, 18), heads=st.integers(1, 3),
+       names=st.lists(st.sampled_from(["alibi", "graphormer_spatial", "fire"]), min_size=1,
+                      max_size=2, unique=True),
+       seed=st.integers(0, 2**16))
+def test_graph_equals_math_path(small_blocks, n, heads, names, seed) -> None:
+    graph = _lattice(n)
+    encs = _encodings(names, heads, seed)
+    fast = _run(encs, graph, heads, "sdpa", seed, expect_blocked=True)
+    slow = _run(encs, graph, heads, "math", seed)
+    _assert_same(fast, slow, _labels(encs, 0))
+
+
+def test_batched_graphs_with_padding_equal_math_path(small_blocks) -> None:
+    edges = torch.tensor([[0, 1, 2, 4, 5], [1, 2, 3, 5, 6]])
+    graph = mmpe.Graph(edges, num_nodes=7, batch=torch.tensor([0, 0, 0, 0, 1, 1, 1]),
+                       max_distance=3)
+    encs = _encodings(["graphormer_spatial", "alibi"], 2, 3)
+    fast = _run(encs, graph, 2, "sdpa", 3, expect_blocked=True)
+    slow = _run(encs, graph, 2, "math", 3)
+    _assert_same(fast, slow, _labels(encs, 0))
+
+
+@SETTINGS
+@given(n=st.integers(2, 16), heads=st.integers(1, 2), causal=st.booleans(),
+       batched=st.booleans(), padded=st.booleans(),
+       names=st.lists(st.sampled_from(["alibi", "kerple_log", "fire"]), min_size=1,
+                      max_size=2, unique=True),
+       seed=st.integers(0, 2**16))
+def test_explicit_positions_sequence_equals_math_path(small_blocks, n, heads, causal, batched,
+                                                      padded, names, seed) -> None:
+    g = torch.Generator().manual_seed(seed)
+    shape = (2, n) if batched else (n,)
+    ids = torch.randint(0, 3 * n, shape, generator=g).sort(-1).values
+    pad = None
+    if padded:
+        pad = torch.rand(shape, generator=g) > 0.3
+        pad[..., -1] = True
+    seq = mmpe.Sequence(n, position_ids=ids, causal=causal, padding_mask=pad)
+    assert not seq.toeplitz
+    encs = _encodings(names, heads, seed)
+    fast = _run(encs, seq, heads, "sdpa", seed, expect_blocked=True)
+    slow = _run(encs, seq, heads, "math", seed)
+    _assert_same(fast, slow, _labels(encs, 0))
+
+
+def test_gradient_reaches_non_leaf_positions(small_blocks) -> None:
+    # Positions computed from a leaf: the gradient w.r.t. the intermediate tensor flows through
+    # the coordinates' own graph (the path's inputs are the tensors Points holds, not the leaf).
+    base = (torch.rand(2, 9, 3) * 3).requires_grad_()
+    pos = base * 1.5
+    coords = mmpe.Points(pos)
+    encs = _encodings(["kerple_log"], 2, 0)
+    fast = _run(encs, coords, 2, "sdpa", 0, extra=(pos, base), expect_blocked=True)
+    slow = _run(encs, coords, 2, "math", 0, extra=(pos, base))
+    _assert_same(fast, slow, _labels(encs, 2))
+
+
+def test_no_grad_and_fixed_bias_use_the_path(small_blocks) -> None:
+    coords, _ = _points(2, 13, 1, padded=True, grad=False)
+    encs = _encodings(["alibi"], 2, 1)
+    attn = MultiHeadAttention(8, 2, encs)
+    ref = MultiHeadAttention(8, 2, encs, backend="math")
+    ref.load_state_dict(attn.state_dict())
+    x = torch.randn(2, 13, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x, coords), ref(x, coords), atol=1e-5, rtol=1e-5)
+    # fixed slopes, positions without gradient: the fused kernel's backward pass
+    fast = _run(encs, coords, 2, "sdpa", 4, expect_blocked=True)
+    slow = _run(encs, coords, 2, "math", 4)
+    _assert_same(fast, slow, _labels(encs, 0))
+
+
+class _Holes(mmpe.Points):
+    """Points whose queries `q ≡ 0 (mod 3)` see no key at all: fully masked rows."""
+
+    def mask_mod(self):
+        return lambda b, h, q, k: (q % 3 != 0) & (k >= 0)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_fully_masked_rows_match_the_block_path(small_blocks, monkeypatch, fused) -> None:
+    # Rows with every key masked: output 0 and gradient 0, as the checkpointed SDPA blocks
+    # give (the math path's softmax gives NaN there), with or without the fused kernels.
+    if not fused:
+        monkeypatch.setattr("mmpe.attention.flash._FLASH_CPU", None)
+        monkeypatch.setattr("mmpe.attention.flash._FLASH_CPU_BACKWARD", None)
+    pos = (torch.rand(10, 3, dtype=torch.float64) * 3).requires_grad_()
+    coords = _Holes(pos)
+    for names in (["alibi"], ["kerple_log"]):
+        encs = _encodings(names, 2, 5)
+        fast = _run(encs, coords, 2, "sdpa", 5, torch.float64, (pos,), expect_blocked=True)
+        # a masked row's attention output is 0: the layer gives its output projection's bias
+        assert torch.equal(fast[0][:, ::3], fast[0][:, :1].expand(-1, 4, -1))
+        with monkeypatch.context() as mp:
+            mp.setattr(blocked._BlockedPlan, "build", classmethod(lambda cls, *a: None))
+            slow = _run(encs, coords, 2, "sdpa", 5, torch.float64, (pos,),
+                        expect_blocked=False)
+        assert all(bool(torch.isfinite(g).all()) for g in fast[1] if g is not None)
+        _assert_same(fast, slow, _labels(encs, 1), atol=1e-10, rtol=1e-10,
+                     param_tol=(1e-6, 1e-5))
+
+
+def test_without_the_fused_kernels(small_blocks, monkeypatch) -> None:
+    # A torch without the CPU kernel's ops: each block is computed explicitly, same numbers.
+    monkeypatch.setattr("mmpe.attention.flash._FLASH_CPU", None)
+    monkeypatch.setattr("mmpe.attention.flash._FLASH_CPU_BACKWARD", None)
+    coords, pos = _points(2, 11, 2, padded=True)
+    for names in (["alibi"], ["kerple_log", "fire"]):
+        encs = _encodings(names, 2, 2)
+        fast = _run(encs, coords, 2, "sdpa", 2, extra=(pos,), expect_blocked=True)
+        slow = _run(encs, coords, 2, "math", 2, extra=(pos,))
+        _assert_same(fast, slow, _labels(encs, 1))
+
+
+@pytest.mark.skipif(_FLASH_CPU is None or _FLASH_CPU_BACKWARD is None,
+                    reason="this torch lacks the fused CPU kernels")
+def test_fallback_backward_equals_fused_kernel(monkeypatch) -> None:
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, n, 4, generator=g, dtype=torch.float64) for n in (5, 7, 7))
+    bias = torch.randn(1, 3, 5, 7, generator=g, dtype=torch.float64)
+    bias[0, 1, 2] = float("-inf")  # one fully masked row
+    bias[0, 0, :, 3] = float("-inf")
+    out, lse = _attend_block(q, k, v, bias, 0.4)
+    d_out = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    fused = _attend_block_backward(d_out, q, k, v, out, lse, bias, 0.4)
+    monkeypatch.setattr("mmpe.attention.flash._FLASH_CPU", None)
+    monkeypatch.setattr("mmpe.attention.flash._FLASH_CPU_BACKWARD", None)
+    out_p, lse_p = _attend_block(q, k, v, bias, 0.4)
+    torch.testing.assert_close(out_p, out, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(lse_p, lse, atol=1e-12, rtol=1e-12)
+    plain = _attend_block_backward(d_out, q, k, v, out_p, lse_p, bias, 0.4)
+    for a, b in zip(plain, fused, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+
+
+def test_nothing_of_n_squared_is_saved(small_blocks) -> None:
+    n = 48
+    coords, pos = _points(1, n, 0, padded=True)
+    encs = _encodings(["kerple_log", "fire", "alibi"], 2, 0)
+    attn = MultiHeadAttention(8, 2, encs)
+    x = torch.randn(1, n, 8, requires_grad=True)
+    saved: list[int] = []
+
+    def pack(t):
+        saved.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = attn(x, coords)
+    assert saved and max(saved) < n * n, max(saved)
+    out.square().mean().backward()
+    assert pos.grad is not None and all(p.grad is not None for e in encs
+                                        for p in e.parameters() if p.requires_grad)
+
+
+def test_content_dependent_terms_keep_the_checkpointed_blocks(small_blocks) -> None:
+    scores = [s for s in _encodings(["alibi"], 2, 0)]
+
+    class _Content(ScoreEncoding):
+        content_free = False
+
+    ctx = AttentionContext(_points(1, 5, 0, False)[0], 2, 4, 1, None,
+                           *(torch.randn(1, 2, 5, 4) for _ in range(3)))
+    assert blocked.takes_blocked_path(scores, ctx)
+    assert not blocked.takes_blocked_path([*scores, _Content()], ctx)
+    ctx.q = ctx.q.bfloat16()
+    assert not blocked.takes_blocked_path(scores, ctx)
+
+
+# -- the eager rows against score_mod and distance --------------------------------------------
+def _grid_distance(coords, start: int, stop: int):
+    b, _, q, k = index_grid(coords.batch_size or 1, 1, coords.num_queries, coords.num_keys)
+    return coords.distance(q[:, :, start:stop], k, b)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 12), batch=st.sampled_from([None, 1, 3]), padded=st.booleans(),
+       grad=st.booleans(), dtype=st.sampled_from([torch.float32, torch.float64]),
+       data=st.data())
+def test_points_distance_rows_equal_distance(n, batch, padded, grad, dtype, data) -> None:
+    coords, pos = _points(batch, n, data.draw(st.integers(0, 99)), padded, dtype, grad)
+    if n > 2:  # a repeated point: distance 0 off the diagonal, gradient 0 (not NaN)
+        with torch.no_grad():
+            coords._axis_pos[0][..., 1] = coords._axis_pos[0][..., 2]
+            coords._axis_pos[1][..., 1] = coords._axis_pos[1][..., 2]
+            coords._axis_pos[2][..., 1] = coords._axis_pos[2][..., 2]
+    start = data.draw(st.integers(0, n - 1))
+    stop = data.draw(st.integers(start + 1, n))
+    rows = coords.distance_rows(start, stop)
+    ref = _grid_distance(coords, start, stop)
+    assert rows.dtype == torch.float32 and rows.shape == ref.shape
+    assert torch.equal(rows, ref)
+    if grad:
+        w = torch.randn(ref.shape, dtype=ref.dtype)
+        g_rows = torch.autograd.grad((rows * w).sum(), pos, retain_graph=True)[0]
+        g_ref = torch.autograd.grad((ref * w).sum(), pos, retain_graph=True)[0]
+        assert torch.isfinite(g_rows).all()
+        assert torch.equal(g_rows, g_ref)
+    with torch.no_grad():  # the in-place form
+        assert torch.equal(coords.distance_rows(start, stop), ref)
+
+
+def test_graph_distance_rows_equal_distance() -> None:
+    graph = mmpe.Graph(torch.tensor([[0, 1, 3], [1, 2, 4]]), num_nodes=6,
+                       batch=torch.tensor([0, 0, 0, 1, 1, 1]), max_distance=2)
+    for start, stop in ((0, 3), (1, 2), (0, graph.num_queries)):
+        assert torch.equal(graph.distance_rows(start, stop), _grid_distance(graph, start, stop))
+
+
+def _coords_cases(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 20, (2, 9), generator=g).sort(-1).values
+    return [_points(None, 8, seed, False)[0], _points(2, 9, seed, True)[0],
+            mmpe.Sequence(9, position_ids=ids, causal=True), _lattice(9)]
+
+
+@settings(max_examples=30, deadline=None)
+@given(names=st.sampled_from(["alibi", "kerple_log", "kerple_power", "fire"]),
+       heads=st.integers(1, 4), case=st.integers(0, 3), unit=st.sampled_from([1.0, 0.7]),
+       seed=st.integers(0, 999), data=st.data())
+def test_bias_rows_equal_score_mod(names, heads, case, unit, seed, data) -> None:
+    coords = _coords_cases(seed)[case]
+    options = {"distance_unit": unit} if names == "alibi" else {}
+    enc = mmpe.build(names, context={"num_heads": heads, "head_dim": 4, "d_model": 4 * heads},
+                     **{**OPTIONS.get(names, {}), **options})
+    with torch.no_grad():
+        for p in enc.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    ctx = AttentionContext(coords, heads, 4, coords.batch_size or 1)
+    n = coords.num_queries
+    start = data.draw(st.integers(0, n - 1))
+    stop = data.draw(st.integers(start + 1, n))
+    rows = enc.bias_rows(ctx, start, stop)
+    ref = ScoreEncoding.bias_rows(enc, ctx, start, stop)  # score_mod on the rows' index grid
+    assert rows.shape == ref.shape
+    # FIRE's rows evaluate its MLP piece by piece (the same function, other rounding)
+    tol = 1e-5 if names == "fire" else 0.0
+    torch.testing.assert_close(rows, ref, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("name", ["gaussian_distance", "radial_gaussian", "radial_bessel"])
+def test_geometry_bias_rows_equal_the_pair_term(name) -> None:
+    enc = mmpe.build(name, context={"num_heads": 3}, **OPTIONS.get(name, {}))
+    for coords in _coords_cases(4):
+        ctx = AttentionContext(coords, 3, 4, coords.batch_size or 1)
+        b, _, q, k = index_grid(coords.batch_size or 1, 1, coords.num_queries, coords.num_keys)
+        ref = enc.pair_term(ctx, q[:, :, 2:7], k, b)  # [b, 1, rows, n_k, n_h]
+        torch.testing.assert_close(enc.bias_rows(ctx, 2, 7),
+                                   ref.squeeze(1).permute(0, 3, 1, 2), atol=0, rtol=0)
+
+
+def test_graphormer_spatial_bias_rows_equal_score_mod() -> None:
+    enc = mmpe.build("graphormer_spatial", context={"num_heads": 3})
+    graph = mmpe.Graph(torch.tensor([[0, 1, 4], [1, 2, 5]]), num_nodes=6,
+                       batch=torch.tensor([0, 0, 0, 0, 1, 1]), max_distance=2)
+    ctx = AttentionContext(graph, 3, 4, 2)
+    for start, stop in ((0, 2), (1, 4), (0, graph.num_queries)):
+        torch.testing.assert_close(enc.bias_rows(ctx, start, stop),
+                                   ScoreEncoding.bias_rows(enc, ctx, start, stop), atol=0, rtol=0)
