@@ -8,8 +8,8 @@ commit). README.md and the docs hold the tables between markers::
     ...rendered table and caption...
     <!-- mmpe:end -->
 
-Options after the script's stem: `table=ID` (required), `runs=N` (the newest N runs of that
-table; default all), `columns="a,b"` (pick and order columns; text columns are always the row
+Options after the script's stem: `table=ID` (required), `runs=N` (the newest N stored runs
+of that table, counting a run that measured only some rows as one; default all), `columns="a,b"` (pick and order columns; text columns are always the row
 labels that identify a row across runs). Only runs with the newest run's `config` (sizes,
 repeats) are combined. A numeric cell is `min–max` over the runs holding that row (one value
 where they agree to the column's format); a generated caption names the runs, dates, hosts,
@@ -188,19 +188,32 @@ def render_table(block: BenchBlock, runs: list[dict[str, Any]]) -> str:
             else:
                 out.append(_cell(formats[i], [r[i] for r in rows]))
         lines.append("| " + " | ".join(out) + " |")
-    return "\n".join(lines) + "\n\n" + caption(block, runs) + "\n"
+    counts = sorted({len(rows) for rows in cells.values()})
+    return "\n".join(lines) + "\n\n" + caption(block, runs, counts) + "\n"
 
 
 def _join(values: Iterable[Any]) -> str:
     return ", ".join(str(v) for v in dict.fromkeys(values))
 
 
-def caption(block: BenchBlock, runs: list[dict[str, Any]]) -> str:
-    """The generated line under a table: what was measured, how often, where, when."""
+def caption(block: BenchBlock, runs: list[dict[str, Any]],
+            counts: list[int] | None = None) -> str:
+    """The generated line under a table: what was measured, how often, where, when.
+
+    `counts`: the distinct numbers of runs holding a row (runs that each measured part of the
+    rows, e.g. `bench_attention.py --coords --only grid`, hold a row once between them).
+    """
     dates = sorted(str(r.get("date", "?"))[:10] for r in runs)
     when = dates[0] if dates[0] == dates[-1] else f"{dates[0]} – {dates[-1]}"
-    n = len(runs)
-    spread = "one run" if n == 1 else f"cells are min–max over {n} runs"
+    counts = counts or [len(runs)]
+    lo, hi = counts[0], counts[-1]
+    if hi == 1:
+        spread = ("one run" if len(runs) == 1
+                  else f"one run per row (the rows come from {len(runs)} stored runs)")
+    elif lo == hi:
+        spread = f"cells are min–max over {hi} runs"
+    else:
+        spread = f"cells are min–max over {lo}–{hi} runs per row"
     threads = _join(r.get("threads", "?") for r in runs)
     commits = _join(_commit(r.get("git") or {}) for r in runs)
     return (f"*{_escape(runs[-1].get('title', block.table))}. Rendered from "

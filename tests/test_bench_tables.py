@@ -86,6 +86,13 @@ def test_a_range_measured_in_one_run_and_rows_from_several(tmp_path):
     assert lines[2:5] == ["| grid 32x32 | alibi | 1.10–1.30 | 10 |",
                           "| grid 32x32 | none | 1.00 | — |",
                           "| points 1024 | alibi | 2.00 | 30 |"]
+    assert "one run per row (the rows come from 2 stored runs)" in lines[-1]
+    v = bstore.Table("coords", "Toy", t.columns, t.formats)
+    v.add("points 1024", "alibi", 2.5, 30)
+    _write(tmp_path, v)
+    lines = _render(tmp_path, "bench_toy table=coords").splitlines()
+    assert lines[4] == "| points 1024 | alibi | 2.00–2.50 | 30 |"
+    assert "min–max over 1–2 runs per row" in lines[-1]
 
 
 def test_only_runs_of_the_newest_config_are_combined(tmp_path):
