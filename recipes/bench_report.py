@@ -20,13 +20,14 @@ benchmark number can be neither typed nor stale.
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from mmpe.recipes import store as _store
 
 BLOCK = re.compile(r"(<!-- mmpe:bench (?P<args>[^>]*?) -->\n)(?P<body>.*?)(<!-- mmpe:end -->)",
                    re.DOTALL)
@@ -91,20 +92,7 @@ def read(store: str | Path, bench: str) -> list[dict[str, Any]]:
     path = Path(store) / f"{bench}.jsonl"
     if not path.exists():
         return []
-    out = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{number}: not JSON ({err})") from err
-        need = ("bench", "table", "columns", "formats", "rows")
-        missing = [f for f in need if not isinstance(record, dict) or f not in record]
-        if missing:
-            raise ValueError(f"{path}:{number}: record lacks {missing}")
-        out.append(record)
-    return out
+    return _store.json_lines(path, ("bench", "table", "columns", "formats", "rows"))
 
 
 def select(block: BenchBlock, records: list[dict[str, Any]], where: str = "") -> list[dict]:

@@ -63,18 +63,32 @@ def read(store: str | Path, recipe: str) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     by_key: dict[tuple, dict[str, Any]] = {}
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    for record in json_lines(path, (*KEY_FIELDS, "metrics")):
+        by_key[key(record)] = record
+    return list(by_key.values())
+
+
+def json_lines(path: Path, need: Iterable[str]) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON Lines file, in order (blank lines skipped).
+
+    Raises:
+        ValueError: a line that is not JSON, or not an object with every field of `need`
+            (names the file and line).
+    """
+    need = tuple(need)
+    out = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}:{number}: not JSON ({err})") from err
-        missing = [f for f in (*KEY_FIELDS, "metrics") if not isinstance(record, dict) or f not in record]
+        missing = [f for f in need if not isinstance(record, dict) or f not in record]
         if missing:
             raise ValueError(f"{path}:{number}: record lacks {missing}")
-        by_key[key(record)] = record
-    return list(by_key.values())
+        out.append(record)
+    return out
 
 
 def key(record: dict[str, Any]) -> tuple:
