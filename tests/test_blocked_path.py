@@ -308,6 +308,32 @@ def test_fallback_backward_equals_fused_kernel(monkeypatch) -> None:
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
 
 
+@pytest.mark.parametrize("layout", ["transposed", "broadcast heads", "sliced rows",
+                                    "broadcast keys"])
+def test_fused_kernels_read_any_mask_layout(layout) -> None:
+    # torch 2.5's fused CPU kernel read a mask strided along keys (a transposed view, as a
+    # symmetric graph distance gives) as if it were contiguous: wrong numbers, no error.
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 3, n, 4, generator=g, dtype=torch.float64) for n in (5, 5, 5))
+    dense = torch.randn(1, 3, 5, 5, generator=g, dtype=torch.float64)
+    bias = {"transposed": dense.transpose(-1, -2),
+            "broadcast heads": dense[:, :1].expand(1, 3, 5, 5),
+            "sliced rows": torch.randn(1, 3, 9, 5, generator=g, dtype=torch.float64)[:, :, 2:7],
+            "broadcast keys": dense[..., :1].expand(1, 3, 5, 5)}[layout]
+    scores = (q @ k.transpose(-1, -2)) * 0.4 + bias
+    probs = scores.softmax(-1)
+    out, lse = _attend_block(q, k, v, bias, 0.4)
+    torch.testing.assert_close(out, probs @ v, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(lse, scores.logsumexp(-1), atol=1e-12, rtol=1e-12)
+    d_out = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref = torch.autograd.grad(((leaves[0] @ leaves[1].transpose(-1, -2)) * 0.4 + bias)
+                              .softmax(-1) @ leaves[2], leaves, d_out)
+    got = _attend_block_backward(d_out, q, k, v, out, lse, bias, 0.4)
+    for a, b in zip(got, ref, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+
+
 def test_nothing_of_n_squared_is_saved(small_blocks) -> None:
     n = 48
     coords, pos = _points(1, n, 0, padded=True)

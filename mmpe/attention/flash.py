@@ -25,7 +25,7 @@ def _attend_block(q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
     n]`` in q's dtype (``−inf`` = masked) → ``out [b, h, R, d]``, ``lse [b, h, R]`` (float32 for
     float32/bf16 q, float64 for float64)."""
     if _FLASH_CPU is not None:
-        return _FLASH_CPU(q, k, v, 0.0, False, attn_mask=bias, scale=scale)
+        return _FLASH_CPU(q, k, v, 0.0, False, attn_mask=_rows_contiguous(bias), scale=scale)
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale + bias
     lse = scores.logsumexp(-1)
     # a fully masked row: lse −inf would make every probability NaN; the kernel gives 0 and 0
@@ -41,8 +41,8 @@ def _attend_block_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: 
     backward (a plain computation where this torch lacks it). Shapes as ``_attend_block``'s;
     ``dk``, ``dv`` are those of this block's queries only (a caller sums them over blocks)."""
     if _FLASH_CPU_BACKWARD is not None:
-        return _FLASH_CPU_BACKWARD(d_out, q, k, v, out, lse, 0.0, False, attn_mask=bias,
-                                   scale=scale)
+        return _FLASH_CPU_BACKWARD(d_out, q, k, v, out, lse, 0.0, False,
+                                   attn_mask=_rows_contiguous(bias), scale=scale)
     probs = (torch.matmul(q, k.transpose(-2, -1)) * scale + bias - lse[..., None].to(q.dtype)).exp()
     d_scores = probs * (torch.matmul(d_out, v.transpose(-2, -1))
                         - (d_out * out).sum(-1, keepdim=True))
@@ -50,6 +50,14 @@ def _attend_block_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: 
     dk = torch.matmul(d_scores.transpose(-2, -1), q) * scale
     dv = torch.matmul(probs.transpose(-2, -1), d_out)
     return dq, dk, dv
+
+
+def _rows_contiguous(bias: Tensor) -> Tensor:
+    """The mask with unit stride along keys: torch 2.5's fused CPU kernel reads a mask whose
+    last dimension is strided (a transposed view) as if it were contiguous, and returns wrong
+    numbers without an error (fixed by torch 2.11). Broadcast (stride-0) leading dimensions are
+    kept as they are; they are read correctly."""
+    return bias if bias.stride(-1) == 1 or bias.shape[-1] == 1 else bias.contiguous()
 
 
 def _flash_op(name: str):
