@@ -28,6 +28,11 @@ from mmpe.coords.base import Coordinates, MaskMod
 Segment = int | tuple[int, ...]
 
 
+
+def causal_mask(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+    """The causal `mask_mod` over token order (a key at or before its query)."""
+    return kv_idx <= q_idx
+
 class Composite(Coordinates):
     """Qwen2-VL style `(t, h, w)` position ids for a sequence of text and vision segments.
 
@@ -144,13 +149,7 @@ class Composite(Coordinates):
         return torch.maximum(t - self._t_lo, self._t_hi - t).to(torch.float32)
 
     def mask_mod(self) -> MaskMod | None:
-        if not self.causal:
-            return None
-
-        def mask(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return kv_idx <= q_idx
-
-        return mask
+        return causal_mask if self.causal else None
 
     def __repr__(self) -> str:
         segs = ", ".join(f"{k}{s}" for k, s in self.segments)

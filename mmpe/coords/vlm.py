@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from mmpe.coords.base import Coordinates, MaskMod
-from mmpe.coords.composite import Composite, Segment, _parse
+from mmpe.coords.composite import Composite, Segment, _parse, causal_mask
 
 
 def _positive(name: str, arg: str, value: object, *, at_most: float | None = None) -> float:
@@ -110,13 +110,7 @@ class _Ordered1D(Coordinates):
         return torch.maximum(k - self._key_lo, self._key_hi - k).to(torch.float32)
 
     def mask_mod(self) -> MaskMod | None:
-        if not self.causal:
-            return None
-
-        def mask(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return kv_idx <= q_idx
-
-        return mask
+        return causal_mask if self.causal else None
 
 
 class VideoRoPEComposite(_Ordered1D):
