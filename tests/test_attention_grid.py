@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 import mmpe
 import mmpe.attention.grid as grid_path
+import mmpe.attention.grid_backward as grid_backward
 from mmpe import Grid, MultiHeadAttention
 from mmpe.encodings.base import AttentionContext
 
@@ -103,8 +104,9 @@ def _compare(names: list[str], grid: Grid, heads: int, batch: int, seed: int = 0
 def test_grid_path_equals_math_path_with_gradients(names, shape, prefix, heads, batch, chunk,
                                                    rows, tile, seed) -> None:
     grid = Grid(shape, prefix_tokens=prefix)
-    with mock.patch.multiple(grid_path, GRID_CHUNK=chunk, GRID_BACKWARD_ROWS=rows,
-                             GRID_KEY_TILE=tile):
+    with mock.patch.object(grid_path, "GRID_CHUNK", chunk), \
+            mock.patch.multiple(grid_backward, GRID_BACKWARD_ROWS=rows, GRID_KEY_TILE=tile,
+                                GRID_FIXED_BIAS_BYTES=rows * 4 * grid.num_tokens):
         _compare(names, grid, heads, batch, seed)
 
 
@@ -206,3 +208,41 @@ def test_small_grids_run_dense(monkeypatch) -> None:
         q = torch.zeros(1, 6, grid.num_tokens, 8)
         ctx = AttentionContext(grid, 6, 8, 1, None, q, q, q)
         assert grid_path.takes_grid_path([enc], ctx) is expected
+
+
+@pytest.mark.parametrize("names", [["t5", "swin"], ["alibi"], ["fire", "kerple_log"]])
+def test_a_bias_without_gradient_takes_the_fused_backward(names) -> None:
+    # A frozen table (or ALiBi, which has none) runs SDPA's fused backward on copied bias rows;
+    # with a learned one the hand-written tiles run. Both equal the math path.
+    grid = Grid((5, 6), prefix_tokens=1)
+    encs = _encodings(names, 3, grid.shape, 4)
+    for enc in encs:
+        enc.requires_grad_(False)
+    calls = []
+    real = grid_backward.fixed_backward
+
+    def counting(*args):
+        calls.append(1)
+        return real(*args)
+
+    with mock.patch.object(grid_backward, "fixed_backward", counting), \
+            mock.patch.object(grid_backward, "GRID_FIXED_BIAS_BYTES", 40 * grid.num_tokens):
+        out_fast, g_fast = _run(encs, grid, 3, 2, "sdpa", 5)
+    assert calls, "the fused backward did not run"
+    out_slow, g_slow = _run(encs, grid, 3, 2, "math", 5)
+    torch.testing.assert_close(out_fast, out_slow, atol=1e-5, rtol=1e-5)
+    for label, a, b in zip("qkv", g_fast, g_slow, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=label)
+    assert len(g_fast) == 3  # no parameter took a gradient
+
+
+def test_groups_span_rows_of_a_short_last_axis() -> None:
+    # A chunk is consecutive cells of a slab: on 4 × 3 × 5 with chunks of 8 cells, groups of
+    # 8 and 7 cells, each row c_0 of a group's tokens one run of consecutive tokens.
+    grid = Grid((4, 3, 5), prefix_tokens=2)
+    with mock.patch.object(grid_path, "GRID_CHUNK", 8):
+        plan = grid_path._GridPlan(grid, 1.0, 4)
+    widths = [tokens.shape[1] for _, tokens in plan.groups]
+    assert widths == [8, 7]
+    tokens = torch.cat([t for _, t in plan.groups], dim=1)
+    assert torch.equal(tokens, 2 + torch.arange(60).view(4, 15))
