@@ -10,8 +10,9 @@ commit). README.md and the docs hold the tables between markers::
 
 Options after the script's stem: `table=ID` (required), `runs=N` (the newest N stored runs
 of that table, counting a run that measured only some rows as one; default all), `columns="a,b"` (pick and order columns; text columns are always the row
-labels that identify a row across runs). Only runs with the newest run's `config` (sizes,
-repeats) are combined. A numeric cell is `min–max` over the runs holding that row (one value
+labels that identify a row across runs), `rows=newest` (each row from the runs of the newest
+commit that measured it: rows re-measured after a change show only the new numbers). Only
+runs with the newest run's `config` (sizes, repeats) are combined. A numeric cell is `min–max` over the runs holding that row (one value
 where they agree to the column's format); a generated caption names the runs, dates, hosts,
 threads and torch versions. `mmpe report --write/--check` renders these blocks beside the
 `mmpe:report` ones, and a test fails where a page differs from what the store renders, so a
@@ -49,6 +50,7 @@ class BenchBlock:
     table: str
     runs: int | None = None
     columns: tuple[str, ...] | None = None
+    newest_rows: bool = False
     args: str = ""
 
     @classmethod
@@ -74,9 +76,13 @@ class BenchBlock:
                 fields["runs"] = int(value)
             elif name == "columns":
                 fields["columns"] = tuple(c.strip() for c in value.split(",") if c.strip())
+            elif name == "rows":
+                if value != "newest":
+                    raise ValueError(f"mmpe:bench block {args!r}: rows must be 'newest'")
+                fields["newest_rows"] = True
             else:
                 raise ValueError(f"mmpe:bench block {args!r}: unknown key {name!r} "
-                                 "(known: table, runs, columns)")
+                                 "(known: table, runs, columns, rows)")
         if not fields.get("table"):
             raise ValueError(f"mmpe:bench block {args!r}: give the table (table=ID)")
         return cls(**fields)
@@ -160,12 +166,17 @@ def render_table(block: BenchBlock, runs: list[dict[str, Any]]) -> str:
     else:
         shown = list(range(len(columns)))
     cells: dict[tuple, list[list[Any]]] = {}
-    for run in runs:
+    sources: dict[tuple, list[int]] = {}
+    for number, run in enumerate(runs):
         index = {c: i for i, c in enumerate(run["columns"])}
         for row in run["rows"]:
             by_name = {c: row[i] for c, i in index.items()}
             key = tuple(by_name.get(columns[i]) for i in labels)
             cells.setdefault(key, []).append([by_name.get(c) for c in columns])
+            sources.setdefault(key, []).append(number)
+    if block.newest_rows:
+        cells, used = _newest_rows(runs, cells, sources)
+        runs = [runs[i] for i in sorted(used)]
     lines = ["| " + " | ".join(_escape(columns[i]) for i in shown) + " |",
              "|" + "---|" * len(shown)]
     for rows in cells.values():
@@ -178,6 +189,20 @@ def render_table(block: BenchBlock, runs: list[dict[str, Any]]) -> str:
         lines.append("| " + " | ".join(out) + " |")
     counts = sorted({len(rows) for rows in cells.values()})
     return "\n".join(lines) + "\n\n" + caption(block, runs, counts) + "\n"
+
+
+def _newest_rows(runs: list[dict[str, Any]], cells: dict[tuple, list[list[Any]]],
+                 sources: dict[tuple, list[int]]) -> tuple[dict, set[int]]:
+    """Each row from the runs of the newest commit that measured it (`rows=newest`: a row
+    re-measured after a change of the code shows the new numbers only), and the runs used."""
+    kept, used = {}, set()
+    for key, rows in cells.items():
+        commit = _commit(runs[sources[key][-1]].get("git") or {})
+        picked = [i for i, number in enumerate(sources[key])
+                  if _commit(runs[number].get("git") or {}) == commit]
+        kept[key] = [rows[i] for i in picked]
+        used.update(sources[key][i] for i in picked)
+    return kept, used
 
 
 def _join(values: Iterable[Any]) -> str:

@@ -101,6 +101,32 @@ def test_only_runs_of_the_newest_config_are_combined(tmp_path):
     assert "| RoPE apply | HF | 1.00 | 3.00 |" in _render(tmp_path, "bench_toy table=peers")
 
 
+def test_rows_newest_shows_each_row_from_its_newest_commit(tmp_path):
+    # The grid rows re-measured after a change of the code (commit bbb) replace those of aaa;
+    # the points row, measured at aaa only, stays. Without rows=newest the ranges mix both.
+    t = bstore.Table("coords", "Toy", ["coordinates", "ratio"], [None, "{:.2f}"])
+    t.add("grid", 1.5)
+    t.add("points", 2.0)
+    _write(tmp_path, t)
+    _write(tmp_path, t)
+    u = bstore.Table("coords", "Toy", t.columns, t.formats)
+    u.add("grid", 1.1)
+    _write(tmp_path, u)
+    _write(tmp_path, u)
+    path = tmp_path / "bench" / "bench_toy.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    for record, commit in zip(records, ["aaa", "aaa", "bbb", "bbb"], strict=True):
+        record["git"] = {"commit": commit, "dirty": False}
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    mixed = _render(tmp_path, "bench_toy table=coords").splitlines()
+    assert mixed[2] == "| grid | 1.10–1.50 |"
+    lines = _render(tmp_path, "bench_toy table=coords rows=newest").splitlines()
+    assert lines[2:4] == ["| grid | 1.10 |", "| points | 2.00 |"]
+    assert "commit aaa, bbb" in lines[-1] and "over 2 runs" in lines[-1]
+    with pytest.raises(ValueError, match="rows must be 'newest'"):
+        _render(tmp_path, "bench_toy table=coords rows=all")
+
+
 def test_unknown_benchmark_table_or_column_names_the_block(tmp_path):
     _write(tmp_path, _table((3.0, 0.5)))
     with pytest.raises(ValueError, match=r"bench_nope table=peers.*no stored runs"):
