@@ -18,7 +18,11 @@ Backward, per block, the bias rows are computed again, and:
   bias − lse)`, `dS = P ⊙ (dO·Vᵀ − rowsum(dO ⊙ O))`, and `dq, dk, dv` from matrix products
   (head by head, in tiles of keys that stay in the cache); the gradient w.r.t. the encodings'
   parameters and the coordinates' tensors is `torch.autograd.grad(bias_rows, inputs, dS)` on
-  that block's rows only (the encodings' own differentiable code, no hand-written rule).
+  that block's rows only (the encodings' own differentiable code), or, for an encoding with a
+  `bias_rows_vjp` (KERPLE-log, FIRE, Graphormer's spatial bias), its hand-written pullback:
+  `dS` reduced onto a few small tensors (`r1, r2`; FIRE's pieces and input rows; the bucket
+  table) that autograd carries on, with no per-pair, per-head graph
+  ([pullback_bias][mmpe.attention.blocked._BlockedPlan.pullback_bias]).
 
 Which tensors the bias depends on is read from the autograd graph of one probe row (see
 [bias_inputs][mmpe.attention.blocked.bias_inputs]): the leaves it reaches (parameters,
@@ -34,7 +38,7 @@ Content-dependent terms, bf16/fp16 and compiled code keep the checkpointed block
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
 
 import torch
@@ -57,6 +61,10 @@ BLOCKED_BACKWARD_ROWS = 256
 #: keys per tile of that backward pass: one head's `[256, 512]` probabilities (512 kB) stay in
 #: the cache across the tile's five products (the grid path's measurement, grid.py).
 BLOCKED_KEY_TILE = 512
+
+#: a term's pullback in that backward pass: the block's `dS [b, n_h, R, n_k]` → tensors and
+#: their cotangents (see [_BlockedPlan.pullback_bias][mmpe.attention.blocked._BlockedPlan.pullback_bias])
+Pullback = Callable[[Tensor], tuple[Seq[Tensor], Seq[Tensor]]]
 
 
 def takes_blocked_path(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
@@ -152,7 +160,9 @@ class _BlockedPlan:
                  needs: Seq[bool]) -> tuple[Tensor | None, ...]:
         """Gradients w.r.t. `q, k, v` and each of `inputs` (None where `needs` is False or an
         input got none)."""
-        d_out = d_out.to(q.dtype)
+        # contiguous: the blocks read one head's rows, which the projections leave strided
+        q, k, v = (t.contiguous() for t in (q, k, v))
+        d_out = d_out.to(q.dtype).contiguous()
         if not any(needs[3:]):
             dq, dk, dv = self._fused_backward(q, k, v, out, lse, d_out)
             grads: list[Tensor | None] = [None] * len(inputs)
@@ -194,9 +204,8 @@ class _BlockedPlan:
         b, h = q.shape[:2]
         for start, stop in self.blocks(self.backward_rows):
             rows = slice(start, stop)
-            with torch.enable_grad():
-                raw = self.raw_bias(start, stop)
-            bias = self.bias(start, stop, q.dtype, raw.detach())
+            raw, pullbacks = self.pullback_bias(start, stop)
+            bias = self.bias(start, stop, q.dtype, raw)
             d_bias = q.new_empty(b, h, stop - start, self.n_k)
             for i in range(b):
                 for head in range(h):
@@ -206,15 +215,41 @@ class _BlockedPlan:
                                                                    min(head, bias.shape[1] - 1)],
                                     dq[i, head, rows], dk[i, head], dv[i, head],
                                     d_bias[i, head])
-            if raw.requires_grad:
-                # a bias shared by the batch (or heads) gets the sum of its pairs' gradients
-                d_raw = d_bias.sum_to_size(raw.shape).to(raw.dtype)
-                got = torch.autograd.grad(raw, [inputs[i] for i in wanted], d_raw,
+            pairs = [pair for pull in pullbacks for pair in zip(*pull(d_bias), strict=True)
+                     if pair[0].requires_grad]
+            if pairs:
+                outputs, cotangents = zip(*pairs, strict=True)
+                got = torch.autograd.grad(outputs, [inputs[i] for i in wanted], cotangents,
                                           retain_graph=True, allow_unused=True)
                 for i, g in zip(wanted, got, strict=True):
                     if g is not None:
                         grads[i] = g if grads[i] is None else grads[i] + g
         return dq, dk, dv, grads
+
+    def pullback_bias(self, start: int, stop: int) -> tuple[Tensor, list[Pullback]]:
+        """The summed terms of queries `start … stop−1` (as
+        [raw_bias][mmpe.attention.blocked._BlockedPlan.raw_bias], without a graph) and the
+        pullbacks of the terms that take a gradient: each maps the block's `dS [b, n_h, R,
+        n_k]` to tensors and their cotangents (`autograd.grad(tensors, inputs, cotangents)`
+        is the term's vector-Jacobian product). An encoding with a `bias_rows_vjp` gives its
+        own (its gradient by hand, from per-pair tensors kept without autograd); the others'
+        rows are recorded by autograd and pulled back through their graph."""
+        total, graphed, pulls = None, None, []
+        for enc in self.scores:
+            with torch.enable_grad():
+                if hasattr(enc, "bias_rows_vjp"):
+                    term, pull = enc.bias_rows_vjp(self.ctx, start, stop)
+                    pulls.append(pull)
+                else:
+                    term = enc.bias_rows(self.ctx, start, stop)
+                    if term.requires_grad:
+                        graphed = term if graphed is None else graphed + term
+            term = term.detach()
+            total = term if total is None else total + term
+        if graphed is not None:
+            # a bias shared by the batch (or heads) gets the sum of its pairs' gradients
+            pulls.append(lambda d, t=graphed: ([t], [d.sum_to_size(t.shape).to(t.dtype)]))
+        return total, pulls
 
     def _head_rows(self, qr: Tensor, k: Tensor, v: Tensor, dor: Tensor, ls: Tensor,
                    nd: Tensor, bias: Tensor, dqr: Tensor, dk: Tensor, dv: Tensor,

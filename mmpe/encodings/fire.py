@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -110,20 +112,68 @@ class FIRE(SavesSettings, ScoreEncoding):
         return mod
 
     def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
-        """The MLP on the pairs of queries `start … stop−1`, `[b or 1, n_h, stop−start, n_k]`."""
+        """The MLP on the pairs of queries `start … stop−1`, `[b or 1, n_h, stop−start, n_k]`
+        (without a recorded gradient: the rows of
+        [bias_rows_vjp][mmpe.encodings.fire.FIRE.bias_rows_vjp], head by head)."""
         self.check_context(ctx)
-        coords = ctx.coords
-        b, _, q, _ = index_grid(coords.batch_size or 1, 1, coords.num_queries, 1, coords.device)
-        # the operations of normalised_distance, on the coordinates' eager distance rows
-        rel = distance_rows(ctx, start, stop).float()  # [b or 1, 1, rows, n_k]
-        i = coords.extent(q[:, :, start:stop], b).float()  # [b or 1, 1, rows, 1]
-        x = self._psi(rel) / (self._psi(torch.maximum(i, self._threshold())) + self.eps)
+        if not torch.is_grad_enabled():
+            return self.bias_rows_vjp(ctx, start, stop)[0]
+        x = self._input_rows(ctx, start, stop)
         slope, intercept, cuts = self.pieces()
         # The MLP is piecewise linear in its one input: find each pair's piece, then one
         # multiply-add per head instead of a hidden layer per pair.
         piece = torch.searchsorted(cuts, x.detach().contiguous())  # [b, 1, rows, n_k]
         out = slope[piece] * x.unsqueeze(-1) + intercept[piece]  # [b, 1, rows, n_k, n_h]
         return out.squeeze(1).permute(0, 3, 1, 2)
+
+    def _input_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+        """The MLP's input `ψ(d) / ψ(max(L, extent))` on the rows' pairs, `[b or 1, 1, R,
+        n_k]` float32: the operations of normalised_distance on the coordinates' eager
+        distance rows."""
+        coords = ctx.coords
+        b, _, q, _ = index_grid(coords.batch_size or 1, 1, coords.num_queries, 1, coords.device)
+        rel = distance_rows(ctx, start, stop).float()  # [b or 1, 1, rows, n_k]
+        i = coords.extent(q[:, :, start:stop], b).float()  # [b or 1, 1, rows, 1]
+        return self._psi(rel) / (self._psi(torch.maximum(i, self._threshold())) + self.eps)
+
+    def bias_rows_vjp(self, ctx: AttentionContext, start: int,
+                      stop: int) -> tuple[Tensor, Callable]:
+        """The rows of [bias_rows][mmpe.encodings.fire.FIRE.bias_rows] (no graph) and their
+        pullback by hand, for the blocked attention path
+        ([pullback_bias][mmpe.attention.blocked._BlockedPlan.pullback_bias]). On its piece
+        `p` a pair's bias is `slope[p]·x + intercept[p]` (Li et al. 2024, eq. 4's MLP, see
+        [pieces][mmpe.encodings.fire.FIRE.pieces]), so `∂/∂intercept[p]` and `∂/∂slope[p]`
+        are `dS` and `dS·x` summed by piece (an `index_add` per block) and `∂/∂x = Σ_h
+        dS·slope[p]`; autograd carries these on to the MLP, `c`, `L` and the positions through
+        the `[n_h]`-free input rows `x` and the `[W+1, n_h]` pieces only.
+
+        Returns the rows `[b or 1, n_h, R, n_k]` and the map `dS [b, n_h, R, n_k]` →
+        `([slope, intercept, x], cotangents)`."""
+        self.check_context(ctx)
+        x = self._input_rows(ctx, start, stop)  # [b', 1, R, n_k]
+        slope, intercept, cuts = self.pieces()
+        with torch.no_grad():
+            xd = x.detach()
+            piece = torch.searchsorted(cuts, xd.contiguous()).reshape(-1)
+            tables = slope.detach().t().contiguous(), intercept.detach().t().contiguous()
+            slopes, rows = (xd.new_empty(self.num_heads, xd.shape[0], *xd.shape[2:])
+                            for _ in tables)
+            for head in range(self.num_heads):  # index_select: ~3× an indexing's speed
+                for table, out in zip(tables, (slopes, rows), strict=True):
+                    torch.index_select(table[head], 0, piece, out=out[head].view(-1))
+            rows.add_(slopes * xd[:, 0])  # not addcmul: the rounding of the graph's form
+
+        def pull(d_bias: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+            with torch.no_grad():
+                d_s = d_bias.sum_to_size(rows.shape[1], *rows.shape[:1], *rows.shape[2:])
+                d_s = d_s.to(rows.dtype).transpose(0, 1).reshape(self.num_heads, -1)
+                d_intercept = d_s.new_zeros(tables[1].shape).index_add_(1, piece, d_s)
+                weighted = d_s * xd.reshape(1, -1)
+                d_slope = d_s.new_zeros(tables[0].shape).index_add_(1, piece, weighted)
+                d_x = torch.mul(d_s, slopes.reshape(self.num_heads, -1), out=weighted).sum(0)
+            return [slope, intercept, x], [d_slope.t(), d_intercept.t(), d_x.view(x.shape)]
+
+        return rows.transpose(0, 1), pull
 
     def compact_bias(self, ctx: AttentionContext) -> CompactBias:
         """On `toeplitz` coordinates: `ψ` on the `n_q + n_k − 1` offsets, the normaliser

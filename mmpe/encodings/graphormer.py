@@ -17,6 +17,7 @@ Graph Representation?", NeurIPS), on coordinates with the `GraphLayout` capabili
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 from weakref import WeakKeyDictionary
 
@@ -87,10 +88,44 @@ class GraphormerSpatial(ScoreEncoding):
 
     def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
         """`table[bucket]` on the pairs of queries `start … stop−1`, `[b, n_h, stop−start, n]`:
-        the buckets of those rows only (the default would bucket every pair per block)."""
+        the buckets of those rows only (the default would bucket every pair per block); where
+        no gradient is recorded, gathered head by head (one contiguous block, no copy)."""
+        if torch.is_grad_enabled() and self.table.requires_grad:
+            self.check_context(ctx)
+            buckets = spatial_buckets(ctx.coords.spd[:, start:stop], self.max_distance)
+            return self.table[buckets].permute(0, 3, 1, 2)
+        return self.bias_rows_vjp(ctx, start, stop)[0]
+
+    def bias_rows_vjp(self, ctx: AttentionContext, start: int,
+                      stop: int) -> tuple[Tensor, Callable]:
+        """The rows of [bias_rows][mmpe.encodings.graphormer.GraphormerSpatial.bias_rows] (no
+        graph) and their pullback by hand, for the blocked attention path
+        ([pullback_bias][mmpe.attention.blocked._BlockedPlan.pullback_bias]): the gradient of
+        `b_φ` (Ying et al. 2021, eq. 6) is `dS` summed by bucket, per head — an `index_add`
+        over the block's bucket codes instead of autograd's backward of the gather.
+
+        Returns the rows `[b, n_h, R, n]` and the map `dS [b, n_h, R, n]` → `([table],
+        [d_table])` (`table`, `d_table` `[max_distance + 3, n_h]`)."""
         self.check_context(ctx)
         buckets = spatial_buckets(ctx.coords.spd[:, start:stop], self.max_distance)
-        return self.table[buckets].permute(0, 3, 1, 2)
+        table = self.table
+        with torch.no_grad():
+            per_head = table.detach().t().contiguous()  # [n_h, buckets]
+            rows = buckets.new_empty(per_head.shape[0], *buckets.shape, dtype=table.dtype)
+            flat = buckets.reshape(-1)
+            for head, values in enumerate(per_head):  # index_select: ~3× torch.take's speed
+                torch.index_select(values, 0, flat, out=rows[head].view(-1))
+
+        def pull(d_bias: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+            with torch.no_grad():
+                d_s = d_bias.sum_to_size(rows.shape[1], *rows.shape[:1], *rows.shape[2:])
+                grad = per_head.new_zeros(per_head.shape)
+                for i in range(d_s.shape[0]):
+                    grad.index_add_(1, buckets[i].reshape(-1),
+                                    d_s[i].reshape(grad.shape[0], -1).to(grad.dtype))
+                return [table], [grad.t()]
+
+        return rows.transpose(0, 1), pull
 
 
 @register("graphormer_edge", hook="score", needs=(GraphLayout, GraphEdges), learnable=True,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -83,6 +85,67 @@ class KerpleLog(_Kerple):
 
     def kernel(self, dist: Tensor, r1: Tensor, r2: Tensor) -> Tensor:
         return -r1 * torch.log1p(r2 * dist)
+
+    def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+        """As [_Kerple.bias_rows][mmpe.encodings.kerple._Kerple.bias_rows], `[b or 1, n_h,
+        stop−start, n_k]`; where no gradient is recorded, in place (one tensor of the block's
+        size instead of three, the same numbers)."""
+        if torch.is_grad_enabled():
+            return super().bias_rows(ctx, start, stop)
+        return self._rows(ctx, start, stop)[0]
+
+    def _rows(self, ctx: AttentionContext, start: int,
+              stop: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """The rows without a graph, `log(1 + r2·d)` per head `[b or 1, n_h, R, n_k]`, and
+        `r1, r2` `[n_h]`, the distance rows `d [b or 1, 1, R, n_k]` (both with their graphs)."""
+        self.check_context(ctx)
+        r1, r2 = self.constrained()
+        dist = distance_rows(ctx, start, stop)
+        with torch.no_grad():
+            log = torch.mul(dist, r2[:, None, None]).log1p_()
+            return log * -r1[:, None, None], log, r1, r2, dist
+
+    def bias_rows_vjp(self, ctx: AttentionContext, start: int,
+                      stop: int) -> tuple[Tensor, Callable]:
+        """The rows of [bias_rows][mmpe.encodings.kerple.KerpleLog.bias_rows] (no graph) and
+        their pullback by hand, for the blocked attention path
+        ([pullback_bias][mmpe.attention.blocked._BlockedPlan.pullback_bias]): with `L =
+        log(1 + r2·d)` per head (kept from the rows), eq. 8's derivatives are `∂/∂r1 = −Σ
+        dS·L`, `∂/∂r2 = −r1·Σ dS·d/(1 + r2·d)`, `∂/∂d = −Σ_h r1·r2·dS/(1 + r2·d)` — sums
+        over pairs as matrix products, no per-pair autograd graph.
+
+        Returns the rows `[b or 1, n_h, R, n_k]` and the map `dS [b, n_h, R, n_k]` →
+        `([r1, r2, d], cotangents)` (`r1, r2` the constrained `[n_h]`, `d` the distance rows;
+        autograd carries them on through the clamps and the coordinates)."""
+        bias, log, r1, r2, dist = self._rows(ctx, start, stop)
+
+        def pull(d_bias: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+            with torch.no_grad():
+                return _log_pullback(d_bias.sum_to_size(bias.shape).to(bias.dtype), log,
+                                     r1, r2, dist)
+
+        return bias, pull
+
+
+def _log_pullback(d_s: Tensor, log: Tensor, r1: Tensor, r2: Tensor,
+                  dist: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+    """KERPLE-log's cotangents of `r1, r2` and (if it takes a gradient) `dist` from `d_s` and
+    `log` `[b', n_h, R, n_k]` (see [bias_rows_vjp][mmpe.encodings.kerple.KerpleLog.bias_rows_vjp])."""
+    b, h = log.shape[:2]
+    d = dist.detach().to(log.dtype)
+    flat = d_s.reshape(b, h, 1, -1)
+    g_r1 = -(flat @ log.reshape(b, h, -1, 1)).sum(0).view(h)  # Σ dS·L per head
+    # dS / (1 + r2·d), in a buffer of its own (the block's dS is not ours to change)
+    w = torch.addcmul(torch.ones((), dtype=log.dtype), d, r2.detach()[:, None, None])
+    w = torch.div(d_s, w, out=w).reshape(b, h, -1)
+    g_r2 = -r1.detach() * (w @ d.reshape(b, -1, 1)).sum(0).view(h)
+    tensors, cotangents = [r1, r2], [g_r1.to(r1.dtype), g_r2.to(r2.dtype)]
+    if dist.requires_grad:
+        coef = -(r1 * r2).detach().to(w.dtype)
+        g_d = (coef.view(1, 1, h) @ w).view(b, 1, *dist.shape[2:])
+        tensors.append(dist)
+        cotangents.append(g_d.sum_to_size(dist.shape).to(dist.dtype))
+    return tensors, cotangents
 
 
 @register("kerple_power", hook="score", needs=(Metric,), context=("num_heads",), learnable=True,
