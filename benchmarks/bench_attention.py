@@ -13,7 +13,9 @@ use it (``--rounds`` > 1 repeats the n = 2048 cases, interleaved, and prints the
 
 ``--coords`` times the forward + backward of ``MultiHeadAttention(384, 6)`` (batch 1) on a 2D
 grid, a 3D video grid, a point cloud and a graph at several sizes, each encoding against the
-same layer with no encoding on the same coordinates, interleaved round by round; ratios are
+same layer with no encoding on the same coordinates, interleaved round by round (on grids also
+the peer ``timm_beit``: timm's BEiT attention with its relative position bias, the table
+``swin`` reads, which builds the dense bias; ``--names`` picks encodings); ratios are
 medians of the per-round ratios of CPU times (after a warm-up step, with the default
 allocator). Memory is the step's own peak, from one more process per case: the peak resident
 memory minus the resident memory just before the step, with glibc's mmap threshold fixed at
@@ -83,11 +85,17 @@ COORDS_CASE = textwrap.dedent("""
         edges = torch.cat((right[:, right[1] < n], down), dim=1)
         coords = mmpe.Graph(edges, num_nodes=n, max_distance=64)
     context = {"num_heads": 6, "head_dim": 64, "d_model": 384, "grid_shape": dims}
-    encs = [] if name == "none" else [mmpe.build(name, context=context)]
-    attn = mmpe.MultiHeadAttention(384, 6, encs)
     x = torch.randn(1, coords.num_queries, 384, requires_grad=True)
-    def step():
-        attn(x, coords).square().mean().backward()
+    if name == "timm_beit":  # the peer: BEiT's attention with its relative bias, dense
+        from timm.models.beit import Attention
+        peer = Attention(384, 6, qkv_bias=True, window_size=dims)
+        def step():
+            peer(x).square().mean().backward()
+    else:
+        encs = [] if name == "none" else [mmpe.build(name, context=context)]
+        attn = mmpe.MultiHeadAttention(384, 6, encs)
+        def step():
+            attn(x, coords).square().mean().backward()
     def rss():
         return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
     base = rss()
@@ -102,8 +110,11 @@ COORDS_CASE = textwrap.dedent("""
 
 #: (coordinates, size, encodings): grids with a cls token, video grids, points, graphs.
 COORDS = [
-    ("grid", "32x32", ["alibi", "t5", "kerple_log", "fire", "swin", "swinv2_cpb", "rope_axial"]),
-    ("grid", "64x64", ["alibi", "t5", "kerple_log", "fire", "swin", "swinv2_cpb", "rope_axial"]),
+    # timm_beit: timm's BEiT attention with its relative position bias (the table swin reads)
+    ("grid", "32x32", ["alibi", "t5", "kerple_log", "fire", "swin", "swinv2_cpb", "rope_axial",
+                       "timm_beit"]),
+    ("grid", "64x64", ["alibi", "t5", "kerple_log", "fire", "swin", "swinv2_cpb", "rope_axial",
+                       "timm_beit"]),
     ("video", "8x16x16", ["alibi", "t5", "fire", "swin"]),
     ("video", "16x16x16", ["alibi", "t5", "fire", "swin"]),
     # gaussian_distance builds [b, n, n, K] pair features: 3.4 GB and 69x at 1,024 points
@@ -127,7 +138,8 @@ def run_coords(kind: str, size: str, name: str, repeat: int,
     return float(out[0]), float(out[1])
 
 
-def coords_table(rounds: int, repeat: int, only: str | None, memory: bool) -> Table:
+def coords_table(rounds: int, repeat: int, only: str | None, memory: bool,
+                 picked: list[str] | None = None) -> Table:
     """Print the ratio table of ``--coords``: time and step memory against no encoding."""
     table = Table("coords", "Position biases beyond sequences (CPU, one thread, d_model 384, "
                   "6 heads, batch 1, fwd+bwd)",
@@ -141,8 +153,11 @@ def coords_table(rounds: int, repeat: int, only: str | None, memory: bool) -> Ta
     cases = [c for c in COORDS if only is None or c[0] == only]
     if memory:
         cases += MEMORY
+    if picked:  # some encodings only (the reference, none, is always run)
+        cases = [(kind, size, [n for n in encs if n in picked]) for kind, size, encs in cases]
+        cases = [c for c in cases if c[2]]
     for kind, size, names in cases:
-        memory_only = (kind, size, names) in MEMORY
+        memory_only = any((kind, size) == m[:2] for m in MEMORY)
         times = {name: [] for name in ["none", *names]}
         mems = {name: [] for name in times}
         for _ in range(1 if memory_only else rounds):
@@ -207,7 +222,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.coords:
         rounds = max(args.rounds, 3)
-        table = coords_table(rounds, args.repeat, args.only, not args.no_memory)
+        picked = args.names.split(",") if args.names != ",".join(NAMES) else None
+        table = coords_table(rounds, args.repeat, args.only, not args.no_memory, picked)
         write(args.store, __file__, [table], threads=1,
               config={"rounds": rounds, "repeat": args.repeat})
         return

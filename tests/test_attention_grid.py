@@ -37,6 +37,7 @@ def _small_grids_take_the_grid_path(monkeypatch):
     # The path is taken from a dense-bias size up (small grids run faster dense); these tests
     # use small grids, so the threshold is lifted for them.
     monkeypatch.setattr(grid_path, "GRID_MIN_BIAS_BYTES", 0)
+    monkeypatch.setattr(grid_path, "GRID_MIN_LEARNED_BIAS_BYTES", 0)
 
 
 def _encodings(names: list[str], heads: int, shape: tuple[int, ...], seed: int) -> list:
@@ -200,14 +201,22 @@ def test_which_calls_take_the_grid_path() -> None:
 
 
 def test_small_grids_run_dense(monkeypatch) -> None:
-    # Below GRID_MIN_BIAS_BYTES of dense bias, one fused SDPA call is faster.
+    # Below GRID_MIN_BIAS_BYTES of dense bias (a few MiB where a term is learned), one fused
+    # SDPA call is faster.
     monkeypatch.setattr(grid_path, "GRID_MIN_BIAS_BYTES", 64 << 20)
-    enc = mmpe.build("swin", num_heads=6, grid_shape=(32, 32))
-    for shape, expected in (((32, 32), False), ((64, 64), True)):
+    monkeypatch.setattr(grid_path, "GRID_MIN_LEARNED_BIAS_BYTES", 6 << 20)
+    swin = mmpe.build("swin", num_heads=6, grid_shape=(32, 32))
+    alibi = mmpe.build("alibi", num_heads=6)
+    for enc, shape, expected in ((swin, (18, 18), False), (swin, (24, 24), True),
+                                 (alibi, (32, 32), False), (alibi, (64, 64), True)):
         grid = Grid(shape, prefix_tokens=1)
         q = torch.zeros(1, 6, grid.num_tokens, 8)
         ctx = AttentionContext(grid, 6, 8, 1, None, q, q, q)
-        assert grid_path.takes_grid_path([enc], ctx) is expected
+        assert grid_path.takes_grid_path([enc], ctx) is expected, (enc, shape)
+    swin.requires_grad_(False)  # a frozen table is a constant: the dense threshold
+    grid = Grid((24, 24), prefix_tokens=1)
+    q = torch.zeros(1, 6, grid.num_tokens, 8)
+    assert not grid_path.takes_grid_path([swin], AttentionContext(grid, 6, 8, 1, None, q, q, q))
 
 
 @pytest.mark.parametrize("names", [["t5", "swin"], ["alibi"], ["fire", "kerple_log"]])
@@ -229,11 +238,17 @@ def test_a_bias_without_gradient_takes_the_fused_backward(names) -> None:
             mock.patch.object(grid_backward, "GRID_FIXED_BIAS_BYTES", 40 * grid.num_tokens):
         out_fast, g_fast = _run(encs, grid, 3, 2, "sdpa", 5)
     assert calls, "the fused backward did not run"
+    # past GRID_FUSED_KEYS_BYTES of keys per head, the tiles by hand, without the table's grad
+    with mock.patch.object(grid_backward, "fixed_backward", counting), \
+            mock.patch.object(grid_backward, "GRID_FUSED_KEYS_BYTES", 0):
+        out_tiles, g_tiles = _run(encs, grid, 3, 2, "sdpa", 5)
+    assert len(calls) == 1
     out_slow, g_slow = _run(encs, grid, 3, 2, "math", 5)
-    torch.testing.assert_close(out_fast, out_slow, atol=1e-5, rtol=1e-5)
-    for label, a, b in zip("qkv", g_fast, g_slow, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=label)
-    assert len(g_fast) == 3  # no parameter took a gradient
+    for out, grads in ((out_fast, g_fast), (out_tiles, g_tiles)):
+        torch.testing.assert_close(out, out_slow, atol=1e-5, rtol=1e-5)
+        for label, a, b in zip("qkv", grads, g_slow, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=label)
+        assert len(grads) == 3  # no parameter took a gradient
 
 
 def test_groups_span_rows_of_a_short_last_axis() -> None:
@@ -242,7 +257,7 @@ def test_groups_span_rows_of_a_short_last_axis() -> None:
     grid = Grid((4, 3, 5), prefix_tokens=2)
     with mock.patch.object(grid_path, "GRID_CHUNK", 8):
         plan = grid_path._GridPlan(grid, 1.0, 4)
-    widths = [tokens.shape[1] for _, tokens in plan.groups]
+    widths = [tokens.shape[1] for _, tokens in plan.groups()]
     assert widths == [8, 7]
-    tokens = torch.cat([t for _, t in plan.groups], dim=1)
+    tokens = torch.cat([t for _, t in plan.groups()], dim=1)
     assert torch.equal(tokens, 2 + torch.arange(60).view(4, 15))

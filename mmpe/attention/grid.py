@@ -27,6 +27,7 @@ pairs reduce onto their three values per head. Nothing of `n × n` is kept.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from collections.abc import Sequence as Seq
 
 import torch
@@ -38,30 +39,40 @@ from mmpe.coords.grid import Grid
 from mmpe.encodings.base import AttentionContext, ScoreEncoding
 from mmpe.prepare import memoized
 
-#: the grid path is taken where the dense bias `[b, n_h, n, n]` would be at least this large;
-#: below it, one fused SDPA call with the dense bias is faster (measured at 32 × 32 + cls, 6
-#: heads, 25 MB: 1.06–1.15× the unbiased layer dense, 1.65–1.9× on the grid path).
+#: the grid path is taken where the dense bias `[b, n_h, n, n]` would be at least this large
+#: and no term has a trainable parameter (ALiBi): below it, one fused SDPA call with the dense
+#: bias is faster (fwd+bwd of the layer, 6 heads, 32 × 32 + cls, 25 MB: ALiBi 1.11× the
+#: unbiased layer dense, 1.21× on the grid path).
 GRID_MIN_BIAS_BYTES = 64 << 20
+
+#: the same where a term has trainable parameters (T5, KERPLE, FIRE, Swin, SwinV2-CPB), whose
+#: dense bias costs a computation per pair: 24 × 24 + cls, 6 heads (8 MB) measured T5 1.81×
+#: dense / 1.30× here, FIRE 2.12 / 1.47, Swin 1.41 / 1.35; at 18 × 18 (2.5 MB) they were
+#: level (Swin 1.10× dense / 1.45× here).
+GRID_MIN_LEARNED_BIAS_BYTES = 6 << 20
 
 #: most cells of a slab per group of queries (a row of a 64 × 64 grid; 4 rows of 16 × 16 × 16).
 GRID_CHUNK = 64
 
 #: bytes of one head's expanded table `E` for one group of queries (and of its gradient): the
-#: chunk of columns is cut to fit (64 columns at 64 × 64 and 128 × 128). A few MiB keeps the
-#: path's peak memory within a few percent of the unbiased layer's (which holds q, k, v, the
-#: output and their gradients).
-GRID_TABLE_BYTES = 8 << 20
+#: chunk of cells is cut to fit (64 at 64 × 64 and 16 × 16 × 16, 19 at 128 × 128). Its
+#: copies in the backward pass count against the path's peak memory, kept within 10 % of the
+#: unbiased layer's at 128 × 128 (which holds q, k, v, the output and their gradients).
+GRID_TABLE_BYTES = 5 << 19
 
 def takes_grid_path(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
     """Whether the call runs on the grid path: CPU, float32/64, not compiling, self-attention
     on an unmasked [Grid][mmpe.coords.grid.Grid] of two axes or more whose dense bias would take
-    `GRID_MIN_BIAS_BYTES` or more, and every score term content-free, additive and declared a
-    function of the cell offset (`grid_offset_only`)."""
+    `GRID_MIN_BIAS_BYTES` or more (`GRID_MIN_LEARNED_BIAS_BYTES` where a term has a trainable
+    parameter), and every score term content-free, additive and declared a function of the
+    cell offset (`grid_offset_only`)."""
     coords, q = ctx.coords, ctx.q
     if torch.compiler.is_compiling():  # a traced model keeps its dense or flex path
         return False
+    learned = any(p.requires_grad for e in scores for p in e.parameters())
+    least = GRID_MIN_LEARNED_BIAS_BYTES if learned else GRID_MIN_BIAS_BYTES
     return (len(scores) > 0 and q.device.type == "cpu"
-            and _bias_bytes(ctx, coords.num_queries) >= GRID_MIN_BIAS_BYTES
+            and _bias_bytes(ctx, coords.num_queries) >= least
             and q.dtype in (torch.float32, torch.float64)
             and not torch.compiler.is_compiling() and isinstance(coords, Grid)
             and coords.ndim >= 2 and coords.mask_mod() is None
@@ -115,7 +126,6 @@ class _GridPlan:
         self.cells = grid.num_cells
         row = (2 * self.shape[0] - 1) * self.slab * itemsize  # one column of a head's E
         self.chunk = max(1, min(GRID_CHUNK, self.slab, GRID_TABLE_BYTES // row))
-        self.groups = self._groups()
 
     @classmethod
     def build(cls, scores: Seq[ScoreEncoding], ctx: AttentionContext,
@@ -143,26 +153,24 @@ class _GridPlan:
         return self.forward(q, k, v, table, prefix)[0]
 
     # -- layout -------------------------------------------------------------------------------
-    def _groups(self) -> list[tuple[Tensor, Tensor]]:
+    def groups(self) -> Iterator[tuple[Tensor, Tensor]]:
         """Per group of queries: the index into the table's `R'` offsets of each (query cell of
         the chunk, cell of a slab) `[C', M]`, and the group's query tokens `[s_0, C']` (row
         `c_0`). A chunk is `C'` consecutive cells of a slab in row-major order (a grid row's
         columns, or several rows of a 3D grid's short last axis: the kernel's tiles of query
-        rows stay full)."""
+        rows stay full). Made one at a time (all of them at 128 × 128 take 32 MB)."""
         rest = self.shape[1:]  # the axes of a slab
         sizes = [2 * s - 1 for s in rest]
         table_strides = torch.tensor([math.prod(sizes[a + 1:]) for a in range(len(rest))])
         cells = torch.cartesian_prod(*(torch.arange(s) for s in rest)).reshape(-1, len(rest))
         first = torch.arange(self.shape[0])[:, None] * self.slab + self.prefix
-        out = []
         for j0 in range(0, self.slab, self.chunk):
             query = cells[j0:j0 + self.chunk]
             # kv − q + s − 1 per axis, flattened as the table: [C', M]
             index = ((cells[None] - query[:, None] + torch.tensor(rest) - 1)
                      * table_strides).sum(-1)
             tokens = first + torch.arange(j0, j0 + query.shape[0])[None]  # [s_0, C']
-            out.append((index.to(self.grid.device), tokens.to(self.grid.device)))
-        return out
+            yield index.to(self.grid.device), tokens.to(self.grid.device)
 
     def blocks(self, tokens: Tensor, rows: int) -> list[tuple[Tensor, int, int]]:
         """A group's queries in blocks of about `rows`: `(tokens [G·C'], base, G)` for `G`
@@ -220,13 +228,15 @@ class _GridPlan:
         1.15× slower), the bias a strided view of `E` (no copy: `E` is read from the cache),
         merged with the few prefix keys by their log-sum-exp."""
         b, h, n, _ = q.shape
-        out = q.new_empty(b, h, n, v.shape[-1])
+        # laid out [b, n, n_h, h_d] as SDPA's own output: the layer's merge of the heads is then a
+        # view, not a second copy of the output (25 MB at 128 × 128)
+        out = q.new_empty(b, n, h, v.shape[-1]).transpose(1, 2)
         lse = q.new_empty(b, h, n, dtype=torch.float32 if q.dtype != torch.float64 else q.dtype)
         p = self.prefix
-        for index, tokens in self.groups:
-            for head in range(h):
+        for head in range(h):
+            kc, vc = k[:, head, p:].contiguous(), v[:, head, p:].contiguous()
+            for index, tokens in self.groups():
                 e = self.expand(table[head], index)
-                kc, vc = k[:, head, p:].contiguous(), v[:, head, p:].contiguous()
                 block, base, count = self.blocks(tokens, tokens.numel())[0]
                 qb = self.cell_block(q, head, block, count)
                 o, m = _attend_block(qb, kc.expand(count, *kc.shape), vc.expand(count, *vc.shape),
