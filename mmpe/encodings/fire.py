@@ -140,7 +140,7 @@ class FIRE(SavesSettings, ScoreEncoding):
                       stop: int) -> tuple[Tensor, Callable]:
         """The rows of [bias_rows][mmpe.encodings.fire.FIRE.bias_rows] (no graph) and their
         pullback by hand, for the blocked attention path
-        ([pullback_bias][mmpe.attention.blocked._BlockedPlan.pullback_bias]). On its piece
+        (`mmpe.attention.blocked._BlockedPlan.pullback_bias`). On its piece
         `p` a pair's bias is `slope[p]·x + intercept[p]` (Li et al. 2024, eq. 4's MLP, see
         [pieces][mmpe.encodings.fire.FIRE.pieces]), so `∂/∂intercept[p]` and `∂/∂slope[p]`
         are `dS` and `dS·x` summed by piece (an `index_add` per block) and `∂/∂x = Σ_h

@@ -100,7 +100,7 @@ class GraphormerSpatial(ScoreEncoding):
                       stop: int) -> tuple[Tensor, Callable]:
         """The rows of [bias_rows][mmpe.encodings.graphormer.GraphormerSpatial.bias_rows] (no
         graph) and their pullback by hand, for the blocked attention path
-        ([pullback_bias][mmpe.attention.blocked._BlockedPlan.pullback_bias]): the gradient of
+        (`mmpe.attention.blocked._BlockedPlan.pullback_bias`): the gradient of
         `b_φ` (Ying et al. 2021, eq. 6) is `dS` summed by bucket, per head — an `index_add`
         over the block's bucket codes instead of autograd's backward of the gather.
 

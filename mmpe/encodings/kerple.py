@@ -87,7 +87,7 @@ class KerpleLog(_Kerple):
         return -r1 * torch.log1p(r2 * dist)
 
     def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
-        """As [_Kerple.bias_rows][mmpe.encodings.kerple._Kerple.bias_rows], `[b or 1, n_h,
+        """As `_Kerple.bias_rows`, `[b or 1, n_h,
         stop−start, n_k]`; where no gradient is recorded, in place (one tensor of the block's
         size instead of three, the same numbers)."""
         if torch.is_grad_enabled():
@@ -109,7 +109,7 @@ class KerpleLog(_Kerple):
                       stop: int) -> tuple[Tensor, Callable]:
         """The rows of [bias_rows][mmpe.encodings.kerple.KerpleLog.bias_rows] (no graph) and
         their pullback by hand, for the blocked attention path
-        ([pullback_bias][mmpe.attention.blocked._BlockedPlan.pullback_bias]): with `L =
+        (`mmpe.attention.blocked._BlockedPlan.pullback_bias`): with `L =
         log(1 + r2·d)` per head (kept from the rows), eq. 8's derivatives are `∂/∂r1 = −Σ
         dS·L`, `∂/∂r2 = −r1·Σ dS·d/(1 + r2·d)`, `∂/∂d = −Σ_h r1·r2·dS/(1 + r2·d)` — sums
         over pairs as matrix products, no per-pair autograd graph.
