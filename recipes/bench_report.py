@@ -166,14 +166,14 @@ def render_table(block: BenchBlock, runs: list[dict[str, Any]]) -> str:
     else:
         shown = list(range(len(columns)))
     cells: dict[tuple, list[list[Any]]] = {}
-    sources: dict[tuple, list[int]] = {}
+    sources: dict[tuple, list[tuple[int, int]]] = {}  # (run, row) of each cell
     for number, run in enumerate(runs):
         index = {c: i for i, c in enumerate(run["columns"])}
-        for row in run["rows"]:
+        for place, row in enumerate(run["rows"]):
             by_name = {c: row[i] for c, i in index.items()}
             key = tuple(by_name.get(columns[i]) for i in labels)
             cells.setdefault(key, []).append([by_name.get(c) for c in columns])
-            sources.setdefault(key, []).append(number)
+            sources.setdefault(key, []).append((number, place))
     if block.newest_rows:
         cells, used = _newest_rows(runs, cells, sources)
         runs = [runs[i] for i in sorted(used)]
@@ -192,17 +192,22 @@ def render_table(block: BenchBlock, runs: list[dict[str, Any]]) -> str:
 
 
 def _newest_rows(runs: list[dict[str, Any]], cells: dict[tuple, list[list[Any]]],
-                 sources: dict[tuple, list[int]]) -> tuple[dict, set[int]]:
+                 sources: dict[tuple, list[tuple[int, int]]]) -> tuple[dict, set[int]]:
     """Each row from the runs of the newest commit that measured it (`rows=newest`: a row
-    re-measured after a change of the code shows the new numbers only), and the runs used."""
-    kept, used = {}, set()
+    re-measured after a change of the code shows the new numbers only), and the runs used.
+    Rows keep the order of their first label's first appearance, then their newest run's."""
+    kept, used, order = {}, set(), {}
+    first = {}
+    for key in cells:
+        first.setdefault(key[0], len(first))
     for key, rows in cells.items():
-        commit = _commit(runs[sources[key][-1]].get("git") or {})
-        picked = [i for i, number in enumerate(sources[key])
+        commit = _commit(runs[sources[key][-1][0]].get("git") or {})
+        picked = [i for i, (number, _) in enumerate(sources[key])
                   if _commit(runs[number].get("git") or {}) == commit]
         kept[key] = [rows[i] for i in picked]
-        used.update(sources[key][i] for i in picked)
-    return kept, used
+        used.update(sources[key][i][0] for i in picked)
+        order[key] = (first[key[0]], sources[key][-1][1])
+    return {key: kept[key] for key in sorted(kept, key=order.__getitem__)}, used
 
 
 def _join(values: Iterable[Any]) -> str:

@@ -102,15 +102,18 @@ def test_only_runs_of_the_newest_config_are_combined(tmp_path):
 
 
 def test_rows_newest_shows_each_row_from_its_newest_commit(tmp_path):
-    # The grid rows re-measured after a change of the code (commit bbb) replace those of aaa;
-    # the points row, measured at aaa only, stays. Without rows=newest the ranges mix both.
-    t = bstore.Table("coords", "Toy", ["coordinates", "ratio"], [None, "{:.2f}"])
-    t.add("grid", 1.5)
-    t.add("points", 2.0)
+    # The grid rows re-measured after a change of the code (commit bbb) replace those of aaa,
+    # a new row (peer) sits among them in the new run's order; the points row, measured at aaa
+    # only, stays. Without rows=newest the ranges mix both commits.
+    columns, formats = ["coordinates", "encoding", "ratio"], [None, None, "{:.2f}"]
+    t = bstore.Table("coords", "Toy", columns, formats)
+    for row in (("grid", "alibi", 1.5), ("grid", "none", 1.0), ("points", "alibi", 2.0)):
+        t.add(*row)
     _write(tmp_path, t)
     _write(tmp_path, t)
-    u = bstore.Table("coords", "Toy", t.columns, t.formats)
-    u.add("grid", 1.1)
+    u = bstore.Table("coords", "Toy", columns, formats)
+    for row in (("grid", "alibi", 1.1), ("grid", "peer", 2.6), ("grid", "none", 1.0)):
+        u.add(*row)
     _write(tmp_path, u)
     _write(tmp_path, u)
     path = tmp_path / "bench" / "bench_toy.jsonl"
@@ -119,9 +122,10 @@ def test_rows_newest_shows_each_row_from_its_newest_commit(tmp_path):
         record["git"] = {"commit": commit, "dirty": False}
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     mixed = _render(tmp_path, "bench_toy table=coords").splitlines()
-    assert mixed[2] == "| grid | 1.10–1.50 |"
+    assert mixed[2] == "| grid | alibi | 1.10–1.50 |"
     lines = _render(tmp_path, "bench_toy table=coords rows=newest").splitlines()
-    assert lines[2:4] == ["| grid | 1.10 |", "| points | 2.00 |"]
+    assert lines[2:6] == ["| grid | alibi | 1.10 |", "| grid | peer | 2.60 |",
+                          "| grid | none | 1.00 |", "| points | alibi | 2.00 |"]
     assert "commit aaa, bbb" in lines[-1] and "over 2 runs" in lines[-1]
     with pytest.raises(ValueError, match="rows must be 'newest'"):
         _render(tmp_path, "bench_toy table=coords rows=all")
