@@ -155,7 +155,9 @@ class FIRE(SavesSettings, ScoreEncoding):
         with torch.no_grad():
             xd = x.detach()
             piece = torch.searchsorted(cuts, xd.contiguous()).reshape(-1)
-            tables = slope.detach().t().contiguous(), intercept.detach().t().contiguous()
+            # in the rows' float32 (under autocast the MLP returns the pieces in bf16/fp16)
+            tables = (slope.detach().t().to(xd.dtype).contiguous(),
+                      intercept.detach().t().to(xd.dtype).contiguous())
             slopes, rows = (xd.new_empty(self.num_heads, xd.shape[0], *xd.shape[2:])
                             for _ in tables)
             for head in range(self.num_heads):  # index_select: ~3× an indexing's speed
