@@ -38,7 +38,9 @@ The package, one idea per file:
 | `dispatch.py` | which path runs a call; the SDPA and math paths |
 | `flex.py` | FlexAttention glue: composed `score_mod`s, per-offset tables, `BlockMask` |
 | `relation.py` | the relation path on `toeplitz` sequences (CPU), its backward pass |
-| `grid.py` | the relation path on grids: block-Toeplitz offset tables (CPU), its backward pass |
+| `grid.py` | the relation path on grids: block-Toeplitz offset tables (CPU), the forward pass |
+| `grid_backward.py` | its backward pass: fused for a constant bias, by hand onto a learned table |
+| `blocked.py` | content-free biases on points, graphs, explicit positions (CPU), per block |
 | `flash.py` | the one door to SDPA's private CPU kernel that returns the log-sum-exp |
 | `masks.py` | dense masks, SDPA's causal triangle, bias casting |
 | `memory.py` | block budget, memory guard |
