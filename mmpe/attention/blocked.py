@@ -160,9 +160,7 @@ class _BlockedPlan:
                  needs: Seq[bool]) -> tuple[Tensor | None, ...]:
         """Gradients w.r.t. `q, k, v` and each of `inputs` (None where `needs` is False or an
         input got none)."""
-        # contiguous: the blocks read one head's rows, which the projections leave strided
-        q, k, v = (t.contiguous() for t in (q, k, v))
-        d_out = d_out.to(q.dtype).contiguous()
+        d_out = d_out.to(q.dtype)
         if not any(needs[3:]):
             dq, dk, dv = self._fused_backward(q, k, v, out, lse, d_out)
             grads: list[Tensor | None] = [None] * len(inputs)
