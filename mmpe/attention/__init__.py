@@ -6,7 +6,8 @@ numbers:
 
 * `"flex"` — `torch.nn.attention.flex_attention` with the composed `score_mod` and a
   `BlockMask` from the coordinates' `mask_mod`: no `n×n` bias tensor, memory O(n) on a GPU.
-  Compiled with `torch.compile` on CUDA, one copy per score-mod family with dynamic shapes
+  Compiled with `torch.compile` on CUDA, one copy per score-mod family, static shapes for its
+  first two shapes and dynamic after them
   ([mmpe.flex_compile][]).
 * `"sdpa"` — `scaled_dot_product_attention` with the additive score terms evaluated on all
   pairs (the same functions, called on broadcast index grids) as `attn_mask`, block by block

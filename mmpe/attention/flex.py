@@ -3,6 +3,8 @@ a GPU, and the ``BlockMask`` of the coordinates (built once per forward)."""
 
 from __future__ import annotations
 
+import copy
+
 import math
 from collections import OrderedDict
 from collections.abc import Sequence as Seq
@@ -159,6 +161,10 @@ def _block_mask(coords: Coordinates, device: torch.device):
     if key is not None and not torch.compiler.is_compiling():
         key = (key, str(device))
         if key not in _STATIC_MASKS:
+            # Built from a copy: a mask_mod that shared the caller's tensors with its
+            # score_mod would alias them in the first forward only, and torch recompiles the
+            # kernel when that aliasing goes away in the next (one compile more per family).
+            mask_mod = copy.deepcopy(coords).mask_mod()
             _STATIC_MASKS[key] = flex_compile.block_mask(mask_mod, coords.batch_size,
                                                          coords.num_queries, coords.num_keys,
                                                          device)
