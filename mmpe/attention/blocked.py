@@ -48,7 +48,7 @@ from mmpe.attention.flash import _attend_block, _attend_block_backward
 from mmpe.attention.masks import _cast_bias
 from mmpe.attention.memory import _bias_bytes, block_bytes
 from mmpe.coords.base import Coordinates
-from mmpe.encodings.base import AttentionContext, ScoreEncoding
+from mmpe.encodings.base import AttentionContext, BiasTiles, ScoreEncoding
 
 #: queries per block of the forward pass and of the fused backward pass (capped by
 #: `MMPE_ATTN_BLOCK_BYTES`): SDPA's CPU kernel tiles blocks of 192 rows or more in 64-row tiles.
@@ -58,9 +58,15 @@ BLOCKED_FORWARD_ROWS = 256
 #: with gradients): the block's bias and `dS` are `[b, n_h, R, n_k]` each.
 BLOCKED_BACKWARD_ROWS = 256
 
-#: keys per tile of that backward pass: one head's `[256, 512]` probabilities (512 kB) stay in
-#: the cache across the tile's five products (the grid path's measurement, grid.py).
-BLOCKED_KEY_TILE = 512
+#: queries per block of that backward pass where every term that takes a gradient has
+#: `bias_tiles` (nothing of the block's `[b, n_h, R, n_k]` is made): at 4,096 points with
+#: KERPLE-log, 512 rows 1.42× the unbiased layer, 256 rows 1.49×, 1,024 rows 1.41×.
+BLOCKED_TILED_ROWS = 512
+
+#: keys per tile of that backward pass: one head's `[512, 256]` probabilities (512 kB) stay in
+#: the cache across the tile's five products and the terms' passes (at 4,096 points with
+#: KERPLE-log, 512 rows: 256 keys 1.42×, 512 keys 1.47×, 128 keys 1.49×).
+BLOCKED_KEY_TILE = 256
 
 #: a term's pullback in that backward pass: the block's `dS [b, n_h, R, n_k]` → tensors and
 #: their cotangents (see [_BlockedPlan.pullback_bias][mmpe.attention.blocked._BlockedPlan.pullback_bias])
@@ -100,6 +106,7 @@ class _BlockedPlan:
         per_feature_row = ctx.q.shape[0] * self.n_k * width * 4
         self.backward_rows = min(BLOCKED_BACKWARD_ROWS, cap,
                                  max(1, block_bytes() // max(1, per_feature_row)))
+        self.tiled_rows = min(BLOCKED_TILED_ROWS, cap)
 
     @classmethod
     def build(cls, scores: Seq[ScoreEncoding], ctx: AttentionContext,
@@ -189,9 +196,13 @@ class _BlockedPlan:
     def _bias_backward(self, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                        d_out: Tensor, inputs: Seq[Tensor], needs: Seq[bool]):
         """`dS` per block from the saved log-sum-exp; `dq, dk, dv` and the bias inputs'
-        gradients from it. Within a block, head by head and tile by tile of
-        `BLOCKED_KEY_TILE` keys (a tile's probabilities stay in the cache across its five
-        products), `dS` written into the block's `[b, n_h, R, n_k]` gradient of the bias."""
+        gradients from it. Within a block, batch entry by batch entry, head by head and tile by
+        tile of `BLOCKED_KEY_TILE` keys (a tile's probabilities stay in the cache across its
+        five products). A term with `bias_tiles` ([BiasTiles][mmpe.encodings.base.BiasTiles])
+        writes its bias into each tile and takes the tile's `dS` at once; the others' rows are
+        made for the block (`[b or 1, n_h or 1, R, n_k]`), and where one of them takes a
+        gradient, `dS` is written into the block's `[b, n_h, R, n_k]` gradient of the bias for
+        its pullback."""
         dq = torch.zeros_like(q, memory_format=torch.contiguous_format)
         dk = torch.zeros_like(k, memory_format=torch.contiguous_format)
         dv = torch.zeros_like(v, memory_format=torch.contiguous_format)
@@ -200,20 +211,30 @@ class _BlockedPlan:
         neg_delta = -(d_out * out).sum(-1, keepdim=True, dtype=lse.dtype).to(q.dtype)
         lse = lse.to(q.dtype)
         b, h = q.shape[:2]
-        for start, stop in self.blocks(self.backward_rows):
+        tiled_terms = [e for e in self.scores if hasattr(e, "bias_tiles")]
+        other_terms = [e for e in self.scores if not hasattr(e, "bias_tiles")]
+        block = self.backward_rows if other_terms else self.tiled_rows
+        for start, stop in self.blocks(block):
             rows = slice(start, stop)
-            raw, pullbacks = self.pullback_bias(start, stop)
-            bias = self.bias(start, stop, q.dtype, raw)
-            d_bias = q.new_empty(b, h, stop - start, self.n_k)
+            with torch.enable_grad():
+                tiles = [e.bias_tiles(self.ctx, start, stop, BLOCKED_KEY_TILE)
+                         for e in tiled_terms]
+            mask = self.ctx.coords.dense_mask(start, stop)
+            base, pullbacks = None, []
+            if other_terms:
+                raw, pullbacks = self.pullback_bias(start, stop, other_terms)
+                base, mask = _cast_bias(raw, q.dtype, mask), None
+            d_bias = q.new_empty(b, h, stop - start, self.n_k) if pullbacks else None
             for i in range(b):
                 for head in range(h):
-                    self._head_rows(q[i, head, rows], k[i, head], v[i, head],
+                    self._head_rows(i, head, q[i, head, rows], k[i, head], v[i, head],
                                     d_out[i, head, rows], lse[i, head, rows, None],
-                                    neg_delta[i, head, rows], bias[min(i, bias.shape[0] - 1),
-                                                                   min(head, bias.shape[1] - 1)],
+                                    neg_delta[i, head, rows], _pick(base, i, head),
+                                    _pick(mask, i, 0), tiles,
                                     dq[i, head, rows], dk[i, head], dv[i, head],
-                                    d_bias[i, head])
-            pairs = [pair for pull in pullbacks for pair in zip(*pull(d_bias), strict=True)
+                                    None if d_bias is None else d_bias[i, head])
+            pulls = [pull(d_bias) for pull in pullbacks] + [t.pullback() for t in tiles]
+            pairs = [pair for pull in pulls for pair in zip(*pull, strict=True)
                      if pair[0].requires_grad]
             if pairs:
                 outputs, cotangents = zip(*pairs, strict=True)
@@ -224,16 +245,18 @@ class _BlockedPlan:
                         grads[i] = g if grads[i] is None else grads[i] + g
         return dq, dk, dv, grads
 
-    def pullback_bias(self, start: int, stop: int) -> tuple[Tensor, list[Pullback]]:
+    def pullback_bias(self, start: int, stop: int,
+                      scores: Seq[ScoreEncoding] | None = None) -> tuple[Tensor, list[Pullback]]:
         """The summed terms of queries `start … stop−1` (as
-        [raw_bias][mmpe.attention.blocked._BlockedPlan.raw_bias], without a graph) and the
+        [raw_bias][mmpe.attention.blocked._BlockedPlan.raw_bias], without a graph; `scores`:
+        those terms only, default all) and the
         pullbacks of the terms that take a gradient: each maps the block's `dS [b, n_h, R,
         n_k]` to tensors and their cotangents (`autograd.grad(tensors, inputs, cotangents)`
         is the term's vector-Jacobian product). An encoding with a `bias_rows_vjp` gives its
         own (its gradient by hand, from per-pair tensors kept without autograd); the others'
         rows are recorded by autograd and pulled back through their graph."""
         total, graphed, pulls = None, None, []
-        for enc in self.scores:
+        for enc in self.scores if scores is None else scores:
             with torch.enable_grad():
                 if hasattr(enc, "bias_rows_vjp"):
                     term, pull = enc.bias_rows_vjp(self.ctx, start, stop)
@@ -249,22 +272,52 @@ class _BlockedPlan:
             pulls.append(lambda d, t=graphed: ([t], [d.sum_to_size(t.shape).to(t.dtype)]))
         return total, pulls
 
-    def _head_rows(self, qr: Tensor, k: Tensor, v: Tensor, dor: Tensor, ls: Tensor,
-                   nd: Tensor, bias: Tensor, dqr: Tensor, dk: Tensor, dv: Tensor,
-                   d_bias: Tensor) -> None:
+    def _head_rows(self, i: int, head: int, qr: Tensor, k: Tensor, v: Tensor, dor: Tensor,
+                   ls: Tensor, nd: Tensor, bias: Tensor | None, mask: Tensor | None,
+                   tiles: Seq[BiasTiles], dqr: Tensor, dk: Tensor, dv: Tensor,
+                   d_bias: Tensor | None) -> None:
         """One head's block of queries `qr [R, h_d]` against every key, tile by tile: `P =
         exp(bias − lse + s·q·kᵀ)`, `dS = P ⊙ (dO·Vᵀ − rowsum(dO ⊙ O))`, `dq += s·dS·K`,
-        `dk += s·dSᵀ·Q`, `dv += Pᵀ·dO`, `dS` into `d_bias [R, n_k]`."""
-        scale = self.scale
-        for c in range(0, self.n_k, BLOCKED_KEY_TILE):
+        `dk += s·dSᵀ·Q`, `dv += Pᵀ·dO`; `dS` to each of `tiles` and into `d_bias [R, n_k]`
+        where given. The bias: `bias [R, n_k]` (the other terms, masked) plus the tiles'
+        terms, masked by `mask [R, n_k]` where given."""
+        scale, rows = self.scale, qr.shape[0]
+        width = min(BLOCKED_KEY_TILE, self.n_k)
+        probs_buf = qr.new_empty(rows * width)
+        ds_buf = qr.new_empty(rows * width) if d_bias is None else None
+        for j, c in enumerate(range(0, self.n_k, BLOCKED_KEY_TILE)):
             keys = slice(c, min(self.n_k, c + BLOCKED_KEY_TILE))
             kt, vt = k[keys], v[keys]
-            probs = torch.sub(bias[:, keys], ls)
+            cols = kt.shape[0]
+            if bias is not None:
+                probs = torch.sub(bias[:, keys], ls)
+                for tile in tiles:
+                    tile.write(probs, i, head, j, add=True)
+            else:
+                probs = probs_buf[:rows * cols].view(rows, cols)
+                for n, tile in enumerate(tiles):
+                    tile.write(probs, i, head, j, add=n > 0)
+                if mask is not None:
+                    probs.masked_fill_(~mask[:, keys], float("-inf"))
+                probs.sub_(ls)
             probs.addmm_(qr, kt.t(), alpha=scale).exp_()
             dv[keys].addmm_(probs.t(), dor)
-            d_s = torch.addmm(nd, dor, vt.t(), out=d_bias[:, keys]).mul_(probs)
+            d_s = (d_bias[:, keys] if d_bias is not None
+                   else ds_buf[:rows * cols].view(rows, cols))
+            d_s = torch.addmm(nd, dor, vt.t(), out=d_s).mul_(probs)
             dqr.addmm_(d_s, kt, alpha=scale)
             dk[keys].addmm_(d_s.t(), qr, alpha=scale)
+            if tiles:
+                ds_tile = d_s if d_s.is_contiguous() else d_s.contiguous()
+                for tile in tiles:
+                    tile.take(ds_tile, i, head, j)
+
+
+def _pick(t: Tensor | None, i: int, head: int) -> Tensor | None:
+    """`t [b or 1, n_h or 1, R, n_k]` at batch entry `i` and head `head` (broadcast)."""
+    if t is None:
+        return None
+    return t[min(i, t.shape[0] - 1), min(head, t.shape[1] - 1)]
 
 
 class _BlockedAttention(torch.autograd.Function):

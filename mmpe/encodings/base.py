@@ -303,6 +303,65 @@ class CompactBias:
         raise NotImplementedError
 
 
+class BiasTiles:
+    """A content-free additive term on one block of queries, tile by tile of keys: the blocked
+    attention path's backward pass (`mmpe.attention.blocked`) of a learned bias.
+
+    That pass walks the block's pairs batch entry by batch entry, head by head and tile by tile
+    of `width` keys (tile `j`: keys `j·width …`), in cache. For each tile it asks the term to
+    [write][mmpe.encodings.base.BiasTiles.write] its bias, computes the tile's `dS`, and hands
+    it back at once ([take][mmpe.encodings.base.BiasTiles.take]): the term reduces it onto its
+    own small tensors (a per-head sum, a bin per bucket) while the tile is in cache, so no
+    `[b, n_h, R, n_k]` bias or `dS` of the block is made. After the block,
+    [pullback][mmpe.encodings.base.BiasTiles.pullback] gives tensors that carry an autograd
+    graph (parameters, positions) and their cotangents. `take` always follows the `write` of
+    the same tile, so a term may keep per-tile values between the two."""
+
+    def write(self, out: Tensor, i: int, head: int, j: int,
+              add: bool) -> None:  # pragma: no cover - abstract
+        """The term's bias on tile `j` of batch entry `i` and head `head` into `out [R, K]`
+        (contiguous, the attention's dtype): `out = bias`, or `out += bias` where `add`. The
+        numbers are those `bias_rows` gives on the same pairs."""
+        raise NotImplementedError
+
+    def take(self, d_s: Tensor, i: int, head: int,
+             j: int) -> None:  # pragma: no cover - abstract
+        """Accumulate the gradient w.r.t. the tile's bias, `d_s [R, K]` (contiguous)."""
+        raise NotImplementedError
+
+    def pullback(self) -> tuple[list[Tensor], list[Tensor]]:  # pragma: no cover - abstract
+        """Tensors and their cotangents: `torch.autograd.grad(tensors, inputs, cotangents)` is
+        the block's vector-Jacobian product."""
+        raise NotImplementedError
+
+
+#: accumulators per bin where a [BiasTiles][mmpe.encodings.base.BiasTiles] term sums a tile's
+#: `dS` by bin (`scatter_add`): consecutive pairs of one bin (far pairs all in the last
+#: distance bucket) would each wait for the previous add (3.4 ns a pair); spread over 8
+#: copies of the bin, 0.6 ns.
+SCATTER_LANES = 8
+
+
+def lane_codes(codes: Tensor) -> Tensor:
+    """Bin codes `[..., R, K]` (int64) spread over `SCATTER_LANES` copies of each bin: code
+    `c` of the `p`-th pair of a `[R, K]` tile becomes `c·SCATTER_LANES + p mod
+    SCATTER_LANES` (gather from a table with each bin repeated `SCATTER_LANES` times, and
+    fold the accumulators with [fold_lanes][mmpe.encodings.base.fold_lanes])."""
+    lanes = torch.arange(codes.shape[-2] * codes.shape[-1], device=codes.device)
+    return codes * SCATTER_LANES + (lanes % SCATTER_LANES).view(codes.shape[-2:])
+
+
+def fold_lanes(acc: Tensor) -> Tensor:
+    """Accumulators `[..., bins·SCATTER_LANES]` summed per bin, `[..., bins]`."""
+    return acc.unflatten(-1, (-1, SCATTER_LANES)).sum(-1)
+
+
+def key_tiles(rows: Tensor, width: int) -> list[Tensor]:
+    """`rows [..., n_k]` cut into tiles of `width` keys, each contiguous `[..., K]` (so that a
+    tile of one batch entry is one flat run of memory)."""
+    return [rows[..., c:c + width].contiguous() for c in range(0, rows.shape[-1], width)]
+
+
 def toeplitz_rows(table: Tensor, n_q: int, start: int, stop: int, n_keys: int) -> Tensor:
     """Queries `stop−1 … start` (reversed) × keys `0 … n_keys−1` of a Toeplitz matrix, a view.
 

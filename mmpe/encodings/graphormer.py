@@ -27,7 +27,17 @@ from torch import Tensor, nn
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import GraphEdges, GraphLayout, VirtualNode
 from mmpe.coords.graph import UNREACHABLE, VIRTUAL
-from mmpe.encodings.base import AttentionContext, InputEncoding, ScoreEncoding, ScoreMod
+from mmpe.encodings.base import (
+    SCATTER_LANES,
+    AttentionContext,
+    BiasTiles,
+    InputEncoding,
+    ScoreEncoding,
+    ScoreMod,
+    fold_lanes,
+    key_tiles,
+    lane_codes,
+)
 from mmpe.registry import register
 
 PAPER = ("Ying et al. 2021, Do Transformers Really Perform Bad for Graph Representation? "
@@ -126,6 +136,48 @@ class GraphormerSpatial(ScoreEncoding):
                 return [table], [grad.t()]
 
         return rows.transpose(0, 1), pull
+
+    def bias_tiles(self, ctx: AttentionContext, start: int, stop: int,
+                   width: int) -> BiasTiles:
+        """The rows of queries `start … stop−1` tile by tile, for the blocked attention path's
+        backward pass (see [BiasTiles][mmpe.encodings.base.BiasTiles]): the block's bucket
+        codes once (contiguous per tile), per head and tile a gather from the head's column of
+        `b_φ` and a `scatter_add` of the tile's `dS` into the head's gradient."""
+        self.check_context(ctx)
+        return _SpatialTiles(self.table,
+                             spatial_buckets(ctx.coords.spd[:, start:stop], self.max_distance),
+                             width)
+
+
+class _SpatialTiles(BiasTiles):
+    """Graphormer's spatial bias as `BiasTiles`: `table [buckets, n_h]` (with its graph), the
+    block's bucket codes per tile `[b, R, K]` spread over lanes
+    ([lane_codes][mmpe.encodings.base.lane_codes]), and the gradient `[n_h, buckets·lanes]`."""
+
+    def __init__(self, table: Tensor, buckets: Tensor, width: int) -> None:
+        self.table = table
+        self.codes = [lane_codes(t) for t in key_tiles(buckets, width)]
+        # [n_h, buckets·lanes]: each head's column of the table, every value SCATTER_LANES times
+        self.values = table.detach().t().repeat_interleave(SCATTER_LANES, dim=1).contiguous()
+        self.grad: Tensor | None = None
+
+    def write(self, out: Tensor, i: int, head: int, j: int, add: bool) -> None:
+        codes = self.codes[j][min(i, self.codes[j].shape[0] - 1)].view(-1)
+        if add or out.dtype != self.values.dtype:
+            term = torch.index_select(self.values[head], 0, codes).view_as(out)
+            out.add_(term) if add else out.copy_(term)
+        else:
+            torch.index_select(self.values[head], 0, codes, out=out.view(-1))
+
+    def take(self, d_s: Tensor, i: int, head: int, j: int) -> None:
+        if self.grad is None:
+            self.grad = torch.zeros(self.values.shape, dtype=d_s.dtype)
+        codes = self.codes[j][min(i, self.codes[j].shape[0] - 1)].view(-1)
+        self.grad[head].scatter_add_(0, codes, d_s.view(-1))
+
+    def pullback(self) -> tuple[list[Tensor], list[Tensor]]:
+        grad = torch.zeros_like(self.values) if self.grad is None else self.grad
+        return [self.table], [fold_lanes(grad).t().to(self.table.dtype)]
 
 
 @register("graphormer_edge", hook="score", needs=(GraphLayout, GraphEdges), learnable=True,

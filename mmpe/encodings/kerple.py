@@ -9,12 +9,22 @@ from torch import Tensor, nn
 
 from mmpe.coords.capabilities import Metric
 from mmpe.encodings._content import check_positive_int
-from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod, distance_rows
+from mmpe.encodings.base import (
+    AttentionContext,
+    BiasTiles,
+    ScoreEncoding,
+    ScoreMod,
+    distance_rows,
+    key_tiles,
+)
 from mmpe.registry import register
 
 PAPER = ("Chi, Fan, Ramadge & Rudnicky 2022, KERPLE: Kernelized Relative Positional Embedding "
          "for Length Extrapolation (NeurIPS), eq. 8")
 
+
+#: elements per chunk of KERPLE-log's rows without a graph (256 kB of float32: in the cache)
+_CHUNK = 1 << 16
 
 
 class _Kerple(ScoreEncoding):
@@ -88,11 +98,25 @@ class KerpleLog(_Kerple):
 
     def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
         """As `_Kerple.bias_rows`, `[b or 1, n_h,
-        stop−start, n_k]`; where no gradient is recorded, in place (one tensor of the block's
-        size instead of three, the same numbers)."""
+        stop−start, n_k]`; where no gradient is recorded, in place, head by head and chunk by
+        chunk of `_CHUNK` elements that stay in the cache across the three passes (one tensor
+        of the block's size instead of three, the same numbers)."""
         if torch.is_grad_enabled():
             return super().bias_rows(ctx, start, stop)
-        return self._rows(ctx, start, stop)[0]
+        self.check_context(ctx)
+        r1, r2 = self.constrained()
+        dist = distance_rows(ctx, start, stop)  # [b', 1, R, n_k]
+        dtype = torch.result_type(dist, r2)
+        out = dist.new_empty(dist.shape[0], self.num_heads, *dist.shape[2:], dtype=dtype)
+        flat_d, flat_out = dist.reshape(dist.shape[0], -1).to(dtype), out.view(*out.shape[:2], -1)
+        neg_r1, r2 = (-r1).to(dtype), r2.to(dtype)
+        for i in range(out.shape[0]):
+            for head in range(self.num_heads):
+                for c in range(0, flat_d.shape[1], _CHUNK):
+                    chunk = flat_out[i, head, c:c + _CHUNK]
+                    torch.mul(flat_d[i, c:c + _CHUNK], r2[head], out=chunk)
+                    chunk.log1p_().mul_(neg_r1[head])
+        return out
 
     def _rows(self, ctx: AttentionContext, start: int,
               stop: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -127,6 +151,18 @@ class KerpleLog(_Kerple):
         return bias, pull
 
 
+    def bias_tiles(self, ctx: AttentionContext, start: int, stop: int,
+                   width: int) -> BiasTiles:
+        """The rows of queries `start … stop−1` tile by tile, for the blocked attention path's
+        backward pass (see [BiasTiles][mmpe.encodings.base.BiasTiles]): the distance rows once
+        per block, `L = log(1 + r2·d)` and the bias per head and tile, and from each tile's `dS`
+        the sums `Σ dS·L` and `Σ dS·d/(1 + r2·d)` per head (eq. 8's derivatives, as
+        [bias_rows_vjp][mmpe.encodings.kerple.KerpleLog.bias_rows_vjp]) — in cache, no
+        `[b, n_h, R, n_k]` tensor."""
+        self.check_context(ctx)
+        return _LogTiles(*self.constrained(), distance_rows(ctx, start, stop), width)
+
+
 def _log_pullback(d_s: Tensor, log: Tensor, r1: Tensor, r2: Tensor,
                   dist: Tensor) -> tuple[list[Tensor], list[Tensor]]:
     """KERPLE-log's cotangents of `r1, r2` and (if it takes a gradient) `dist` from `d_s` and
@@ -146,6 +182,58 @@ def _log_pullback(d_s: Tensor, log: Tensor, r1: Tensor, r2: Tensor,
         tensors.append(dist)
         cotangents.append(g_d.sum_to_size(dist.shape).to(dist.dtype))
     return tensors, cotangents
+
+
+class _LogTiles(BiasTiles):
+    """KERPLE-log's `BiasTiles`: `r1, r2` `[n_h]` and the distance rows `[b', 1, R, n_k]`
+    with their graphs; per tile the distances (contiguous), and per head the sums `Σ dS·L`,
+    `Σ dS·d/(1 + r2·d)` (float64) and, where the distances take a gradient, `∂/∂d`."""
+
+    def __init__(self, r1: Tensor, r2: Tensor, dist: Tensor, width: int) -> None:
+        self.r1, self.r2, self.dist = r1, r2, dist
+        with torch.no_grad():
+            # the rows' dtype: float64 in a float64 model (the product promotes the distances)
+            self.dtype = torch.result_type(dist, r2)
+            self.d = key_tiles(dist.detach()[:, 0].to(self.dtype), width)  # [b', R, K] each
+            self.r2_ = r2.detach().to(self.dtype)
+            self.neg_r1 = -r1.detach().to(self.dtype)
+            self.coef = (-(r1 * r2).detach().double()).tolist()  # ∂b/∂d = −r1·r2/(1 + r2·d)
+        heads = r1.shape[0]
+        self.sums = torch.zeros(2, heads, dtype=torch.float64)
+        self.d_dist = ([torch.zeros_like(t) for t in self.d] if dist.requires_grad else None)
+        self.t = self.log = None
+
+    def write(self, out: Tensor, i: int, head: int, j: int, add: bool) -> None:
+        d = self.d[j][min(i, self.d[j].shape[0] - 1)]
+        # the operations of `_rows`: log1p(d·r2), then · −r1
+        self.t = torch.mul(d, self.r2_[head])
+        self.log = torch.log1p(self.t)
+        if add or out.dtype != self.dtype:
+            term = self.log * self.neg_r1[head]
+            out.add_(term) if add else out.copy_(term)
+        else:
+            torch.mul(self.log, self.neg_r1[head], out=out)
+
+    def take(self, d_s: Tensor, i: int, head: int, j: int) -> None:
+        ii = min(i, self.d[j].shape[0] - 1)
+        d = self.d[j][ii].view(-1)
+        ds = d_s.reshape(-1).to(self.dtype)
+        w = self.t.view(-1).add_(1.0)
+        w = torch.div(ds, w, out=w)  # dS / (1 + r2·d)
+        self.sums[0, head] += torch.dot(ds, self.log.view(-1)).item()
+        self.sums[1, head] += torch.dot(w, d).item()
+        if self.d_dist is not None:
+            self.d_dist[j][ii].view(-1).add_(w, alpha=self.coef[head])
+
+    def pullback(self) -> tuple[list[Tensor], list[Tensor]]:
+        r1, r2 = self.r1, self.r2
+        g_r1 = -self.sums[0]
+        g_r2 = -r1.detach().double() * self.sums[1]
+        tensors, cotangents = [r1, r2], [g_r1.to(r1.dtype), g_r2.to(r2.dtype)]
+        if self.d_dist is not None:
+            tensors.append(self.dist)
+            cotangents.append(torch.cat(self.d_dist, -1).unsqueeze(1).to(self.dist.dtype))
+        return tensors, cotangents
 
 
 @register("kerple_power", hook="score", needs=(Metric,), context=("num_heads",), learnable=True,
