@@ -102,6 +102,26 @@ def test_the_cached_block_mask_does_not_alias_the_callers_coordinates(monkeypatc
     assert flex_compile.compile_counts() == [1]
 
 
+def test_the_kept_block_mask_is_built_inside_a_forward_whose_memo_holds_graph_tensors(
+        monkeypatch) -> None:
+    """Inside a forward the coordinates' memo holds tensors of the autograd graph (the GPU
+    path's per-offset tables); the copy of the coordinates the kept mask is built from must not
+    copy them (a deepcopy raised on every learned term on a GPU, H200 run 5), and must give the
+    coordinates' own mask."""
+    from mmpe.attention import flex as flex_module
+    from mmpe.prepare import forward_scope, memoized
+
+    monkeypatch.setattr(flex_module, "_STATIC_MASKS", flex_module.OrderedDict())
+    coords = mmpe.Sequence(200, causal=True)
+    weight = torch.randn(3, requires_grad=True)
+    with forward_scope(coords):
+        memoized(coords, "table", lambda: weight * 2)  # not a leaf: cannot be deep-copied
+        kept = _block_mask(coords, torch.device("cpu"))
+    direct = flex_module.flex_compile.block_mask(coords.mask_mod(), None, 200, 200,
+                                                 torch.device("cpu"))
+    assert torch.equal(kept.to_dense(), direct.to_dense())
+
+
 def test_static_only_compiles_once_per_shape(monkeypatch) -> None:
     monkeypatch.setenv("MMPE_FLEX_DYNAMIC", "0")
     enc = mmpe.build("alibi", context={"num_heads": HEADS})

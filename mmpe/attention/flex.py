@@ -15,7 +15,7 @@ from torch import Tensor
 from mmpe import flex_compile
 from mmpe.coords.base import Coordinates
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
-from mmpe.prepare import memoized
+from mmpe.prepare import _MEMO, memoized
 
 
 def compose_score_mods(mods: Seq[ScoreMod]) -> ScoreMod | None:
@@ -151,6 +151,17 @@ _STATIC_MASKS: OrderedDict = OrderedDict()
 STATIC_MASKS_MAX = 32
 
 
+def _twin(coords: Coordinates) -> Coordinates:
+    """A shallow copy of `coords` with its own copies of the tensors it holds and no memo of
+    the forward (which can hold tensors of the autograd graph: not copyable)."""
+    twin = copy.copy(coords)
+    for name, value in vars(coords).items():
+        if isinstance(value, Tensor):
+            twin.__dict__[name] = value.detach().clone()
+    twin.__dict__.pop(_MEMO, None)
+    return twin
+
+
 def _block_mask(coords: Coordinates, device: torch.device):
     """The ``BlockMask`` of the coordinates' ``mask_mod``, built once per forward, or once per
     process where the mask is determined by the sizes (`mask_key`)."""
@@ -164,7 +175,7 @@ def _block_mask(coords: Coordinates, device: torch.device):
             # Built from a copy: a mask_mod that shared the caller's tensors with its
             # score_mod would alias them in the first forward only, and torch recompiles the
             # kernel when that aliasing goes away in the next (one compile more per family).
-            mask_mod = copy.deepcopy(coords).mask_mod()
+            mask_mod = _twin(coords).mask_mod()
             _STATIC_MASKS[key] = flex_compile.block_mask(mask_mod, coords.batch_size,
                                                          coords.num_queries, coords.num_keys,
                                                          device)
