@@ -391,3 +391,14 @@ def test_an_unknown_compile_mode_is_an_error(monkeypatch):
     monkeypatch.setenv("MMPE_FLEX_DYNAMIC", "sometimes")
     with pytest.raises(ValueError, match="MMPE_FLEX_DYNAMIC='sometimes'"):
         flex_compile._mode_from_env()
+
+
+def test_compile_config_sets_its_values_inside_and_restores_them_after_an_error() -> None:
+    dynamo, limit, duck = flex_compile._config_modules()
+    before = (dynamo.specialize_float, getattr(dynamo, limit), duck.use_duck_shape)
+    with pytest.raises(KeyError), flex_compile.compile_config():
+        assert dynamo.specialize_float is True and duck.use_duck_shape is False
+        assert getattr(dynamo, limit) == flex_compile.RECOMPILE_LIMIT
+        raise KeyError("inside")
+    assert (dynamo.specialize_float, getattr(dynamo, limit), duck.use_duck_shape) == before
+    assert before != (True, flex_compile.RECOMPILE_LIMIT, False)  # the control: it changed them

@@ -4,7 +4,6 @@ a GPU, and the ``BlockMask`` of the coordinates (built once per forward)."""
 from __future__ import annotations
 
 import copy
-
 import math
 from collections import OrderedDict
 from collections.abc import Sequence as Seq
