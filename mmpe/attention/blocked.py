@@ -16,13 +16,15 @@ Backward, per block, the bias rows are computed again, and:
   `requires_grad`), the fused kernel's own backward pass gives `dq, dk, dv`;
 * otherwise the block's probabilities come back from the saved log-sum-exp, `P = exp(q·kᵀ·s +
   bias − lse)`, `dS = P ⊙ (dO·Vᵀ − rowsum(dO ⊙ O))`, and `dq, dk, dv` from matrix products
-  (head by head, in tiles of keys that stay in the cache); the gradient w.r.t. the encodings'
-  parameters and the coordinates' tensors is `torch.autograd.grad(bias_rows, inputs, dS)` on
-  that block's rows only (the encodings' own differentiable code), or, for an encoding with a
-  `bias_rows_vjp` (KERPLE-log, FIRE, Graphormer's spatial bias), its hand-written pullback:
-  `dS` reduced onto a few small tensors (`r1, r2`; FIRE's pieces and input rows; the bucket
-  table) that autograd carries on, with no per-pair, per-head graph
-  ([pullback_bias][mmpe.attention.blocked._BlockedPlan.pullback_bias]).
+  (head by head, in tiles of keys that stay in the cache). An encoding with `bias_tiles`
+  (KERPLE-log, FIRE, Graphormer's spatial bias; [BiasTiles][mmpe.encodings.base.BiasTiles])
+  writes its bias into each tile and reduces the tile's `dS` at once onto a few small tensors
+  (`r1, r2`; FIRE's pieces and input rows; the bucket table) that autograd carries on: no
+  `[b, n_h, R, n_k]` bias or `dS` of the block, no per-pair, per-head graph. For the other
+  terms the block's rows are made and `dS` is written into the block's gradient of the bias,
+  pulled back by `torch.autograd.grad(bias_rows, inputs, dS)` on that block's rows only (the
+  encodings' own differentiable code), or by an encoding's `bias_rows_vjp`
+  (`_BlockedPlan.pullback_bias`).
 
 Which tensors the bias depends on is read from the autograd graph of one probe row (see
 [bias_inputs][mmpe.attention.blocked.bias_inputs]): the leaves it reaches (parameters,
@@ -38,6 +40,7 @@ Content-dependent terms, bf16/fp16 and compiled code keep the checkpointed block
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
 
@@ -55,11 +58,11 @@ from mmpe.encodings.base import AttentionContext, BiasTiles, ScoreEncoding
 BLOCKED_FORWARD_ROWS = 256
 
 #: queries per block where the backward pass computes `dS` itself (a learned bias, positions
-#: with gradients): the block's bias and `dS` are `[b, n_h, R, n_k]` each.
+#: with gradients) and some term has no `bias_tiles`: the block's bias and `dS` are `[b, n_h,
+#: R, n_k]` each.
 BLOCKED_BACKWARD_ROWS = 256
 
-#: queries per block of that backward pass where every term that takes a gradient has
-#: `bias_tiles` (nothing of the block's `[b, n_h, R, n_k]` is made): at 4,096 points with
+#: queries per block of that backward pass where every term has `bias_tiles` (nothing of the block's `[b, n_h, R, n_k]` is made): at 4,096 points with
 #: KERPLE-log, 512 rows 1.42× the unbiased layer, 256 rows 1.49×, 1,024 rows 1.41×.
 BLOCKED_TILED_ROWS = 512
 
@@ -69,7 +72,7 @@ BLOCKED_TILED_ROWS = 512
 BLOCKED_KEY_TILE = 256
 
 #: a term's pullback in that backward pass: the block's `dS [b, n_h, R, n_k]` → tensors and
-#: their cotangents (see [_BlockedPlan.pullback_bias][mmpe.attention.blocked._BlockedPlan.pullback_bias])
+#: their cotangents (see `_BlockedPlan.pullback_bias`)
 Pullback = Callable[[Tensor], tuple[Seq[Tensor], Seq[Tensor]]]
 
 
@@ -85,7 +88,7 @@ def takes_blocked_path(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> boo
 
 class _BlockedPlan:
     """Softmax attention with content-free additive score terms, block by block of queries:
-    the forward pass, and the backward pass of [_BlockedAttention][mmpe.attention.blocked._BlockedAttention].
+    the forward pass, and the backward pass of `_BlockedAttention`.
 
     Holds the encodings and a copy of the call's context without `x, q, k, v` (a content-free
     term does not read them; the autograd function saves q, k, v itself, so that
@@ -131,7 +134,7 @@ class _BlockedPlan:
     def bias(self, start: int, stop: int, dtype: torch.dtype,
              raw: Tensor | None = None) -> Tensor:
         """The block's bias as SDPA reads it: masked pairs at `−inf`, in `dtype` (the same cast
-        as the dense path's, [_cast_bias][mmpe.attention.masks._cast_bias])."""
+        as the dense path's, `_cast_bias`)."""
         if raw is None:
             with torch.no_grad():
                 raw = self.raw_bias(start, stop)
@@ -220,17 +223,20 @@ class _BlockedPlan:
                 tiles = [e.bias_tiles(self.ctx, start, stop, BLOCKED_KEY_TILE)
                          for e in tiled_terms]
             mask = self.ctx.coords.dense_mask(start, stop)
-            base, pullbacks = None, []
+            raw, pullbacks = None, []
             if other_terms:
                 raw, pullbacks = self.pullback_bias(start, stop, other_terms)
-                base, mask = _cast_bias(raw, q.dtype, mask), None
+            # the terms' sum in their promoted dtype, as raw_bias adds them (float32 terms of
+            # a float64 model are summed in float32, then cast)
+            dtype = functools.reduce(torch.promote_types, [t.dtype for t in tiles],
+                                     tiles[0].dtype if raw is None else raw.dtype)
             d_bias = q.new_empty(b, h, stop - start, self.n_k) if pullbacks else None
             for i in range(b):
                 for head in range(h):
                     self._head_rows(i, head, q[i, head, rows], k[i, head], v[i, head],
                                     d_out[i, head, rows], lse[i, head, rows, None],
-                                    neg_delta[i, head, rows], _pick(base, i, head),
-                                    _pick(mask, i, 0), tiles,
+                                    neg_delta[i, head, rows], _pick(raw, i, head),
+                                    _pick(mask, i, 0), tiles, dtype,
                                     dq[i, head, rows], dk[i, head], dv[i, head],
                                     None if d_bias is None else d_bias[i, head])
             pulls = [pull(d_bias) for pull in pullbacks] + [t.pullback() for t in tiles]
@@ -248,7 +254,7 @@ class _BlockedPlan:
     def pullback_bias(self, start: int, stop: int,
                       scores: Seq[ScoreEncoding] | None = None) -> tuple[Tensor, list[Pullback]]:
         """The summed terms of queries `start … stop−1` (as
-        [raw_bias][mmpe.attention.blocked._BlockedPlan.raw_bias], without a graph; `scores`:
+        `raw_bias`, without a graph; `scores`:
         those terms only, default all) and the
         pullbacks of the terms that take a gradient: each maps the block's `dS [b, n_h, R,
         n_k]` to tensors and their cotangents (`autograd.grad(tensors, inputs, cotangents)`
@@ -273,33 +279,35 @@ class _BlockedPlan:
         return total, pulls
 
     def _head_rows(self, i: int, head: int, qr: Tensor, k: Tensor, v: Tensor, dor: Tensor,
-                   ls: Tensor, nd: Tensor, bias: Tensor | None, mask: Tensor | None,
-                   tiles: Seq[BiasTiles], dqr: Tensor, dk: Tensor, dv: Tensor,
-                   d_bias: Tensor | None) -> None:
+                   ls: Tensor, nd: Tensor, raw: Tensor | None, mask: Tensor | None,
+                   tiles: Seq[BiasTiles], dtype: torch.dtype, dqr: Tensor, dk: Tensor,
+                   dv: Tensor, d_bias: Tensor | None) -> None:
         """One head's block of queries `qr [R, h_d]` against every key, tile by tile: `P =
         exp(bias − lse + s·q·kᵀ)`, `dS = P ⊙ (dO·Vᵀ − rowsum(dO ⊙ O))`, `dq += s·dS·K`,
         `dk += s·dSᵀ·Q`, `dv += Pᵀ·dO`; `dS` to each of `tiles` and into `d_bias [R, n_k]`
-        where given. The bias: `bias [R, n_k]` (the other terms, masked) plus the tiles'
-        terms, masked by `mask [R, n_k]` where given."""
+        where given. The bias: `raw [R, n_k]` (the other terms, where any) plus the tiles'
+        terms, summed in `dtype`, masked by `mask [R, n_k]` where given, then in q's dtype."""
         scale, rows = self.scale, qr.shape[0]
         width = min(BLOCKED_KEY_TILE, self.n_k)
         probs_buf = qr.new_empty(rows * width)
+        direct = dtype == qr.dtype
+        sum_buf = None if direct else qr.new_empty(rows * width, dtype=dtype)
         ds_buf = qr.new_empty(rows * width) if d_bias is None else None
         for j, c in enumerate(range(0, self.n_k, BLOCKED_KEY_TILE)):
             keys = slice(c, min(self.n_k, c + BLOCKED_KEY_TILE))
             kt, vt = k[keys], v[keys]
             cols = kt.shape[0]
-            if bias is not None:
-                probs = torch.sub(bias[:, keys], ls)
-                for tile in tiles:
-                    tile.write(probs, i, head, j, add=True)
-            else:
-                probs = probs_buf[:rows * cols].view(rows, cols)
-                for n, tile in enumerate(tiles):
-                    tile.write(probs, i, head, j, add=n > 0)
-                if mask is not None:
-                    probs.masked_fill_(~mask[:, keys], float("-inf"))
-                probs.sub_(ls)
+            probs = probs_buf[:rows * cols].view(rows, cols)
+            total = probs if direct else sum_buf[:rows * cols].view(rows, cols)
+            if raw is not None:
+                total.copy_(raw[:, keys])
+            for n, tile in enumerate(tiles):
+                tile.write(total, i, head, j, add=raw is not None or n > 0)
+            if mask is not None:
+                total.masked_fill_(~mask[:, keys], float("-inf"))
+            if not direct:
+                probs.copy_(total)
+            probs.sub_(ls)
             probs.addmm_(qr, kt.t(), alpha=scale).exp_()
             dv[keys].addmm_(probs.t(), dor)
             d_s = (d_bias[:, keys] if d_bias is not None
@@ -321,7 +329,7 @@ def _pick(t: Tensor | None, i: int, head: int) -> Tensor | None:
 
 
 class _BlockedAttention(torch.autograd.Function):
-    """Autograd of [_BlockedPlan][mmpe.attention.blocked._BlockedPlan]: inputs `q, k, v` and
+    """Autograd of `_BlockedPlan`: inputs `q, k, v` and
     the tensors the bias depends on ([bias_inputs][mmpe.attention.blocked.bias_inputs]); saves
     `q, k, v`, the output and the log-sum-exp (`O(n)`), not the bias or the scores. Not itself
     differentiable (no double backward: use `backend="math"` for gradient penalties through

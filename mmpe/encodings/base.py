@@ -315,7 +315,14 @@ class BiasTiles:
     `[b, n_h, R, n_k]` bias or `dS` of the block is made. After the block,
     [pullback][mmpe.encodings.base.BiasTiles.pullback] gives tensors that carry an autograd
     graph (parameters, positions) and their cotangents. `take` always follows the `write` of
-    the same tile, so a term may keep per-tile values between the two."""
+    the same tile, so a term may keep per-tile values between the two.
+
+    Attributes:
+        dtype: the dtype of the term's rows (`bias_rows`'), in which the block's terms are
+            summed before the sum is cast to the attention's dtype.
+    """
+
+    dtype: torch.dtype
 
     def write(self, out: Tensor, i: int, head: int, j: int,
               add: bool) -> None:  # pragma: no cover - abstract

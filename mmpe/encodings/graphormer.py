@@ -156,6 +156,7 @@ class _SpatialTiles(BiasTiles):
 
     def __init__(self, table: Tensor, buckets: Tensor, width: int) -> None:
         self.table = table
+        self.dtype = table.dtype
         self.codes = [lane_codes(t) for t in key_tiles(buckets, width)]
         # [n_h, buckets·lanes]: each head's column of the table, every value SCATTER_LANES times
         self.values = table.detach().t().repeat_interleave(SCATTER_LANES, dim=1).contiguous()
@@ -260,7 +261,7 @@ class GraphormerEdge(ScoreEncoding):
 
     def _cached_path_codes(self, coords: Coordinates, attr: Tensor,
                            valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """[`_path_codes`][mmpe.encodings.graphormer.GraphormerEdge._path_codes], derived once per coordinates object (and hops, vocabulary)."""
+        """`_path_codes`, derived once per coordinates object (and hops, vocabulary)."""
         key = (self.max_hops, self.num_edge_types)
         try:
             per_coords = _PATH_CODES.setdefault(coords, {})
