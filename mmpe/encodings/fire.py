@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from mmpe.coords.base import index_grid
 from mmpe.coords.capabilities import Metric
-from mmpe.encodings._captured import per_head, per_head_units
+from mmpe.encodings._fire_pieces import piecewise_score_mod
 from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import (
     SCATTER_LANES,
@@ -98,26 +98,11 @@ class FIRE(SavesSettings, ScoreEncoding):
         return self._psi(rel, c) / (self._psi(torch.maximum(i, threshold), c) + self.eps)
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+        """The term as linear pieces of the MLP (`mmpe.encodings._fire_pieces`): a few reads per
+        score, so that compiled FlexAttention's backward adds into `W + 1` slopes and
+        intercepts per head rather than into one address per hidden unit."""
         self.check_context(ctx)
-        # float32 weights: the normalised distance is float32 (a bf16 module keeps bf16 ones).
-        # Compiled flex differentiates a captured tensor only through one indexing of it
-        # (tests/test_score_mod_indexing.py): one `[n_h]` tensor per hidden unit and per
-        # scalar (c, L), each read once as `[h]`.
-        n_h = self.num_heads
-        c, threshold = per_head(self.c.float(), n_h), per_head(self._threshold(), n_h)
-        w1 = per_head_units(self.mlp[0].weight[:, 0].float(), 0, n_h)
-        b1 = per_head_units(self.mlp[0].bias.float(), 0, n_h)
-        w2, b2 = per_head_units(self.mlp[2].weight.float(), 1, n_h), self.mlp[2].bias.float()
-
-        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            x = self.normalised_distance(ctx, q_idx, kv_idx, b, c[h], threshold[h])
-            # The MLP unrolled over its hidden units so FlexAttention sees scalar ops only.
-            out = b2[h]
-            for w1_u, b1_u, w2_u in zip(w1, b1, w2, strict=True):
-                out = out + w2_u[h] * torch.relu(x * w1_u[h] + b1_u[h])
-            return score + out
-
-        return mod
+        return piecewise_score_mod(self, ctx)
 
     def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
         """The MLP on the pairs of queries `start … stop−1`, `[b or 1, n_h, stop−start, n_k]`
