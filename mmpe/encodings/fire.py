@@ -110,7 +110,7 @@ class FIRE(SavesSettings, ScoreEncoding):
         [bias_rows_vjp][mmpe.encodings.fire.FIRE.bias_rows_vjp], head by head and chunk by
         chunk of `_CHUNK` pairs, in the cache)."""
         self.check_context(ctx)
-        if not torch.is_grad_enabled():
+        if not torch.is_grad_enabled() and not torch.compiler.is_compiling():
             return self._rows_in_chunks(ctx, start, stop)
         x = self._input_rows(ctx, start, stop)
         slope, intercept, cuts = self.pieces()
@@ -249,8 +249,8 @@ def piece_of(cuts: Tensor, x: Tensor) -> Tensor:
     sorted): the cuts below every `x` counted once, then one comparison pass per cut within
     the range of `x` — a binary search per element measured 20 ns an element on the CPU, a
     pass 0.3 ns (and FIRE's normalised distances lie in `[0, 1]`, with a few cuts)."""
-    if x.numel() == 0 or x.device.type != "cpu":
-        return torch.searchsorted(cuts, x.contiguous())
+    if x.numel() == 0 or x.device.type != "cpu" or torch.compiler.is_compiling():
+        return torch.searchsorted(cuts, x.contiguous())  # (the passes read x's range eagerly)
     lo, hi = torch.aminmax(x)
     below = int((cuts < lo).sum())
     inside = cuts[(cuts >= lo) & (cuts < hi)].tolist()

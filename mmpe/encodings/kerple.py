@@ -101,7 +101,8 @@ class KerpleLog(_Kerple):
         stop−start, n_k]`; where no gradient is recorded, in place, head by head and chunk by
         chunk of `_CHUNK` elements that stay in the cache across the three passes (one tensor
         of the block's size instead of three, the same numbers)."""
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+            # (A compiled graph fuses the passes itself; dtype queries do not trace.)
             return super().bias_rows(ctx, start, stop)
         self.check_context(ctx)
         r1, r2 = self.constrained()
