@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from mmpe.recipes import bench_report
+from mmpe.recipes import bench_report, report
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -192,5 +192,5 @@ def test_no_benchmark_number_is_typed_in_the_readme_section():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     section = text.split("<!-- --8<-- [start:benchmarks] -->")[1].split(
         "<!-- --8<-- [end:benchmarks] -->")[0]
-    prose = bench_report.BLOCK.sub("", section)
+    prose = report.BLOCK.sub("", bench_report.BLOCK.sub("", section))  # both are rendered
     assert not re.findall(r"\d+\.\d+|\d+(?:\.\d+)?×", prose), "typed numbers in the benchmarks"
