@@ -26,7 +26,12 @@ pytestmark = pytest.mark.skipif(not mmpe.flex_compile.available(),
 COORDS = {
     "sequence": lambda: Sequence(8, causal=True),
     "grid": lambda: Grid((2, 3), prefix_tokens=1),
+    # Points: distance biases build their rows with eager-only fast paths (chunked in-place
+    # passes, a range read) that must stand aside under torch.compile.
+    "points": lambda: mmpe.Points(torch.randn(2, 7, 3, generator=torch.Generator().manual_seed(0))),
 }
+#: d_model per coordinates: three axes need head_dim divisible by 6 (rotary pairs per axis).
+D_MODEL = {"sequence": 32, "grid": 32, "points": 48}
 # Dynamo cannot trace `torch.autocast` construction (torch._C._is_autocast_available) in this
 # torch; these encodings enter full precision through it even when autocast is off.
 GRAPH_BREAKS: dict[str, str] = {}
@@ -63,9 +68,11 @@ def test_fullgraph_and_no_recompilation_at_a_fixed_shape(name: str, cname: str) 
         pytest.xfail(GRAPH_BREAKS[name])
     coords = COORDS[cname]()
     torch.manual_seed(0)
-    model = mmpe.Transformer(32, 4, 2, [name], encoding_context=_context(coords), backend="sdpa")
+    d_model = D_MODEL[cname]
+    model = mmpe.Transformer(d_model, 4, 2, [name], encoding_context=_context(coords),
+                             backend="sdpa")
     compiled = torch.compile(model, fullgraph=True, backend="eager")
-    x = torch.randn(2, coords.num_queries, 32)
+    x = torch.randn(2, coords.num_queries, d_model)
     # A new coordinates object each call, as a training loop builds one per batch.
     assert _graphs(compiled, [(x, COORDS[cname]()) for _ in range(3)]) == 1
     with torch.no_grad():
