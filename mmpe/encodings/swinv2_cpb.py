@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmpe.coords.capabilities import GridLayout
+from mmpe.encodings._cpb_mlp import cpb_mlp
 from mmpe.encodings._grid import as_grid, check_ndim, check_shape
 from mmpe.encodings._precision import full_precision
 from mmpe.encodings._state import SavesSettings
@@ -91,8 +91,8 @@ class SwinV2CPB(SavesSettings, ScoreEncoding):
         # autocast dtype (16·σ turns a bf16 rounding of the logit into ±0.03 of bias).
         lin1, lin2 = self.mlp[0], self.mlp[2]
         with full_precision(coords.device):
-            hidden = torch.relu(F.linear(coords, lin1.weight.float(), lin1.bias.float()))
-            return 16 * torch.sigmoid(F.linear(hidden, lin2.weight.float()))
+            logits = cpb_mlp(coords, lin1.weight.float(), lin1.bias.float(), lin2.weight.float())
+            return 16 * torch.sigmoid(logits)
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
         self.check_context(ctx)
