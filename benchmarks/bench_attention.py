@@ -125,7 +125,7 @@ COORDS = [
 ]
 
 #: memory only (not timed): the grid whose peak memory the grid path must keep.
-MEMORY = [("grid", "128x128", ["alibi", "t5", "swin"])]
+MEMORY = [("grid", "128x128", ["alibi", "t5", "kerple_log", "fire", "swin", "swinv2_cpb"])]
 
 
 def run_coords(kind: str, size: str, name: str, repeat: int,
