@@ -104,6 +104,18 @@ class FIRE(SavesSettings, ScoreEncoding):
         self.check_context(ctx)
         return piecewise_score_mod(self, ctx)
 
+    def pair_term(self, ctx: AttentionContext, q_idx: Tensor, kv_idx: Tensor,
+                  b: Tensor) -> Tensor:
+        """The term on the given pairs only, `[*pairs, n_h]` float32 (broadcast `q_idx`,
+        `kv_idx`, `b`), for the grid paths' table over cell offsets: the normalised distance
+        once per pair, then the MLP's linear pieces per head (through `score_mod` the
+        normaliser's graph was kept per head: 15 MB more at 128 × 128)."""
+        self.check_context(ctx)
+        x = self.normalised_distance(ctx, q_idx, kv_idx, b)
+        slope, intercept, cuts = self.pieces()
+        piece = piece_of(cuts, x.detach())
+        return slope[piece] * x.unsqueeze(-1) + intercept[piece]
+
     def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
         """The MLP on the pairs of queries `start … stop−1`, `[b or 1, n_h, stop−start, n_k]`
         (without a recorded gradient: the rows of
