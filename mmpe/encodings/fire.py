@@ -111,7 +111,11 @@ class FIRE(SavesSettings, ScoreEncoding):
         once per pair, then the MLP's linear pieces per head (through `score_mod` the
         normaliser's graph was kept per head: 15 MB more at 128 × 128)."""
         self.check_context(ctx)
-        x = self.normalised_distance(ctx, q_idx, kv_idx, b)
+        return self._on_pieces(self.normalised_distance(ctx, q_idx, kv_idx, b))
+
+    def _on_pieces(self, x: Tensor) -> Tensor:
+        """The MLP on inputs `x [...]` as its linear pieces, `[..., n_h]`: each input's piece,
+        then one multiply-add per head instead of a hidden layer per input."""
         slope, intercept, cuts = self.pieces()
         piece = piece_of(cuts, x.detach())
         return slope[piece] * x.unsqueeze(-1) + intercept[piece]
@@ -124,12 +128,7 @@ class FIRE(SavesSettings, ScoreEncoding):
         self.check_context(ctx)
         if not torch.is_grad_enabled() and not torch.compiler.is_compiling():
             return self._rows_in_chunks(ctx, start, stop)
-        x = self._input_rows(ctx, start, stop)
-        slope, intercept, cuts = self.pieces()
-        # The MLP is piecewise linear in its one input: find each pair's piece, then one
-        # multiply-add per head instead of a hidden layer per pair.
-        piece = piece_of(cuts, x.detach())  # [b, 1, rows, n_k]
-        out = slope[piece] * x.unsqueeze(-1) + intercept[piece]  # [b, 1, rows, n_k, n_h]
+        out = self._on_pieces(self._input_rows(ctx, start, stop))  # [b, 1, rows, n_k, n_h]
         return out.squeeze(1).permute(0, 3, 1, 2)
 
     def _rows_in_chunks(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
