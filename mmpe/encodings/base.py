@@ -348,6 +348,10 @@ class BiasTiles:
 #: copies of the bin, 0.6 ns.
 SCATTER_LANES = 8
 
+#: elements per chunk where a term builds its rows without a graph pass by pass (FIRE,
+#: KERPLE-log): 256 kB of float32, so each chunk stays in the cache across the passes.
+ROW_CHUNK = 1 << 16
+
 
 def lane_codes(codes: Tensor) -> Tensor:
     """Bin codes `[..., R, K]` (int64) spread over `SCATTER_LANES` copies of each bin: code

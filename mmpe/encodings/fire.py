@@ -12,6 +12,7 @@ from mmpe.coords.capabilities import Metric
 from mmpe.encodings._fire_pieces import piecewise_score_mod
 from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import (
+    ROW_CHUNK,
     SCATTER_LANES,
     AttentionContext,
     BiasTiles,
@@ -24,9 +25,6 @@ from mmpe.encodings.base import (
     lane_codes,
 )
 from mmpe.registry import register
-
-#: pairs per chunk of FIRE's rows without a graph (256 kB of float32: in the cache)
-_CHUNK = 1 << 16
 
 
 @register(
@@ -124,7 +122,7 @@ class FIRE(SavesSettings, ScoreEncoding):
         """The MLP on the pairs of queries `start … stop−1`, `[b or 1, n_h, stop−start, n_k]`
         (without a recorded gradient: the rows of
         [bias_rows_vjp][mmpe.encodings.fire.FIRE.bias_rows_vjp], head by head and chunk by
-        chunk of `_CHUNK` pairs, in the cache)."""
+        chunk of `ROW_CHUNK` pairs, in the cache)."""
         self.check_context(ctx)
         if not torch.is_grad_enabled() and not torch.compiler.is_compiling():
             return self._rows_in_chunks(ctx, start, stop)
@@ -142,14 +140,14 @@ class FIRE(SavesSettings, ScoreEncoding):
         tables = [t.t().to(x.dtype).contiguous() for t in (slope, intercept)]  # [n_h, W+1]
         out = x.new_empty(x.shape[0], self.num_heads, *x.shape[2:])
         flat_out = out.view(*out.shape[:2], -1)
-        tmp = x.new_empty(min(_CHUNK, flat_x.shape[1]))
+        tmp = x.new_empty(min(ROW_CHUNK, flat_x.shape[1]))
         for i in range(out.shape[0]):
-            for c in range(0, flat_x.shape[1], _CHUNK):
-                codes, xc = piece[i, c:c + _CHUNK], flat_x[i, c:c + _CHUNK]
+            for c in range(0, flat_x.shape[1], ROW_CHUNK):
+                codes, xc = piece[i, c:c + ROW_CHUNK], flat_x[i, c:c + ROW_CHUNK]
                 t = tmp[:xc.shape[0]]
                 for head in range(self.num_heads):
                     chunk = torch.index_select(tables[1][head], 0, codes,
-                                               out=flat_out[i, head, c:c + _CHUNK])
+                                               out=flat_out[i, head, c:c + ROW_CHUNK])
                     torch.index_select(tables[0][head], 0, codes, out=t)
                     chunk.add_(t.mul_(xc))
         return out

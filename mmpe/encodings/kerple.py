@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from mmpe.coords.capabilities import Metric
 from mmpe.encodings._content import check_positive_int
 from mmpe.encodings.base import (
+    ROW_CHUNK,
     AttentionContext,
     BiasTiles,
     ScoreEncoding,
@@ -21,10 +22,6 @@ from mmpe.registry import register
 
 PAPER = ("Chi, Fan, Ramadge & Rudnicky 2022, KERPLE: Kernelized Relative Positional Embedding "
          "for Length Extrapolation (NeurIPS), eq. 8")
-
-
-#: elements per chunk of KERPLE-log's rows without a graph (256 kB of float32: in the cache)
-_CHUNK = 1 << 16
 
 
 class _Kerple(ScoreEncoding):
@@ -99,7 +96,7 @@ class KerpleLog(_Kerple):
     def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
         """As `_Kerple.bias_rows`, `[b or 1, n_h,
         stop−start, n_k]`; where no gradient is recorded, in place, head by head and chunk by
-        chunk of `_CHUNK` elements that stay in the cache across the three passes (one tensor
+        chunk of `ROW_CHUNK` elements that stay in the cache across the three passes (one tensor
         of the block's size instead of three, the same numbers)."""
         if torch.is_grad_enabled() or torch.compiler.is_compiling():
             # (A compiled graph fuses the passes itself; dtype queries do not trace.)
@@ -113,9 +110,9 @@ class KerpleLog(_Kerple):
         neg_r1, r2 = (-r1).to(dtype), r2.to(dtype)
         for i in range(out.shape[0]):
             for head in range(self.num_heads):
-                for c in range(0, flat_d.shape[1], _CHUNK):
-                    chunk = flat_out[i, head, c:c + _CHUNK]
-                    torch.mul(flat_d[i, c:c + _CHUNK], r2[head], out=chunk)
+                for c in range(0, flat_d.shape[1], ROW_CHUNK):
+                    chunk = flat_out[i, head, c:c + ROW_CHUNK]
+                    torch.mul(flat_d[i, c:c + ROW_CHUNK], r2[head], out=chunk)
                     chunk.log1p_().mul_(neg_r1[head])
         return out
 
@@ -150,7 +147,6 @@ class KerpleLog(_Kerple):
                                      r1, r2, dist)
 
         return bias, pull
-
 
     def bias_tiles(self, ctx: AttentionContext, start: int, stop: int,
                    width: int) -> BiasTiles:
