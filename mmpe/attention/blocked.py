@@ -231,14 +231,25 @@ class _BlockedPlan:
             dtype = functools.reduce(torch.promote_types, [t.dtype for t in tiles],
                                      tiles[0].dtype if raw is None else raw.dtype)
             d_bias = q.new_empty(b, h, stop - start, self.n_k) if pullbacks else None
+            bufs = _TileBuffers(q, stop - start, min(BLOCKED_KEY_TILE, self.n_k), dtype,
+                                d_bias is None)
             for i in range(b):
-                for head in range(h):
-                    self._head_rows(i, head, q[i, head, rows], k[i, head], v[i, head],
-                                    d_out[i, head, rows], lse[i, head, rows, None],
-                                    neg_delta[i, head, rows], _pick(raw, i, head),
-                                    _pick(mask, i, 0), tiles, dtype,
-                                    dq[i, head, rows], dk[i, head], dv[i, head],
-                                    None if d_bias is None else d_bias[i, head])
+                # each head's rows and key tiles as views, made once (not per tile and head)
+                per_head = [t[i, :, rows].unbind(0) for t in (q, d_out, lse[..., None],
+                                                             neg_delta, dq)]
+                key_tiles = [[t[i, head].split(BLOCKED_KEY_TILE) for head in range(h)]
+                             for t in (k, v, dk, dv)]
+                for j, c in enumerate(range(0, self.n_k, BLOCKED_KEY_TILE)):
+                    keys = slice(c, min(self.n_k, c + BLOCKED_KEY_TILE))
+                    tile_mask = None if mask is None else _pick(mask, i, 0)[:, keys]
+                    for head in range(h):
+                        kt, vt, dkt, dvt = (t[head][j] for t in key_tiles)
+                        qr, dor, ls, nd, dqr = (t[head] for t in per_head)
+                        self._head_tile(
+                            i, head, j, qr, kt, vt, dor, ls, nd,
+                            None if raw is None else _pick(raw, i, head)[:, keys], tile_mask,
+                            tiles, bufs, dqr, dkt, dvt,
+                            None if d_bias is None else d_bias[i, head, :, keys])
             pulls = [pull(d_bias) for pull in pullbacks] + [t.pullback() for t in tiles]
             pairs = [pair for pull in pulls for pair in zip(*pull, strict=True)
                      if pair[0].requires_grad]
@@ -278,47 +289,50 @@ class _BlockedPlan:
             pulls.append(lambda d, t=graphed: ([t], [d.sum_to_size(t.shape).to(t.dtype)]))
         return total, pulls
 
-    def _head_rows(self, i: int, head: int, qr: Tensor, k: Tensor, v: Tensor, dor: Tensor,
-                   ls: Tensor, nd: Tensor, raw: Tensor | None, mask: Tensor | None,
-                   tiles: Seq[BiasTiles], dtype: torch.dtype, dqr: Tensor, dk: Tensor,
-                   dv: Tensor, d_bias: Tensor | None) -> None:
-        """One head's block of queries `qr [R, h_d]` against every key, tile by tile: `P =
-        exp(bias − lse + s·q·kᵀ)`, `dS = P ⊙ (dO·Vᵀ − rowsum(dO ⊙ O))`, `dq += s·dS·K`,
-        `dk += s·dSᵀ·Q`, `dv += Pᵀ·dO`; `dS` to each of `tiles` and into `d_bias [R, n_k]`
-        where given. The bias: `raw [R, n_k]` (the other terms, where any) plus the tiles'
-        terms, summed in `dtype`, masked by `mask [R, n_k]` where given, then in q's dtype."""
-        scale, rows = self.scale, qr.shape[0]
-        width = min(BLOCKED_KEY_TILE, self.n_k)
-        probs_buf = qr.new_empty(rows * width)
-        direct = dtype == qr.dtype
-        sum_buf = None if direct else qr.new_empty(rows * width, dtype=dtype)
-        ds_buf = qr.new_empty(rows * width) if d_bias is None else None
-        for j, c in enumerate(range(0, self.n_k, BLOCKED_KEY_TILE)):
-            keys = slice(c, min(self.n_k, c + BLOCKED_KEY_TILE))
-            kt, vt = k[keys], v[keys]
-            cols = kt.shape[0]
-            probs = probs_buf[:rows * cols].view(rows, cols)
-            total = probs if direct else sum_buf[:rows * cols].view(rows, cols)
-            if raw is not None:
-                total.copy_(raw[:, keys])
-            for n, tile in enumerate(tiles):
-                tile.write(total, i, head, j, add=raw is not None or n > 0)
-            if mask is not None:
-                total.masked_fill_(~mask[:, keys], float("-inf"))
-            if not direct:
-                probs.copy_(total)
-            probs.sub_(ls)
-            probs.addmm_(qr, kt.t(), alpha=scale).exp_()
-            dv[keys].addmm_(probs.t(), dor)
-            d_s = (d_bias[:, keys] if d_bias is not None
-                   else ds_buf[:rows * cols].view(rows, cols))
-            d_s = torch.addmm(nd, dor, vt.t(), out=d_s).mul_(probs)
-            dqr.addmm_(d_s, kt, alpha=scale)
-            dk[keys].addmm_(d_s.t(), qr, alpha=scale)
-            if tiles:
-                ds_tile = d_s if d_s.is_contiguous() else d_s.contiguous()
-                for tile in tiles:
-                    tile.take(ds_tile, i, head, j)
+    def _head_tile(self, i: int, head: int, j: int, qr: Tensor, kt: Tensor, vt: Tensor,
+                   dor: Tensor, ls: Tensor, nd: Tensor, raw: Tensor | None,
+                   mask: Tensor | None, tiles: Seq[BiasTiles], bufs: _TileBuffers, dqr: Tensor,
+                   dkt: Tensor, dvt: Tensor, d_bias: Tensor | None) -> None:
+        """One head's block of queries `qr [R, h_d]` against tile `j` of keys `kt, vt [K, h_d]`:
+        `P = exp(bias − lse + s·q·kᵀ)`, `dS = P ⊙ (dO·Vᵀ − rowsum(dO ⊙ O))`, `dq += s·dS·K`,
+        `dk += s·dSᵀ·Q`, `dv += Pᵀ·dO`; `dS` to each of `tiles` and into `d_bias [R, K]` where
+        given. The bias: `raw [R, K]` (the other terms, where any) plus the tiles' terms,
+        summed in the buffers' dtype, masked by `mask [R, K]` where given, then in q's dtype.
+        The heads of one tile follow each other, so a term may prepare a tile once for all
+        heads."""
+        rows, cols = qr.shape[0], kt.shape[0]
+        probs = bufs.probs[:rows * cols].view(rows, cols)
+        total = probs if bufs.sums is None else bufs.sums[:rows * cols].view(rows, cols)
+        if raw is not None:
+            total.copy_(raw)
+        for n, tile in enumerate(tiles):
+            tile.write(total, i, head, j, add=raw is not None or n > 0)
+        if mask is not None:
+            total.masked_fill_(~mask, float("-inf"))
+        if bufs.sums is not None:
+            probs.copy_(total)
+        probs.sub_(ls)
+        probs.addmm_(qr, kt.t(), alpha=self.scale).exp_()
+        dvt.addmm_(probs.t(), dor)
+        d_s = d_bias if d_bias is not None else bufs.d_s[:rows * cols].view(rows, cols)
+        d_s = torch.addmm(nd, dor, vt.t(), out=d_s).mul_(probs)
+        dqr.addmm_(d_s, kt, alpha=self.scale)
+        dkt.addmm_(d_s.t(), qr, alpha=self.scale)
+        if tiles:
+            ds_tile = d_s if d_s.is_contiguous() else d_s.contiguous()
+            for tile in tiles:
+                tile.take(ds_tile, i, head, j)
+
+
+class _TileBuffers:
+    """Scratch of one block's tiles: the probabilities (q's dtype), the terms' sum where their
+    dtype is not q's, and `dS` where no block gradient of the bias is kept."""
+
+    def __init__(self, q: Tensor, rows: int, width: int, dtype: torch.dtype,
+                 own_ds: bool) -> None:
+        self.probs = q.new_empty(rows * width)
+        self.sums = None if dtype == q.dtype else q.new_empty(rows * width, dtype=dtype)
+        self.d_s = q.new_empty(rows * width) if own_ds else None
 
 
 def _pick(t: Tensor | None, i: int, head: int) -> Tensor | None:

@@ -194,15 +194,18 @@ class Points(Coordinates):
         place (`√0 = 0` as the guarded form gives); otherwise the guarded form of `distance`
         keeps the gradient of a zero distance 0, not NaN. A pair with a padded point is 0."""
         grad = torch.is_grad_enabled() and any(a.requires_grad for a in self._axis_pos)
-        acc = None
+        acc = buf = None
         for axis in self._axis_pos:
             a = axis if axis.dim() == 2 else axis[None]  # [b or 1, n]
-            diff = a[:, start:stop, None] - a[:, None, :]  # [b or 1, rows, n]
             if grad:
+                diff = a[:, start:stop, None] - a[:, None, :]  # [b or 1, rows, n]
                 acc = diff * diff if acc is None else acc + diff * diff
-            else:
-                diff.mul_(diff)
-                acc = diff if acc is None else acc.add_(diff)
+            elif acc is None:
+                acc = a[:, start:stop, None] - a[:, None, :]
+                acc.mul_(acc)
+            else:  # one scratch block for the later axes (a fresh block costs page faults)
+                buf = torch.sub(a[:, start:stop, None], a[:, None, :], out=buf)
+                acc.add_(buf.mul_(buf))
         if grad:
             nonzero = acc > 0
             dist = torch.where(nonzero, torch.sqrt(torch.where(nonzero, acc, torch.ones_like(acc))),

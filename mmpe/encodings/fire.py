@@ -10,19 +10,15 @@ from torch import Tensor, nn
 from mmpe.coords.base import index_grid
 from mmpe.coords.capabilities import Metric
 from mmpe.encodings._fire_pieces import piecewise_score_mod
+from mmpe.encodings._fire_tiles import BlockMLP, FireTiles, piece_of
 from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import (
-    ROW_CHUNK,
-    SCATTER_LANES,
     AttentionContext,
     BiasTiles,
     CompactBias,
     ScoreEncoding,
     ScoreMod,
     distance_rows,
-    fold_lanes,
-    key_tiles,
-    lane_codes,
 )
 from mmpe.registry import register
 
@@ -120,99 +116,89 @@ class FIRE(SavesSettings, ScoreEncoding):
 
     def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
         """The MLP on the pairs of queries `start … stop−1`, `[b or 1, n_h, stop−start, n_k]`
-        (without a recorded gradient: the rows of
-        [bias_rows_vjp][mmpe.encodings.fire.FIRE.bias_rows_vjp], head by head and chunk by
-        chunk of `ROW_CHUNK` pairs, in the cache)."""
+        float32: on the block's range of inputs, as ramps shared by the heads or piece by piece
+        ([BlockMLP][mmpe.encodings._fire_tiles.BlockMLP]; without a gradient chunk by chunk in
+        the cache; the numbers of the blocked backward pass's tiles)."""
         self.check_context(ctx)
-        if not torch.is_grad_enabled() and not torch.compiler.is_compiling():
-            return self._rows_in_chunks(ctx, start, stop)
-        out = self._on_pieces(self._input_rows(ctx, start, stop))  # [b, 1, rows, n_k, n_h]
-        return out.squeeze(1).permute(0, 3, 1, 2)
-
-    def _rows_in_chunks(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
-        """The rows without a graph, `[b or 1, n_h, R, n_k]`: per head and chunk, the piece's
-        intercept gathered, plus its slope gathered times `x` (the operations and rounding of
-        `bias_rows_vjp`, with every pass over a chunk in the cache)."""
         x = self._input_rows(ctx, start, stop)  # [b', 1, R, n_k]
-        slope, intercept, cuts = self.pieces()
-        flat_x = x.reshape(x.shape[0], -1)
-        piece = piece_of(cuts, flat_x)
-        tables = [t.t().to(x.dtype).contiguous() for t in (slope, intercept)]  # [n_h, W+1]
-        out = x.new_empty(x.shape[0], self.num_heads, *x.shape[2:])
-        flat_out = out.view(*out.shape[:2], -1)
-        tmp = x.new_empty(min(ROW_CHUNK, flat_x.shape[1]))
-        for i in range(out.shape[0]):
-            for c in range(0, flat_x.shape[1], ROW_CHUNK):
-                codes, xc = piece[i, c:c + ROW_CHUNK], flat_x[i, c:c + ROW_CHUNK]
-                t = tmp[:xc.shape[0]]
-                for head in range(self.num_heads):
-                    chunk = torch.index_select(tables[1][head], 0, codes,
-                                               out=flat_out[i, head, c:c + ROW_CHUNK])
-                    torch.index_select(tables[0][head], 0, codes, out=t)
-                    chunk.add_(t.mul_(xc))
-        return out
+        if torch.compiler.is_compiling():  # (the block's range is read eagerly)
+            return self._on_pieces(x).squeeze(1).permute(0, 3, 1, 2)
+        mlp = BlockMLP(*self._pieces(), x, self._input_bound(ctx))
+        return mlp.rows(x) if torch.is_grad_enabled() else mlp.chunks(x)
+
+    def _norm_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+        """`ψ(max(L, extent)) + eps` of queries `start … stop−1`, `[b or 1, 1, R, 1]`."""
+        coords = ctx.coords
+        b, _, q, _ = index_grid(coords.batch_size or 1, 1, coords.num_queries, 1, coords.device)
+        i = coords.extent(q[:, :, start:stop], b).float()
+        return self._psi(torch.maximum(i, self._threshold())) + self.eps
+
+    @torch.no_grad()
+    def _input_bound(self, ctx: AttentionContext) -> Tensor:
+        """The largest input `ψ(extent) / ψ(max(L, extent))` over the queries (0-d): a bound on
+        every pair's input where no distance exceeds its query's extent (points: the
+        diameter; graphs; causal sequences)."""
+        coords = ctx.coords
+        b, _, q, _ = index_grid(coords.batch_size or 1, 1, coords.num_queries, 1, coords.device)
+        extent = coords.extent(q, b).float()
+        return (self._psi(extent) / (self._psi(torch.maximum(extent, self._threshold()))
+                                     + self.eps)).amax()
 
     def _input_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
         """The MLP's input `ψ(d) / ψ(max(L, extent))` on the rows' pairs, `[b or 1, 1, R,
         n_k]` float32: the operations of normalised_distance on the coordinates' eager
         distance rows."""
-        coords = ctx.coords
-        b, _, q, _ = index_grid(coords.batch_size or 1, 1, coords.num_queries, 1, coords.device)
-        rel = distance_rows(ctx, start, stop).float()  # [b or 1, 1, rows, n_k]
-        i = coords.extent(q[:, :, start:stop], b).float()  # [b or 1, 1, rows, 1]
-        return self._psi(rel) / (self._psi(torch.maximum(i, self._threshold())) + self.eps)
+        d, norm = distance_rows(ctx, start, stop).float(), self._norm_rows(ctx, start, stop)
+        if torch.is_grad_enabled() and (d.requires_grad or norm.requires_grad
+                                        or self.c.requires_grad):
+            return self._psi(d) / norm
+        return self._psi_rows(d).div_(norm)
+
+    def _psi_rows(self, d: Tensor) -> Tensor:
+        """`ψ(d)` without a graph, one new block (the operations of `_psi`, the later ones in
+        place: each fresh block costs its page faults; `d` may be the coordinates' own)."""
+        return torch.mul(self.c.detach().float(), d).abs_().add_(1.0).log_()
 
     def bias_rows_vjp(self, ctx: AttentionContext, start: int,
                       stop: int) -> tuple[Tensor, Callable]:
         """The rows of [bias_rows][mmpe.encodings.fire.FIRE.bias_rows] (no graph) and their
-        pullback by hand, for the blocked attention path
-        (`mmpe.attention.blocked._BlockedPlan.pullback_bias`). On its piece
-        `p` a pair's bias is `slope[p]·x + intercept[p]` (Li et al. 2024, eq. 4's MLP, see
-        [pieces][mmpe.encodings.fire.FIRE.pieces]), so `∂/∂intercept[p]` and `∂/∂slope[p]`
-        are `dS` and `dS·x` summed by piece (an `index_add` per block) and `∂/∂x = Σ_h
-        dS·slope[p]`; autograd carries these on to the MLP, `c`, `L` and the positions through
-        the `[n_h]`-free input rows `x` and the `[W+1, n_h]` pieces only.
+        pullback by hand: the block as one tile of
+        [bias_tiles][mmpe.encodings.fire.FIRE.bias_tiles].
 
         Returns the rows `[b or 1, n_h, R, n_k]` and the map `dS [b, n_h, R, n_k]` →
-        `([slope, intercept, x], cotangents)`."""
+        `(tensors, cotangents)`, as `bias_tiles`' pullback."""
         self.check_context(ctx)
-        x = self._input_rows(ctx, start, stop)  # [b', 1, R, n_k]
-        slope, intercept, cuts = self.pieces()
+        n_k = ctx.coords.num_keys
         with torch.no_grad():
-            xd = x.detach()
-            piece = piece_of(cuts, xd).reshape(-1)
-            # in the rows' float32 (under autocast the MLP returns the pieces in bf16/fp16)
-            tables = (slope.detach().t().to(xd.dtype).contiguous(),
-                      intercept.detach().t().to(xd.dtype).contiguous())
-            slopes, rows = (xd.new_empty(self.num_heads, xd.shape[0], *xd.shape[2:])
-                            for _ in tables)
-            for head in range(self.num_heads):  # index_select: ~3× an indexing's speed
-                for table, out in zip(tables, (slopes, rows), strict=True):
-                    torch.index_select(table[head], 0, piece, out=out[head].view(-1))
-            rows.add_(slopes * xd[:, 0])  # not addcmul: the rounding of the graph's form
+            rows = self.bias_rows(ctx, start, stop)
 
         def pull(d_bias: Tensor) -> tuple[list[Tensor], list[Tensor]]:
-            with torch.no_grad():
-                d_s = d_bias.sum_to_size(rows.shape[1], *rows.shape[:1], *rows.shape[2:])
-                d_s = d_s.to(rows.dtype).transpose(0, 1).reshape(self.num_heads, -1)
-                d_intercept = d_s.new_zeros(tables[1].shape).index_add_(1, piece, d_s)
-                weighted = d_s * xd.reshape(1, -1)
-                d_slope = d_s.new_zeros(tables[0].shape).index_add_(1, piece, weighted)
-                d_x = torch.mul(d_s, slopes.reshape(self.num_heads, -1), out=weighted).sum(0)
-            return [slope, intercept, x], [d_slope.t(), d_intercept.t(), d_x.view(x.shape)]
+            with torch.enable_grad():
+                tiles = self.bias_tiles(ctx, start, stop, max(n_k, 1))
+            scratch = torch.empty(stop - start, n_k)
+            for i in range(d_bias.shape[0]):
+                for head in range(self.num_heads):
+                    tiles.write(scratch, i, head, 0, add=False)
+                    tiles.take(d_bias[i, min(head, d_bias.shape[1] - 1)].contiguous(), i,
+                               head, 0)
+            return tiles.pullback()
 
-        return rows.transpose(0, 1), pull
+        return rows, pull
 
     def bias_tiles(self, ctx: AttentionContext, start: int, stop: int,
                    width: int) -> BiasTiles:
         """The rows of queries `start … stop−1` tile by tile, for the blocked attention path's
-        backward pass (see [BiasTiles][mmpe.encodings.base.BiasTiles]): the MLP's input rows
-        `x` and their pieces once per block (contiguous per tile), per head and tile the
-        pieces' slopes and intercepts gathered, and from the tile's `dS` the sums of `dS` and
-        `dS·x` by piece (`scatter_add`) and `∂/∂x += dS·slope` — the pullback of
-        [bias_rows_vjp][mmpe.encodings.fire.FIRE.bias_rows_vjp], in cache."""
+        backward pass (see [BiasTiles][mmpe.encodings.base.BiasTiles] and
+        [FireTiles][mmpe.encodings._fire_tiles.FireTiles]): the distances and the normaliser
+        once per block, per tile the inputs and the MLP's ramps or pieces, and the gradient by
+        hand (no autograd graph of the block's pairs)."""
         self.check_context(ctx)
-        return _FireTiles(self._input_rows(ctx, start, stop), *self.pieces(), width)
+        d = distance_rows(ctx, start, stop).float()
+        norm = self._norm_rows(ctx, start, stop)
+        with torch.no_grad():
+            x = self._psi_rows(d.detach()).div_(norm)  # the numbers of _input_rows
+        return FireTiles(BlockMLP(*self._pieces(), x, self._input_bound(ctx)), x, d, norm, self.c.float(),
+                         ctx.batch or 1, width)
 
     def compact_bias(self, ctx: AttentionContext) -> CompactBias:
         """On `toeplitz` coordinates: `ψ` on the `n_q + n_k − 1` offsets, the normaliser
@@ -239,96 +225,24 @@ class FIRE(SavesSettings, ScoreEncoding):
         fixed, so `f(x) = slope[p]·x + intercept[p]` exactly, with gradients to every MLP
         parameter (the active sets are constants almost everywhere, as for the ReLU itself).
         """
+        slope, intercept, cuts = self._pieces()
+        return slope, intercept, cuts.detach()
+
+    def _pieces(self) -> tuple[Tensor, Tensor, Tensor]:
+        """[pieces][mmpe.encodings.fire.FIRE.pieces] with the cuts' graph (`−b₁/w₁`)."""
         w1, b1 = self.mlp[0].weight[:, 0].float(), self.mlp[0].bias.float()
         w2, b2 = self.mlp[2].weight.float(), self.mlp[2].bias.float()
+        flat = (w1 == 0).detach()
+        cuts = torch.where(flat, torch.full_like(b1, 1e6),
+                           (-b1 / torch.where(flat, torch.ones_like(w1), w1)).clamp(-1e6, 1e6))
+        cuts = cuts.sort().values
         with torch.no_grad():
-            flat = w1 == 0
-            cuts = torch.where(flat, torch.full_like(b1, 1e6),
-                               (-b1 / torch.where(flat, torch.ones_like(w1), w1)).clamp(-1e6, 1e6))
-            cuts = cuts.sort().values
-            probe = torch.cat((cuts[:1] - 1, (cuts[:-1] + cuts[1:]) / 2, cuts[-1:] + 1))
+            c = cuts.detach()
+            probe = torch.cat((c[:1] - 1, (c[:-1] + c[1:]) / 2, c[-1:] + 1))
             active = (probe[:, None] * w1 + b1 > 0).float()  # [W+1, W]
         slope = (active * w1) @ w2.T  # [W+1, n_h]
         intercept = (active * b1) @ w2.T + b2
         return slope, intercept, cuts
-
-
-def piece_of(cuts: Tensor, x: Tensor) -> Tensor:
-    """`torch.searchsorted(cuts, x)` (int64, the number of `cuts` below each `x`; `cuts`
-    sorted): the cuts below every `x` counted once, then one comparison pass per cut within
-    the range of `x` — a binary search per element measured 20 ns an element on the CPU, a
-    pass 0.3 ns (and FIRE's normalised distances lie in `[0, 1]`, with a few cuts)."""
-    if x.numel() == 0 or x.device.type != "cpu" or torch.compiler.is_compiling():
-        return torch.searchsorted(cuts, x.contiguous())  # (the passes read x's range eagerly)
-    lo, hi = torch.aminmax(x)
-    below = int((cuts < lo).sum())
-    inside = cuts[(cuts >= lo) & (cuts < hi)].tolist()
-    if len(inside) > 16 or bool(torch.isnan(lo) | torch.isnan(hi)):
-        return torch.searchsorted(cuts, x.contiguous())
-    piece = torch.full(x.shape, below, dtype=torch.int64)
-    for cut in inside:
-        piece += x > cut
-    return piece
-
-
-class _FireTiles(BiasTiles):
-    """FIRE's `BiasTiles`: the input rows `x [b', 1, R, n_k]` and the pieces `slope,
-    intercept [W+1, n_h]` with their graphs; per tile `x` and the piece codes (spread over
-    lanes, [lane_codes][mmpe.encodings.base.lane_codes]); the gradients by piece and head and
-    `∂/∂x` per tile (float32, the rows' dtype)."""
-
-    def __init__(self, x: Tensor, slope: Tensor, intercept: Tensor, cuts: Tensor,
-                 width: int) -> None:
-        self.x, self.slope, self.intercept = x, slope, intercept
-        self.dtype = x.dtype
-        with torch.no_grad():
-            xd = x.detach()
-            piece = piece_of(cuts, xd)[:, 0]  # [b', R, n_k]
-            self.xs = key_tiles(xd[:, 0], width)
-            self.codes = [lane_codes(t) for t in key_tiles(piece, width)]
-            # [n_h, (W+1)·lanes] in the rows' float32 (under autocast the MLP gives bf16)
-            self.tables = [t.detach().t().to(xd.dtype).repeat_interleave(SCATTER_LANES, dim=1)
-                           .contiguous() for t in (slope, intercept)]
-        self.grads = [torch.zeros_like(t) for t in self.tables]
-        self.d_x = [torch.zeros_like(t) for t in self.xs] if x.requires_grad else None
-        size = self.xs[0][0].numel()
-        self.slopes, self.tmp = xd.new_empty(size), xd.new_empty(size)
-        self.size = 0
-
-    def write(self, out: Tensor, i: int, head: int, j: int, add: bool) -> None:
-        ii = min(i, self.xs[j].shape[0] - 1)
-        codes, x = self.codes[j][ii].view(-1), self.xs[j][ii].view(-1)
-        self.size = size = x.numel()
-        slopes, tmp = self.slopes[:size], self.tmp[:size]
-        torch.index_select(self.tables[0][head], 0, codes, out=slopes)
-        torch.mul(slopes, x, out=tmp)
-        if add or out.dtype != x.dtype:  # intercept + slope·x, as bias_rows_vjp rounds it
-            term = torch.index_select(self.tables[1][head], 0, codes).add_(tmp)
-            flat = out.view(-1)
-            flat.add_(term) if add else flat.copy_(term)
-        else:
-            flat = torch.index_select(self.tables[1][head], 0, codes, out=out.view(-1))
-            flat.add_(tmp)
-
-    def take(self, d_s: Tensor, i: int, head: int, j: int) -> None:
-        ii = min(i, self.xs[j].shape[0] - 1)
-        codes, x = self.codes[j][ii].view(-1), self.xs[j][ii].view(-1)
-        ds = d_s.reshape(-1).to(x.dtype)
-        d_slope, d_intercept = (g[head] for g in self.grads)
-        d_intercept.scatter_add_(0, codes, ds)
-        tmp = torch.mul(ds, x, out=self.tmp[:self.size])
-        d_slope.scatter_add_(0, codes, tmp)
-        if self.d_x is not None:
-            self.d_x[j][ii].view(-1).addcmul_(ds, self.slopes[:self.size])
-
-    def pullback(self) -> tuple[list[Tensor], list[Tensor]]:
-        d_slope, d_intercept = (fold_lanes(g).t() for g in self.grads)
-        tensors = [self.slope, self.intercept]
-        cotangents = [d_slope.to(self.slope.dtype), d_intercept.to(self.intercept.dtype)]
-        if self.d_x is not None:
-            tensors.append(self.x)
-            cotangents.append(torch.cat(self.d_x, -1).unsqueeze(1))
-        return tensors, cotangents
 
 
 class FIRERows(CompactBias):
