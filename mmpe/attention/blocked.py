@@ -16,7 +16,8 @@ Backward, per block, the bias rows are computed again, and:
   `requires_grad`), the fused kernel's own backward pass gives `dq, dk, dv`;
 * otherwise the block's probabilities come back from the saved log-sum-exp, `P = exp(q·kᵀ·s +
   bias − lse)`, `dS = P ⊙ (dO·Vᵀ − rowsum(dO ⊙ O))`, and `dq, dk, dv` from matrix products
-  (head by head, in tiles of keys that stay in the cache). An encoding with `bias_tiles`
+  (tile by tile of keys, the heads of a tile in turn, in the cache). An encoding with
+  `bias_tiles`
   (KERPLE-log, FIRE, Graphormer's spatial bias; [BiasTiles][mmpe.encodings.base.BiasTiles])
   writes its bias into each tile and reduces the tile's `dS` at once onto a few small tensors
   (`r1, r2`; FIRE's pieces and input rows; the bucket table) that autograd carries on: no
@@ -199,9 +200,9 @@ class _BlockedPlan:
     def _bias_backward(self, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                        d_out: Tensor, inputs: Seq[Tensor], needs: Seq[bool]):
         """`dS` per block from the saved log-sum-exp; `dq, dk, dv` and the bias inputs'
-        gradients from it. Within a block, batch entry by batch entry, head by head and tile by
-        tile of `BLOCKED_KEY_TILE` keys (a tile's probabilities stay in the cache across its
-        five products). A term with `bias_tiles` ([BiasTiles][mmpe.encodings.base.BiasTiles])
+        gradients from it. Within a block, batch entry by batch entry, tile by tile of
+        `BLOCKED_KEY_TILE` keys and head by head within a tile (a tile's probabilities stay in
+        the cache across its five products; a term prepares a tile once for every head). A term with `bias_tiles` ([BiasTiles][mmpe.encodings.base.BiasTiles])
         writes its bias into each tile and takes the tile's `dS` at once; the others' rows are
         made for the block (`[b or 1, n_h or 1, R, n_k]`), and where one of them takes a
         gradient, `dS` is written into the block's `[b, n_h, R, n_k]` gradient of the bias for

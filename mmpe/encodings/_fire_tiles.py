@@ -86,7 +86,7 @@ class BlockMLP:
 
     def rows(self, x: Tensor) -> Tensor:
         """`f` on `x [b', 1, R, n_k]` per head, `[b', n_h, R, n_k]`, differentiable (the
-        operations, in order, of [chunks][mmpe.encodings._fire_tiles.BlockMLP.chunks] and of
+        operations, in order, of `chunks` and of
         the tiles' `write`)."""
         if not self.ramps:
             piece = torch.searchsorted(self.cuts.detach(), x.detach().contiguous())
@@ -103,7 +103,7 @@ class BlockMLP:
 
     @torch.no_grad()
     def chunks(self, x: Tensor) -> Tensor:
-        """[rows][mmpe.encodings._fire_tiles.BlockMLP.rows] without a graph, the same numbers,
+        """`rows` without a graph, the same numbers,
         chunk by chunk of `ROW_CHUNK` pairs in the cache (the ramps once per chunk for every
         head)."""
         heads, chunk = self.slope.shape[1], ROW_CHUNK * 4  # (fewer operations per pair)
@@ -120,7 +120,7 @@ class BlockMLP:
 
 
 class _HeadForm:
-    """The per-head evaluation of a [BlockMLP][mmpe.encodings._fire_tiles.BlockMLP] on one
+    """The per-head evaluation of a `BlockMLP` on one
     flat run of inputs (`prepare`), shared by the rows and the tiles: the ramps, or the pieces'
     codes (spread over lanes for the gradient's sums)."""
 

@@ -307,15 +307,18 @@ class BiasTiles:
     """A content-free additive term on one block of queries, tile by tile of keys: the blocked
     attention path's backward pass (`mmpe.attention.blocked`) of a learned bias.
 
-    That pass walks the block's pairs batch entry by batch entry, head by head and tile by tile
-    of `width` keys (tile `j`: keys `j·width …`), in cache. For each tile it asks the term to
-    [write][mmpe.encodings.base.BiasTiles.write] its bias, computes the tile's `dS`, and hands
-    it back at once ([take][mmpe.encodings.base.BiasTiles.take]): the term reduces it onto its
-    own small tensors (a per-head sum, a bin per bucket) while the tile is in cache, so no
-    `[b, n_h, R, n_k]` bias or `dS` of the block is made. After the block,
+    That pass walks the block's pairs batch entry by batch entry, tile by tile of `width` keys
+    (tile `j`: keys `j·width …`) and, within a tile, head by head `0 … n_h−1`, in cache. For
+    each head of a tile it asks the term to [write][mmpe.encodings.base.BiasTiles.write] its
+    bias, computes the tile's `dS`, and hands it back at once
+    ([take][mmpe.encodings.base.BiasTiles.take]): the term reduces it onto its own small
+    tensors (a per-head sum, a bin per bucket) while the tile is in cache, so no `[b, n_h, R,
+    n_k]` bias or `dS` of the block is made. After the block,
     [pullback][mmpe.encodings.base.BiasTiles.pullback] gives tensors that carry an autograd
     graph (parameters, positions) and their cotangents. `take` always follows the `write` of
-    the same tile, so a term may keep per-tile values between the two.
+    the same tile and head, and the heads of a tile follow each other, so a term may prepare
+    a tile once for all heads (FIRE's inputs) and keep per-tile values until the last head's
+    `take`.
 
     Attributes:
         dtype: the dtype of the term's rows (`bias_rows`'), in which the block's terms are

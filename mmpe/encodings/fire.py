@@ -117,7 +117,7 @@ class FIRE(SavesSettings, ScoreEncoding):
     def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
         """The MLP on the pairs of queries `start … stop−1`, `[b or 1, n_h, stop−start, n_k]`
         float32: on the block's range of inputs, as ramps shared by the heads or piece by piece
-        ([BlockMLP][mmpe.encodings._fire_tiles.BlockMLP]; without a gradient chunk by chunk in
+        (`BlockMLP`; without a gradient chunk by chunk in
         the cache; the numbers of the blocked backward pass's tiles)."""
         self.check_context(ctx)
         x = self._input_rows(ctx, start, stop)  # [b', 1, R, n_k]
@@ -189,7 +189,7 @@ class FIRE(SavesSettings, ScoreEncoding):
                    width: int) -> BiasTiles:
         """The rows of queries `start … stop−1` tile by tile, for the blocked attention path's
         backward pass (see [BiasTiles][mmpe.encodings.base.BiasTiles] and
-        [FireTiles][mmpe.encodings._fire_tiles.FireTiles]): the distances and the normaliser
+        `FireTiles`): the distances and the normaliser
         once per block, per tile the inputs and the MLP's ramps or pieces, and the gradient by
         hand (no autograd graph of the block's pairs)."""
         self.check_context(ctx)
@@ -197,8 +197,8 @@ class FIRE(SavesSettings, ScoreEncoding):
         norm = self._norm_rows(ctx, start, stop)
         with torch.no_grad():
             x = self._psi_rows(d.detach()).div_(norm)  # the numbers of _input_rows
-        return FireTiles(BlockMLP(*self._pieces(), x, self._input_bound(ctx)), x, d, norm, self.c.float(),
-                         ctx.batch or 1, width)
+        mlp = BlockMLP(*self._pieces(), x, self._input_bound(ctx))
+        return FireTiles(mlp, x, d, norm, self.c.float(), ctx.batch or 1, width)
 
     def compact_bias(self, ctx: AttentionContext) -> CompactBias:
         """On `toeplitz` coordinates: `ψ` on the `n_q + n_k − 1` offsets, the normaliser
