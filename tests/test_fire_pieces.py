@@ -71,8 +71,13 @@ def test_the_pieces_give_the_mlp_scores_and_gradients(heads, width, n, kind, ini
     # A gradient is a sum over every pair of float32 terms (x is float32 in both forms), so
     # its rounding is about 1e-6 absolute whatever the sum: c's gradient of 4e-3 from 37²
     # pairs differed by 1.9e-6 (hypothesis found it). A wrong piece or slope is off by far more.
-    for g, w in zip(got_grads, want_grads, strict=True):
-        torch.testing.assert_close(g.double(), w.double(), rtol=1e-4,
+    # c's gradient is the difference of its terms in ψ(d) and in the normaliser ψ(max(L, i)),
+    # each far larger than it where c is small (c = 0.0156: 2.7e-5 apart on 0.077, hypothesis
+    # found it), so it gets 1e-3 of itself.
+    names = [n for n, p in enc.named_parameters() if p.requires_grad]
+    for name, g, w in zip(names, got_grads, want_grads, strict=True):
+        rtol = 1e-3 if name == "c" else 1e-4
+        torch.testing.assert_close(g.double(), w.double(), rtol=rtol,
                                    atol=1e-4 * float(w.abs().max()) + 1e-5)
 
 

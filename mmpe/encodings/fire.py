@@ -117,8 +117,9 @@ class FIRE(SavesSettings, ScoreEncoding):
     def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
         """The MLP on the pairs of queries `start … stop−1`, `[b or 1, n_h, stop−start, n_k]`
         float32: on the block's range of inputs, as ramps shared by the heads or piece by piece
-        (`BlockMLP`; without a gradient chunk by chunk in
-        the cache; the numbers of the blocked backward pass's tiles)."""
+        (`BlockMLP` in `mmpe.encodings._fire_tiles`; without a gradient chunk by chunk in the
+        cache). A pair's number is the same in every block, and that of the blocked backward
+        pass's tiles."""
         self.check_context(ctx)
         x = self._input_rows(ctx, start, stop)  # [b', 1, R, n_k]
         if torch.compiler.is_compiling():  # (the block's range is read eagerly)
@@ -188,10 +189,10 @@ class FIRE(SavesSettings, ScoreEncoding):
     def bias_tiles(self, ctx: AttentionContext, start: int, stop: int,
                    width: int) -> BiasTiles:
         """The rows of queries `start … stop−1` tile by tile, for the blocked attention path's
-        backward pass (see [BiasTiles][mmpe.encodings.base.BiasTiles] and
-        `FireTiles`): the distances and the normaliser
-        once per block, per tile the inputs and the MLP's ramps or pieces, and the gradient by
-        hand (no autograd graph of the block's pairs)."""
+        backward pass (see [BiasTiles][mmpe.encodings.base.BiasTiles] and `FireTiles` in
+        `mmpe.encodings._fire_tiles`): the distances and the normaliser once per block, per
+        tile the inputs and the MLP's ramps or pieces, and the gradient by hand (no autograd
+        graph of the block's pairs)."""
         self.check_context(ctx)
         d = distance_rows(ctx, start, stop).float()
         norm = self._norm_rows(ctx, start, stop)
