@@ -1,9 +1,9 @@
 """FIRE's MLP on one block of query rows, for the blocked attention path (Li et al. 2024, eq. 4).
 
 On the block's inputs `x ∈ [0, hi]` the MLP `f` is linear between the breakpoints (`cuts`) that
-fall in that range. With few of them below the inputs' bound (`RAMP_MAX_CUTS`) `f` is read as ramps shared by
-the heads, `f(x) = s₀·x + t₀ + Σ_m Δs_m·relu(x − c_m)` (`s₀, t₀` the piece at 0, `Δs_m` the
-change of slope at cut `c_m`): two passes per ramp and head, no gather. With more, each
+fall in that range. With few of them below the inputs' bound (`RAMP_MAX_CUTS`) `f` is read as
+ramps shared by the heads, `f(x) = s₀·x + t₀ + Σ_m Δs_m·relu(x − c_m)` (`s₀, t₀` the piece at
+0, `Δs_m` the change of slope at cut `c_m`): two passes per ramp and head, no gather. With more, each
 pair's piece is gathered (`slope[p]·x + intercept[p]`). The tiles of the backward pass take the
 gradient by hand: per piece from dot products (ramps) or sums by piece (gathers), and through
 `x = ψ(d) / ψ(max(L, extent))` to `c`, the normaliser and the distances from per-row sums,
