@@ -125,6 +125,11 @@ def _assert_same(a_run, b_run, labels, atol=1e-5, rtol=1e-5, param_tol=None) -> 
             continue
         bias_side = "." in label or label.startswith("extra")  # parameters and positions
         tol = param_tol if param_tol is not None and bias_side else (atol, rtol)
+        if bias_side and param_tol is None:
+            # a parameter's gradient sums float32 terms over every pair and head: its rounding
+            # follows its largest entry, not each entry (GaussianDistanceBias.means, whose
+            # largest is 1.46, differed by 2.6e-5: hypothesis found it)
+            tol = (max(tol[0], 3e-5 * float(b.abs().max())), tol[1])
         if label == "FIRE.c":
             # ∂/∂c is the difference of c's terms in ψ(d) and in the normaliser ψ(max(L, i)),
             # each up to ~2,000x larger than it where c is small (c = 7e-4: 135 against 0.06),
