@@ -202,11 +202,11 @@ class _BlockedPlan:
         """`dS` per block from the saved log-sum-exp; `dq, dk, dv` and the bias inputs'
         gradients from it. Within a block, batch entry by batch entry, tile by tile of
         `BLOCKED_KEY_TILE` keys and head by head within a tile (a tile's probabilities stay in
-        the cache across its five products; a term prepares a tile once for every head). A term with `bias_tiles` ([BiasTiles][mmpe.encodings.base.BiasTiles])
-        writes its bias into each tile and takes the tile's `dS` at once; the others' rows are
-        made for the block (`[b or 1, n_h or 1, R, n_k]`), and where one of them takes a
-        gradient, `dS` is written into the block's `[b, n_h, R, n_k]` gradient of the bias for
-        its pullback."""
+        the cache across its five products; a term prepares a tile once for every head). A
+        term with `bias_tiles` ([BiasTiles][mmpe.encodings.base.BiasTiles]) writes its bias
+        into each tile and takes the tile's `dS` at once; the others' rows are made for the
+        block (`[b or 1, n_h or 1, R, n_k]`), and where one of them takes a gradient, `dS` is
+        written into the block's `[b, n_h, R, n_k]` gradient of the bias for its pullback."""
         dq = torch.zeros_like(q, memory_format=torch.contiguous_format)
         dk = torch.zeros_like(k, memory_format=torch.contiguous_format)
         dv = torch.zeros_like(v, memory_format=torch.contiguous_format)

@@ -48,6 +48,14 @@ def piece_of(cuts: Tensor, x: Tensor) -> Tensor:
     return piece
 
 
+def on_pieces(slope: Tensor, intercept: Tensor, cuts: Tensor, x: Tensor) -> Tensor:
+    """The MLP on inputs `x [...]` as its linear pieces (`slope, intercept [W+1, n_h]`,
+    sorted `cuts [W]`), `[..., n_h]`: each input's piece, then one multiply-add per head
+    instead of a hidden layer per input (differentiable in all four)."""
+    piece = piece_of(cuts.detach(), x.detach())
+    return slope[piece] * x.unsqueeze(-1) + intercept[piece]
+
+
 class BlockMLP:
     """FIRE's MLP on the inputs of one block, `x ∈ [lo, hi]` (see the module's docstring).
 
@@ -89,8 +97,7 @@ class BlockMLP:
         operations, in order, of `chunks` and of
         the tiles' `write`)."""
         if not self.ramps:
-            piece = torch.searchsorted(self.cuts.detach(), x.detach().contiguous())
-            out = self.slope[piece] * x.unsqueeze(-1) + self.intercept[piece]
+            out = on_pieces(self.slope, self.intercept, self.cuts, x)
             return out.squeeze(1).permute(0, 3, 1, 2)
 
         def per_head(t: Tensor) -> Tensor:
@@ -196,28 +203,24 @@ class FireTiles(BiasTiles):
         size = rows * min(width, n_k)
         self.form = _HeadForm(mlp, size)
         self.ds = torch.empty(self.heads, size)
-        pieces = mlp.slope.shape
         if mlp.ramps:
             self.sums = torch.zeros(2, mlp.k + 2, self.heads, dtype=torch.float64)
         else:
-            self.grads = [torch.zeros(self.heads, pieces[0] * SCATTER_LANES) for _ in range(2)]
+            pieces = mlp.slope.shape[0]
+            self.grads = [torch.zeros(self.heads, pieces * SCATTER_LANES) for _ in range(2)]
             self.d_x = torch.empty(size)
         self.row_c = torch.zeros(batch, rows, dtype=torch.float64)
         self.row_x = torch.zeros(batch, rows, dtype=torch.float64)
         self.d_d = torch.zeros(batch, 1, rows, n_k) if d.requires_grad else None
         self.tile: tuple[int, int] | None = None
 
-    def _inputs(self, i: int, j: int) -> tuple[Tensor, Tensor]:
-        ii = min(i, self.x.shape[0] - 1)
-        cols = slice(j * self.width, min(self.n_k, (j + 1) * self.width))
-        x = self.x[ii, 0, :, cols].contiguous().view(-1)
-        d = self.dd[min(i, self.dd.shape[0] - 1), 0, :, cols]
-        return x, d
+    def _cols(self, j: int) -> slice:
+        return slice(j * self.width, min(self.n_k, (j + 1) * self.width))
 
     def write(self, out: Tensor, i: int, head: int, j: int, add: bool) -> None:
         if self.tile != (i, j):
             self.tile = (i, j)
-            x, _ = self._inputs(i, j)
+            x = self.x[min(i, self.x.shape[0] - 1), 0, :, self._cols(j)].contiguous().view(-1)
             self.form.prepare(x)
             if not self.mlp.ramps:
                 self.d_x[:x.numel()].zero_()
@@ -237,14 +240,14 @@ class FireTiles(BiasTiles):
 
     def _finish(self, i: int, j: int, n: int) -> None:
         """The tile's gradients once every head's `dS` is in."""
-        x, d = self._inputs(i, j)
+        x, cols = self.form.x, self._cols(j)  # the inputs its first head prepared
+        d = self.dd[min(i, self.dd.shape[0] - 1), 0, :, cols]
         ds = self.ds[:, :n]
         if self.mlp.ramps:
             d_x = self._ramp_sums(x, ds, n)
         else:
             d_x = self.d_x[:n]
         d_x = d_x.view(d.shape)
-        cols = slice(j * self.width, j * self.width + d.shape[1])
         # ψ(d) = log(|c·d| + 1), d >= 0: ∂ψ/∂c = sign(c)·d / (|c|·d + 1), the ratio per block
         ratio = self.ratio[min(i, self.ratio.shape[0] - 1), 0, :, cols]
         self.row_c[i] += torch.mul(d_x, ratio).sum(-1).double()

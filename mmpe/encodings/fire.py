@@ -10,7 +10,12 @@ from torch import Tensor, nn
 from mmpe.coords.base import index_grid
 from mmpe.coords.capabilities import Metric
 from mmpe.encodings._fire_pieces import piecewise_score_mod
-from mmpe.encodings._fire_tiles import BlockMLP, FireTiles, piece_of
+from mmpe.encodings._fire_tiles import (
+    BlockMLP,
+    FireTiles,
+    on_pieces,
+    piece_of,  # noqa: F401  (its old home, still importable)
+)
 from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import (
     AttentionContext,
@@ -110,9 +115,7 @@ class FIRE(SavesSettings, ScoreEncoding):
     def _on_pieces(self, x: Tensor) -> Tensor:
         """The MLP on inputs `x [...]` as its linear pieces, `[..., n_h]`: each input's piece,
         then one multiply-add per head instead of a hidden layer per input."""
-        slope, intercept, cuts = self.pieces()
-        piece = piece_of(cuts, x.detach())
-        return slope[piece] * x.unsqueeze(-1) + intercept[piece]
+        return on_pieces(*self.pieces(), x)
 
     def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
         """The MLP on the pairs of queries `start … stop−1`, `[b or 1, n_h, stop−start, n_k]`
@@ -127,23 +130,26 @@ class FIRE(SavesSettings, ScoreEncoding):
         mlp = BlockMLP(*self._pieces(), x, self._input_bound(ctx))
         return mlp.rows(x) if torch.is_grad_enabled() else mlp.chunks(x)
 
-    def _norm_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
-        """`ψ(max(L, extent)) + eps` of queries `start … stop−1`, `[b or 1, 1, R, 1]`."""
+    def _extent_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+        """The coordinates' extent of queries `start … stop−1`, `[b or 1, 1, R, 1]` float32."""
         coords = ctx.coords
         b, _, q, _ = index_grid(coords.batch_size or 1, 1, coords.num_queries, 1, coords.device)
-        i = coords.extent(q[:, :, start:stop], b).float()
-        return self._psi(torch.maximum(i, self._threshold())) + self.eps
+        return coords.extent(q[:, :, start:stop], b).float()
+
+    def _normaliser(self, extent: Tensor) -> Tensor:
+        return self._psi(torch.maximum(extent, self._threshold())) + self.eps
+
+    def _norm_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+        """`ψ(max(L, extent)) + eps` of queries `start … stop−1`, `[b or 1, 1, R, 1]`."""
+        return self._normaliser(self._extent_rows(ctx, start, stop))
 
     @torch.no_grad()
     def _input_bound(self, ctx: AttentionContext) -> Tensor:
         """The largest input `ψ(extent) / ψ(max(L, extent))` over the queries (0-d): a bound on
         every pair's input where no distance exceeds its query's extent (points: the
         diameter; graphs; causal sequences)."""
-        coords = ctx.coords
-        b, _, q, _ = index_grid(coords.batch_size or 1, 1, coords.num_queries, 1, coords.device)
-        extent = coords.extent(q, b).float()
-        return (self._psi(extent) / (self._psi(torch.maximum(extent, self._threshold()))
-                                     + self.eps)).amax()
+        extent = self._extent_rows(ctx, 0, ctx.coords.num_queries)
+        return (self._psi(extent) / self._normaliser(extent)).amax()
 
     def _input_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
         """The MLP's input `ψ(d) / ψ(max(L, extent))` on the rows' pairs, `[b or 1, 1, R,
