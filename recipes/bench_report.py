@@ -11,8 +11,11 @@ commit). README.md and the docs hold the tables between markers::
 Options after the script's stem: `table=ID` (required), `runs=N` (the newest N stored runs
 of that table, counting a run that measured only some rows as one; default all), `columns="a,b"` (pick and order columns; text columns are always the row
 labels that identify a row across runs), `rows=newest` (each row from the runs of the newest
-commit that measured it: rows re-measured after a change show only the new numbers). Only
-runs with the newest run's `config` (sizes, repeats) are combined. A numeric cell is `min–max` over the runs holding that row (one value
+commit that measured it: rows re-measured after a change show only the new numbers),
+`host="text"` (only runs on a machine whose name contains `text`; without it, those of the
+newest run's machine: a ratio to the unbiased layer is a property of the CPU, and a cell's
+range over two CPUs would be neither's). Only runs with the newest run's `config` (sizes,
+repeats) are combined. A numeric cell is `min–max` over the runs holding that row (one value
 where they agree to the column's format); a generated caption names the runs, dates, hosts,
 threads and torch versions. `mmpe report --write/--check` renders these blocks beside the
 `mmpe:report` ones, and a test fails where a page differs from what the store renders, so a
@@ -51,6 +54,7 @@ class BenchBlock:
     runs: int | None = None
     columns: tuple[str, ...] | None = None
     newest_rows: bool = False
+    host: str | None = None
     args: str = ""
 
     @classmethod
@@ -80,9 +84,14 @@ class BenchBlock:
                 if value != "newest":
                     raise ValueError(f"mmpe:bench block {args!r}: rows must be 'newest'")
                 fields["newest_rows"] = True
+            elif name == "host":
+                if not value:
+                    raise ValueError(f"mmpe:bench block {args!r}: host must name a machine "
+                                     '(host="AMD EPYC")')
+                fields["host"] = value
             else:
                 raise ValueError(f"mmpe:bench block {args!r}: unknown key {name!r} "
-                                 "(known: table, runs, columns, rows)")
+                                 "(known: table, runs, columns, rows, host)")
         if not fields.get("table"):
             raise ValueError(f"mmpe:bench block {args!r}: give the table (table=ID)")
         return cls(**fields)
@@ -102,11 +111,12 @@ def read(store: str | Path, bench: str) -> list[dict[str, Any]]:
 
 
 def select(block: BenchBlock, records: list[dict[str, Any]], where: str = "") -> list[dict]:
-    """The runs a block renders: its table, the newest run's config, the newest `runs`.
+    """The runs a block renders: its table, its `host` (else the newest run's), the newest
+    run's config, the newest `runs`.
 
     Raises:
-        ValueError: no stored run of the script or of the table (names the block and what is
-            stored).
+        ValueError: no stored run of the script or of the table, or none on the block's host
+            (names the block and what is stored).
     """
     if not records:
         raise ValueError(f"mmpe:bench block {block.args!r}: no stored runs of {block.bench!r}"
@@ -117,6 +127,16 @@ def select(block: BenchBlock, records: list[dict[str, Any]], where: str = "") ->
         known = sorted({r["table"] for r in records})
         raise ValueError(f"mmpe:bench block {block.args!r}: {block.bench!r} has no stored "
                          f"table {block.table!r} (stored: {', '.join(known)})")
+    if block.host is not None:
+        on_host = [r for r in runs if block.host in str(r.get("host", ""))]
+        if not on_host:
+            known = sorted({str(r.get("host", "?")) for r in runs})
+            raise ValueError(f"mmpe:bench block {block.args!r}: no stored run of table "
+                             f"{block.table!r} on a host containing {block.host!r} (hosts: "
+                             f"{', '.join(known)})")
+        runs = on_host
+    else:
+        runs = [r for r in runs if r.get("host") == runs[-1].get("host")]
     config = runs[-1].get("config")
     runs = [r for r in runs if r.get("config") == config]
     return runs[-block.runs:] if block.runs else runs

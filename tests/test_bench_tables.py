@@ -101,6 +101,33 @@ def test_only_runs_of_the_newest_config_are_combined(tmp_path):
     assert "| RoPE apply | HF | 1.00 | 3.00 |" in _render(tmp_path, "bench_toy table=peers")
 
 
+def _set_hosts(tmp_path, hosts, bench="bench_toy"):
+    path = tmp_path / "bench" / f"{bench}.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    for record, host in zip(records, hosts, strict=True):
+        record["host"] = host
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_runs_of_one_machine_are_combined(tmp_path):
+    # A ratio to the unbiased layer belongs to its CPU: the EPYC's 3.00 and the Xeon's 1.50
+    # never make one "1.50–3.00" cell. Without host=, the newest run's machine; with it, the
+    # named one; a host with no run names the stored ones.
+    _write(tmp_path, _table((3.0, 0.5)))
+    _write(tmp_path, _table((1.5, 0.5)))
+    _set_hosts(tmp_path, ["AMD EPYC", "Intel(R) Xeon(R) Processor"])
+    newest = _render(tmp_path, "bench_toy table=peers")
+    assert "| RoPE apply | HF | 1.00 | 1.50 |" in newest and "Xeon" in newest
+    assert "AMD" not in newest
+    amd = _render(tmp_path, 'bench_toy table=peers host="AMD EPYC"')
+    assert "| RoPE apply | HF | 1.00 | 3.00 |" in amd and "Xeon" not in amd
+    with pytest.raises(ValueError, match="no stored run of table 'peers' on a host containing "
+                                         "'ARM'.*AMD EPYC, Intel"):
+        _render(tmp_path, "bench_toy table=peers host=ARM")
+    with pytest.raises(ValueError, match="host must name a machine"):
+        _render(tmp_path, "bench_toy table=peers host=")
+
+
 def test_rows_newest_shows_each_row_from_its_newest_commit(tmp_path):
     # The grid rows re-measured after a change of the code (commit bbb) replace those of aaa,
     # a new row (peer) sits among them in the new run's order; the points row, measured at aaa

@@ -144,6 +144,11 @@ class _BlockedPlan:
     def run(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """Attention output `[b, n_h, n_q, h_d]` (`q [b, n_h, n_q, h_d]`, `k, v [b, n_h, n_k,
         h_d]`, heads already expanded)."""
+        # The fused kernel reads a block's queries and every key and value in each call: from
+        # contiguous heads rather than the projections' `[b, n, n_h, h_d]` strides (4,096
+        # points, one thread, on a Xeon with AVX-512: ALiBi's step 1.45 s → 1.32 s, FIRE's
+        # 1.96 s → 1.89 s; on a grid, where the kernel is called once per group, ~1 %).
+        q, k, v = (t.contiguous() for t in (q, k, v))
         inputs = bias_inputs(self) if torch.is_grad_enabled() else []
         if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *inputs)):
             return _BlockedAttention.apply(self, q, k, v, *inputs)
