@@ -714,3 +714,57 @@ def test_bias_rows_leave_the_coordinates_alone(name) -> None:
         assert torch.equal(first, again)
         if before is not None:
             assert torch.equal(coords.distance_rows(0, n), before)
+
+
+@SETTINGS
+@given(case=st.sampled_from([("points", "alibi"), ("points", "kerple_log"), ("points", "fire"),
+                             ("graph", "alibi"), ("graph", "graphormer_spatial"),
+                             ("graph", "fire")]),
+       n=st.integers(2, 17), heads=st.integers(1, 3), seed=st.integers(0, 2**16))
+def test_two_terms_of_one_kind_equal_math_path(small_blocks, case, n, heads, seed) -> None:
+    # Two instances of one encoding take scratch blocks at the same call sites
+    # (`mmpe._scratch`): each keeps its own, and neither overwrites the other's.
+    kind, name = case
+    coords = _points(2, n, seed, padded=False)[0] if kind == "points" else _lattice(n)
+    encs = _encodings([name], heads, seed) + _encodings([name], heads, seed + 1)
+    fast = _run(encs, coords, heads, "sdpa", seed, expect_blocked=True)
+    slow = _run(encs, coords, heads, "math", seed)
+    _assert_same(fast, slow, _labels(encs, 0))
+
+
+@pytest.mark.parametrize("kind", ["points", "graph"])
+def test_blocks_reuse_one_storage(small_blocks, kind) -> None:
+    # Each block's rows refill the previous block's storage (a fresh multi-MB block costs its
+    # page faults), which needs the path to let go of a block before asking for the next.
+    coords = _points(None, 16, 0, padded=False, grad=False)[0] if kind == "points" \
+        else _lattice(16)
+    attn = MultiHeadAttention(8, 2, _encodings(["alibi"], 2, 0))
+    seen = []
+    real = type(attn.scores[0]).bias_rows
+
+    def spy(self, ctx, start, stop):
+        rows = real(self, ctx, start, stop)
+        seen.append(rows.data_ptr())
+        return rows
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(type(attn.scores[0]), "bias_rows", spy)
+        with torch.no_grad():
+            attn(torch.randn(1, 16, 8), coords)
+    assert len(seen) > 2 and len(set(seen)) == 1
+
+
+def test_rows_kept_across_blocks_are_not_overwritten() -> None:
+    # A caller that keeps a block's rows while asking for the next gets new storage.
+    from mmpe._scratch import reuse_blocks
+
+    coords = _points(None, 12, 0, padded=False, grad=False)[0]
+    for name in ["alibi", "kerple_log", "fire"]:
+        enc = _encodings([name], 2, 0)[0]
+        ctx = AttentionContext(coords, 2, 4, 1)
+        with torch.no_grad():
+            expected = [enc.bias_rows(ctx, s, s + 4).clone() for s in (0, 4, 8)]
+            with reuse_blocks():
+                kept = [enc.bias_rows(ctx, s, s + 4) for s in (0, 4, 8)]
+        for a, b in zip(kept, expected, strict=True):
+            assert torch.equal(a, b), name

@@ -48,6 +48,7 @@ from collections.abc import Sequence as Seq
 import torch
 from torch import Tensor
 
+from mmpe._scratch import reuse_blocks
 from mmpe.attention.flash import _attend_block, _attend_block_backward
 from mmpe.attention.masks import _cast_bias
 from mmpe.attention.memory import _bias_bytes, block_bytes
@@ -156,6 +157,7 @@ class _BlockedPlan:
 
     # -- forward ------------------------------------------------------------------------------
     @torch.no_grad()
+    @reuse_blocks()  # each block's distance and term rows in the last one's storage
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Output `[b, n_h, n_q, h_d]` and each query's log-sum-exp `[b, n_h, n_q]` (float32,
         float64 for float64 q; 0 on a fully masked row, whose output is 0)."""
@@ -164,8 +166,9 @@ class _BlockedPlan:
         lse = q.new_empty(b, h, self.n_q,
                           dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
         for start, stop in self.blocks(self.forward_rows):
-            bias = self.bias(start, stop, q.dtype)
-            o, m = _attend_block(q[:, :, start:stop], k, v, bias, self.scale)
+            # (the bias is not bound to a name: its storage is free for the next block's)
+            o, m = _attend_block(q[:, :, start:stop], k, v, self.bias(start, stop, q.dtype),
+                                 self.scale)
             out[:, :, start:stop], lse[:, :, start:stop] = o, m
         return out, lse
 
@@ -185,6 +188,7 @@ class _BlockedPlan:
         return (dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None,
                 *grads)
 
+    @reuse_blocks()  # each block's distance and term rows in the last one's storage
     def _fused_backward(self, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                         d_out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The fused kernel's backward per block (the bias a constant)."""
@@ -193,15 +197,15 @@ class _BlockedPlan:
         dv = torch.zeros_like(v, memory_format=torch.contiguous_format)
         for start, stop in self.blocks(self.forward_rows):
             rows = slice(start, stop)
-            bias = self.bias(start, stop, q.dtype)
             dq_b, dk_b, dv_b = _attend_block_backward(
-                d_out[:, :, rows], q[:, :, rows], k, v, out[:, :, rows], lse[:, :, rows], bias,
-                self.scale)
+                d_out[:, :, rows], q[:, :, rows], k, v, out[:, :, rows], lse[:, :, rows],
+                self.bias(start, stop, q.dtype), self.scale)
             dq[:, :, rows] = dq_b
             dk += dk_b
             dv += dv_b
         return dq, dk, dv
 
+    @reuse_blocks()  # each block's distance and term rows in the last one's storage
     def _bias_backward(self, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                        d_out: Tensor, inputs: Seq[Tensor], needs: Seq[bool]):
         """`dS` per block from the saved log-sum-exp; `dq, dk, dv` and the bias inputs'
@@ -266,6 +270,7 @@ class _BlockedPlan:
                 for i, g in zip(wanted, got, strict=True):
                     if g is not None:
                         grads[i] = g if grads[i] is None else grads[i] + g
+            del tiles, raw, pullbacks, pulls, pairs  # their blocks' storage: the next block's
         return dq, dk, dv, grads
 
     def pullback_bias(self, start: int, stop: int,

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from mmpe._scratch import block_empty
 from mmpe.coords.base import Coordinates, MaskMod
 
 __all__ = ["Points"]
@@ -200,12 +201,16 @@ class Points(Coordinates):
             if grad:
                 diff = a[:, start:stop, None] - a[:, None, :]  # [b or 1, rows, n]
                 acc = diff * diff if acc is None else acc + diff * diff
-            elif acc is None:
-                acc = a[:, start:stop, None] - a[:, None, :]
-                acc.mul_(acc)
-            else:  # one scratch block for the later axes (a fresh block costs page faults)
-                buf = torch.sub(a[:, start:stop, None], a[:, None, :], out=buf)
-                acc.add_(buf.mul_(buf))
+            else:  # in place, in scratch blocks (a fresh block costs its page faults)
+                shape = (a.shape[0], stop - start, a.shape[1])
+                rows, cols = a[:, start:stop, None], a[:, None, :]
+                if acc is None:
+                    acc = torch.sub(rows, cols, out=self._block("acc", shape, a))
+                    acc.mul_(acc)
+                else:
+                    buf = torch.sub(rows, cols, out=self._block("diff", shape, a)
+                                    if buf is None else buf)
+                    acc.add_(buf.mul_(buf))
         if grad:
             nonzero = acc > 0
             dist = torch.where(nonzero, torch.sqrt(torch.where(nonzero, acc, torch.ones_like(acc))),
@@ -218,6 +223,9 @@ class Points(Coordinates):
             dist = torch.where(real, dist, torch.zeros_like(dist)) if grad \
                 else dist.masked_fill_(~real, 0.0)
         return dist[:, None]
+
+    def _block(self, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
+        return block_empty((id(self), name), shape, like.dtype, like.device)
 
     def extent(self, q_idx: Tensor, b: Tensor | None = None) -> Tensor:
         """Diameter of the query's example (`units`, float32), broadcast to the indices' shape."""

@@ -109,13 +109,14 @@ class BlockMLP:
         return out
 
     @torch.no_grad()
-    def chunks(self, x: Tensor) -> Tensor:
+    def chunks(self, x: Tensor, out: Tensor | None = None) -> Tensor:
         """`rows` without a graph, the same numbers,
         chunk by chunk of `ROW_CHUNK` pairs in the cache (the ramps once per chunk for every
-        head)."""
+        head); into `out` (`[b', n_h, R, n_k]`, contiguous) where given."""
         heads, chunk = self.slope.shape[1], ROW_CHUNK * 4  # (fewer operations per pair)
         flat_x = x.reshape(x.shape[0], -1)
-        out = x.new_empty(x.shape[0], heads, *x.shape[2:])
+        if out is None:
+            out = x.new_empty(x.shape[0], heads, *x.shape[2:])
         flat_out = out.view(*out.shape[:2], -1)
         head_form = _HeadForm(self, min(chunk, flat_x.shape[1]))
         for i in range(out.shape[0]):

@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from mmpe._scratch import block_empty
 from mmpe.coords.capabilities import Metric
 from mmpe.encodings._precision import KeepDtype
 from mmpe.encodings._state import SavesSettings
@@ -121,7 +122,12 @@ class ALiBi(KeepDtype, SavesSettings, ScoreEncoding):
         unit = self.distance_unit
         if unit != 1.0:
             dist = dist / unit
-        return dist * -self.slopes.float()[:, None, None]
+        slopes = -self.slopes.float()[:, None, None]
+        if torch.is_grad_enabled() and (dist.requires_grad or slopes.requires_grad):
+            return dist * slopes
+        shape = (dist.shape[0], slopes.shape[0], *dist.shape[2:])
+        out = block_empty((id(self), "rows"), shape, torch.result_type(dist, slopes), dist.device)
+        return torch.mul(dist, slopes, out=out)
 
     def relation_bias(self, ctx: AttentionContext, relation: Tensor) -> Tensor:
         """`−m_h · |relation|` on `toeplitz` coordinates, `[n_h, m]` float32."""

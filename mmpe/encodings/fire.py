@@ -7,6 +7,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from mmpe._scratch import block_empty
 from mmpe.coords.base import index_grid
 from mmpe.coords.capabilities import Metric
 from mmpe.encodings._fire_pieces import piecewise_score_mod
@@ -128,7 +129,10 @@ class FIRE(SavesSettings, ScoreEncoding):
         if torch.compiler.is_compiling():  # (the block's range is read eagerly)
             return self._on_pieces(x).squeeze(1).permute(0, 3, 1, 2)
         mlp = BlockMLP(*self._pieces(), x, self._input_bound(ctx))
-        return mlp.rows(x) if torch.is_grad_enabled() else mlp.chunks(x)
+        if torch.is_grad_enabled():
+            return mlp.rows(x)
+        shape = (x.shape[0], self.num_heads, *x.shape[2:])
+        return mlp.chunks(x, out=block_empty((id(self), "rows"), shape, x.dtype, x.device))
 
     def _extent_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
         """The coordinates' extent of queries `start … stop−1`, `[b or 1, 1, R, 1]` float32."""
@@ -164,7 +168,8 @@ class FIRE(SavesSettings, ScoreEncoding):
     def _psi_rows(self, d: Tensor) -> Tensor:
         """`ψ(d)` without a graph, one new block (the operations of `_psi`, the later ones in
         place: each fresh block costs its page faults; `d` may be the coordinates' own)."""
-        return torch.mul(self.c.detach().float(), d).abs_().add_(1.0).log_()
+        out = block_empty((id(self), "psi"), d.shape, torch.float32, d.device)
+        return torch.mul(self.c.detach().float(), d, out=out).abs_().add_(1.0).log_()
 
     def bias_rows_vjp(self, ctx: AttentionContext, start: int,
                       stop: int) -> tuple[Tensor, Callable]:

@@ -24,6 +24,7 @@ from weakref import WeakKeyDictionary
 import torch
 from torch import Tensor, nn
 
+from mmpe._scratch import block_empty
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import GraphEdges, GraphLayout, VirtualNode
 from mmpe.coords.graph import UNREACHABLE, VIRTUAL
@@ -48,12 +49,14 @@ PAPER = ("Ying et al. 2021, Do Transformers Really Perform Bad for Graph Represe
 _PATH_CODES: WeakKeyDictionary[Any, dict[Any, Any]] = WeakKeyDictionary()
 
 
-def spatial_buckets(spd: Tensor, max_distance: int) -> Tensor:
-    """Map `spd` codes (`GraphLayout`) to bucket ids: hops clipped to `[0, max_distance]`,
-    unreachable → `max_distance + 1`, virtual-token pairs → `max_distance + 2`."""
-    clipped = spd.clamp(min=0, max=max_distance)
-    out = torch.where(spd == UNREACHABLE, torch.full_like(spd, max_distance + 1), clipped)
-    return torch.where(spd == VIRTUAL, torch.full_like(spd, max_distance + 2), out)
+def spatial_buckets(spd: Tensor, max_distance: int, out: Tensor | None = None) -> Tensor:
+    """Map `spd` codes (`GraphLayout`) to bucket ids (`spd`'s dtype; into `out` where given,
+    of `spd`'s shape): hops clipped to `[0, max_distance]`, unreachable → `max_distance + 1`,
+    virtual-token pairs → `max_distance + 2`."""
+    out = torch.clamp(spd, min=0, max=max_distance, out=out) if out is not None \
+        else spd.clamp(min=0, max=max_distance)
+    out.masked_fill_(spd == UNREACHABLE, max_distance + 1)
+    return out.masked_fill_(spd == VIRTUAL, max_distance + 2)
 
 
 @register("graphormer_spatial", hook="score", needs=(GraphLayout,), learnable=True,
@@ -117,11 +120,12 @@ class GraphormerSpatial(ScoreEncoding):
         Returns the rows `[b, n_h, R, n]` and the map `dS [b, n_h, R, n]` → `([table],
         [d_table])` (`table`, `d_table` `[max_distance + 3, n_h]`)."""
         self.check_context(ctx)
-        buckets = spatial_buckets(ctx.coords.spd[:, start:stop], self.max_distance)
+        buckets = self._buckets(ctx, start, stop)
         table = self.table
         with torch.no_grad():
             per_head = table.detach().t().contiguous()  # [n_h, buckets]
-            rows = buckets.new_empty(per_head.shape[0], *buckets.shape, dtype=table.dtype)
+            rows = block_empty((id(self), "rows"), (per_head.shape[0], *buckets.shape),
+                               table.dtype, buckets.device)
             flat = buckets.reshape(-1)
             for head, values in enumerate(per_head):  # index_select: ~3× torch.take's speed
                 torch.index_select(values, 0, flat, out=rows[head].view(-1))
@@ -144,9 +148,15 @@ class GraphormerSpatial(ScoreEncoding):
         codes once (contiguous per tile), per head and tile a gather from the head's column of
         `b_φ` and a `scatter_add` of the tile's `dS` into the head's gradient."""
         self.check_context(ctx)
-        return _SpatialTiles(self.table,
-                             spatial_buckets(ctx.coords.spd[:, start:stop], self.max_distance),
-                             width)
+        return _SpatialTiles(self.table, self._buckets(ctx, start, stop), width)
+
+    def _buckets(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+        """The bucket codes of queries `start … stop−1`, `[b, R, n]` (a scratch block: see
+        `mmpe._scratch`)."""
+        spd = ctx.coords.spd[:, start:stop]
+        return spatial_buckets(spd, self.max_distance,
+                               out=block_empty((id(self), "buckets"), spd.shape, spd.dtype,
+                                               spd.device))
 
 
 class _SpatialTiles(BiasTiles):

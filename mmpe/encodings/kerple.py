@@ -7,6 +7,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from mmpe._scratch import block_empty
 from mmpe.coords.capabilities import Metric
 from mmpe.encodings._content import check_positive_int
 from mmpe.encodings.base import (
@@ -105,7 +106,8 @@ class KerpleLog(_Kerple):
         r1, r2 = self.constrained()
         dist = distance_rows(ctx, start, stop)  # [b', 1, R, n_k]
         dtype = torch.result_type(dist, r2)
-        out = dist.new_empty(dist.shape[0], self.num_heads, *dist.shape[2:], dtype=dtype)
+        out = block_empty((id(self), "rows"), (dist.shape[0], self.num_heads, *dist.shape[2:]),
+                          dtype, dist.device)
         flat_d, flat_out = dist.reshape(dist.shape[0], -1).to(dtype), out.view(*out.shape[:2], -1)
         neg_r1, r2 = (-r1).to(dtype), r2.to(dtype)
         for i in range(out.shape[0]):

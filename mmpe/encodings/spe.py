@@ -71,6 +71,12 @@ class SPE(SavesSettings, ScoreEncoding):
     def pair_bias(self, vecs: Tensor, vals: Tensor, mask: Tensor) -> Tensor:
         """`vecs [b, n, k]`, `vals [b, k]`, column mask `[b, k]` → `Z [b, n_h, n, n]` float32
         (`φ` upcast to float32)."""
+        if mask.numel() and not torch.compiler.is_compiling():
+            # only the columns some graph has: a k past every graph's spectrum then gives the
+            # same numbers as a k that just covers it (zero columns changed the sums' rounding)
+            used = torch.nonzero(mask.any(0))
+            width = int(used.max()) + 1 if used.numel() else 0
+            vecs, vals, mask = vecs[..., :width], vals[:, :width], mask[:, :width]
         with torch.autocast(vecs.device.type, enabled=False):
             w = [p.float() for p in self.phi.parameters()]
             lam = vals.float()[..., None]  # [b, k, 1]
