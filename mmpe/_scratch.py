@@ -53,10 +53,11 @@ def block_empty(key: Hashable, shape: Sequence[int], dtype: torch.dtype,
 
     `key` names the call site and the object it serves (e.g. `(id(self), "rows")`), so that two
     encodings of one layer never share a block."""
+    if torch.compiler.is_compiling():  # (nothing to reuse in a traced graph)
+        return torch.empty(shape, dtype=dtype, device=device)
     pools = getattr(_local, "pools", None)
     device = torch.device(device)
-    if (not pools or device.type != "cpu" or _use_count is None
-            or torch.compiler.is_compiling()):
+    if not pools or device.type != "cpu" or _use_count is None:
         return torch.empty(shape, dtype=dtype, device=device)
     pool, numel = pools[-1], math.prod(shape)
     buf = pool.get(key)

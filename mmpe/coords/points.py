@@ -225,6 +225,8 @@ class Points(Coordinates):
         return dist[:, None]
 
     def _block(self, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
+        if torch.compiler.is_compiling():  # (an id() in a traced graph is a guard per object)
+            return torch.empty(shape, dtype=like.dtype, device=like.device)
         return block_empty((id(self), name), shape, like.dtype, like.device)
 
     def extent(self, q_idx: Tensor, b: Tensor | None = None) -> Tensor:

@@ -123,7 +123,8 @@ class ALiBi(KeepDtype, SavesSettings, ScoreEncoding):
         if unit != 1.0:
             dist = dist / unit
         slopes = -self.slopes.float()[:, None, None]
-        if torch.is_grad_enabled() and (dist.requires_grad or slopes.requires_grad):
+        if torch.compiler.is_compiling() or (
+                torch.is_grad_enabled() and (dist.requires_grad or slopes.requires_grad)):
             return dist * slopes
         shape = (dist.shape[0], slopes.shape[0], *dist.shape[2:])
         out = block_empty((id(self), "rows"), shape, torch.result_type(dist, slopes), dist.device)

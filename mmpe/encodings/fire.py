@@ -168,6 +168,8 @@ class FIRE(SavesSettings, ScoreEncoding):
     def _psi_rows(self, d: Tensor) -> Tensor:
         """`ψ(d)` without a graph, one new block (the operations of `_psi`, the later ones in
         place: each fresh block costs its page faults; `d` may be the coordinates' own)."""
+        if torch.compiler.is_compiling():
+            return torch.mul(self.c.detach().float(), d).abs_().add_(1.0).log_()
         out = block_empty((id(self), "psi"), d.shape, torch.float32, d.device)
         return torch.mul(self.c.detach().float(), d, out=out).abs_().add_(1.0).log_()
 
