@@ -267,6 +267,26 @@ def test_spe_with_constant_phi_is_the_eigenspace_projector() -> None:
     assert not torch.allclose(z, 2.0 * torch.eye(n), atol=1e-3)  # control
 
 
+@pytest.mark.parametrize("extra", [1, 5, 40])
+def test_spe_past_the_spectrum_gives_the_same_numbers(extra: int) -> None:
+    # A k past every graph's spectrum adds columns that are masked out: the bias must be the
+    # one of a k that just covers it, bit for bit (the zero columns once entered the sums and
+    # changed their last bits on an AVX-512 CPU), in a batch of graphs of different sizes too.
+    both = torch.cat((cycle(5), cycle(7) + 5), dim=1)
+    for graph in (mmpe.Graph(cycle(5), 5), mmpe.Graph(cycle(7), 7),
+                  mmpe.Graph(both, 12, batch=torch.tensor([0] * 5 + [1] * 7))):
+        width = graph.num_queries - 1 if graph.batch_size in (None, 1) else 6
+        torch.manual_seed(0)
+        exact = mmpe.build("spe", num_heads=3, k=width, hidden=8)
+        more = mmpe.build("spe", num_heads=3, k=width + extra, hidden=8)
+        more.load_state_dict(exact.state_dict())
+        heads = ctx(graph, heads=3)
+        assert torch.equal(more.bias(heads), exact.bias(heads))
+        smaller = mmpe.build("spe", num_heads=3, k=width - 1, hidden=8)  # control
+        smaller.load_state_dict(exact.state_dict())
+        assert not torch.allclose(smaller.bias(heads), exact.bias(heads), atol=1e-4)
+
+
 # ------------------------------------------------------------------------------------ MagLap
 @SETTINGS
 @given(graphs, st.floats(0.0, 0.5), st.sampled_from(["sym", None]))

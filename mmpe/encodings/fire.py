@@ -166,8 +166,9 @@ class FIRE(SavesSettings, ScoreEncoding):
         return self._psi_rows(d).div_(norm)
 
     def _psi_rows(self, d: Tensor) -> Tensor:
-        """`ψ(d)` without a graph, one new block (the operations of `_psi`, the later ones in
-        place: each fresh block costs its page faults; `d` may be the coordinates' own)."""
+        """`ψ(d)` without a graph, in one scratch block (`mmpe._scratch`; the operations of
+        `_psi`, the later ones in place: each fresh block costs its page faults; `d` may be the
+        coordinates' own, so never in place on it)."""
         if torch.compiler.is_compiling():
             return torch.mul(self.c.detach().float(), d).abs_().add_(1.0).log_()
         out = block_empty((id(self), "psi"), d.shape, torch.float32, d.device)
