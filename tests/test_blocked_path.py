@@ -520,8 +520,23 @@ def test_bias_rows_vjp_equals_autograd(name, heads, batch, grad_positions, seed,
     assert torch.equal(rows.expand_as(ref_rows), ref_rows)
     with torch.no_grad():  # the forward pass's rows are the same numbers
         assert torch.equal(enc.bias_rows(ctx, start, stop), ref_rows.detach())
-    for a, b in zip(fast, ref, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    for w, a, b in zip(wrt, fast, ref, strict=True):
+        atol = 1e-5
+        if name == "fire" and w is enc.c:
+            # ∂/∂c is the difference of its terms through ψ(d) and through the normaliser,
+            # each known to float32 precision (hypothesis: c = 0.0174, terms of 10.0, gradient
+            # -0.163, the two sides 5.1e-5 apart): the tolerance follows the terms' size
+            atol += 1e-5 * _fire_c_term_scale(enc, ctx, start, stop, d_bias)
+        torch.testing.assert_close(a, b, atol=atol, rtol=1e-4)
+
+
+def _fire_c_term_scale(enc, ctx, start, stop, d_bias) -> float:
+    """`|∂/∂c|` of `Σ dS ⊙ rows` through `ψ(d)` alone (the normaliser held fixed)."""
+    real = enc._norm_rows
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(enc, "_norm_rows", lambda *args: real(*args).detach())
+        (grad,) = torch.autograd.grad((enc.bias_rows(ctx, start, stop) * d_bias).sum(), enc.c)
+    return float(grad.detach().abs())
 
 
 @pytest.mark.parametrize("name", ["kerple_log", "fire", "graphormer_spatial"])
