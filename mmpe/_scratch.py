@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -46,20 +46,21 @@ def _free(buf: Tensor) -> bool:
     return _use_count(storage._cdata) <= 2
 
 
-def block_empty(key: Hashable, shape: Sequence[int], dtype: torch.dtype,
+def block_empty(owner: object, name: str, shape: Sequence[int], dtype: torch.dtype,
                 device: torch.device) -> Tensor:
     """An uninitialised contiguous tensor of `shape`, as `torch.empty`; inside `reuse_blocks()`
-    on the CPU, the storage call site `key` had before where it is free and large enough.
+    on the CPU, the storage that call site `name` of `owner` had before, where it is free and
+    large enough.
 
-    `key` names the call site and the object it serves (e.g. `(id(self), "rows")`), so that two
-    encodings of one layer never share a block."""
-    if torch.compiler.is_compiling():  # (nothing to reuse in a traced graph)
-        return torch.empty(shape, dtype=dtype, device=device)
+    `owner` is the object the block serves (an encoding, the coordinates), so that two encodings
+    of one layer never share a block."""
+    if torch.compiler.is_compiling():  # (nothing to reuse in a traced graph; an id() there
+        return torch.empty(shape, dtype=dtype, device=device)  # would guard on each object)
     pools = getattr(_local, "pools", None)
     device = torch.device(device)
     if not pools or device.type != "cpu" or _use_count is None:
         return torch.empty(shape, dtype=dtype, device=device)
-    pool, numel = pools[-1], math.prod(shape)
+    pool, numel, key = pools[-1], math.prod(shape), (id(owner), name)
     buf = pool.get(key)
     if buf is None or buf.dtype != dtype or buf.numel() < numel or not _free(buf):
         buf = pool[key] = torch.empty(numel, dtype=dtype, device=device)

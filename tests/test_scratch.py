@@ -14,8 +14,11 @@ from mmpe._scratch import block_empty, reuse_blocks
 CPU = torch.device("cpu")
 
 
-def _block(key="k", shape=(4, 8), dtype=torch.float32):
-    return block_empty(key, shape, dtype, CPU)
+OWNER, OTHER = object(), object()
+
+
+def _block(name="k", shape=(4, 8), dtype=torch.float32, owner=OWNER):
+    return block_empty(owner, name, shape, dtype, CPU)
 
 
 def test_outside_the_context_every_block_is_new():
@@ -44,8 +47,9 @@ def test_a_released_block_is_reused_and_a_held_one_is_not():
         c_ptr = c.data_ptr()
         del c
         assert _block().data_ptr() == c_ptr
-        # another key, dtype or a larger shape never takes it
-        assert _block(key="other").data_ptr() != c_ptr
+        # another name or owner, dtype or a larger shape never takes it
+        assert _block(name="other").data_ptr() != c_ptr
+        assert _block(owner=OTHER).data_ptr() != c_ptr
         assert _block(dtype=torch.float64).data_ptr() != c_ptr
         assert _block(shape=(4, 8)).data_ptr() != c_ptr  # the float64 one replaced it
         big = _block(shape=(64, 64))

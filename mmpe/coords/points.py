@@ -205,11 +205,13 @@ class Points(Coordinates):
                 shape = (a.shape[0], stop - start, a.shape[1])
                 rows, cols = a[:, start:stop, None], a[:, None, :]
                 if acc is None:
-                    acc = torch.sub(rows, cols, out=self._block("acc", shape, a))
+                    acc = torch.sub(rows, cols, out=block_empty(self, "acc", shape, a.dtype,
+                                                                 a.device))
                     acc.mul_(acc)
                 else:
-                    buf = torch.sub(rows, cols, out=self._block("diff", shape, a)
-                                    if buf is None else buf)
+                    if buf is None:
+                        buf = block_empty(self, "diff", shape, a.dtype, a.device)
+                    torch.sub(rows, cols, out=buf)
                     acc.add_(buf.mul_(buf))
         if grad:
             nonzero = acc > 0
@@ -223,11 +225,6 @@ class Points(Coordinates):
             dist = torch.where(real, dist, torch.zeros_like(dist)) if grad \
                 else dist.masked_fill_(~real, 0.0)
         return dist[:, None]
-
-    def _block(self, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
-        if torch.compiler.is_compiling():  # (an id() in a traced graph is a guard per object)
-            return torch.empty(shape, dtype=like.dtype, device=like.device)
-        return block_empty((id(self), name), shape, like.dtype, like.device)
 
     def extent(self, q_idx: Tensor, b: Tensor | None = None) -> Tensor:
         """Diameter of the query's example (`units`, float32), broadcast to the indices' shape."""

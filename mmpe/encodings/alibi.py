@@ -127,7 +127,7 @@ class ALiBi(KeepDtype, SavesSettings, ScoreEncoding):
                 torch.is_grad_enabled() and (dist.requires_grad or slopes.requires_grad)):
             return dist * slopes
         shape = (dist.shape[0], slopes.shape[0], *dist.shape[2:])
-        out = block_empty((id(self), "rows"), shape, torch.result_type(dist, slopes), dist.device)
+        out = block_empty(self, "rows", shape, torch.result_type(dist, slopes), dist.device)
         return torch.mul(dist, slopes, out=out)
 
     def relation_bias(self, ctx: AttentionContext, relation: Tensor) -> Tensor:

@@ -132,7 +132,7 @@ class FIRE(SavesSettings, ScoreEncoding):
         if torch.is_grad_enabled():
             return mlp.rows(x)
         shape = (x.shape[0], self.num_heads, *x.shape[2:])
-        return mlp.chunks(x, out=block_empty((id(self), "rows"), shape, x.dtype, x.device))
+        return mlp.chunks(x, out=block_empty(self, "rows", shape, x.dtype, x.device))
 
     def _extent_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
         """The coordinates' extent of queries `start … stop−1`, `[b or 1, 1, R, 1]` float32."""
@@ -169,9 +169,7 @@ class FIRE(SavesSettings, ScoreEncoding):
         """`ψ(d)` without a graph, in one scratch block (`mmpe._scratch`; the operations of
         `_psi`, the later ones in place: each fresh block costs its page faults; `d` may be the
         coordinates' own, so never in place on it)."""
-        if torch.compiler.is_compiling():
-            return torch.mul(self.c.detach().float(), d).abs_().add_(1.0).log_()
-        out = block_empty((id(self), "psi"), d.shape, torch.float32, d.device)
+        out = block_empty(self, "psi", d.shape, torch.float32, d.device)
         return torch.mul(self.c.detach().float(), d, out=out).abs_().add_(1.0).log_()
 
     def bias_rows_vjp(self, ctx: AttentionContext, start: int,

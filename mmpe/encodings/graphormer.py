@@ -124,7 +124,7 @@ class GraphormerSpatial(ScoreEncoding):
         table = self.table
         with torch.no_grad():
             per_head = table.detach().t().contiguous()  # [n_h, buckets]
-            rows = block_empty((id(self), "rows"), (per_head.shape[0], *buckets.shape),
+            rows = block_empty(self, "rows", (per_head.shape[0], *buckets.shape),
                                table.dtype, buckets.device)
             flat = buckets.reshape(-1)
             for head, values in enumerate(per_head):  # index_select: ~3× torch.take's speed
@@ -155,7 +155,7 @@ class GraphormerSpatial(ScoreEncoding):
         `mmpe._scratch`)."""
         spd = ctx.coords.spd[:, start:stop]
         return spatial_buckets(spd, self.max_distance,
-                               out=block_empty((id(self), "buckets"), spd.shape, spd.dtype,
+                               out=block_empty(self, "buckets", spd.shape, spd.dtype,
                                                spd.device))
 
 

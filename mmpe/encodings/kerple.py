@@ -106,7 +106,7 @@ class KerpleLog(_Kerple):
         r1, r2 = self.constrained()
         dist = distance_rows(ctx, start, stop)  # [b', 1, R, n_k]
         dtype = torch.result_type(dist, r2)
-        out = block_empty((id(self), "rows"), (dist.shape[0], self.num_heads, *dist.shape[2:]),
+        out = block_empty(self, "rows", (dist.shape[0], self.num_heads, *dist.shape[2:]),
                           dtype, dist.device)
         flat_d, flat_out = dist.reshape(dist.shape[0], -1).to(dtype), out.view(*out.shape[:2], -1)
         neg_r1, r2 = (-r1).to(dtype), r2.to(dtype)
