@@ -72,6 +72,42 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
+#: The CPU thread count every test starts with and is given back. torch's compiled CPU
+#: FlexAttention kernel (torch <= 2.11) sizes its per-thread buffers for the thread count at
+#: compile time: called under more threads, or loaded from inductor's on-disk cache by a
+#: process with more threads, it writes past them ("free(): invalid pointer", an abort). A
+#: test file that set one thread at import made `make test` compile under one thread and
+#: `make test-core`, without that file, load those kernels under two (pytorch#184444). Unless
+#: set, inductor's cache directory is therefore one per thread count.
+SESSION_THREADS = torch.get_num_threads()
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:  # runs at other thread counts keep their own
+    import getpass
+    import tempfile
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}_{SESSION_THREADS}threads")
+
+
+def pytest_collection_finish(session) -> None:
+    """No test module changes the thread count when it is imported."""
+    if torch.get_num_threads() != SESSION_THREADS:
+        raise pytest.UsageError(
+            f"a test module set torch's thread count to {torch.get_num_threads()} at import "
+            f"(the session started with {SESSION_THREADS}): set it in a fixture that restores it")
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    """Each test starts at `SESSION_THREADS` (a wider-scoped fixture that changed it fails
+    here) and ends at it (a recipe run in the test sets its own)."""
+    assert torch.get_num_threads() == SESSION_THREADS, (
+        f"a fixture left torch's thread count at {torch.get_num_threads()}, "
+        f"not the session's {SESSION_THREADS}")
+    yield
+    if torch.get_num_threads() != SESSION_THREADS:
+        torch.set_num_threads(SESSION_THREADS)
+
+
 def require_debian(package: str, path: str | None = None, command: str | None = None) -> None:
     """Skip unless a Debian package's file or command is present; under CI=true, fail instead.
 

@@ -12,7 +12,11 @@ import torch  # noqa: E402
 from mmpe.recipes import RECIPES, sst  # noqa: E402
 from mmpe.recipes.common import CONFIGS  # noqa: E402
 
-torch.set_num_threads(1)
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny training steps run faster on one thread (the conftest gives the count back)."""
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
