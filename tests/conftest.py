@@ -80,7 +80,9 @@ def _seed() -> None:
 #: `make test-core`, without that file, load those kernels under two (pytorch#184444). Unless
 #: set, inductor's cache directory is therefore one per thread count.
 SESSION_THREADS = torch.get_num_threads()
-if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:  # runs at other thread counts keep their own
+#: whether `TORCHINDUCTOR_CACHE_DIR` was set before the session (it is then kept)
+INDUCTOR_CACHE_PRESET = "TORCHINDUCTOR_CACHE_DIR" in os.environ
+if not INDUCTOR_CACHE_PRESET:  # runs at other thread counts keep their own
     import getpass
     import tempfile
 
@@ -96,16 +98,24 @@ def pytest_collection_finish(session) -> None:
             f"(the session started with {SESSION_THREADS}): set it in a fixture that restores it")
 
 
-@pytest.fixture(autouse=True)
-def _threads():
-    """Each test starts at `SESSION_THREADS` (a wider-scoped fixture that changed it fails
-    here) and ends at it (a recipe run in the test sets its own)."""
+def check_threads() -> None:
+    """A test starts at `SESSION_THREADS` (a wider-scoped fixture that changed it fails)."""
     assert torch.get_num_threads() == SESSION_THREADS, (
         f"a fixture left torch's thread count at {torch.get_num_threads()}, "
         f"not the session's {SESSION_THREADS}")
-    yield
+
+
+def restore_threads() -> None:
+    """A test ends at `SESSION_THREADS` (a recipe run in the test sets its own)."""
     if torch.get_num_threads() != SESSION_THREADS:
         torch.set_num_threads(SESSION_THREADS)
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    check_threads()
+    yield
+    restore_threads()
 
 
 def require_debian(package: str, path: str | None = None, command: str | None = None) -> None:
