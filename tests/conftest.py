@@ -118,6 +118,13 @@ def _threads():
     restore_threads()
 
 
+@pytest.fixture
+def one_thread() -> None:
+    """The test runs on one thread (tiny training steps run faster); `_threads` gives the
+    session's count back after it."""
+    torch.set_num_threads(1)
+
+
 def require_debian(package: str, path: str | None = None, command: str | None = None) -> None:
     """Skip unless a Debian package's file or command is present; under CI=true, fail instead.
 

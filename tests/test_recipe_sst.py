@@ -8,15 +8,10 @@ pytest.importorskip("iris_sample_data")
 pytest.importorskip("netCDF4")
 
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
 from mmpe.recipes import RECIPES, sst  # noqa: E402
 from mmpe.recipes.common import CONFIGS  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny training steps run faster on one thread (the conftest gives the count back)."""
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -101,9 +101,8 @@ def test_geoid_examples_hold_out_regions_and_hide_query_values():
         recipe.GlobeData("ocean")
 
 
-def test_recipe_smoke_run_both_tasks(tmp_path):
+def test_recipe_smoke_run_both_tasks(tmp_path, one_thread):
     require_debian("proj-data", path=GTX)
-    torch.set_num_threads(1)
     args = ["--trainer.max_steps", "3", "--trainer.val_check_interval", "3",
             "--trainer.logger", "false", "--data.batch_size", "2", "--data.n_obs", "16",
             "--data.n_query", "8", "--data.test_examples", "2"]

@@ -16,8 +16,13 @@ import pytest
 import torch
 
 
+def _other() -> int:
+    """A thread count other than the session's."""
+    return 1 if conftest.SESSION_THREADS != 1 else 2
+
+
 def test_a_module_that_changes_the_thread_count_at_import_stops_the_run() -> None:
-    other = 1 if conftest.SESSION_THREADS != 1 else 2
+    other = _other()
     torch.set_num_threads(other)
     try:
         with pytest.raises(pytest.UsageError, match=f"thread count to {other} at import"):
@@ -29,13 +34,13 @@ def test_a_module_that_changes_the_thread_count_at_import_stops_the_run() -> Non
 
 def test_a_test_that_changes_the_thread_count_gets_it_back() -> None:
     conftest.check_threads()
-    torch.set_num_threads(1 if conftest.SESSION_THREADS != 1 else 2)
+    torch.set_num_threads(_other())
     conftest.restore_threads()
     assert torch.get_num_threads() == conftest.SESSION_THREADS
 
 
 def test_a_test_that_starts_at_another_thread_count_fails() -> None:
-    other = 1 if conftest.SESSION_THREADS != 1 else 2
+    other = _other()
     torch.set_num_threads(other)
     try:
         with pytest.raises(AssertionError, match=f"thread count at {other}"):
