@@ -747,26 +747,44 @@ def test_two_terms_of_one_kind_equal_math_path(small_blocks, case, n, heads, see
     _assert_same(fast, slow, _labels(encs, 0))
 
 
+@pytest.mark.parametrize("by_head", [True, False])
 @pytest.mark.parametrize("kind", ["points", "graph"])
-def test_blocks_reuse_one_storage(small_blocks, kind) -> None:
+def test_blocks_reuse_one_storage(small_blocks, kind, by_head) -> None:
     # Each block's rows refill the previous block's storage (a fresh multi-MB block costs its
-    # page faults), which needs the path to let go of a block before asking for the next.
+    # page faults), which needs the path to let go of a block before asking for the next:
+    # the terms' rows of the all-heads path, and the shared rows and the one head's bias of
+    # the head-by-head path.
     coords = _points(None, 16, 0, padded=False, grad=False)[0] if kind == "points" \
         else _lattice(16)
     attn = MultiHeadAttention(8, 2, _encodings(["alibi"], 2, 0))
-    seen = []
-    real = type(attn.scores[0]).bias_rows
+    seen, biases = [], []
+    cls = type(attn.scores[0])
+    real_rows, real_heads, real_attend = cls.bias_rows, cls.head_rows, blocked._attend_block
 
-    def spy(self, ctx, start, stop):
-        rows = real(self, ctx, start, stop)
+    def spy_rows(self, ctx, start, stop):
+        rows = real_rows(self, ctx, start, stop)
         seen.append(rows.data_ptr())
         return rows
 
+    def spy_heads(self, ctx, start, stop):
+        rows = real_heads(self, ctx, start, stop)
+        seen.append(rows.flat.data_ptr())
+        return rows
+
+    def spy_attend(q, k, v, bias, scale):
+        biases.append(bias.data_ptr())
+        return real_attend(q, k, v, bias, scale)
+
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(type(attn.scores[0]), "bias_rows", spy)
+        mp.setattr(cls, "bias_rows", spy_rows)
+        mp.setattr(blocked, "_attend_block", spy_attend)
+        mp.setattr(cls, "head_rows", spy_heads if by_head else ScoreEncoding.head_rows)
         with torch.no_grad():
             attn(torch.randn(1, 16, 8), coords)
-    assert len(seen) > 2 and len(set(seen)) == 1
+    # (a graph's shared rows are views of its hop table, one per block: nothing to reuse)
+    if kind == "points" or not by_head:
+        assert len(seen) > 2 and len(set(seen)) == 1
+    assert len(biases) > 2 and len(set(biases)) == 1
 
 
 def test_rows_kept_across_blocks_are_not_overwritten() -> None:

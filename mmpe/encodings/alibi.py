@@ -11,7 +11,14 @@ from mmpe._scratch import block_empty
 from mmpe.coords.capabilities import Metric
 from mmpe.encodings._precision import KeepDtype
 from mmpe.encodings._state import SavesSettings
-from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod, distance_rows
+from mmpe.encodings.base import (
+    AttentionContext,
+    HeadRows,
+    ScaledRows,
+    ScoreEncoding,
+    ScoreMod,
+    distance_rows,
+)
 from mmpe.registry import register
 from mmpe.validation import check_positive_int
 
@@ -129,6 +136,16 @@ class ALiBi(KeepDtype, SavesSettings, ScoreEncoding):
         shape = (dist.shape[0], slopes.shape[0], *dist.shape[2:])
         out = block_empty(self, "rows", shape, torch.result_type(dist, slopes), dist.device)
         return torch.mul(dist, slopes, out=out)
+
+    @torch.no_grad()
+    def head_rows(self, ctx: AttentionContext, start: int, stop: int) -> HeadRows:
+        """The rows of `bias_rows` head by head: the distance rows once, `d · (−m_h)` per head
+        (see [HeadRows][mmpe.encodings.base.HeadRows])."""
+        self.check_context(ctx)
+        dist = distance_rows(ctx, start, stop)
+        if self.distance_unit != 1.0:
+            dist = dist / self.distance_unit
+        return ScaledRows(dist, -self.slopes.float())
 
     def relation_bias(self, ctx: AttentionContext, relation: Tensor) -> Tensor:
         """`−m_h · |relation|` on `toeplitz` coordinates, `[n_h, m]` float32."""

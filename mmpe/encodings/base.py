@@ -217,6 +217,12 @@ class ScoreEncoding(Encoding):
         out = self.score_mod(ctx)(zero, b, h, q, k)
         return out.expand(batch, ctx.num_heads, stop - start, coords.num_keys)
 
+    def head_rows(self, ctx: AttentionContext, start: int, stop: int) -> HeadRows | None:
+        """The rows of [`bias_rows`][mmpe.encodings.base.ScoreEncoding.bias_rows] head by
+        head, without a graph (see [`HeadRows`][mmpe.encodings.base.HeadRows]), or None (the
+        default: the blocked CPU path then builds every head's rows of a block at once)."""
+        return None
+
     def value_term(self, probs: Tensor, ctx: AttentionContext) -> Tensor | None:
         """Extra output `[b, n_h, n_q, h_d]` from probabilities `[b, n_h, n_q, n_k]`, or None."""
         return None
@@ -343,6 +349,67 @@ class BiasTiles:
         """Tensors and their cotangents: `torch.autograd.grad(tensors, inputs, cotangents)` is
         the block's vector-Jacobian product."""
         raise NotImplementedError
+
+
+class HeadRows:
+    """A content-free additive term on one block of queries, one head at a time: the blocked
+    attention path's forward pass and its fused backward pass (`mmpe.attention.blocked`).
+
+    That path calls SDPA's fused CPU kernel once per batch entry and head, on a block of
+    queries larger than an all-heads block could be in the same memory; for each call every
+    term [write][mmpe.encodings.base.HeadRows.write]s the rows of that head into one `[R,
+    n_k]` buffer. The term computes what all heads share (the block's distances, FIRE's
+    inputs, Graphormer's bucket codes) once, when it is made
+    ([ScoreEncoding.head_rows][mmpe.encodings.base.ScoreEncoding]), and per head only the
+    head's own pass (a product, a gather), chunk by chunk of `chunk` pairs in the cache.
+
+    Attributes:
+        dtype: the dtype of the term's rows (`bias_rows`').
+        chunk: pairs per chunk of [fill][mmpe.encodings.base.HeadRows.fill].
+    """
+
+    dtype: torch.dtype
+    chunk: int = 1 << 16
+    _scratch: Tensor | None = None
+
+    def write(self, out: Tensor, i: int, head: int, add: bool) -> None:
+        """The term of batch entry `i` and head `head` on the block's pairs into `out [R,
+        n_k]` (contiguous; `dtype` or a wider float dtype in which the terms are summed): `out
+        = bias`, or `out += bias` where `add`. The numbers are those `bias_rows` gives."""
+        flat = out.view(-1)
+        direct = not add and out.dtype == self.dtype
+        if not direct and self._scratch is None:
+            self._scratch = torch.empty(min(self.chunk, flat.numel()), dtype=self.dtype,
+                                        device=out.device)
+        for c in range(0, flat.numel(), self.chunk):
+            part = flat[c:c + self.chunk]
+            if direct:
+                self.fill(part, i, head, c)
+                continue
+            term = self._scratch[:part.numel()]
+            self.fill(term, i, head, c)
+            part.add_(term) if add else part.copy_(term)
+
+    def fill(self, out: Tensor, i: int, head: int,
+             offset: int) -> None:  # pragma: no cover - abstract
+        """The term on the block's flat pairs `offset … offset + len(out) − 1` (row-major `[R,
+        n_k]`) of batch entry `i` and head `head` into the flat `out` (`dtype`)."""
+        raise NotImplementedError
+
+
+class ScaledRows(HeadRows):
+    """A term that is a per-head multiple of rows shared by the heads: `rows [b or 1, 1, R,
+    n_k]` times `scale[head]` (ALiBi's `−m_h·d`), in that order of operands."""
+
+    def __init__(self, rows: Tensor, scale: Tensor) -> None:
+        self.dtype = torch.result_type(rows, scale)
+        self.flat = rows.detach().reshape(rows.shape[0], -1)
+        self.scale = scale.detach()
+        self.chunk = self.flat.shape[1] or 1  # one pass: no chunks needed
+
+    def fill(self, out: Tensor, i: int, head: int, offset: int) -> None:
+        rows = self.flat[min(i, self.flat.shape[0] - 1), offset:offset + out.numel()]
+        torch.mul(rows, self.scale[head], out=out)
 
 
 #: accumulators per bin where a [BiasTiles][mmpe.encodings.base.BiasTiles] term sums a tile's

@@ -13,6 +13,7 @@ from mmpe.coords.capabilities import Metric
 from mmpe.encodings._fire_pieces import piecewise_score_mod
 from mmpe.encodings._fire_tiles import (
     BlockMLP,
+    FireRows,
     FireTiles,
     on_pieces,
     piece_of,  # noqa: F401  (its old home, still importable)
@@ -22,6 +23,7 @@ from mmpe.encodings.base import (
     AttentionContext,
     BiasTiles,
     CompactBias,
+    HeadRows,
     ScoreEncoding,
     ScoreMod,
     distance_rows,
@@ -133,6 +135,15 @@ class FIRE(SavesSettings, ScoreEncoding):
             return mlp.rows(x)
         shape = (x.shape[0], self.num_heads, *x.shape[2:])
         return mlp.chunks(x, out=block_empty(self, "rows", shape, x.dtype, x.device))
+
+    @torch.no_grad()
+    def head_rows(self, ctx: AttentionContext, start: int, stop: int) -> HeadRows:
+        """The rows of `bias_rows` head by head: the block's inputs once, per head and chunk
+        the MLP's ramps or pieces as `bias_rows` reads them (see
+        [HeadRows][mmpe.encodings.base.HeadRows])."""
+        self.check_context(ctx)
+        x = self._input_rows(ctx, start, stop)  # [b', 1, R, n_k]
+        return FireRows(BlockMLP(*self._pieces(), x, self._input_bound(ctx)), x)
 
     def _extent_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
         """The coordinates' extent of queries `start … stop−1`, `[b or 1, 1, R, 1]` float32."""

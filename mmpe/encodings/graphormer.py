@@ -32,6 +32,7 @@ from mmpe.encodings.base import (
     SCATTER_LANES,
     AttentionContext,
     BiasTiles,
+    HeadRows,
     InputEncoding,
     ScoreEncoding,
     ScoreMod,
@@ -141,6 +142,13 @@ class GraphormerSpatial(ScoreEncoding):
 
         return rows.transpose(0, 1), pull
 
+    @torch.no_grad()
+    def head_rows(self, ctx: AttentionContext, start: int, stop: int) -> HeadRows:
+        """The rows of `bias_rows` head by head: the block's bucket codes once, per head a
+        gather from the head's column of `b_φ` (see [HeadRows][mmpe.encodings.base.HeadRows])."""
+        self.check_context(ctx)
+        return _SpatialRows(self.table, self._buckets(ctx, start, stop))
+
     def bias_tiles(self, ctx: AttentionContext, start: int, stop: int,
                    width: int) -> BiasTiles:
         """The rows of queries `start … stop−1` tile by tile, for the blocked attention path's
@@ -157,6 +165,21 @@ class GraphormerSpatial(ScoreEncoding):
         return spatial_buckets(spd, self.max_distance,
                                out=block_empty(self, "buckets", spd.shape, spd.dtype,
                                                spd.device))
+
+
+class _SpatialRows(HeadRows):
+    """Graphormer's spatial bias as `HeadRows`: `table [buckets, n_h]` and the block's bucket
+    codes `[b, R, n]`; per head an `index_select` from the head's column."""
+
+    def __init__(self, table: Tensor, buckets: Tensor) -> None:
+        self.dtype = table.dtype
+        self.values = table.detach().t().contiguous()  # [n_h, buckets]
+        self.codes = buckets.reshape(buckets.shape[0], -1)
+        self.chunk = self.codes.shape[1] or 1  # one pass: no chunks needed
+
+    def fill(self, out: Tensor, i: int, head: int, offset: int) -> None:
+        codes = self.codes[min(i, self.codes.shape[0] - 1), offset:offset + out.numel()]
+        torch.index_select(self.values[head], 0, codes, out=out)
 
 
 class _SpatialTiles(BiasTiles):

@@ -14,6 +14,7 @@ from mmpe.encodings.base import (
     ROW_CHUNK,
     AttentionContext,
     BiasTiles,
+    HeadRows,
     ScoreEncoding,
     ScoreMod,
     distance_rows,
@@ -118,6 +119,13 @@ class KerpleLog(_Kerple):
                     chunk.log1p_().mul_(neg_r1[head])
         return out
 
+    @torch.no_grad()
+    def head_rows(self, ctx: AttentionContext, start: int, stop: int) -> HeadRows:
+        """The rows of `bias_rows` head by head: the distance rows once, then per head and
+        chunk the passes of `bias_rows` (see [HeadRows][mmpe.encodings.base.HeadRows])."""
+        self.check_context(ctx)
+        return _LogRows(*self.constrained(), distance_rows(ctx, start, stop))
+
     def _rows(self, ctx: AttentionContext, start: int,
               stop: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """The rows without a graph, `log(1 + r2·d)` per head `[b or 1, n_h, R, n_k]`, and
@@ -181,6 +189,21 @@ def _log_pullback(d_s: Tensor, log: Tensor, r1: Tensor, r2: Tensor,
         tensors.append(dist)
         cotangents.append(g_d.sum_to_size(dist.shape).to(dist.dtype))
     return tensors, cotangents
+
+
+class _LogRows(HeadRows):
+    """KERPLE-log's `HeadRows`: `log1p(d·r2)·(−r1)` per head, the operations of the no-graph
+    `bias_rows`, on the distance rows `[b', 1, R, n_k]`."""
+
+    def __init__(self, r1: Tensor, r2: Tensor, dist: Tensor) -> None:
+        self.dtype = torch.result_type(dist, r2)
+        self.flat = dist.reshape(dist.shape[0], -1).to(self.dtype)
+        self.neg_r1, self.r2 = (-r1).to(self.dtype), r2.to(self.dtype)
+        self.chunk = ROW_CHUNK
+
+    def fill(self, out: Tensor, i: int, head: int, offset: int) -> None:
+        d = self.flat[min(i, self.flat.shape[0] - 1), offset:offset + out.numel()]
+        torch.mul(d, self.r2[head], out=out).log1p_().mul_(self.neg_r1[head])
 
 
 class _LogTiles(BiasTiles):
