@@ -8,7 +8,11 @@ rows. Forward, per block: the block's bias rows (the sum of each encoding's
 [bias_rows][mmpe.encodings.base.ScoreEncoding.bias_rows], with no autograd graph, masked pairs
 at `−inf`), then all heads by SDPA's fused CPU kernel, which also returns each row's
 log-sum-exp. Saved for the backward pass: `q, k, v`, the output and the log-sum-exp (`O(n)`
-per head), never the bias.
+per head), never the bias. Where every term gives its rows head by head
+([head_rows][mmpe.encodings.base.ScoreEncoding.head_rows]: ALiBi, KERPLE-log, FIRE,
+Graphormer's spatial bias), the forward pass and the fused backward pass call the kernel once
+per batch entry and head instead, with that head's bias of a block four times as tall in the
+same memory ([head_biases][mmpe.attention.blocked._BlockedPlan.head_biases]).
 
 Backward, per block, the bias rows are computed again, and:
 
