@@ -20,7 +20,7 @@ import mmpe
 import mmpe.attention.blocked as blocked
 from mmpe import MultiHeadAttention
 from mmpe.encodings import _fire_tiles
-from mmpe.encodings.base import AttentionContext, HeadRows, ScoreEncoding
+from mmpe.encodings.base import AttentionContext, HeadRows
 
 HEAD_NAMES = ["alibi", "kerple_log", "fire", "graphormer_spatial"]
 OPTIONS = {"fire": {"init_L": 2.0, "init_c": 0.5}}
@@ -158,8 +158,7 @@ def test_head_path_equals_all_heads_path(names, heads, batch, padded, n, float64
         mp.setattr(blocked._BlockedPlan, "head_biases", spy)
         by_head = _step(encs, coords, heads, dtype, seed)
         assert taken, "the head-by-head path was not taken"
-        for enc in encs:
-            mp.setattr(type(enc), "head_rows", ScoreEncoding.head_rows)
+        mp.setattr(blocked, "_gives_head_rows", lambda enc: False)
         taken.clear()
         all_heads = _step(encs, coords, heads, dtype, seed)
         assert not taken
@@ -168,13 +167,15 @@ def test_head_path_equals_all_heads_path(names, heads, batch, padded, n, float64
         torch.testing.assert_close(a, b, atol=tol, rtol=tol)
 
 
-def test_graph_head_path_equals_all_heads_path(monkeypatch) -> None:
+@pytest.mark.parametrize("fixed", [False, True])
+def test_graph_head_path_equals_all_heads_path(monkeypatch, fixed) -> None:
+    # two graphs of a batch (padded to one size), Graphormer's table learned or fixed
     monkeypatch.setenv("MMPE_ATTN_BLOCK_BYTES", "1")  # blocks of one query
-    coords = _lattice(14, batch=True)
+    coords = _lattice(15, batch=True)
     encs = [_encoding("graphormer_spatial", 2, 1), _encoding("alibi", 2, 2)]
+    encs[0].table.requires_grad_(not fixed)
     by_head = _step(encs, coords, 2, torch.float32, 3)
-    for enc in encs:
-        monkeypatch.setattr(type(enc), "head_rows", ScoreEncoding.head_rows)
+    monkeypatch.setattr(blocked, "_gives_head_rows", lambda enc: False)
     all_heads = _step(encs, coords, 2, torch.float32, 3)
     for a, b in zip(by_head, all_heads, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
@@ -203,3 +204,49 @@ def test_head_block_follows_the_budget_and_threads(monkeypatch) -> None:
     assert blocked._BlockedPlan(enc, ctx, 0.5).head_block == 2048
     monkeypatch.setenv("MMPE_ATTN_BLOCK_BYTES", str(3 * 8 * 8 * 5))
     assert blocked._BlockedPlan(enc, ctx, 0.5).head_block == 5
+
+
+def test_a_subclass_with_its_own_bias_rows_keeps_the_all_heads_path(monkeypatch) -> None:
+    # ALiBi's head rows are ALiBi's numbers: a subclass that changes bias_rows (and not
+    # head_rows) must not get them; its layer equals the math path, which reads its score_mod.
+    from mmpe.encodings.alibi import ALiBi
+
+    class Doubled(ALiBi):
+        def score_mod(self, ctx):
+            mod = super().score_mod(ctx)
+            return lambda score, b, h, q, k: 2 * mod(score, b, h, q, k) - score
+
+        def bias_rows(self, ctx, start, stop):
+            return 2 * super().bias_rows(ctx, start, stop)
+
+    assert not blocked._gives_head_rows(Doubled(2))
+    assert blocked._gives_head_rows(ALiBi(2))
+    monkeypatch.setenv("MMPE_ATTN_BLOCK_BYTES", "1")  # blocks of one query
+    coords = _points(None, 9, 0, False)
+    x = torch.randn(1, 9, 8)
+
+    def layer(enc, **kwargs):
+        torch.manual_seed(0)
+        return MultiHeadAttention(8, 2, [enc], **kwargs)
+
+    with torch.no_grad():
+        fast = layer(Doubled(2))(x, coords)
+        slow = layer(Doubled(2), backend="math")(x, coords)
+        plain = layer(ALiBi(2))(x, coords)
+    torch.testing.assert_close(fast, slow, atol=1e-6, rtol=1e-6)
+    assert not torch.allclose(fast, plain, atol=1e-4)
+
+
+def test_head_rows_that_return_none_raise(monkeypatch) -> None:
+    from mmpe.encodings.alibi import ALiBi
+
+    class NoRows(ALiBi):
+        def bias_rows(self, ctx, start, stop):
+            return super().bias_rows(ctx, start, stop)
+
+        def head_rows(self, ctx, start, stop):
+            return None
+
+    monkeypatch.setenv("MMPE_ATTN_BLOCK_BYTES", "1")  # blocks of one query
+    with pytest.raises(TypeError, match="NoRows.head_rows returned None"), torch.no_grad():
+        MultiHeadAttention(8, 2, [NoRows(2)])(torch.randn(1, 9, 8), _points(None, 9, 0, False))

@@ -57,7 +57,7 @@ from mmpe.attention.flash import _attend_block, _attend_block_backward
 from mmpe.attention.masks import _cast_bias
 from mmpe.attention.memory import _bias_bytes, block_bytes
 from mmpe.coords.base import Coordinates
-from mmpe.encodings.base import AttentionContext, BiasTiles, ScoreEncoding
+from mmpe.encodings.base import AttentionContext, BiasTiles, HeadRows, ScoreEncoding
 
 #: queries per block of the forward pass and of the fused backward pass (capped by
 #: `MMPE_ATTN_BLOCK_BYTES`): SDPA's CPU kernel tiles blocks of 192 rows or more in 64-row tiles.
@@ -124,7 +124,7 @@ class _BlockedPlan:
         self.backward_rows = min(BLOCKED_BACKWARD_ROWS, cap,
                                  max(1, block_bytes() // max(1, per_feature_row)))
         self.tiled_rows = min(BLOCKED_TILED_ROWS, cap)
-        self.by_head = all(type(e).head_rows is not ScoreEncoding.head_rows for e in self.scores)
+        self.by_head = all(_gives_head_rows(e) for e in self.scores)
         # one head's bias (and its cast) and the terms' shared rows of a block (distances,
         # inputs, bucket codes: at most 8 bytes a pair per batch entry)
         per_head_row = (ctx.q.shape[0] + 2) * self.n_k * 8
@@ -182,7 +182,7 @@ class _BlockedPlan:
         b, h = q.shape[:2]
         sums: dict[torch.dtype, Tensor] = {}
         for start, stop in self.blocks(self.head_block):
-            terms = [e.head_rows(self.ctx, start, stop) for e in self.scores]
+            terms = [_head_rows(e, self.ctx, start, stop) for e in self.scores]
             mask = self.ctx.coords.dense_mask(start, stop)
             drop = None if mask is None else ~mask
             dtype = functools.reduce(torch.promote_types, [t.dtype for t in terms])
@@ -409,6 +409,23 @@ class _TileBuffers:
         self.probs = q.new_empty(rows * width)
         self.sums = None if dtype == q.dtype else q.new_empty(rows * width, dtype=dtype)
         self.d_s = q.new_empty(rows * width) if own_ds else None
+
+
+def _gives_head_rows(enc: ScoreEncoding) -> bool:
+    """Whether `enc` has `head_rows` of its own `bias_rows`: a subclass that overrides
+    `bias_rows` but not `head_rows` would get its parent's numbers head by head."""
+    def owner(name: str) -> type:
+        return next(c for c in type(enc).__mro__ if name in vars(c))
+
+    return owner("head_rows") is not ScoreEncoding and owner("head_rows") is owner("bias_rows")
+
+
+def _head_rows(enc: ScoreEncoding, ctx: AttentionContext, start: int, stop: int) -> HeadRows:
+    rows = enc.head_rows(ctx, start, stop)
+    if rows is None:
+        raise TypeError(f"{type(enc).__name__}.head_rows returned None: an encoding that "
+                        f"defines head_rows must give rows wherever its bias_rows does")
+    return rows
 
 
 def _pick(t: Tensor | None, i: int, head: int) -> Tensor | None:
