@@ -778,7 +778,9 @@ def test_blocks_reuse_one_storage(small_blocks, kind, by_head) -> None:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(cls, "bias_rows", spy_rows)
         mp.setattr(blocked, "_attend_block", spy_attend)
-        mp.setattr(cls, "head_rows", spy_heads if by_head else ScoreEncoding.head_rows)
+        mp.setattr(cls, "head_rows", spy_heads)
+        if not by_head:
+            mp.setattr(blocked, "_gives_head_rows", lambda enc: False)
         with torch.no_grad():
             attn(torch.randn(1, 16, 8), coords)
     # (a graph's shared rows are views of its hop table, one per block: nothing to reuse)

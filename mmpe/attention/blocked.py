@@ -12,7 +12,7 @@ per head), never the bias. Where every term gives its rows head by head
 ([head_rows][mmpe.encodings.base.ScoreEncoding.head_rows]: ALiBi, KERPLE-log, FIRE,
 Graphormer's spatial bias), the forward pass and the fused backward pass call the kernel once
 per batch entry and head instead, with that head's bias of a block four times as tall in the
-same memory ([head_biases][mmpe.attention.blocked._BlockedPlan.head_biases]).
+same memory (`_BlockedPlan.head_biases`).
 
 Backward, per block, the bias rows are computed again, and:
 
@@ -202,7 +202,7 @@ class _BlockedPlan:
                     if bias is not total:
                         bias.copy_(total)
                     yield i, head, slice(start, stop), bias[None, None]
-            del terms, term  # the shared rows' storage: the next block's
+            terms = term = None  # the shared rows' storage: the next block's
 
     # -- forward ------------------------------------------------------------------------------
     @torch.no_grad()

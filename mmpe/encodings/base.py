@@ -360,7 +360,7 @@ class HeadRows:
     term [write][mmpe.encodings.base.HeadRows.write]s the rows of that head into one `[R,
     n_k]` buffer. The term computes what all heads share (the block's distances, FIRE's
     inputs, Graphormer's bucket codes) once, when it is made
-    ([ScoreEncoding.head_rows][mmpe.encodings.base.ScoreEncoding]), and per head only the
+    ([ScoreEncoding.head_rows][mmpe.encodings.base.ScoreEncoding.head_rows]), and per head only the
     head's own pass (a product, a gather), chunk by chunk of `chunk` pairs in the cache.
 
     Attributes:
