@@ -31,7 +31,6 @@ from mmpe.encodings.base import (
 RAMP_MAX_CUTS = 6
 
 
-
 def piece_of(cuts: Tensor, x: Tensor) -> Tensor:
     """`torch.searchsorted(cuts, x)` (int64, the number of `cuts` below each `x`; `cuts`
     sorted): the cuts below every `x` counted once, then one comparison pass per cut within
