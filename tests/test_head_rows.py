@@ -37,7 +37,7 @@ def _encoding(name: str, heads: int, seed: int, **options):
     return enc
 
 
-def _lattice(n: int, width: int = 4, batch: bool = False) -> mmpe.Graph:
+def _lattice(n: int, width: int = 4, batch: bool = False, virtual: bool = False) -> mmpe.Graph:
     i = torch.arange(n)
     right = torch.stack((i[(i + 1) % width != 0][:-1], i[(i + 1) % width != 0][:-1] + 1))
     down = torch.stack((i[: max(0, n - width)], i[: max(0, n - width)] + width))
@@ -45,7 +45,7 @@ def _lattice(n: int, width: int = 4, batch: bool = False) -> mmpe.Graph:
     graph_of = (torch.arange(n) >= n // 2).long() if batch else None
     if graph_of is not None:  # two graphs: drop the edges between them
         edges = edges[:, graph_of[edges[0]] == graph_of[edges[1]]]
-    return mmpe.Graph(edges, num_nodes=n, max_distance=3, batch=graph_of)
+    return mmpe.Graph(edges, num_nodes=n, max_distance=3, batch=graph_of, virtual_token=virtual)
 
 
 def _points(batch: int | None, n: int, seed: int, padded: bool) -> mmpe.Points:
@@ -59,8 +59,8 @@ def _points(batch: int | None, n: int, seed: int, padded: bool) -> mmpe.Points:
 
 
 def _coords(name: str, batch, n: int, seed: int, padded: bool):
-    if name == "graphormer_spatial":
-        return _lattice(n, batch=batch is not None)
+    if name == "graphormer_spatial":  # (`padded`: a virtual token, codes −2 and −1 both)
+        return _lattice(n, batch=batch is not None, virtual=padded)
     return _points(batch, n, seed, padded)
 
 

@@ -144,10 +144,17 @@ class GraphormerSpatial(ScoreEncoding):
 
     @torch.no_grad()
     def head_rows(self, ctx: AttentionContext, start: int, stop: int) -> HeadRows:
-        """The rows of `bias_rows` head by head: the block's bucket codes once, per head a
-        gather from the head's column of `b_φ` (see [HeadRows][mmpe.encodings.base.HeadRows])."""
+        """The rows of `bias_rows` head by head: the block's hop codes less their least (one
+        pass), each code's row of `b_φ`, and per head a gather from the head's column of
+        those rows (see [HeadRows][mmpe.encodings.base.HeadRows])."""
         self.check_context(ctx)
-        return _SpatialRows(self.table, self._buckets(ctx, start, stop))
+        spd = ctx.coords.spd[:, start:stop]
+        lo, hi = (int(v) for v in torch.aminmax(spd)) if spd.numel() else (0, 0)
+        # each hop code's bucket (a table of hi − lo + 1): no pass over the pairs to bucket them
+        buckets = spatial_buckets(torch.arange(lo, hi + 1, device=spd.device), self.max_distance)
+        codes = torch.sub(spd, lo, out=block_empty(self, "codes", spd.shape, spd.dtype,
+                                                   spd.device))
+        return _SpatialRows(self.table[buckets], codes)
 
     def bias_tiles(self, ctx: AttentionContext, start: int, stop: int,
                    width: int) -> BiasTiles:
@@ -168,8 +175,9 @@ class GraphormerSpatial(ScoreEncoding):
 
 
 class _SpatialRows(HeadRows):
-    """Graphormer's spatial bias as `HeadRows`: `table [buckets, n_h]` and the block's bucket
-    codes `[b, R, n]`; per head an `index_select` from the head's column."""
+    """Graphormer's spatial bias as `HeadRows`: `table [codes, n_h]` (each code's row of
+    `b_φ`) and the block's codes `[b, R, n]`; per head an `index_select` from the head's
+    column."""
 
     def __init__(self, table: Tensor, buckets: Tensor) -> None:
         self.dtype = table.dtype
