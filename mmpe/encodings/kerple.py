@@ -103,26 +103,19 @@ class KerpleLog(_Kerple):
         if torch.is_grad_enabled() or torch.compiler.is_compiling():
             # (A compiled graph fuses the passes itself; dtype queries do not trace.)
             return super().bias_rows(ctx, start, stop)
-        self.check_context(ctx)
-        r1, r2 = self.constrained()
-        dist = distance_rows(ctx, start, stop)  # [b', 1, R, n_k]
-        dtype = torch.result_type(dist, r2)
-        out = block_empty(self, "rows", (dist.shape[0], self.num_heads, *dist.shape[2:]),
-                          dtype, dist.device)
-        flat_d, flat_out = dist.reshape(dist.shape[0], -1).to(dtype), out.view(*out.shape[:2], -1)
-        neg_r1, r2 = (-r1).to(dtype), r2.to(dtype)
+        rows = self.head_rows(ctx, start, stop)  # [b', 1, R, n_k] distances inside
+        out = block_empty(self, "rows", (rows.flat.shape[0], self.num_heads, stop - start,
+                                         ctx.coords.num_keys), rows.dtype, rows.flat.device)
         for i in range(out.shape[0]):
             for head in range(self.num_heads):
-                for c in range(0, flat_d.shape[1], ROW_CHUNK):
-                    chunk = flat_out[i, head, c:c + ROW_CHUNK]
-                    torch.mul(flat_d[i, c:c + ROW_CHUNK], r2[head], out=chunk)
-                    chunk.log1p_().mul_(neg_r1[head])
+                rows.write(out[i, head], i, head, add=False)
         return out
 
     @torch.no_grad()
     def head_rows(self, ctx: AttentionContext, start: int, stop: int) -> HeadRows:
         """The rows of `bias_rows` head by head: the distance rows once, then per head and
-        chunk the passes of `bias_rows` (see [HeadRows][mmpe.encodings.base.HeadRows])."""
+        chunk `log1p(d·r2)·(−r1)` in the cache (see [HeadRows][mmpe.encodings.base.HeadRows];
+        the no-graph `bias_rows` writes every head through it)."""
         self.check_context(ctx)
         return _LogRows(*self.constrained(), distance_rows(ctx, start, stop))
 
@@ -192,8 +185,8 @@ def _log_pullback(d_s: Tensor, log: Tensor, r1: Tensor, r2: Tensor,
 
 
 class _LogRows(HeadRows):
-    """KERPLE-log's `HeadRows`: `log1p(d·r2)·(−r1)` per head, the operations of the no-graph
-    `bias_rows`, on the distance rows `[b', 1, R, n_k]`."""
+    """KERPLE-log's `HeadRows`: `log1p(d·r2)·(−r1)` per head (the operations of `kernel`, the
+    passes in place) on the distance rows `[b', 1, R, n_k]`."""
 
     def __init__(self, r1: Tensor, r2: Tensor, dist: Tensor) -> None:
         self.dtype = torch.result_type(dist, r2)
