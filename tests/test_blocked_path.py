@@ -603,8 +603,12 @@ def _check_tiles(name, heads, batch, grad_positions, width, seed, data) -> None:
     rows, fast = _tile_grads(enc, ctx, start, stop, width, d_bias, wrt, b)
     ref_rows, ref = _autograd_grads(enc, ctx, start, stop, d_bias, wrt)
     assert torch.equal(rows, ref_rows.detach().expand_as(rows))
-    for a, b_ in zip(fast, ref, strict=True):
-        torch.testing.assert_close(a, b_, atol=1e-5, rtol=1e-4)
+    for w, a, b_ in zip(wrt, fast, ref, strict=True):
+        atol = 1e-5
+        if name == "fire" and w is enc.c:  # the terms' size, as in the pullback test above
+            # (hypothesis: c = −0.0075, terms summing to 0.61, the two sides 1.2e-4 apart)
+            atol += 1e-5 * _fire_c_term_scale(enc, ctx, start, stop, d_bias)
+        torch.testing.assert_close(a, b_, atol=atol, rtol=1e-4)
 
 
 @pytest.mark.parametrize("name", ["kerple_log", "fire", "graphormer_spatial"])

@@ -289,8 +289,8 @@ class _BlockedPlan:
         neg_delta = -(d_out * out).sum(-1, keepdim=True, dtype=lse.dtype).to(q.dtype)
         lse = lse.to(q.dtype)
         b, h = q.shape[:2]
-        tiled_terms = [e for e in self.scores if hasattr(e, "bias_tiles")]
-        other_terms = [e for e in self.scores if not hasattr(e, "bias_tiles")]
+        tiled_terms = [e for e in self.scores if _has(e, "bias_tiles")]
+        other_terms = [e for e in self.scores if not _has(e, "bias_tiles")]
         block = self.backward_rows if other_terms else self.tiled_rows
         for start, stop in self.blocks(block):
             rows = slice(start, stop)
@@ -351,7 +351,7 @@ class _BlockedPlan:
         total, graphed, pulls = None, None, []
         for enc in self.scores if scores is None else scores:
             with torch.enable_grad():
-                if hasattr(enc, "bias_rows_vjp"):
+                if _has(enc, "bias_rows_vjp"):
                     term, pull = enc.bias_rows_vjp(self.ctx, start, stop)
                     pulls.append(pull)
                 else:
@@ -412,12 +412,15 @@ class _TileBuffers:
 
 
 def _gives_head_rows(enc: ScoreEncoding) -> bool:
-    """Whether `enc` has `head_rows` of its own `bias_rows`: a subclass that overrides
-    `bias_rows` but not `head_rows` would get its parent's numbers head by head."""
-    def owner(name: str) -> type:
-        return next(c for c in type(enc).__mro__ if name in vars(c))
+    """Whether `enc` has `head_rows` (a subclass that overrides `bias_rows` but not
+    `head_rows` has the generic one: `ScoreEncoding.__init_subclass__`)."""
+    return type(enc).head_rows is not ScoreEncoding.head_rows
 
-    return owner("head_rows") is not ScoreEncoding and owner("head_rows") is owner("bias_rows")
+
+def _has(enc: ScoreEncoding, form: str) -> bool:
+    """Whether `enc` has the optional eager form `form` (`bias_tiles`, `bias_rows_vjp`): a
+    subclass that inherits one without its `score_mod` and `bias_rows` has None instead."""
+    return getattr(enc, form, None) is not None
 
 
 def _head_rows(enc: ScoreEncoding, ctx: AttentionContext, start: int, stop: int) -> HeadRows:

@@ -10,6 +10,8 @@ from the table the eager path builds (see the class docstring for why not unroll
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import Tensor
 
@@ -65,7 +67,13 @@ class DistanceFeatureBias(ScoreEncoding):
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
         # float32: FlexAttention accumulates a captured tensor's gradient in its dtype, and a
         # bf16 accumulator over every pair loses it (relative error > 1 measured on an H200).
-        table = self.bias(ctx).float()  # checks the context
+        # The table is the rows of bias_rows (which check the context): a subclass's own, or
+        # this class's where the subclass overrides score_mod, whose bias_rows is then the
+        # generic one that reads score_mod (ScoreEncoding.__init_subclass__)
+        rows = type(self).bias_rows
+        if inspect.unwrap(rows) is ScoreEncoding.bias_rows:  # (a plugin's is wrapped)
+            rows = DistanceFeatureBias.bias_rows
+        table = rows(self, ctx, 0, ctx.coords.num_queries).float()
         if table.shape[0] == 1:  # positions shared by the batch: no batch index
             shared = table[0]
 

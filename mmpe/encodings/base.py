@@ -171,6 +171,25 @@ class ScoreEncoding(Encoding):
     #: computed once per forward and shared by the layers that share the encoding.
     content_free: ClassVar[bool] = True
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Drop the eager forms a subclass would inherit without what they must agree with.
+
+        A form (`bias_rows`, `relation_bias`, `head_rows`, `bias_tiles`, …; see
+        `EAGER_FORMS`) gives the numbers of the `score_mod` (and `bias_rows`) of the class that
+        defines it. A subclass that overrides `score_mod` but not, say, `relation_bias` would
+        get its parent's term on the sequence path and its own under FlexAttention: a
+        plausible wrong number. Such a form falls back to the generic one (`score_mod` on the
+        pairs, or none). A subclass that keeps its parent's numbers re-declares the form
+        (`relation_bias = Parent.relation_bias`, `grid_offset_only = True`)."""
+        super().__init_subclass__(**kwargs)
+        own = vars(cls)
+        for form, sources in EAGER_FORMS.items():
+            if form not in own and any(src in own for src in sources):
+                inherited = getattr(cls, form, None)
+                generic = vars(ScoreEncoding).get(form, _GENERIC_FORMS.get(form))
+                if inherited is not None and inherited is not generic:
+                    setattr(cls, form, generic)
+
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -251,6 +270,25 @@ class ScoreEncoding(Encoding):
         not a function of the relation alone (see [`CompactBias`][mmpe.encodings.base.CompactBias]), or None (the default:
         the attention then evaluates [`bias_rows`][mmpe.encodings.base.ScoreEncoding.bias_rows] on every pair)."""
         return None
+
+
+#: a score term's optional eager forms, each with the definitions whose numbers it gives (in
+#: order: a subclass's generic `bias_rows` also drops its parent's per-head and tile forms)
+EAGER_FORMS: dict[str, tuple[str, ...]] = {
+    "bias_rows": ("score_mod",),
+    "bias": ("score_mod", "bias_rows"),
+    "relation_bias": ("score_mod",),
+    "compact_bias": ("score_mod",),
+    "pair_term": ("score_mod",),
+    "grid_offset_only": ("score_mod",),
+    "head_rows": ("score_mod", "bias_rows"),
+    "bias_tiles": ("score_mod", "bias_rows"),
+    "bias_rows_vjp": ("score_mod", "bias_rows"),
+}
+
+#: the generic value of the forms `ScoreEncoding` does not define: absent (the grid path reads
+#: `grid_offset_only` as a declaration, and `None` for the others as "no such form")
+_GENERIC_FORMS: dict[str, Any] = {"grid_offset_only": False}
 
 
 def distance_rows(ctx: AttentionContext, start: int, stop: int) -> Tensor:

@@ -194,11 +194,11 @@ class FIRE(SavesSettings, ScoreEncoding):
         self.check_context(ctx)
         n_k = ctx.coords.num_keys
         with torch.no_grad():
-            rows = self.bias_rows(ctx, start, stop)
+            rows = FIRE.bias_rows(self, ctx, start, stop)
 
         def pull(d_bias: Tensor) -> tuple[list[Tensor], list[Tensor]]:
             with torch.enable_grad():
-                tiles = self.bias_tiles(ctx, start, stop, max(n_k, 1))
+                tiles = FIRE.bias_tiles(self, ctx, start, stop, max(n_k, 1))
             scratch = torch.empty(stop - start, n_k)
             for i in range(d_bias.shape[0]):
                 for head in range(self.num_heads):

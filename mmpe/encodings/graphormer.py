@@ -108,7 +108,7 @@ class GraphormerSpatial(ScoreEncoding):
             self.check_context(ctx)
             buckets = spatial_buckets(ctx.coords.spd[:, start:stop], self.max_distance)
             return self.table[buckets].permute(0, 3, 1, 2)
-        return self.bias_rows_vjp(ctx, start, stop)[0]
+        return GraphormerSpatial.bias_rows_vjp(self, ctx, start, stop)[0]  # (not a subclass's)
 
     def bias_rows_vjp(self, ctx: AttentionContext, start: int,
                       stop: int) -> tuple[Tensor, Callable]:

@@ -103,7 +103,8 @@ class KerpleLog(_Kerple):
         if torch.is_grad_enabled() or torch.compiler.is_compiling():
             # (A compiled graph fuses the passes itself; dtype queries do not trace.)
             return super().bias_rows(ctx, start, stop)
-        rows = self.head_rows(ctx, start, stop)  # [b', 1, R, n_k] distances inside
+        # this class's own head rows (a subclass's may be the generic None: ScoreEncoding)
+        rows = KerpleLog.head_rows(self, ctx, start, stop)  # [b', 1, R, n_k] distances inside
         out = block_empty(self, "rows", (rows.flat.shape[0], self.num_heads, stop - start,
                                          ctx.coords.num_keys), rows.dtype, rows.flat.device)
         for i in range(out.shape[0]):
