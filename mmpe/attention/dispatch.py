@@ -23,7 +23,7 @@ from torch import Tensor
 
 from mmpe import flex_compile
 from mmpe.attention import record
-from mmpe.attention.blocked import _BlockedPlan
+from mmpe.attention.blocked import _BlockedPlan, prefers_tiles
 from mmpe.attention.flex import _block_mask, _flex_mods, compose_score_mods
 from mmpe.attention.grid import _GridPlan
 from mmpe.attention.masks import _cast_bias, _dense_mask, _large_mask, _plain_causal
@@ -98,9 +98,11 @@ def run_sdpa(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) ->
     if grid is not None:  # an offset-only bias on a grid: block-Toeplitz tables
         grid_plan, table, prefix = grid
         return grid_plan.run(ctx.q, ctx.k, ctx.v, table, prefix)
-    if scores and _bias_bytes(ctx, coords.num_queries) > block_bytes():
+    if scores and (_bias_bytes(ctx, coords.num_queries) > block_bytes()
+                   or prefers_tiles(scores, ctx)):
         # content-free terms: blocks with a hand-written backward (mmpe/attention/blocked.py);
-        # content-dependent ones (and bf16, compiled code): checkpointed blocks
+        # content-dependent ones (and bf16, compiled code): checkpointed blocks. Below the
+        # budget, learned terms with tiles too: their backward beats autograd's dense graph.
         blocked = _BlockedPlan.build(scores, ctx, scale)
         if blocked is not None:
             return blocked.run(ctx.q, ctx.k, ctx.v)
