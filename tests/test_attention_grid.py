@@ -86,7 +86,14 @@ def _compare(names: list[str], grid: Grid, heads: int, batch: int, seed: int = 0
         if b is None:
             assert a is None or not a.any(), label
             continue
-        torch.testing.assert_close(a.float(), b.float(), atol=1e-5, rtol=1e-5, msg=label)
+        tol = (1e-5, 1e-5)
+        if label == "FIRE.c":
+            # ∂/∂c is the difference of c's terms in ψ(d) and in the normaliser, each up to
+            # ~2,000× larger than it where c is small, from float32 rows on both sides (the
+            # tolerance of tests/test_blocked_path.py; hypothesis found c = 0.5 + 0.3·N
+            # near 0 here too, torch 2.5.1, a 1 × 2 grid)
+            tol = (1e-4, 1e-3)
+        torch.testing.assert_close(a.float(), b.float(), atol=tol[0], rtol=tol[1], msg=label)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
