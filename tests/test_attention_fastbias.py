@@ -99,8 +99,8 @@ def _compare(names: list[str], coords: Sequence, heads: int, batch: int, seed: i
         if name == "FIRE.c":
             # ∂/∂c is the difference of c's terms in ψ(d) and in the normaliser, each up to
             # ~2,000× larger than it where c is small, from float32 rows on both sides (the
-            # tolerance of tests/test_blocked_path.py; hypothesis found c = 0.5 + 0.3·N
-            # near 0 here too, torch 2.5.1, a 1 × 2 grid)
+            # tolerance of tests/test_blocked_path.py; c = 0.5 + 0.3·N comes near 0 here as on
+            # the grid path, where hypothesis found c = −2.7e-4)
             tol = (1e-4, 1e-3)
         torch.testing.assert_close(a.float(), b.float(), atol=tol[0], rtol=tol[1], msg=name)
 
