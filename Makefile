@@ -5,7 +5,7 @@ STAMP   := $(VENV)/.installed
 PYTEST  := $(PY) -m pytest
 APT_PKGS := espeak-ng proj-data bowtie2-examples
 
-.PHONY: setup run report results test test-slow test-gpu test-floor test-core lint bench docs data-audio apt clean
+.PHONY: setup run report results test test-train test-slow test-gpu test-floor test-core lint bench docs data-audio apt clean
 
 $(STAMP): pyproject.toml requirements/torch.txt requirements/nodeps.txt
 	python3 -m venv $(VENV)
@@ -51,8 +51,14 @@ results: setup
 	test -d data/spoken_digits || $(PY) -m mmpe.recipes.audio_data --out data/spoken_digits; \
 	$$M compare audio --store results
 
+# The tests: `make test` the fast layer-by-layer suite (under 8 minutes on 2 cores),
+# `make test-train` the recipe trainings and the tests that run fresh interpreters (docs
+# blocks, the site build, a wheel, plugins); CI runs both. --durations names the slowest.
 test: setup
-	$(PYTEST) -q
+	$(PYTEST) -q --durations=15
+
+test-train: setup
+	$(PYTEST) -q -m "(train or subprocess) and not slow and not gpu" --durations=15
 
 test-slow: setup
 	$(PYTEST) -q -m slow
@@ -65,7 +71,7 @@ test-slow: setup
 test-gpu: setup
 	@if $(PY) -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then \
 		MMPE_FLEX_STRICT=1 $(PYTEST) -q -m gpu -rs -rf; \
-	else echo "make test-gpu: no CUDA device here; the GPU tier (tests/test_gpu.py) is skipped"; fi
+	else echo "make test-gpu: no CUDA device here; the GPU tier (tests/gpu/test_gpu.py) is skipped"; fi
 
 # The tests at the declared minimum versions of torch, timm, PyG, transformers and Lightning
 # (requirements/floor.txt), in their own environment.
@@ -79,10 +85,10 @@ $(FLOOR)/.installed: pyproject.toml requirements/floor.txt requirements/nodeps.t
 	touch $@
 
 test-floor: $(FLOOR)/.installed
-	$(FLOOR)/bin/python -m pytest -q
+	$(FLOOR)/bin/python -m pytest -q -m "not slow and not gpu" --durations=15
 
 test-core: setup
-	MMPE_HIDE_EXTRAS=1 $(PYTEST) -q
+	MMPE_HIDE_EXTRAS=1 $(PYTEST) -q -m "not slow and not gpu" --durations=15
 
 # The documentation site (mkdocs material + mkdocstrings), offline, warnings as errors.
 docs: setup

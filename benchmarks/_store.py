@@ -3,7 +3,8 @@
 ``python benchmarks/bench_X.py --store DIR`` appends to ``DIR/bench_X.jsonl`` (``make bench``
 passes ``--store results/bench``); ``mmpe report --write`` renders the README's and the docs'
 ``<!-- mmpe:bench bench_X table=ID -->`` blocks from those lines
-(``recipes/bench_report.py``), so no benchmark number is typed. One line::
+(``mmpe.results.bench_report``), so no benchmark number is typed. The lines are written by the
+results store's one writer (``mmpe.results.store.append_lines``). One line::
 
     {"bench": "bench_text", "table": "peers", "title": "1D encodings ...",
      "columns": ["operation", "peer", "mmpe ms", "peer ms", "peer / mmpe"],
@@ -22,13 +23,13 @@ numbers (sizes, repeats): the renderer combines only runs of one config.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import platform
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from mmpe.results.store import append_lines, cpu_model, git_state
 
 
 @dataclass
@@ -68,25 +69,12 @@ def host(cuda: bool = False) -> str:
         import torch
 
         return torch.cuda.get_device_name()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpu_model() or platform.processor() or platform.machine()
 
 
 def git() -> dict[str, Any]:
     """The checkout's commit and whether its tracked files differ from it."""
-    root = Path(__file__).resolve().parents[1]
-
-    def out(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
-                              check=False).stdout.strip()
-
-    commit = out("rev-parse", "HEAD") or None
-    return {"commit": commit, "dirty": bool(out("status", "--porcelain", "--untracked-files=no"))}
+    return git_state(Path(__file__).resolve().parents[1])
 
 
 def record(table: Table, bench: str, *, threads: int | None = None,
@@ -109,10 +97,6 @@ def write(store: str | Path | None, bench: str, tables: Sequence[Table], **meta:
     the tables of one call share their date. ``meta``: see :func:`record`."""
     if store is None:
         return None
-    path = Path(store) / f"{Path(bench).stem}.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
     date = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    lines = [json.dumps(record(t, Path(bench).stem, date=date, **meta)) for t in tables]
-    with path.open("a", encoding="utf-8") as f:
-        f.write("".join(line + "\n" for line in lines))
-    return path
+    return append_lines(Path(store) / f"{Path(bench).stem}.jsonl",
+                        [record(t, Path(bench).stem, date=date, **meta) for t in tables])

@@ -12,7 +12,7 @@ Rows:
 * RoPE precision: max score error at positions shifted by 10⁷ (float32 inputs), per library.
 * RoPE rotation error per input dtype: max |rotated − float64 rotation| / (eps · max |x|), the
   error mmpe accepts by rotating bf16/fp16 in their own dtype (bounded in
-  tests/test_rope_dtype.py), with HF's for comparison.
+  tests/encodings/test_rope_dtype.py), with HF's for comparison.
 
 mmpe and the peer are timed alternately, round after round (``paired``), so load from other
 jobs on the machine hits both alike; times are medians, the ratio is the median of the
@@ -225,7 +225,7 @@ def main() -> None:
     print("\n## RoPE rotation error per input dtype: max |out - float64 rotation| / (eps * max|q|),"
           f" positions 0..{s - 1}\n")
     print("mmpe rotates bf16/fp16 in their own dtype with cos/sin rounded once from float64 "
-          "phases (tests/test_rope_dtype.py bounds it by 1.0); HF's float32 phases add "
+          "phases (tests/encodings/test_rope_dtype.py bounds it by 1.0); HF's float32 phases add "
           "phase error in float32.\n")
     print("| dtype | mmpe | HF transformers |")
     print("|---|---|---|")

@@ -3,7 +3,7 @@
 `make docs` runs this before the pages are read: every PNG under `img/gen/` and the page
 `gallery.md` exist only in the built site, drawn from the stored runs in `results/*.jsonl` and
 from closed forms or freshly built encodings (seeded, no training), in about 15 s on one core.
-A page shows a figure as `![...](img/gen/NAME.png)`; tests/test_docs_site.py checks that each
+A page shows a figure as `![...](img/gen/NAME.png)`; tests/package/test_docs_site.py checks that each
 modality page has its figure.
 """
 
@@ -51,10 +51,11 @@ def write(name: str, draw: Callable[[], object]) -> None:
 
 def _series(recipe: str, setting: str = "default") -> tuple[object, dict]:
     """The recipe's compare spec and `{encoding: [(mean, sd) per column]}` from results/."""
-    from mmpe.recipes.compare import load_recipe
-    from mmpe.recipes.report import series
+    from mmpe.recipes.compare import recipe_spec
 
-    spec = load_recipe(recipe).COMPARE
+    from mmpe.results.report import series
+
+    spec = recipe_spec(recipe)
     records = [json.loads(line) for line in (ROOT / "results" / f"{recipe}.jsonl").open()]
     return spec, series(spec, records, setting)
 
@@ -121,7 +122,7 @@ def gallery_coordinates() -> dict[str, object]:
 
 def trained_attention() -> list[str]:
     """The gallery's first section: attention maps of the trained text models, drawn from
-    `results/attention/text.npz` (written by `python -m mmpe.recipes.attention_maps`)."""
+    `results/attention/text.npz` (written by `python -m mmpe.results.attention_maps`)."""
     path = ROOT / "results" / "attention" / "text.npz"
     data = np.load(path)
     meta = json.loads(str(data["meta"]))
@@ -140,7 +141,7 @@ def trained_attention() -> list[str]:
             "one whose attention is most concentrated (lowest mean entropy over queries). Query "
             "down, key across; the colour scale is a square root, so weak long-range attention "
             "stays visible. Drawn at build time from `results/attention/text.npz`, which "
-            "`python -m mmpe.recipes.attention_maps --seed 1` writes from the checkpoints of "
+            "`python -m mmpe.results.attention_maps --seed 1` writes from the checkpoints of "
             "`mmpe compare text` (the recipe's stored runs).", "",
             "![Attention of trained text models](img/gen/gallery_trained_text.png)", ""]
 

@@ -21,7 +21,6 @@ from mmpe.coords import (
     Latents,
     Numbers,
     PackedGrids,
-    PerImage,
     Points,
     Sequence,
     Sphere,
@@ -38,6 +37,7 @@ from mmpe.coords.capabilities import (
     Positioned1D,
     Spherical,
 )
+from mmpe.encodings.per_image import PerImage
 from mmpe.generation import generate
 from mmpe.lm import CausalLM
 from mmpe.registry import available, build, get, register

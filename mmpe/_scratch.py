@@ -13,12 +13,23 @@ Outside that context, or where that cannot be checked, it is `torch.empty`.
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
 from torch import Tensor
+
+#: default budget of one block of bias rows on the CPU attention paths (bytes); ``MMPE_ATTN_BLOCK_BYTES``
+#: overrides it.
+BLOCK_BYTES = 1 << 28
+
+
+def block_bytes() -> int:
+    """Bytes one block of bias rows may take before SDPA runs block by block over queries."""
+    return int(os.environ.get("MMPE_ATTN_BLOCK_BYTES", BLOCK_BYTES))
+
 
 _local = threading.local()
 

@@ -59,29 +59,31 @@ def _compare(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from mmpe.results import report, store
+
     try:
-        from mmpe.recipes import report, store
-        from mmpe.recipes.compare import load_recipe
+        # A block's columns and their direction are its recipe's (`CompareSpec`).
+        from mmpe.recipes.compare import recipe_spec
     except ImportError as err:
         print(f"mmpe report: {err}; the recipes need `pip install 'mmpe[recipes,data]'`",
               file=sys.stderr)
         return 2
     if args.check:
-        bad = report.stale(args.check, args.store)
+        bad = report.stale(args.check, args.store, specs=recipe_spec)
         for line in bad:
             print(f"stale: {line}", file=sys.stderr)
         return 1 if bad else 0
     if args.write:
         for path in args.write:
             text = open(path, encoding="utf-8").read()
-            new = report.rewrite(text, args.store, plots=not args.no_plots)
+            new = report.rewrite(text, args.store, plots=not args.no_plots, specs=recipe_spec)
             if new != text:
                 open(path, "w", encoding="utf-8").write(new)
                 print(f"rewrote {path}")
         return 0
     if not args.recipe:
         raise ValueError("mmpe report: give a RECIPE, or --write / --check FILES")
-    spec = load_recipe(args.recipe).COMPARE
+    spec = recipe_spec(args.recipe)
     records = store.read(args.store, args.recipe)
     if not records:
         raise ValueError(f"no stored runs of {args.recipe!r} in {args.store}: "

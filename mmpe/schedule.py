@@ -30,7 +30,7 @@ window of that many tokens) or `chunk` (chunked attention, chunks of that many t
 model's `state_dict` (`layer_schedule.settings.config`, its JSON) and checked on load; each
 windowed layer also saves its window (`blocks.<i>.attn.window.settings.kind`/`size`).
 [`LayerSchedule.from_state_dict`][mmpe.schedule.LayerSchedule.from_state_dict] reads it back,
-[`LayerSchedule.from_hf`][mmpe.schedule.LayerSchedule.from_hf] reads an HF config's
+[`layer_schedule_from_hf`][mmpe.integrations.transformers.layer_schedule_from_hf] reads an HF config's
 `layer_types`, `no_rope_layers`, windows and RoPE bases (each preset equals its HF config's
 defaults read this way), and `mmpe show gemma3 --depth 12` prints a preset layer by layer.
 """
@@ -348,66 +348,17 @@ class LayerSchedule(SavesSettings):
 
     @classmethod
     def from_hf(cls, config: Any) -> LayerSchedule:
-        """The schedule of an HF transformers text config (v5 names), layer by layer.
+        """Deprecated: [`layer_schedule_from_hf`][mmpe.integrations.transformers.layer_schedule_from_hf]
+        (the HF bridge reads HF configs); this name warns (`FutureWarning`) until 0.3."""
+        import warnings
 
-        Reads `num_hidden_layers`; `layer_types` (`"sliding_attention"` → `window =
-        sliding_window` unless `use_sliding_window` is False; `"chunked_attention"` → `chunk =
-        attention_chunk_size`); `no_rope_layers` (Llama 4, SmolLM3: 0 = NoPE), and for
-        Cohere 2 RoPE on the sliding layers only; `rope_parameters` (one dict, or one per layer
-        type as in Gemma 3): `rope_type` `"default"` with `rope_theta` and
-        `partial_rotary_factor`, or a scaled type (`"llama3"`, `"yarn"`, `"linear"` …) read by
-        [`from_hf_rope`][mmpe.integrations.transformers.from_hf_rope] into a config dict
-        of its settings; interleaved channel pairs for Llama 4 and Cohere 2; and
-        Llama 4's `attn_temperature_tuning` (`floor_scale`, `attn_scale`) on its NoPE layers.
-        What is not a position scheme (q/k norms, soft-capping, `query_pre_attn_scalar`) is not
-        read.
+        # Lazy, and only in this deprecated delegate: the schedule sits below the integrations.
+        from mmpe.integrations.transformers import layer_schedule_from_hf
 
-        Raises:
-            ValueError: a config without `num_hidden_layers`; rope parameters `from_hf_rope`
-                refuses, or whose encoding's settings do not rebuild it.
-        """
-        get = (lambda k, d=None: config.get(k, d)) if isinstance(config, Mapping) else \
-            (lambda k, d=None: getattr(config, k, d))
-        depth = get("num_hidden_layers")
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-            raise ValueError(f"LayerSchedule.from_hf: the config needs num_hidden_layers >= 1, got {depth!r}")
-        model_type = get("model_type", "") or ""
-        types = list(get("layer_types") or ["full_attention"] * depth)
-        no_rope = get("no_rope_layers") or [1] * depth
-        rope_params = get("rope_parameters") or {"rope_type": "default",
-                                                  "rope_theta": get("rope_theta", 10000.0)}
-        interleaved = model_type in ("llama4_text", "llama4", "cohere2", "cohere")
-        head_dim = get("head_dim") or (get("hidden_size") // get("num_attention_heads")
-                                       if get("hidden_size") and get("num_attention_heads") else None)
-
-        def rope_for(kind: str) -> dict[str, Any]:
-            params = rope_params.get(kind, rope_params) if isinstance(rope_params.get(kind), Mapping) \
-                else rope_params
-            rope_type = params.get("rope_type", params.get("type", "default"))
-            if rope_type != "default":
-                return _scaled_rope_spec(dict(params), head_dim, get("max_position_embeddings"),
-                                         interleaved)
-            spec = _rope(params.get("rope_theta", get("rope_theta", 10000.0)), interleaved)
-            factor = params.get("partial_rotary_factor", get("partial_rotary_factor"))
-            if factor not in (None, 1, 1.0) and head_dim:
-                spec["rotary_dim"] = int(head_dim * factor)
-            return spec
-
-        layers = []
-        for i in range(depth):
-            kind = types[i]
-            window = chunk = None
-            if kind == "sliding_attention" and get("use_sliding_window", True) is not False:
-                window = get("sliding_window")
-            elif kind == "chunked_attention":
-                chunk = get("attention_chunk_size")
-            uses_rope = bool(no_rope[i]) and (model_type != "cohere2" or kind == "sliding_attention")
-            temperature = None
-            if not uses_rope and get("attn_temperature_tuning", False):
-                temperature = {"floor_scale": float(get("floor_scale")), "attn_scale": float(get("attn_scale"))}
-            layers.append(LayerSpec(encodings=(rope_for(kind),) if uses_rope else (), window=window,
-                                    chunk=chunk, temperature=temperature))
-        return cls(layers, name=f"hf:{model_type}" if model_type else "hf")
+        warnings.warn("LayerSchedule.from_hf moved to "
+                      "mmpe.integrations.transformers.layer_schedule_from_hf in 0.2; the old name "
+                      "is kept until 0.3", FutureWarning, stacklevel=2)
+        return layer_schedule_from_hf(config)
 
     def describe(self) -> str:
         """A table, one line per layer."""
@@ -416,32 +367,10 @@ class LayerSchedule(SavesSettings):
         return "\n".join([head] + [f"  layer {i:>{width}}: {s.describe()}" for i, s in enumerate(self.layers)])
 
 
-def _scaled_rope_spec(params: dict[str, Any], head_dim: int | None, max_pos: int | None,
-                      interleaved: bool) -> dict[str, Any]:
-    """The config dict of HF rope parameters of a scaled type: `from_hf_rope` builds the
-    encoding and its saved settings (`SavesSettings`) name it; rebuilt from the dict, it must
-    hold the same settings."""
-    from mmpe.integrations.transformers import from_hf_rope
-    from mmpe.registry import build
-
-    if head_dim is None:
-        raise ValueError("LayerSchedule.from_hf: a scaled rope_type needs head_dim (or hidden_size "
-                         "and num_attention_heads) in the config")
-    enc = from_hf_rope(params, head_dim=head_dim, max_position_embeddings=max_pos)
-    settings = enc.function_settings()
-    settings["interleaved"] = bool(interleaved)
-    spec = {"name": enc.registry_name,
-            **{k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()}}
-    again = build(spec, context={"head_dim": head_dim}).function_settings()
-    if again != {**settings, "interleaved": bool(interleaved)}:
-        raise ValueError(f"LayerSchedule.from_hf: rope parameters {params} do not round-trip "
-                         f"through a config dict ({settings} vs {again}); write the layer specs "
-                         "by hand")
-    return spec
-
-
 # ------------------------------------------------------------------------------- presets
-def _rope(base: float, interleaved: bool = False) -> dict[str, Any]:
+def rope_spec(base: float, interleaved: bool = False) -> dict[str, Any]:
+    """The layer-spec dict of plain RoPE at `base` (adjacent channel pairs if `interleaved`),
+    as the presets and `layer_schedule_from_hf` write it."""
     spec: dict[str, Any] = {"name": "rope", "base": float(base)}
     if interleaved:
         spec["interleaved"] = True
@@ -456,7 +385,7 @@ def llama4(depth: int, *, chunk_size: int | None = 8192, rope_base: float = 5000
     `(floor_scale, attn_scale)`; the other layers RoPE with interleaved channel pairs (HF
     Llama 4 rotates complex pairs `(2i, 2i+1)`), base `rope_base`, and chunked attention of
     `chunk_size` tokens (None: global)."""
-    rope = LayerSpec(encodings=(_rope(rope_base, interleaved=True),), chunk=chunk_size)
+    rope = LayerSpec(encodings=(rope_spec(rope_base, interleaved=True),), chunk=chunk_size)
     nope = LayerSpec(encodings=(), temperature={"floor_scale": float(floor_scale),
                                                 "attn_scale": float(attn_scale)} if temperature else None)
     return LayerSchedule.pattern(depth, nope_every, nope, rope, name="llama4")
@@ -466,8 +395,8 @@ def gemma3(depth: int, *, sliding_window: int = 4096, local_base: float = 10000.
            global_base: float = 1000000.0, pattern: int = 6) -> LayerSchedule:
     """Gemma 3 (HF `Gemma3TextConfig`): `pattern − 1` sliding-window layers (`sliding_window`
     tokens, RoPE base `local_base`) then one global layer (RoPE base `global_base`)."""
-    local = LayerSpec(encodings=(_rope(local_base),), window=sliding_window)
-    return LayerSchedule.pattern(depth, pattern, LayerSpec(encodings=(_rope(global_base),)), local,
+    local = LayerSpec(encodings=(rope_spec(local_base),), window=sliding_window)
+    return LayerSchedule.pattern(depth, pattern, LayerSpec(encodings=(rope_spec(global_base),)), local,
                                  name="gemma3")
 
 
@@ -475,8 +404,8 @@ def gemma2(depth: int, *, sliding_window: int = 4096, base: float = 10000.0,
            pattern: int = 2) -> LayerSchedule:
     """Gemma 2 (HF `Gemma2Config.layer_types`): sliding-window and global layers alternate
     (the first sliding), one RoPE base."""
-    local = LayerSpec(encodings=(_rope(base),), window=sliding_window)
-    return LayerSchedule.pattern(depth, pattern, LayerSpec(encodings=(_rope(base),)), local,
+    local = LayerSpec(encodings=(rope_spec(base),), window=sliding_window)
+    return LayerSchedule.pattern(depth, pattern, LayerSpec(encodings=(rope_spec(base),)), local,
                                  name="gemma2")
 
 
@@ -485,7 +414,7 @@ def cohere2(depth: int, *, sliding_window: int = 4096, base: float = 10000.0,
     """Cohere 2 / Command R7B (HF `Cohere2Config`): `pattern − 1` sliding-window layers with
     interleaved RoPE (HF Cohere repeats each frequency on adjacent channels), then one global
     layer with no positional encoding."""
-    local = LayerSpec(encodings=(_rope(base, interleaved=True),), window=sliding_window)
+    local = LayerSpec(encodings=(rope_spec(base, interleaved=True),), window=sliding_window)
     return LayerSchedule.pattern(depth, pattern, LayerSpec(encodings=()), local, name="cohere2")
 
 
@@ -493,7 +422,7 @@ def smollm3(depth: int, *, base: float = 2000000.0, nope_every: int = 4) -> Laye
     """SmolLM3 (HF `SmolLM3Config.no_rope_layers`): every `nope_every`-th layer NoPE, the
     others RoPE of base `base`; global attention everywhere."""
     return LayerSchedule.pattern(depth, nope_every, LayerSpec(encodings=()),
-                                 LayerSpec(encodings=(_rope(base),)), name="smollm3")
+                                 LayerSpec(encodings=(rope_spec(base),)), name="smollm3")
 
 
 #: Preset name → function `(depth, **options) -> LayerSchedule`.

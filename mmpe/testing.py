@@ -1,4 +1,14 @@
-"""Test helpers for users who write their own coordinate classes.
+"""Test helpers for users who write their own coordinate classes and encodings.
+
+[`assert_encoding_paths`][mmpe.testing.assert_encoding_paths] runs an encoding through every
+attention path that can run it (the dispatcher's choice, each SDPA plan, FlexAttention) and
+holds each to the math path, outputs and gradients, with the tolerances of
+`TOLERANCES` (the table mmpe's own tests use)::
+
+    from mmpe.testing import assert_encoding_paths
+
+    def test_my_bias_on_every_path():
+        assert_encoding_paths(MyBias(num_heads=2), mmpe.Points(torch.rand(1, 40, 3)))
 
 [`assert_coordinates_contract`][mmpe.testing.assert_coordinates_contract] checks that a coordinate object keeps the promises every
 encoding relies on ([`mmpe.coords.capabilities`][mmpe.coords.capabilities]). Run it in your test suite on a few
@@ -34,6 +44,8 @@ A violation raises `AssertionError` whose message names the member (`distance`,
 
 from __future__ import annotations
 
+import os
+import warnings
 from typing import Any
 
 import torch
@@ -42,7 +54,7 @@ from torch import Tensor
 from mmpe.coords.base import index_grid
 from mmpe.coords.capabilities import Directed, Metric, Positioned
 
-__all__ = ["assert_coordinates_contract"]
+__all__ = ["TOLERANCES", "assert_coordinates_contract", "assert_encoding_paths"]
 
 #: Scalar (FlexAttention-style) index triples checked per coordinate object, besides corners.
 _SCALAR_SAMPLES = 24
@@ -272,3 +284,119 @@ def _argmax(t: Tensor) -> tuple[int, ...]:
 
 def _describe(t: Any) -> str:
     return f"{t.dtype} {tuple(t.shape)}" if isinstance(t, Tensor) else type(t).__name__
+
+
+#: what every attention path is held to against the math path, by dtype: `(atol, rtol)` for the
+#: output and for each gradient. float32 sums the scores in another order on each path (a fused
+#: kernel, a table read by offset, tiles): a few ulps of a score of size 10 move an output by
+#: ~1e-6 and a gradient summed over n pairs by up to n times that.
+TOLERANCES: dict[torch.dtype, dict[str, tuple[float, float]]] = {
+    torch.float32: {"output": (2e-5, 1e-4), "gradient": (1e-4, 1e-3)},
+    torch.float64: {"output": (1e-10, 1e-8), "gradient": (1e-9, 1e-7)},
+}
+
+
+def assert_encoding_paths(encoding: Any, coords: Any, *, num_heads: int | None = None,
+                          head_dim: int = 8, batch: int | None = None,
+                          dtype: torch.dtype = torch.float32, seed: int = 0,
+                          grad: bool = True, block_bytes: int = 4096) -> list[str]:
+    """Check `encoding` on every attention path that can run it against the math path.
+
+    One `MultiHeadAttention(num_heads · head_dim, num_heads, [encoding])` with the same
+    projections per path; the paths are the dispatcher's own choice (`"auto"`), each plan of
+    the SDPA path that can run the call ([`SDPA_PLANS`][mmpe.attention.dispatch.SDPA_PLANS]:
+    the relation, grid, blocked, checkpointed-blocks and dense plans, with a block budget of
+    `block_bytes` so that blocks are small), and FlexAttention where this torch has it (on the
+    CPU forward only where its backward is missing). Compared: the output and, with `grad`, the
+    gradients of `Σ out²` w.r.t. the input and every parameter of `encoding`.
+
+    Args:
+        encoding: any mmpe encoding (score encodings are the ones with several paths).
+        coords: coordinates it supports (small: the math path holds every score).
+        num_heads: `n_h` (default: the encoding's `num_heads`, else 2).
+        head_dim: `h_d` (the encoding's `head_dim` where it has one).
+        batch: `b` (default: the coordinates' batch size, else 2).
+        dtype: float32 or float64 (the tolerances of `TOLERANCES`).
+        seed: seeds the projections and the input.
+
+    Returns:
+        the names of the paths checked (`"auto"`, `"sdpa:relation"`, …, `"flex"`).
+
+    Raises:
+        AssertionError: a path's output or gradient differs, naming the path and the tensor.
+    """
+    from mmpe import flex_compile
+    from mmpe.attention import MultiHeadAttention
+    from mmpe.attention.dispatch import SDPA_PLANS, force_plan
+
+    heads = num_heads or getattr(encoding, "num_heads", None) or 2
+    head_dim = getattr(encoding, "head_dim", None) or head_dim
+    batch = batch or getattr(coords, "batch_size", None) or 2
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, coords.num_queries, heads * head_dim, generator=gen, dtype=dtype)
+    params = [p for p in encoding.parameters() if p.requires_grad] if grad else []
+
+    def step(backend: str, forward_only: bool = False) -> list[Tensor]:
+        torch.manual_seed(seed)
+        attn = MultiHeadAttention(heads * head_dim, heads, [encoding], head_dim=head_dim,
+                                  backend=backend).to(dtype)
+        xs = x.clone().requires_grad_(grad and not forward_only)
+        for p in params:
+            p.grad = None
+        with torch.set_grad_enabled(grad and not forward_only):
+            out = attn(xs, coords)
+            if forward_only or not grad:
+                return [out]
+            out.square().sum().backward()
+        return [out.detach(), xs.grad, *(p.grad if p.grad is not None else torch.zeros_like(p)
+                                         for p in params)]
+
+    want = step("math")
+    checked = []
+    runs: list[tuple[str, str, str | None]] = [("auto", "auto", None)]
+    runs += [(f"sdpa:{plan}", "sdpa", plan) for plan in SDPA_PLANS]
+    runs.append(("flex", "flex", None))
+    old_budget = os.environ.get("MMPE_ATTN_BLOCK_BYTES")
+    os.environ["MMPE_ATTN_BLOCK_BYTES"] = str(block_bytes)
+    try:
+        for name, backend, plan in runs:
+            try:
+                with force_plan(plan):
+                    got = step(backend)
+            except ValueError as err:  # a plan that cannot run this call
+                if "cannot run this call" in str(err) or "cannot run a non-softmax" in str(err):
+                    continue
+                raise
+            except NotImplementedError:  # FlexAttention without a backward on the CPU
+                if backend != "flex" or not grad:
+                    raise
+                with torch.no_grad(), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # "called without torch.compile"
+                    got = step(backend, forward_only=True)
+                name = "flex (forward)"
+            except flex_compile.FlexUnavailableError:
+                continue
+            _compare(name, got, want, dtype, params)
+            checked.append(name)
+    finally:
+        if old_budget is None:
+            os.environ.pop("MMPE_ATTN_BLOCK_BYTES", None)
+        else:
+            os.environ["MMPE_ATTN_BLOCK_BYTES"] = old_budget
+    return checked
+
+
+def _compare(path: str, got: list[Tensor], want: list[Tensor], dtype: torch.dtype,
+             params: list[Tensor]) -> None:
+    names = ["output", "input gradient", *(f"gradient of parameter {i} {tuple(p.shape)}"
+                                          for i, p in enumerate(params))]
+    for name, a, b in zip(names, got, want, strict=False):
+        atol, rtol = TOLERANCES[dtype]["output" if name == "output" else "gradient"]
+        if a is None or b is None:
+            if (a is None) != (b is None):
+                raise AssertionError(f"{path}: {name} is None on one path only")
+            continue
+        if not torch.allclose(a.to(b.dtype), b, atol=atol, rtol=rtol):
+            diff = (a.to(b.dtype) - b).abs().max().item()
+            raise AssertionError(f"{path}: {name} differs from the math path by {diff:.3g} "
+                                 f"(atol {atol}, rtol {rtol})")

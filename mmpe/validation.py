@@ -33,6 +33,7 @@ __all__ = [
     "check_bool",
     "check_finite_float",
     "check_int",
+    "check_laplacian_normalization",
     "check_options",
     "check_positive_int",
     "check_tensor",
@@ -95,6 +96,13 @@ def check_bool(where: str, arg: str, value: object) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{where}: {arg} must be a bool, got {value!r} ({type(value).__name__})")
     return bool(value)
+
+
+def check_laplacian_normalization(where: str, value: object) -> None:
+    """Raise `ValueError` unless `value` names a Laplacian normalization: `"sym"` or None
+    (combinatorial)."""
+    if value not in ("sym", None):
+        raise ValueError(f"{where}: normalization must be 'sym' or None, got {value!r}")
 
 
 def check_tensor(where: str, arg: str, value: object, *, dims: tuple[int, ...] | None = None,

@@ -1,107 +1,26 @@
-"""Attention maps of trained models, stored for the docs' attention gallery.
+"""Deprecated: `mmpe.recipes.attention_maps` moved to
+[`mmpe.results.attention_maps`][mmpe.results.attention_maps] in 0.2 (it trains nothing); kept
+until 0.3.
 
-The text recipe's checkpoints (`mmpe compare text`, one per encoding and seed) are read back,
-one held-out Shakespeare passage of `L` characters (the training context; a learned table
-holds no more) is run
-through each model under [`record_attention`][mmpe.attention.record.record_attention], and per
-layer the head whose attention is most concentrated (lowest mean entropy over queries) is
-kept. The maps go to one compressed `.npz` under `results/attention/` with the passage, the
-seed, the heads kept and each checkpoint's step, so `make docs` draws them without training
-and without the checkpoints.
-
-    python -m mmpe.recipes.attention_maps --runs runs/compare/text --seed 1 \\
-        --out results/attention/text.npz
+Importing it warns (`FutureWarning`); every name resolves to the new module's, and
+`python -m mmpe.recipes.attention_maps ...` still writes the maps (run
+`python -m mmpe.results.attention_maps ...` instead).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-from collections.abc import Sequence
-from pathlib import Path
+import warnings
+from typing import Any
 
-import numpy as np
-import torch
+from mmpe.results import attention_maps as _moved
 
-from mmpe.attention import record_attention
-
-MAIN_JOB = ("sinusoidal", "learned", "rope", "alibi", "t5", "fire", "nope")
-#: Characters of the test plays skipped before the passage (past the first play's title page).
-SKIP = 10_000
+warnings.warn("mmpe.recipes.attention_maps moved to mmpe.results.attention_maps in 0.2; the old "
+              "module is kept until 0.3", FutureWarning, stacklevel=2)
 
 
-def checkpoint_of(runs: Path, encoding: str, seed: int) -> Path:
-    """The last checkpoint of `encoding`, seed `seed`, under a `mmpe compare text --out` folder.
-
-    Raises:
-        FileNotFoundError: no checkpoint there.
-    """
-    found = sorted((runs / encoding / f"seed{seed}").glob("lightning_logs/version_*/checkpoints/last.ckpt"))
-    if not found:
-        raise FileNotFoundError(f"attention_maps: no checkpoint for {encoding!r} seed {seed} "
-                                f"under {runs} (run `mmpe compare text --out {runs}` first)")
-    return found[-1]
-
-
-def entropy(weights: torch.Tensor) -> torch.Tensor:
-    """Mean over queries of each head's attention entropy (nats), `[n_h]`, for
-    `weights [n_h, n_q, n_k]`."""
-    return -(weights * weights.clamp_min(1e-12).log()).sum(-1).mean(-1)
-
-
-def text_maps(runs: Path, encodings: Sequence[str], seed: int = 0,
-              multiple: int = 1) -> dict[str, np.ndarray | str]:
-    """Per encoding, `[depth, n, n]` float16 maps of the most concentrated head per layer on
-    `multiple × L` characters of the test plays from character `SKIP`, plus metadata arrays.
-
-    Raises:
-        FileNotFoundError: a checkpoint is missing.
-        ValueError: `multiple` < 1 or no encodings.
-    """
-    from mmpe.recipes.text import CharLM, ShakespeareData
-
-    if multiple < 1:
-        raise ValueError(f"attention_maps: multiple must be >= 1, got {multiple}")
-    if not encodings:
-        raise ValueError("attention_maps: give at least one encoding")
-    out: dict[str, np.ndarray | str] = {}
-    meta: dict[str, dict] = {}
-    data = None
-    for name in encodings:
-        path = checkpoint_of(runs, name, seed)
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-        if data is None:
-            hp = ckpt.get("datamodule_hyper_parameters", {})
-            data = ShakespeareData(**{k: v for k, v in hp.items()
-                                      if k in ("context_length", "val_plays", "test_plays")})
-            n = multiple * data.hparams.context_length
-            tokens = data.ids["test"][SKIP:SKIP + n][None]
-            out["text"] = np.array("".join(data.vocab[i] for i in tokens[0].tolist()))
-        model = CharLM.load_from_checkpoint(path, map_location="cpu").eval()
-        with torch.no_grad(), record_attention() as weights:
-            model(tokens)
-        heads = [int(entropy(w[0]).argmin()) for w in weights]
-        out[name] = np.stack([w[0, h].numpy() for w, h in zip(weights, heads, strict=True)]
-                             ).astype(np.float16)
-        meta[name] = {"heads": heads, "step": int(ckpt.get("global_step", -1))}
-    out["meta"] = np.array(json.dumps({"seed": seed, "multiple": multiple, "runs": meta}))
-    return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=Path, default=Path("runs/compare/text"))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--multiple", type=int, default=1)
-    parser.add_argument("--encodings", default=",".join(MAIN_JOB))
-    parser.add_argument("--out", type=Path, default=Path("results/attention/text.npz"))
-    args = parser.parse_args(argv)
-    maps = text_maps(args.runs, args.encodings.split(","), args.seed, args.multiple)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(args.out, **maps)
-    print(f"attention maps of {args.encodings} -> {args.out}")
-    return 0
+def __getattr__(name: str) -> Any:
+    return getattr(_moved, name)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(_moved.main())

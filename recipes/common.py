@@ -283,6 +283,46 @@ class StepSeed(Callback):
 
 
 # ---------------------------------------------------------------------------------------------
+# LightningModule steps
+# ---------------------------------------------------------------------------------------------
+class AdamWCosine:
+    """A recipe model's `configure_optimizers` ([`make_optimizer`][recipes.common.make_optimizer]):
+    its hyperparameters `lr`, `weight_decay`, `warmup_steps`, the schedule over
+    `trainer.max_steps`. Mixed into a `LightningModule` (listed before it)."""
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        hp = self.hparams
+        return make_optimizer(self, hp.lr, hp.weight_decay, hp.warmup_steps,
+                              max(1, self.trainer.max_steps))
+
+
+class LossMetricSteps(AdamWCosine):
+    """Training, validation and test steps of a model whose `loss_and_metric(batch)` returns
+    `(loss, metric)` on a dict batch: `train/loss` and `train/<metric_name>` every step,
+    `val/<metric_name>` and `test/<metric_name>` averaged over ranks, weighted by the batch size
+    `batch[size_key].shape[0]`."""
+
+    metric_name = "metric"
+    size_key = "lat"
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss, metric = self.loss_and_metric(batch)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log(f"train/{self.metric_name}", metric, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        _, metric = self.loss_and_metric(batch)
+        self.log(f"val/{self.metric_name}", metric, prog_bar=True,
+                 batch_size=batch[self.size_key].shape[0], sync_dist=True)
+
+    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
+        _, metric = self.loss_and_metric(batch)
+        self.log(f"test/{self.metric_name}", metric, batch_size=batch[self.size_key].shape[0],
+                 sync_dist=True)
+
+
+# ---------------------------------------------------------------------------------------------
 # LightningCLI
 # ---------------------------------------------------------------------------------------------
 class RecipeCLI(LightningCLI):

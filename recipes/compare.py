@@ -9,9 +9,10 @@ A recipe module `mmpe.recipes.<modality>` takes part by defining
 
 `mmpe compare <modality> --encodings a,b,c` then trains each encoding with each seed (the
 recipe's `COMPARE.seeds`, 3 unless it says otherwise), appends one record per finished run to
-the results store ([`mmpe.recipes.store`][recipes.store]; runs already stored are skipped), and prints the
-mean ± sd table rendered from the store ([`mmpe.recipes.report`][recipes.report]), also written to
-`results.md` with a plot in the output folder.
+the results store ([`mmpe.results.store`][mmpe.results.store]; runs already stored are
+skipped), and prints the mean ± sd table rendered from the store
+([`mmpe.results.report`][mmpe.results.report]), also written to `results.md` with a plot in
+the output folder.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from mmpe import registry
+from mmpe.results import report as _report
+from mmpe.results import store as _store
 
 #: Where `mmpe compare` stores its runs unless told otherwise (`--store`).
 DEFAULT_STORE = Path("runs/results")
@@ -53,6 +56,9 @@ class CompareSpec:
         check_encoding: validates one `--encodings` name before any training (raises on an
             unknown one); defaults to the registry lookup. A recipe that accepts its own
             names (aliases, `a+b` combinations) passes its parser.
+        plot: draws the recipe's own figure from stored runs (default: the metric per column).
+        command: the command that stores more runs, named under a preliminary table (default
+            `mmpe compare <recipe> --store results`).
     """
 
     metric: str
@@ -68,11 +74,7 @@ class CompareSpec:
     seeds: int = 3
     higher_is_better: tuple[str, ...] = ()
     plot: Callable[..., Any] | None = None
-
-
-def lower_is_better(spec: CompareSpec, column: str) -> bool:
-    """The direction of one column (`spec.lower_is_better` unless listed as an exception)."""
-    return spec.lower_is_better != (column in spec.higher_is_better)
+    command: str | None = None
 
 
 def load_recipe(modality: str):
@@ -86,6 +88,28 @@ def load_recipe(modality: str):
     if modality not in RECIPES:
         raise ValueError(f"unknown recipe {modality!r}; known recipes: {', '.join(sorted(RECIPES))}")
     return importlib.import_module(RECIPES[modality][0])
+
+
+def __getattr__(name: str) -> Any:
+    # Moved in 0.2 with the results renderer; the old name warns until 0.3.
+    if name == "lower_is_better":
+        import warnings
+
+        warnings.warn("mmpe.recipes.compare.lower_is_better moved to "
+                      "mmpe.results.report.lower_is_better in 0.2; the old name is kept until 0.3",
+                      FutureWarning, stacklevel=2)
+        return _report.lower_is_better
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def recipe_spec(modality: str) -> CompareSpec:
+    """The `CompareSpec` of a recipe of `mmpe.recipes.RECIPES`: what `mmpe report` renders its
+    stored runs with (the `specs` of [`mmpe.results.report`][mmpe.results.report]).
+
+    Raises:
+        ValueError: `modality` is not a known recipe.
+    """
+    return load_recipe(modality).COMPARE
 
 
 def resolve_encodings(spec: CompareSpec, encodings: str | None, family: str | None) -> list[str]:
@@ -109,12 +133,13 @@ def resolve_encodings(spec: CompareSpec, encodings: str | None, family: str | No
 
 def format_table(spec: CompareSpec, rows: dict[str, dict[str, float | None]],
                  seconds: dict[str, float]) -> str:
-    """Deprecated: one row per encoding from one seed's metrics (use [`mmpe.recipes.report`][recipes.report],
-    which renders mean ± sd over stored seeds). Removed in 0.3."""
+    """Deprecated: one row per encoding from one seed's metrics (use
+    [`mmpe.results.report`][mmpe.results.report], which renders mean ± sd over stored seeds).
+    Removed in 0.3."""
     import warnings
 
     warnings.warn("mmpe.recipes.compare.format_table is deprecated; tables come from stored runs "
-                  "(mmpe.recipes.report.render_table)", FutureWarning, stacklevel=2)
+                  "(mmpe.results.report.render_table)", FutureWarning, stacklevel=2)
     lines = [f"| encoding | {' | '.join(spec.columns)} | train s |", "|" + "---|" * (len(spec.columns) + 2)]
     for name, metrics in rows.items():
         cells = ["n/a" if metrics.get(c) is None else spec.fmt.format(metrics[c]) for c in spec.columns]
@@ -139,7 +164,8 @@ def compare(modality: str, encodings: str | None = None, family: str | None = No
         higher_is_better: columns whose direction is the opposite of `lower_is_better`'s
             (a table of RMSE and R², say).
         seeds: seeds per encoding (default: the recipe's `COMPARE.seeds`).
-        store: the results store ([`mmpe.recipes.store`][recipes.store]): one JSON line per finished run.
+        store: the results store ([`mmpe.results.store`][mmpe.results.store]): one JSON line
+            per finished run.
         setting: the name the runs are stored under (default `default` without `cli_args`,
             else `custom-<hash>`).
         rerun: train again runs already in the store (the new record replaces the old one).
@@ -150,9 +176,6 @@ def compare(modality: str, encodings: str | None = None, family: str | None = No
     Raises:
         ValueError: an unknown recipe or encoding, `seeds < 1` or `jobs < 1`.
     """
-    from mmpe.recipes import report as _report
-    from mmpe.recipes import store as _store
-
     recipe = load_recipe(modality)
     spec: CompareSpec = recipe.COMPARE
     names = resolve_encodings(spec, encodings, family)
@@ -206,8 +229,6 @@ class _Run:
 
 def _run_and_store(run: _Run) -> dict[str, float | None]:
     """Train one run, append its record to the store, return its metrics."""
-    from mmpe.recipes import store as _store
-
     recipe = importlib.import_module(run.module)
     tag = f"[mmpe compare {run.modality}] {run.encoding!r} seed {run.seed}"
     print(f"{tag}: training", flush=True)

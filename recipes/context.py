@@ -78,9 +78,8 @@ def plot_panels(records: list[dict[str, Any]], path: Path, setting: str = "defau
                 rows: list[str] | None = None) -> Path:
     """Zero-shot bpc, fine-tuned bpc and passkey accuracy vs length, one line per scaling with
     the seeds' sd as a band."""
-    from mmpe.recipes.report import draw_bands, summarise
-
     from mmpe.plot.style import save, subplots
+    from mmpe.results.report import draw_bands, summarise
 
     runs = [r for r in records if r["setting"] == setting and (not rows or r["encoding"] in rows)]
     summary = summarise(runs, COMPARE.columns)

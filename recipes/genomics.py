@@ -56,11 +56,11 @@ import torch
 import torch.nn.functional as F
 from mmpe.recipes import genomics_data as gd
 from mmpe.recipes.common import (
+    AdamWCosine,
     RecipeCLI,
     epoch_loader,
     fit_for_compare,
     make_lightning_cli,
-    make_optimizer,
     mix_seed,
     run_seed,
     split_index,
@@ -265,7 +265,7 @@ def kmer_ids(nucleotides: Tensor, k: int) -> Tensor:
     return sum(padded[:, k - 1 - j:k - 1 - j + n] * 5 ** j for j in range(k))
 
 
-class GenomicsModel(L.LightningModule):
+class GenomicsModel(AdamWCosine, L.LightningModule):
     """Causal transformer with a nucleotide head (lm) and a pooled head per classification task.
 
     Args:
@@ -338,11 +338,6 @@ class GenomicsModel(L.LightningModule):
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["tokens"].shape[0])
         return loss
 
-    def configure_optimizers(self) -> dict[str, Any]:
-        hp = self.hparams
-        return make_optimizer(self, hp.lr, hp.weight_decay, hp.warmup_steps,
-                              max(1, self.trainer.max_steps))
-
 
 # --- evaluation ------------------------------------------------------------------------------
 @torch.no_grad()
@@ -385,9 +380,8 @@ def plot_tasks(records: list[dict[str, Any]], path: Path, setting: str = "defaul
                rows: list[str] | None = None) -> Path:
     """One panel per task (accuracy, accuracy, bits/nt) vs window length, one line per
     encoding with the seeds' sd as a band."""
-    from mmpe.recipes.report import draw_bands, summarise
-
     from mmpe.plot.style import save, subplots
+    from mmpe.results.report import draw_bands, summarise
 
     runs = [r for r in records if r["setting"] == setting and (not rows or r["encoding"] in rows)]
     summary = summarise(runs, COMPARE.columns)

@@ -1,143 +1,41 @@
-"""What an encoding costs on a CUDA device, as a ratio to the same attention layer without one.
+"""Deprecated: the GPU cost measurement moved to `benchmarks/gpu/gpu_cost.py` in 0.2 (it trains
+nothing; run `python benchmarks/gpu/gpu_cost.py --store results`); kept until 0.3.
 
-`mmpe compare gpu_cost --store results` measures, for each encoding, forward + backward time
-and peak memory of [`MultiHeadAttention`][mmpe.attention.MultiHeadAttention] (bf16, d_model 768, batch 1) on causal
-sequences of 4k, 16k and 32k tokens, 64 × 64 and 128 × 128 grids, a 16 × 32 × 32 video grid
-and 4,096 points, each divided by the same layer with no encoding (SDPA/FlashAttention; the
-causal mask for sequences) measured in the same round. A "seed" is one measurement round
-(weights drawn from it; rounds are separate, so the table's ± is the rounds' spread). The
-device is stored with every record. It is not a training recipe: nothing here uses Lightning.
-
-Targets (issue: the GPU path): score encodings ≤ 1.3× on sequences, ≤ 1.5× on grids, video and
-points; RoPE ≤ 1.15×; peak memory ≤ 1.1×.
+`mmpe.recipes.RECIPES` keeps its `gpu_cost` entry until then: `COMPARE` (how `mmpe report`
+renders the stored rounds in `results/gpu_cost.jsonl`) reads without a warning, every other
+name (`run_one`, so `mmpe compare gpu_cost`, too) warns (`FutureWarning`) and resolves to the
+script's. The script is read from the repository checkout (`benchmarks/` is not installed).
 """
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Callable
+import importlib.util
+import warnings
 from pathlib import Path
 from typing import Any
 
-import torch
-from mmpe.recipes.compare import CompareSpec
-
-import mmpe
-from mmpe.context import coords_context
-
-SEQUENCE = ["seq 4k", "seq 16k", "seq 32k"]
-GRIDS = ["grid 64²", "grid 128²", "video 16×32²", "points 4k"]
-TIME = SEQUENCE + GRIDS
-MEMORY = [f"mem {c}" for c in TIME]
+#: The measurement's new home, in the checkout this package is installed from.
+_SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "gpu_cost.py"
 
 
-def _coords(column: str, device: str) -> tuple[Any, int]:
-    """The coordinates of a column and its number of heads (video and points: 8 heads of 96
-    channels, so that 3-axis rotary has 2·3 | head_dim)."""
-    if column.startswith("seq"):
-        n = {"seq 4k": 4096, "seq 16k": 16384, "seq 32k": 32768}[column]
-        return mmpe.Sequence(n, causal=True, device=device), 12
-    if column == "grid 64²":
-        return mmpe.Grid((64, 64)).to(device), 12
-    if column == "grid 128²":
-        return mmpe.Grid((128, 128)).to(device), 12
-    if column == "video 16×32²":
-        return mmpe.Grid((16, 32, 32)).to(device), 8
-    pos = torch.randn(1, 4096, 3, generator=torch.Generator().manual_seed(0)) * 10
-    return mmpe.Points(pos).to(device), 8
+def _load() -> Any:
+    if not _SCRIPT.is_file():
+        raise ImportError(f"mmpe.recipes.gpu_cost moved to benchmarks/gpu/gpu_cost.py, which is "
+                          f"not here ({_SCRIPT}): run it from a checkout of the repository")
+    spec = importlib.util.spec_from_file_location("mmpe_benchmarks_gpu_cost", _SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-D_MODEL = 768
+_moved = _load()
+COMPARE = _moved.COMPARE
 
 
-def _context(coords: Any, heads: int) -> dict[str, Any]:
-    ctx = {"d_model": D_MODEL, "num_heads": heads, "head_dim": D_MODEL // heads,
-           "max_len": coords.num_queries, "original_max_position_embeddings": 4096}
-    return {**ctx, **coords_context(coords)}
-
-
-def _step(layer: torch.nn.Module, x: torch.Tensor, coords: Any) -> Callable[[], None]:
-    def run() -> None:
-        layer(x, coords).float().square().mean().backward()
-        x.grad = None
-        for p in layer.parameters():
-            p.grad = None
-    return run
-
-
-def _time(fn: Callable[[], None], repeat: int) -> float:
-    fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(repeat):
-        torch.cuda.synchronize()
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
-def _peak(fn: Callable[[], None]) -> int:
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    fn()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - base
-
-
-def measure(encoding: str, column: str, seed: int, repeat: int = 5) -> tuple[float, float] | None:
-    """`(time ratio, peak-memory ratio)` of `encoding` on a column's coordinates, or None
-    where the encoding does not support them."""
-    coords, heads = _coords(column, "cuda")
-    entry = mmpe.get(encoding)
-    if not entry.supports(coords):
-        return None
-    torch.manual_seed(seed)
-    try:
-        enc = mmpe.build(encoding, context=_context(coords, heads))
-    except ValueError:  # e.g. a head_dim the encoding cannot split over the axes
-        return None
-    layer = mmpe.MultiHeadAttention(D_MODEL, heads, [enc]).cuda().to(torch.bfloat16)
-    base = mmpe.MultiHeadAttention(D_MODEL, heads, []).cuda().to(torch.bfloat16)
-    base.load_state_dict({k: v for k, v in layer.state_dict().items() if k in base.state_dict()})
-    x = torch.randn(1, coords.num_queries, D_MODEL, device="cuda", dtype=torch.bfloat16,
-                    requires_grad=True)
-    run, run_base = _step(layer, x, coords), _step(base, x, coords)
-    ratios = []
-    for _ in range(3):  # interleaved: the card's clock drifts between runs
-        ratios.append(_time(run, repeat) / _time(run_base, repeat))
-    memory = _peak(run) / max(1, _peak(run_base))
-    return statistics.median(ratios), memory
-
-
-def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> dict[str, float | None]:
-    """Every column's time and memory ratio for `encoding` (round `seed`).
-
-    Raises:
-        RuntimeError: no CUDA device.
-    """
-    if not torch.cuda.is_available():
-        raise RuntimeError("gpu_cost measures on a CUDA device; none is available here")
-    out: dict[str, float | None] = {}
-    for column in TIME:
-        got = measure(encoding, column, seed)
-        out[column] = None if got is None else round(got[0], 4)
-        out[f"mem {column}"] = None if got is None else round(got[1], 4)
-    return out
-
-
-COMPARE = CompareSpec(
-    metric="× the unbiased layer",
-    columns=TIME + MEMORY,
-    xlabel="coordinates",
-    lower_is_better=True,
-    default_encodings=["alibi", "t5", "kerple_log", "fire", "swin", "swinv2_cpb",
-                       "gaussian_distance", "radial_gaussian", "rope", "rope_axial"],
-    coords="sequence",
-    title="Attention cost on a GPU (fwd+bwd, bf16, × no encoding)",
-    fmt="{:.2f}",
-    seeds=3,
-)
+def __getattr__(name: str) -> Any:
+    if name.startswith("__"):
+        raise AttributeError(name)
+    warnings.warn(f"mmpe.recipes.gpu_cost.{name} moved to benchmarks/gpu/gpu_cost.py in 0.2 "
+                  "(`python benchmarks/gpu/gpu_cost.py --store results`); the old module is kept "
+                  "until 0.3", FutureWarning, stacklevel=2)
+    return getattr(_moved, name)

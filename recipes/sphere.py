@@ -44,12 +44,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from mmpe.recipes.common import (
+    LossMetricSteps,
     MissingDataError,
     RecipeCLI,
     epoch_loader,
     fit_for_compare,
     make_lightning_cli,
-    make_optimizer,
     require,
     split_index,
 )
@@ -267,7 +267,7 @@ class GlobeData(L.LightningDataModule):
 # ---------------------------------------------------------------------------------------------
 # Model
 # ---------------------------------------------------------------------------------------------
-class GlobeModel(L.LightningModule):
+class GlobeModel(LossMetricSteps, L.LightningModule):
     """Tokens on the sphere → [`mmpe.Transformer`][mmpe.transformer.Transformer] → a logit (land) or a height (geoid).
 
     Token embeddings: land — one learned vector for every token (position enters only through
@@ -283,6 +283,8 @@ class GlobeModel(L.LightningModule):
             and T5.
         lr, weight_decay, warmup_steps: AdamW with warm-up and cosine decay.
     """
+
+    metric_name = "metric"  # logged as train/metric, val/metric, test/metric
 
     def __init__(self, encoding: str = "spherical_harmonics",
                  encoding_options: dict[str, Any] | None = None, task: str = "geoid",
@@ -327,25 +329,6 @@ class GlobeModel(L.LightningModule):
         query = ~batch["observed"]
         mse = F.mse_loss(out[query], batch["value"][query])
         return mse, mse.sqrt() * self.hparams.value_std
-
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        loss, metric = self.loss_and_metric(batch)
-        self.log("train/loss", loss, prog_bar=True)
-        self.log("train/metric", metric, prog_bar=True)
-        return loss
-
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        _, metric = self.loss_and_metric(batch)
-        self.log("val/metric", metric, prog_bar=True, batch_size=batch["lat"].shape[0], sync_dist=True)
-
-    def test_step(self, batch: dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
-        _, metric = self.loss_and_metric(batch)
-        self.log("test/metric", metric, batch_size=batch["lat"].shape[0], sync_dist=True)
-
-    def configure_optimizers(self) -> dict[str, Any]:
-        hp = self.hparams
-        return make_optimizer(self, hp.lr, hp.weight_decay, hp.warmup_steps,
-                              max(1, self.trainer.max_steps))
 
 
 @torch.no_grad()

@@ -72,12 +72,12 @@ import lightning as L
 import numpy as np
 import torch
 from mmpe.recipes.common import (
+    LossMetricSteps,
     MissingDataError,
     RecipeCLI,
     epoch_loader,
     fit_for_compare,
     make_lightning_cli,
-    make_optimizer,
     require,
     split_index,
 )
@@ -540,7 +540,7 @@ def encoding_spec(encoding: str, options: dict[str, Any] | None, task: str,
     return spec
 
 
-class SSTModel(L.LightningModule):
+class SSTModel(LossMetricSteps, L.LightningModule):
     """Tokens on the sphere → [`mmpe.Transformer`][mmpe.transformer.Transformer] → a normalised value per query token.
 
     Token embeddings: `Linear(value) + e_visible` for history/visible tokens, `e_query` for
@@ -560,6 +560,8 @@ class SSTModel(L.LightningModule):
         distance_unit_deg: the great-circle angle (degrees) that counts as one step for ALiBi/T5.
         lr, weight_decay, warmup_steps: AdamW with warm-up and cosine decay.
     """
+
+    metric_name = "rmse"  # logged as train/rmse, val/rmse, test/rmse
 
     def __init__(self, encoding: str = "spherical_harmonics",
                  encoding_options: dict[str, Any] | None = None,
@@ -606,25 +608,6 @@ class SSTModel(L.LightningModule):
         err = (self(batch) - batch["value"]) ** 2
         mse = (w * err).sum() / w.sum()
         return mse, mse.sqrt() * self.hparams.value_std
-
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        loss, metric = self.loss_and_metric(batch)
-        self.log("train/loss", loss, prog_bar=True)
-        self.log("train/rmse", metric, prog_bar=True)
-        return loss
-
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        _, metric = self.loss_and_metric(batch)
-        self.log("val/rmse", metric, prog_bar=True, batch_size=batch["lat"].shape[0], sync_dist=True)
-
-    def test_step(self, batch: dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
-        _, metric = self.loss_and_metric(batch)
-        self.log("test/rmse", metric, batch_size=batch["lat"].shape[0], sync_dist=True)
-
-    def configure_optimizers(self) -> dict[str, Any]:
-        hp = self.hparams
-        return make_optimizer(self, hp.lr, hp.weight_decay, hp.warmup_steps,
-                              max(1, self.trainer.max_steps))
 
 
 class _Sums:

@@ -37,11 +37,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from mmpe.recipes.common import (
+    AdamWCosine,
     RecipeCLI,
     epoch_loader,
     fit_for_compare,
     make_lightning_cli,
-    make_optimizer,
     mix_seed,
     require,
     run_seed,
@@ -200,7 +200,7 @@ class ShakespeareData(L.LightningDataModule):
         return DataLoader(Windows(ids, length), batch_size=batch)
 
 
-class CharLM(L.LightningModule):
+class CharLM(AdamWCosine, L.LightningModule):
     """Causal character LM: embedding → [`mmpe.Transformer`][mmpe.transformer.Transformer] → logits.
 
     Args:
@@ -259,11 +259,6 @@ class CharLM(L.LightningModule):
 
     def test_step(self, batch: Tensor, batch_idx: int) -> None:
         self.log("test/bpc", self.bits_per_char(batch), batch_size=batch.shape[0], sync_dist=True)
-
-    def configure_optimizers(self) -> dict[str, Any]:
-        hp = self.hparams
-        return make_optimizer(self, hp.lr, hp.weight_decay, hp.warmup_steps,
-                              max(1, self.trainer.max_steps))
 
 
 class TextCLI(RecipeCLI):

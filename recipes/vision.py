@@ -28,7 +28,7 @@ each drawn from `data.mixed_sizes` (multiples of the patch size: 2×2 … 6×6 p
 ratio), and the model packs the digits of a batch into rows of `model.max_tokens` tokens
 ([`mmpe.PackedGrids`][mmpe.coords.packed_grid.PackedGrids]: per-image positions, one cls token per
 image, a block-diagonal mask); input encodings run per image
-([`mmpe.PerImage`][mmpe.coords.packed_grid.PerImage]: a learned table resampled to each digit's
+([`mmpe.PerImage`][mmpe.encodings.per_image.PerImage]: a learned table resampled to each digit's
 grid). Evaluation is unchanged (square digits, one grid per batch).
 
     python -m mmpe.recipes.vision fit --config configs/vision/default.yaml --model.encoding rope_axial
@@ -56,11 +56,11 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 from mmpe.recipes.common import (
+    AdamWCosine,
     RecipeCLI,
     epoch_loader,
     fit_for_compare,
     make_lightning_cli,
-    make_optimizer,
     require,
     test_or_none,
 )
@@ -69,8 +69,9 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from mmpe.coords.grid import Grid
-from mmpe.coords.packed_grid import PackedGrids, PerImage
+from mmpe.coords.packed_grid import PackedGrids
 from mmpe.encodings.base import InputEncoding
+from mmpe.encodings.per_image import PerImage
 from mmpe.registry import build
 from mmpe.transformer import Transformer
 
@@ -273,7 +274,7 @@ class GridEncoder(nn.Module):
             along axis `a` becomes `scale_a · (train_a − 1) / (new_a − 1)`).
         input_combine: `"add"` or `"concat"`: how an input encoding meets the tokens
             ([`mmpe.Transformer`][mmpe.transformer.Transformer]).
-        per_image: wrap an input encoding in [`PerImage`][mmpe.coords.packed_grid.PerImage], so
+        per_image: wrap an input encoding in [`PerImage`][mmpe.encodings.per_image.PerImage], so
             the model also runs on [`PackedGrids`][mmpe.coords.packed_grid.PackedGrids]
             ([`forward_packed`][recipes.vision.GridEncoder.forward_packed]; a plain grid gives
             the same numbers as without it).
@@ -336,7 +337,7 @@ class GridEncoder(nn.Module):
         return self.transformer(x, packed), packed
 
 
-class GridClassifier(L.LightningModule):
+class GridClassifier(AdamWCosine, L.LightningModule):
     """What the grid recipes' LightningModules share: AdamW + warm-up/cosine, and one
     `_step(batch, stage)` run for training, validation and test — by default single-label
     classification of `(inputs, labels)` with loss and accuracy logged."""
@@ -360,11 +361,6 @@ class GridClassifier(L.LightningModule):
     def test_step(self, batch: Any, batch_idx: int) -> None:
         self._step(batch, "test")
 
-    def configure_optimizers(self) -> dict[str, Any]:
-        hp = self.hparams
-        return make_optimizer(self, hp.lr, hp.weight_decay, hp.warmup_steps,
-                              max(1, self.trainer.max_steps))
-
 
 class ViTClassifier(GridClassifier):
     """ViT: `patch_size` patches → linear embedding → cls + [`GridEncoder`][recipes.vision.GridEncoder] → class logits.
@@ -380,7 +376,7 @@ class ViTClassifier(GridClassifier):
         input_combine: `"add"` or `"concat"` (see [`GridEncoder`][recipes.vision.GridEncoder],
             docs/add_vs_concat.md).
         mixed_resolution: accept a list of images of different sizes and pack them (NaViT);
-            the input encoding runs per image ([`PerImage`][mmpe.coords.packed_grid.PerImage]).
+            the input encoding runs per image ([`PerImage`][mmpe.encodings.per_image.PerImage]).
             Set from `data.mixed_resolution` by the CLI.
         max_tokens: the token budget of a packed row (a cls token + the patches of each image).
 

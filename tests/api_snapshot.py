@@ -1,6 +1,6 @@
 """Write tests/data/api_previous_release.txt: the public API of the previous release.
 
-Run once per release (``python tests/api_snapshot.py``); `tests/test_api_stability.py`
+Run once per release (``python tests/api_snapshot.py``); `tests/package/test_api_stability.py`
 checks that every name in it still imports and every encoding still builds with the option
 names and defaults it had. The previous release, 0.1.0, was never tagged: it is the last
 commit before "Coordinates v2" (4bcd413), where CHANGELOG.md's 0.2.0 section begins; its
@@ -81,7 +81,7 @@ def main() -> None:
     args = parser.parse_args()
     lines = snapshot(args.commit)
     header = (f"# The public API of the previous release ({args.commit[:12]}), one JSON object a "
-              "line; written by tests/api_snapshot.py, checked by tests/test_api_stability.py")
+              "line; written by tests/api_snapshot.py, checked by tests/package/test_api_stability.py")
     OUT.write_text("\n".join([header, *lines]) + "\n")
     print(f"wrote {len(lines)} entries to {OUT.relative_to(ROOT)}")
 

@@ -3,8 +3,8 @@
     python tests/bad_input_counts.py
 
 Counts distinct cases, without running them: every (encoding, option, malformed value) triple
-that tests/test_bad_input.py drives (hypothesis samples each option's values), its coordinate,
-forward and newer-API cases, and the tests of tests/test_misuse_edges.py. Case lists and
+that tests/package/test_bad_input.py drives (hypothesis samples each option's values), its coordinate,
+forward and newer-API cases, and the tests of tests/package/test_misuse_edges.py. Case lists and
 categories are read from the test modules, so the count follows them.
 """
 
@@ -14,7 +14,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent / "package"))
 
 import test_bad_input as bad  # noqa: E402
 import test_misuse_edges as misuse  # noqa: E402

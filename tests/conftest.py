@@ -1,12 +1,13 @@
-"""Shared test helpers."""
+"""Fixtures and hooks of the test session (shared functions live in helpers.py)."""
 
 from __future__ import annotations
 
 import os
-import shutil
+import re
 
 import pytest
 import torch
+from hypothesis import settings
 
 #: Top-level modules that only the extras install (mmpe[timm,pyg,hf,recipes,data]).
 EXTRA_MODULES = (
@@ -46,8 +47,29 @@ if os.environ.get("MMPE_HIDE_EXTRAS") == "1":
     sys.meta_path[:] = [_HideExtras(f) for f in sys.meta_path]
 
 
+#: test files that train a recipe (marker `train`) or run fresh interpreters: the docs'
+#: blocks, the site build, a wheel, plugins, the command line (marker `subprocess`). `make
+#: test` leaves both out; `make test-train` runs them (CI runs both targets).
+TRAIN_FILES = re.compile(r"test_(recipe_\w+|sphere_recipe|graph_recipe|distributed|resume|compare)\.py$")
+SUBPROCESS_FILES = re.compile(r"test_(docs|docs_site|packaging|plugins|cli_pipe)\.py$")
+
+#: hypothesis: `ci` draws the same examples on every run (a red CI is reproducible), `dev`
+#: draws new ones; `HYPOTHESIS_PROFILE` picks (CI sets `ci`, see .ci/run)
+settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+settings.register_profile("dev", deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the markers added here
 def pytest_collection_modifyitems(config, items) -> None:
-    """Without a CUDA device the GPU tier skips, with one reason for all of it."""
+    """Mark the training and subprocess files; without a CUDA device the GPU tier skips, with
+    one reason for all of it."""
+    for item in items:
+        name = str(item.path)
+        if TRAIN_FILES.search(name):
+            item.add_marker(pytest.mark.train)
+        elif SUBPROCESS_FILES.search(name):
+            item.add_marker(pytest.mark.subprocess)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="no CUDA device here: the GPU tier (make test-gpu) needs one")
@@ -125,34 +147,6 @@ def one_thread() -> None:
     torch.set_num_threads(1)
 
 
-def require_debian(package: str, path: str | None = None, command: str | None = None) -> None:
-    """Skip unless a Debian package's file or command is present; under CI=true, fail instead.
-
-    ``path``: a file the package installs; ``command``: a program it installs.
-    """
-    present = (path is None or os.path.exists(path)) and (command is None or shutil.which(command))
-    if present:
-        return
-    message = f"needs the Debian package {package!r}: apt-get install {package}"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(message + " (CI=true: missing data is a failure)")
-    pytest.skip(message)
-
-
-def assert_backends_agree(mha, x: torch.Tensor, coords, atol: float = 1e-5) -> None:
-    """The flex, SDPA and math paths of ``mha`` give the same output on ``x`` (no grad)."""
-    from mmpe.flex_compile import available
-
-    outs = {}
-    with torch.no_grad():
-        for backend in ("sdpa", "math", "flex") if available() else ("sdpa", "math"):
-            mha.backend = backend
-            outs[backend] = mha(x, coords)
-    assert torch.allclose(outs["math"], outs["sdpa"], atol=atol), "math vs sdpa"
-    if "flex" in outs:  # torch >= 2.6 (mmpe.flex_compile.MIN_TORCH)
-        assert torch.allclose(outs["flex"], outs["sdpa"], atol=atol), "flex vs sdpa"
-
-
 def pytest_terminal_summary(terminalreporter) -> None:
     """Report how many (encoding, coordinates, check) cases the registry matrix ran."""
     import sys
@@ -162,35 +156,13 @@ def pytest_terminal_summary(terminalreporter) -> None:
     if not cases:
         return
     pairs = {(e, c) for e, c, _ in cases}
-    paths = sum(1 for _, _, check in cases if check in ("flex", "sdpa", "math"))
+    paths = sum(1 for _, _, check in cases
+                if check in ("flex", "sdpa", "math") or check.startswith("sdpa:"))
     terminalreporter.write_line(
         f"registry matrix: {len(pairs)} (encoding, coordinates) pairs over "
         f"{len({e for e, _ in pairs})} encodings and {len({c for _, c in pairs})} coordinate "
         f"samples; {paths} (encoding, coordinates, path) attention runs; {len(cases)} checks"
     )
-
-
-def run_in_fresh_process(test_file: str, test_name: str) -> bool:
-    """Run one test in a new interpreter and return True there; return False inside it.
-
-    Fork-based DDP (``ddp_fork``) refuses a parent process in which autograd has already run
-    (its worker threads cannot be forked), which is the case after any earlier test in the
-    same session. Call as ``if run_in_fresh_process(__file__, "test_x"): return``.
-    """
-    import subprocess
-    import sys
-
-    if os.environ.get("MMPE_FRESH_PROCESS") == "1":
-        return False
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-s",
-         f"{test_file}::{test_name}"],
-        capture_output=True, text=True, timeout=900,
-        env={**os.environ, "MMPE_FRESH_PROCESS": "1"},
-    )
-    assert run.returncode == 0, (run.stdout[-4000:] + run.stderr[-4000:])
-    print(run.stdout[-2000:])
-    return True
 
 
 @pytest.hookimpl(hookwrapper=True)

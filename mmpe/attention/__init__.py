@@ -37,12 +37,10 @@ The package, one idea per file:
 | --- | --- |
 | `modules.py` | the modules: hooks, projections, rotation, checks |
 | `dispatch.py` | which path runs a call; the SDPA and math paths |
+| `forms.py` | how a path reads a score term: by its declared structure, or a fast form |
+| `fast_forms/` | hand-written fast forms of single encoding classes, keyed by exact class |
 | `flex.py` | FlexAttention glue: composed `score_mod`s, per-offset tables, `BlockMask` |
-| `relation.py` | the relation path on `toeplitz` sequences (CPU), its backward pass |
-| `grid.py` | the relation path on grids: block-Toeplitz offset tables (CPU), the forward pass |
-| `grid_backward.py` | its backward pass: fused for a constant bias, by hand onto a learned table |
-| `blocked.py` | content-free biases on points, graphs, explicit positions (CPU), per block |
-| `flash.py` | the one door to SDPA's private CPU kernel that returns the log-sum-exp |
+| `cpu/` | the CPU paths: relation (sequences), grid, blocked (points, graphs), their forms |
 | `masks.py` | dense masks, SDPA's causal triangle, bias casting |
 | `memory.py` | block budget, memory guard |
 | `record.py` | `record_attention`: every call's softmax weights, for heatmaps |
@@ -50,41 +48,12 @@ The package, one idea per file:
 
 from __future__ import annotations
 
-# Every name of the single module this package replaced is re-exported, private ones included
-# (other modules and tests import them from here). A test that monkeypatches one must patch the
-# module that reads it: `mmpe.attention.flash._FLASH_CPU`, not `mmpe.attention._FLASH_CPU`.
-from mmpe.attention.dispatch import (  # noqa: F401
-    _bias,
-    _sdpa_blocks,
-    _sdpa_rows,
-    _softmax_scale,
-    choose_path,
-    run_flex,
-    run_math,
-    run_sdpa,
-)
-from mmpe.attention.flash import _FLASH_CPU, _attend_block, _flash_cpu  # noqa: F401
-from mmpe.attention.flex import _block_mask, _flex_mods, _relation_mod, compose_score_mods  # noqa: F401
-from mmpe.attention.masks import _cast_bias, _dense_mask, _large_mask, _only_causal, _plain_causal  # noqa: F401
-from mmpe.attention.memory import (  # noqa: F401
-    BLOCK_BYTES,
-    _bias_bytes,
-    _check_memory,
-    _physical_memory,
-    block_bytes,
-)
-from mmpe.attention.modules import (  # noqa: F401
-    BACKENDS,
-    CrossAttention,
-    MultiHeadAttention,
-    _Attention,
-    _autocast,
-    _check_positive,
-    _head_dim,
-    _split_by_hook,
-)
+from mmpe.attention.cpu.relation import RELATION_BLOCK_ROWS  # noqa: I001  (after the modules)
+from mmpe.attention.dispatch import choose_path, run_flex, run_math, run_sdpa
+from mmpe.attention.flex import compose_score_mods
+from mmpe.attention.memory import BLOCK_BYTES, block_bytes
+from mmpe.attention.modules import BACKENDS, CrossAttention, MultiHeadAttention
 from mmpe.attention.record import record_attention
-from mmpe.attention.relation import RELATION_BLOCK_ROWS, _RelationAttention, _RelationPlan  # noqa: F401
 
 __all__ = [
     "BACKENDS",

@@ -3,17 +3,20 @@
 ``backend="auto"`` picks per device: on CUDA, flex when there are score terms or a mask (else
 SDPA, whose flash kernels are fastest without a bias); on CPU, SDPA — measured on torch
 2.13/2.15, FlexAttention has no backward pass on the CPU, its CPU kernel is 4–5× slower than
-SDPA, and without a BlockMask its CPU scratch memory is O(n²). The SDPA path hands content-free
-terms on ``toeplitz`` sequences to the relation path ([mmpe.attention.relation][]), offset-only
-terms on grids to the grid path ([mmpe.attention.grid][]), other content-free terms whose dense
-bias is large to the blocked path ([mmpe.attention.blocked][]), and otherwise evaluates the
-bias, block by block over queries where it is large.
+SDPA, and without a BlockMask its CPU scratch memory is O(n²). An SDPA call takes one plan,
+chosen once ([sdpa_plan][mmpe.attention.dispatch.sdpa_plan]) from the terms' structures, the
+coordinates, the device and the sizes: the relation plan on ``toeplitz`` sequences
+(``attention/cpu/relation.py``), the grid plan (``cpu/grid.py``), the blocked plan on points
+and graphs (``cpu/blocked.py``), checkpointed blocks, or the dense bias in one call.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
+from collections.abc import Iterator
 from collections.abc import Sequence as Seq
 
 import torch
@@ -22,13 +25,13 @@ import torch.utils.checkpoint
 from torch import Tensor
 
 from mmpe import flex_compile
-from mmpe.attention import record
-from mmpe.attention.blocked import _BlockedPlan, prefers_tiles
+from mmpe.attention import forms, record
+from mmpe.attention.cpu.blocked import _BlockedPlan, prefers_tiles, takes_blocked_path
+from mmpe.attention.cpu.grid import _GridPlan, grid_applies, grid_pays
+from mmpe.attention.cpu.relation import _RelationPlan
 from mmpe.attention.flex import _block_mask, _flex_mods, compose_score_mods
-from mmpe.attention.grid import _GridPlan
 from mmpe.attention.masks import _cast_bias, _dense_mask, _large_mask, _plain_causal
 from mmpe.attention.memory import _bias_bytes, _check_memory, block_bytes
-from mmpe.attention.relation import _RelationPlan
 from mmpe.coords.base import index_grid
 from mmpe.encodings.base import AttentionContext, KernelEncoding, ScoreEncoding
 from mmpe.prepare import memoized
@@ -87,28 +90,89 @@ def run_flex(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) ->
         raise
 
 
-def run_sdpa(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -> Tensor:
-    """SDPA with the additive terms as ``attn_mask``: the relation path where it applies, block
-    by block over queries where the bias or mask is large, else in one call."""
-    coords = ctx.coords
-    plan = _RelationPlan.build(scores, ctx, scale) if scores else None
-    if plan is not None:
-        return plan.run(ctx.q, ctx.k, ctx.v)
-    grid = _GridPlan.build(scores, ctx, scale) if scores else None
-    if grid is not None:  # an offset-only bias on a grid: block-Toeplitz tables
-        grid_plan, table, prefix = grid
-        return grid_plan.run(ctx.q, ctx.k, ctx.v, table, prefix)
-    if scores and (_bias_bytes(ctx, coords.num_queries) > block_bytes()
+#: the SDPA path's plans (``run_sdpa``), in the order the decision tries them
+SDPA_PLANS = ("relation", "grid", "blocked", "blocks", "dense")
+
+_FORCED: contextvars.ContextVar[str | None] = contextvars.ContextVar("mmpe_sdpa_plan",
+                                                                      default=None)
+
+
+@contextlib.contextmanager
+def force_plan(plan: str | None) -> Iterator[None]:
+    """Run every SDPA-path call inside on `plan` (one of `SDPA_PLANS`), for tests and
+    benchmarks that compare the paths; a call the plan cannot run raises `ValueError`. `None`:
+    the ordinary decision.
+
+    Raises:
+        ValueError: an unknown plan.
+    """
+    if plan is not None and plan not in SDPA_PLANS:
+        raise ValueError(f"force_plan: plan must be one of {SDPA_PLANS} or None, got {plan!r}")
+    token = _FORCED.set(plan)
+    try:
+        yield
+    finally:
+        _FORCED.reset(token)
+
+
+def _applicable(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> dict[str, bool]:
+    """Which plans can run the call (each condition tested once)."""
+    return {"relation": _RelationPlan.applies(scores, ctx), "grid": grid_applies(scores, ctx),
+            "blocked": takes_blocked_path(scores, ctx), "blocks": True, "dense": True}
+
+
+def sdpa_plan(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> str:
+    """The one decision of an SDPA-path call, from the terms' structures, the coordinates, the
+    device and the sizes:
+
+    * ``relation``: content-free terms of the relation on ``toeplitz`` sequences, where one
+      entry's dense bias is large (``RELATION_MIN_BIAS_BYTES``);
+    * ``grid``: terms of the cell offset on a grid, where one entry's dense bias is large;
+    * ``blocked``: other content-free terms whose dense bias exceeds the block budget, or
+      learned ones with hand-written tiles (their backward beats autograd's dense graph);
+    * ``blocks``: checkpointed blocks of rows (content-dependent terms, a large mask);
+    * ``dense``: one SDPA call with the dense bias (timm's way).
+    """
+    can = _applicable(scores, ctx)
+    # (a compiled model keeps the ordinary decision: dynamo does not trace a ContextVar)
+    forced = None if torch.compiler.is_compiling() else _FORCED.get()
+    if forced is not None:
+        if not can[forced]:
+            raise ValueError(f"force_plan: the {forced!r} plan cannot run this call "
+                             f"({[type(e).__name__ for e in scores]} on "
+                             f"{type(ctx.coords).__name__})")
+        return forced
+    if can["relation"] and _RelationPlan.pays(ctx):
+        return "relation"
+    if can["grid"] and grid_pays(scores, ctx):
+        return "grid"
+    if scores and (_bias_bytes(ctx, ctx.coords.num_queries) > block_bytes()
                    or prefers_tiles(scores, ctx)):
-        # content-free terms: blocks with a hand-written backward (mmpe/attention/blocked.py);
-        # content-dependent ones (and bf16, compiled code): checkpointed blocks. Below the
-        # budget, learned terms with tiles too: their backward beats autograd's dense graph.
-        blocked = _BlockedPlan.build(scores, ctx, scale)
-        if blocked is not None:
-            return blocked.run(ctx.q, ctx.k, ctx.v)
-        return _sdpa_blocks(scores, ctx, scale)
+        return "blocked" if can["blocked"] else "blocks"
     if not scores and _large_mask(ctx):  # a padded point cloud of 60k points, say
+        return "blocks"
+    return "dense"
+
+
+def run_sdpa(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -> Tensor:
+    """SDPA with the additive terms as ``attn_mask``, on the plan
+    [sdpa_plan][mmpe.attention.dispatch.sdpa_plan] chooses."""
+    plan = sdpa_plan(scores, ctx)
+    if plan == "relation":
+        return _RelationPlan.build(scores, ctx, scale).run(ctx.q, ctx.k, ctx.v)
+    if plan == "grid":  # an offset-only bias on a grid: block-Toeplitz tables
+        grid_plan, table, prefix = _GridPlan.build(scores, ctx, scale)
+        return grid_plan.run(ctx.q, ctx.k, ctx.v, table, prefix)
+    if plan == "blocked":  # content-free terms, a hand-written backward (cpu/blocked.py)
+        return _BlockedPlan(scores, ctx, scale).run(ctx.q, ctx.k, ctx.v)
+    if plan == "blocks":
         return _sdpa_blocks(scores, ctx, scale)
+    return _sdpa_dense(scores, ctx, scale)
+
+
+def _sdpa_dense(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -> Tensor:
+    """One SDPA call with the terms' dense bias (or the coordinates' mask) as ``attn_mask``."""
+    coords = ctx.coords
     bias = None
     for enc in scores:
         term = _bias(enc, ctx)
@@ -144,7 +208,7 @@ def _sdpa_rows(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float, 
                stop: int) -> Tensor:
     bias = None
     for enc in scores:
-        term = enc.bias_rows(ctx, start, stop)
+        term = forms.rows(enc, ctx, start, stop)
         bias = term if bias is None else bias + term
     mask = ctx.coords.dense_mask(start, stop)
     bias = mask if bias is None else _cast_bias(bias, ctx.q.dtype, mask)
@@ -198,6 +262,6 @@ def _softmax_scale(scores: Seq[ScoreEncoding], head_dim: int) -> float:
 def _bias(enc: ScoreEncoding, ctx: AttentionContext) -> Tensor:
     """The encoding's eager bias; content-free ones once per forward (shared by layers)."""
     if not enc.content_free:
-        return enc.bias(ctx)
+        return forms.dense(enc, ctx)
     key = ("bias", id(enc), ctx.num_heads, ctx.coords.num_queries, ctx.coords.num_keys)
-    return memoized(ctx.coords, key, lambda: enc.bias(ctx))
+    return memoized(ctx.coords, key, lambda: forms.dense(enc, ctx))

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from mmpe import flex_compile
+from mmpe.attention import forms
 from mmpe.coords.base import Coordinates
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
 from mmpe.prepare import _MEMO, memoized
@@ -41,9 +42,9 @@ def _flex_mods(scores: Seq[ScoreEncoding], ctx: AttentionContext,
     layer at n = 4,096); into ``2n − 1`` offsets per head the adds spread out.
 
     On a self-attention [Grid][mmpe.coords.grid.Grid] of two axes or more, learned terms that
-    depend only on the cell offset (`grid_offset_only`: T5, KERPLE, FIRE, Swin, SwinV2-CPB …)
+    depend only on the cell offset (`forms.offset_only_on_grids`: T5, KERPLE, FIRE, Swin, …)
     are summed into the block-Toeplitz table `[n_h, Π (2 s_a − 1) + 3]` of
-    [offset_table][mmpe.attention.grid.offset_table] in the same way (Swin's 16,129 offsets
+    [offset_table][mmpe.attention.forms.offset_table] in the same way (Swin's 16,129 offsets
     at 64 × 64 instead of its per-head bias table read through an index map).
 
     ``tables``: use the per-offset table (default: on CUDA only)."""
@@ -61,8 +62,8 @@ def _flex_mods(scores: Seq[ScoreEncoding], ctx: AttentionContext,
         learned = any(p.requires_grad for p in enc.parameters())
         term = None
         if use_table and learned and enc.content_free and enc.additive:
-            term = memoized(coords, ("relation_bias", id(enc), ctx.num_heads, n_q, n_k),
-                            lambda enc=enc: enc.relation_bias(ctx, relation))
+            term = memoized(coords, ("relation_table", id(enc), ctx.num_heads, n_q, n_k),
+                            lambda enc=enc: forms.relation_table(enc, ctx, relation))
         if term is None:
             mods.append(enc.score_mod(ctx))
         else:
@@ -94,14 +95,12 @@ def _grid_table_applies(coords: Coordinates) -> bool:
 
 def _grid_mods(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> list[ScoreMod]:
     """`_flex_mods` on a grid: learned offset-only terms in one block-Toeplitz table."""
-    from mmpe.attention.grid import offset_table
-
     table, mods = None, []
     for enc in scores:
         learned = any(p.requires_grad for p in enc.parameters())
-        if learned and enc.content_free and enc.additive and getattr(enc, "grid_offset_only", False):
+        if learned and enc.content_free and enc.additive and forms.offset_only_on_grids(enc):
             term = memoized(ctx.coords, ("grid_offset_table", id(enc), ctx.num_heads),
-                            lambda enc=enc: offset_table(enc, ctx))
+                            lambda enc=enc: forms.offset_table(enc, ctx))
             table = term if table is None else table + term
         else:
             mods.append(enc.score_mod(ctx))
@@ -112,7 +111,7 @@ def _grid_mods(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> list[ScoreM
 
 def _grid_offset_mod(table: Tensor, grid) -> ScoreMod:
     """`score + table[h, offset(q_idx, kv_idx)]` with the layout of
-    [offset_pairs][mmpe.attention.grid.offset_pairs]: cell offsets row-major over
+    [offset_pairs][mmpe.attention.cpu.grid.offset_pairs]: cell offsets row-major over
     `kv_a − q_a + s_a − 1`, then prefix→cell, cell→prefix, prefix→prefix. The grid's sizes and
     strides are captured tensors, not ints, so that a new grid shape is not a new compile; the
     table is indexed once per pair (a captured tensor that requires grad may be read only once

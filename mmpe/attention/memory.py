@@ -12,14 +12,8 @@ import torch
 if TYPE_CHECKING:  # an annotation only: importing the encodings here would be circular
     from mmpe.encodings.base import AttentionContext
 
-#: default budget of one block of bias rows on the CPU path (bytes); ``MMPE_ATTN_BLOCK_BYTES``
-#: overrides it.
-BLOCK_BYTES = 1 << 28
-
-
-def block_bytes() -> int:
-    """Bytes one block of bias rows may take before SDPA runs block by block over queries."""
-    return int(os.environ.get("MMPE_ATTN_BLOCK_BYTES", BLOCK_BYTES))
+# the budget sits low in the package: encodings bound their per-pair features by it too
+from mmpe._scratch import BLOCK_BYTES, block_bytes  # noqa: E402, F401
 
 
 def _bias_bytes(ctx: AttentionContext, rows: int) -> int:

@@ -8,7 +8,7 @@ with mmpe.attention.record_attention() as weights:
 ```
 
 Recording runs the math path (explicit scores, then softmax), which gives the same numbers as
-the flex and SDPA paths (tests/test_attention.py) but materialises `n_q × n_k` per head: use it
+the flex and SDPA paths (tests/attention/test_attention.py) but materialises `n_q × n_k` per head: use it
 on short inputs.
 """
 

@@ -129,6 +129,28 @@ class Coordinates(ABC):
         return mod(b, h, q[:, :, start:stop], k).expand(batch, 1, stop - start, self.num_keys)
 
 
+class StoredPositions(Coordinates):
+    """Coordinates of one token set whose positions are stored, `_pos` `[n, A]` or
+    `[b, n, A]`: the queries' positions, and the keys' (self-attention)."""
+
+    _pos: Tensor
+
+    @property
+    def num_queries(self) -> int:
+        """Tokens per example `n`."""
+        return self._pos.shape[-2]
+
+    @property
+    def query_positions(self) -> Tensor:
+        """`[n, A]` or `[b, n, A]` positions (see the class)."""
+        return self._pos
+
+    @property
+    def key_positions(self) -> Tensor:
+        """The queries' positions (self-attention)."""
+        return self._pos
+
+
 def index_grid(
     batch: int, heads: int, n_q: int, n_k: int, device: torch.device | str | None = None
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -142,3 +164,16 @@ def index_grid(
 
     return (ar(batch, (batch, 1, 1, 1)), ar(heads, (1, heads, 1, 1)),
             ar(n_q, (1, 1, n_q, 1)), ar(n_k, (1, 1, 1, n_k)))
+
+
+def distance_rows(coords: Coordinates, start: int, stop: int) -> Tensor:
+    """The `distance` of queries `start … stop−1` to every key, `[b or 1, 1, stop−start,
+    n_k]` float32, shared by the heads: from the coordinates' own eager `distance_rows(start,
+    stop)` where they have one (`Points`, `Graph`: the same numbers in fewer passes), else
+    `distance` on the rows' index grid (what a `score_mod` evaluates)."""
+    rows = getattr(coords, "distance_rows", None)
+    if rows is not None:
+        return rows(start, stop)
+    b, _, q, k = index_grid(coords.batch_size or 1, 1, coords.num_queries, coords.num_keys,
+                            coords.device)
+    return coords.distance(q[:, :, start:stop], k, b)

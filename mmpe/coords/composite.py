@@ -33,7 +33,92 @@ def causal_mask(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
     """The causal `mask_mod` over token order (a key at or before its query)."""
     return kv_idx <= q_idx
 
-class Composite(Coordinates):
+
+class _Ordered1D(Coordinates):
+    """Distance, extent and causal mask of coordinates whose tokens carry one ordered 1-D key
+    (the temporal id of M-RoPE and VideoRoPE, a V2PE position): `distance = |key_q − key_k|`
+    (float32), the extent its bound from the query (the key minus the smallest when causal,
+    else the distance to the farther end), the causal mask in token order."""
+
+    causal: bool
+
+    def _set_order(self, key: Tensor) -> None:
+        self._key = key
+        self._key_lo, self._key_hi = key.amin(), key.amax()
+
+    def distance(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
+        """`|key_q − key_k|` (float32; M-RoPE, VideoRoPE: temporal ids, V2PE: text-token units)."""
+        return (self._key[q_idx] - self._key[kv_idx]).abs().to(torch.float32)
+
+    def extent(self, q_idx: Tensor, b: Tensor | None = None) -> Tensor:
+        """The largest distance from the query to a key it may see (float32; as
+        [`Sequence.extent`][mmpe.coords.sequence.Sequence.extent])."""
+        k = self._key[q_idx]
+        if self.causal:
+            return (k - self._key_lo).to(torch.float32)
+        return torch.maximum(k - self._key_lo, self._key_hi - k).to(torch.float32)
+
+    def mask_mod(self) -> MaskMod | None:
+        return causal_mask if self.causal else None
+
+
+def segment_labels(segments: Seq[tuple[str, tuple[int, ...]]],
+                   device: torch.device) -> tuple[Tensor, Tensor]:
+    """`segment_ids` `[n]` (int64, the segment's index) and `is_vision` `[n]` (bool) of
+    parsed segments (`(kind, shape)` pairs, `prod(shape)` tokens each)."""
+    sizes = torch.tensor([math.prod(shape) for _, shape in segments])
+    segment_ids = torch.repeat_interleave(torch.arange(len(segments)), sizes)
+    is_vision = torch.tensor([kind != "text" for kind, _ in segments]).repeat_interleave(sizes)
+    return segment_ids.to(device), is_vision.to(device)
+
+
+def patch_indices(shape: tuple[int, int, int]) -> Tensor:
+    """`[T·H·W, 3]` int64 `(t, h, w)` indices of a vision segment's patches, row-major."""
+    t, h, w = shape
+    return torch.cartesian_prod(torch.arange(t), torch.arange(h), torch.arange(w)).reshape(-1, 3)
+
+
+class _SegmentIds(_Ordered1D):
+    """Text and vision segments whose tokens carry `[n, 3]` `(t, h, w)` ids (`_ids`), ordered
+    by the temporal id `t`: the checks and bookkeeping M-RoPE and VideoRoPE layouts share."""
+
+    num_axes = 3
+
+    def _parse_segments(self, name: str, segments: Seq[Segment | Coordinates], causal: bool,
+                        device: torch.device | str | None) -> None:
+        if not isinstance(segments, Seq) or isinstance(segments, str) or not segments:
+            raise ValueError(f"{name}: segments must be a non-empty list, got {segments!r}")
+        self._device = torch.device(device) if device is not None else torch.device("cpu")
+        self.causal = bool(causal)
+        self.segments: list[tuple[str, tuple[int, ...]]] = [_parse(s, i) for i, s in enumerate(segments)]
+
+    def _set_ids(self, blocks: list[Tensor]) -> None:
+        """Store the segments' `[n_i, 3]` id blocks, in token order."""
+        self._ids = torch.cat(blocks).to(self._device)
+        self.segment_ids, self.is_vision = segment_labels(self.segments, self._device)
+        self._set_order(self._ids[:, 0].contiguous())
+
+    @property
+    def num_queries(self) -> int:
+        return self._ids.shape[0]
+
+    @property
+    def query_positions(self) -> Tensor:
+        """`[n, 3]` `(t, h, w)` position ids (int64; VideoRoPE: float64 for a fractional δ)."""
+        return self._ids
+
+    @property
+    def key_positions(self) -> Tensor:
+        """`[n, 3]`, the queries' (self-attention)."""
+        return self._ids
+
+    @property
+    def position_ids(self) -> Tensor:
+        """`[3, n]`, the layout of HF transformers' `get_rope_index` (per example)."""
+        return self._ids.T
+
+
+class Composite(_SegmentIds):
     """Qwen2-VL style `(t, h, w)` position ids for a sequence of text and vision segments.
 
     Args:
@@ -62,8 +147,6 @@ class Composite(Coordinates):
     """
 
     kind = "composite"
-    num_axes = 3
-    causal: bool
 
     def __init__(
         self,
@@ -73,11 +156,7 @@ class Composite(Coordinates):
         causal: bool = False,
         device: torch.device | str | None = None,
     ) -> None:
-        if not isinstance(segments, Seq) or isinstance(segments, str) or not segments:
-            raise ValueError(f"Composite: segments must be a non-empty list, got {segments!r}")
-        self._device = torch.device(device) if device is not None else torch.device("cpu")
-        self.causal = bool(causal)
-        self.segments: list[tuple[str, tuple[int, ...]]] = [_parse(s, i) for i, s in enumerate(segments)]
+        self._parse_segments("Composite", segments, causal, device)
         n_video = sum(kind == "video" for kind, _ in self.segments)
         scalar = isinstance(temporal_scale, int | float)
         scales = [temporal_scale] * max(n_video, 1) if scalar else list(temporal_scale)
@@ -86,70 +165,24 @@ class Composite(Coordinates):
             raise ValueError(f"Composite: temporal_scale must be a finite float > 0 or a list of "
                              f"one per video segment ({n_video}); got {temporal_scale!r}")
         scales.reverse()
-        ids, seg_ids, vision = [], [], []
+        blocks = []
         start = 0
-        for n, (kind, shape) in enumerate(self.segments):
+        for kind, shape in self.segments:
             if kind == "text":
                 p = torch.arange(shape[0]) + start
                 block = torch.stack((p, p, p), dim=-1)
             else:
-                t, h, w = shape
-                grid = torch.cartesian_prod(torch.arange(t), torch.arange(h), torch.arange(w))
-                grid = grid.reshape(-1, 3)
+                grid = patch_indices(shape)
                 scale = scales.pop() if kind == "video" else 1.0
                 tt = (grid[:, 0].double() * scale).long()
                 block = torch.stack((tt, grid[:, 1], grid[:, 2]), dim=-1) + start
-            ids.append(block)
-            seg_ids.append(torch.full((block.shape[0],), n))
-            vision.append(torch.full((block.shape[0],), kind != "text"))
+            blocks.append(block)
             start = int(block.max()) + 1
-        self._ids = torch.cat(ids).to(self._device)
-        self.segment_ids = torch.cat(seg_ids).to(self._device)
-        self.is_vision = torch.cat(vision).to(self._device)
-        self._t = self._ids[:, 0].contiguous()
-        self._t_lo, self._t_hi = self._t.amin(), self._t.amax()
-
-    @property
-    def num_queries(self) -> int:
-        return self._ids.shape[0]
-
-
-
-
-    @property
-    def query_positions(self) -> Tensor:
-        """`[n, 3]` int64 `(t, h, w)` position ids (Qwen2-VL)."""
-        return self._ids
-
-
-    @property
-    def key_positions(self) -> Tensor:
-        """`[n, 3]` int64, the queries' (self-attention)."""
-        return self._ids
-
-    @property
-    def position_ids(self) -> Tensor:
-        """`[3, n]`, the layout of HF transformers' `get_rope_index` (per example)."""
-        return self._ids.T
+        self._set_ids(blocks)
 
     def relation(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
         """`t_q − t_k` (int64): token distance on text, temporal offset across segments."""
-        return self._t[q_idx] - self._t[kv_idx]
-
-    def distance(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """`|t_q − t_k|` (float32)."""
-        return self.relation(q_idx, kv_idx, b).abs().to(torch.float32)
-
-    def extent(self, q_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """How far keys lie from the query in temporal ids (as [`Sequence.extent`][mmpe.coords.sequence.Sequence.extent]), float32:
-        the query's id when causal, else the distance to the farther end."""
-        t = self._t[q_idx]
-        if self.causal:
-            return t.to(torch.float32)
-        return torch.maximum(t - self._t_lo, self._t_hi - t).to(torch.float32)
-
-    def mask_mod(self) -> MaskMod | None:
-        return causal_mask if self.causal else None
+        return self._key[q_idx] - self._key[kv_idx]
 
     def __repr__(self) -> str:
         segs = ", ".join(f"{k}{s}" for k, s in self.segments)

@@ -19,13 +19,13 @@ from collections.abc import Sequence as Seq
 import torch
 from torch import Tensor
 
-from mmpe.coords.base import Coordinates
+from mmpe.coords.base import StoredPositions
 
 METRICS = ("euclidean", "manhattan", "chebyshev")
 _DEFAULT_AXES = {1: ("t",), 2: ("h", "w"), 3: ("t", "h", "w")}
 
 
-class Grid(Coordinates):
+class Grid(StoredPositions):
     """Tokens on a regular `A`-dimensional grid, optionally after `prefix_tokens` tokens.
 
     Args:
@@ -201,16 +201,6 @@ class Grid(Coordinates):
     def num_axes(self) -> int:
         """Axes of the positions `A` (same as [`ndim`][mmpe.coords.grid.Grid.ndim])."""
         return len(self.shape)
-
-    @property
-    def query_positions(self) -> Tensor:
-        """`[n, A]` float32: cell index × scale per axis; prefix tokens at 0."""
-        return self._pos
-
-    @property
-    def key_positions(self) -> Tensor:
-        """`[n, A]` float32, the same tokens as the queries (self-attention)."""
-        return self._pos
 
     @property
     def grid_index(self) -> Tensor:

@@ -13,8 +13,9 @@ grid, `NaFlexEmbeds._apply_learned_naflex_pos_embed`).
 [`PackedGrids`][mmpe.coords.packed_grid.PackedGrids] is the grid counterpart of a
 [`Sequence`][mmpe.coords.sequence.Sequence] with `document_ids`: per-token grid positions, image
 ids and a block-diagonal mask (`mask_mod` for FlexAttention's BlockMask, `dense_mask` for SDPA).
-[`PerImage`][mmpe.coords.packed_grid.PerImage] runs an input encoding that needs one grid shape
-(`learned_grid`, `factorized`, `sincos` …) on every image's own [`Grid`][mmpe.coords.grid.Grid].
+[`PerImage`][mmpe.encodings.per_image.PerImage] (in `mmpe.encodings`) runs an input encoding
+that needs one grid shape (`learned_grid`, `factorized`, `sincos` …) on every image's own
+[`Grid`][mmpe.coords.grid.Grid].
 
     >>> p = PackedGrids([(2, 3), (1, 2)], prefix_tokens=1, max_tokens=12)
     >>> p.num_queries, p.image_ids.tolist()
@@ -26,16 +27,17 @@ ids and a block-diagonal mask (`mask_mod` for FlexAttention's BlockMask, `dense_
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence as Seq
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from mmpe.coords.base import Coordinates, MaskMod
 from mmpe.coords.grid import METRICS, Grid
-from mmpe.encodings.base import InputEncoding
 
-__all__ = ["PackedGrids", "PerImage"]
+__all__ = ["PackedGrids"]
 
 Shape = tuple[int, ...]
 
@@ -74,7 +76,7 @@ class PackedGrids(Coordinates):
     Capabilities: `Positioned` (`A` axes; `query_positions` `[n, A]`, or `[b, n, A]` for a
     batch of packs; prefix and padding tokens at 0), `Metric`, and `prefix_tokens`
     (`Prefixed`). Not `GridLayout` (a pack has no single shape: wrap `learned_grid`,
-    `factorized`, `sincos`, `conv_pe` … in [`PerImage`][mmpe.coords.packed_grid.PerImage])
+    `factorized`, `sincos`, `conv_pe` … in [`PerImage`][mmpe.encodings.per_image.PerImage])
     and not `Directed` (a grid has no direction), so Toeplitz-only and 1D sequence methods
     (T5's signed buckets, Shaw, CoPE …) raise the capability `TypeError`.
 
@@ -425,55 +427,6 @@ class PackedGrids(Coordinates):
                 f"prefix_tokens={self.prefix_tokens}, max_tokens={self.max_tokens})")
 
 
-class PerImage(InputEncoding):
-    """An input encoding evaluated on every packed image's own grid (NaFlex's per-image table).
-
-    On [`PackedGrids`][mmpe.coords.packed_grid.PackedGrids] the wrapped encoding runs once per
-    distinct image shape on `Grid(shape, prefix_tokens=…)` (as timm's NaFlex groups samples by
-    grid size), giving `T_s` `[prefix_tokens + prod(s), d]`, and each token takes its row of its
-    image's table: `P[t] = T_{shape(t)}[local index of t]`; padding gets zeros. A learned table
-    is thus resampled to each image's grid (`learned_grid`: bicubic with antialiasing, timm's
-    `_apply_learned_naflex_pos_embed`; `factorized` with `interpolation_1d="linear"`: timm's
-    `_apply_factorized_naflex_pos_embed`), and `sincos` zeroes prefix tokens per image. On any
-    other coordinates (a plain `Grid` at evaluation) it is the wrapped encoding.
-
-    Args:
-        encoding: a built input encoding (e.g. `mmpe.build("learned_grid", ...)`).
-
-    Shapes: `forward(packed) -> [n, d]` (one pack) or `[b, n, d]` (a batch of packs).
-
-    Raises:
-        TypeError: `encoding` is not an input encoding.
-        ValueError: the wrapped encoding returns a batched table on a grid.
-    """
-
-    def __init__(self, encoding: InputEncoding) -> None:
-        super().__init__()
-        if not isinstance(encoding, InputEncoding):
-            raise TypeError(f"PerImage: encoding must be an input encoding (an InputEncoding "
-                            f"module), got {type(encoding).__name__}")
-        self.encoding = encoding
-        self.registry_name = f"PerImage({getattr(encoding, 'registry_name', type(encoding).__name__)})"
-
-    @property
-    def d_model(self) -> int | None:  # type: ignore[override]
-        """The wrapped encoding's width (read by `Transformer(input_combine="concat")`)."""
-        return getattr(self.encoding, "width", None) or getattr(self.encoding, "d_model", None)
-
-    def forward(self, coords: Coordinates) -> Tensor:
-        if not isinstance(coords, PackedGrids):
-            return self.encoding(coords)
-        tables = []
-        for s in coords.distinct_shapes:
-            t = self.encoding(coords.grid(s))
-            if t.dim() != 2:
-                raise ValueError(f"PerImage: {self.registry_name} returned {tuple(t.shape)} on the "
-                                 f"grid {s}; per-image tables must be [n, d]")
-            tables.append(t)
-        flat = torch.cat(tables + [tables[0].new_zeros(1, tables[0].shape[-1])], dim=0)
-        return flat[coords.table_rows.to(flat.device)]
-
-
 def _is_shape(x: object) -> bool:
     if isinstance(x, Tensor):
         x = x.tolist()
@@ -510,3 +463,15 @@ def _check_packs(shapes: object) -> tuple[list[list[Shape]], bool]:
         out.append(row)
     return out, batched
 
+
+def __getattr__(name: str) -> Any:
+    # PerImage is an encoding; it moved to mmpe.encodings in 0.2. Imported on first use, so
+    # that the coordinates never import the encodings.
+    if name == "PerImage":
+        from mmpe.encodings.per_image import PerImage
+
+        warnings.warn("mmpe.coords.packed_grid.PerImage moved to mmpe.encodings.per_image.PerImage "
+                      "(also mmpe.PerImage) in 0.2; the old name is kept until 0.3", FutureWarning,
+                      stacklevel=2)
+        return PerImage
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -22,14 +22,14 @@ import torch
 from torch import Tensor
 
 from mmpe._scratch import block_empty
-from mmpe.coords.base import Coordinates, MaskMod
+from mmpe.coords.base import MaskMod, StoredPositions
 
 __all__ = ["Points"]
 
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
 
-class Points(Coordinates):
+class Points(StoredPositions):
     """Tokens at points of R^d, batched and padded (units: the caller's, e.g. `"Å"`, `"m"`).
 
     Args:
@@ -109,11 +109,6 @@ class Points(Coordinates):
 
     # -- protocol -----------------------------------------------------------------------
     @property
-    def num_queries(self) -> int:
-        """Point slots per example `n` (real and padded)."""
-        return self._pos.shape[-2]
-
-    @property
     def num_keys(self) -> int:
         return self._pos.shape[-2]
 
@@ -121,16 +116,6 @@ class Points(Coordinates):
     def num_axes(self) -> int:
         """Dimension `d` of the space."""
         return self._pos.shape[-1]
-
-    @property
-    def query_positions(self) -> Tensor:
-        """`[n, d]` or `[b, n, d]` coordinates (`units`; padded rows 0)."""
-        return self._pos
-
-    @property
-    def key_positions(self) -> Tensor:
-        """The queries' positions (self-attention over one point set)."""
-        return self._pos
 
     @property
     def device(self) -> torch.device:

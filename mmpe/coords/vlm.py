@@ -20,8 +20,16 @@ from collections.abc import Sequence as Seq
 import torch
 from torch import Tensor
 
-from mmpe.coords.base import Coordinates, MaskMod
-from mmpe.coords.composite import Composite, Segment, _parse, causal_mask
+from mmpe.coords.base import Coordinates
+from mmpe.coords.composite import (
+    Composite,
+    Segment,
+    _Ordered1D,
+    _parse,
+    _SegmentIds,
+    patch_indices,
+    segment_labels,
+)
 
 
 def _positive(name: str, arg: str, value: object, *, at_most: float | None = None) -> float:
@@ -86,34 +94,7 @@ def qwen2_5_vl_composite(
                      device=device)
 
 
-class _Ordered1D(Coordinates):
-    """Distance, extent and causal mask of coordinates whose tokens carry one ordered 1-D key
-    (VideoRoPE's temporal id, a V2PE position): `distance = |key_q − key_k|` (float32), the
-    extent its bound from the query (the key minus the smallest when causal, else the distance
-    to the farther end), the causal mask in token order."""
-
-    causal: bool
-
-    def _set_order(self, key: Tensor) -> None:
-        self._key = key
-        self._key_lo, self._key_hi = key.amin(), key.amax()
-
-    def distance(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """`|key_q − key_k|` (float32; VideoRoPE: temporal ids, V2PE: text-token units)."""
-        return (self._key[q_idx] - self._key[kv_idx]).abs().to(torch.float32)
-
-    def extent(self, q_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """The largest distance from the query to a key it may see (float32)."""
-        k = self._key[q_idx]
-        if self.causal:
-            return (k - self._key_lo).to(torch.float32)
-        return torch.maximum(k - self._key_lo, self._key_hi - k).to(torch.float32)
-
-    def mask_mod(self) -> MaskMod | None:
-        return causal_mask if self.causal else None
-
-
-class VideoRoPEComposite(_Ordered1D):
+class VideoRoPEComposite(_SegmentIds):
     """VideoRoPE's diagonal layout with adjustable temporal spacing (Wei et al. 2025,
     "VideoRoPE: What Makes for Good Video Rotary Position Embedding?", arXiv:2502.05173:
     Diagonal Layout, Adjustable Temporal Spacing; reference code `get_t_scale_rope_index`).
@@ -146,8 +127,6 @@ class VideoRoPEComposite(_Ordered1D):
     """
 
     kind = "videorope_composite"
-    num_axes = 3
-    causal: bool
 
     def __init__(
         self,
@@ -158,13 +137,8 @@ class VideoRoPEComposite(_Ordered1D):
         device: torch.device | str | None = None,
     ) -> None:
         delta = _positive("VideoRoPEComposite", "delta", delta)
-        if not isinstance(segments, Seq) or isinstance(segments, str) or not segments:
-            raise ValueError(f"VideoRoPEComposite: segments must be a non-empty list, got "
-                             f"{segments!r}")
-        self._device = torch.device(device) if device is not None else torch.device("cpu")
-        self.causal = bool(causal)
+        self._parse_segments("VideoRoPEComposite", segments, causal, device)
         self.delta = delta
-        self.segments = [_parse(seg, i) for i, seg in enumerate(segments)]
         whole = float(delta).is_integer()
         dtype = torch.int64 if whole else torch.float64
         step: float = int(delta) if whole else delta
@@ -175,42 +149,15 @@ class VideoRoPEComposite(_Ordered1D):
                 p = torch.arange(shape[0], dtype=dtype) + start
                 block = torch.stack((p, p, p), dim=-1)
             else:
-                t, h, w = shape
-                grid = torch.cartesian_prod(torch.arange(t), torch.arange(h), torch.arange(w))
-                grid = grid.reshape(-1, 3)
+                _, h, w = shape
+                grid = patch_indices(shape)
                 tt = grid[:, 0].to(dtype) * step + start
                 hh = grid[:, 1] - (h - 1) // 2 + tt
                 ww = grid[:, 2] - (w - 1) // 2 + tt
                 block = torch.stack((tt, hh.to(dtype), ww.to(dtype)), dim=-1)
             blocks.append(block)
             start = block[:, 0].max().item() + 1
-        sizes = [b.shape[0] for b in blocks]
-        self._ids = torch.cat(blocks).to(self._device)
-        self.segment_ids = torch.repeat_interleave(
-            torch.arange(len(sizes)), torch.tensor(sizes)).to(self._device)
-        self.is_vision = torch.tensor([kind != "text" for kind, _ in self.segments]).repeat_interleave(
-            torch.tensor(sizes)).to(self._device)
-        self._t = self._ids[:, 0].contiguous()
-        self._set_order(self._t)
-
-    @property
-    def num_queries(self) -> int:
-        return self._ids.shape[0]
-
-    @property
-    def query_positions(self) -> Tensor:
-        """`[n, 3]` `(t, h, w)` VideoRoPE position ids (int64, float64 for a fractional δ)."""
-        return self._ids
-
-    @property
-    def key_positions(self) -> Tensor:
-        """`[n, 3]`, the queries' (self-attention)."""
-        return self._ids
-
-    @property
-    def position_ids(self) -> Tensor:
-        """`[3, n]`, the layout of HF transformers' `get_rope_index` (per example)."""
-        return self._ids.T
+        self._set_ids(blocks)
 
     def __repr__(self) -> str:
         segs = ", ".join(f"{k}{s}" for k, s in self.segments)
@@ -288,11 +235,8 @@ class V2PESequence(_Ordered1D):
         self.delta = float(delta)
         self._device = torch.device(device) if device is not None else torch.device("cpu")
         self.causal = bool(causal)
-        parsed = [_parse(s, i) for i, s in enumerate(segments)]
-        self.is_vision = torch.cat([torch.full((math.prod(shape),), kind != "text")
-                                    for kind, shape in parsed]).to(self._device)
-        self.segment_ids = torch.cat([torch.full((math.prod(shape),), i)
-                                      for i, (_, shape) in enumerate(parsed)]).to(self._device)
+        self.segment_ids, self.is_vision = segment_labels(
+            [_parse(s, i) for i, s in enumerate(segments)], self._device)
         self._pos = pos.to(self._device)
         self._set_order(self._pos)
 

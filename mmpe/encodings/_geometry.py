@@ -10,13 +10,13 @@ from the table the eager path builds (see the class docstring for why not unroll
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from torch import Tensor
 
+from mmpe._scratch import block_bytes
+from mmpe.coords.base import distance_rows
 from mmpe.encodings._precision import full_precision
-from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod, distance_rows
+from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod, Term
 
 
 def safe_sqrt(x: Tensor) -> Tensor:
@@ -27,36 +27,28 @@ def safe_sqrt(x: Tensor) -> Tensor:
 
 
 class DistanceFeatureBias(ScoreEncoding):
-    """`score + f_h(d(q, k))`: a per-head function of the coordinates' distance.
+    """`score + f_h(d(q, k))`: a per-head function of the coordinates' distance (structure
+    `"distance"`).
 
     A subclass implements [`head_values`][mmpe.encodings._geometry.DistanceFeatureBias.head_values] (`d [...] -> [..., n_h]`, vectorised over a
-    trailing feature axis, from the float32 parameter snapshot of [`parameters_f32`][mmpe.encodings._geometry.DistanceFeatureBias.parameters_f32]).
+    trailing feature axis, from the float32 parameter snapshot of [`parameters_f32`][mmpe.encodings._geometry.DistanceFeatureBias.parameters_f32]), and
+    sets `feature_width`, the channels of its widest per-pair intermediate (the attention paths
+    bound the rows they evaluate at once by it).
 
-    [`bias_rows`][mmpe.encodings._geometry.DistanceFeatureBias.bias_rows] evaluates it on index grids (SDPA, block by block). The `score_mod`
-    gathers from the table [`bias`][mmpe.encodings.base.ScoreEncoding.bias] builds once per call, `table[b, h, q_idx, kv_idx]`:
-    a FlexAttention-compatible mod (a gather, as a learned bias; gradients reach the
-    parameters through the table) that is the eager bias exactly. An unrolled scalar MLP is
-    not an option at the papers' sizes: FlexAttention traces the mod on every call, and the
-    `K·W ≈ 16k` scalar operations of a 128-kernel, 128-wide MLP take minutes to trace.
-    Memory: the table is `[b or 1, n_h, n_q, n_k]` float32, the size of one score matrix.
-    On a self-attention Grid the term is a function of the cell offset: the attention's grid
-    paths (CPU relation path, GPU flex) evaluate [`pair_term`][mmpe.encodings._geometry.DistanceFeatureBias.pair_term]
-    once per offset instead, `[n_h, Π (2 s_a − 1) + 3]`.
+    The `score_mod` gathers from the whole table `table[b, h, q_idx, kv_idx]`, built once per
+    call: a FlexAttention-compatible mod (a gather, as a learned bias; gradients reach the
+    parameters through the table). An unrolled scalar MLP is not an option at the papers'
+    sizes: FlexAttention traces the mod on every call, and the `K·W ≈ 16k` scalar operations of
+    a 128-kernel, 128-wide MLP take minutes to trace. Memory: the table is `[b or 1, n_h, n_q,
+    n_k]` float32, the size of one score matrix. The paths that need less (a grid's table over
+    cell offsets, blocks of rows) read [`distance_term`][mmpe.encodings._geometry.DistanceFeatureBias.distance_term] instead.
     """
 
     num_heads: int
-    #: on a Grid the distance of two cells depends only on their offset (and the prefix kind):
-    #: the attention's grid paths evaluate the term once per offset (`pair_term`)
-    grid_offset_only = True
-
-    def pair_term(self, ctx: AttentionContext, q_idx: Tensor, kv_idx: Tensor,
-                  b: Tensor) -> Tensor:
-        """The term on the given pairs only, `[*pairs, n_h]` float32 (broadcast `q_idx`,
-        `kv_idx`, `b`): no table over all pairs (the grid paths' offset table reads it)."""
-        self.check_context(ctx)
-        d = ctx.coords.distance(q_idx, kv_idx, b).float()
-        with full_precision(d.device):
-            return self.head_values(self.parameters_f32(), d)
+    structure = "distance"
+    #: channels of the widest per-pair intermediate (kernels, hidden units): bounds the rows
+    #: evaluated at once so that ``[b, rows, n_k, feature_width]`` fits the block budget.
+    feature_width: int = 1
 
     def parameters_f32(self) -> dict[str, Tensor]:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -64,16 +56,25 @@ class DistanceFeatureBias(ScoreEncoding):
     def head_values(self, p: dict[str, Tensor], d: Tensor) -> Tensor:  # pragma: no cover
         raise NotImplementedError
 
+    def distance_term(self, ctx: AttentionContext) -> Term:
+        """`term(d, h) = f_h(d)`: every head's value on `d` (float32, also under autocast),
+        then head `h`'s."""
+        p = self.parameters_f32()
+
+        def term(dist: Tensor, h: Tensor) -> Tensor:
+            with full_precision(dist.device):
+                values = self.head_values(p, dist.float())  # [*d, n_h]
+            shape = torch.broadcast_shapes(dist.shape, h.shape)
+            return values.expand(*shape, values.shape[-1]).gather(
+                -1, h.expand(shape).unsqueeze(-1)).squeeze(-1)
+
+        return term
+
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
         # float32: FlexAttention accumulates a captured tensor's gradient in its dtype, and a
         # bf16 accumulator over every pair loses it (relative error > 1 measured on an H200).
-        # The table is the rows of bias_rows (which check the context): a subclass's own, or
-        # this class's where the subclass overrides score_mod, whose bias_rows is then the
-        # generic one that reads score_mod (ScoreEncoding.__init_subclass__)
-        rows = type(self).bias_rows
-        if inspect.unwrap(rows) is ScoreEncoding.bias_rows:  # (a plugin's is wrapped)
-            rows = DistanceFeatureBias.bias_rows
-        table = rows(self, ctx, 0, ctx.coords.num_queries).float()
+        self.check_context(ctx)
+        table = self._table(ctx)
         if table.shape[0] == 1:  # positions shared by the batch: no batch index
             shared = table[0]
 
@@ -88,28 +89,18 @@ class DistanceFeatureBias(ScoreEncoding):
 
         return mod_batched
 
-    #: channels of the widest per-pair intermediate (kernels, hidden units): bounds the rows
-    #: evaluated at once so that ``[b, rows, n_k, feature_width]`` fits the block budget.
-    feature_width: int = 1
-
-    def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
-        """The term of queries `start … stop−1`, `[b or 1, n_h, stop−start, n_k]`.
-
-        Evaluated a chunk of rows at a time, so that the per-pair features `[b, rows, n_k, K]`
-        stay within `mmpe.attention.block_bytes()` (they are `K/n_h` times the bias).
-        """
-        from mmpe.attention import block_bytes  # the attention module imports the encodings
-
-        self.check_context(ctx)
+    def _table(self, ctx: AttentionContext) -> Tensor:
+        """`f_h(d)` on every pair, `[b or 1, n_h, n_q, n_k]` float32, a chunk of query rows at a
+        time so that the per-pair features `[b, rows, n_k, feature_width]` stay within the
+        block budget (they are `feature_width / n_h` times the table)."""
         coords = ctx.coords
-        batch = coords.batch_size or 1
-        per_row = batch * coords.num_keys * max(self.feature_width, self.num_heads) * 4
+        per_row = (coords.batch_size or 1) * coords.num_keys * max(self.feature_width,
+                                                                   self.num_heads) * 4
         step = max(1, block_bytes() // max(1, per_row))
         p = self.parameters_f32()
         chunks = []
-        for lo in range(start, stop, step):
-            hi = min(stop, lo + step)
-            d = distance_rows(ctx, lo, hi).float()  # [b or 1, 1, rows, n_k]
+        for lo in range(0, coords.num_queries, step):
+            d = distance_rows(coords, lo, min(coords.num_queries, lo + step)).float()
             with full_precision(d.device):  # float32 features and MLP, also under autocast
                 values = self.head_values(p, d)  # [b or 1, 1, rows, n_k, n_h]
             chunks.append(values.squeeze(1).permute(0, 3, 1, 2))

@@ -7,18 +7,10 @@ import math
 import torch
 from torch import Tensor, nn
 
-from mmpe._scratch import block_empty
 from mmpe.coords.capabilities import Metric
 from mmpe.encodings._precision import KeepDtype
 from mmpe.encodings._state import SavesSettings
-from mmpe.encodings.base import (
-    AttentionContext,
-    HeadRows,
-    ScaledRows,
-    ScoreEncoding,
-    ScoreMod,
-    distance_rows,
-)
+from mmpe.encodings.base import AttentionContext, ScoreEncoding, Term
 from mmpe.registry import register
 from mmpe.validation import check_positive_int
 
@@ -80,9 +72,7 @@ class ALiBi(KeepDtype, SavesSettings, ScoreEncoding):
     """
 
     saved_settings = ("distance_unit",)
-    #: on a Grid the term depends on a pair only through its cell offset (the attention's grid
-    #: path reads it from a table over the offsets, mmpe/attention/grid.py)
-    grid_offset_only = True
+    structure = "distance"
     keep_dtype = ("slopes",)  # a fixed slope is a frequency: float32 in bf16 models too
 
     def __init__(self, num_heads: int, slopes: Tensor | None = None,
@@ -110,46 +100,11 @@ class ALiBi(KeepDtype, SavesSettings, ScoreEncoding):
         else:
             self.register_buffer("slopes", slopes)
 
-    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
-        self.check_context(ctx)
-        coords, slopes, unit = ctx.coords, self.slopes.float(), self.distance_unit
+    def distance_term(self, ctx: AttentionContext) -> Term:
+        """`term(d, h) = −m_h · d` (`d` in units of `distance_unit`)."""
+        slopes, unit = self.slopes.float(), self.distance_unit  # the buffer itself (float32)
 
-        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            dist = coords.distance(q_idx, kv_idx, b)
-            return score - slopes[h] * (dist if unit == 1.0 else dist / unit)
+        def term(dist: Tensor, h: Tensor) -> Tensor:
+            return -(slopes[h] * (dist if unit == 1.0 else dist / unit))
 
-        return mod
-
-    def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
-        """`−m_h · dist` of queries `start … stop−1`, `[b or 1, n_h, stop−start, n_k]` float32:
-        the distance rows once for all heads ([`distance_rows`][mmpe.encodings.base.distance_rows]),
-        then one product per head (the numbers of `score_mod`: `0 − m·d = (−m)·d` exactly)."""
-        self.check_context(ctx)
-        dist = distance_rows(ctx, start, stop)  # [b or 1, 1, rows, n_k]
-        unit = self.distance_unit
-        if unit != 1.0:
-            dist = dist / unit
-        slopes = -self.slopes.float()[:, None, None]
-        if torch.compiler.is_compiling() or (
-                torch.is_grad_enabled() and (dist.requires_grad or slopes.requires_grad)):
-            return dist * slopes
-        shape = (dist.shape[0], slopes.shape[0], *dist.shape[2:])
-        out = block_empty(self, "rows", shape, torch.result_type(dist, slopes), dist.device)
-        return torch.mul(dist, slopes, out=out)
-
-    @torch.no_grad()
-    def head_rows(self, ctx: AttentionContext, start: int, stop: int) -> HeadRows:
-        """The rows of `bias_rows` head by head: the distance rows once, `d · (−m_h)` per head
-        (see [HeadRows][mmpe.encodings.base.HeadRows])."""
-        self.check_context(ctx)
-        dist = distance_rows(ctx, start, stop)
-        if self.distance_unit != 1.0:
-            dist = dist / self.distance_unit
-        return ScaledRows(dist, -self.slopes.float())
-
-    def relation_bias(self, ctx: AttentionContext, relation: Tensor) -> Tensor:
-        """`−m_h · |relation|` on `toeplitz` coordinates, `[n_h, m]` float32."""
-        self.check_context(ctx)
-        dist = relation.abs().to(torch.float32)
-        unit = self.distance_unit
-        return -self.slopes.float()[:, None] * (dist if unit == 1.0 else dist / unit)
+        return term

@@ -18,6 +18,7 @@ Shapes use torchtune's notation: `b` batch, `s` sequence (tokens), `n_h` heads,
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -27,6 +28,13 @@ from torch import Tensor, nn
 
 from mmpe.coords.base import Coordinates, index_grid
 from mmpe.coords.capabilities import Capability, missing
+from mmpe.encodings._positions import (  # noqa: F401  (their home before 0.2)
+    check_qk,
+    newest_key_positions,
+    position_bound,
+    rotary_positions,
+    table_positions,
+)
 from mmpe.validation import check_attention_work
 
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
@@ -149,14 +157,49 @@ class RotaryEncoding(Encoding):
         raise NotImplementedError  # pragma: no cover - abstract
 
 
+#: what a score term may be a function of (`ScoreEncoding.structure`), each with the one
+#: function the attention paths call for it: see docs/plugins.md
+STRUCTURES: dict[str, str] = {
+    "pair": "anything per (query, key): the paths evaluate `score_mod` on the pairs",
+    "relation": "the signed offset pos_q − pos_k on sequences: `relation_term(ctx)`",
+    "distance": "the coordinates' metric distance alone: `distance_term(ctx)`",
+    "offset": "the cell offset on a grid: `score_mod` on one pair per offset",
+    "table": "a per-pair lookup into a precomputed table (hops, random-walk features)",
+}
+
+#: the optional eager methods of the old fast-form protocol (mmpe 0.1), now read from the
+#: structure or from `mmpe.attention.fast_forms` by the attention paths
+RETIRED_FORMS = ("bias_rows", "head_rows", "bias_tiles", "bias_rows_vjp", "relation_bias",
+                 "compact_bias", "pair_term", "grid_offset_only")
+
+#: a term as a function of a distance or relation `[...]` and head indices `h` (int64, broadcast
+#: with it), giving the value `score_mod` adds to such a pair: shape of the broadcast
+Term = Callable[[Tensor, Tensor], Tensor]
+
+
 class ScoreEncoding(Encoding):
     """Score hook: a FlexAttention-style `score_mod(score, b, h, q_idx, kv_idx)`.
 
-    A subclass implements `score_mod`. The same function runs inside FlexAttention (scalar
-    indices, never an `n×n` tensor) and eagerly, evaluated on broadcast index grids by
-    [`bias`][mmpe.encodings.base.ScoreEncoding.bias] — which is why the two paths give the same numbers.
+    A subclass writes its paper's formula once and declares its **structure**, what the term is
+    a function of (`STRUCTURES`):
+
+    * `"distance"`: write [`distance_term`][mmpe.encodings.base.ScoreEncoding.distance_term];
+      `score_mod` is derived from it (ALiBi, KERPLE, Gaussian and radial kernels).
+    * `"relation"`: write [`relation_term`][mmpe.encodings.base.ScoreEncoding.relation_term]
+      and `score_mod` (T5's buckets).
+    * `"offset"`, `"table"`, `"pair"` (the default): write `score_mod`.
+
+    The same `score_mod` runs inside FlexAttention (scalar indices, never an `n×n` tensor) and
+    eagerly on broadcast index grids ([`bias`][mmpe.encodings.base.ScoreEncoding.bias]); the
+    attention paths read the structure to pick a faster form (a table over offsets, rows
+    shared by the heads). How a path computes a structure fast lives with the path
+    (`mmpe.attention.forms`), and a hand-written fast form of one class in a table keyed by
+    that exact class (`mmpe.attention.fast_forms`): a subclass never inherits one.
 
     Class attributes:
+        structure: one key of `STRUCTURES`. A subclass that overrides `score_mod` without
+            declaring its own structure is treated as `"pair"` (its formula may no longer be a
+            function of the distance or relation its parent's was).
         additive: the mod adds a term that does not depend on `score` (so the eager path can
             pass it to SDPA as an additive mask). Set False for rescaling methods.
         needs_probs: the encoding also adds a term computed from the attention probabilities
@@ -165,6 +208,7 @@ class ScoreEncoding(Encoding):
     """
 
     hook = "score"
+    structure: ClassVar[str] = "pair"
     additive: ClassVar[bool] = True
     needs_probs: ClassVar[bool] = False
     #: the term depends on positions and parameters only (not on q, k, x): its eager bias is
@@ -172,26 +216,51 @@ class ScoreEncoding(Encoding):
     content_free: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Drop the eager forms a subclass would inherit without what they must agree with.
-
-        A form (`bias_rows`, `relation_bias`, `head_rows`, `bias_tiles`, …; see
-        `EAGER_FORMS`) gives the numbers of the `score_mod` (and `bias_rows`) of the class that
-        defines it. A subclass that overrides `score_mod` but not, say, `relation_bias` would
-        get its parent's term on the sequence path and its own under FlexAttention: a
-        plausible wrong number. Such a form falls back to the generic one (`score_mod` on the
-        pairs, or none). A subclass that keeps its parent's numbers re-declares the form
-        (`relation_bias = Parent.relation_bias`, `grid_offset_only = True`)."""
         super().__init_subclass__(**kwargs)
         own = vars(cls)
-        for form, sources in EAGER_FORMS.items():
-            if form not in own and any(src in own for src in sources):
-                inherited = getattr(cls, form, None)
-                generic = vars(ScoreEncoding).get(form, _GENERIC_FORMS.get(form))
-                if inherited is not None and inherited is not generic:
-                    setattr(cls, form, generic)
+        if "structure" in own and cls.structure not in STRUCTURES:
+            raise TypeError(f"{cls.__name__}.structure must be one of {list(STRUCTURES)}, got "
+                            f"{cls.structure!r}")
+        if "score_mod" in own and "structure" not in own and cls.structure != "pair":
+            cls.structure = "pair"
+        retired = [name for name in RETIRED_FORMS if name in own]
+        if retired:
+            warnings.warn(
+                f"{cls.__name__} defines {', '.join(retired)}: since mmpe 0.2 the attention "
+                "paths no longer read these (they read `structure` and its term function, and "
+                "hand-written fast forms from mmpe.attention.fast_forms.register); they are "
+                "ignored. See docs/plugins.md.", FutureWarning, stacklevel=2)
 
-    def score_mod(self, ctx: AttentionContext) -> ScoreMod:  # pragma: no cover - abstract
-        raise NotImplementedError
+    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+        """The term as a FlexAttention `score_mod`: derived from `distance_term` where the
+        class writes one (structure `"distance"`), written by the subclass otherwise."""
+        if type(self).distance_term is ScoreEncoding.distance_term:  # pragma: no cover
+            raise NotImplementedError(f"{type(self).__name__} must define score_mod")
+        self.check_context(ctx)
+        coords, term = ctx.coords, self.distance_term(ctx)
+
+        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return score + term(coords.distance(q_idx, kv_idx, b), h)
+
+        return mod
+
+    def distance_term(self, ctx: AttentionContext) -> Term:
+        """Structure `"distance"`: the term as a function `term(dist, h)` of distances `[...]`
+        (float32, the coordinates' unit) and head indices `h` (int64) broadcast with them.
+
+        Read every parameter here, once (the FlexAttention rule: a learned tensor captured by a
+        `score_mod` is read by index inside it, `slopes[h]`, never transformed there); the
+        returned function does elementwise work only.
+        """
+        raise NotImplementedError(f"{type(self).__name__} declares structure "
+                                  f"{self.structure!r}, not 'distance'")
+
+    def relation_term(self, ctx: AttentionContext) -> Term:
+        """Structure `"relation"`: the term as a function `term(relation, h)` of signed offsets
+        `pos_q − pos_k` `[...]` (int64 tokens) and head indices `h` broadcast with them, on
+        coordinates whose `toeplitz` is true. Parameters are read here, once."""
+        raise NotImplementedError(f"{type(self).__name__} declares structure "
+                                  f"{self.structure!r}, not 'relation'")
 
     def check_context(self, ctx: AttentionContext) -> None:
         """Raise unless `ctx`'s coordinates are supported and, for an encoding built for
@@ -216,313 +285,35 @@ class ScoreEncoding(Encoding):
         return None
 
     def bias(self, ctx: AttentionContext) -> Tensor:
-        """The additive term on every pair, `[b or 1, n_h, n_q, n_k]` (eager path): all the
-        rows of [`bias_rows`][mmpe.encodings.base.ScoreEncoding.bias_rows] (`b` is the content's batch for content-dependent terms)."""
-        return self.bias_rows(ctx, 0, ctx.coords.num_queries)
+        """The additive term on every pair, `[b or 1, n_h, n_q, n_k]`: `score_mod` evaluated
+        on the broadcast index grid (`b` is the content's batch for content-dependent terms).
+        The attention paths may compute the same numbers faster (`mmpe.attention.forms`).
 
-    def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
-        """The additive term of queries `start … stop−1` only, `[b or 1, n_h, stop−start,
-        n_k]`: the memory-bounded CPU path evaluates a bias block by block with it. The
-        default evaluates `score_mod` on those rows' index grid (equal by construction);
-        an encoding with a faster eager form overrides it."""
+        Raises:
+            TypeError: a rescaling (non-additive) term.
+        """
         if not self.additive:
             raise TypeError(f"{type(self).__name__} rescales scores; it has no additive bias")
         coords = ctx.coords
         batch = ctx.batch if not self.content_free else (coords.batch_size or 1)
         b, h, q, k = index_grid(batch, ctx.num_heads, coords.num_queries, coords.num_keys,
                                 coords.device)
-        q = q[:, :, start:stop]
-        zero = torch.zeros((), device=coords.device)
-        out = self.score_mod(ctx)(zero, b, h, q, k)
-        return out.expand(batch, ctx.num_heads, stop - start, coords.num_keys)
-
-    def head_rows(self, ctx: AttentionContext, start: int, stop: int) -> HeadRows | None:
-        """The rows of [`bias_rows`][mmpe.encodings.base.ScoreEncoding.bias_rows] head by
-        head, without a graph (see [`HeadRows`][mmpe.encodings.base.HeadRows]), or None (the
-        default: the blocked CPU path then builds every head's rows of a block at once)."""
-        return None
+        out = self.score_mod(ctx)(torch.zeros((), device=coords.device), b, h, q, k)
+        return out.expand(batch, ctx.num_heads, coords.num_queries, coords.num_keys)
 
     def value_term(self, probs: Tensor, ctx: AttentionContext) -> Tensor | None:
         """Extra output `[b, n_h, n_q, h_d]` from probabilities `[b, n_h, n_q, n_k]`, or None."""
         return None
 
-    def relation_bias(self, ctx: AttentionContext, relation: Tensor) -> Tensor | None:
-        """The additive term as a function of the relation alone, or None (the default).
+    def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+        """Deprecated (mmpe 0.2): the term of queries `start … stop−1`, `[b or 1, n_h,
+        stop−start, n_k]`; use `mmpe.attention.forms.rows(enc, ctx, start, stop)`."""
+        warnings.warn("ScoreEncoding.bias_rows is deprecated; use "
+                      "mmpe.attention.forms.rows(encoding, ctx, start, stop)", FutureWarning,
+                      stacklevel=2)
+        from mmpe.attention import forms  # a deprecated door: the paths sit above encodings
 
-        Called only on coordinates whose `toeplitz` is true (every allowed pair has
-        `relation = q_idx + n_k − n_q − kv_idx` and `distance = |relation|`), so the
-        term is a Toeplitz matrix that the eager attention path expands from this table
-        block by block, and whose gradient it sums along the diagonals onto the table.
-
-        Args:
-            ctx: the attention call.
-            relation: `[m]` int64 offsets `pos_q − pos_k` (tokens).
-
-        Returns:
-            `[n_h, m]` float32, differentiable in the encoding's parameters: the value
-                `score_mod` adds to a pair with that relation; None where the term depends on
-                more than the relation (FIRE's normaliser reads the query's position).
-        """
-        return None
-
-    def compact_bias(self, ctx: AttentionContext) -> CompactBias | None:
-        """The additive term in a compact form on `toeplitz` coordinates, for a term that is
-        not a function of the relation alone (see [`CompactBias`][mmpe.encodings.base.CompactBias]), or None (the default:
-        the attention then evaluates [`bias_rows`][mmpe.encodings.base.ScoreEncoding.bias_rows] on every pair)."""
-        return None
-
-
-#: a score term's optional eager forms, each with the definitions whose numbers it gives (in
-#: order: a subclass's generic `bias_rows` also drops its parent's per-head and tile forms)
-EAGER_FORMS: dict[str, tuple[str, ...]] = {
-    "bias_rows": ("score_mod",),
-    "bias": ("score_mod", "bias_rows"),
-    "relation_bias": ("score_mod",),
-    "compact_bias": ("score_mod",),
-    "pair_term": ("score_mod",),
-    "grid_offset_only": ("score_mod",),
-    "head_rows": ("score_mod", "bias_rows"),
-    "bias_tiles": ("score_mod", "bias_rows"),
-    "bias_rows_vjp": ("score_mod", "bias_rows"),
-}
-
-#: the generic value of the forms `ScoreEncoding` does not define: absent (the grid path reads
-#: `grid_offset_only` as a declaration, and `None` for the others as "no such form")
-_GENERIC_FORMS: dict[str, Any] = {"grid_offset_only": False}
-
-
-def distance_rows(ctx: AttentionContext, start: int, stop: int) -> Tensor:
-    """The coordinates' `distance` of queries `start … stop−1` to every key, `[b or 1, 1,
-    stop−start, n_k]` float32, shared by the heads: from the coordinates' own eager
-    `distance_rows(start, stop)` where they have one (`Points`, `Graph`: the same numbers in
-    fewer passes), else `distance` on the rows' index grid (what `score_mod` evaluates)."""
-    coords = ctx.coords
-    rows = getattr(coords, "distance_rows", None)
-    if rows is not None:
-        return rows(start, stop)
-    b, _, q, k = index_grid(coords.batch_size or 1, 1, coords.num_queries, coords.num_keys,
-                            coords.device)
-    return coords.distance(q[:, :, start:stop], k, b)
-
-
-class CompactBias:
-    """A content-free additive term held in a few `O(n)` tensors on `toeplitz` coordinates.
-
-    The eager attention path expands it block by block of queries ([`add_rows`][mmpe.encodings.base.CompactBias.add_rows]) and hands
-    each block's gradient of the scores back ([`accumulate_grads`][mmpe.encodings.base.CompactBias.accumulate_grads]), so training keeps no
-    `n_q × n_k` autograd graph of the bias; autograd then carries the gradients w.r.t.
-    `tensors` on to the encoding's parameters. A block lists its queries in reverse order
-    (row `r` is query `stop − 1 − r`), so that pair `(r, k)` lies on anti-diagonal
-    `m = r + k` of the block, one offset (see [`toeplitz_rows`][mmpe.encodings.base.toeplitz_rows]).
-
-    Args:
-        tensors: the compact tensors (any may require grad).
-        batch: `b` where the term differs per example, else 1.
-    """
-
-    def __init__(self, *tensors: Tensor, batch: int = 1) -> None:
-        self.tensors, self.batch = tensors, batch
-
-    def add_rows(self, out: Tensor, start: int, stop: int,
-                 base: Tensor | None) -> None:  # pragma: no cover - abstract
-        """Write the term of queries `stop−1 … start` (reversed) on keys `0 … K−1` into
-        `out` `[b', n_h, stop−start, K]` in place, without autograd: `out = base + term`
-        where `base` `[n_h or 1, stop−start+K−1]` is the sum of the other terms per offset
-        (pair `(r, k)` at `base[.., r + k]`), or `out += term` for None."""
-        raise NotImplementedError
-
-    def release(self) -> None:
-        """Drop any scratch kept between the blocks of one pass (called after each pass)."""
-
-    def accumulate_grads(self, d_diagonals: Tensor, start: int, stop: int,
-                         grads: list[Tensor | None]) -> None:  # pragma: no cover - abstract
-        """Add one block's share of the loss's gradient w.r.t. `tensors` to `grads`.
-
-        Args:
-            d_diagonals: `[b, n_h, R, K + R]`, the gradient w.r.t. the block's term in the
-                layout of [`antidiagonal_buffer`][mmpe.encodings.base.antidiagonal_buffer]: entry `[.., r, r + k]` is pair
-                `(r, k)`'s, the others are zero (so a sum over rows is a sum per offset).
-            grads: one accumulator per tensor, of its shape; None where no gradient is needed.
-        """
-        raise NotImplementedError
-
-
-class BiasTiles:
-    """A content-free additive term on one block of queries, tile by tile of keys: the blocked
-    attention path's backward pass (`mmpe.attention.blocked`) of a learned bias.
-
-    That pass walks the block's pairs batch entry by batch entry, tile by tile of `width` keys
-    (tile `j`: keys `j·width …`) and, within a tile, head by head `0 … n_h−1`, in cache. For
-    each head of a tile it asks the term to [write][mmpe.encodings.base.BiasTiles.write] its
-    bias, computes the tile's `dS`, and hands it back at once
-    ([take][mmpe.encodings.base.BiasTiles.take]): the term reduces it onto its own small
-    tensors (a per-head sum, a bin per bucket) while the tile is in cache, so no `[b, n_h, R,
-    n_k]` bias or `dS` of the block is made. After the block,
-    [pullback][mmpe.encodings.base.BiasTiles.pullback] gives tensors that carry an autograd
-    graph (parameters, positions) and their cotangents. `take` always follows the `write` of
-    the same tile and head, and the heads of a tile follow each other, so a term may prepare
-    a tile once for all heads (FIRE's inputs) and keep per-tile values until the last head's
-    `take`.
-
-    Attributes:
-        dtype: the dtype of the term's rows (`bias_rows`'), in which the block's terms are
-            summed before the sum is cast to the attention's dtype.
-    """
-
-    dtype: torch.dtype
-
-    def write(self, out: Tensor, i: int, head: int, j: int,
-              add: bool) -> None:  # pragma: no cover - abstract
-        """The term's bias on tile `j` of batch entry `i` and head `head` into `out [R, K]`
-        (contiguous, the attention's dtype): `out = bias`, or `out += bias` where `add`. The
-        numbers are those `bias_rows` gives on the same pairs."""
-        raise NotImplementedError
-
-    def take(self, d_s: Tensor, i: int, head: int,
-             j: int) -> None:  # pragma: no cover - abstract
-        """Accumulate the gradient w.r.t. the tile's bias, `d_s [R, K]` (contiguous)."""
-        raise NotImplementedError
-
-    def pullback(self) -> tuple[list[Tensor], list[Tensor]]:  # pragma: no cover - abstract
-        """Tensors and their cotangents: `torch.autograd.grad(tensors, inputs, cotangents)` is
-        the block's vector-Jacobian product."""
-        raise NotImplementedError
-
-
-class HeadRows:
-    """A content-free additive term on one block of queries, one head at a time: the blocked
-    attention path's forward pass and its fused backward pass (`mmpe.attention.blocked`).
-
-    That path calls SDPA's fused CPU kernel once per batch entry and head, on a block of
-    queries larger than an all-heads block could be in the same memory; for each call every
-    term [write][mmpe.encodings.base.HeadRows.write]s the rows of that head into one `[R,
-    n_k]` buffer. The term computes what all heads share (the block's distances, FIRE's
-    inputs, Graphormer's bucket codes) once, when it is made
-    ([ScoreEncoding.head_rows][mmpe.encodings.base.ScoreEncoding.head_rows]), and per head only the
-    head's own pass (a product, a gather), chunk by chunk of `chunk` pairs in the cache.
-
-    Attributes:
-        dtype: the dtype of the term's rows (`bias_rows`').
-        chunk: pairs per chunk of [fill][mmpe.encodings.base.HeadRows.fill].
-    """
-
-    dtype: torch.dtype
-    chunk: int = 1 << 16
-    _scratch: Tensor | None = None
-
-    def write(self, out: Tensor, i: int, head: int, add: bool) -> None:
-        """The term of batch entry `i` and head `head` on the block's pairs into `out [R,
-        n_k]` (contiguous; `dtype` or a wider float dtype in which the terms are summed): `out
-        = bias`, or `out += bias` where `add`. The numbers are those `bias_rows` gives."""
-        flat = out.view(-1)
-        direct = not add and out.dtype == self.dtype
-        if not direct and self._scratch is None:
-            self._scratch = torch.empty(min(self.chunk, flat.numel()), dtype=self.dtype,
-                                        device=out.device)
-        for c in range(0, flat.numel(), self.chunk):
-            part = flat[c:c + self.chunk]
-            if direct:
-                self.fill(part, i, head, c)
-                continue
-            term = self._scratch[:part.numel()]
-            self.fill(term, i, head, c)
-            part.add_(term) if add else part.copy_(term)
-
-    def fill(self, out: Tensor, i: int, head: int,
-             offset: int) -> None:  # pragma: no cover - abstract
-        """The term on the block's flat pairs `offset … offset + len(out) − 1` (row-major `[R,
-        n_k]`) of batch entry `i` and head `head` into the flat `out` (`dtype`)."""
-        raise NotImplementedError
-
-
-class ScaledRows(HeadRows):
-    """A term that is a per-head multiple of rows shared by the heads: `rows [b or 1, 1, R,
-    n_k]` times `scale[head]` (ALiBi's `−m_h·d`), in that order of operands."""
-
-    def __init__(self, rows: Tensor, scale: Tensor) -> None:
-        self.dtype = torch.result_type(rows, scale)
-        self.flat = rows.detach().reshape(rows.shape[0], -1)
-        self.scale = scale.detach()
-        self.chunk = self.flat.shape[1] or 1  # one pass: no chunks needed
-
-    def fill(self, out: Tensor, i: int, head: int, offset: int) -> None:
-        rows = self.flat[min(i, self.flat.shape[0] - 1), offset:offset + out.numel()]
-        torch.mul(rows, self.scale[head], out=out)
-
-
-#: accumulators per bin where a [BiasTiles][mmpe.encodings.base.BiasTiles] term sums a tile's
-#: `dS` by bin (`scatter_add`): consecutive pairs of one bin (far pairs all in the last
-#: distance bucket) would each wait for the previous add (3.4 ns a pair); spread over 8
-#: copies of the bin, 0.6 ns.
-SCATTER_LANES = 8
-
-#: elements per chunk where a term builds its rows without a graph pass by pass (FIRE,
-#: KERPLE-log): 256 kB of float32, so each chunk stays in the cache across the passes.
-ROW_CHUNK = 1 << 16
-
-
-def lane_codes(codes: Tensor) -> Tensor:
-    """Bin codes `[..., R, K]` (int64) spread over `SCATTER_LANES` copies of each bin: code
-    `c` of the `p`-th pair of a `[R, K]` tile becomes `c·SCATTER_LANES + p mod
-    SCATTER_LANES` (gather from a table with each bin repeated `SCATTER_LANES` times, and
-    fold the accumulators with [fold_lanes][mmpe.encodings.base.fold_lanes])."""
-    lanes = torch.arange(codes.shape[-2] * codes.shape[-1], device=codes.device)
-    return codes * SCATTER_LANES + (lanes % SCATTER_LANES).view(codes.shape[-2:])
-
-
-def fold_lanes(acc: Tensor) -> Tensor:
-    """Accumulators `[..., bins·SCATTER_LANES]` summed per bin, `[..., bins]`."""
-    return acc.unflatten(-1, (-1, SCATTER_LANES)).sum(-1)
-
-
-def key_tiles(rows: Tensor, width: int) -> list[Tensor]:
-    """`rows [..., n_k]` cut into tiles of `width` keys, each contiguous `[..., K]` (so that a
-    tile of one batch entry is one flat run of memory)."""
-    return [rows[..., c:c + width].contiguous() for c in range(0, rows.shape[-1], width)]
-
-
-def toeplitz_rows(table: Tensor, n_q: int, start: int, stop: int, n_keys: int) -> Tensor:
-    """Queries `stop−1 … start` (reversed) × keys `0 … n_keys−1` of a Toeplitz matrix, a view.
-
-    `table[..., s]` is the value at `kv_idx − q_idx = s − (n_q − 1)`, ``s = 0 … n_q + n_k
-    − 2` (the relation `n_k − 1 − s`): row `r` of the block (query `stop − 1 − r``)
-    starts at `s = n_q − stop + r`, so rows and keys both step by one element of the table and
-    the block is an overlapping strided view of it (no `n×n` tensor is made).
-
-    Args:
-        table: `[.., n_q + n_k − 1]`, contiguous in its last dimension.
-
-    Returns:
-        `[.., stop−start, n_keys]` view of `table`.
-    """
-    *lead, length = table.shape
-    rows = stop - start
-    if (table.stride(-1) != 1 and length > 1) or n_q - stop + rows + n_keys - 1 > length:
-        raise ValueError(f"toeplitz_rows: table {tuple(table.shape)} does not cover queries "
-                         f"{start}…{stop - 1} of {n_q} and {n_keys} keys")
-    return table.as_strided((*lead, rows, n_keys), (*table.stride()[:-1], 1, 1),
-                            table.storage_offset() + n_q - stop)
-
-
-def antidiagonal_buffer(shape: tuple[int, ...], like: Tensor) -> tuple[Tensor, Tensor]:
-    """A zeroed buffer and a `shape` `[.., R, K]` view into it that [`antidiagonal_sums`][mmpe.encodings.base.antidiagonal_sums]
-    sums along the anti-diagonals `r + k = const` (the offsets of a [`toeplitz_rows`][mmpe.encodings.base.toeplitz_rows]
-    block): row `r` of the view is shifted right by `r` in a `[.., R, K + R]` buffer, so
-    summing the buffer over rows sums each anti-diagonal in one pass. Write into the view
-    (`out=` or in place) to avoid copying the block."""
-    *lead, rows, keys = shape
-    buf = like.new_zeros((*lead, rows, keys + rows))
-    view = buf.as_strided((*lead, rows, keys), (*buf.stride()[:-2], keys + rows + 1, 1))
-    return buf, view
-
-
-def antidiagonal_sums(buf: Tensor, lead_dims: int = 0) -> Tensor:
-    """Sums of the block written into an [`antidiagonal_buffer`][mmpe.encodings.base.antidiagonal_buffer] along its anti-diagonals,
-    `[.., R + K − 1]`: entry `m` sums the pairs with `r + k = m` (for a
-    [`toeplitz_rows`][mmpe.encodings.base.toeplitz_rows] block of queries `start … stop−1`: table index `n_q − stop + m`),
-    also summed over the first `lead_dims` dimensions."""
-    dims = (*range(lead_dims), buf.dim() - 2)
-    return buf.sum(dims)[..., :-1]
+        return forms.rows(self, ctx, start, stop)
 
 
 class KernelEncoding(Encoding):
@@ -537,78 +328,22 @@ class KernelEncoding(Encoding):
         raise NotImplementedError  # pragma: no cover - abstract
 
 
-def check_qk(name: str, q: Tensor, k: Tensor, head_dim: int | None = None,
-             coords: Coordinates | None = None) -> None:
-    """Validate rotary inputs `q` `[b, n_h, n_q, h_d]` and `k` `[b, n_kv, s_k, h_d]`.
-
-    Rank 4; the same `b` and `h_d`; `n_h` a multiple of `n_kv` (grouped-query
-    attention); with `coords`, `n_q` equal to its query count and `s_k` at most its key
-    count (a cached decoder passes only the newest keys: they are the *last* `s_k` keys).
-
-    Raises:
-        ValueError: naming the argument and the expected shape.
-    """
-    for arg, t in (("q", q), ("k", k)):
-        if not isinstance(t, Tensor) or t.dim() != 4:
-            shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
-            raise ValueError(f"{name}: {arg} must be [b, n_h, s, h_d] (rank 4), got {shape}")
-    if q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1] or q.shape[1] % k.shape[1]:
-        raise ValueError(
-            f"{name}: q {tuple(q.shape)} and k {tuple(k.shape)} must share b and h_d, and q's "
-            "heads must be a multiple of k's"
-        )
-    if head_dim is not None and q.shape[-1] != head_dim:
-        raise ValueError(f"{name}: q and k must have h_d={head_dim}, got {q.shape[-1]}")
-    if coords is not None:
-        if q.shape[-2] != coords.num_queries:
-            raise ValueError(f"{name}: q has {q.shape[-2]} tokens but the coordinates have "
-                             f"{coords.num_queries} queries")
-        if k.shape[-2] > coords.num_keys:
-            raise ValueError(f"{name}: k has {k.shape[-2]} tokens but the coordinates have only "
-                             f"{coords.num_keys} keys")
+#: names that moved to `mmpe.attention.cpu.rows` (mmpe 0.2): importable from here with a
+#: FutureWarning until 0.3
+_MOVED_TO_ATTENTION = ("CompactBias", "BiasTiles", "HeadRows", "ScaledRows", "SCATTER_LANES",
+                       "ROW_CHUNK", "lane_codes", "fold_lanes", "key_tiles", "toeplitz_rows",
+                       "antidiagonal_buffer", "antidiagonal_sums", "distance_rows")
 
 
-def position_bound(coords: Coordinates) -> int:
-    """One more than the largest key position (1D coordinates), computed once per object.
+def __getattr__(name: str) -> Any:
+    if name in _MOVED_TO_ATTENTION:
+        warnings.warn(f"mmpe.encodings.base.{name} moved to mmpe.attention.cpu.rows.{name}",
+                      FutureWarning, stacklevel=2)
+        from mmpe.attention.cpu import rows  # a deprecated door: the paths sit above encodings
 
-    `Sequence` knows it without reading the device (`max_position`); for other coordinates
-    the value is read once and remembered on the object, so the layers of a model share it
-    instead of each stalling the device.
-    """
-    known = getattr(coords, "max_position", None)
-    if isinstance(known, int):
-        return known + 1
-    memo = coords.__dict__.get("_mmpe_position_bound")
-    if memo is None:
-        memo = coords.__dict__["_mmpe_position_bound"] = int(coords.key_positions[..., 0].max()) + 1
-    return memo
-
-
-def rotary_positions(coords: Coordinates, k: Tensor) -> tuple[Tensor, Tensor]:
-    """Positions `[.., n_q, a]` of the queries and `[.., s_k, a]` of the keys `k` holds.
-
-    A cached decoder rotates only its new keys: they are the last `s_k` of the coordinates'
-    keys, so the cache keeps keys already rotated at their own positions.
-    """
-    return coords.query_positions, newest_key_positions(coords, k.shape[-2])
-
-
-def newest_key_positions(coords: Coordinates, n_keys: int | None) -> Tensor:
-    """Positions `[.., n_keys, a]` of the last `n_keys` keys (all keys for None): the keys
-    a cached step holds."""
-    kpos = coords.key_positions
-    return kpos if n_keys is None else kpos[..., kpos.shape[-2] - n_keys:, :]
-
-
-def table_positions(name: str, coords: Coordinates) -> Tensor:
-    """Query positions `[s]` or `[b, s]` of 1D coordinates as table rows (int64).
-
-    Raises:
-        ValueError: positions that are not integers (a learned table has one row per integer
-            position; continuous positions need a functional encoding such as `sinusoidal`).
-    """
-    pos = coords.query_positions[..., 0]
-    if pos.dtype.is_floating_point or pos.dtype == torch.bool:
-        raise ValueError(f"{name}: a learned table needs integer positions, got {pos.dtype} "
-                         "positions; use a functional encoding (sinusoidal, rope) instead")
-    return pos.long()
+        return getattr(rows, name)
+    if name == "EAGER_FORMS":
+        warnings.warn("mmpe.encodings.base.EAGER_FORMS is gone: fast forms are keyed by exact "
+                      "class in mmpe.attention.fast_forms.FAST_FORMS", FutureWarning, stacklevel=2)
+        return {}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

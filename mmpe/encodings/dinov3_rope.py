@@ -76,7 +76,7 @@ class DINOv3RoPE(SavesSettings, RotaryEncoding):
     generator, so `torch.manual_seed` reproduces timm's draws) as float32 on the CPU. In
     evaluation mode nothing is drawn and the output equals timm's `RotaryEmbeddingDinoV3`
     applied with `apply_rot_embed_cat(..., half=True)` to the patch tokens
-    (`tests/test_dinov3_rope.py`). A module shared by several layers draws once per call, so
+    (`tests/encodings/test_dinov3_rope.py`). A module shared by several layers draws once per call, so
     once per layer (DINOv3 draws once per forward of the whole network).
 
     Args:

@@ -67,7 +67,7 @@ class ForgettingGate(ContentScoreEncoding):
         self.check_context(ctx)
         c, batch = self._sums(ctx), ctx.batch
         # A second tensor for the key side: compiled flex differentiates a captured tensor only
-        # if the score_mod indexes it once (tests/test_score_mod_indexing.py).
+        # if the score_mod indexes it once (tests/package/test_score_mod_indexing.py).
         c_q, c_k = c, c.clone()
         first = ctx.coords.num_keys - ctx.coords.num_queries  # the queries' own key slots
 

@@ -17,29 +17,17 @@ Graph Representation?", NeurIPS), on coordinates with the `GraphLayout` capabili
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 from weakref import WeakKeyDictionary
 
 import torch
 from torch import Tensor, nn
 
-from mmpe._scratch import block_empty
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import GraphEdges, GraphLayout, VirtualNode
 from mmpe.coords.graph import UNREACHABLE, VIRTUAL
-from mmpe.encodings.base import (
-    SCATTER_LANES,
-    AttentionContext,
-    BiasTiles,
-    HeadRows,
-    InputEncoding,
-    ScoreEncoding,
-    ScoreMod,
-    fold_lanes,
-    key_tiles,
-    lane_codes,
-)
+from mmpe.encodings._pair_bias import dense_bias_mod
+from mmpe.encodings.base import AttentionContext, InputEncoding, ScoreEncoding, ScoreMod
 from mmpe.registry import register
 
 PAPER = ("Ying et al. 2021, Do Transformers Really Perform Bad for Graph Representation? "
@@ -77,6 +65,8 @@ class GraphormerSpatial(ScoreEncoding):
         TypeError: coordinates without the `GraphLayout` capability.
     """
 
+    structure = "table"
+
     def __init__(self, num_heads: int, max_distance: int = 20) -> None:
         super().__init__()
         if num_heads < 1 or max_distance < 1:
@@ -94,132 +84,6 @@ class GraphormerSpatial(ScoreEncoding):
             return score + table[buckets[b, q_idx, kv_idx], h]
 
         return mod
-
-    def bias(self, ctx: AttentionContext) -> Tensor:
-        """Eager path: `table[bucket]` on all pairs, `[b, n_h, n, n]` (equals the mod)."""
-        self.check_context(ctx)
-        return self.table[spatial_buckets(ctx.coords.spd, self.max_distance)].permute(0, 3, 1, 2)
-
-    def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
-        """`table[bucket]` on the pairs of queries `start … stop−1`, `[b, n_h, stop−start, n]`:
-        the buckets of those rows only (the default would bucket every pair per block); where
-        no gradient is recorded, gathered head by head (one contiguous block, no copy)."""
-        if torch.is_grad_enabled() and self.table.requires_grad:
-            self.check_context(ctx)
-            buckets = spatial_buckets(ctx.coords.spd[:, start:stop], self.max_distance)
-            return self.table[buckets].permute(0, 3, 1, 2)
-        return GraphormerSpatial.bias_rows_vjp(self, ctx, start, stop)[0]  # (not a subclass's)
-
-    def bias_rows_vjp(self, ctx: AttentionContext, start: int,
-                      stop: int) -> tuple[Tensor, Callable]:
-        """The rows of [bias_rows][mmpe.encodings.graphormer.GraphormerSpatial.bias_rows] (no
-        graph) and their pullback by hand, for the blocked attention path
-        (`mmpe.attention.blocked._BlockedPlan.pullback_bias`): the gradient of
-        `b_φ` (Ying et al. 2021, eq. 6) is `dS` summed by bucket, per head — an `index_add`
-        over the block's bucket codes instead of autograd's backward of the gather.
-
-        Returns the rows `[b, n_h, R, n]` and the map `dS [b, n_h, R, n]` → `([table],
-        [d_table])` (`table`, `d_table` `[max_distance + 3, n_h]`)."""
-        self.check_context(ctx)
-        buckets = self._buckets(ctx, start, stop)
-        table = self.table
-        with torch.no_grad():
-            per_head = table.detach().t().contiguous()  # [n_h, buckets]
-            rows = block_empty(self, "rows", (per_head.shape[0], *buckets.shape),
-                               table.dtype, buckets.device)
-            flat = buckets.reshape(-1)
-            for head, values in enumerate(per_head):  # index_select: ~3× torch.take's speed
-                torch.index_select(values, 0, flat, out=rows[head].view(-1))
-
-        def pull(d_bias: Tensor) -> tuple[list[Tensor], list[Tensor]]:
-            with torch.no_grad():
-                d_s = d_bias.sum_to_size(rows.shape[1], *rows.shape[:1], *rows.shape[2:])
-                grad = per_head.new_zeros(per_head.shape)
-                for i in range(d_s.shape[0]):
-                    grad.index_add_(1, buckets[i].reshape(-1),
-                                    d_s[i].reshape(grad.shape[0], -1).to(grad.dtype))
-                return [table], [grad.t()]
-
-        return rows.transpose(0, 1), pull
-
-    @torch.no_grad()
-    def head_rows(self, ctx: AttentionContext, start: int, stop: int) -> HeadRows:
-        """The rows of `bias_rows` head by head: the block's hop codes less their least (one
-        pass), each code's row of `b_φ`, and per head a gather from the head's column of
-        those rows (see [HeadRows][mmpe.encodings.base.HeadRows])."""
-        self.check_context(ctx)
-        spd = ctx.coords.spd[:, start:stop]
-        lo, hi = (int(v) for v in torch.aminmax(spd)) if spd.numel() else (0, 0)
-        # each hop code's bucket (a table of hi − lo + 1): no pass over the pairs to bucket them
-        buckets = spatial_buckets(torch.arange(lo, hi + 1, device=spd.device), self.max_distance)
-        codes = torch.sub(spd, lo, out=block_empty(self, "codes", spd.shape, spd.dtype,
-                                                   spd.device))
-        return _SpatialRows(self.table[buckets], codes)
-
-    def bias_tiles(self, ctx: AttentionContext, start: int, stop: int,
-                   width: int) -> BiasTiles:
-        """The rows of queries `start … stop−1` tile by tile, for the blocked attention path's
-        backward pass (see [BiasTiles][mmpe.encodings.base.BiasTiles]): the block's bucket
-        codes once (contiguous per tile), per head and tile a gather from the head's column of
-        `b_φ` and a `scatter_add` of the tile's `dS` into the head's gradient."""
-        self.check_context(ctx)
-        return _SpatialTiles(self.table, self._buckets(ctx, start, stop), width)
-
-    def _buckets(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
-        """The bucket codes of queries `start … stop−1`, `[b, R, n]` (a scratch block: see
-        `mmpe._scratch`)."""
-        spd = ctx.coords.spd[:, start:stop]
-        return spatial_buckets(spd, self.max_distance,
-                               out=block_empty(self, "buckets", spd.shape, spd.dtype,
-                                               spd.device))
-
-
-class _SpatialRows(HeadRows):
-    """Graphormer's spatial bias as `HeadRows`: `table [codes, n_h]` (each code's row of
-    `b_φ`) and the block's codes `[b, R, n]`; per head an `index_select` from the head's
-    column."""
-
-    def __init__(self, table: Tensor, buckets: Tensor) -> None:
-        self.dtype = table.dtype
-        self.values = table.detach().t().contiguous()  # [n_h, buckets]
-        self.codes = buckets.reshape(buckets.shape[0], -1)
-        self.chunk = self.codes.shape[1] or 1  # one pass: no chunks needed
-
-    def fill(self, out: Tensor, i: int, head: int, offset: int) -> None:
-        codes = self.codes[min(i, self.codes.shape[0] - 1), offset:offset + out.numel()]
-        torch.index_select(self.values[head], 0, codes, out=out)
-
-
-class _SpatialTiles(BiasTiles):
-    """Graphormer's spatial bias as `BiasTiles`: `table [buckets, n_h]` (with its graph), the
-    block's bucket codes per tile `[b, R, K]` spread over lanes
-    ([lane_codes][mmpe.encodings.base.lane_codes]), and the gradient `[n_h, buckets·lanes]`."""
-
-    def __init__(self, table: Tensor, buckets: Tensor, width: int) -> None:
-        self.table = table
-        self.dtype = table.dtype
-        self.codes = [lane_codes(t) for t in key_tiles(buckets, width)]
-        # [n_h, buckets·lanes]: each head's column of the table, every value SCATTER_LANES times
-        self.values = table.detach().t().repeat_interleave(SCATTER_LANES, dim=1).contiguous()
-        self.grad: Tensor | None = None
-
-    def write(self, out: Tensor, i: int, head: int, j: int, add: bool) -> None:
-        codes = self.codes[j][min(i, self.codes[j].shape[0] - 1)].view(-1)
-        if add or out.dtype != self.values.dtype:
-            term = torch.index_select(self.values[head], 0, codes).view_as(out)
-            out.add_(term) if add else out.copy_(term)
-        else:
-            torch.index_select(self.values[head], 0, codes, out=out.view(-1))
-
-    def take(self, d_s: Tensor, i: int, head: int, j: int) -> None:
-        if self.grad is None:
-            self.grad = torch.zeros(self.values.shape, dtype=d_s.dtype)
-        codes = self.codes[j][min(i, self.codes[j].shape[0] - 1)].view(-1)
-        self.grad[head].scatter_add_(0, codes, d_s.view(-1))
-
-    def pullback(self) -> tuple[list[Tensor], list[Tensor]]:
-        grad = torch.zeros_like(self.values) if self.grad is None else self.grad
-        return [self.table], [fold_lanes(grad).t().to(self.table.dtype)]
 
 
 @register("graphormer_edge", hook="score", needs=(GraphLayout, GraphEdges), learnable=True,
@@ -331,16 +195,7 @@ class GraphormerEdge(ScoreEncoding):
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
         self.check_context(ctx)
-        c = self.pair_bias(ctx.coords)
-
-        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return score + c[b, h, q_idx, kv_idx]
-
-        return mod
-
-    def bias(self, ctx: AttentionContext) -> Tensor:
-        self.check_context(ctx)
-        return self.pair_bias(ctx.coords)
+        return dense_bias_mod(self.pair_bias(ctx.coords))
 
 
 @register("graphormer", hook="score", needs=(GraphLayout, GraphEdges), learnable=True, family="graph",
@@ -376,11 +231,6 @@ class GraphormerBias(ScoreEncoding):
             return edge(spatial(score, b, h, q_idx, kv_idx), b, h, q_idx, kv_idx)
 
         return mod
-
-    def bias(self, ctx: AttentionContext) -> Tensor:
-        """Eager path: spatial plus edge bias, `[b, n_h, n, n]`."""
-        out = self.spatial.bias(ctx)
-        return out if self.edge is None else out + self.edge.bias(ctx)
 
 
 @register("graphormer_centrality", hook="input", needs=(GraphLayout,), learnable=True,

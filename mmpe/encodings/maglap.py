@@ -35,6 +35,7 @@ from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import InputEncoding
 from mmpe.encodings.lappe import make_projection
 from mmpe.registry import register
+from mmpe.validation import check_laplacian_normalization
 
 
 @register("maglap", hook="input", needs=(GraphLayout, GraphAdjacency), learnable=True,
@@ -71,8 +72,7 @@ class MagLap(SavesSettings, InputEncoding):
             raise ValueError(f"maglap: k must be >= 1, got {k}")
         if isinstance(q, bool) or not isinstance(q, (int, float)) or not math.isfinite(q) or q < 0:
             raise ValueError(f"maglap: q must be a finite float >= 0, got {q!r}")
-        if normalization not in ("sym", None):
-            raise ValueError(f"maglap: normalization must be 'sym' or None, got {normalization!r}")
+        check_laplacian_normalization("maglap", normalization)
         self.k, self.q, self.normalization = k, float(q), normalization
         self.proj = make_projection(2 * k, d_model, projection)
 

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Positioned
 from mmpe.encodings._captured import per_head_units
 from mmpe.encodings._geometry import pad_axes, safe_sqrt
-from mmpe.encodings._precision import full_precision
 from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
 from mmpe.registry import register
@@ -27,6 +25,8 @@ def _float_positions(pos: Tensor) -> Tensor:
     paper="Pfaff et al. 2021, Learning Mesh-Based Simulation with Graph Networks (ICLR; "
           "MeshGraphNets), §3.1 edge features",
     context=("num_heads", "num_axes"))
+
+
 class MeshDisplacementBias(SavesSettings, ScoreEncoding):
     """`score + MLP([x_q − x_k, ‖x_q − x_k‖] / L)_h`: MeshGraphNets' edge features as a bias.
 
@@ -98,7 +98,7 @@ class MeshDisplacementBias(SavesSettings, ScoreEncoding):
         scale = 1.0 / self.length_scale
         lin1, lin2 = self.mlp[0], self.mlp[2]
         # Compiled flex differentiates a captured tensor only through one indexing of it
-        # (tests/test_score_mod_indexing.py): one `[n_h]` tensor per weight, read once as `[h]`.
+        # (tests/package/test_score_mod_indexing.py): one `[n_h]` tensor per weight, read once as `[h]`.
         n_h = lin2.out_features
         w1 = [per_head_units(row, 0, n_h) for row in lin1.weight.float().unbind(0)]
         b1 = per_head_units(lin1.bias.float(), 0, n_h)
@@ -125,31 +125,3 @@ class MeshDisplacementBias(SavesSettings, ScoreEncoding):
             return score + out
 
         return mod
-
-    def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
-        """The MLP on the pairs of queries `start … stop−1`, `[b or 1, n_h, stop−start, n_k]`
-        (a chunk of rows at a time: the hidden layer `[b, rows, n_k, W]` stays within
-        `mmpe.attention.block_bytes()`)."""
-        from mmpe.attention import block_bytes  # the attention module imports the encodings
-
-        self.check_context(ctx)
-        qpos, kpos = self._positions(ctx.coords)
-        lin1, lin2 = self.mlp[0], self.mlp[2]
-        batch = qpos.shape[0] if qpos.dim() == 3 else 1
-        per_row = batch * kpos.shape[-2] * max(lin1.out_features, self.num_axes + 1) * 4
-        step = max(1, block_bytes() // max(1, per_row))
-        chunks = []
-        for lo in range(start, stop, step):
-            rows = qpos[..., lo:min(stop, lo + step), :]
-            # float32 even under autocast: displacements of thousands of units in a bf16 matmul
-            # would be off by whole units (the scalar mod is float32 too).
-            with full_precision(rows.device):
-                diff = ((rows.unsqueeze(-2) - kpos.unsqueeze(-3)) / self.length_scale).float()
-                dist = safe_sqrt((diff * diff).sum(-1, keepdim=True))
-                feats = torch.cat((diff, dist), dim=-1)  # [(b,) rows, n_k, A + 1]
-                hidden = torch.relu(F.linear(feats, lin1.weight.float(), lin1.bias.float()))
-                out = F.linear(hidden, lin2.weight.float(), lin2.bias.float())  # [.., n_h]
-            if out.dim() == 3:
-                out = out.unsqueeze(0)
-            chunks.append(out.permute(0, 3, 1, 2))
-        return chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=2)

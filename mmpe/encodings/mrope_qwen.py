@@ -67,7 +67,7 @@ class InterleavedMRoPE(MRoPE):
     [`Composite`][mmpe.coords.composite.Composite]). Text tokens `(p, p, p)` get plain 1D RoPE.
 
     Equals HF transformers' `Qwen3VLTextRotaryEmbedding` + `apply_rotary_pos_emb`
-    (`tests/test_vlm_rope.py`).
+    (`tests/encodings/test_vlm_rope.py`).
 
     Args:
         head_dim: `h_d` (even).

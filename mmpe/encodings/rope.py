@@ -66,7 +66,7 @@ def rotation_dtype(dtype: torch.dtype) -> torch.dtype:
     anyway, and rotating in it reads and writes half the bytes with no float32 copy of
     `q`/`k` (HF transformers does the same). The price is two more roundings (the table's
     and one product's). Measured against a float64 rotation of the same input values
-    (`tests/test_rope_dtype.py`, which bounds it by 1.0 and 0.5; `benchmarks/bench_text.py`
+    (`tests/encodings/test_rope_dtype.py`, which bounds it by 1.0 and 0.5; `benchmarks/bench_text.py`
     prints it): max |error| / (eps · max |x|) 0.67–0.81 and ‖error‖ / (eps · ‖out‖) ≤ 0.36 for
     bf16, fp16 and float32 alike, against 0.29–0.56 and ~0.2 when bf16/fp16 are rotated in
     float32 and rounded once (still what [`apply_rotary`][mmpe.encodings.rope.apply_rotary] does given float32 tables).

@@ -81,7 +81,7 @@ class AxialRoPE(SavesSettings, RotaryEncoding):
     no `ref_feat_shape`) applied with `apply_rot_embed_cat(..., half=not interleaved)`:
     timm's bands `freq_bands(h_d/4, temperature, step=1) = temperature^(−j/(h_d/4))` are
     `θ_j` above, its `[x bands, y bands]` per-token layout is the block order
-    (`tests/test_rope_axial_timm.py`). timm's RoPE-ViT (`vit_small_patch16_rope_224`) is
+    (`tests/encodings/test_rope_axial_timm.py`). timm's RoPE-ViT (`vit_small_patch16_rope_224`) is
     `grid_indexing="xy", base=100, interleaved=True`.
 
     Args:

@@ -11,7 +11,6 @@ from torch import Tensor
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Positioned
 from mmpe.encodings._content import ContentScoreEncoding, batch_index, require_qk
-from mmpe.encodings._precision import full_precision
 from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import AttentionContext, ScoreMod
 from mmpe.encodings.rope import apply_rotary
@@ -65,6 +64,8 @@ def pca_frames(positions: Tensor, mask: Tensor | None = None,
     paper="Puny et al. 2022, Frame Averaging for Invariant and Equivariant Network Design (ICLR), "
           "PCA frames (§3.3); axial RoPE of Heo et al. 2024 / Su et al. 2021 in each frame",
     context=("head_dim", "num_axes"))
+
+
 class FrameAveragedRoPE(SavesSettings, ContentScoreEncoding):
     """Axial RoPE averaged over the PCA frames of the point set: an E(d)-invariant rotary score.
 
@@ -192,13 +193,6 @@ class FrameAveragedRoPE(SavesSettings, ContentScoreEncoding):
             return score + scale * acc
 
         return mod
-
-    def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
-        """The term of queries `start … stop−1`, `[b, n_h, stop−start, n_k]`."""
-        self.check_context(ctx)
-        qx, kx = self._operands(ctx)
-        with full_precision(qx.device):  # a float32 difference of two scores, also under autocast
-            return (qx[:, :, start:stop] @ kx.transpose(-1, -2)) * ctx.head_dim ** -0.5
 
     def scores(self, q: Tensor, k: Tensor, coords: Coordinates) -> Tensor:
         """The frame-averaged RoPE score `s(q, k)` `[b, n_h, n_q, n_k]` (float32), for

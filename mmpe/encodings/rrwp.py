@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import GraphLayout
 from mmpe.coords.graph_structure import GraphAdjacency, rrwp
+from mmpe.encodings._pair_bias import dense_bias_mod
 from mmpe.encodings._precision import module_dtype
 from mmpe.encodings.base import AttentionContext, InputEncoding, ScoreEncoding, ScoreMod
 from mmpe.encodings.lappe import make_projection
@@ -39,6 +40,8 @@ PAPER = ("Ma et al. 2023, Graph Inductive Biases in Transformers without Message
 
 @register("rrwp", hook="score", needs=(GraphLayout, GraphAdjacency), learnable=True,
           family="graph", paper=PAPER, context=("num_heads",))
+
+
 class RRWP(ScoreEncoding):
     """`score(i, j) += Σ_t W[h, t] · [M^t]_ij`, `t = 0 … k−1`, `M = D⁻¹A`.
 
@@ -54,6 +57,8 @@ class RRWP(ScoreEncoding):
             ([`mmpe.coords.Graph`][mmpe.coords.graph.Graph] has both).
     """
 
+    structure = "table"
+
     def __init__(self, num_heads: int, k: int = 21) -> None:
         super().__init__()
         if num_heads < 1 or k < 1:
@@ -68,21 +73,13 @@ class RRWP(ScoreEncoding):
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
         self.check_context(ctx)
-        c = self.pair_bias(ctx.coords)
-
-        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return score + c[b, h, q_idx, kv_idx]
-
-        return mod
-
-    def bias(self, ctx: AttentionContext) -> Tensor:
-        """Eager path: the bias on all pairs, `[b, n_h, n, n]` (equals the mod)."""
-        self.check_context(ctx)
-        return self.pair_bias(ctx.coords)
+        return dense_bias_mod(self.pair_bias(ctx.coords))
 
 
 @register("rrwp_node", hook="input", needs=(GraphLayout, GraphAdjacency), learnable=True,
           family="graph", paper=PAPER, context=("d_model",))
+
+
 class RRWPNode(InputEncoding):
     """`P_i = proj(([M^t]_ii)_{t=0..k−1})`: GRIT's node term, the diagonal of RRWP.
 

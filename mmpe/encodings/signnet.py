@@ -27,6 +27,7 @@ from mmpe.encodings._precision import module_dtype
 from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import InputEncoding
 from mmpe.registry import register
+from mmpe.validation import check_laplacian_normalization
 
 
 class DenseGIN(nn.Module):
@@ -83,8 +84,7 @@ class SignNet(SavesSettings, InputEncoding):
         super().__init__()
         if k < 1 or hidden < 1 or layers < 1:
             raise ValueError(f"signnet: k, hidden and layers must be >= 1, got {k}, {hidden}, {layers}")
-        if normalization not in ("sym", None):
-            raise ValueError(f"signnet: normalization must be 'sym' or None, got {normalization!r}")
+        check_laplacian_normalization("signnet", normalization)
         self.k, self.normalization = k, normalization
         self.phi = DenseGIN(1, hidden, layers)
         self.rho = nn.Sequential(nn.Linear(k * hidden, d_model), nn.ReLU(),

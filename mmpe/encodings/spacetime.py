@@ -1,14 +1,21 @@
-"""Latitude × longitude × time: a spatial sphere encoding composed with a temporal 1D one."""
+"""Latitude × longitude × time: a spatial sphere encoding composed with a temporal 1D one.
+
+The coordinate views it reads are in `mmpe.coords.spacetime`
+([`TimeLine`][mmpe.coords.TimeLine], `LatLonOnly`); `mmpe.encodings.spacetime.TimeLine` warns
+(`FutureWarning`) until 0.3.
+"""
 
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from mmpe.coords import spacetime as _views
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Spherical, provides
 from mmpe.encodings._sphere import sphere_angles
@@ -18,42 +25,6 @@ from mmpe.registry import build, get, register
 from mmpe.validation import check_bool, check_int
 
 Spec = str | Mapping[str, Any]
-
-
-class TimeLine(Coordinates):
-    """The time stamps of spatio-temporal tokens as 1D coordinates (`Positioned1D`).
-
-    `query_positions` = `key_positions` = `time[..., None]` (the time stamps' unit, e.g.
-    hours or steps). A view for temporal encodings; it registers no `kind`.
-    """
-
-    num_axes = 1
-
-    def __init__(self, time: Tensor) -> None:
-        self._pos = time.unsqueeze(-1)
-
-    @property
-    def num_queries(self) -> int:
-        return self._pos.shape[-2]
-
-    @property
-    def query_positions(self) -> Tensor:
-        return self._pos
-
-    @property
-    def key_positions(self) -> Tensor:
-        return self._pos
-
-
-class _LatLonOnly(Coordinates):
-    """A class with the `Spherical` members only: what a spatial part may need."""
-
-    lat: Tensor
-    lon: Tensor
-
-    @property
-    def num_queries(self) -> int:  # pragma: no cover - never instantiated
-        return 0
 
 
 def _canonical(spec: Spec, where: str) -> tuple[str, dict[str, Any], str]:
@@ -134,10 +105,10 @@ class SpaceTimePE(SavesSettings, InputEncoding):
             bad = s_name if s_entry.hook != "input" else t_name
             raise ValueError(f"spacetime: {bad!r} is a {get(bad).hook} encoding; spatial and "
                              "temporal must be input encodings")
-        if not provides(_LatLonOnly, s_entry.needs):
+        if not provides(_views.LatLonOnly, s_entry.needs):
             raise ValueError(f"spacetime: spatial={s_name!r} needs {[c.__name__ for c in s_entry.needs]}; "
                              "a spatial part must read only lat/lon (Spherical)")
-        if not provides(TimeLine, t_entry.needs):
+        if not provides(_views.TimeLine, t_entry.needs):
             raise ValueError(f"spacetime: temporal={t_name!r} needs {[c.__name__ for c in t_entry.needs]}; "
                              "a temporal part must run on 1D positions (Positioned1D)")
         self.concat, self.time_dim, self.d_model = bool(concat), time_dim, d_model
@@ -145,13 +116,13 @@ class SpaceTimePE(SavesSettings, InputEncoding):
         self.spatial = build(s_name, context={"d_model": s_width}, **s_opts)
         self.temporal = build(t_name, context={"d_model": t_width}, **t_opts)
 
-    def time_coordinates(self, coords: Coordinates) -> TimeLine:
+    def time_coordinates(self, coords: Coordinates) -> _views.TimeLine:
         """The tokens' time stamps as 1D coordinates (zeros without a time axis)."""
         lat, _ = sphere_angles(self, coords)
         time = getattr(coords, "time", None)
         if time is None:
             time = torch.zeros_like(lat)
-        return TimeLine(time)
+        return _views.TimeLine(time)
 
     def forward(self, coords: Coordinates) -> Tensor:
         time = self.temporal(self.time_coordinates(coords))
@@ -166,3 +137,12 @@ class SpaceTimePE(SavesSettings, InputEncoding):
     def extra_repr(self) -> str:
         return f"concat={self.concat}, time_dim={self.time_dim}"
 
+
+def __getattr__(name: str) -> Any:
+    # The coordinate views moved to mmpe.coords in 0.2 (coordinates live below the encodings).
+    if name == "TimeLine":
+        warnings.warn("mmpe.encodings.spacetime.TimeLine moved to mmpe.coords.spacetime.TimeLine "
+                      "(also mmpe.coords.TimeLine) in 0.2; the old name is kept until 0.3",
+                      FutureWarning, stacklevel=2)
+        return _views.TimeLine
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

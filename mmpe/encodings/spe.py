@@ -29,9 +29,11 @@ from torch import Tensor, nn
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import GraphLayout
 from mmpe.coords.graph_structure import GraphAdjacency, laplacian_eigenpairs
+from mmpe.encodings._pair_bias import dense_bias_mod
 from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
 from mmpe.registry import register
+from mmpe.validation import check_laplacian_normalization
 
 
 @register("spe", hook="score", needs=(GraphLayout, GraphAdjacency), learnable=True,
@@ -39,6 +41,8 @@ from mmpe.registry import register
           paper="Huang et al. 2024, On the Stability of Expressive Positional Encodings for "
                 "Graphs (ICLR), eq. 2",
           context=("num_heads",))
+
+
 class SPE(SavesSettings, ScoreEncoding):
     """`score_h(i, j) += [V diag(φ_h(λ)) Vᵀ]_ij`, `φ: R → R^{n_h}` an MLP on each eigenvalue.
 
@@ -56,6 +60,8 @@ class SPE(SavesSettings, ScoreEncoding):
         TypeError: coordinates without `GraphLayout` and `GraphAdjacency`.
     """
 
+    structure = "table"
+
     saved_settings = ("normalization",)
 
     def __init__(self, num_heads: int, k: int = 8, hidden: int = 16,
@@ -63,8 +69,7 @@ class SPE(SavesSettings, ScoreEncoding):
         super().__init__()
         if num_heads < 1 or k < 1 or hidden < 1:
             raise ValueError(f"spe: num_heads, k and hidden must be >= 1, got {num_heads}, {k}, {hidden}")
-        if normalization not in ("sym", None):
-            raise ValueError(f"spe: normalization must be 'sym' or None, got {normalization!r}")
+        check_laplacian_normalization("spe", normalization)
         self.num_heads, self.k, self.normalization = num_heads, k, normalization
         self.phi = nn.Sequential(nn.Linear(1, hidden), nn.ReLU(), nn.Linear(hidden, num_heads))
 
@@ -90,14 +95,4 @@ class SPE(SavesSettings, ScoreEncoding):
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
         self.check_context(ctx)
-        z = self._bias(ctx.coords)
-
-        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return score + z[b, h, q_idx, kv_idx]
-
-        return mod
-
-    def bias(self, ctx: AttentionContext) -> Tensor:
-        """Eager path: `Z` on all pairs, `[b, n_h, n, n]` (equals the mod)."""
-        self.check_context(ctx)
-        return self._bias(ctx.coords)
+        return dense_bias_mod(self._bias(ctx.coords))

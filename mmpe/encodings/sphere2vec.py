@@ -114,29 +114,16 @@ class Sphere2Vec(KeepDtype, SavesSettings, InputEncoding):
         return self.proj(self.features(coords).to(self.proj.weight.dtype))
 
 
-@register("sphere_c", hook="input", needs=(Spherical,), context=("d_model",), learnable=True, family="sphere",
-          paper=PAPER)
-class SphereC(Sphere2Vec):
-    __doc__ = Sphere2Vec.__doc__
-    variant = "sphere_c"
+def _variant(name: str, class_name: str) -> type[Sphere2Vec]:
+    """The registered [`Sphere2Vec`][mmpe.encodings.sphere2vec.Sphere2Vec] class of one variant
+    (`name`, one of `VARIANTS`)."""
+    cls = type(class_name, (Sphere2Vec,), {"__doc__": Sphere2Vec.__doc__, "variant": name,
+                                           "__module__": __name__, "__qualname__": class_name})
+    return register(name, hook="input", needs=(Spherical,), context=("d_model",), learnable=True,
+                    family="sphere", paper=PAPER)(cls)
 
 
-@register("sphere_c_plus", hook="input", needs=(Spherical,), context=("d_model",), learnable=True, family="sphere",
-          paper=PAPER)
-class SphereCPlus(Sphere2Vec):
-    __doc__ = Sphere2Vec.__doc__
-    variant = "sphere_c_plus"
-
-
-@register("sphere_m", hook="input", needs=(Spherical,), context=("d_model",), learnable=True, family="sphere",
-          paper=PAPER)
-class SphereM(Sphere2Vec):
-    __doc__ = Sphere2Vec.__doc__
-    variant = "sphere_m"
-
-
-@register("sphere_m_plus", hook="input", needs=(Spherical,), context=("d_model",), learnable=True, family="sphere",
-          paper=PAPER)
-class SphereMPlus(Sphere2Vec):
-    __doc__ = Sphere2Vec.__doc__
-    variant = "sphere_m_plus"
+SphereC = _variant("sphere_c", "SphereC")
+SphereCPlus = _variant("sphere_c_plus", "SphereCPlus")
+SphereM = _variant("sphere_m", "SphereM")
+SphereMPlus = _variant("sphere_m_plus", "SphereMPlus")

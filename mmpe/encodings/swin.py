@@ -103,6 +103,8 @@ def offset_table_bias(grid, table: Tensor, prefix_entries: bool, cache: dict) ->
     paper="Liu et al. 2021, Swin Transformer: Hierarchical Vision Transformer using Shifted Windows "
           "(ICCV), §3.2 eq. 4; Bao et al. 2022, BEiT (ICLR) §2.6 (prefix-token entries, table "
           "interpolation)", context=("num_heads", "grid_shape"))
+
+
 class SwinRelativeBias(SavesSettings, ScoreEncoding):
     """A learned bias per head for every relative offset on the grid: `score + B̂[Δ, h]` (Swin eq. 4).
 
@@ -126,9 +128,8 @@ class SwinRelativeBias(SavesSettings, ScoreEncoding):
     """
 
     saved_settings = ("grid_shape",)  # (2, 3) and (3, 2) have tables of one size
-    #: the term depends on a pair only through its cell offset and prefix kind (the
-    #: attention's grid path reads it from a table over the offsets, mmpe/attention/grid.py)
-    grid_offset_only = True
+    #: a table over the cell offsets (and prefix kinds) of a grid
+    structure = "offset"
 
     def __init__(self, num_heads: int, grid_shape: tuple[int, ...], prefix_bias: bool = True) -> None:
         super().__init__()
@@ -187,10 +188,3 @@ class SwinRelativeBias(SavesSettings, ScoreEncoding):
         grid = as_grid("swin", ctx.coords)
         check_ndim("swin", grid, len(self.grid_shape), f"grid_shape {self.grid_shape}")
         return offset_table_mod(grid, self.table_for(grid.shape), self.prefix_bias)
-
-    def bias(self, ctx: AttentionContext) -> Tensor:
-        """Eager path: `[1, n_h, n, n]` gathered with a cached index (equals the score_mod)."""
-        self.check_context(ctx)
-        grid = as_grid("swin", ctx.coords)
-        check_ndim("swin", grid, len(self.grid_shape), f"grid_shape {self.grid_shape}")
-        return offset_table_bias(grid, self.table_for(grid.shape), self.prefix_bias, self._index_cache)

@@ -13,7 +13,7 @@ from mmpe.encodings._grid import as_grid, check_ndim, check_shape
 from mmpe.encodings._precision import full_precision
 from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
-from mmpe.encodings.swin import offset_table_bias, offset_table_mod
+from mmpe.encodings.swin import offset_table_mod
 from mmpe.registry import register
 
 
@@ -37,6 +37,8 @@ def log_relative_coords(shape: tuple[int, ...], ref_shape: tuple[int, ...]) -> T
     aliases=("cpb", "swinv2"),
     paper="Liu et al. 2022, Swin Transformer V2: Scaling Up Capacity and Resolution (CVPR), "
           "§3.3 log-spaced continuous position bias, eqs. 3-4", context=("num_heads", "grid_shape"))
+
+
 class SwinV2CPB(SavesSettings, ScoreEncoding):
     """`score + 16·σ(G(Δ̂))[h]`: a small MLP `G` on log-spaced per-axis offsets (SwinV2 §3.3).
 
@@ -59,9 +61,8 @@ class SwinV2CPB(SavesSettings, ScoreEncoding):
     """
 
     saved_settings = ("grid_shape",)  # the offset normalisation
-    #: the term depends on a pair only through its cell offset and prefix kind (the
-    #: attention's grid path reads it from a table over the offsets, mmpe/attention/grid.py)
-    grid_offset_only = True
+    #: a table over the cell offsets (and prefix kinds) of a grid
+    structure = "offset"
 
     def __init__(self, num_heads: int, grid_shape: tuple[int, ...], hidden: int = 512) -> None:
         super().__init__()
@@ -99,10 +100,3 @@ class SwinV2CPB(SavesSettings, ScoreEncoding):
         grid = as_grid("swinv2_cpb", ctx.coords)
         check_ndim("swinv2_cpb", grid, len(self.grid_shape), f"grid_shape {self.grid_shape}")
         return offset_table_mod(grid, self.table_for(grid.shape), prefix_entries=False)
-
-    def bias(self, ctx: AttentionContext) -> Tensor:
-        """Eager path: `[1, n_h, n, n]` gathered with a cached index (equals the score_mod)."""
-        self.check_context(ctx)
-        grid = as_grid("swinv2_cpb", ctx.coords)
-        check_ndim("swinv2_cpb", grid, len(self.grid_shape), f"grid_shape {self.grid_shape}")
-        return offset_table_bias(grid, self.table_for(grid.shape), False, self._index_cache)

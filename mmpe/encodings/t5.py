@@ -7,10 +7,9 @@ import math
 import torch
 from torch import Tensor, nn
 
-from mmpe.coords.base import index_grid
 from mmpe.coords.capabilities import Directed, Metric
 from mmpe.encodings._state import SavesSettings
-from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
+from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod, Term
 from mmpe.registry import register
 from mmpe.validation import check_bool, check_int
 
@@ -84,9 +83,8 @@ class T5RelativeBias(SavesSettings, ScoreEncoding):
     """
 
     saved_settings = ("max_distance", "bidirectional", "distance_unit")
-    #: on a Grid the term depends on a pair only through its cell offset (the attention's grid
-    #: path reads it from a table over the offsets, mmpe/attention/grid.py)
-    grid_offset_only = True
+    #: a function of the signed offset on sequences (of the rounded distance elsewhere)
+    structure = "relation"
 
     def __init__(
         self,
@@ -132,40 +130,20 @@ class T5RelativeBias(SavesSettings, ScoreEncoding):
             raise ValueError(f"t5: num_buckets must be even when bidirectional, got {self.num_buckets}")
         return bidirectional
 
-    def bias(self, ctx: AttentionContext) -> Tensor:
-        """Eager path: bucket each distinct offset once, then gather, `[b or 1, n_h, n_q, n_k]`.
+    def relation_term(self, ctx: AttentionContext) -> Term:
+        """`term(relation, h) = B[bucket(−relation), h]` on `toeplitz` coordinates (key − query,
+        T5's sign); on undirected coordinates the bucket of `round(|relation| / unit)`."""
+        coords, table = ctx.coords, self.table
+        bidirectional = self._bidirectional(coords)
 
-        The offsets of a sequence whose positions lie in `0 … max_position` take at most
-        `2·max_position + 1` values, so the log-bucketing runs on those instead of on all
-        `n_q·n_k` pairs (with no device read); the result equals `score_mod`.
-        """
-        self.check_context(ctx)
-        coords = ctx.coords
-        b, _, q, k = index_grid(coords.batch_size or 1, 1, coords.num_queries, coords.num_keys,
-                                coords.device)
-        if not isinstance(coords, Directed):
-            return super().bias(ctx)
-        top = getattr(coords, "max_position", None)  # a host int: no device read
-        if not isinstance(top, int) or 2 * top + 1 > coords.num_queries * coords.num_keys:
-            return super().bias(ctx)  # sparse or unknown positions: bucket the pairs directly
-        rel = -coords.relation(q, k, b)  # key − query, [b, 1, n_q, n_k], within ±top
-        lo = -top
-        offsets = torch.arange(-top, top + 1, device=rel.device)
-        buckets = t5_bucket(offsets, self._bidirectional(coords), self.num_buckets, self.max_distance)
-        table = self.table[buckets]  # [n_offsets, n_h]
-        return table[rel.squeeze(1) - lo].permute(0, 3, 1, 2)
+        def term(relation: Tensor, h: Tensor) -> Tensor:
+            if isinstance(coords, Directed):
+                rel = -relation
+            else:
+                rel = -(relation.abs().to(torch.float32) / self.distance_unit).round().long()
+            return table[t5_bucket(rel, bidirectional, self.num_buckets, self.max_distance), h]
 
-    def relation_bias(self, ctx: AttentionContext, relation: Tensor) -> Tensor:
-        """The bucket's learned value per head on `toeplitz` coordinates, `[n_h, m]`: the
-        bucketing runs on the `m` offsets, not on the pairs."""
-        self.check_context(ctx)
-        coords = ctx.coords
-        if isinstance(coords, Directed):
-            rel = -relation  # key − query, T5's sign
-        else:
-            rel = -(relation.abs().to(torch.float32) / self.distance_unit).round().long()
-        buckets = t5_bucket(rel, self._bidirectional(coords), self.num_buckets, self.max_distance)
-        return self.table[buckets].T.float()
+        return term
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
         self.check_context(ctx)

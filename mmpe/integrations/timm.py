@@ -13,7 +13,7 @@
     >>> "pos_embed" in state, "mmpe_encodings.0.head_dim" in state
     (False, False)
 
-Tested models (`pretrained=False`, tiny sizes; `tests/test_timm_integration.py`), by timm
+Tested models (`pretrained=False`, tiny sizes; `tests/integrations/test_timm_integration.py`), by timm
 class, with what `apply_encoding` replaces:
 
 * `vit_tiny_patch16_224` (also with register tokens) — `VisionTransformer`: `pos_embed`.

@@ -71,9 +71,10 @@ from mmpe.encodings.rope_scaling import (
     RoPEYaRN,
 )
 from mmpe.registry import build
+from mmpe.schedule import LayerSchedule, LayerSpec, rope_spec
 
 __all__ = ["ATTN_IMPLEMENTATION", "HFRotary", "ROPE_TYPES", "apply_score_encodings", "from_hf_rope",
-           "mmpe_attention_forward", "register_attention", "replace_rotary", "to_hf_rope"]
+           "layer_schedule_from_hf", "mmpe_attention_forward", "register_attention", "replace_rotary", "to_hf_rope"]
 
 #: HF ``rope_type`` → mmpe registry name.
 ROPE_TYPES = {"default": "rope", "linear": "rope_pi", "dynamic": "rope_dynamic_ntk",
@@ -288,6 +289,92 @@ def to_hf_rope(encoding: RoPE) -> dict[str, Any]:
     elif rope_type == "llama3":
         out.update(low_freq_factor=encoding.low_freq_factor, high_freq_factor=encoding.high_freq_factor)
     return out
+
+
+# ----------------------------------------------------------------------------- layer schedules
+def layer_schedule_from_hf(config: Any) -> LayerSchedule:
+    """The [`LayerSchedule`][mmpe.schedule.LayerSchedule] of an HF transformers text config (v5
+    names), layer by layer (a `PretrainedConfig` or its `config.json` as a dict).
+
+    Reads `num_hidden_layers`; `layer_types` (`"sliding_attention"` → `window =
+    sliding_window` unless `use_sliding_window` is False; `"chunked_attention"` → `chunk =
+    attention_chunk_size`); `no_rope_layers` (Llama 4, SmolLM3: 0 = NoPE), and for
+    Cohere 2 RoPE on the sliding layers only; `rope_parameters` (one dict, or one per layer
+    type as in Gemma 3): `rope_type` `"default"` with `rope_theta` and
+    `partial_rotary_factor`, or a scaled type (`"llama3"`, `"yarn"`, `"linear"` …) read by
+    [`from_hf_rope`][mmpe.integrations.transformers.from_hf_rope] into a config dict
+    of its settings; interleaved channel pairs for Llama 4 and Cohere 2; and
+    Llama 4's `attn_temperature_tuning` (`floor_scale`, `attn_scale`) on its NoPE layers.
+    What is not a position scheme (q/k norms, soft-capping, `query_pre_attn_scalar`) is not
+    read.
+
+    Raises:
+        ValueError: a config without `num_hidden_layers`; rope parameters `from_hf_rope`
+            refuses, or whose encoding's settings do not rebuild it.
+    """
+    get = (lambda k, d=None: config.get(k, d)) if isinstance(config, Mapping) else \
+        (lambda k, d=None: getattr(config, k, d))
+    depth = get("num_hidden_layers")
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise ValueError(f"layer_schedule_from_hf: the config needs num_hidden_layers >= 1, got {depth!r}")
+    model_type = get("model_type", "") or ""
+    types = list(get("layer_types") or ["full_attention"] * depth)
+    no_rope = get("no_rope_layers") or [1] * depth
+    rope_params = get("rope_parameters") or {"rope_type": "default",
+                                              "rope_theta": get("rope_theta", 10000.0)}
+    interleaved = model_type in ("llama4_text", "llama4", "cohere2", "cohere")
+    head_dim = get("head_dim") or (get("hidden_size") // get("num_attention_heads")
+                                   if get("hidden_size") and get("num_attention_heads") else None)
+
+    def rope_for(kind: str) -> dict[str, Any]:
+        params = rope_params.get(kind, rope_params) if isinstance(rope_params.get(kind), Mapping) \
+            else rope_params
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        if rope_type != "default":
+            return _scaled_rope_spec(dict(params), head_dim, get("max_position_embeddings"),
+                                     interleaved)
+        spec = rope_spec(params.get("rope_theta", get("rope_theta", 10000.0)), interleaved)
+        factor = params.get("partial_rotary_factor", get("partial_rotary_factor"))
+        if factor not in (None, 1, 1.0) and head_dim:
+            spec["rotary_dim"] = int(head_dim * factor)
+        return spec
+
+    layers = []
+    for i in range(depth):
+        kind = types[i]
+        window = chunk = None
+        if kind == "sliding_attention" and get("use_sliding_window", True) is not False:
+            window = get("sliding_window")
+        elif kind == "chunked_attention":
+            chunk = get("attention_chunk_size")
+        uses_rope = bool(no_rope[i]) and (model_type != "cohere2" or kind == "sliding_attention")
+        temperature = None
+        if not uses_rope and get("attn_temperature_tuning", False):
+            temperature = {"floor_scale": float(get("floor_scale")), "attn_scale": float(get("attn_scale"))}
+        layers.append(LayerSpec(encodings=(rope_for(kind),) if uses_rope else (), window=window,
+                                chunk=chunk, temperature=temperature))
+    return LayerSchedule(layers, name=f"hf:{model_type}" if model_type else "hf")
+
+
+def _scaled_rope_spec(params: dict[str, Any], head_dim: int | None, max_pos: int | None,
+                      interleaved: bool) -> dict[str, Any]:
+    """The config dict of HF rope parameters of a scaled type: `from_hf_rope` builds the
+    encoding and its saved settings (`SavesSettings`) name it; rebuilt from the dict, it must
+    hold the same settings."""
+    if head_dim is None:
+        raise ValueError("layer_schedule_from_hf: a scaled rope_type needs head_dim (or hidden_size "
+                         "and num_attention_heads) in the config")
+    enc = from_hf_rope(params, head_dim=head_dim, max_position_embeddings=max_pos)
+    settings = enc.function_settings()
+    settings["interleaved"] = bool(interleaved)
+    spec = {"name": enc.registry_name,
+            **{k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()}}
+    again = build(spec, context={"head_dim": head_dim}).function_settings()
+    if again != {**settings, "interleaved": bool(interleaved)}:
+        raise ValueError(f"layer_schedule_from_hf: rope parameters {params} do not round-trip "
+                         f"through a config dict ({settings} vs {again}); write the layer specs "
+                         "by hand")
+    return spec
 
 
 # ----------------------------------------------------------------------------- rotary module

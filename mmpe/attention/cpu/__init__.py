@@ -1,0 +1,13 @@
+"""The CPU attention paths: where a score term's declared structure becomes a fast kernel call.
+
+| file | what |
+| --- | --- |
+| `relation.py` | terms of the signed offset on `toeplitz` sequences: tables over the offsets |
+| `grid.py` | terms of the cell offset on grids: block-Toeplitz offset tables, forward pass |
+| `grid_backward.py` | the grid path's backward pass onto the offset table |
+| `blocked.py` | content-free terms on points, graphs, explicit positions, block by block |
+| `rows.py` | what those paths read from a term: rows head by head, tiles, compact terms |
+| `flash.py` | the one door to SDPA's private CPU kernel that returns the log-sum-exp |
+
+Hand-written fast forms of single encoding classes live in [mmpe.attention.fast_forms][].
+"""

@@ -1,0 +1,181 @@
+"""KERPLE-log's CPU forms (Chi et al. 2022, eq. 8): its rows without a graph chunk by chunk in
+the cache, head by head, and its pullback by hand (whole rows, or tile by tile in the blocked
+path's backward pass) instead of autograd's graph over every pair. Numbers of
+[KerpleLog.distance_term][mmpe.encodings.kerple._Kerple.distance_term]."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from mmpe._scratch import block_empty
+from mmpe.attention.cpu.rows import ROW_CHUNK, BiasTiles, HeadRows, distance_rows, key_tiles
+from mmpe.attention.fast_forms.table import register
+from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.kerple import KerpleLog
+
+
+def rows(self: KerpleLog, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+    """The term of queries `start … stop−1`, `[b or 1, n_h, R, n_k]`; where no gradient is recorded, in place, head by head and chunk by
+    chunk of `ROW_CHUNK` elements that stay in the cache across the three passes (one tensor
+    of the block's size instead of three, the same numbers)."""
+    if torch.is_grad_enabled() or torch.compiler.is_compiling():
+        # (A compiled graph fuses the passes itself; dtype queries do not trace.)
+        self.check_context(ctx)
+        heads = torch.arange(self.num_heads, device=ctx.coords.device)[:, None, None]
+        return self.distance_term(ctx)(distance_rows(ctx, start, stop), heads)
+    rows = head_rows(self, ctx, start, stop)  # [b', 1, R, n_k] distances inside
+    out = block_empty(self, "rows", (rows.flat.shape[0], self.num_heads, stop - start,
+                                     ctx.coords.num_keys), rows.dtype, rows.flat.device)
+    for i in range(out.shape[0]):
+        for head in range(self.num_heads):
+            rows.write(out[i, head], i, head, add=False)
+    return out
+
+
+@torch.no_grad()
+def head_rows(self: KerpleLog, ctx: AttentionContext, start: int, stop: int) -> HeadRows:
+    """The rows of `rows` head by head: the distance rows once, then per head and
+    chunk `log1p(d·r2)·(−r1)` in the cache (see `HeadRows`;
+    the no-graph `rows` writes every head through it)."""
+    self.check_context(ctx)
+    return _LogRows(*self.constrained(), distance_rows(ctx, start, stop))
+
+
+def _rows(self: KerpleLog, ctx: AttentionContext, start: int,
+          stop: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The rows without a graph, `log(1 + r2·d)` per head `[b or 1, n_h, R, n_k]`, and
+    `r1, r2` `[n_h]`, the distance rows `d [b or 1, 1, R, n_k]` (both with their graphs)."""
+    self.check_context(ctx)
+    r1, r2 = self.constrained()
+    dist = distance_rows(ctx, start, stop)
+    with torch.no_grad():
+        log = torch.mul(dist, r2[:, None, None]).log1p_()
+        return log * -r1[:, None, None], log, r1, r2, dist
+
+
+def rows_vjp(self: KerpleLog, ctx: AttentionContext, start: int,
+             stop: int) -> tuple[Tensor, Callable]:
+    """The rows of `rows` (no graph) and
+    their pullback by hand, for the blocked attention path
+    (`mmpe.attention.cpu.blocked._BlockedPlan.pullback_bias`): with `L =
+    log(1 + r2·d)` per head (kept from the rows), eq. 8's derivatives are `∂/∂r1 = −Σ
+    dS·L`, `∂/∂r2 = −r1·Σ dS·d/(1 + r2·d)`, `∂/∂d = −Σ_h r1·r2·dS/(1 + r2·d)` — sums
+    over pairs as matrix products, no per-pair autograd graph.
+
+    Returns the rows `[b or 1, n_h, R, n_k]` and the map `dS [b, n_h, R, n_k]` →
+    `([r1, r2, d], cotangents)` (`r1, r2` the constrained `[n_h]`, `d` the distance rows;
+    autograd carries them on through the clamps and the coordinates)."""
+    bias, log, r1, r2, dist = _rows(self, ctx, start, stop)
+
+    def pull(d_bias: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+        with torch.no_grad():
+            return _log_pullback(d_bias.sum_to_size(bias.shape).to(bias.dtype), log,
+                                 r1, r2, dist)
+
+    return bias, pull
+
+
+def tiles(self: KerpleLog, ctx: AttentionContext, start: int, stop: int,
+          width: int) -> BiasTiles:
+    """The rows of queries `start … stop−1` tile by tile, for the blocked attention path's
+    backward pass (see `BiasTiles`): the distance rows once
+    per block, `L = log(1 + r2·d)` and the bias per head and tile, and from each tile's `dS`
+    the sums `Σ dS·L` and `Σ dS·d/(1 + r2·d)` per head (eq. 8's derivatives, as
+    `rows_vjp`) — in cache, no
+    `[b, n_h, R, n_k]` tensor."""
+    self.check_context(ctx)
+    return _LogTiles(*self.constrained(), distance_rows(ctx, start, stop), width)
+
+
+def _log_pullback(d_s: Tensor, log: Tensor, r1: Tensor, r2: Tensor,
+                  dist: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+    """KERPLE-log's cotangents of `r1, r2` and (if it takes a gradient) `dist` from `d_s` and
+    `log` `[b', n_h, R, n_k]` (see `rows_vjp`)."""
+    b, h = log.shape[:2]
+    d = dist.detach().to(log.dtype)
+    flat = d_s.reshape(b, h, 1, -1)
+    g_r1 = -(flat @ log.reshape(b, h, -1, 1)).sum(0).view(h)  # Σ dS·L per head
+    # dS / (1 + r2·d), in a buffer of its own (the block's dS is not ours to change)
+    w = torch.addcmul(torch.ones((), dtype=log.dtype), d, r2.detach()[:, None, None])
+    w = torch.div(d_s, w, out=w).reshape(b, h, -1)
+    g_r2 = -r1.detach() * (w @ d.reshape(b, -1, 1)).sum(0).view(h)
+    tensors, cotangents = [r1, r2], [g_r1.to(r1.dtype), g_r2.to(r2.dtype)]
+    if dist.requires_grad:
+        coef = -(r1 * r2).detach().to(w.dtype)
+        g_d = (coef.view(1, 1, h) @ w).view(b, 1, *dist.shape[2:])
+        tensors.append(dist)
+        cotangents.append(g_d.sum_to_size(dist.shape).to(dist.dtype))
+    return tensors, cotangents
+
+
+class _LogRows(HeadRows):
+    """KERPLE-log's `HeadRows`: `log1p(d·r2)·(−r1)` per head (the operations of `kernel`, the
+    passes in place) on the distance rows `[b', 1, R, n_k]`."""
+
+    def __init__(self, r1: Tensor, r2: Tensor, dist: Tensor) -> None:
+        self.dtype = torch.result_type(dist, r2)
+        self.flat = dist.reshape(dist.shape[0], -1).to(self.dtype)
+        self.neg_r1, self.r2 = (-r1).to(self.dtype), r2.to(self.dtype)
+        self.chunk = ROW_CHUNK
+
+    def fill(self, out: Tensor, i: int, head: int, offset: int) -> None:
+        d = self.flat[min(i, self.flat.shape[0] - 1), offset:offset + out.numel()]
+        torch.mul(d, self.r2[head], out=out).log1p_().mul_(self.neg_r1[head])
+
+
+class _LogTiles(BiasTiles):
+    """KERPLE-log's `BiasTiles`: `r1, r2` `[n_h]` and the distance rows `[b', 1, R, n_k]`
+    with their graphs; per tile the distances (contiguous), and per head the sums `Σ dS·L`,
+    `Σ dS·d/(1 + r2·d)` (float64) and, where the distances take a gradient, `∂/∂d`."""
+
+    def __init__(self, r1: Tensor, r2: Tensor, dist: Tensor, width: int) -> None:
+        self.r1, self.r2, self.dist = r1, r2, dist
+        with torch.no_grad():
+            # the rows' dtype: float64 in a float64 model (the product promotes the distances)
+            self.dtype = torch.result_type(dist, r2)
+            self.d = key_tiles(dist.detach()[:, 0].to(self.dtype), width)  # [b', R, K] each
+            self.r2_ = r2.detach().to(self.dtype)
+            self.neg_r1 = -r1.detach().to(self.dtype)
+            self.coef = (-(r1 * r2).detach().double()).tolist()  # ∂b/∂d = −r1·r2/(1 + r2·d)
+        heads = r1.shape[0]
+        self.sums = torch.zeros(2, heads, dtype=torch.float64)
+        self.d_dist = ([torch.zeros_like(t) for t in self.d] if dist.requires_grad else None)
+        self.t = self.log = None
+
+    def write(self, out: Tensor, i: int, head: int, j: int, add: bool) -> None:
+        d = self.d[j][min(i, self.d[j].shape[0] - 1)]
+        # the operations of `_rows`: log1p(d·r2), then · −r1
+        self.t = torch.mul(d, self.r2_[head])
+        self.log = torch.log1p(self.t)
+        if add or out.dtype != self.dtype:
+            term = self.log * self.neg_r1[head]
+            out.add_(term) if add else out.copy_(term)
+        else:
+            torch.mul(self.log, self.neg_r1[head], out=out)
+
+    def take(self, d_s: Tensor, i: int, head: int, j: int) -> None:
+        ii = min(i, self.d[j].shape[0] - 1)
+        d = self.d[j][ii].view(-1)
+        ds = d_s.reshape(-1).to(self.dtype)
+        w = self.t.view(-1).add_(1.0)
+        w = torch.div(ds, w, out=w)  # dS / (1 + r2·d)
+        self.sums[0, head] += torch.dot(ds, self.log.view(-1)).item()
+        self.sums[1, head] += torch.dot(w, d).item()
+        if self.d_dist is not None:
+            self.d_dist[j][ii].view(-1).add_(w, alpha=self.coef[head])
+
+    def pullback(self) -> tuple[list[Tensor], list[Tensor]]:
+        r1, r2 = self.r1, self.r2
+        g_r1 = -self.sums[0]
+        g_r2 = -r1.detach().double() * self.sums[1]
+        tensors, cotangents = [r1, r2], [g_r1.to(r1.dtype), g_r2.to(r2.dtype)]
+        if self.d_dist is not None:
+            tensors.append(self.dist)
+            cotangents.append(torch.cat(self.d_dist, -1).unsqueeze(1).to(self.dist.dtype))
+        return tensors, cotangents
+
+
+register(KerpleLog, rows=rows, head_rows=head_rows, rows_vjp=rows_vjp, tiles=tiles)

@@ -1,0 +1,211 @@
+"""How the attention paths read a score term: one door per form, decided from the term's
+declared structure (`mmpe.encodings.base.STRUCTURES`) or a hand-written fast
+form of its exact class ([mmpe.attention.fast_forms][]).
+
+Every function here gives the numbers of the encoding's `score_mod` (the generic forms evaluate
+it, or the structure's term function it is derived from); a fast form is held to the same
+numbers by `mmpe.testing.assert_encoding_paths`. An encoding never needs to know which path
+runs it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from mmpe._scratch import block_bytes
+from mmpe.attention import fast_forms
+from mmpe.attention.cpu.rows import BiasTiles, CompactBias, HeadRows, distance_rows
+from mmpe.coords.base import index_grid
+from mmpe.coords.capabilities import Directed
+from mmpe.coords.grid import Grid
+from mmpe.encodings.base import AttentionContext, ScoreEncoding
+
+#: structures whose term depends on a pair of grid cells only through their offset (a Grid's
+#: distance is a function of the offset; so is a relation)
+_OFFSET_ON_GRIDS = ("relation", "distance", "offset")
+
+
+def pair_rows(enc: ScoreEncoding, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+    """`score_mod` on the pairs of queries `start … stop−1`, `[b or 1, n_h, stop−start, n_k]`:
+    the generic form of every structure."""
+    if not enc.additive:
+        raise TypeError(f"{type(enc).__name__} rescales scores; it has no additive bias")
+    coords = ctx.coords
+    batch = ctx.batch if not enc.content_free else (coords.batch_size or 1)
+    b, h, q, k = index_grid(batch, ctx.num_heads, coords.num_queries, coords.num_keys,
+                            coords.device)
+    zero = torch.zeros((), device=coords.device)
+    out = enc.score_mod(ctx)(zero, b, h, q[:, :, start:stop], k)
+    return out.expand(batch, ctx.num_heads, stop - start, coords.num_keys)
+
+
+def rows(enc: ScoreEncoding, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+    """The term of queries `start … stop−1`, `[b or 1, n_h, stop−start, n_k]`: the class's fast
+    form, else the distance rows once for all heads (structure `"distance"`), else
+    [pair_rows][mmpe.attention.forms.pair_rows]."""
+    fast = fast_forms.get(enc, "rows")
+    if fast is not None:
+        return fast(enc, ctx, start, stop)
+    if enc.structure == "distance":
+        return _distance_rows(enc, ctx, start, stop)
+    if enc.structure == "relation" and _few_offsets(ctx.coords):
+        return _relation_rows(enc, ctx, start, stop)
+    return pair_rows(enc, ctx, start, stop)
+
+
+def _distance_rows(enc: ScoreEncoding, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+    """The distance rows once for all heads, the term on them; a chunk of rows at a time where
+    the term's per-pair features (`feature_width` channels: kernels, hidden units) would
+    outgrow the block budget."""
+    enc.check_context(ctx)
+    coords = ctx.coords
+    heads = torch.arange(ctx.num_heads, device=coords.device)[:, None, None]
+    term = enc.distance_term(ctx)
+    width = max(getattr(enc, "feature_width", 1), ctx.num_heads)
+    step = max(1, block_bytes() // max(1, (coords.batch_size or 1) * coords.num_keys * width * 4))
+    chunks = [term(distance_rows(ctx, lo, min(stop, lo + step)), heads)
+              for lo in range(start, stop, step)]
+    return chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=2)
+
+
+def _few_offsets(coords) -> bool:
+    """Directed coordinates whose positions lie in `0 … max_position` (a host int), with
+    fewer distinct offsets `2·max_position + 1` than pairs."""
+    top = getattr(coords, "max_position", None)
+    return (isinstance(coords, Directed) and isinstance(top, int)
+            and 2 * top + 1 <= coords.num_queries * coords.num_keys)
+
+
+def _relation_rows(enc: ScoreEncoding, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+    """The term on each distinct offset once, then gathered by the rows' relations (T5's
+    log-bucketing runs on `2·max_position + 1` offsets instead of every pair)."""
+    enc.check_context(ctx)
+    coords = ctx.coords
+    top = coords.max_position
+    b, _, q, k = index_grid(coords.batch_size or 1, 1, coords.num_queries, coords.num_keys,
+                            coords.device)
+    rel = coords.relation(q[:, :, start:stop], k, b)  # [b or 1, 1, R, n_k] within ±top
+    offsets = torch.arange(-top, top + 1, device=rel.device)
+    heads = torch.arange(ctx.num_heads, device=rel.device)[:, None]
+    table = enc.relation_term(ctx)(offsets[None], heads).T  # [n_offsets, n_h]
+    return table[rel.squeeze(1) + top].permute(0, 3, 1, 2)
+
+
+def dense(enc: ScoreEncoding, ctx: AttentionContext) -> Tensor:
+    """The term on every pair, `[b or 1, n_h, n_q, n_k]` (the dense SDPA path)."""
+    fast = fast_forms.get(enc, "dense")
+    if fast is not None:
+        return fast(enc, ctx)
+    return rows(enc, ctx, 0, ctx.coords.num_queries)
+
+
+def head_rows(enc: ScoreEncoding, ctx: AttentionContext, start: int,
+              stop: int) -> HeadRows | None:
+    """The rows of [rows][mmpe.attention.forms.rows] head by head without a graph (a fast form
+    that writes each head in place in the cache), or None (the blocked path then takes every
+    head at once: a generic term per head would allocate per chunk and lose what this pays)."""
+    fast = fast_forms.get(enc, "head_rows")
+    return None if fast is None else fast(enc, ctx, start, stop)
+
+
+def has_head_rows(enc: ScoreEncoding) -> bool:
+    """Whether [head_rows][mmpe.attention.forms.head_rows] gives rows for `enc`."""
+    return fast_forms.get(enc, "head_rows") is not None
+
+
+def tiles(enc: ScoreEncoding, ctx: AttentionContext, start: int, stop: int,
+          width: int) -> BiasTiles | None:
+    """The term tile by tile with its own backward pass (a hand-written fast form), or None."""
+    fast = fast_forms.get(enc, "tiles")
+    return None if fast is None else fast(enc, ctx, start, stop, width)
+
+
+def rows_vjp(enc: ScoreEncoding, ctx: AttentionContext, start: int, stop: int):
+    """`(rows, pull)`: the rows without a graph and their pullback by hand (a fast form), or
+    None (the blocked path then pulls back through autograd on the block's rows)."""
+    fast = fast_forms.get(enc, "rows_vjp")
+    return None if fast is None else fast(enc, ctx, start, stop)
+
+
+def relation_table(enc: ScoreEncoding, ctx: AttentionContext, relation: Tensor) -> Tensor | None:
+    """The term over the offsets `relation` `[m]` (int64, `pos_q − pos_k`) of `toeplitz`
+    coordinates, `[n_h, m]` float32, or None where it is not a function of the relation."""
+    heads = torch.arange(ctx.num_heads, device=relation.device)[:, None]
+    if enc.structure == "relation":
+        enc.check_context(ctx)
+        return enc.relation_term(ctx)(relation[None], heads).float()
+    if enc.structure == "distance":  # on toeplitz coordinates the distance is |relation|
+        enc.check_context(ctx)
+        return enc.distance_term(ctx)(relation.abs().float()[None], heads).float()
+    return None
+
+
+def has_relation_table(enc: ScoreEncoding) -> bool:
+    """Whether [relation_table][mmpe.attention.forms.relation_table] gives a table for `enc`."""
+    return enc.structure in ("relation", "distance")
+
+
+def has_compact(enc: ScoreEncoding) -> bool:
+    """Whether [compact][mmpe.attention.forms.compact] gives a form for `enc`."""
+    return fast_forms.get(enc, "compact") is not None
+
+
+def compact(enc: ScoreEncoding, ctx: AttentionContext) -> CompactBias | None:
+    """A term of more than the relation on `toeplitz` coordinates in `O(n)` tensors (a fast
+    form: FIRE), or None."""
+    fast = fast_forms.get(enc, "compact")
+    return None if fast is None else fast(enc, ctx)
+
+
+def offset_only_on_grids(enc: ScoreEncoding) -> bool:
+    """Whether the term depends on a pair of grid cells only through their offset."""
+    return enc.structure in _OFFSET_ON_GRIDS or bool(fast_forms.get(enc, "offset_on_grids"))
+
+
+def pair_term(enc: ScoreEncoding, ctx: AttentionContext, q_idx: Tensor, kv_idx: Tensor,
+              b: Tensor) -> Tensor:
+    """The term on the broadcast pairs `(b, q_idx, kv_idx)` only, `[n_h, *pairs]` float32:
+    `score_mod` with every head, or the structure's term on the pairs' distances, or a fast
+    form (a term whose `score_mod` reads a table over every pair must not build it here)."""
+    fast = fast_forms.get(enc, "pair_term")
+    h = torch.arange(ctx.num_heads, device=q_idx.device).view(-1, *([1] * q_idx.dim()))
+    if fast is not None:
+        return fast(enc, ctx, q_idx, kv_idx, b)
+    if enc.structure == "distance":
+        enc.check_context(ctx)
+        d = ctx.coords.distance(q_idx, kv_idx, b).float()
+        return enc.distance_term(ctx)(d[None], h).float()
+    zero = torch.zeros((), device=q_idx.device)
+    term = enc.score_mod(ctx)(zero, b[None], h, q_idx[None], kv_idx[None]).float()
+    return term.expand(ctx.num_heads, *torch.broadcast_shapes(q_idx.shape, kv_idx.shape))
+
+
+def offset_pairs(grid: Grid) -> tuple[Tensor, Tensor]:
+    """Token indices `(q_idx, kv_idx)` `[Π (2 s_a − 1) + 3]` of one pair per cell offset, in the
+    order of the offset table (row-major over `kv − q + s_a − 1` per axis), then a
+    prefix→cell, a cell→prefix and a prefix→prefix pair (token 0 stands in for a prefix token
+    where the grid has none; those three entries are then unused)."""
+    axes = [torch.arange(-(s - 1), s) for s in grid.shape]  # kv − q per axis
+    delta = torch.cartesian_prod(*axes).reshape(-1, grid.ndim)
+    strides = torch.tensor([math.prod(grid.shape[a + 1:]) for a in range(grid.ndim)])
+    p = grid.prefix_tokens
+    q_idx = p + ((-delta).clamp(min=0) * strides).sum(-1)
+    kv_idx = p + (delta.clamp(min=0) * strides).sum(-1)
+    cell = torch.tensor([p])
+    first = torch.tensor([0])
+    q_idx = torch.cat((q_idx, first, cell, first))
+    kv_idx = torch.cat((kv_idx, cell, first, first))
+    return q_idx.to(grid.device), kv_idx.to(grid.device)
+
+
+def offset_table(enc: ScoreEncoding, ctx: AttentionContext) -> Tensor:
+    """The encoding's term on every cell offset and prefix kind, `[n_h, Π (2 s_a − 1) + 3]`
+    float32 (see [offset_pairs][mmpe.attention.forms.offset_pairs]), from [pair_term][mmpe.attention.forms.pair_term]:
+    differentiable in its parameters."""
+    grid = ctx.coords
+    q_idx, kv_idx = offset_pairs(grid)
+    b = torch.zeros(1, 1, dtype=torch.long, device=q_idx.device)
+    return pair_term(enc, ctx, q_idx, kv_idx, b[0])

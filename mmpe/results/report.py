@@ -1,0 +1,334 @@
+"""Tables and plots rendered from stored runs ([`mmpe.results.store`][mmpe.results.store]): `mmpe report`.
+
+Each table cell is the mean ± sample sd (`ddof=1`) over the seeds stored for that encoding;
+the `seeds` column gives their number. A cell is **bold** only where the best encoding of its
+column is separated from every other one by more than the seed noise: the difference of means
+exceeds `NOISE_SDS` × the pooled sd `sqrt((sd_a² + sd_b²) / 2)`. Under the table a
+generated line names the encodings within noise of the best in each column, so no winner is
+claimed where seeds cannot tell.
+
+README.md and the docs hold the tables between markers::
+
+    <!-- mmpe:report text -->            (or: text setting=concat rows=sinusoidal,learned)
+    ...rendered table...
+    <!-- mmpe:end -->
+
+`mmpe report --write FILES` rewrites every block from the store; a test renders each block
+from the committed store (`results/`) and fails where a file differs, so a number can be
+neither typed nor stale. The same commands render the benchmark tables (`<!-- mmpe:bench ...
+-->` blocks, from `results/bench/`: [`mmpe.results.bench_report`][mmpe.results.bench_report]).
+
+A block names a recipe; what its columns mean comes from that recipe's `CompareSpec`, which
+the caller looks up (`specs`: `mmpe.recipes.compare.recipe_spec` for the recipes of
+`mmpe.recipes.RECIPES`), so rendering a store never imports the recipes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mmpe.results import bench_report
+from mmpe.results import store as _store
+
+#: A recipe's `CompareSpec` by its name: what a `mmpe:report` block is rendered with.
+SpecLookup = Callable[[str], Any]
+
+#: A column's best is marked only where it beats every other by this many pooled sds.
+NOISE_SDS = 2.0
+
+BLOCK = re.compile(r"(<!-- mmpe:report (?P<args>[^>]*?) -->\n)(?P<body>.*?)(<!-- mmpe:end -->)",
+                   re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """Mean, sample sd and number of seeds of one (encoding, column); mean None: n/a."""
+
+    mean: float | None
+    sd: float | None
+    n: int
+
+
+@dataclass(frozen=True)
+class Block:
+    """What one marker asks for: a recipe, its settings, optional rows, columns and plot."""
+
+    recipe: str
+    settings: tuple[str, ...] = ("default",)
+    rows: tuple[str, ...] | None = None
+    columns: tuple[str, ...] | None = None
+    plot: str | None = None
+    summary: bool = False
+    preliminary: bool = False
+
+    @classmethod
+    def parse(cls, args: str) -> Block:
+        """`"text setting=default,concat rows=a,b columns=1x,2x plot=docs/img/x.png"`; the
+        word `summary` renders only the best-per-column line (no table). Quote a value with
+        spaces: `columns="gate attn,gate mlp"`.
+
+        Raises:
+            ValueError: no recipe, or an unknown `key=value` (names the known keys).
+        """
+        words = shlex.split(args)
+        if not words or "=" in words[0]:
+            raise ValueError(f"mmpe:report block {args!r}: the first word must be a recipe name")
+        fields: dict[str, Any] = {"recipe": words[0]}
+        for word in words[1:]:
+            if word in ("summary", "preliminary"):
+                fields[word] = True
+                continue
+            name, _, value = word.partition("=")
+            items = tuple(v for v in value.split(",") if v)
+            if name == "setting":
+                fields["settings"] = items
+            elif name in ("rows", "columns"):
+                fields[name] = items
+            elif name == "plot":
+                fields["plot"] = value
+            else:
+                raise ValueError(f"mmpe:report block {args!r}: unknown key {name!r} "
+                                 "(known: setting, rows, columns, plot, summary, preliminary)")
+        return cls(**fields)
+
+
+def lower_is_better(spec: Any, column: str) -> bool:
+    """The direction of one column (`spec.lower_is_better` unless listed in
+    `spec.higher_is_better`)."""
+    return spec.lower_is_better != (column in spec.higher_is_better)
+
+
+def summarise(records: Iterable[dict[str, Any]], columns: Iterable[str]) -> dict[str, dict[str, Cell]]:
+    """`{encoding: {column: Cell}}` over the records' seeds, in first-seen encoding order."""
+    values: dict[str, dict[str, list[float | None]]] = {}
+    columns = list(columns)
+    for r in records:
+        row = values.setdefault(r["encoding"], {c: [] for c in columns})
+        for c in columns:
+            row[c].append(r["metrics"].get(c))
+    return {enc: {c: _cell(v) for c, v in row.items()} for enc, row in values.items()}
+
+
+def _cell(values: list[float | None]) -> Cell:
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite or len(finite) < len(values):  # a seed that could not evaluate: n/a
+        return Cell(None, None, len(values))
+    sd = statistics.stdev(finite) if len(finite) > 1 else None
+    return Cell(statistics.fmean(finite), sd, len(finite))
+
+
+def separated(a: Cell, b: Cell) -> bool:
+    """True where the means differ by more than `NOISE_SDS` pooled sds (needs ≥ 2 seeds)."""
+    if a.mean is None or b.mean is None or a.sd is None or b.sd is None:
+        return False
+    pooled = math.sqrt((a.sd ** 2 + b.sd ** 2) / 2)
+    return abs(a.mean - b.mean) > NOISE_SDS * pooled
+
+
+def best_in_column(summary: dict[str, dict[str, Cell]], column: str,
+                   lower_is_better: bool) -> tuple[str | None, bool, list[str]]:
+    """`(best encoding, clear winner?, encodings within noise of the best)`."""
+    cells = {e: row[column] for e, row in summary.items() if row[column].mean is not None}
+    if not cells:
+        return None, False, []
+    pick = min if lower_is_better else max
+    best = pick(cells, key=lambda e: cells[e].mean)
+    tied = [e for e in cells if e != best and not separated(cells[best], cells[e])]
+    return best, not tied and len(cells) > 1, tied
+
+
+def render_table(spec: Any, records: list[dict[str, Any]], *, settings: Iterable[str] = ("default",),
+                 rows: Iterable[str] | None = None, columns: Iterable[str] | None = None,
+                 summary: bool = False) -> str:
+    """The markdown table (mean ± sd, seeds) and its noise line for `records` of a recipe.
+
+    With several settings, rows are `encoding (setting)`. `rows` picks and orders the
+    encodings (default: as first stored).
+
+    With `summary` only the best-per-column sentence is returned.
+
+    Raises:
+        LookupError: a requested row or setting has no stored run (names the command to run).
+    """
+    settings = list(settings)
+    columns = list(columns or spec.columns)
+    label = (lambda e, s: e) if len(settings) == 1 else (lambda e, s: f"{e} ({s})")
+    chosen = []
+    for s in settings:
+        runs = [r for r in records if r["setting"] == s]
+        if not runs:
+            raise LookupError(f"no stored runs of setting {s!r}: run `mmpe compare` first")
+        order = list(rows) if rows else list(dict.fromkeys(r["encoding"] for r in runs))
+        for enc in order:
+            picked = [dict(r, encoding=label(enc, s)) for r in runs if r["encoding"] == enc]
+            if not picked:
+                raise LookupError(f"no stored run of {enc!r} in setting {s!r}")
+            chosen += sorted(picked, key=lambda r: r["seed"])
+    summary_only, summary = summary, summarise(chosen, columns)
+    marks = {c: best_in_column(summary, c, lower_is_better(spec, c)) for c in columns}
+    if summary_only:
+        return best_line(marks)
+    lines = [f"| encoding | {' | '.join(columns)} | seeds |", "|" + "---|" * (len(columns) + 2)]
+    for enc, row in summary.items():
+        cells = [_format(spec.fmt, row[c], bold=marks[c][1] and marks[c][0] == enc) for c in columns]
+        seeds = sorted({r["seed"] for r in chosen if r["encoding"] == enc})
+        lines.append(f"| {enc} | {' | '.join(cells)} | {_seed_list(seeds)} |")
+    return "\n".join(lines) + "\n\n" + noise_line(marks, {c: lower_is_better(spec, c) for c in columns})
+
+
+def _format(fmt: str, cell: Cell, bold: bool) -> str:
+    if cell.mean is None:
+        return "n/a"
+    text = fmt.format(cell.mean) + ("" if cell.sd is None else " ± " + fmt.format(cell.sd))
+    return f"**{text}**" if bold else text
+
+
+def _seed_list(seeds: list[int]) -> str:
+    if seeds == list(range(seeds[0], seeds[0] + len(seeds))) and len(seeds) > 2:
+        return f"{len(seeds)} ({seeds[0]}–{seeds[-1]})"
+    return f"{len(seeds)} ({', '.join(map(str, seeds))})"
+
+
+def noise_line(marks: dict[str, tuple], lower: dict[str, bool]) -> str:
+    """One generated sentence: per column, the clear winner or who is within noise of the best."""
+    if len(set(lower.values())) == 1:
+        direction = ("lower" if next(iter(lower.values())) else "higher") + " is better"
+    else:
+        higher = [c for c, low in lower.items() if not low]
+        direction = f"higher is better in {', '.join(higher)}, lower in the others"
+    rule = (f"Mean ± sample sd over seeds ({direction}). Bold: best beyond noise "
+            f"(mean difference > {NOISE_SDS:g} × pooled sd to every other row); "
+            "with one seed nothing is marked.")
+    return rule + " Best per column — " + best_line(marks)
+
+
+def best_line(marks: dict[str, tuple]) -> str:
+    """`"1x: **rope**; 2x: fire, alibi (within noise)."`: per column the clear winner, or the
+    best with every row within noise of it."""
+    parts = []
+    for col, (best, clear, tied) in marks.items():
+        if best is None:
+            continue
+        if not clear and not tied:
+            parts.append(f"{col}: {best} (the only row)")
+        elif clear:
+            parts.append(f"{col}: **{best}**")
+        else:
+            parts.append(f"{col}: {', '.join([best, *tied])} (within noise)")
+    return "; ".join(parts) + "."
+
+
+def series(spec: Any, records: list[dict[str, Any]], setting: str = "default",
+           rows: Iterable[str] | None = None) -> dict[str, list[tuple[float | None, float | None]]]:
+    """`{encoding: [(mean, sd) per column]}` for a plot."""
+    runs = [r for r in records if r["setting"] == setting]
+    if rows:
+        runs = [r for r in runs if r["encoding"] in set(rows)]
+    summary = summarise(runs, spec.columns)
+    return {enc: [(row[c].mean, row[c].sd) for c in spec.columns] for enc, row in summary.items()}
+
+
+def draw_bands(ax: Any, summary: dict[str, dict[str, Cell]], columns: list[str]) -> None:
+    """On `ax`, one line per encoding over `columns` (at x = 0, 1, …) with the seeds' sd as a
+    band; cells without a mean are left out. The recipes' multi-panel figures share it."""
+    import numpy as np
+
+    x = np.arange(len(columns))
+    for enc, row in summary.items():
+        keep = [i for i, c in enumerate(columns) if row[c].mean is not None]
+        mean = np.array([row[columns[i]].mean for i in keep])
+        sd = np.array([row[columns[i]].sd or 0.0 for i in keep])
+        (line,) = ax.plot(x[keep], mean, marker="o", ms=3, label=enc)
+        ax.fill_between(x[keep], mean - sd, mean + sd, color=line.get_color(), alpha=0.15, lw=0)
+
+
+def plot(spec: Any, records: list[dict[str, Any]], path: str | Path, setting: str = "default",
+         rows: Iterable[str] | None = None) -> Path:
+    """The recipe's metric per column, one line per encoding, sd error bars (PNG); or the
+    recipe's own figure (`spec.plot`)."""
+    from mmpe.plot.results import metric_lines
+
+    if getattr(spec, "plot", None) is not None:
+        return spec.plot(records, Path(path), setting, rows)
+
+    ylabel = spec.metric + (" (lower is better)" if spec.lower_is_better else " (higher is better)")
+    return metric_lines(list(spec.columns), series(spec, records, setting, rows), Path(path),
+                        xlabel=spec.xlabel, ylabel=ylabel, title=spec.title)
+
+
+def render_block(block: Block, store: str | Path, *, specs: SpecLookup) -> str:
+    """The text between a block's markers, from `store`; `specs` gives the recipe's spec."""
+    return _render(block, specs(block.recipe), _store.read(store, block.recipe))
+
+
+#: Seeds per row a comparison needs before its table stands on its own.
+MIN_SEEDS = 3
+
+
+def _render(block: Block, spec: Any, records: list[dict[str, Any]]) -> str:
+    text = render_table(spec, records, settings=block.settings, rows=block.rows,
+                        columns=block.columns, summary=block.summary) + "\n"
+    if block.preliminary:
+        text += preliminary_line(block, records, getattr(spec, "command", None)) + "\n"
+    return text
+
+
+def seeds_per_row(block: Block, records: list[dict[str, Any]]) -> dict[str, int]:
+    """Stored seeds of each row (encoding) the block shows."""
+    runs = [r for r in records if r["setting"] in block.settings
+            and (not block.rows or r["encoding"] in block.rows)]
+    out: dict[str, set[int]] = {}
+    for r in runs:
+        out.setdefault(r["encoding"], set()).add(r["seed"])
+    return {enc: len(seeds) for enc, seeds in out.items()}
+
+
+def preliminary_line(block: Block, records: list[dict[str, Any]],
+                     command: str | None = None) -> str:
+    """The visible warning under a block marked `preliminary` (fewer seeds than it needs);
+    `command` stores more runs (default `mmpe compare <recipe> --store results`)."""
+    fewest = min(seeds_per_row(block, records).values())
+    command = command or f"mmpe compare {block.recipe} --store results"
+    return (f"*Preliminary: {fewest} of the {MIN_SEEDS} seeds per row stored so far; "
+            f"`{command}` trains the rest (stored runs are skipped) and `make report` "
+            "re-renders this.*")
+
+
+def blocks(text: str) -> list[tuple[Block, str]]:
+    """Every `(Block, current body)` in a markdown text."""
+    return [(Block.parse(m.group("args")), m.group("body")) for m in BLOCK.finditer(text)]
+
+
+def rewrite(text: str, store: str | Path, plots: bool = False, root: str | Path = ".", *,
+            specs: SpecLookup) -> str:
+    """`text` with every block re-rendered (and, with `plots`, its plot redrawn), the
+    benchmark tables (`mmpe:bench`, [`mmpe.results.bench_report`][mmpe.results.bench_report])
+    too."""
+    def sub(m: re.Match) -> str:
+        block = Block.parse(m.group("args"))
+        spec, records = specs(block.recipe), _store.read(store, block.recipe)
+        if plots and block.plot:
+            plot(spec, records, Path(root) / block.plot, block.settings[0], block.rows)
+        return m.group(1) + _render(block, spec, records) + m.group(4)
+
+    return bench_report.rewrite(BLOCK.sub(sub, text), store)
+
+
+def stale(paths: Iterable[str | Path], store: str | Path, *, specs: SpecLookup) -> list[str]:
+    """Blocks in `paths` whose text differs from what `store` renders (`path: args`), the
+    benchmark tables (`mmpe:bench`, from `store/bench`) included."""
+    out = []
+    for path in paths:
+        text = Path(path).read_text()
+        for m in BLOCK.finditer(text):
+            block = Block.parse(m.group("args"))
+            if m.group("body") != render_block(block, store, specs=specs):
+                out.append(f"{path}: mmpe:report {m.group('args')}")
+    return out + bench_report.stale(paths, store)

@@ -1,0 +1,99 @@
+"""Helpers shared by the tests (fixtures live in conftest.py): coordinates the attention tests
+draw, the check that every backend agrees, subprocess runs, Debian data, and the repository's
+paths. Tolerances of path-against-path comparisons are `mmpe.testing.TOLERANCES`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import mmpe
+
+#: the repository root and the tests' data folder
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data"
+
+
+def random_points(batch: int | None, n: int, seed: int, padded: bool = False,
+                  dtype: torch.dtype = torch.float32,
+                  grad: bool = False) -> tuple[mmpe.Points, torch.Tensor]:
+    """`n` points uniform in `[0, 4)³` (`[n, 3]`, or `[batch, n, 3]`), with a random padding
+    mask that keeps each example's first point where `padded`; and the positions tensor
+    (`requires_grad` where `grad`)."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (n, 3) if batch is None else (batch, n, 3)
+    pos = (torch.rand(shape, generator=g, dtype=torch.float64) * 4).to(dtype)
+    pos.requires_grad_(grad)
+    mask = None
+    if padded and n > 1:
+        mask = torch.rand(shape[:-1], generator=g) > 0.3
+        mask[..., 0] = True
+    return mmpe.Points(pos, mask), pos
+
+
+def lattice(n: int, width: int = 4, batch: bool = False, virtual: bool = False) -> mmpe.Graph:
+    """`n` nodes on a lattice `width` wide (edges right and down), hops capped at 3; with
+    `batch`, two graphs (the first and second half, no edge between them); with `virtual`,
+    Graphormer's virtual token."""
+    i = torch.arange(n)
+    right = torch.stack((i[(i + 1) % width != 0][:-1], i[(i + 1) % width != 0][:-1] + 1))
+    down = torch.stack((i[: max(0, n - width)], i[: max(0, n - width)] + width))
+    edges = torch.cat((right[:, right[1] < n], down), dim=1)
+    graph_of = (torch.arange(n) >= n // 2).long() if batch else None
+    if graph_of is not None:
+        edges = edges[:, graph_of[edges[0]] == graph_of[edges[1]]]
+    return mmpe.Graph(edges, num_nodes=n, max_distance=3, batch=graph_of, virtual_token=virtual)
+
+
+def require_debian(package: str, path: str | None = None, command: str | None = None) -> None:
+    """Skip unless a Debian package's file or command is present; under CI=true, fail instead.
+
+    ``path``: a file the package installs; ``command``: a program it installs.
+    """
+    present = (path is None or os.path.exists(path)) and (command is None or shutil.which(command))
+    if present:
+        return
+    message = f"needs the Debian package {package!r}: apt-get install {package}"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(message + " (CI=true: missing data is a failure)")
+    pytest.skip(message)
+
+
+def assert_backends_agree(mha, x: torch.Tensor, coords, atol: float = 1e-5) -> None:
+    """The flex, SDPA and math paths of ``mha`` give the same output on ``x`` (no grad)."""
+    from mmpe.flex_compile import available
+
+    outs = {}
+    with torch.no_grad():
+        for backend in ("sdpa", "math", "flex") if available() else ("sdpa", "math"):
+            mha.backend = backend
+            outs[backend] = mha(x, coords)
+    assert torch.allclose(outs["math"], outs["sdpa"], atol=atol), "math vs sdpa"
+    if "flex" in outs:  # torch >= 2.6 (mmpe.flex_compile.MIN_TORCH)
+        assert torch.allclose(outs["flex"], outs["sdpa"], atol=atol), "flex vs sdpa"
+
+
+def run_in_fresh_process(test_file: str, test_name: str) -> bool:
+    """Run one test in a new interpreter and return True there; return False inside it.
+
+    Fork-based DDP (``ddp_fork``) refuses a parent process in which autograd has already run
+    (its worker threads cannot be forked), which is the case after any earlier test in the
+    same session. Call as ``if run_in_fresh_process(__file__, "test_x"): return``.
+    """
+    if os.environ.get("MMPE_FRESH_PROCESS") == "1":
+        return False
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-s",
+         f"{test_file}::{test_name}"],
+        capture_output=True, text=True, timeout=900,
+        env={**os.environ, "MMPE_FRESH_PROCESS": "1"},
+    )
+    assert run.returncode == 0, (run.stdout[-4000:] + run.stderr[-4000:])
+    print(run.stdout[-2000:])
+    return True

@@ -1,0 +1,243 @@
+"""Every registered encoding × every shipped coordinate type that meets its needs × every path.
+
+Driven by the registry: a new encoding (or coordinate sample) adds its rows with no edit here.
+For each (encoding, coordinates) pair this checks that the encoding builds from one standard
+model-wide context, runs forward, gives the same output on the flex, SDPA and math attention
+paths, that its eager ``bias`` equals its ``score_mod`` evaluated one scalar pair at a time (as
+FlexAttention does), that gradients reach every parameter, and that a state_dict round trip
+reproduces the output. ``conftest.py`` prints how many cases ran.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import mmpe
+from mmpe.attention.dispatch import SDPA_PLANS, force_plan
+from mmpe.context import coords_context
+from mmpe.coords import Composite, Grid, Sequence, Sphere
+from mmpe.encodings.base import AttentionContext, InputEncoding, ScoreEncoding
+
+D_MODEL, HEADS = 48, 2  # head_dim 24: divisible by 2·axes for 1, 2 and 3 axes, and by 4
+MATRIX_CASES: list[tuple[str, str, str]] = []  # (encoding, coordinates, check), read by conftest
+
+
+def _graph(virtual_token: bool = False):
+    # Two graphs (a 4-cycle with a chord, a 3-path) batched as PyG would batch them.
+    edges = torch.tensor([[0, 1, 2, 3, 0, 4, 5], [1, 2, 3, 0, 2, 5, 6]])
+    return mmpe.Graph(edges, num_nodes=7, batch=torch.tensor([0, 0, 0, 0, 1, 1, 1]),
+                      edge_attr=torch.arange(7) % 3, virtual_token=virtual_token)
+
+
+def _table():
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=(64, 2))
+    x = np.concatenate([base, base @ rng.normal(size=(2, 3)) + 0.1 * rng.normal(size=(64, 3))], 1)
+    return mmpe.Table.from_data(x, knn=2)
+
+
+def _points():
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    mask[1, 3:] = False
+    return mmpe.Points(torch.randn(2, 5, 3, generator=torch.Generator().manual_seed(0)), mask=mask)
+
+
+COORDS = {
+    "sequence": lambda: Sequence(6),
+    "sequence_causal": lambda: Sequence(6, causal=True),
+    "grid": lambda: Grid((2, 3), prefix_tokens=1),
+    "composite": lambda: Composite([2, (2, 2), 2], causal=True),
+    "sphere": lambda: Sphere(torch.tensor([10.0, -20.0, 45.0, 80.0, -60.0]),
+                             torch.tensor([0.0, 90.0, -170.0, 30.0, 179.0])),
+    "graph": _graph,
+    "graph_virtual": lambda: _graph(virtual_token=True),
+    "table": _table,
+    "points": _points,
+    # Two rows of images at their own resolutions, one cls each, padded (NaViT / NaFlex packing).
+    "packed_grids": lambda: mmpe.PackedGrids([[(2, 3), (1, 2)], [(2, 2)]], prefix_tokens=1,
+                                             max_tokens=11),
+    # Digits 3, 1 | 4, 5 | 9: a Sequence whose tokens also know their place in a number (Abacus).
+    "numbers": lambda: mmpe.Numbers.from_tokens(torch.tensor([3, 1, 12, 4, 5, 11, 9]), list(range(10)),
+                                                causal=True),
+}
+
+
+def _context(coords) -> dict:
+    ctx = {"d_model": D_MODEL, "num_heads": HEADS, "head_dim": D_MODEL // HEADS, "max_len": 64,
+           "original_max_position_embeddings": 4}
+    return {**ctx, **coords_context(coords)}
+
+
+def _pairs(supported: bool) -> list:
+    """(encoding, coordinates) pairs the registry says are (or are not) supported."""
+    out = []
+    for cname, make in COORDS.items():
+        coords = make()
+        for entry in mmpe.available():
+            if entry.supports(coords) == supported:
+                out.append(pytest.param(entry.name, cname, id=f"{entry.name}-{cname}"))
+    return out
+
+
+def _make(name: str, cname: str):
+    coords = COORDS[cname]()
+    return coords, mmpe.build(name, context=_context(coords))
+
+
+def _x(coords) -> torch.Tensor:
+    return torch.randn(coords.batch_size or 2, coords.num_queries, D_MODEL)
+
+
+def _paths(enc) -> list[str]:
+    kernel = getattr(enc, "hook", "") == "kernel"
+    math_only = (kernel and not getattr(enc, "is_softmax", False)) or getattr(enc, "needs_probs", False)
+    return ["math"] if math_only else ["flex", "sdpa", "math"]
+
+
+@pytest.mark.parametrize(("name", "cname"), _pairs(supported=True))
+def test_encoding_on_coordinates(name: str, cname: str) -> None:
+    coords, enc = _make(name, cname)
+    MATRIX_CASES.append((name, cname, "build"))
+    if isinstance(enc, InputEncoding):
+        _check_input(name, cname, enc, coords)
+    else:
+        _check_attention(name, cname, enc, coords)
+
+
+def _check_input(name: str, cname: str, enc, coords) -> None:
+    x = _x(coords)
+    if getattr(enc, "width", None) and not getattr(enc, "project", True):
+        x = x[..., : D_MODEL - enc.width]  # Tab-PET concatenates its width-channel code
+    _check_inference_mode(name, cname, enc, lambda: enc.combine(x, coords))
+    y = enc.combine(x, coords)
+    assert y.shape[:-1] == x.shape[:-1] and y.shape[-1] == D_MODEL and torch.isfinite(y).all()
+    MATRIX_CASES.append((name, cname, "forward"))
+    _check_grads_and_state(name, cname, enc, lambda e: e.combine(x, coords))
+
+
+def _check_attention(name: str, cname: str, enc, coords) -> None:
+    torch.manual_seed(1)
+    mha = mmpe.MultiHeadAttention(D_MODEL, HEADS, [enc])
+    x = _x(coords)
+    mha.backend = _paths(enc)[0]
+    _check_inference_mode(name, cname, mha, lambda: mha(x, coords))
+    outs = {}
+    with torch.no_grad():
+        for path in _paths(enc):
+            mha.backend = path
+            outs[path] = mha(x, coords)
+            assert torch.isfinite(outs[path]).all(), f"{path} output is not finite"
+            MATRIX_CASES.append((name, cname, path))
+        if "sdpa" in outs:  # every SDPA plan that can run the call, not only the chosen one
+            mha.backend = "sdpa"
+            for plan in SDPA_PLANS:
+                try:
+                    with force_plan(plan):
+                        out = mha(x, coords)
+                except ValueError as err:
+                    if "cannot run this call" not in str(err):
+                        raise
+                    continue
+                outs[f"sdpa:{plan}"] = out
+                MATRIX_CASES.append((name, cname, f"sdpa:{plan}"))
+    ref = outs["math"]
+    for path, out in outs.items():
+        torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4, msg=f"{path} vs math")
+    if isinstance(enc, ScoreEncoding) and enc.additive:
+        _check_bias_equals_score_mod(name, cname, enc, mha, x, coords)
+    mha.backend = "math"
+    _check_grads_and_state(name, cname, mha, lambda m: m(x, coords))
+
+
+def _check_inference_mode(name: str, cname: str, module, run) -> None:
+    """Evaluation under ``torch.inference_mode`` (Lightning's validate/test) as the very first
+    call — caches start empty — gives the numbers of ``no_grad``, again on a second call, and
+    leaves nothing behind (inference tensors have no version counter, cannot be saved for
+    backward) that breaks the training forward that follows. In eval mode: encodings such as
+    LapPE flip signs at random in training."""
+    module.eval()
+    with torch.inference_mode():
+        first = run().clone()
+    with torch.no_grad():
+        ref = run()
+    torch.testing.assert_close(first, ref, atol=2e-5, rtol=1e-4, msg="first call in inference_mode")
+    with torch.inference_mode():
+        torch.testing.assert_close(run(), ref, atol=2e-5, rtol=1e-4, msg="inference_mode again")
+    module.train()
+    MATRIX_CASES.append((name, cname, "inference_mode"))
+
+
+def _check_bias_equals_score_mod(name, cname, enc, mha, x, coords) -> None:
+    from einops import rearrange
+
+    with torch.no_grad():
+        q, k, v = rearrange(mha.qkv(x), "b s (three h d) -> three b h s d", three=3, h=HEADS)
+        ctx = AttentionContext(coords, HEADS, D_MODEL // HEADS, x.shape[0], x, q, k, v)
+        bias = enc.bias(ctx)
+        mod = enc.score_mod(ctx)
+        zero = torch.zeros(())
+        gen = torch.Generator().manual_seed(0)
+        for _ in range(12):  # scalar indices, as inside FlexAttention
+            b = int(torch.randint(bias.shape[0], (1,), generator=gen))
+            h = int(torch.randint(HEADS, (1,), generator=gen))
+            qi = int(torch.randint(coords.num_queries, (1,), generator=gen))
+            ki = int(torch.randint(coords.num_keys, (1,), generator=gen))
+            scalar = mod(zero, torch.tensor(b), torch.tensor(h), torch.tensor(qi), torch.tensor(ki))
+            assert math.isclose(float(scalar), float(bias[b, h, qi, ki]), rel_tol=1e-4,
+                                abs_tol=1e-5), f"bias[{b},{h},{qi},{ki}] != score_mod"
+    MATRIX_CASES.append((name, cname, "bias==score_mod"))
+
+
+def _check_grads_and_state(name, cname, module, run) -> None:
+    params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    if params:
+        out = run(module)
+        out.float().pow(2).mean().backward()
+        no_grad = [n for n, p in params if p.grad is None]
+        assert not no_grad, f"no gradient reaches {no_grad}"
+        assert all(torch.isfinite(p.grad).all() for _, p in params)
+        MATRIX_CASES.append((name, cname, "grad"))
+    clone = copy.deepcopy(module)
+    for p in clone.parameters():  # scramble, then restore from the state_dict
+        p.data.normal_()
+    clone.load_state_dict(module.state_dict(), strict=True)
+    clone.eval(), module.eval()  # training-time draws (Abacus' offset) differ call to call
+    with torch.no_grad():
+        torch.testing.assert_close(run(clone), run(module))
+    MATRIX_CASES.append((name, cname, "state_dict"))
+
+
+@pytest.mark.parametrize(("name", "cname"), _pairs(supported=False))
+def test_unsupported_coordinates_are_refused(name: str, cname: str) -> None:
+    """Where the registry says no, the encoding itself refuses, naming a capability."""
+    coords, enc = _make_unsupported(name, cname)
+    needs = "|".join(c.__name__ for c in enc.needs)
+    with pytest.raises((TypeError, ValueError), match=needs):
+        enc.check_coords(coords)
+
+
+def _make_unsupported(name: str, cname: str):
+    coords = COORDS[cname]()
+    ctx = _context(coords)
+    ctx.setdefault("grid_shape", (2, 3))
+    ctx.pop("num_axes", None)
+    return coords, mmpe.build(name, context=ctx)
+
+
+def test_refusal_names_the_missing_capability() -> None:
+    class Unplaced(mmpe.Coordinates):
+        num_queries = 4
+
+    refused = 0
+    for entry in mmpe.available():
+        if entry.needs and not entry.supports(Unplaced()):
+            enc = mmpe.build(entry.name, context=_context(Grid((2, 3))))
+            with pytest.raises(TypeError, match=entry.needs[0].__name__):
+                enc.check_coords(Unplaced())
+            refused += 1
+    assert refused == sum(1 for e in mmpe.available() if e.needs)
