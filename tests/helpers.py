@@ -89,7 +89,8 @@ def run_in_fresh_process(test_file: str, test_name: str) -> bool:
     if os.environ.get("MMPE_FRESH_PROCESS") == "1":
         return False
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-s",
+        # (`-m`: the test's own markers, `train` say, must not deselect it there)
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-s", "-m", "not gpu",
          f"{test_file}::{test_name}"],
         capture_output=True, text=True, timeout=900,
         env={**os.environ, "MMPE_FRESH_PROCESS": "1"},

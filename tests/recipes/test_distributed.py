@@ -148,7 +148,8 @@ def prepare(recipe: str, folder: Path) -> None:
 
 def recipe_env() -> dict[str, str]:
     """Child-process environment: the repo and tests/ importable, one thread per process."""
-    path = os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
+    path = os.pathsep.join([str(ROOT), str(ROOT / "tests"), str(Path(__file__).parent),
+                            os.environ.get("PYTHONPATH", "")])
     return {**os.environ, "PYTHONPATH": path, "MMPE_THREADS": "1", "OMP_NUM_THREADS": "1",
             "PYTHONWARNINGS": "ignore"}
 
