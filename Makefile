@@ -52,13 +52,14 @@ results: setup
 	$$M compare audio --store results
 
 # The tests: `make test` the fast layer-by-layer suite (under 8 minutes on 2 cores),
-# `make test-train` the recipe trainings and the tests that run fresh interpreters (docs
-# blocks, the site build, a wheel, plugins); CI runs both. --durations names the slowest.
+# `make test-train` the recipe trainings, the tests that run fresh interpreters (docs blocks,
+# the site build, a wheel, plugins) and the torch.compile tests; CI runs both. --durations
+# names the slowest.
 test: setup
 	$(PYTEST) -q --durations=15
 
 test-train: setup
-	$(PYTEST) -q -m "(train or subprocess) and not slow and not gpu" --durations=15
+	$(PYTEST) -q -m "(train or subprocess or compile) and not slow and not gpu" --durations=15
 
 test-slow: setup
 	$(PYTEST) -q -m slow

@@ -47,11 +47,13 @@ if os.environ.get("MMPE_HIDE_EXTRAS") == "1":
     sys.meta_path[:] = [_HideExtras(f) for f in sys.meta_path]
 
 
-#: test files that train a recipe (marker `train`) or run fresh interpreters: the docs'
-#: blocks, the site build, a wheel, plugins, the command line (marker `subprocess`). `make
-#: test` leaves both out; `make test-train` runs them (CI runs both targets).
+#: test files that train a recipe (marker `train`), run fresh interpreters: the docs' blocks,
+#: the site build, a wheel, plugins, the command line (marker `subprocess`), or compile models
+#: with torch.compile (marker `compile`). `make test` leaves them out; `make test-train` runs
+#: them (CI runs both targets).
 TRAIN_FILES = re.compile(r"test_(recipe_\w+|sphere_recipe|graph_recipe|distributed|resume|compare)\.py$")
 SUBPROCESS_FILES = re.compile(r"test_(docs|docs_site|packaging|plugins|cli_pipe)\.py$")
+COMPILE_FILES = re.compile(r"test_compile\.py$")
 
 #: hypothesis: `ci` draws the same examples on every run (a red CI is reproducible), `dev`
 #: draws new ones; `HYPOTHESIS_PROFILE` picks (CI sets `ci`, see .ci/run)
@@ -70,6 +72,8 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(pytest.mark.train)
         elif SUBPROCESS_FILES.search(name):
             item.add_marker(pytest.mark.subprocess)
+        elif COMPILE_FILES.search(name):
+            item.add_marker(pytest.mark.compile)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="no CUDA device here: the GPU tier (make test-gpu) needs one")

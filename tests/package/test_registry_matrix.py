@@ -133,7 +133,7 @@ def _check_attention(name: str, cname: str, enc, coords) -> None:
             outs[path] = mha(x, coords)
             assert torch.isfinite(outs[path]).all(), f"{path} output is not finite"
             MATRIX_CASES.append((name, cname, path))
-        if "sdpa" in outs:  # every SDPA plan that can run the call, not only the chosen one
+        if "sdpa" in outs and isinstance(enc, ScoreEncoding):  # every plan that can run it
             mha.backend = "sdpa"
             for plan in SDPA_PLANS:
                 try:
