@@ -98,3 +98,29 @@ def run_in_fresh_process(test_file: str, test_name: str) -> bool:
     assert run.returncode == 0, (run.stdout[-4000:] + run.stderr[-4000:])
     print(run.stdout[-2000:])
     return True
+
+
+def structured_score_cases(context: dict, options: dict, coords: dict) -> list[tuple[str, str]]:
+    """`(encoding, kind)` for every registered additive score encoding with a hand-written fast
+    form (`mmpe.attention.fast_forms.FAST_FORMS`) or a structure narrower than a pair, on every
+    kind of `coords` (`{kind: Coordinates}`) it takes: the rows of the fast-path tests, drawn
+    from the table and the registry rather than a hand list."""
+    from mmpe.attention import fast_forms
+    from mmpe.encodings.base import ScoreEncoding
+    from mmpe.registry import available
+
+    cases = []
+    for entry in available():
+        cls = entry.cls
+        if not (issubclass(cls, ScoreEncoding) and cls.additive) or cls.needs_probs:
+            continue
+        if cls not in fast_forms.FAST_FORMS and cls.structure == "pair":
+            continue
+        enc = mmpe.build(entry.name, context=context, **options.get(entry.name, {}))
+        for kind, c in coords.items():
+            try:
+                enc.check_coords(c)
+            except (TypeError, ValueError):
+                continue
+            cases.append((entry.name, kind))
+    return cases

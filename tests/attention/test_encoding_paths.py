@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import structured_score_cases
 from torch import nn
 
 import mmpe
@@ -34,25 +35,7 @@ def _coords():
     }
 
 
-def _cases() -> list[tuple[str, str]]:
-    cases = []
-    for entry in available():
-        cls = entry.cls
-        if not issubclass(cls, ScoreEncoding) or not cls.additive or cls.needs_probs:
-            continue
-        if cls not in fast_forms.FAST_FORMS and cls.structure == "pair":
-            continue
-        enc = mmpe.build(entry.name, context=CONTEXT, **OPTIONS.get(entry.name, {}))
-        for kind, coords in _coords().items():
-            try:
-                enc.check_coords(coords)
-            except (TypeError, ValueError):
-                continue
-            cases.append((entry.name, kind))
-    return cases
-
-
-CASES = _cases()
+CASES = structured_score_cases(CONTEXT, OPTIONS, _coords())
 
 
 def test_the_cases_cover_every_registered_fast_form() -> None:

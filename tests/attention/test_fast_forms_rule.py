@@ -14,6 +14,7 @@ import copy
 
 import pytest
 import torch
+from helpers import structured_score_cases
 
 import mmpe
 from mmpe.attention import fast_forms, forms
@@ -31,26 +32,11 @@ KINDS = ("sequence", "grid", "points", "graph")
 
 
 def _cases() -> list[tuple[str, str, str | None]]:
-    """(encoding, coordinates, budget) for every registered content-free score encoding with
-    a fast form or a structure narrower than a pair, on every kind of coordinates it takes
-    (points and graphs also with a tiny block budget: the blocked path)."""
-    cases = []
-    for entry in available():
-        cls = entry.cls
-        if not (issubclass(cls, ScoreEncoding) and cls.additive) or cls.needs_probs:
-            continue
-        if cls not in fast_forms.FAST_FORMS and cls.structure == "pair":
-            continue
-        enc = mmpe.build(entry.name, context=CONTEXT, **OPTIONS.get(entry.name, {}))
-        for kind in KINDS:
-            try:
-                enc.check_coords(_coords(kind))
-            except (TypeError, ValueError):
-                continue
-            cases.append((entry.name, kind, None))
-            if kind in ("points", "graph"):
-                cases.append((entry.name, kind, "blocked"))
-    return cases
+    """(encoding, coordinates, budget): points and graphs also with a tiny block budget (the
+    blocked path)."""
+    pairs = structured_score_cases(CONTEXT, OPTIONS, {k: _coords(k) for k in KINDS})
+    return [(name, kind, budget) for name, kind in pairs
+            for budget in ((None, "blocked") if kind in ("points", "graph") else (None,))]
 
 
 @pytest.fixture

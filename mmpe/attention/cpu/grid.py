@@ -35,7 +35,7 @@ from torch import Tensor
 
 from mmpe.attention import forms
 from mmpe.attention.cpu.flash import _attend_block
-from mmpe.attention.forms import offset_pairs, offset_table  # noqa: F401  (read here)
+from mmpe.attention.forms import offset_table
 from mmpe.coords.grid import Grid
 from mmpe.encodings.base import AttentionContext, ScoreEncoding
 from mmpe.prepare import memoized
