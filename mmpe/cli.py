@@ -7,7 +7,8 @@
                                                capabilities they need, the shipped coordinate
                                                types that provide them, and their papers
     mmpe compare RECIPE [--encodings a,b|all] [--family F] [--out DIR] [--seed S] [--seeds N]
-                 [--store DIR] [--setting NAME] [--rerun] [--jobs J] [-- LIGHTNING ARGS]
+                 [--store DIR] [--setting NAME] [--rerun] [--jobs J] [--allow-dirty]
+                 [-- LIGHTNING ARGS]
                                                train each (encoding, seed) not yet stored; one
                                                JSON line per run in DIR/RECIPE.jsonl
     mmpe report [RECIPE] [--setting NAME] [--store DIR] [--plot PNG] [--write FILES] [--check FILES]
@@ -53,7 +54,8 @@ def _compare(args: argparse.Namespace, rest: list[str]) -> int:
 
     table = compare(args.recipe, encodings=args.encodings, family=args.family,
                     out_dir=args.out, seed=args.seed, cli_args=rest, seeds=args.seeds,
-                    store=args.store, setting=args.setting, rerun=args.rerun, jobs=args.jobs)
+                    store=args.store, setting=args.setting, rerun=args.rerun, jobs=args.jobs,
+                    allow_dirty=args.allow_dirty)
     print(table)
     return 0
 
@@ -147,6 +149,9 @@ def _main(argv: list[str] | None = None) -> int:
     p_cmp.add_argument("--rerun", action="store_true", help="train runs already stored again")
     p_cmp.add_argument("--jobs", type=int, default=1,
                        help="runs trained at once, one process each (MMPE_THREADS threads each)")
+    p_cmp.add_argument("--allow-dirty", action="store_true",
+                       help="store runs from a tree with uncommitted changes in a committed store "
+                       "(results/); the records say so and tables flag their rows")
     p_rep = sub.add_parser("report", help="tables and plots from stored runs")
     p_rep.add_argument("recipe", nargs="?", help="print this recipe's table")
     p_rep.add_argument("--setting", help="stored setting(s), comma-separated (default: default)")

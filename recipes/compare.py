@@ -59,6 +59,13 @@ class CompareSpec:
         plot: draws the recipe's own figure from stored runs (default: the metric per column).
         command: the command that stores more runs, named under a preliminary table (default
             `mmpe compare <recipe> --store results`).
+        chance: the chance level of each accuracy column: a dict or a function of the column
+            name (None: no chance level). Tables mark cells at chance and never call them best
+            ([`mmpe.results.report`][mmpe.results.report]).
+        in_distribution: for an extrapolation column, the in-distribution column it is read
+            against (a function of the column name; None: none). Where that cell is below
+            `mmpe.results.report.LEARNED` the task was not learned and the extrapolation cell
+            is marked and never called best.
     """
 
     metric: str
@@ -75,6 +82,8 @@ class CompareSpec:
     higher_is_better: tuple[str, ...] = ()
     plot: Callable[..., Any] | None = None
     command: str | None = None
+    chance: dict[str, float] | Callable[[str], float | None] | None = None
+    in_distribution: Callable[[str], str | None] | None = None
 
 
 def load_recipe(modality: str):
@@ -150,7 +159,8 @@ def format_table(spec: CompareSpec, rows: dict[str, dict[str, float | None]],
 def compare(modality: str, encodings: str | None = None, family: str | None = None,
             out_dir: str | Path | None = None, seed: int = 0, cli_args: Sequence[str] = (),
             *, seeds: int | None = None, store: str | Path = DEFAULT_STORE,
-            setting: str | None = None, rerun: bool = False, jobs: int = 1) -> str:
+            setting: str | None = None, rerun: bool = False, jobs: int = 1,
+            allow_dirty: bool = False) -> str:
     """Train every (encoding, seed) not yet stored, store each run as it ends, return the table.
 
     Args:
@@ -172,9 +182,13 @@ def compare(modality: str, encodings: str | None = None, family: str | None = No
         jobs: runs trained at once, each in its own process (`spawn`); each uses
             `MMPE_THREADS` threads (default: the cores divided by `jobs`). Results do not
             depend on `jobs`, only on the threads per run.
+        allow_dirty: store runs from a working tree with uncommitted changes in a committed
+            store (`results/`); each record keeps `git.dirty` and tables flag its row.
 
     Raises:
         ValueError: an unknown recipe or encoding, `seeds < 1` or `jobs < 1`.
+        mmpe.results.store.DirtyTreeError: the tree is dirty, `store` is committed and
+            `allow_dirty` is false (before any training).
     """
     recipe = load_recipe(modality)
     spec: CompareSpec = recipe.COMPARE
@@ -185,6 +199,7 @@ def compare(modality: str, encodings: str | None = None, family: str | None = No
     if jobs < 1:
         raise ValueError(f"compare: jobs must be >= 1, got {jobs}")
     setting = _store.setting_name(list(cli_args), setting)
+    _store.check_clean(store, allow_dirty=allow_dirty)  # before any training
     out = Path(out_dir or f"runs/compare/{modality}")
     out.mkdir(parents=True, exist_ok=True)
     finished = set() if rerun else _store.done(store, modality, setting)
@@ -197,7 +212,8 @@ def compare(modality: str, encodings: str | None = None, family: str | None = No
                       flush=True)
             else:
                 todo.append(_Run(modality, recipe.__name__, setting, name, s,
-                                 str(out / name / f"seed{s}"), tuple(cli_args), str(store)))
+                                 str(out / name / f"seed{s}"), tuple(cli_args), str(store),
+                                 allow_dirty))
     if jobs > 1 and len(todo) > 1:
         _run_parallel(todo, jobs)
     else:
@@ -225,6 +241,7 @@ class _Run:
     out_dir: str
     cli_args: tuple[str, ...]
     store: str
+    allow_dirty: bool = False
 
 
 def _run_and_store(run: _Run) -> dict[str, float | None]:
@@ -241,7 +258,8 @@ def _run_and_store(run: _Run) -> dict[str, float | None]:
     wall = time.perf_counter() - start
     _store.append(run.store, _store.make_record(run.modality, run.setting, run.encoding, run.seed,
                                                 metrics, wall_s=wall, cli_args=run.cli_args,
-                                                out_dir=run.out_dir, env=env))
+                                                out_dir=run.out_dir, env=env),
+                  allow_dirty=run.allow_dirty)
     print(f"{tag}: {metrics} ({wall:.0f} s)", flush=True)
     return metrics
 

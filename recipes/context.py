@@ -64,6 +64,8 @@ COMPARE = CompareSpec(
            "RoPE model trained on it at L = 16 filler letters, with the scaling, no training."],
     check_encoding=lambda name: check_scaling(name),
     plot=lambda records, path, setting="default", rows=None: plot_panels(records, path, setting, rows),
+    # A five-digit key: exact match by guessing is 1e-5.
+    chance={c: 0.0 for c in PASSKEY_COLUMNS},
 )
 
 #: The figure's panels: (title, columns, y label).

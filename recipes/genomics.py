@@ -102,6 +102,8 @@ COMPARE = CompareSpec(
     ],
     plot=lambda records, path, setting="default", rows=None: plot_tasks(records, path, setting,
                                                                         rows),
+    # Labels by a fair coin: accuracy 0.5 is chance; bits/nt has no chance level here.
+    chance=lambda column: 0.5 if column.split("@")[0] in CLASSIFY else None,
 )
 
 

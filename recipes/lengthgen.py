@@ -30,6 +30,7 @@ on one task).
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence as Sequence_
 from pathlib import Path
 from typing import Any
 
@@ -64,12 +65,83 @@ MULTIPLIERS = (1, 2, 4, 8)
 TRAIN_LENGTHS = {"copy": 8, "reverse": 8, "sort": 8, "addition": 4, "parity": 8, "scan": 6,
                  "passkey": 16}
 RANDPOS = "+randpos"
+#: Randomised positions as Ruoss et al.'s reference runs them: random ordered positions at
+#: evaluation too (`<encoding>+randpos_ref`; `+randpos` evaluates with positions 0, 1, …).
+RANDPOS_REF = "+randpos_ref"
 #: Evaluation sets are the same for every run (seeded apart from the runs' seeds).
 EVAL_SEED = 20_231_104
 
+# --- the per-task protocol (Kazemnejad et al. 2023): one model per task, every length --------
+#: Per-task runs are evaluated at every instance length 1 … EVAL_UP_TO · L.
+EVAL_UP_TO = 2
+#: The encodings the per-task protocol compares (the paper's five, FIRE, randomised positions).
+PER_TASK_ENCODINGS = ["nope", "learned", "t5", "alibi", "rope", "fire", "rope+randpos",
+                      "rope+randpos_ref"]
+#: Per-token chance of each task's answer tokens (digits 1/10, SCAN's 6 actions, one bit).
+TOKEN_CHANCE = {"copy": 0.1, "reverse": 0.1, "sort": 0.1, "addition": 0.1, "parity": 0.5,
+                "scan": 1 / 6, "passkey": 0.1}
+
+
+def task_setting(task: str) -> str:
+    """The store setting of a per-task run: `task-<task>`."""
+    return f"task-{task}"
+
+
+def length_column(task: str, n: int, tok: bool = False) -> str:
+    """`copy[12]` (exact match at instance length 12) or `copy tok[12]` (per-token accuracy)."""
+    return f"{task}{' tok' if tok else ''}[{n}]"
+
+
+def per_task_lengths(task: str, train_length: int | None = None) -> list[int]:
+    """The instance lengths a per-task run is evaluated at: `1 … EVAL_UP_TO · L`."""
+    L_t = train_length or TRAIN_LENGTHS[task]
+    return tasks_mod.task_lengths(task, 1, EVAL_UP_TO * L_t)
+
+
+def per_task_columns(task: str) -> list[str]:
+    """Summary columns of a per-task run, then every length's exact match and token accuracy."""
+    lengths = per_task_lengths(task)
+    return ([f"{task} ≤L", f"{task} >L", f"{task} tok >L", f"{task} reach/L"]
+            + [length_column(task, n) for n in lengths]
+            + [length_column(task, n, tok=True) for n in lengths])
+
+
+def column_task(column: str) -> str:
+    """The task a column belongs to (`"parity tok[3]"` -> `"parity"`)."""
+    return column.replace("@", " ").replace("[", " ").split(" ")[0]
+
+
+def chance(column: str) -> float | None:
+    """Chance level of a column: exact match ≈ 0 except parity's one bit (0.5); per-token
+    accuracy `TOKEN_CHANCE`; reach columns have none."""
+    task = column_task(column)
+    if "reach" in column or task not in TOKEN_CHANCE:
+        return None
+    if task == "parity":
+        return 0.5
+    return TOKEN_CHANCE[task] if " tok" in column else 0.0
+
+
+def in_distribution(column: str) -> str | None:
+    """The in-distribution column an extrapolation column is read against (`copy >L` ->
+    `copy ≤L`, `copy@4x` -> `copy@1x`); None for in-distribution columns."""
+    task = column_task(column)
+    if column.startswith(f"{task}@"):  # the mixture's buckets
+        return None if column == f"{task}@1x" else f"{task}@1x"
+    if column == f"{task} reach":
+        return f"{task}@1x"
+    if column == f"{task} ≤L":
+        return None
+    if "[" in column:
+        n = int(column.rsplit("[", 1)[1].rstrip("]"))
+        if n <= TRAIN_LENGTHS[task]:
+            return None
+    return f"{task} ≤L"
+
 COMPARE = CompareSpec(
     metric="exact-match accuracy",
-    columns=[f"{t}@{m}x" for t in TASKS for m in MULTIPLIERS] + [f"{t} reach" for t in TASKS],
+    columns=([f"{t}@{m}x" for t in TASKS for m in MULTIPLIERS] + [f"{t} reach" for t in TASKS]
+             + [c for t in TASKS for c in per_task_columns(t)]),
     xlabel="instance length bucket (multiples of the training length L of each task)",
     lower_is_better=False,
     default_encodings=["nope", "learned", "sinusoidal", "rope", "alibi", "t5", "fire", "kerple_log",
@@ -82,22 +154,41 @@ COMPARE = CompareSpec(
         "≥ 50 % in every bucket up to it.",
         "n/a: the encoding cannot represent those positions (a learned table of the training "
         "length).",
+        "Per-task settings (task-<task>): one model per task trained on lengths ≤ L, evaluated "
+        "at every length to 2 L; ≤L, >L: mean exact match over lengths ≤ L and L < n ≤ 2 L; "
+        "tok: per-token accuracy; reach/L: the largest length n / L up to which every length "
+        "keeps exact match above halfway between chance and 1.",
     ],
     check_encoding=lambda name: parse_encoding(name),
-    plot=lambda records, path, setting="default", rows=None: plot_tasks(records, path, setting, rows),
+    plot=lambda records, path, setting="default", rows=None: (
+        plot_per_length(records, path, setting.split(","), rows)
+        if setting.startswith("task-") else plot_tasks(records, path, setting, rows)),
+    chance=chance,
+    in_distribution=in_distribution,
 )
 
 
 def parse_encoding(name: str) -> tuple[str, bool]:
-    """`"rope+randpos"` -> `("rope", True)`; the base must be a registered encoding.
+    """`"rope+randpos"` -> `("rope", True)`, `"rope+randpos_ref"` too (see
+    [`randpos_at_eval`][recipes.lengthgen.randpos_at_eval]); the base must be a registered
+    encoding.
 
     Raises:
         ValueError: an unknown encoding (names the known ones).
     """
-    randpos = name.endswith(RANDPOS)
-    base = name[: -len(RANDPOS)] if randpos else name
-    registry.get(base)
-    return base, randpos
+    for suffix in (RANDPOS_REF, RANDPOS):
+        if name.endswith(suffix):
+            base = name[: -len(suffix)]
+            registry.get(base)
+            return base, True
+    registry.get(name)
+    return name, False
+
+
+def randpos_at_eval(name: str) -> bool:
+    """Whether `name` evaluates with random ordered positions too (`<encoding>+randpos_ref`,
+    the reference implementation of Ruoss et al. 2023)."""
+    return name.endswith(RANDPOS_REF)
 
 
 # --- data ------------------------------------------------------------------------------------
@@ -181,6 +272,12 @@ class TaskData(L.LightningDataModule):
         samples_per_epoch: training examples per epoch (fresh every epoch).
         random_positions: `L_max` of randomised positions for training, or None (ordinary
             positions). Set by `mmpe compare` for `<encoding>+randpos`.
+        per_length: the per-task protocol (Kazemnejad et al. 2023): evaluate at every
+            instance length `1 … EVAL_UP_TO · L` (`evaluate_per_length`) instead of the
+            buckets; a learned table then holds every evaluated position (rows beyond the
+            training sequences are never trained, as in the paper). Needs one task.
+        eval_random_positions: evaluate with random ordered positions from
+            `[0, random_positions)` too (Ruoss et al.'s reference; `<encoding>+randpos_ref`).
 
     Raises:
         ValueError: an unknown task, a non-positive length, or `random_positions` shorter
@@ -189,7 +286,8 @@ class TaskData(L.LightningDataModule):
 
     def __init__(self, tasks: list[str] | None = None, train_lengths: dict[str, int] | None = None,
                  batch_size: int = 64, eval_examples: int = 100, samples_per_epoch: int = 10**6,
-                 random_positions: int | None = None) -> None:
+                 random_positions: int | None = None, per_length: bool = False,
+                 eval_random_positions: bool = False) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.tasks = list(tasks or TASKS)
@@ -202,10 +300,15 @@ class TaskData(L.LightningDataModule):
             tasks_mod.check_task(t)
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise ValueError(f"lengthgen: data.train_lengths[{t!r}] must be an int >= 1, got {n!r}")
+        if per_length and len(self.tasks) != 1:
+            raise ValueError(f"lengthgen: data.per_length trains one model per task; data.tasks "
+                             f"names {len(self.tasks)} ({self.tasks})")
+        if eval_random_positions and random_positions is None:
+            raise ValueError("lengthgen: data.eval_random_positions needs data.random_positions")
         self.tok = Tokenizer()
         self.longest_train = max(self.sequence_bound(t, self.lengths[t]) for t in self.tasks)
-        self.longest_eval = max(self.sequence_bound(t, self.lengths[t] * MULTIPLIERS[-1])
-                                for t in self.tasks)
+        up_to = EVAL_UP_TO if per_length else MULTIPLIERS[-1]
+        self.longest_eval = max(self.sequence_bound(t, self.lengths[t] * up_to) for t in self.tasks)
         if random_positions is not None and random_positions < self.longest_eval:
             raise ValueError(
                 f"lengthgen: data.random_positions={random_positions} is smaller than the longest "
@@ -227,8 +330,10 @@ class TaskData(L.LightningDataModule):
     @property
     def table_positions(self) -> int:
         """Positions a learned table must hold: the randomised range, or the longest training
-        sequence."""
-        return self.hparams.random_positions or self.longest_train
+        sequence (the longest evaluated one in the per-task protocol)."""
+        if self.hparams.random_positions:
+            return self.hparams.random_positions
+        return self.longest_eval if self.hparams.per_length else self.longest_train
 
     def train_dataloader(self):
         hp = self.hparams
@@ -244,6 +349,16 @@ class TaskData(L.LightningDataModule):
         for _ in range(self.hparams.eval_examples if lengths else 0):
             ids, sep = encode_example(self.tok, task, lengths[int(rng.integers(len(lengths)))], rng)
             out.append((ids, sep, 0))
+        return out
+
+    def length_set(self, task: str, n: int) -> list[tuple[list[int], int, int]]:
+        """`eval_examples` fixed examples of instance length exactly `n`; each carries its own
+        seed for random evaluation positions. The same for every run and encoding."""
+        rng = np.random.default_rng(mix_seed(EVAL_SEED, TASKS.index(task), 1000 + n))
+        out = []
+        for i in range(self.hparams.eval_examples):
+            ids, sep = encode_example(self.tok, task, n, rng)
+            out.append((ids, sep, mix_seed(EVAL_SEED, TASKS.index(task), n, i)))
         return out
 
 
@@ -297,6 +412,18 @@ class TaskLM(AdamWCosine, L.LightningModule):
         wrong = (pred != batch["tokens"][:, 1:]) & batch["answer"]
         return ~wrong.any(-1)
 
+    @torch.no_grad()
+    def answer_hits(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        """Per example: exact match (answer and `<eos>`), correct answer tokens and answer
+        tokens (`<eos>` not counted: per-token accuracy of Ruoss et al. 2023)."""
+        pred = self(batch).argmax(-1)
+        answer = batch["answer"]
+        right = (pred == batch["tokens"][:, 1:]) & answer
+        exact = (right == answer).all(-1)
+        last = answer.long().cumsum(-1) == answer.long().sum(-1, keepdim=True)
+        digits = answer & ~(last & answer)  # every answer target but the final <eos>
+        return exact, (right & digits).sum(-1), digits.sum(-1)
+
 
 def evaluate(model: TaskLM, data: TaskData, batch_size: int = 100) -> dict[str, float | None]:
     """Exact-match accuracy per (task, bucket) and each task's reach (see the module doc)."""
@@ -309,6 +436,54 @@ def evaluate(model: TaskLM, data: TaskData, batch_size: int = 100) -> dict[str, 
                                                      for i in range(0, len(examples), batch_size)])
         out[f"{task} reach"] = float(reach([out[f"{task}@{m}x"] for m in MULTIPLIERS]))
     return out
+
+
+def evaluate_per_length(model: TaskLM, data: TaskData,
+                        batch_size: int = 100) -> dict[str, float | None]:
+    """The per-task protocol's metrics (see `per_task_columns`): exact match and per-token
+    accuracy at every length `1 … EVAL_UP_TO · L`, their means over `≤ L` and `L < n`, and
+    `reach/L`. With `data.eval_random_positions` every example gets sorted random positions
+    from `[0, random_positions)` (its own fixed draw)."""
+    model.eval()
+    (task,) = data.tasks
+    L_t = data.lengths[task]
+    hp = data.hparams
+    collate = Collate(hp.random_positions if hp.eval_random_positions else None)
+    out: dict[str, float | None] = {}
+    exact_by_n: dict[int, float | None] = {}
+    for n in per_task_lengths(task, L_t):
+        examples = data.length_set(task, n)
+        try:
+            hits = [model.answer_hits(collate(examples[i:i + batch_size]))
+                    for i in range(0, len(examples), batch_size)]
+        except PositionOutOfRangeError:
+            exact_by_n[n] = out[length_column(task, n)] = out[length_column(task, n, True)] = None
+            continue
+        exact = torch.cat([h[0] for h in hits]).float().mean().item()
+        tok = sum(int(h[1].sum()) for h in hits) / max(1, sum(int(h[2].sum()) for h in hits))
+        exact_by_n[n] = out[length_column(task, n)] = exact
+        out[length_column(task, n, True)] = tok
+    inside = [n for n in exact_by_n if n <= L_t]
+    beyond = [n for n in exact_by_n if n > L_t]
+    out[f"{task} ≤L"] = _mean([exact_by_n[n] for n in inside])
+    out[f"{task} >L"] = _mean([exact_by_n[n] for n in beyond])
+    out[f"{task} tok >L"] = _mean([out[length_column(task, n, True)] for n in beyond])
+    level = chance(length_column(task, 1))
+    threshold = level + (1 - level) / 2
+    reached = 0
+    for n in sorted(exact_by_n):
+        if exact_by_n[n] is None or exact_by_n[n] < threshold:
+            break
+        reached = n
+    out[f"{task} reach/L"] = reached / L_t
+    return out
+
+
+def _mean(values: list[float | None]) -> float | None:
+    """The mean, None where any value is None (an encoding that cannot represent a length)."""
+    if not values or any(v is None for v in values):
+        return None
+    return float(np.mean(values))
 
 
 def _accuracy(model: TaskLM, batches: list[dict[str, Tensor]]) -> float | None:
@@ -362,6 +537,53 @@ def plot_tasks(records: list[dict[str, Any]], path: Path, setting: str = "defaul
     return save(fig, path)
 
 
+def plot_per_length(records: list[dict[str, Any]], path: Path, settings: list[str],
+                    rows: list[str] | None = None) -> Path:
+    """Exact match against instance length, one panel per task (the per-task settings), one
+    line per encoding with the seeds' sd as a band, the training length L and chance marked:
+    the shape of Kazemnejad et al. 2023, Fig. 3."""
+    from mmpe.plot.style import save, subplots
+    from mmpe.results.report import summarise
+
+    tasks = [s.removeprefix("task-") for s in settings if s.startswith("task-")]
+    tasks = [t for t in tasks if any(r["setting"] == task_setting(t) for r in records)] or tasks
+    cols = min(4, len(tasks))
+    rows_n = -(-len(tasks) // cols)
+    fig, axes = subplots(rows_n, cols, figsize=(2.9 * cols, 2.5 * rows_n), squeeze=False,
+                         sharey=True)
+    flat = list(axes.flat)
+    for ax, task in zip(flat, tasks, strict=False):
+        runs = [r for r in records if r["setting"] == task_setting(task)
+                and (not rows or r["encoding"] in rows)]
+        lengths = per_task_lengths(task)
+        summary = summarise(runs, [length_column(task, n) for n in lengths])
+        for enc in (rows or summary):
+            if enc not in summary:
+                continue
+            keep = [n for n in lengths if summary[enc][length_column(task, n)].mean is not None]
+            mean = np.array([summary[enc][length_column(task, n)].mean for n in keep])
+            sd = np.array([summary[enc][length_column(task, n)].sd or 0.0 for n in keep])
+            (line,) = ax.plot(keep, mean, marker="o", ms=2.5, lw=1.2, label=enc)
+            ax.fill_between(keep, mean - sd, mean + sd, color=line.get_color(), alpha=0.15, lw=0)
+        ax.axvline(TRAIN_LENGTHS[task] + 0.5, color="0.5", lw=0.8, ls="--")
+        ax.axhline(chance(length_column(task, 1)), color="0.6", lw=0.8, ls=":")
+        ax.set_title(f"{task} (L = {TRAIN_LENGTHS[task]})")
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_xlabel("instance length")
+    for ax in flat[::cols]:
+        ax.set_ylabel("exact match")
+    handles, labels = [], []
+    for ax in flat[:len(tasks)]:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    for ax in flat[len(tasks):]:  # a spare panel holds the legend
+        ax.axis("off")
+    (flat[-1] if len(flat) > len(tasks) else fig).legend(handles, labels, fontsize=7, loc="center")
+    return save(fig, path)
+
+
 class LengthGenCLI(RecipeCLI):
     def add_arguments_to_parser(self, parser) -> None:
         super().add_arguments_to_parser(parser)
@@ -397,11 +619,62 @@ def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> 
     base, randpos = parse_encoding(encoding)
     check_options(base, cli_args)
     extra = ["--data.random_positions", "256"] if randpos and _option(cli_args, "--data.random_positions") is None else []
+    if randpos_at_eval(encoding):
+        extra += ["--data.eval_random_positions", "true"]
     cli = fit_for_compare(make_cli, "lengthgen", base, seed=seed, out_dir=out_dir,
                           cli_args=[*extra, *cli_args])
+    if cli.datamodule.hparams.per_length:
+        return evaluate_per_length(cli.model, cli.datamodule)
     return evaluate(cli.model, cli.datamodule)
 
 
+def run_per_task(store: str | Path = "runs/results", seeds: Sequence_[int] = (0, 1, 2),
+                 tasks: Sequence_[str] = tuple(TASKS),
+                 encodings: Sequence_[str] = tuple(PER_TASK_ENCODINGS),
+                 out_dir: str | Path = "runs/compare/lengthgen_per_task",
+                 allow_dirty: bool = False, extra: Sequence_[str] = ()) -> None:
+    """The per-task protocol's whole plan, in the order that stores a complete first seed
+    before any second: for each seed, each task, every encoding (`mmpe compare` per task,
+    setting `task-<task>`, `configs/lengthgen/per_task.yaml`). Stored runs are skipped, so a
+    stopped plan continues where it stopped.
+
+        python -m mmpe.recipes.lengthgen per-task --store results --seeds 0,1,2
+    """
+    from mmpe.recipes.common import CONFIGS
+    from mmpe.recipes.compare import compare
+
+    config = CONFIGS / "lengthgen" / "per_task.yaml"
+    try:  # a relative path in the stored arguments where the run starts in the repository
+        config = config.relative_to(Path.cwd())
+    except ValueError:
+        pass
+    for seed in seeds:
+        for task in tasks:
+            compare("lengthgen", encodings=",".join(encodings), seed=seed, seeds=1, store=store,
+                    setting=task_setting(task), out_dir=Path(out_dir) / task,
+                    allow_dirty=allow_dirty,
+                    cli_args=["--config", str(config), "--data.tasks", f"[{task}]", *extra])
+
+
+def _per_task_main(argv: list[str]) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m mmpe.recipes.lengthgen per-task",
+                                     description=run_per_task.__doc__.split("\n\n")[0])
+    parser.add_argument("--store", default="runs/results")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds, in order")
+    parser.add_argument("--tasks", default=",".join(TASKS))
+    parser.add_argument("--encodings", default=",".join(PER_TASK_ENCODINGS))
+    parser.add_argument("--out", default="runs/compare/lengthgen_per_task")
+    parser.add_argument("--allow-dirty", action="store_true")
+    args, extra = parser.parse_known_args(argv)
+    run_per_task(args.store, [int(s) for s in args.seeds.split(",")], args.tasks.split(","),
+                 args.encodings.split(","), args.out, args.allow_dirty, extra)
+
+
 if __name__ == "__main__":
-    make_cli()
+    if sys.argv[1:2] == ["per-task"]:
+        _per_task_main(sys.argv[2:])
+    else:
+        make_cli()
     sys.exit(0)

@@ -7,6 +7,20 @@ exceeds `NOISE_SDS` × the pooled sd `sqrt((sd_a² + sd_b²) / 2)`. Under the ta
 generated line names the encodings within noise of the best in each column, so no winner is
 claimed where seeds cannot tell.
 
+Chance: a spec may give each accuracy column its chance level (`spec.chance(column)`, e.g. 0.5
+for a one-bit answer). A cell whose mean is at most `CHANCE_MARGIN` above that level (or below
+it) is marked `CHANCE_MARK` and explained under the table; such a cell is never the best of its
+column, and a column where every row is at chance says so in the best-per-column line.
+
+Learned first: a spec may name, for each extrapolation column, the in-distribution column it
+is read against (`spec.in_distribution(column)`). Where that cell's mean is below `LEARNED`
+the row did not learn the task in distribution: its extrapolation cell is marked
+`NOT_LEARNED_MARK`, explained under the table, and never a column's best.
+
+Runs tied to code: a row with a seed trained from a dirty working tree (`git.dirty` in its
+record, [`mmpe.results.store`][mmpe.results.store]) is marked `DIRTY_MARK`, with a line under
+the table.
+
 README.md and the docs hold the tables between markers::
 
     <!-- mmpe:report text -->            (or: text setting=concat rows=sinusoidal,learned)
@@ -42,6 +56,13 @@ SpecLookup = Callable[[str], Any]
 
 #: A column's best is marked only where it beats every other by this many pooled sds.
 NOISE_SDS = 2.0
+#: A cell at most this far above its column's chance level (or below it) is at chance.
+CHANCE_MARGIN = 0.05
+CHANCE_MARK = "°"
+#: In-distribution accuracy a row needs before its extrapolation is read.
+LEARNED = 0.95
+NOT_LEARNED_MARK = "‡"
+DIRTY_MARK = "†"
 
 BLOCK = re.compile(r"(<!-- mmpe:report (?P<args>[^>]*?) -->\n)(?P<body>.*?)(<!-- mmpe:end -->)",
                    re.DOTALL)
@@ -67,11 +88,13 @@ class Block:
     plot: str | None = None
     summary: bool = False
     preliminary: bool = False
+    merge: bool = False
 
     @classmethod
     def parse(cls, args: str) -> Block:
         """`"text setting=default,concat rows=a,b columns=1x,2x plot=docs/img/x.png"`; the
-        word `summary` renders only the best-per-column line (no table). Quote a value with
+        word `summary` renders only the best-per-column line (no table); `merge` makes one row
+        per encoding of several settings' runs (see `render_table`). Quote a value with
         spaces: `columns="gate attn,gate mlp"`.
 
         Raises:
@@ -82,7 +105,7 @@ class Block:
             raise ValueError(f"mmpe:report block {args!r}: the first word must be a recipe name")
         fields: dict[str, Any] = {"recipe": words[0]}
         for word in words[1:]:
-            if word in ("summary", "preliminary"):
+            if word in ("summary", "preliminary", "merge"):
                 fields[word] = True
                 continue
             name, _, value = word.partition("=")
@@ -95,7 +118,7 @@ class Block:
                 fields["plot"] = value
             else:
                 raise ValueError(f"mmpe:report block {args!r}: unknown key {name!r} "
-                                 "(known: setting, rows, columns, plot, summary, preliminary)")
+                                 "(known: setting, rows, columns, plot, summary, preliminary, merge)")
         return cls(**fields)
 
 
@@ -105,6 +128,34 @@ def lower_is_better(spec: Any, column: str) -> bool:
     return spec.lower_is_better != (column in spec.higher_is_better)
 
 
+def chance_level(spec: Any, column: str) -> float | None:
+    """The chance level of `column` (`spec.chance(column)`), None where the spec gives none."""
+    chance = getattr(spec, "chance", None)
+    if chance is None:
+        return None
+    level = chance.get(column) if isinstance(chance, dict) else chance(column)
+    return None if level is None else float(level)
+
+
+def at_chance(cell: Cell, chance: float | None) -> bool:
+    """Whether `cell`'s mean is within `CHANCE_MARGIN` above `chance`, or below it."""
+    return cell.mean is not None and chance is not None and cell.mean <= chance + CHANCE_MARGIN
+
+
+def not_learned(spec: Any, summary_row: dict[str, Cell], column: str,
+                records_row: dict[str, Cell] | None = None) -> bool:
+    """Whether `column` is an extrapolation column whose in-distribution cell (in
+    `records_row`, default `summary_row`) is stored and below `LEARNED`."""
+    gate = getattr(spec, "in_distribution", None)
+    if gate is None:
+        return False
+    base = gate(column)
+    if base is None:
+        return False
+    cell = (records_row or summary_row).get(base)
+    return cell is not None and cell.mean is not None and cell.mean < LEARNED
+
+
 def summarise(records: Iterable[dict[str, Any]], columns: Iterable[str]) -> dict[str, dict[str, Cell]]:
     """`{encoding: {column: Cell}}` over the records' seeds, in first-seen encoding order."""
     values: dict[str, dict[str, list[float | None]]] = {}
@@ -112,11 +163,14 @@ def summarise(records: Iterable[dict[str, Any]], columns: Iterable[str]) -> dict
     for r in records:
         row = values.setdefault(r["encoding"], {c: [] for c in columns})
         for c in columns:
-            row[c].append(r["metrics"].get(c))
+            if c in r["metrics"]:  # absent: not stored (a merged row's missing task)
+                row[c].append(r["metrics"][c])
     return {enc: {c: _cell(v) for c, v in row.items()} for enc, row in values.items()}
 
 
 def _cell(values: list[float | None]) -> Cell:
+    if not values:
+        return Cell(None, None, 0)
     finite = [v for v in values if v is not None and math.isfinite(v)]
     if not finite or len(finite) < len(values):  # a seed that could not evaluate: n/a
         return Cell(None, None, len(values))
@@ -133,32 +187,44 @@ def separated(a: Cell, b: Cell) -> bool:
 
 
 def best_in_column(summary: dict[str, dict[str, Cell]], column: str,
-                   lower_is_better: bool) -> tuple[str | None, bool, list[str]]:
-    """`(best encoding, clear winner?, encodings within noise of the best)`."""
-    cells = {e: row[column] for e, row in summary.items() if row[column].mean is not None}
+                   lower_is_better: bool, chance: float | None = None,
+                   skip: Iterable[str] = ()) -> tuple[str | None, bool, list[str]]:
+    """`(best encoding, clear winner?, encodings within noise of the best)`; cells at chance
+    ([`at_chance`][mmpe.results.report.at_chance]) and the rows in `skip` take no part."""
+    skip = set(skip)
+    cells = {e: row[column] for e, row in summary.items()
+             if row[column].mean is not None and not at_chance(row[column], chance)
+             and e not in skip}
     if not cells:
         return None, False, []
     pick = min if lower_is_better else max
     best = pick(cells, key=lambda e: cells[e].mean)
     tied = [e for e in cells if e != best and not separated(cells[best], cells[e])]
-    return best, not tied and len(cells) > 1, tied
+    # A row at chance is beaten by one above it: it counts as a rival.
+    rivals = len(cells) - 1 + sum(1 for row in summary.values() if at_chance(row[column], chance))
+    return best, not tied and rivals > 0, tied
 
 
 def render_table(spec: Any, records: list[dict[str, Any]], *, settings: Iterable[str] = ("default",),
                  rows: Iterable[str] | None = None, columns: Iterable[str] | None = None,
-                 summary: bool = False) -> str:
+                 summary: bool = False, merge: bool = False) -> str:
     """The markdown table (mean ± sd, seeds) and its noise line for `records` of a recipe.
 
     With several settings, rows are `encoding (setting)`. `rows` picks and orders the
     encodings (default: as first stored).
 
-    With `summary` only the best-per-column sentence is returned.
+    With `summary` only the best-per-column sentence is returned. With `merge` the settings'
+    runs of one (encoding, seed) form one row (settings that store different columns, such as
+    one model per task); a cell none of them stored shows `–` (not run yet), and a row or
+    setting without runs is no error.
 
     Raises:
         LookupError: a requested row or setting has no stored run (names the command to run).
     """
     settings = list(settings)
     columns = list(columns or spec.columns)
+    if merge:
+        return _table(spec, _merged(records, settings, rows), columns, summary)
     label = (lambda e, s: e) if len(settings) == 1 else (lambda e, s: f"{e} ({s})")
     chosen = []
     for s in settings:
@@ -171,19 +237,107 @@ def render_table(spec: Any, records: list[dict[str, Any]], *, settings: Iterable
             if not picked:
                 raise LookupError(f"no stored run of {enc!r} in setting {s!r}")
             chosen += sorted(picked, key=lambda r: r["seed"])
-    summary_only, summary = summary, summarise(chosen, columns)
-    marks = {c: best_in_column(summary, c, lower_is_better(spec, c)) for c in columns}
+    return _table(spec, chosen, columns, summary)
+
+
+def _merged(records: list[dict[str, Any]], settings: list[str],
+            rows: Iterable[str] | None) -> list[dict[str, Any]]:
+    """One record per (encoding, seed): the metrics of `settings` together; a record is dirty
+    where any of its parts is. An encoding of `rows` without runs keeps an empty row."""
+    runs = [r for r in records if r["setting"] in settings]
+    order = list(rows) if rows else list(dict.fromkeys(r["encoding"] for r in runs))
+    merged: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in sorted(runs, key=lambda r: r["seed"]):
+        if r["encoding"] not in order:
+            continue
+        m = merged.setdefault((r["encoding"], r["seed"]), {"encoding": r["encoding"],
+                                                           "seed": r["seed"], "metrics": {}})
+        m["metrics"].update(r["metrics"])
+        if (r.get("git") or {}).get("dirty"):
+            m["git"] = {"dirty": True}
+    out = []
+    for enc in order:
+        mine = [m for (e, _), m in merged.items() if e == enc]
+        out += mine or [{"encoding": enc, "seed": None, "metrics": {}}]
+    return out
+
+
+def _table(spec: Any, chosen: list[dict[str, Any]], columns: list[str], summary_only: bool) -> str:
+    """The table of `chosen` (one record per row and seed) with its marks and legends."""
+    summary = summarise(chosen, columns)
+    chance = {c: chance_level(spec, c) for c in columns}
+    unread = {c: {e for e, row in summary.items() if not_learned(spec, row, c)} for c in columns}
+    marks = {c: best_in_column(summary, c, lower_is_better(spec, c), chance[c], unread[c])
+             for c in columns}
+    all_chance = {}
+    for c in columns:
+        stored = [e for e, row in summary.items() if row[c].mean is not None]
+        if marks[c][0] is None and stored:
+            all_chance[c] = ("not learned in distribution by any row" if set(stored) <= unread[c]
+                             else "no row above chance" if not unread[c]
+                             else "no row learned and above chance")
     if summary_only:
-        return best_line(marks)
+        return best_line(marks, all_chance)
+    dirty = {r["encoding"] for r in chosen if (r.get("git") or {}).get("dirty")}
+    used: set[str] = set()
+    chance_cols: set[str] = set()
     lines = [f"| encoding | {' | '.join(columns)} | seeds |", "|" + "---|" * (len(columns) + 2)]
     for enc, row in summary.items():
-        cells = [_format(spec.fmt, row[c], bold=marks[c][1] and marks[c][0] == enc) for c in columns]
-        seeds = sorted({r["seed"] for r in chosen if r["encoding"] == enc})
-        lines.append(f"| {enc} | {' | '.join(cells)} | {_seed_list(seeds)} |")
-    return "\n".join(lines) + "\n\n" + noise_line(marks, {c: lower_is_better(spec, c) for c in columns})
+        seeds = sorted({r["seed"] for r in chosen if r["encoding"] == enc and r["seed"] is not None})
+        cells = []
+        for c in columns:
+            text = _format(spec.fmt, row[c], bold=marks[c][1] and marks[c][0] == enc)
+            if row[c].n and seeds and row[c].n < len(seeds):
+                text += f" ({row[c].n} seed{'s' if row[c].n > 1 else ''})"
+            if enc in unread[c]:
+                text, _ = text + NOT_LEARNED_MARK, used.add(NOT_LEARNED_MARK)
+            elif at_chance(row[c], chance[c]):
+                text, _ = text + CHANCE_MARK, used.add(CHANCE_MARK)
+                chance_cols.add(c)
+            cells.append(text)
+        name = enc + (f" {DIRTY_MARK}" if enc in dirty else "")
+        lines.append(f"| {name} | {' | '.join(cells)} | {_seed_list(seeds)} |")
+    text = "\n".join(lines) + "\n\n" + noise_line(marks, {c: lower_is_better(spec, c) for c in columns},
+                                                   all_chance)
+    if NOT_LEARNED_MARK in used:
+        text += "\n" + (f"{NOT_LEARNED_MARK}: not learned in distribution (its in-distribution "
+                        f"mean is below {LEARNED:g}): the cell is not read as extrapolation and "
+                        "is never a column's best.")
+    if CHANCE_MARK in used:
+        text += "\n" + chance_line({c: v for c, v in chance.items() if c in chance_cols})
+    if dirty:
+        text += "\n" + dirty_line(chosen, dirty)
+    return text
+
+
+def chance_line(chance: dict[str, float | None]) -> str:
+    """The legend of `CHANCE_MARK`, with the chance levels of `chance`'s columns (those with a
+    marked cell)."""
+    levels: dict[str, list[str]] = {}
+    for c, level in chance.items():
+        if level is not None:
+            levels.setdefault(_level(level), []).append(c)
+    named = "; ".join(f"{level} in {', '.join(cols)}" for level, cols in levels.items())
+    return (f"{CHANCE_MARK}: at chance (mean at most {CHANCE_MARGIN:g} above the column's chance "
+            f"level, or below it); such a cell is never a column's best. Chance: {named}.")
+
+
+def _level(level: float) -> str:
+    return "≈ 0" if level < 1e-3 else f"{level:g}"
+
+
+def dirty_line(records: list[dict[str, Any]], dirty: set[str]) -> str:
+    """The legend of `DIRTY_MARK`: how many of the rows' runs came from a dirty tree."""
+    runs = [r for r in records if r["encoding"] in dirty]
+    n = sum(1 for r in runs if (r.get("git") or {}).get("dirty"))
+    return (f"{DIRTY_MARK}: {n} of this table's {len(records)} runs were trained from a working "
+            "tree with uncommitted changes (`git.dirty` in their records): their code is not "
+            "exactly a commit.")
 
 
 def _format(fmt: str, cell: Cell, bold: bool) -> str:
+    if cell.n == 0:
+        return "–"  # not stored yet
     if cell.mean is None:
         return "n/a"
     text = fmt.format(cell.mean) + ("" if cell.sd is None else " ± " + fmt.format(cell.sd))
@@ -191,12 +345,15 @@ def _format(fmt: str, cell: Cell, bold: bool) -> str:
 
 
 def _seed_list(seeds: list[int]) -> str:
+    if not seeds:
+        return "0"
     if seeds == list(range(seeds[0], seeds[0] + len(seeds))) and len(seeds) > 2:
         return f"{len(seeds)} ({seeds[0]}–{seeds[-1]})"
     return f"{len(seeds)} ({', '.join(map(str, seeds))})"
 
 
-def noise_line(marks: dict[str, tuple], lower: dict[str, bool]) -> str:
+def noise_line(marks: dict[str, tuple], lower: dict[str, bool],
+               all_chance: dict[str, str] | None = None) -> str:
     """One generated sentence: per column, the clear winner or who is within noise of the best."""
     if len(set(lower.values())) == 1:
         direction = ("lower" if next(iter(lower.values())) else "higher") + " is better"
@@ -206,15 +363,18 @@ def noise_line(marks: dict[str, tuple], lower: dict[str, bool]) -> str:
     rule = (f"Mean ± sample sd over seeds ({direction}). Bold: best beyond noise "
             f"(mean difference > {NOISE_SDS:g} × pooled sd to every other row); "
             "with one seed nothing is marked.")
-    return rule + " Best per column — " + best_line(marks)
+    return rule + " Best per column — " + best_line(marks, all_chance)
 
 
-def best_line(marks: dict[str, tuple]) -> str:
-    """`"1x: **rope**; 2x: fire, alibi (within noise)."`: per column the clear winner, or the
-    best with every row within noise of it."""
-    parts = []
+def best_line(marks: dict[str, tuple], all_chance: dict[str, str] | None = None) -> str:
+    """`"1x: **rope**; 2x: fire, alibi (within noise); 4x: no row above chance."`: per column
+    the clear winner, or the best with every row within noise of it; `all_chance` says why a
+    column with stored cells has no best."""
+    parts, all_chance = [], all_chance or {}
     for col, (best, clear, tied) in marks.items():
         if best is None:
+            if col in all_chance:
+                parts.append(f"{col}: {all_chance[col]}")
             continue
         if not clear and not tied:
             parts.append(f"{col}: {best} (the only row)")
@@ -274,7 +434,7 @@ MIN_SEEDS = 3
 
 def _render(block: Block, spec: Any, records: list[dict[str, Any]]) -> str:
     text = render_table(spec, records, settings=block.settings, rows=block.rows,
-                        columns=block.columns, summary=block.summary) + "\n"
+                        columns=block.columns, summary=block.summary, merge=block.merge) + "\n"
     if block.preliminary:
         text += preliminary_line(block, records, getattr(spec, "command", None)) + "\n"
     return text
@@ -315,7 +475,8 @@ def rewrite(text: str, store: str | Path, plots: bool = False, root: str | Path 
         block = Block.parse(m.group("args"))
         spec, records = specs(block.recipe), _store.read(store, block.recipe)
         if plots and block.plot:
-            plot(spec, records, Path(root) / block.plot, block.settings[0], block.rows)
+            setting = ",".join(block.settings) if block.merge else block.settings[0]
+            plot(spec, records, Path(root) / block.plot, setting, block.rows)
         return m.group(1) + _render(block, spec, records) + m.group(4)
 
     return bench_report.rewrite(BLOCK.sub(sub, text), store)

@@ -17,6 +17,14 @@ runs. [`append_lines`][mmpe.results.store.append_lines] is the one writer of eve
 runs here, the benchmark tables (`benchmarks/_store.py`) and the GPU cost rounds
 (`benchmarks/gpu/gpu_cost.py`).
 
+Runs are tied to code: every record stores `git.commit` and `git.dirty` (uncommitted changes to
+tracked files when the run started). A store that git would commit (inside a checkout and not
+ignored: the repository's `results/`) refuses a run from a dirty tree unless the writer asks
+for it (`allow_dirty`, `mmpe compare --allow-dirty`), and every table rendered from a store
+flags a row with a dirty-tree seed ([`mmpe.results.report`][mmpe.results.report]). Scratch
+stores (`runs/`, ignored by git; temporary folders) take any run, so development and the
+tests write there without the flag.
+
 `setting` names the configuration a run used: `"default"` is the recipe's default config
 without extra arguments; runs with extra LightningCLI arguments get `custom-<hash of the
 arguments>` unless the caller names the setting (`mmpe compare --setting NAME`).
@@ -104,16 +112,69 @@ def done(store: str | Path, recipe: str, setting: str) -> set[tuple[str, int]]:
     return {(r["encoding"], int(r["seed"])) for r in read(store, recipe) if r["setting"] == setting}
 
 
-def append(store: str | Path, record: dict[str, Any]) -> Path:
+def append(store: str | Path, record: dict[str, Any], *, allow_dirty: bool = False) -> Path:
     """Append one run's record (a JSON line) to its recipe's file; returns the file.
 
     Raises:
         ValueError: the record lacks a key field or `metrics`.
+        DirtyTreeError: the record's `git.dirty` is true, `store` is a committed store
+            ([`committed_store`][mmpe.results.store.committed_store]) and `allow_dirty` is
+            false.
     """
     missing = [f for f in (*KEY_FIELDS, "metrics") if f not in record]
     if missing:
         raise ValueError(f"store.append: record lacks {missing}")
+    check_clean(store, record.get("git"), allow_dirty=allow_dirty)
     return append_lines(store_file(store, record["recipe"]), [record])
+
+
+class DirtyTreeError(RuntimeError):
+    """A run from a working tree with uncommitted changes, for a store that git commits."""
+
+
+def committed_store(store: str | Path) -> bool:
+    """Whether git would commit `store`: it lies in a git working tree and is not ignored (the
+    repository's `results/`; not `runs/` nor a folder outside a checkout)."""
+    here = Path(store).resolve()
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    probe = here if here.is_dir() else here.parent
+    try:
+        inside = subprocess.run(["git", "rev-parse", "--is-inside-work-tree"], cwd=probe,
+                                capture_output=True, text=True, timeout=10)
+        if inside.returncode != 0 or inside.stdout.strip() != "true":
+            return False
+        ignored = subprocess.run(["git", "check-ignore", "-q", str(Path(store).resolve())],
+                                 cwd=probe, capture_output=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return ignored.returncode != 0
+
+
+def check_clean(store: str | Path, git: dict[str, Any] | None = None, *,
+                allow_dirty: bool = False) -> None:
+    """Refuse a dirty-tree run for a committed store, before it trains or when it is written.
+
+    Args:
+        store: the results store.
+        git: `{"commit", "dirty"}` of the run (default: [`git_state`][mmpe.results.store.git_state]
+            now).
+        allow_dirty: write anyway (the record keeps `git.dirty: true`; tables flag its row).
+
+    Raises:
+        DirtyTreeError: `git.dirty` is true and `store` is committed (names the store, the
+            commit and the two ways out).
+    """
+    if allow_dirty:
+        return
+    git = git_state() if git is None else git
+    if not git or not git.get("dirty"):
+        return
+    if committed_store(store):
+        raise DirtyTreeError(
+            f"store {store} is committed with the repository and the working tree has uncommitted "
+            f"changes (HEAD {str(git.get('commit'))[:10]}): commit them first so the run is tied "
+            "to its code, or pass --allow-dirty (allow_dirty=True) to store it flagged as dirty")
 
 
 def append_lines(path: str | Path, records: Iterable[dict[str, Any]]) -> Path:

@@ -71,7 +71,8 @@ def test_eval_sets_do_not_depend_on_the_run():
 
 def test_quick_run_reports_every_bucket(tmp_path):
     metrics = lg.run_one("learned", seed=0, out_dir=tmp_path, cli_args=QUICK)
-    assert set(metrics) == set(lg.COMPARE.columns)
+    assert set(metrics) == {f"{t}@{m}x" for t in lg.TASKS for m in lg.MULTIPLIERS} | {
+        f"{t} reach" for t in lg.TASKS}
     assert all(v is None or 0.0 <= v <= 1.0 for k, v in metrics.items() if "@" in k)
     # a learned table of the training length cannot represent the longer buckets
     assert metrics["copy@4x"] is None and metrics["copy@1x"] is not None
@@ -88,6 +89,9 @@ def test_randomised_positions_give_a_learned_table_every_length(tmp_path):
     (lambda: lg.TaskData(train_lengths={"copy": 0}), r"train_lengths\['copy'\]"),
     (lambda: lg.check_options("abacus", ["--data.tasks", "[scan]"]), "contain no numbers"),
     (lambda: resolve_encodings(lg.COMPARE, "rope,bogus+randpos", None), "bogus"),
+    (lambda: resolve_encodings(lg.COMPARE, "bogus+randpos_ref", None), "bogus"),
+    (lambda: lg.TaskData(tasks=["copy", "sort"], per_length=True), "one model per task"),
+    (lambda: lg.TaskData(tasks=["copy"], eval_random_positions=True), "needs data.random_positions"),
 ])
 def test_bad_options_fail_before_training(call, match):
     with pytest.raises((ValueError, KeyError), match=match):
@@ -107,3 +111,69 @@ def test_copy_is_learned_in_distribution(tmp_path):
     metrics = lg.run_one("rope", seed=0, out_dir=tmp_path, cli_args=[
         "--trainer.max_steps", "600", "--data.tasks", "[copy]", "--trainer.enable_progress_bar", "false"])
     assert metrics["copy@1x"] >= 0.9
+
+
+PER_TASK = [*QUICK, "--data.per_length", "true"]
+
+
+def test_per_task_columns_chance_and_what_is_read_against_what():
+    cols = lg.per_task_columns("copy")
+    assert cols[:4] == ["copy ≤L", "copy >L", "copy tok >L", "copy reach/L"]
+    assert "copy[16]" in cols and "copy[17]" not in cols and "copy tok[1]" in cols
+    assert lg.chance("parity[3]") == 0.5 and lg.chance("parity tok >L") == 0.5
+    assert lg.chance("copy >L") == 0.0 and lg.chance("copy tok[9]") == 0.1
+    assert lg.chance("scan tok >L") == pytest.approx(1 / 6) and lg.chance("copy reach/L") is None
+    assert lg.chance("parity@2x") == 0.5 and lg.chance("parity reach") is None
+    assert lg.in_distribution("copy >L") == "copy ≤L" and lg.in_distribution("copy ≤L") is None
+    assert lg.in_distribution("copy[8]") is None and lg.in_distribution("copy[9]") == "copy ≤L"
+    assert lg.in_distribution("addition@4x") == "addition@1x"
+    assert lg.in_distribution("addition reach") == "addition@1x"
+    assert lg.parse_encoding("rope+randpos_ref") == ("rope", True)
+    assert lg.randpos_at_eval("rope+randpos_ref") and not lg.randpos_at_eval("rope+randpos")
+
+
+def test_per_task_positions_beyond_training_are_unseen():
+    data = lg.TaskData(tasks=["copy"], per_length=True)
+    assert data.longest_train == 1 + 8 + 1 + 8  # [copy] 8 digits = 8 digits (no <eos> input)
+    assert data.longest_eval == 1 + 16 + 1 + 16  # up to 2 L
+    assert data.table_positions == data.longest_eval  # the table's rows beyond L never train
+    lengths = {len(ids) for ids, _, _ in (data.length_set("copy", 12))}
+    assert lengths == {1 + 12 + 1 + 12 + 1}
+    assert data.length_set("copy", 12) == lg.TaskData(tasks=["copy"], per_length=True).length_set("copy", 12)
+
+
+def test_answer_hits_count_tokens_without_eos():
+    data = lg.TaskData(tasks=["reverse"], per_length=True)
+    batch = lg.Collate()(data.length_set("reverse", 3)[:2])
+    model = lg.TaskLM(vocab_size=data.vocab_size)
+    logits = torch.nn.functional.one_hot(batch["tokens"][:, 1:], data.vocab_size).float()
+    model.forward = lambda b: logits
+    first = batch["answer"][1].nonzero()[0, 0]
+    logits[1, first] = logits[1, first].roll(1)
+    exact, right, total = model.answer_hits(batch)
+    assert exact.tolist() == [True, False] and total.tolist() == [3, 3] and right.tolist() == [3, 2]
+
+
+def test_per_task_run_reports_every_length(tmp_path):
+    metrics = lg.run_one("learned", seed=0, out_dir=tmp_path,
+                         cli_args=[*PER_TASK, "--data.tasks", "[parity]"])
+    assert set(metrics) == set(lg.per_task_columns("parity"))
+    assert metrics["parity[16]"] is not None  # the table holds every evaluated position
+    assert 0 <= metrics["parity reach/L"] <= 2
+    ref = lg.run_one("rope+randpos_ref", seed=0, out_dir=tmp_path / "ref",
+                     cli_args=[*PER_TASK, "--data.tasks", "[copy]"])
+    assert set(ref) == set(lg.per_task_columns("copy"))
+
+
+def test_per_task_plan_stores_a_setting_per_task_and_plots(tmp_path):
+    lg.run_per_task(tmp_path / "store", seeds=[0], tasks=["copy", "sort"], encodings=["nope"],
+                    out_dir=tmp_path / "out", extra=QUICK)
+    from mmpe.results import report, store
+
+    records = store.read(tmp_path / "store", "lengthgen")
+    assert sorted(r["setting"] for r in records) == ["task-copy", "task-sort"]
+    table = report.render_table(lg.COMPARE, records, settings=["task-copy", "task-sort"],
+                                merge=True, columns=["copy ≤L", "sort ≤L", "sort >L"])
+    assert table.count("| nope") == 1
+    png = report.plot(lg.COMPARE, records, tmp_path / "curves.png", "task-copy,task-sort")
+    assert png.stat().st_size > 10_000
