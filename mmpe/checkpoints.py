@@ -39,7 +39,8 @@ def read_checkpoint(checkpoint: str | os.PathLike,
         fn: the name errors start with.
 
     Raises:
-        FileNotFoundError: no such file. ValueError: the file holds no dict.
+        FileNotFoundError: no such file. ValueError: the file does not load (empty,
+            truncated, not a torch file) or holds no dict.
     """
     path = Path(checkpoint)
     if not path.is_file():
@@ -47,7 +48,12 @@ def read_checkpoint(checkpoint: str | os.PathLike,
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception:  # pickled hyperparameters: Lightning itself loads these fully
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        try:
+            ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as err:  # empty, truncated, or not a torch file at all
+            reason = " ".join(str(err).split())[:80] or "no detail"
+            raise ValueError(f"{fn}: {path} is not a readable checkpoint "
+                             f"({type(err).__name__}: {reason})") from None
     if not isinstance(ckpt, Mapping):
         raise ValueError(f"{fn}: {path} holds a {type(ckpt).__name__}, not a checkpoint dict")
     return ckpt.get("state_dict", ckpt), ckpt.get("hyper_parameters") or {}

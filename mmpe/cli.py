@@ -3,9 +3,12 @@
     mmpe show NAME                             one encoding: paper, hook, capabilities, options
     mmpe show PRESET|CHECKPOINT [--depth N] [--option K=V]
                                                a layer schedule (llama4, gemma3 …) layer by layer
-    mmpe list [--hook H] [--coords C]          registered encodings: hook, the coordinate
-                                               capabilities they need, the shipped coordinate
-                                               types that provide them, and their papers
+    mmpe --version                             mmpe's version (and torch's, Python's)
+    mmpe list [--hook H] [--coords KIND] [--matrix] [--width N]
+                                               registered encodings under a header: hook, the
+                                               coordinate capabilities they need, how many
+                                               shipped coordinate types run them, their papers;
+                                               --matrix: a column per coordinate type
     mmpe compare RECIPE [--encodings a,b|all] [--family F] [--out DIR] [--seed S] [--seeds N]
                  [--store DIR] [--setting NAME] [--rerun] [--jobs J] [--allow-dirty]
                  [-- LIGHTNING ARGS]
@@ -21,26 +24,71 @@
                                                PNG figures of an encoding (docs/plot.md)
 
 Arguments after `--` go to the recipe's LightningCLI (e.g. `--trainer.max_steps 200`).
+Every error is one line on stderr naming the argument or file, exit code 2 (MMPE_DEBUG=1
+shows the traceback of an unexpected one).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 
 from mmpe import registry
 
 
 def _list(args: argparse.Namespace) -> int:
+    if args.coords is not None:
+        registry.get("alibi").supports(args.coords)  # an unknown kind: did you mean …
     entries = registry.available(hook=args.hook, coords=args.coords)
-    width = max((len(e.name) for e in entries), default=4)
-    for e in entries:
-        kind = "learned" if e.learnable else "fixed"
-        needs = "+".join(c.__name__ for c in e.needs) or "any"
-        print(f"{e.name:<{width}}  {e.hook:<6}  {kind:<7}  {needs:<22}  "
-              f"{','.join(e.coords):<40}  {e.paper}")
+    width = args.width or shutil.get_terminal_size((100, 24)).columns
+    if args.matrix:
+        print(matrix_table(entries, width))
+    else:
+        print(list_table(entries, width))
     return 0
+
+
+def _fit(cells: list[list[str]], width: int, last_min: int = 12) -> list[str]:
+    """Rows of left-aligned columns two spaces apart; the last column is cut with '…' so that
+    each line is at most `width` characters (never below `last_min` characters for it)."""
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]) - 1)]
+    lead = sum(widths) + 2 * len(widths)
+    room = max(width - lead, last_min)
+    lines = []
+    for row in cells:
+        last = row[-1] if len(row[-1]) <= room else row[-1][: room - 1] + "…"
+        lines.append("".join(f"{c:<{w}}  " for c, w in zip(row[:-1], widths, strict=True)) + last)
+    return [line.rstrip() for line in lines]
+
+
+def list_table(entries: list, width: int = 100) -> str:
+    """`mmpe list`: one row per encoding (name, hook, fixed/learned, the capabilities it
+    needs, how many of the shipped coordinate types run it, its paper) under a header, each
+    line at most `width` characters."""
+    kinds = registry.shipped_coordinate_types()
+    cells = [["NAME", "HOOK", "PARAMS", "NEEDS", "RUNS ON", "PAPER"]]
+    for e in entries:
+        runs = [k for k in kinds if k in e.coords]
+        on = ("all " if len(runs) == len(kinds) else "") + f"{len(runs)}/{len(kinds)}"
+        cells.append([e.name, e.hook, "learned" if e.learnable else "fixed",
+                      "+".join(c.__name__ for c in e.needs) or "any", on, e.paper])
+    foot = (f"{len(entries)} encodings; --matrix: which coordinate types run each; "
+            "`mmpe show NAME`: one")
+    return "\n".join(_fit(cells, width)) + "\n" + foot[:width]
+
+
+def matrix_table(entries: list, width: int = 100) -> str:
+    """`mmpe list --matrix`: encodings × shipped coordinate types, `✓` where it runs, `·`
+    where the coordinates lack a capability it needs (docs/matrix.md names which)."""
+    kinds = list(registry.shipped_coordinate_types())
+    short = {k: k[:5] for k in kinds}
+    cells = [["NAME", "HOOK", *short.values(), "PAPER"]]
+    for e in entries:
+        cells.append([e.name, e.hook, *("✓" if k in e.coords else "·" for k in kinds), e.paper])
+    legend = "columns: " + ", ".join(f"{short[k]} = {k}" for k in kinds if short[k] != k)
+    return "\n".join(_fit(cells, width)) + "\n" + legend
 
 
 def _compare(args: argparse.Namespace, rest: list[str]) -> int:
@@ -52,6 +100,9 @@ def _compare(args: argparse.Namespace, rest: list[str]) -> int:
               file=sys.stderr)
         return 2
 
+    _check_recipe(args.recipe)
+    _check_encoding_list(args.encodings)
+    _read_store(args.store, args.recipe)  # a malformed store fails before any training
     table = compare(args.recipe, encodings=args.encodings, family=args.family,
                     out_dir=args.out, seed=args.seed, cli_args=rest, seeds=args.seeds,
                     store=args.store, setting=args.setting, rerun=args.rerun, jobs=args.jobs,
@@ -61,7 +112,7 @@ def _compare(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from mmpe.results import report, store
+    from mmpe.results import report
 
     try:
         # A block's columns and their direction are its recipe's (`CompareSpec`).
@@ -70,14 +121,20 @@ def _report(args: argparse.Namespace) -> int:
         print(f"mmpe report: {err}; the recipes need `pip install 'mmpe[recipes,data]'`",
               file=sys.stderr)
         return 2
+    if args.check or args.write:
+        flag = "--check" if args.check else "--write"
+        pages = {path: _read_page(path, flag) for path in (args.check or args.write)}
+        count = _check_page_stores(pages, args.store)
     if args.check:
         bad = report.stale(args.check, args.store, specs=recipe_spec)
         for line in bad:
             print(f"stale: {line}", file=sys.stderr)
+        if not bad:
+            files = f"{len(pages)} file" + ("s" if len(pages) != 1 else "")
+            print(f"report --check: all {count} blocks of {files} match the store {args.store}")
         return 1 if bad else 0
     if args.write:
-        for path in args.write:
-            text = open(path, encoding="utf-8").read()
+        for path, text in pages.items():
             new = report.rewrite(text, args.store, plots=not args.no_plots, specs=recipe_spec)
             if new != text:
                 open(path, "w", encoding="utf-8").write(new)
@@ -85,8 +142,9 @@ def _report(args: argparse.Namespace) -> int:
         return 0
     if not args.recipe:
         raise ValueError("mmpe report: give a RECIPE, or --write / --check FILES")
+    _check_recipe(args.recipe)
     spec = recipe_spec(args.recipe)
-    records = store.read(args.store, args.recipe)
+    records = _read_store(args.store, args.recipe)
     if not records:
         raise ValueError(f"no stored runs of {args.recipe!r} in {args.store}: "
                          f"run `mmpe compare {args.recipe} --store {args.store}` first")
@@ -112,6 +170,111 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_recipe(name: str) -> None:
+    """An unknown recipe fails with at most five close names (before any import of it)."""
+    from mmpe.recipes import RECIPES
+
+    if name not in RECIPES:
+        raise ValueError(f"unknown recipe {name!r}.{registry.did_you_mean(name, RECIPES)} "
+                         f"known recipes: {', '.join(sorted(RECIPES))}")
+
+
+def _check_encoding_list(encodings: str | None) -> None:
+    """`--encodings` names at least one encoding, with no empty name between its commas."""
+    if encodings is None:
+        return
+    names = [n.strip() for n in encodings.split(",")]
+    if not any(names):
+        raise ValueError(f"--encodings {encodings!r} names no encoding; give registry names "
+                         "separated by commas (e.g. rope,alibi), or 'all'")
+    if not all(names):
+        raise ValueError(f"--encodings {encodings!r} has an empty name (position "
+                         f"{names.index('') + 1}); give names separated by single commas")
+
+
+def _read_text(path: str, what: str) -> str:
+    """A UTF-8 text file, or one error line naming it and the argument it came from."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise ValueError(f"{what}: no such file {path}") from None
+    except IsADirectoryError:
+        raise ValueError(f"{what}: {path} is a folder, not a file") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{what}: {path} is not UTF-8 text (byte {err.start}: "
+                         f"{err.reason})") from None
+    except OSError as err:
+        raise ValueError(f"{what}: cannot read {path} ({err.strerror})") from None
+
+
+def _read_page(path: str, flag: str) -> str:
+    return _read_text(path, f"report {flag}")
+
+
+def _read_store(store_dir: str, recipe: str) -> list[dict]:
+    """The stored runs of `recipe`, every line checked first: a file that is not UTF-8, a line
+    that is not JSON, or a record whose `metrics` is not an object of numbers fails with one
+    line naming the file and the line."""
+    import json
+
+    from mmpe.results import store
+
+    path = store.store_file(store_dir, recipe)
+    if not path.exists():
+        return []
+    text = _read_text(str(path), f"--store {store_dir}")
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"--store {store_dir}: {path}, line {number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where}: not JSON ({err.msg})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{where}: a {type(record).__name__}, not a run record (object)")
+        metrics = record.get("metrics")
+        if not isinstance(metrics, dict) or not all(
+                isinstance(k, str) and (v is None or isinstance(v, (int, float))
+                                        and not isinstance(v, bool)) for k, v in metrics.items()):
+            raise ValueError(f"{where}: 'metrics' must be an object of numbers (or null), got "
+                             f"{json.dumps(metrics)[:60]}")
+    return store.read(store_dir, recipe)
+
+
+def _check_page_stores(pages: dict[str, str], store_dir: str) -> int:
+    """Reads (and so checks) the store of every recipe the pages' report blocks name; the
+    number of report and bench blocks."""
+    from mmpe.results import bench_report, report
+
+    count = 0
+    for text in pages.values():
+        found = report.blocks(text)
+        for block, _ in found:
+            _check_recipe(block.recipe)
+            _read_store(store_dir, block.recipe)
+        count += len(found) + len(bench_report.blocks(text))
+    return count
+
+
+def _version() -> str:
+    import platform
+
+    import torch
+
+    import mmpe
+
+    return f"mmpe {mmpe.__version__} (torch {torch.__version__}, Python {platform.python_version()})"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with usage errors on one line (the usage is one `--help` away)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         code = _main(argv)
@@ -129,12 +292,12 @@ def _main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         cut = argv.index("--")
         argv, rest = argv[:cut], argv[cut + 1 :]
-    parser = argparse.ArgumentParser(prog="mmpe", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="mmpe", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=_version(),
+                        help="mmpe's version (and torch's, Python's), then exit")
     sub = parser.add_subparsers(dest="command", required=True)
-    p_list = sub.add_parser("list", help="registered encodings")
-    p_list.add_argument("--hook", choices=registry.HOOKS)
-    p_list.add_argument("--coords")
+    _add_list_parser(sub)
     p_cmp = sub.add_parser("compare", help="train a recipe with several encodings")
     p_cmp.add_argument("recipe", help="text, vision, video, audio, graph, tabular, sphere, multimodal")
     p_cmp.add_argument("--encodings", help="comma-separated registry names, or 'all'")
@@ -168,7 +331,7 @@ def _main(argv: list[str] | None = None) -> int:
     p_show.add_argument("name", help="registry name, schedule preset (llama4, gemma3, gemma2, "
                         "cohere2, smollm3) or a checkpoint file")
     p_show.add_argument("--depth", type=int, default=12,
-                        help="layers of a preset schedule (default 12)")
+                        help=f"layers of a preset schedule (default 12, at most {MAX_SHOW_DEPTH})")
     p_show.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="a preset option, e.g. sliding_window=512 (repeatable)")
     _add_plot_parser(sub)
@@ -184,9 +347,43 @@ def _main(argv: list[str] | None = None) -> int:
         if args.command == "report":
             return _report(args)
         return _compare(args, rest)
-    except (KeyError, ValueError, LookupError) as err:
-        print(f"mmpe: error: {err}", file=sys.stderr)
-        return 2
+    except BrokenPipeError:
+        raise  # `mmpe list | head`: main() exits quietly
+    except (KeyError, ValueError, LookupError, OSError, TypeError) as err:
+        return _error(args.command, err)
+    except Exception as err:  # one line, never a traceback; MMPE_DEBUG=1 shows it
+        if os.environ.get("MMPE_DEBUG"):
+            raise
+        return _error(args.command, err, unexpected=True)
+
+
+def _error(command: str, err: BaseException, unexpected: bool = False) -> int:
+    """Prints `mmpe COMMAND: error: …` as one line to stderr; the exit code 2."""
+    text = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+    if isinstance(err, OSError) and err.filename is not None and err.strerror:
+        text = f"{err.filename}: {err.strerror}"
+    if unexpected:
+        text = f"{type(err).__name__}: {text} (MMPE_DEBUG=1 shows the traceback)"
+    text = " ".join(str(text).split()) or type(err).__name__
+    for prefix in (f"mmpe {command}: ", f"mmpe: {command}: ", f"{command}: "):
+        text = text.removeprefix(prefix)
+    print(f"mmpe {command}: error: {text}", file=sys.stderr)
+    return 2
+
+
+def _add_list_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("list", help="registered encodings (a table; --matrix: per coordinate type)",
+                       description="Every registered encoding, one row each under a header: its "
+                       "hook, whether it has parameters, the coordinate capabilities it needs, "
+                       "how many shipped coordinate types run it, its paper. --matrix: one "
+                       "column per coordinate type (the docs' matrix page names what a refused "
+                       "one lacks).")
+    p.add_argument("--hook", choices=registry.HOOKS, help="only encodings of this hook")
+    p.add_argument("--coords", metavar="KIND",
+                   help="only encodings that run on this coordinate type (grid, sphere, graph …)")
+    p.add_argument("--matrix", action="store_true",
+                   help="encodings x coordinate types: ✓ runs, · refused")
+    p.add_argument("--width", type=int, help="line width (default: the terminal's, or $COLUMNS)")
 
 
 def _show(args: argparse.Namespace) -> str:
@@ -207,12 +404,24 @@ def _show(args: argparse.Namespace) -> str:
                 options[key] = json.loads(value)
             except json.JSONDecodeError:
                 options[key] = value
-        return LayerSchedule.parse({"preset": args.name, **options}, args.depth).describe()
+        if not 1 <= args.depth <= MAX_SHOW_DEPTH:
+            raise ValueError(f"show: --depth must be 1 to {MAX_SHOW_DEPTH} layers (a line each), "
+                             f"got {args.depth}")
+        schedule = LayerSchedule.parse({"preset": args.name, **options}, args.depth)
+        _check_schedule_encodings(schedule, f"show {args.name} --option "
+                                  + " --option ".join(args.option) if args.option else "")
+        return schedule.describe()
     if os.path.isfile(args.name):
         from mmpe.checkpoints import read_checkpoint
 
-        state, _ = read_checkpoint(args.name, "show")
-        schedule = LayerSchedule.from_state_dict(state)
+        state, _ = read_checkpoint(args.name, "show")  # one ValueError for a corrupt file
+        if not isinstance(state, dict):
+            raise ValueError(f"show: {args.name} holds no state dict")
+        try:
+            schedule = LayerSchedule.from_state_dict(state)
+        except Exception as err:
+            raise ValueError(f"show: {args.name}: its layer schedule does not read "
+                             f"({type(err).__name__}: {' '.join(str(err).split())[:80]})") from None
         if schedule is None:
             raise ValueError(f"show: {args.name} holds no layer schedule "
                              "(no '...layer_schedule.settings.config' entry)")
@@ -221,6 +430,29 @@ def _show(args: argparse.Namespace) -> str:
         return registry.describe(args.name)
     except KeyError as err:
         raise KeyError(f"{err.args[0]}; schedule presets: {', '.join(sorted(PRESETS))}") from None
+
+
+#: The deepest preset schedule `mmpe show PRESET --depth N` prints (one line per layer).
+MAX_SHOW_DEPTH = 4096
+
+
+def _check_schedule_encodings(schedule, where: str) -> None:
+    """Builds each distinct encoding config of a schedule once (at a small head size), so that
+    an option value the encoding refuses (`local_base=-5`) fails here, naming the option."""
+    import json
+
+    seen = set()
+    for layer in schedule:
+        for spec in layer.encodings or ():
+            key = json.dumps(spec, sort_keys=True, default=str)
+            if key in seen:
+                continue
+            seen.add(key)
+            try:
+                registry.build(spec, context={"head_dim": 64, "num_heads": 4, "d_model": 256})
+            except (ValueError, TypeError, KeyError) as err:
+                text = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+                raise ValueError(f"{where or 'show'}: {text}") from None
 
 
 def _add_plot_parser(sub: argparse._SubParsersAction) -> None:

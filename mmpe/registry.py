@@ -20,7 +20,7 @@ import torch
 
 from mmpe.context import CONTEXT_KEYS, check_context
 from mmpe.coords.base import coordinate_types
-from mmpe.coords.capabilities import Capability, provides
+from mmpe.coords.capabilities import Capability, missing, provides
 from mmpe.validation import check_options
 
 HOOKS = ("input", "rotary", "score", "kernel")
@@ -94,8 +94,9 @@ class Entry:
         if isinstance(coords, str):
             cls = coordinate_types().get(coords)
             if cls is None:
-                raise ValueError(f"unknown coordinate kind {coords!r}; known kinds: "
-                                 f"{sorted(coordinate_types())}")
+                raise ValueError(f"unknown coordinate kind {coords!r}."
+                                 f"{did_you_mean(coords, coordinate_types())} known kinds: "
+                                 f"{', '.join(sorted(coordinate_types()))}")
             coords = cls
         return provides(coords, self.needs)
 
@@ -360,21 +361,44 @@ def describe(name: str) -> str:
     return "\n".join(lines)
 
 
+def shipped_coordinate_types() -> dict[str, type]:
+    """The coordinate classes mmpe itself defines, by `kind` (users' classes left out), in
+    definition order: the columns of `mmpe list --matrix` and of the docs' matrix page."""
+    return {kind: cls for kind, cls in coordinate_types().items()
+            if cls.__module__.split(".")[0] == "mmpe"}
+
+
+def refusals(entry: Entry, coords: Any) -> list[str]:
+    """Why `coords` (a class or object) cannot run `entry`: one `"Capability (what is
+    missing)"` per capability it lacks; `[]` where it runs."""
+    return [f"{cap.__name__} ({', '.join(missing(coords, cap))})"
+            for cap in entry.needs if missing(coords, cap)]
+
+
+def did_you_mean(name: str, known: Any, n: int = 5) -> str:
+    """`" Did you mean 'a', 'b' or 'c'?"` with at most `n` close matches of `name` among
+    `known` (difflib), or `""` when none is close."""
+    close = difflib.get_close_matches(name, list(known), n=n)
+    if not close:
+        return ""
+    quoted = [repr(c) for c in close]
+    return " Did you mean " + (", ".join(quoted[:-1]) + " or " if len(quoted) > 1 else "") \
+        + quoted[-1] + "?"
+
+
 def get(name: str) -> Entry:
     """The registry entry for `name` (or an alias).
 
     Raises:
-        KeyError: for an unknown name; the message lists every known name.
+        KeyError: for an unknown name; the message names at most five close matches.
     """
     _ensure_loaded()
     key = _ALIASES.get(name, name)
     if key not in _REGISTRY:
         if not isinstance(name, str):
             raise TypeError(f"encoding name must be a str, got {type(name).__name__}")
-        known = ", ".join(sorted(_REGISTRY))
-        close = difflib.get_close_matches(name, [*_REGISTRY, *_ALIASES], n=3)
-        hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
-        raise KeyError(f"unknown encoding {name!r}.{hint} known encodings: {known}")
+        raise KeyError(f"unknown encoding {name!r}.{did_you_mean(name, [*_REGISTRY, *_ALIASES])} "
+                       f"`mmpe list` shows all {len(_REGISTRY)} encodings")
     return _REGISTRY[key]
 
 

@@ -18,9 +18,14 @@ def test_foundation_methods_registered_with_metadata():
     assert all("sequence" in e.coords for e in mmpe.available(coords="sequence"))
 
 
-def test_unknown_name_lists_known_ones():
-    with pytest.raises(KeyError, match="known encodings: .*alibi.*rope"):
+def test_unknown_name_lists_at_most_five_close_ones():
+    with pytest.raises(KeyError) as err:
         mmpe.build("ropee")
+    message = err.value.args[0]
+    assert "`mmpe list` shows all" in message and len(message) < 200, message
+    assert message.count("'") <= 2 * 6  # the name and at most five matches
+    with pytest.raises(KeyError, match="unknown encoding 'zzzzqq'. `mmpe list` shows all"):
+        mmpe.build("zzzzqq")
     with pytest.raises(KeyError, match="Did you mean 'rope'"):
         mmpe.build("ropee")
     with pytest.raises(KeyError, match="Did you mean 'alibi'"):
