@@ -18,6 +18,7 @@ from torch import Tensor
 from mmpe.coords.base import Coordinates
 from mmpe.coords.grid import Grid
 from mmpe.encodings._precision import KeepDtype, full_precision
+from mmpe.encodings._weights_cache import WeightsCache
 from mmpe.encodings.base import RotaryEncoding, check_qk, rotary_positions
 from mmpe.encodings.rope import rope_inv_freq, same_positions
 
@@ -99,7 +100,7 @@ class LearnedRotation(KeepDtype, RotaryEncoding):
         self.head_dim, self.num_axes = head_dim, num_axes
         self.per_head, self.num_heads = bool(per_head), num_heads
         self.param_heads = num_heads if per_head else 1  # the `H_r` axis of the parameters
-        self._cache: dict[tuple, object] = {}
+        self._cache = WeightsCache(self.cache_size)
 
     # -- what subclasses provide ---------------------------------------------------------------
 
@@ -183,27 +184,22 @@ class LearnedRotation(KeepDtype, RotaryEncoding):
         return pos
 
     def _cached(self, coords: Coordinates, positions: Tensor, work: torch.dtype) -> object:
-        """`transform` of a Grid's positions, cached per (grid, dtype, parameter versions) when
-        no gradient is recorded (evaluation: every layer and forward reuses it). Under autograd
-        the rotation is part of this forward's graph and is recomputed; so are other
-        coordinates and compiled graphs."""
+        """`transform` of a Grid's positions, cached per (grid, dtype) while the weights keep
+        their values, when no gradient is recorded (evaluation: every layer and forward reuses
+        it). The weights are compared by value, so an update through `.data` (an EMA teacher)
+        is seen. Under autograd the rotation is part of this forward's graph and is recomputed;
+        so are other coordinates and compiled graphs."""
         params = list(self.parameters())
         if type(coords) is not Grid or torch.compiler.is_compiling() or (
                 torch.is_grad_enabled() and any(p.requires_grad for p in params)):
             return self.transform(positions, work)
-        key = (coords.shape, coords.scale, coords.prefix_tokens, coords.device, work,
-               tuple((p.data_ptr(), p._version) for p in [*params, *self.buffers()]
-                     if not p.is_inference()))
-        hit = self._cache.get(key)
+        key = (coords.shape, coords.scale, coords.prefix_tokens, coords.device, work)
+        weights = [*params, *self.buffers()]
+        hit = self._cache.get(key, weights)
         if hit is not None:
             return hit
         rot = self.transform(positions, work)
-        leaves = rot if isinstance(rot, tuple) else (rot,)
-        if any(t.is_inference() for t in leaves if isinstance(t, Tensor)):
-            return rot  # inference tensors are not kept across calls
-        if len(self._cache) >= self.cache_size:
-            self._cache.clear()
-        self._cache[key] = rot
+        self._cache.put(key, weights, rot)
         return rot
 
     def forward(self, q: Tensor, k: Tensor, coords: Coordinates) -> tuple[Tensor, Tensor]:

@@ -62,7 +62,7 @@ class SPE(SavesSettings, ScoreEncoding):
 
     structure = "table"
 
-    saved_settings = ("normalization",)
+    saved_settings = ("k", "normalization")  # k eigenpairs: no tensor shape holds it
 
     def __init__(self, num_heads: int, k: int = 8, hidden: int = 16,
                  normalization: str | None = "sym") -> None:

@@ -13,6 +13,7 @@ from mmpe._optional import require
 from mmpe.coords.capabilities import GridLayout
 from mmpe.encodings._grid import as_grid, check_ndim, check_shape
 from mmpe.encodings._state import SavesSettings
+from mmpe.encodings._weights_cache import WeightsCache
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
 from mmpe.registry import register
 
@@ -139,7 +140,7 @@ class SwinRelativeBias(SavesSettings, ScoreEncoding):
         self.num_heads, self.prefix_bias = num_heads, bool(prefix_bias)
         size = math.prod(2 * s - 1 for s in self.grid_shape) + (3 if prefix_bias else 0)
         self.table = nn.Parameter(nn.init.trunc_normal_(torch.empty(size, num_heads), std=0.02))
-        self._cache: tuple | None = None
+        self._cache = WeightsCache(size=1)
         self._index_cache: dict = {}
 
     @property
@@ -152,10 +153,10 @@ class SwinRelativeBias(SavesSettings, ScoreEncoding):
         shape = tuple(shape)
         if shape == self.grid_shape:
             return self.table
-        key = (shape, self.table._version, self.table.data_ptr())
-        if (not torch.is_grad_enabled() and not torch.compiler.is_compiling()
-                and self._cache is not None and self._cache[0] == key):
-            return self._cache[1]
+        caching = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+        hit = self._cache.get(shape, [self.table]) if caching else None
+        if hit is not None:  # compared by value: an update through `.data` is seen
+            return hit
         extra = self.table[self.num_relative:]
         body = self.table[: self.num_relative]
         new_sizes = tuple(2 * s - 1 for s in shape)
@@ -179,8 +180,8 @@ class SwinRelativeBias(SavesSettings, ScoreEncoding):
             vol = F.interpolate(vol.float(), size=new_sizes, mode=mode, align_corners=True)
             body = vol.reshape(self.num_heads, -1).T.to(self.table.dtype)
         table = torch.cat((body, extra), dim=0)
-        if not torch.is_grad_enabled() and not torch.compiler.is_compiling():
-            self._cache = (key, table)
+        if caching:
+            self._cache.put(shape, [self.table], table)
         return table
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:

@@ -13,64 +13,18 @@ from __future__ import annotations
 import copy
 import math
 
-import numpy as np
 import pytest
 import torch
+from helpers import D_MODEL, HEADS
+from helpers import SAMPLE_COORDS as COORDS
+from helpers import model_context as _context
 
 import mmpe
 from mmpe.attention.dispatch import SDPA_PLANS, force_plan
-from mmpe.context import coords_context
-from mmpe.coords import Composite, Grid, Sequence, Sphere
+from mmpe.coords import Grid
 from mmpe.encodings.base import AttentionContext, InputEncoding, ScoreEncoding
 
-D_MODEL, HEADS = 48, 2  # head_dim 24: divisible by 2·axes for 1, 2 and 3 axes, and by 4
 MATRIX_CASES: list[tuple[str, str, str]] = []  # (encoding, coordinates, check), read by conftest
-
-
-def _graph(virtual_token: bool = False):
-    # Two graphs (a 4-cycle with a chord, a 3-path) batched as PyG would batch them.
-    edges = torch.tensor([[0, 1, 2, 3, 0, 4, 5], [1, 2, 3, 0, 2, 5, 6]])
-    return mmpe.Graph(edges, num_nodes=7, batch=torch.tensor([0, 0, 0, 0, 1, 1, 1]),
-                      edge_attr=torch.arange(7) % 3, virtual_token=virtual_token)
-
-
-def _table():
-    rng = np.random.default_rng(0)
-    base = rng.normal(size=(64, 2))
-    x = np.concatenate([base, base @ rng.normal(size=(2, 3)) + 0.1 * rng.normal(size=(64, 3))], 1)
-    return mmpe.Table.from_data(x, knn=2)
-
-
-def _points():
-    mask = torch.ones(2, 5, dtype=torch.bool)
-    mask[1, 3:] = False
-    return mmpe.Points(torch.randn(2, 5, 3, generator=torch.Generator().manual_seed(0)), mask=mask)
-
-
-COORDS = {
-    "sequence": lambda: Sequence(6),
-    "sequence_causal": lambda: Sequence(6, causal=True),
-    "grid": lambda: Grid((2, 3), prefix_tokens=1),
-    "composite": lambda: Composite([2, (2, 2), 2], causal=True),
-    "sphere": lambda: Sphere(torch.tensor([10.0, -20.0, 45.0, 80.0, -60.0]),
-                             torch.tensor([0.0, 90.0, -170.0, 30.0, 179.0])),
-    "graph": _graph,
-    "graph_virtual": lambda: _graph(virtual_token=True),
-    "table": _table,
-    "points": _points,
-    # Two rows of images at their own resolutions, one cls each, padded (NaViT / NaFlex packing).
-    "packed_grids": lambda: mmpe.PackedGrids([[(2, 3), (1, 2)], [(2, 2)]], prefix_tokens=1,
-                                             max_tokens=11),
-    # Digits 3, 1 | 4, 5 | 9: a Sequence whose tokens also know their place in a number (Abacus).
-    "numbers": lambda: mmpe.Numbers.from_tokens(torch.tensor([3, 1, 12, 4, 5, 11, 9]), list(range(10)),
-                                                causal=True),
-}
-
-
-def _context(coords) -> dict:
-    ctx = {"d_model": D_MODEL, "num_heads": HEADS, "head_dim": D_MODEL // HEADS, "max_len": 64,
-           "original_max_position_embeddings": 4}
-    return {**ctx, **coords_context(coords)}
 
 
 def _pairs(supported: bool) -> list:
