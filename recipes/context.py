@@ -14,6 +14,15 @@ scaling with factor `s = 4`:
   `mmpe.recipes.lengthgen`, filler lengths up to 16; once per seed) with the scaling and no
   training, exact match at 1–8 × its training length (columns `passkey@mx`).
 
+* **ladder**: test bits/char at `4 L` by sliding window after `0` and each step count of
+  `--ladder` (default 25, 50, 100: checkpoints of the one fine-tune; columns `ladder@<k>`), to
+  test "fewest fine-tuning steps";
+* **sliding window** (the YaRN paper's perplexity protocol): windows of `m·L` characters moved
+  by a stride of `STRIDE = L` characters; each window scores only its last `STRIDE` characters
+  (every scored character sees at least `m·L − L` characters before it), over the first
+  `SLIDING_CHARS` test characters (columns `zs sw@mx`, `ft sw@mx`, `m` in 4, 16). The
+  non-overlapping columns (`zs@mx`, `ft@mx`) score every position of a window from position 0.
+
 `rope` (no scaling) is the control: the base model as it is, and fine-tuned at 256 with its
 original rotation. Peng et al. 2023 (YaRN, arXiv:2309.00071, Tables 1–2 and Fig. 4) report that
 YaRN reaches the lowest perplexity at the extended length after the fewest fine-tuning steps,
@@ -46,11 +55,24 @@ FACTOR = 4
 FINETUNE_STEPS = 100
 PASSKEY_STEPS = 1500
 PASSKEY_COLUMNS = [f"passkey@{m}x" for m in (1, 2, 4, 8)]
+#: Fine-tuning steps at which the ladder is read by default (and 0, the zero-shot model): a
+#: quarter, half and all of `FINETUNE_STEPS`.
+LADDER = (25, 50, 100)
+#: Sliding-window evaluation: stride (characters scored per window) and characters scored.
+STRIDE = 64
+SLIDING_CHARS = 8192
+SLIDING_MULTIPLIERS = (4, 16)
+SLIDING_COLUMNS = [f"{p} sw@{m}x" for p in ("zs", "ft") for m in SLIDING_MULTIPLIERS]
+
+
+def ladder_columns(ladder: tuple[int, ...] = LADDER) -> list[str]:
+    """`ladder@0` (zero-shot) and `ladder@<k>` for each rung: sliding-window bpc at 4 L."""
+    return [f"ladder@{k}" for k in (0, *ladder)]
 
 COMPARE = CompareSpec(
     metric="bpc",
     columns=([f"zs@{m}x" for m in MULTIPLIERS] + [f"ft@{m}x" for m in MULTIPLIERS]
-             + PASSKEY_COLUMNS),
+             + PASSKEY_COLUMNS + SLIDING_COLUMNS + ladder_columns()),
     higher_is_better=tuple(PASSKEY_COLUMNS),
     xlabel="evaluation length (multiples of the training context L = 64 characters)",
     lower_is_better=True,
@@ -61,7 +83,9 @@ COMPARE = CompareSpec(
            "fine-tune at 4 L = 256 for every scaling.",
            "rope: no scaling (the control).",
            "passkey@mx: exact match of passkey retrieval (mmpe compare lengthgen's task) by a "
-           "RoPE model trained on it at L = 16 filler letters, with the scaling, no training."],
+           "RoPE model trained on it at L = 16 filler letters, with the scaling, no training.",
+           "sw@mx: bits/char by sliding window (windows of m·L, stride L = 64, the last 64 "
+           "characters of each window scored); ladder@k: sw@4x after k fine-tuning steps."],
     check_encoding=lambda name: check_scaling(name),
     plot=lambda records, path, setting="default", rows=None: plot_panels(records, path, setting, rows),
     # A five-digit key: exact match by guessing is 1e-5.
@@ -151,6 +175,12 @@ def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> 
     steps = int(pop_option(args, "--finetune_steps", str(FINETUNE_STEPS)))
     factor = float(pop_option(args, "--factor", str(FACTOR)))
     passkey_steps = int(pop_option(args, "--passkey_steps", str(PASSKEY_STEPS)))
+    # Default rungs: a quarter, half and all of the fine-tune (25, 50, 100 for 100 steps).
+    rungs = sorted({max(1, steps // 4), max(1, steps // 2), steps}) if steps else []
+    ladder = tuple(int(k) for k in pop_option(args, "--ladder", ",".join(map(str, rungs))).split(",") if k)
+    if any(k < 1 or k > steps for k in ladder) or list(ladder) != sorted(set(ladder)):
+        raise ValueError(f"context: --ladder must be increasing step counts in 1 … finetune_steps "
+                         f"({steps}), got {ladder}")
     if passkey_steps < 0:
         raise ValueError(f"context: --passkey_steps must be >= 0, got {passkey_steps}")
     if steps < 0:
@@ -161,9 +191,16 @@ def run_one(encoding: str, *, seed: int, out_dir: Path, cli_args: list[str]) -> 
     cli = _finetune_cli(encoding, seed, Path(out_dir), factor, steps, args)
     load_base(cli.model, weights)
     out = _evaluate(cli, "zs")
+    out.update(_sliding(cli, "zs"))
+    out["ladder@0"] = out["zs sw@4x"]
     if steps:
+        rungs = LadderRungs(cli.datamodule, ladder)
+        cli.trainer.callbacks.append(rungs)
         cli.trainer.fit(cli.model, cli.datamodule)
+        out.update(rungs.found)
     out.update(_evaluate(cli, "ft") if steps else {f"ft@{m}x": out[f"zs@{m}x"] for m in MULTIPLIERS})
+    out.update(_sliding(cli, "ft") if steps else {f"ft sw@{m}x": out[f"zs sw@{m}x"]
+                                                 for m in SLIDING_MULTIPLIERS})
     out.update(dict.fromkeys(PASSKEY_COLUMNS))
     if passkey_steps:
         root = Path(out_dir).parent.parent / "_base"
@@ -219,6 +256,76 @@ def _finetune_cli(encoding: str, seed: int, out_dir: Path, factor: float, steps:
 
     cli.trainer.loggers = [CSVLogger(save_dir=str(out_dir))]
     return cli
+
+
+def sliding_bpc(model: Any, ids: torch.Tensor, window: int, stride: int = STRIDE,
+                batch_size: int = 8) -> float:
+    """Bits/char of `ids` by sliding window: windows of `window` characters start every
+    `stride` characters; the first window scores all its targets, every later one only its
+    last `stride` (so each character is scored once, after at least `window − stride`
+    characters of context where the text allows).
+
+    Raises:
+        ValueError: `stride` not in `1 … window`, or `ids` shorter than `window + 1`.
+    """
+    if not 1 <= stride <= window:
+        raise ValueError(f"sliding_bpc: stride must be in 1 … window ({window}), got {stride}")
+    if len(ids) < window + 1:
+        raise ValueError(f"sliding_bpc: {len(ids)} characters, fewer than window + 1 = {window + 1}")
+    starts = list(range(0, len(ids) - window, stride))
+    total, count = 0.0, 0
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for i in range(0, len(starts), batch_size):
+            chunk = starts[i:i + batch_size]
+            batch = torch.stack([ids[s:s + window + 1] for s in chunk])
+            logits = model(batch[:, :-1])
+            loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), batch[:, 1:],
+                                                     reduction="none")
+            for row, s in enumerate(chunk):
+                keep = loss[row] if s == 0 else loss[row, window - stride:]
+                total += float(keep.sum())
+                count += keep.numel()
+    model.train(was_training)
+    return total / count / math.log(2)
+
+
+def sliding_chars(data: Any) -> int:
+    """Characters the sliding window scores: `SLIDING_CHARS`, at most `data.eval_chars`."""
+    return min(SLIDING_CHARS, data.hparams.eval_chars)
+
+
+def _sliding(cli: Any, prefix: str) -> dict[str, float | None]:
+    """`<prefix> sw@mx` for `m` in `SLIDING_MULTIPLIERS` (None where the encoding cannot)."""
+    from mmpe.encodings.base import PositionOutOfRangeError
+
+    ids = cli.datamodule.ids["test"][:sliding_chars(cli.datamodule) + 1]
+    out: dict[str, float | None] = {}
+    for m in SLIDING_MULTIPLIERS:
+        window = m * 64
+        try:
+            value = sliding_bpc(cli.model, ids, window) if len(ids) > window else None
+        except PositionOutOfRangeError:
+            value = None
+        out[f"{prefix} sw@{m}x"] = None if value is None or not math.isfinite(value) else value
+    return out
+
+
+class LadderRungs:
+    """A Lightning callback: sliding-window bpc at 4 L after each step count of `ladder`."""
+
+    def __init__(self, data: Any, ladder: tuple[int, ...]) -> None:
+        import lightning as L
+
+        # Subclassed here so the recipe module imports without Lightning's callback base.
+        self.__class__ = type("LadderRungs", (LadderRungs, L.Callback), {})
+        self.ids, self.ladder, self.found = data.ids["test"][:sliding_chars(data) + 1], ladder, {}
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
+        step = trainer.global_step
+        if step in self.ladder and f"ladder@{step}" not in self.found:
+            self.found[f"ladder@{step}"] = sliding_bpc(pl_module, self.ids, 4 * 64)
 
 
 def _evaluate(cli: Any, prefix: str) -> dict[str, float | None]:

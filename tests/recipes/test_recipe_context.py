@@ -30,7 +30,11 @@ def test_every_scaling_reads_one_base_model(tmp_path):
     for name in ("rope", "rope_pi"):
         out[name] = context.run_one(name, seed=0, out_dir=tmp_path / name / "seed0",
                                     cli_args=[*QUICK, "--finetune_steps", "2"])
-        assert set(out[name]) == set(context.COMPARE.columns)
+        ladder = {c for c in context.COMPARE.columns if c.startswith("ladder@")}
+        assert set(out[name]) == (set(context.COMPARE.columns) - ladder) | {
+            "ladder@0", "ladder@1", "ladder@2"}  # rungs of a 2-step fine-tune
+        assert out[name]["ladder@0"] == out[name]["zs sw@4x"]
+        assert out[name]["ladder@2"] == pytest.approx(out[name]["ft sw@4x"])
     assert sorted(p.name for p in (tmp_path / "_base" / "seed0").glob("*.pt")) == [
         "rope_base.pt", "rope_passkey.pt"]
     assert all(0 <= out["rope_pi"][c] <= 1 for c in context.PASSKEY_COLUMNS)
@@ -48,8 +52,45 @@ def test_every_scaling_reads_one_base_model(tmp_path):
     (lambda t: context.run_one("rope_pi", seed=0, out_dir=t, cli_args=["--passkey_steps", "-2"]),
      "passkey_steps"),
     (lambda t: resolve_encodings(context.COMPARE, "rope,sinusoidal", None), "not a RoPE scaling"),
+    (lambda t: context.run_one("rope_pi", seed=0, out_dir=t, cli_args=["--ladder", "50,25"]),
+     "ladder"),
+    (lambda t: context.run_one("rope_pi", seed=0, out_dir=t, cli_args=["--ladder", "200"]),
+     "ladder"),
 ])
 def test_bad_options_fail_before_training(tmp_path, call, match):
     with pytest.raises(ValueError, match=match):
         call(tmp_path)
     assert not (tmp_path / "_base").exists()
+
+
+class _Uniform(torch.nn.Module):
+    """Logits that give every character the same chance, and count the positions scored."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.vocab = vocab
+
+    def forward(self, tokens):
+        return torch.zeros(*tokens.shape, self.vocab)
+
+
+def test_sliding_window_scores_each_character_once():
+    ids = torch.randint(0, 8, (1000,))
+    assert context.sliding_bpc(_Uniform(8), ids, 256, 64) == pytest.approx(3.0)  # log2(8)
+    # A model right only after 192 characters of context: sliding windows (stride 64) score
+    # every character after the first window there; the first window scores all of its own.
+    windows = list(range(0, 1000 - 256, 64))
+    truth = torch.stack([ids[s + 1:s + 257] for s in windows])
+
+    class Late(_Uniform):
+        def forward(self, tokens):
+            logits = torch.zeros(*tokens.shape, self.vocab)
+            logits[:, 192:] = torch.nn.functional.one_hot(truth[:, 192:], self.vocab) * 60.0
+            return logits
+
+    late = context.sliding_bpc(Late(8), ids, 256, 64, batch_size=len(windows))
+    assert late == pytest.approx(3.0 * 192 / (256 + 64 * (len(windows) - 1)), abs=1e-4)
+    with pytest.raises(ValueError, match="stride"):
+        context.sliding_bpc(_Uniform(8), ids, 256, 300)
+    with pytest.raises(ValueError, match="fewer than"):
+        context.sliding_bpc(_Uniform(8), ids[:100], 256, 64)
