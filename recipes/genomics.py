@@ -75,6 +75,8 @@ from mmpe.transformer import Transformer
 
 TASKS = ["periodic", "local", "lm"]
 CLASSIFY = ("periodic", "local")
+#: How a test window of m·L holds arrangements: one per block, or one in all (`data.arrangements`).
+ARRANGEMENTS = ("per_block", "one")
 MULTIPLIERS = (1, 2, 4, 8)
 #: Token ids: nucleotides 0-3 (A, C, G, T), then one task token per task (the model embeds
 #: nucleotides as k-mers, see :func:`kmer_ids`).
@@ -120,21 +122,32 @@ class Motifs:
 
 
 def make_example(task: str, region: np.ndarray, block: int, blocks: int, rules: gd.TaskRules,
-                 motifs: Motifs, rng: np.random.Generator) -> tuple[list[int], int]:
+                 motifs: Motifs, rng: np.random.Generator,
+                 arrangements: str = "per_block") -> tuple[list[int], int]:
     """``([task token] + blocks·block nucleotides, label)``; the label is -1 for ``lm``.
 
     The background is a random window of `region`; a classification label is a fair coin.
+    `arrangements`: `"per_block"` plants one arrangement in every block (a window of ``m·L``
+    holds ``m``, all of the label's kind); `"one"` plants a single arrangement in one block
+    drawn uniformly, the other blocks are background only (the evidence is the same at every
+    length, so a longer window tests transfer to unseen positions alone).
     """
+    if arrangements not in ARRANGEMENTS:
+        raise ValueError(f"genomics: arrangements must be one of {ARRANGEMENTS}, got {arrangements!r}")
     length = block * blocks
     start = int(rng.integers(0, len(region) - length + 1))
-    seq, label = region[start:start + length], -1
-    if task == "periodic":
+    seq, label = region[start:start + length].copy(), -1
+    if task in CLASSIFY:
         label = int(rng.integers(2))
-        seq, _ = gd.periodic_example(seq, block, bool(label), rules, motifs.pfm["periodic"], rng)
-    elif task == "local":
-        label = int(rng.integers(2))
-        seq, _ = gd.local_example(seq, block, bool(label), rules, motifs.pfm["local_a"],
-                                  motifs.pfm["local_b"], rng)
+        at = int(rng.integers(blocks)) * block if arrangements == "one" else 0
+        span = block if arrangements == "one" else length
+        part = seq[at:at + span]
+        if task == "periodic":
+            part, _ = gd.periodic_example(part, block, bool(label), rules, motifs.pfm["periodic"], rng)
+        else:
+            part, _ = gd.local_example(part, block, bool(label), rules, motifs.pfm["local_a"],
+                                       motifs.pfm["local_b"], rng)
+        seq[at:at + span] = part
     return [TASK_TOKEN[task], *seq.tolist()], label
 
 
@@ -179,6 +192,10 @@ class GenomicsData(L.LightningDataModule):
         test_fraction: the held-out end of the genome (split by coordinate).
         samples_per_epoch: training windows per epoch (fresh every epoch).
         period, sites: the periodic task's spacing and sites per block.
+        arrangements: test windows of ``m·L`` with one arrangement per block (`"per_block"`,
+            the stored default setting) or a single one in a random block (`"one"`: accuracy
+            at ``8x`` measures transfer, not accumulated evidence). Training windows are one
+            block either way.
 
     Raises:
         ValueError: an unknown task, an evaluation multiplier below 1 (shorter than training)
@@ -190,9 +207,12 @@ class GenomicsData(L.LightningDataModule):
                  eval_multipliers: list[int] | None = None, batch_size: int = 32,
                  eval_examples: int = 400, eval_nucleotides: int = 8192,
                  test_fraction: float = 0.2, samples_per_epoch: int = 10**6, period: int = 10,
-                 sites: int = 5) -> None:
+                 sites: int = 5, arrangements: str = "per_block") -> None:
         super().__init__()
         self.save_hyperparameters()
+        if arrangements not in ARRANGEMENTS:
+            raise ValueError(f"genomics: data.arrangements must be one of {ARRANGEMENTS}, "
+                             f"got {arrangements!r}")
         self.tasks = check_tasks(TASKS if tasks is None else tasks)
         self.multipliers = check_multipliers(MULTIPLIERS if eval_multipliers is None
                                              else eval_multipliers)
@@ -227,7 +247,7 @@ class GenomicsData(L.LightningDataModule):
         out = []
         for _ in range(self.hparams.eval_examples):
             ids, label = make_example(task, self.regions["test"], self.block, m, self.rules,
-                                      self.motifs, rng)
+                                      self.motifs, rng, self.hparams.arrangements)
             out.append((ids, label, TASKS.index(task)))
         return out
 

@@ -150,6 +150,25 @@ def test_evaluation_windows_come_from_the_test_region(data):
     assert np.array_equal(first, test[:128])
 
 
+def test_one_arrangement_per_window_at_every_length(data):
+    """`arrangements="one"`: a window of m·L differs from its background in one block only;
+    `per_block` (the stored default) plants one arrangement in every block."""
+    region = data.regions["test"]
+    for task in gn.CLASSIFY:
+        for arrangements, changed_blocks in (("one", {1}), ("per_block", {4})):
+            rng = np.random.default_rng(3)
+            ids, label = gn.make_example(task, region, 128, 4, data.rules, data.motifs, rng,
+                                         arrangements)
+            start = int(np.random.default_rng(3).integers(0, len(region) - 512 + 1))
+            diff = np.array(ids[1:]) != region[start:start + 512]
+            assert {int(diff.reshape(4, 128).any(1).sum())} == changed_blocks
+            assert label in (0, 1)
+    one = gn.GenomicsData(eval_examples=20, arrangements="one")
+    assert one.eval_set("local", 1) == data.eval_set("local", 1)  # one block: the same windows
+    with pytest.raises(ValueError, match="arrangements"):
+        gn.GenomicsData(arrangements="all")
+
+
 @pytest.mark.parametrize("option, value, match", [
     ("--data.tasks", "[periodic, motifs]", "data.tasks"),
     ("--data.eval_multipliers", "[1, 0]", "data.eval_multipliers"),
