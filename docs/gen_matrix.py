@@ -42,7 +42,7 @@ def _table(entries: list, table: dict[str, dict[str, list[str]]], kinds: list[st
                 why = html.escape("refused: lacks " + "; ".join(lacks))
                 tds.append(f'<td class="mmpe-no" title="{why}">✗</td>')
             else:
-                tds.append(f'<td class="mmpe-yes" title="runs">✓</td>')
+                tds.append('<td class="mmpe-yes" title="runs">✓</td>')
         rows.append(f"<tr><td><code>{e.name}</code></td>{''.join(tds)}</tr>")
     return ['<div class="mmpe-matrix-wrap"><table class="mmpe-matrix">',
             f"<thead><tr><th>encoding</th>{head}</tr></thead>", "<tbody>", *rows,

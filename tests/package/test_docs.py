@@ -14,8 +14,8 @@ in-process ``exec``: the walk-throughs register encodings and define classes, wh
 leak into the other tests' registry. Under ``MMPE_HIDE_EXTRAS=1`` the child hides the extras as
 tests/conftest.py does here, so a block that needs one and does not say so fails there.
 
-README sections a page includes (``--8<-- "README.md:NAME"``) are not part of the page's file:
-their blocks run as README.md's. Blocks that are not run are ```` ```bash ```` or ```` ```text ````.
+Sections a page includes from another file (``--8<-- "README.md:NAME"``, ``--8<--
+"docs/results.md:NAME"``) are not part of the page's file: their blocks run as that file's. Blocks that are not run are ```` ```bash ```` or ```` ```text ````.
 """
 
 from __future__ import annotations

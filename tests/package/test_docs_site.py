@@ -1,7 +1,7 @@
 """The documentation site: `mkdocs build --strict` passes and the pages have their content.
 
 The first tests check the sources (every encoding module and every top-level name has an API
-entry, every README section a page includes exists); the last builds the whole site as
+entry, every section a page includes from README.md or another page exists); the last builds the whole site as
 `make docs` does, with warnings as errors (about 20 s on 2 shared CPU cores), and skips when
 the `docs` extra is not installed.
 """
@@ -19,7 +19,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-SNIPPET = re.compile(r'^--8<-- "README\.md:([a-z][-_0-9a-z]*)"$', flags=re.M)
+#: `--8<-- "FILE:NAME"`: the lines between FILE's `<!-- --8<-- [start:NAME] -->` and
+#: `<!-- --8<-- [end:NAME] -->` (README.md's intro and quickstart; docs pages' result sections).
+SNIPPET = re.compile(r'^--8<-- "([-\w./]+\.md):([a-z][-_0-9a-z]*)"$', flags=re.M)
 
 
 def test_every_encoding_module_has_an_api_entry() -> None:
@@ -38,15 +40,15 @@ def test_every_top_level_name_is_listed() -> None:
     assert not missing, f"docs/api/mmpe.md does not list {missing}"
 
 
-def test_included_readme_sections_exist() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    used = {name for page in DOCS.rglob("*.md")
-            for name in SNIPPET.findall(page.read_text(encoding="utf-8"))}
-    assert used, "no page includes a README section"
-    for name in sorted(used):
+def test_included_sections_exist() -> None:
+    used = {pair for page in DOCS.rglob("*.md")
+            for pair in SNIPPET.findall(page.read_text(encoding="utf-8"))}
+    assert ("README.md", "quickstart") in used, "the home page does not include the quickstart"
+    for source, name in sorted(used):
+        text = (ROOT / source).read_text(encoding="utf-8")
         for kind in ("start", "end"):
             marker = f"<!-- --8<-- [{kind}:{name}] -->"
-            assert readme.count(marker) == 1, f"README.md needs exactly one {marker!r} line"
+            assert text.count(marker) == 1, f"{source} needs exactly one {marker!r} line"
 
 
 def _text(html: str) -> str:
@@ -54,9 +56,9 @@ def _text(html: str) -> str:
     return re.sub(r"\s+", " ", htmllib.unescape(re.sub(r"<[^>]+>", " ", html)))
 
 
-def _first_rows(readme: str, name: str) -> list[str]:
-    """The first data row of every table in a README section, as the page's text shows it."""
-    section = readme.split(f"<!-- --8<-- [start:{name}] -->")[1].split(
+def _first_rows(source: str, name: str) -> list[str]:
+    """The first data row of every table in a marked section, as the page's text shows it."""
+    section = source.split(f"<!-- --8<-- [start:{name}] -->")[1].split(
         f"<!-- --8<-- [end:{name}] -->")[0]
     rows = []
     for table in re.findall(r"(?:^\|.*\|\n)+", section, flags=re.M):
@@ -102,14 +104,16 @@ def test_site_builds_strict(site: Path) -> None:
     score = _text((site / "api" / "encodings" / "score.html").read_text(encoding="utf-8"))
     assert "ALiBi" in score and "Press" in score
 
-    # Benchmark and result tables come from README.md, included by section: the first row of
-    # every table of each included section is on the page.
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    for page in ("benchmarks.md", "results.md"):
+    # Benchmark and result tables live in marked sections (pages include them from each other):
+    # the first row of every table of each section is on the page that has or includes it.
+    for page in ("benchmarks.md", "results.md", "multimodal.md"):
         shown = _text((site / page.replace(".md", ".html")).read_text(encoding="utf-8"))
         assert "--8<--" not in shown, page
-        sections = SNIPPET.findall((DOCS / page).read_text(encoding="utf-8"))
-        rows = [row for name in sections for row in _first_rows(readme, name)]
+        own = (DOCS / page).read_text(encoding="utf-8")
+        sections = [(own, name) for name in re.findall(r"<!-- --8<-- \[start:([-\w]+)\] -->", own)]
+        sections += [((ROOT / source).read_text(encoding="utf-8"), name)
+                     for source, name in SNIPPET.findall(own)]
+        rows = [row for text, name in sections for row in _first_rows(text, name)]
         assert rows, page
         for row in rows:
             assert row in shown, (page, row)
@@ -186,3 +190,24 @@ def test_modality_pages_show_a_generated_figure(site: Path, page: str) -> None:
 def test_architecture_has_a_diagram(site: Path) -> None:
     html = (site / "architecture.html").read_text(encoding="utf-8")
     assert '<pre class="mermaid">' in html, "the Mermaid diagram is not rendered as one"
+
+
+def test_formulas_version_changelog_and_sources(site: Path) -> None:
+    """Formulas render offline (arithmatex spans, KaTeX and its fonts shipped with the site),
+    the header names the version, the changelog is a page, API entries show their source."""
+    import mmpe
+
+    geometry = (site / "geometry.html").read_text(encoding="utf-8")
+    assert geometry.count('class="arithmatex"') >= 4
+    katex = sorted((site / "javascripts" / "vendor").glob("katex-*"))
+    assert katex, "KaTeX is not shipped with the site"
+    assert (katex[0] / "katex.min.js").is_file() and list((katex[0] / "fonts").glob("*.woff2"))
+    assert "katex.min.js" in geometry and "katex-init.js" in geometry
+    index = (site / "index.html").read_text(encoding="utf-8")
+    assert f"mmpe {mmpe.__version__}" in index
+    changelog = _text((site / "changelog.html").read_text(encoding="utf-8"))
+    assert "Changelog" in changelog and "Unreleased" in changelog
+    score = (site / "api" / "encodings" / "score.html").read_text(encoding="utf-8")
+    assert "Source code in" in score and "mmpe/encodings/" in score
+    matrix = (site / "matrix.html").read_text(encoding="utf-8")
+    assert 'class="mmpe-matrix"' in matrix

@@ -43,3 +43,92 @@ def test_matrix_page_has_every_encoding_and_coordinate_type() -> None:
         ["✓" if k in e.coords else "·" for k in kinds] for e in entries]
     config = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
     assert "matrix.md" in config and "docs/gen_matrix.py" in config
+
+
+def _read(path: str) -> str:
+    return (ROOT / path).read_text(encoding="utf-8")
+
+
+def _apt_packages() -> list[str]:
+    """The Debian packages `make apt` installs (the Makefile's APT_PKGS)."""
+    return re.search(r"^APT_PKGS\s*:=\s*(.+)$", _read("Makefile"), flags=re.M).group(1).split()
+
+
+NUMBERS = {2: "two", 3: "three", 4: "four", 5: "five"}
+
+
+def test_debian_packages_agree_everywhere() -> None:
+    """README, the home page and the install page name the packages `make apt` installs, and
+    say how many there are in words; no page keeps an older count."""
+    packages = _apt_packages()
+    count = NUMBERS[len(packages)]
+    for path in ("README.md", "docs/index.md", "docs/install.md"):
+        text = " ".join(_read(path).split())
+        assert re.search(rf"\b{count} (recipes read )?debian", text.lower()), (path, count)
+        for word in set(NUMBERS.values()) - {count}:
+            assert f"{word} debian packages" not in text.lower(), (path, word)
+        for package in packages:
+            assert f"`{package}`" in text or f" {package}" in text, (path, package)
+    install = _read("docs/install.md")
+    apt = re.search(r"^apt-get install ([^#\n]+)", install, flags=re.M).group(1).split()
+    assert apt == packages, "docs/install.md's apt-get line differs from `make apt`"
+
+
+def _extras() -> dict[str, list[str]]:
+    import tomllib
+
+    project = tomllib.loads(_read("pyproject.toml"))["project"]
+    return {extra: [re.split(r"[<>=!~ ]", dep)[0] for dep in deps]
+            for extra, deps in project["optional-dependencies"].items()}
+
+
+def test_install_page_lists_each_extra_as_pyproject_has_it() -> None:
+    """The install page's table of extras names exactly the packages of each extra in
+    pyproject.toml (dev: a subset, the rest are 'the peer libraries'); the audio recipe's
+    torchaudio comes with the extra that installs the recipes."""
+    extras = _extras()
+    assert "torchaudio" in extras["recipes"]
+    rows = {m.group(1): re.findall(r"`([^`]+)`", m.group(2)) for m in re.finditer(
+        r"^\| `(\w+)` \| (.*?) \|", _read("docs/install.md"), flags=re.M)}
+    for extra, deps in extras.items():
+        assert extra in rows, f"docs/install.md has no row for the extra {extra!r}"
+        if extra == "dev":
+            assert set(rows[extra]) <= set(deps), rows[extra]
+        else:
+            assert sorted(rows[extra]) == sorted(deps), (extra, rows[extra], deps)
+
+
+def test_python_floor_and_environment_size_are_stated() -> None:
+    import tomllib
+
+    floor = tomllib.loads(_read("pyproject.toml"))["project"]["requires-python"]
+    version = floor.removeprefix(">=")
+    for path in ("README.md", "docs/index.md", "docs/install.md"):
+        text = " ".join(_read(path).split())
+        assert f"Python ≥ {version}" in text, path
+    for path in ("README.md", "docs/index.md", "docs/install.md"):
+        text = " ".join(_read(path).split())
+        assert "6.6 GB" in text and "CUDA" in text, path
+    readme = _read("README.md")
+    assert "pip install mmpe" not in readme, "mmpe is installed from a checkout"
+    assert "make test-floor" in readme and "make test" in readme
+
+
+def test_home_page_links_every_guide_page() -> None:
+    """docs/index.md's "Where to go next" links every page of the nav (the API pages through
+    api/index.md)."""
+    nav = _read("mkdocs.yml").split("\nnav:\n")[1]
+    pages = re.findall(r"^\s*-\s*(?:[^\n]*?:\s*)?([\w/]+\.md)\s*$", nav, flags=re.M)
+    assert "index.md" in pages and "matrix.md" in pages
+    home = _read("docs/index.md").split("## Where to go next")[1]
+    guide = [p for p in pages if not p.startswith("api/") and p != "index.md"]
+    missing = [p for p in guide if f"]({p})" not in home]
+    assert not missing, f"docs/index.md's 'Where to go next' lacks {missing}"
+    assert "](api/index.md)" in home
+
+
+def test_readme_is_short() -> None:
+    """README.md introduces, installs, shows one example, sums up and links: the tables and
+    the long sections live in docs/ (rendered and tested there)."""
+    lines = _read("README.md").count("\n")
+    assert lines < 400, f"README.md has {lines} lines"
