@@ -559,7 +559,11 @@ def plot_per_length(records: list[dict[str, Any]], path: Path, settings: list[st
     for ax, task in zip(flat, tasks, strict=False):
         runs = [r for r in records if r["setting"] == task_setting(task)
                 and (not rows or r["encoding"] in rows)]
-        lengths = per_task_lengths(task)
+        # The lengths and L the runs used (a config may change L; the spec's columns follow
+        # the default).
+        lengths = sorted({int(k[len(task) + 1:-1]) for r in runs for k in r["metrics"]
+                          if k.startswith(f"{task}[")}) or per_task_lengths(task)
+        L_t = _train_length(runs, task)
         summary = summarise(runs, [length_column(task, n) for n in lengths])
         for enc in (rows or summary):
             if enc not in summary:
@@ -569,9 +573,9 @@ def plot_per_length(records: list[dict[str, Any]], path: Path, settings: list[st
             sd = np.array([summary[enc][length_column(task, n)].sd or 0.0 for n in keep])
             (line,) = ax.plot(keep, mean, marker="o", ms=2.5, lw=1.2, label=enc)
             ax.fill_between(keep, mean - sd, mean + sd, color=line.get_color(), alpha=0.15, lw=0)
-        ax.axvline(TRAIN_LENGTHS[task] + 0.5, color="0.5", lw=0.8, ls="--")
+        ax.axvline(L_t + 0.5, color="0.5", lw=0.8, ls="--")
         ax.axhline(chance(length_column(task, 1)), color="0.6", lw=0.8, ls=":")
-        ax.set_title(f"{task} (L = {TRAIN_LENGTHS[task]})")
+        ax.set_title(f"{task} (L = {L_t})")
         ax.set_ylim(-0.03, 1.03)
         ax.set_xlabel("instance length")
     for ax in flat[::cols]:
@@ -586,6 +590,16 @@ def plot_per_length(records: list[dict[str, Any]], path: Path, settings: list[st
         ax.axis("off")
     (flat[-1] if len(flat) > len(tasks) else fig).legend(handles, labels, fontsize=7, loc="center")
     return save(fig, path)
+
+
+def _train_length(runs: list[dict[str, Any]], task: str) -> int:
+    """The training length `L` of `task` in stored runs' resolved configs (default otherwise)."""
+    for r in runs:
+        for config in (r.get("config") or {}).values():
+            lengths = ((config or {}).get("data") or {}).get("train_lengths") or {}
+            if task in lengths:
+                return int(lengths[task])
+    return TRAIN_LENGTHS[task]
 
 
 class LengthGenCLI(RecipeCLI):
