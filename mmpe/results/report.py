@@ -328,8 +328,8 @@ def _level(level: float) -> str:
 
 def dirty_line(records: list[dict[str, Any]], dirty: set[str]) -> str:
     """The legend of `DIRTY_MARK`: how many of the rows' runs came from a dirty tree."""
-    runs = [r for r in records if r["encoding"] in dirty]
-    n = sum(1 for r in runs if (r.get("git") or {}).get("dirty"))
+    records = [r for r in records if r.get("seed") is not None]  # not a merged row's stand-in
+    n = sum(1 for r in records if r["encoding"] in dirty and (r.get("git") or {}).get("dirty"))
     return (f"{DIRTY_MARK}: {n} of this table's {len(records)} runs were trained from a working "
             "tree with uncommitted changes (`git.dirty` in their records): their code is not "
             "exactly a commit.")
