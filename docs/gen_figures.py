@@ -38,15 +38,60 @@ def build(name: str, **context) -> object:
     return registry.build(name, context=ctx)
 
 
+#: The width a figure is shown at: the text column of a page at a 1,400 px window (a wider
+#: PNG is scaled down to it; glightbox shows it full size on click).
+COLUMN_PX = 688
+#: Per figure: its PNG width, its panels and its smallest text in pixels as displayed in the
+#: column; written to img/gen/label_sizes.json for tests/package/test_docs_site.py.
+SIZES: dict[str, dict[str, float]] = {}
+
+
+def label_sizes(fig: object, png: bytes) -> dict[str, float]:
+    """The figure's PNG width, its panels (axes with an image or lines, colour bars left out)
+    and the height in display pixels of its smallest visible text (font size in points at
+    the saving DPI, scaled to the column width)."""
+    from matplotlib.text import Text
+
+    width = int.from_bytes(png[16:20], "big")  # the PNG header's IHDR width
+    scale = min(1.0, COLUMN_PX / width)
+    sizes = [t.get_fontsize() for t in fig.findobj(Text)
+             if t.get_visible() and t.get_text().strip() and t.get_figure() is not None]
+    panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+    return {"width_px": width, "panels": len(panels),
+            "min_label_px": round(min(sizes) * DPI / 72 * scale, 2) if sizes else 0.0}
+
+
+#: The smallest font, in points, a figure keeps: 10 px at the column's width and DPI.
+MIN_POINTS = 7.5
+
+
+def fit_column(fig: object) -> None:
+    """A figure wider than the column is redrawn at the column's width (same aspect ratio;
+    constrained layout reflows the panels) and no text stays below `MIN_POINTS`, so labels
+    are not scaled down below 10 px where the page shows them."""
+    from matplotlib.text import Text
+
+    width, height = fig.get_size_inches()
+    column = COLUMN_PX / DPI
+    if width > column:
+        fig.set_size_inches(column, height * column / width)
+    for text in fig.findobj(Text):
+        if text.get_fontsize() < MIN_POINTS:
+            text.set_fontsize(MIN_POINTS)
+
+
 def write(name: str, draw: Callable[[], object]) -> None:
     """Draw a figure and store it as img/gen/NAME.png in the built site."""
     start = time.perf_counter()
     fig = draw()
+    fit_column(fig)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI)
     with mkdocs_gen_files.open(f"img/gen/{name}.png", "wb") as f:
         f.write(buf.getvalue())
-    print(f"gen_figures: img/gen/{name}.png in {time.perf_counter() - start:.1f} s")
+    SIZES[name] = label_sizes(fig, buf.getvalue())
+    print(f"gen_figures: img/gen/{name}.png in {time.perf_counter() - start:.1f} s "
+          f"({SIZES[name]['min_label_px']} px labels at {COLUMN_PX} px)")
 
 
 def _series(recipe: str, setting: str = "default") -> tuple[object, dict]:
@@ -128,9 +173,16 @@ def trained_attention() -> list[str]:
     meta = json.loads(str(data["meta"]))
     names = list(meta["runs"])
     heads = {n: meta["runs"][n]["heads"] for n in names}
-    write("gallery_trained_text", lambda: gallery.plot_trained_attention(
-        {n: data[n] for n in names}, heads=heads,
-        title=f"Trained character LMs (seed {meta['seed']}), one head per layer"))
+    # A few encodings per figure, so that labels stay readable at the column's width.
+    groups = [names[i:i + 3] for i in range(0, len(names), 3)]
+    if len(groups) > 1 and len(groups[-1]) == 1:
+        groups[-2:] = [groups[-2][:2], groups[-2][2:] + groups[-1]]
+    figures = []
+    for i, group in enumerate(groups, 1):
+        write(f"gallery_trained_text_{i}", lambda g=group: gallery.plot_trained_attention(
+            {n: data[n] for n in g}, heads={n: heads[n] for n in g}))
+        figures += [f"![Attention of the trained {', '.join(group)} text models]"
+                    f"(img/gen/gallery_trained_text_{i}.png)", ""]
     steps = sorted({meta["runs"][n]["step"] for n in names})
     return ["## Trained models: the text recipe", "",
             f"The seven main-job models of `make run` ({', '.join(f'`{n}`' for n in names)}; "
@@ -143,7 +195,7 @@ def trained_attention() -> list[str]:
             "stays visible. Drawn at build time from `results/attention/text.npz`, which "
             "`python -m mmpe.results.attention_maps --seed 1` writes from the checkpoints of "
             "`mmpe compare text` (the recipe's stored runs).", "",
-            "![Attention of trained text models](img/gen/gallery_trained_text.png)", ""]
+            *figures]
 
 
 def gallery_page() -> None:
@@ -159,20 +211,28 @@ def gallery_page() -> None:
              "here by itself. Click a figure to enlarge it.", ""]
     for kind, coords in gallery_coordinates().items():
         names = [e.name for e in mmpe.available(hook="score", coords=coords)]
-        encs = {}
+        encs, content = {}, []
         for name in names:
             shape = {"grid_shape": coords.shape} if isinstance(coords, mmpe.Grid) else {}
-            encs[name] = build(name, **shape)
-        title = f"score encodings on {type(coords).__name__}"
-        write(f"gallery_{kind}", lambda e=encs, c=coords, t=title: gallery.plot_bias_gallery(
-            e, c, title=t))
+            enc = build(name, **shape)
+            if gallery.has_position_bias(enc, coords):
+                encs[name] = enc
+            else:
+                content.append(name)
         lines += [f"### {type(coords).__name__}", "", f"`{coords!r}`: {len(names)} score "
-                  "encodings.", "", f"![Bias of every score encoding on {kind}]"
-                  f"(img/gen/gallery_{kind}.png)", ""]
+                  f"encodings, {len(encs)} drawn."
+                  + (f" Not drawn: {', '.join(f'`{n}`' for n in content)}, whose term is "
+                     "computed from the queries and keys (there is no bias without a model)."
+                     if content else ""), ""]
+        # six panels a figure (three columns): labels readable at the column's width
+        chunks = [dict(list(encs.items())[i:i + 6]) for i in range(0, len(encs), 6)]
+        for i, chunk in enumerate(chunks, 1):
+            write(f"gallery_{kind}_{i}", lambda e=chunk, c=coords: gallery.plot_bias_gallery(
+                e, c, cols=3))
+            lines += [f"![Bias of {', '.join(chunk)} on {kind}](img/gen/gallery_{kind}_{i}.png)",
+                      ""]
     lines += ["Rotary and input encodings have no bias matrix; what one query sees through them "
-              "is on the modality pages ([grids](grids.md), [the sphere](sphere.md)). Encodings "
-              "marked *needs queries and keys* (Shaw, DeBERTa, CoPE …) compute their term from "
-              "the content, so there is nothing to draw without a model.", ""]
+              "is on the modality pages ([grids](grids.md), [the sphere](sphere.md)).", ""]
     with mkdocs_gen_files.open("gallery.md", "w") as f:
         f.write("\n".join(lines))
 
@@ -191,3 +251,5 @@ FIGURES: dict[str, Callable[[], object]] = {
 for _name, _draw in FIGURES.items():
     write(_name, _draw)
 gallery_page()
+with mkdocs_gen_files.open("img/gen/label_sizes.json", "w") as _f:
+    json.dump(SIZES, _f, indent=1, sort_keys=True)

@@ -172,9 +172,21 @@ def plot_sphere_maps(encodings: Mapping[str, Any], lat: float = 48.9, lon: float
             ax.coastlines(lw=0.5)
         ax.plot(lons[query], lats[query], "x", color="black", ms=8, mew=2,
                 **({"transform": projection} if projection is not None else {}))
-        ax.set_title(f"{label}: {_what(enc)}", fontsize=9)
+        ax.set_title(f"{label}\n{_what(enc)}", fontsize=9)
         fig.colorbar(im, ax=ax, shrink=0.75)
     return finish(fig, path)
+
+
+def has_position_bias(enc: Any, coords: Coordinates) -> bool:
+    """Whether `enc` has a content-free bias on `coords` to draw (Shaw, DeBERTa, CoPE … compute
+    theirs from the queries and keys: [`plot_bias_gallery`][mmpe.plot.gallery.plot_bias_gallery]
+    gives them a panel saying so)."""
+    heads = enc.num_heads if isinstance(getattr(enc, "num_heads", None), int) else 4
+    try:
+        _score_terms("has_position_bias", enc, coords, heads)
+    except ValueError:
+        return False
+    return True
 
 
 def plot_bias_gallery(encodings: Mapping[str, Any], coords: Coordinates, *, title: str = "",
@@ -251,7 +263,7 @@ def _draw_molecule(ax: Axes, xy: np.ndarray, edges: np.ndarray, values: np.ndarr
     sc = ax.scatter(xy[:, 0], xy[:, 1], c=values, cmap=cmap, s=260, zorder=2,
                     vmin=-lim if signed else None, vmax=lim, edgecolors="black", linewidths=0.5)
     for i, label in enumerate(labels or []):
-        ax.annotate(label, xy[i], ha="center", va="center", fontsize=7, zorder=3)
+        ax.annotate(label, xy[i], ha="center", va="center", fontsize=8, zorder=3)
     ax.set_title(title, fontsize=9)
     ax.set_aspect("equal")
     ax.set_axis_off()
@@ -276,8 +288,12 @@ def plot_molecule_positions(smiles: str, atom: int = 0, *, k: int = 2, walk: int
     _, vecs = laplacian_eigenvectors(adjacency(edges, n), k)
     rwse = random_walk_pe(edges, n, walk)[:, walk - 1]
     hops = shortest_path_hops(edges, n)[atom]
-    fig = new_figure(3.4 * (k + 2), 3.4)
-    axes = fig.subplots(1, k + 2)
+    cols = 2  # two panels a row: readable at a page's text width
+    rows = math.ceil((k + 2) / cols)
+    fig = new_figure(3.4 * cols, 3.2 * rows + 0.3)
+    axes = fig.subplots(rows, cols).ravel()
+    for ax in axes[k + 2:]:
+        ax.set_axis_off()
     xy = np.asarray(xy)
     for j in range(k):
         _draw_molecule(axes[j], xy, edges, vecs[:, j], f"LapPE eigenvector {j + 1}")

@@ -211,3 +211,23 @@ def test_formulas_version_changelog_and_sources(site: Path) -> None:
     assert "Source code in" in score and "mmpe/encodings/" in score
     matrix = (site / "matrix.html").read_text(encoding="utf-8")
     assert 'class="mmpe-matrix"' in matrix
+
+
+def test_generated_figures_are_readable_at_page_width(site: Path) -> None:
+    """Every figure drawn at build time has labels of at least 10 px where the page shows it
+    (the text column, 688 px at a 1,400 px window; docs/gen_figures.py measures the smallest
+    text of each figure), at most six panels in a gallery figure, and each figure is shown
+    once on its page."""
+    import json
+
+    sizes = json.loads((site / "img" / "gen" / "label_sizes.json").read_text(encoding="utf-8"))
+    assert len(sizes) >= 10
+    small = {name: s["min_label_px"] for name, s in sizes.items() if s["min_label_px"] < 10}
+    assert not small, f"labels under 10 px at the column's width: {small}"
+    crowded = {name: s["panels"] for name, s in sizes.items()
+               if name.startswith("gallery_") and s["panels"] > 9}
+    assert not crowded, f"gallery figures with more than 9 panels: {crowded}"
+    for page in sorted(site.glob("*.html")):
+        images = re.findall(r'<img[^>]+src="(img/gen/[^"]+\.png)"', page.read_text(encoding="utf-8"))
+        twice = {src for src in images if images.count(src) > 1}
+        assert not twice, f"{page.name} shows {twice} more than once"
