@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from mmpe.attention import CrossAttention, MultiHeadAttention
 from mmpe.cache import KVCache
 from mmpe.coords.base import Coordinates
-from mmpe.coords.cross import Latents
+from mmpe.coords.cross import Cross, Latents
 from mmpe.encodings.base import Encoding
 
 
@@ -67,7 +67,9 @@ class DecoderBlock(nn.Module):
     def forward(self, x: Tensor, coords: Coordinates, memory: Tensor,
                 memory_coords: Coordinates, cache: KVCache | None = None) -> Tensor:
         x = x + self.drop(self.self_attn(self.norm1(x), coords, cache))
-        x = x + self.drop(self.cross_attn(self.norm2(x), coords, memory, memory_coords))
+        # the causal flag of `coords` is the self-attention's: cross-attention has none
+        pair = Cross(coords, memory_coords, ignore_causal=True)
+        x = x + self.drop(self.cross_attn(self.norm2(x), pair, memory, memory_coords))
         return x + self.drop(self.mlp(self.norm3(x)))
 
 
@@ -112,8 +114,8 @@ class GatedCrossAttentionBlock(nn.Module):
 
     def forward(self, x: Tensor, coords: Coordinates, media: Tensor,
                 media_coords: Coordinates) -> Tensor:
-        x = x + self.attn_gate.tanh() * self.cross_attn(self.norm1(x), coords, media,
-                                                         media_coords)
+        pair = Cross(coords, media_coords, ignore_causal=True)  # causal: the text's own flag
+        x = x + self.attn_gate.tanh() * self.cross_attn(self.norm1(x), pair, media, media_coords)
         return x + self.mlp_gate.tanh() * self.mlp(self.norm2(x))
 
 

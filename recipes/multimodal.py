@@ -164,6 +164,7 @@ class StripCoords(Coordinates):
     """
 
     kind = "strip"
+    supports_cache = True  # num_queries < num_keys: the new tokens of a cached step
 
     def __init__(self, positions: Tensor, num_queries: int | None = None, prefix: int = 0,
                  is_image: Tensor | None = None) -> None:

@@ -247,6 +247,12 @@ class MultiHeadAttention(_Attention):
             raise ValueError(f"attention: the coordinates have {coords.num_keys} keys but there "
                              f"are {past} cached + {q.shape[2]} new tokens; build them with "
                              f"offset={past}")
+        if cache is not None and not coords.supports_cache:
+            raise ValueError(f"attention: cache: {type(coords).__name__} coordinates cannot "
+                             "describe a cached step (supports_cache is False: their keys are "
+                             "their queries); cached decoding needs coordinates with keys "
+                             "before the queries, such as Sequence(s, offset=cache.length, "
+                             "causal=True)")
         if self.window is not None:
             coords = self.window.apply(coords)
         with forward_scope(coords):
@@ -256,7 +262,8 @@ class MultiHeadAttention(_Attention):
             if not lazy:
                 q, k = self._rotate(q, k, coords)
             if cache is not None:
-                k, v = cache.update(k, v, owner=self, causal=getattr(coords, "causal", None))
+                k, v = cache.update(k, v, owner=self, causal=getattr(coords, "causal", None),
+                                    key_mask=coords.key_mask)
             if lazy:
                 q, k = self._rotate(q, k, coords)
             ctx = AttentionContext(coords, self.num_heads, self.head_dim, q.shape[0], x, q,

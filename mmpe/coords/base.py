@@ -47,9 +47,13 @@ class Coordinates(ABC):
     Attributes:
         kind: a display name (`"sequence"`, `"grid"` …); also the key under which
             `coordinate_types` lists the class. Optional for user classes.
+        supports_cache: whether the coordinates can describe a cached decoding step (keys
+            before the queries: `num_keys = cache.length + num_queries`); attention refuses a
+            key/value cache on coordinates without it. `Sequence` has it.
     """
 
     kind: str = ""
+    supports_cache: bool = False
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -177,3 +181,11 @@ def distance_rows(coords: Coordinates, start: int, stop: int) -> Tensor:
     b, _, q, k = index_grid(coords.batch_size or 1, 1, coords.num_queries, coords.num_keys,
                             coords.device)
     return coords.distance(q[:, :, start:stop], k, b)
+
+
+def safe_sqrt(x: Tensor) -> Tensor:
+    """`√x` for `x ≥ 0` with gradient 0 (not NaN) where `x == 0`: the distance of a point to
+    itself, or of two coincident points, differentiated in their positions."""
+    positive = x > 0
+    return torch.where(positive, torch.sqrt(torch.where(positive, x, torch.ones_like(x))),
+                       torch.zeros_like(x))

@@ -33,7 +33,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from mmpe.coords.base import Coordinates, MaskMod, index_grid
+from mmpe.coords.base import Coordinates, MaskMod, index_grid, safe_sqrt
 from mmpe.coords.capabilities import Positioned
 
 CrossDistance = Callable[[Coordinates, Coordinates, Tensor, Tensor, "Tensor | None"], Tensor]
@@ -126,19 +126,29 @@ class Cross(Coordinates):
         queries: coordinates of the query tokens (their `num_queries` and query positions).
         keys: coordinates of the key tokens (their `num_keys` and key positions; a padded
             key side masks its padding through its `key_mask`).
+        ignore_causal: cross-attention has no causal mask between two sequences, so causal
+            coordinates on either side are refused; True drops the flag where it belongs to
+            another attention (a decoder block passes its causal self-attention coordinates).
 
     Raises:
         TypeError: an argument that is not a [`Coordinates`][mmpe.coords.base.Coordinates].
-        ValueError: batch sizes that differ between the two sides.
+        ValueError: batch sizes that differ between the two sides; causal coordinates on
+            either side without `ignore_causal=True`.
     """
 
     kind = "cross"
 
-    def __init__(self, queries: Coordinates, keys: Coordinates) -> None:
+    def __init__(self, queries: Coordinates, keys: Coordinates, ignore_causal: bool = False) -> None:
         for arg, c in (("queries", queries), ("keys", keys)):
             if not isinstance(c, Coordinates):
                 raise TypeError(f"Cross: {arg} must be an mmpe Coordinates object, "
                                 f"got {type(c).__name__}")
+            if getattr(c, "causal", False) is True and not ignore_causal:
+                raise ValueError(
+                    f"Cross: {arg} are causal ({type(c).__name__}(..., causal=True)), but "
+                    "cross-attention has no causal mask between two sequences; build them "
+                    "with causal=False, or pass Cross(..., ignore_causal=True) where the flag "
+                    "belongs to a self-attention (a decoder block's)")
         bq, bk = queries.batch_size, keys.batch_size
         if bq is not None and bk is not None and bq != bk:
             raise ValueError(f"Cross: the query side has batch {bq} but the key side {bk}")
@@ -250,7 +260,7 @@ def _euclidean(queries: Coordinates, keys: Coordinates, q_idx: Tensor, kv_idx: T
     for a in range(qpos.shape[-1]):  # per axis: FlexAttention gathers scalars
         d = (_per_axis(qpos, q_idx, b, a) - _per_axis(kpos, kv_idx, b, a)).float()
         acc = d * d if acc is None else acc + d * d
-    return torch.sqrt(acc)
+    return safe_sqrt(acc)  # coincident query and key: gradient 0, not NaN
 
 
 def _sequence_distance(queries, keys, q_idx, kv_idx, b=None) -> Tensor:

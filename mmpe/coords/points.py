@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from mmpe._scratch import block_empty
-from mmpe.coords.base import MaskMod, StoredPositions
+from mmpe.coords.base import MaskMod, StoredPositions, safe_sqrt
 
 __all__ = ["Points"]
 
@@ -95,7 +95,7 @@ class Points(StoredPositions):
         # Key padding for mask_mod; None when no point is padded.
         self._valid = None if valid is None or bool(valid.all()) else valid
         self._axis_pos = [pos[..., a].contiguous() for a in range(pos.shape[-1])]
-        self._diameter = _diameters(pos, valid)
+        self._diameter: Tensor | None = None  # pairwise: computed when first asked
 
     def to(self, device: torch.device | str) -> Points:
         """These points on `device` (a shallow copy; the tensors are moved)."""
@@ -104,7 +104,7 @@ class Points(StoredPositions):
         new._pos = self._pos.to(device)
         new._valid = None if self._valid is None else self._valid.to(device)
         new._axis_pos = [a.to(device) for a in self._axis_pos]
-        new._diameter = self._diameter.to(device)
+        new._diameter = None if self._diameter is None else self._diameter.to(device)
         return new
 
     # -- protocol -----------------------------------------------------------------------
@@ -145,8 +145,17 @@ class Points(StoredPositions):
 
     @property
     def diameter(self) -> Tensor:
-        """Largest distance between two real points per example, `[b]` (or 0-d) float32."""
+        """Largest distance between two real points per example, `[b]` (or 0-d) float32.
+
+        Computed when first asked (or by `prepare`), in O(n) memory: over the convex hull's
+        vertices in 2 and 3 dimensions, otherwise in blocks of rows."""
+        if self._diameter is None:
+            self._diameter = _diameters(self._pos, self._valid)
         return self._diameter
+
+    def prepare(self) -> None:
+        """The diameter, before FlexAttention traces a score mod that reads `extent`."""
+        _ = self.diameter
 
     def _gather(self, values: Tensor, idx: Tensor, b: Tensor | None) -> Tensor:
         if values.dim() == 1:
@@ -161,10 +170,8 @@ class Points(StoredPositions):
         for axis in self._axis_pos:
             diff = self._gather(axis, q_idx, b) - self._gather(axis, kv_idx, b)
             acc = diff * diff if acc is None else acc + diff * diff
-        # sqrt only where positive: d(i, i) = 0 gets gradient 0, not NaN (forces by autograd).
-        nonzero = acc > 0
-        dist = torch.where(nonzero, torch.sqrt(torch.where(nonzero, acc, torch.ones_like(acc))),
-                           torch.zeros_like(acc)).to(torch.float32)
+        # d(i, i) = 0 gets gradient 0, not NaN (forces by autograd)
+        dist = safe_sqrt(acc).to(torch.float32)
         if self._valid is not None:
             real = self._gather(self._valid, q_idx, b) & self._gather(self._valid, kv_idx, b)
             dist = torch.where(real, dist, torch.zeros_like(dist))
@@ -199,9 +206,7 @@ class Points(StoredPositions):
                     torch.sub(rows, cols, out=buf)
                     acc.add_(buf.mul_(buf))
         if grad:
-            nonzero = acc > 0
-            dist = torch.where(nonzero, torch.sqrt(torch.where(nonzero, acc, torch.ones_like(acc))),
-                               torch.zeros_like(acc)).to(torch.float32)
+            dist = safe_sqrt(acc).to(torch.float32)
         else:
             dist = acc.sqrt_().to(torch.float32)
         if self._valid is not None:
@@ -213,7 +218,7 @@ class Points(StoredPositions):
 
     def extent(self, q_idx: Tensor, b: Tensor | None = None) -> Tensor:
         """Diameter of the query's example (`units`, float32), broadcast to the indices' shape."""
-        diam = self._diameter
+        diam = self.diameter
         if diam.dim() == 1:
             if b is None:
                 raise ValueError("Points: batched positions [b, n, d] need the batch index b")
@@ -283,15 +288,60 @@ def _check_mask(mask, pos: Tensor) -> Tensor | None:
 
 
 def _diameters(pos: Tensor, valid: Tensor | None) -> Tensor:
-    """Largest pairwise distance among the real points of each example, float64 → float32."""
+    """Largest pairwise distance among the real points of each example, float64 → float32.
+
+    Each pair's distance is `torch.cdist`'s (no matrix-multiply shortcut), so the value is the
+    one a full `[n, n]` table would give; only the pairs that can hold the maximum are formed:
+    those of the convex hull's vertices (2 and 3 dimensions), or every pair in blocks of rows.
+    """
     p = pos.to(torch.float64)
     batched = p.dim() == 3
     if not batched:
         p = p.unsqueeze(0)
         valid = None if valid is None else valid.unsqueeze(0)
-    dist = torch.cdist(p, p, compute_mode="donot_use_mm_for_euclid_dist")  # [b, n, n]
-    if valid is not None:
-        pair = valid.unsqueeze(-1) & valid.unsqueeze(-2)
-        dist = torch.where(pair, dist, torch.zeros_like(dist))
-    diam = dist.flatten(1).max(dim=1).values.to(torch.float32)
+    diams = []
+    for i in range(p.shape[0]):
+        pts = p[i] if valid is None else p[i][valid[i]]
+        hull = _hull_vertices(pts)
+        diams.append(_largest_distance(pts if hull is None else pts[hull]))
+    diam = torch.stack(diams).to(torch.float32)
     return diam if batched else diam[0]
+
+
+def _hull_vertices(pts: Tensor) -> Tensor | None:
+    """Indices of points that include both ends of the diameter: the convex hull's vertices,
+    found in the points' own affine span (a flat cloud's hull in its plane, a line's two
+    ends), or None above 3 dimensions, for few points or where Qhull fails."""
+    n, d = pts.shape
+    if d > 3 or n <= 64:
+        return None
+    from scipy.spatial import ConvexHull, QhullError
+
+    x = pts.detach().cpu().numpy()
+    x = x - x.mean(0)
+    _, sv, vt = np.linalg.svd(x, full_matrices=False)
+    rank = int((sv > 1e-9 * max(float(sv[0]), 1e-300)).sum())
+    y = x @ vt[:rank].T
+    if rank == 0:
+        vertices = np.array([0])
+    elif rank == 1:
+        vertices = np.array([int(y[:, 0].argmin()), int(y[:, 0].argmax())])
+    else:
+        try:
+            vertices = ConvexHull(y).vertices
+        except (QhullError, ValueError):
+            return None
+    return torch.as_tensor(vertices, dtype=torch.long, device=pts.device)
+
+
+def _largest_distance(pts: Tensor, pairs_per_block: int = 1 << 22) -> Tensor:
+    """Largest distance between rows of `pts` `[n, d]`, in row blocks of at most
+    `pairs_per_block` pairs (0 for a single point)."""
+    n = pts.shape[0]
+    rows = max(1, pairs_per_block // max(n, 1))
+    best = pts.new_zeros(())
+    for start in range(0, n, rows):
+        block = torch.cdist(pts[start:start + rows], pts,
+                            compute_mode="donot_use_mm_for_euclid_dist")
+        best = torch.maximum(best, block.max())
+    return best

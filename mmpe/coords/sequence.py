@@ -40,6 +40,7 @@ class Sequence(Coordinates):
     """
 
     kind = "sequence"
+    supports_cache = True  # Sequence(s, offset=cache.length, causal=True)
     num_axes = 1
     causal: bool
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mmpe.coords.base import Coordinates
+from mmpe.coords.base import Coordinates, safe_sqrt
 
 UNITS = ("deg", "rad")
 _REAL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
@@ -266,7 +266,8 @@ def great_circle(lat1: Tensor, lon1: Tensor, lat2: Tensor, lon2: Tensor) -> Tens
     dlon = (lon2 - lon1) / 2
     h = torch.sin((lat2 - lat1) / 2) ** 2 + cc * torch.sin(dlon) ** 2
     h_anti = torch.sin((lat2 + lat1) / 2) ** 2 + cc * torch.cos(dlon) ** 2
-    return 2 * torch.atan2(h.clamp(min=0).sqrt(), h_anti.clamp(min=0).sqrt())
+    # safe_sqrt: coincident (or antipodal) points differentiate to 0, not NaN
+    return 2 * torch.atan2(safe_sqrt(h.clamp(min=0)), safe_sqrt(h_anti.clamp(min=0)))
 
 
 def haversine(lat1, lon1, lat2, lon2, radius: float = 1.0, units: str = "deg") -> Tensor:

@@ -14,16 +14,9 @@ import torch
 from torch import Tensor
 
 from mmpe._scratch import block_bytes
-from mmpe.coords.base import distance_rows
+from mmpe.coords.base import distance_rows, safe_sqrt  # noqa: F401  (safe_sqrt: its old home)
 from mmpe.encodings._precision import full_precision
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod, Term
-
-
-def safe_sqrt(x: Tensor) -> Tensor:
-    """`√x` for `x ≥ 0` with gradient 0 (not NaN) where `x == 0`."""
-    positive = x > 0
-    return torch.where(positive, torch.sqrt(torch.where(positive, x, torch.ones_like(x))),
-                       torch.zeros_like(x))
 
 
 class DistanceFeatureBias(ScoreEncoding):

@@ -113,7 +113,9 @@ class LearnedRotation(KeepDtype, RotaryEncoding):
         tokens at `positions` `[n, A]` or `[B, n, A]`: here the blocks
         `[1 or B, H_r, n, h_d/b, b, b]`, computed once per distinct position."""
         flat = positions.reshape(-1, positions.shape[-1]).to(work)
-        if flat.shape[0] > 1 and not torch.compiler.is_compiling():
+        # distinct positions once; not for positions that take a gradient (each token's own)
+        if flat.shape[0] > 1 and not torch.compiler.is_compiling() and not (
+                flat.requires_grad and torch.is_grad_enabled()):
             uniq, inverse = torch.unique(flat, dim=0, return_inverse=True)
             blocks = self.rotation_blocks(uniq)[:, inverse] if uniq.shape[0] < flat.shape[0] \
                 else self.rotation_blocks(flat)
