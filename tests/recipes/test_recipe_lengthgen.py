@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 pytest.importorskip("lightning", reason="the recipes need mmpe[recipes]")
@@ -101,7 +103,7 @@ def test_bad_options_fail_before_training(call, match):
 def test_compare_stores_and_plots(tmp_path):
     table = compare("lengthgen", "nope,abacus", out_dir=tmp_path / "out", seeds=1,
                     store=tmp_path / "store", cli_args=QUICK)
-    assert "| abacus |" in table and "copy reach" in table
+    assert re.search(r"\| abacus( †)? \|", table) and "copy reach" in table  # † from a dirty tree
     assert (tmp_path / "out" / "exact_match_accuracy.png").stat().st_size > 10_000
 
 
