@@ -305,30 +305,37 @@ def _ensure_loaded() -> None:
     import mmpe.encodings  # noqa: F401
 
     if not _PLUGINS_LOADED:
+        load_plugins()  # raises while a plugin is broken: every call says so, none skips it
         _PLUGINS_LOADED.append(True)
-        load_plugins()
 
 
 def load_plugins() -> list[str]:
     """Import every module registered under the `mmpe.encodings` entry-point group.
 
-    Returns the entry-point names loaded. A plugin that fails to import raises an
-    `ImportError` naming the entry point and its distribution (never silently skipped).
+    Returns the entry-point names loaded. Every entry point is tried; if any fails to import,
+    an `ImportError` then names each failed entry point and its distribution (never silently
+    skipped: the registry calls this again, and raises again, until the plugin is fixed or
+    uninstalled), after the others have loaded.
     """
     from importlib.metadata import entry_points
 
-    loaded = []
+    loaded, failed = [], []
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         dist = getattr(ep.dist, "name", "?")
         _LOADING_ENTRY_POINT.append(f"{ep.value} (entry point {ep.name!r} of {dist})")
         try:
             ep.load()
         except Exception as err:  # name the plugin: a bare traceback hides which package broke
-            raise ImportError(f"mmpe: the encoding plugin {ep.name!r} = {ep.value!r} (from "
-                              f"{dist}) failed to import: {err}") from err
+            failed.append((f"plugin {ep.name!r} = {ep.value!r} (from {dist}): "
+                           f"{type(err).__name__}: {err}", err))
+            continue
         finally:
             _LOADING_ENTRY_POINT.pop()
         loaded.append(ep.name)
+    if failed:
+        what = "; ".join(text for text, _ in failed)
+        raise ImportError(f"mmpe: {len(failed)} encoding plugin(s) failed to import (the "
+                          f"others loaded; uninstall or fix it): {what}") from failed[0][1]
     return loaded
 
 

@@ -45,6 +45,8 @@ class Numbers(Sequence):
     """
 
     kind = "numbers"
+    #: `[n_k]` or `[b, n_k]` int64 places (declared here so the class offers `DigitPositioned`)
+    digit_positions: Tensor
 
     def __init__(self, is_digit: Tensor, **sequence_options) -> None:
         if not isinstance(is_digit, Tensor) or is_digit.dtype != torch.bool or is_digit.dim() not in (1, 2):

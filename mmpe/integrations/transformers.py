@@ -308,8 +308,19 @@ def layer_schedule_from_hf(config: Any) -> LayerSchedule:
     What is not a position scheme (q/k norms, soft-capping, `query_pre_attn_scalar`) is not
     read.
 
+    `partial_rotary_factor` is applied to a `"default"` rope as HF applies it: only for the
+    model types whose HF rotary module reads it (`HONORS_PARTIAL_ROTARY`, e.g. GPT-NeoX, Phi,
+    GLM, StableLM); Llama 4, Gemma 2/3, Cohere 2, SmolLM3 and the rest rotate the whole head.
+    Llama 4's temperature tuning uses HF's defaults (on, `floor_scale=8192`,
+    `attn_scale=0.1`) where the config leaves them out.
+
     Raises:
-        ValueError: a config without `num_hidden_layers`; rope parameters `from_hf_rope`
+        ValueError: a config without `num_hidden_layers`; `layer_types` or `no_rope_layers`
+            of another length than the depth; a layer type that is not full, sliding or
+            chunked attention (a linear-attention or state-space layer of a hybrid model has
+            no position scheme mmpe schedules); a sliding layer without `sliding_window` or
+            a chunked one without `attention_chunk_size`; temperature tuning without
+            `floor_scale`/`attn_scale` outside Llama 4; rope parameters `from_hf_rope`
             refuses, or whose encoding's settings do not rebuild it.
     """
     get = (lambda k, d=None: config.get(k, d)) if isinstance(config, Mapping) else \
@@ -318,13 +329,14 @@ def layer_schedule_from_hf(config: Any) -> LayerSchedule:
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
         raise ValueError(f"layer_schedule_from_hf: the config needs num_hidden_layers >= 1, got {depth!r}")
     model_type = get("model_type", "") or ""
-    types = list(get("layer_types") or ["full_attention"] * depth)
-    no_rope = get("no_rope_layers") or [1] * depth
+    types = _per_layer(get("layer_types"), "layer_types", depth, ["full_attention"] * depth)
+    no_rope = _per_layer(get("no_rope_layers"), "no_rope_layers", depth, [1] * depth)
     rope_params = get("rope_parameters") or {"rope_type": "default",
                                               "rope_theta": get("rope_theta", 10000.0)}
     interleaved = model_type in ("llama4_text", "llama4", "cohere2", "cohere")
     head_dim = get("head_dim") or (get("hidden_size") // get("num_attention_heads")
                                    if get("hidden_size") and get("num_attention_heads") else None)
+    partial = not model_type or model_type.removesuffix("_text") in HONORS_PARTIAL_ROTARY
 
     def rope_for(kind: str) -> dict[str, Any]:
         params = rope_params.get(kind, rope_params) if isinstance(rope_params.get(kind), Mapping) \
@@ -335,25 +347,81 @@ def layer_schedule_from_hf(config: Any) -> LayerSchedule:
                                      interleaved)
         spec = rope_spec(params.get("rope_theta", get("rope_theta", 10000.0)), interleaved)
         factor = params.get("partial_rotary_factor", get("partial_rotary_factor"))
-        if factor not in (None, 1, 1.0) and head_dim:
+        if partial and factor not in (None, 1, 1.0) and head_dim:
             spec["rotary_dim"] = int(head_dim * factor)
         return spec
 
+    temperature = _temperature_tuning(get, model_type)
     layers = []
     for i in range(depth):
         kind = types[i]
         window = chunk = None
+        if kind not in _LAYER_TYPES:
+            raise ValueError(f"layer_schedule_from_hf: layer_types[{i}] = {kind!r} is not an "
+                             f"attention layer mmpe schedules (one of {sorted(_LAYER_TYPES)}); "
+                             "a hybrid model's linear-attention or state-space layers have no "
+                             "position scheme here")
         if kind == "sliding_attention" and get("use_sliding_window", True) is not False:
-            window = get("sliding_window")
+            window = _required(get, "sliding_window", i, kind)
         elif kind == "chunked_attention":
-            chunk = get("attention_chunk_size")
+            chunk = _required(get, "attention_chunk_size", i, kind)
         uses_rope = bool(no_rope[i]) and (model_type != "cohere2" or kind == "sliding_attention")
-        temperature = None
-        if not uses_rope and get("attn_temperature_tuning", False):
-            temperature = {"floor_scale": float(get("floor_scale")), "attn_scale": float(get("attn_scale"))}
         layers.append(LayerSpec(encodings=(rope_for(kind),) if uses_rope else (), window=window,
-                                chunk=chunk, temperature=temperature))
+                                chunk=chunk, temperature=None if uses_rope else temperature))
     return LayerSchedule(layers, name=f"hf:{model_type}" if model_type else "hf")
+
+
+#: HF model types (module names) whose `"default"` rotary module reads
+#: `partial_rotary_factor` (transformers 5: the models whose `compute_default_rope_parameters`
+#: reads it; tests/integrations checks this set against the installed transformers).
+HONORS_PARTIAL_ROTARY = frozenset((
+    "bamba", "deepseek_v4", "diffusion_gemma", "dots3_note", "efficientloftr", "glm", "glm4",
+    "glm4_moe", "glm4_moe_lite", "glm4v", "glm4v_moe", "glm_image", "glm_ocr", "glmasr",
+    "gpt_neox", "gpt_neox_japanese", "laguna", "mellum", "mimo_v2_flash", "minimax_m2",
+    "minimax_m3_vl", "moonshine", "moonshine_streaming", "musicflamingo", "nemotron",
+    "nemotron3_5_transcribe", "nemotron3_diarization", "neomme", "persimmon", "phi", "phi3",
+    "phi4_multimodal", "qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen4_exp", "recurrent_gemma",
+    "solar_open", "stablelm", "step3p7", "zaya"))
+
+#: the attention layer types a schedule holds (HF `layer_types`)
+_LAYER_TYPES = frozenset(("full_attention", "sliding_attention", "chunked_attention"))
+
+#: HF's Llama4TextConfig defaults
+_LLAMA4_TEMPERATURE = {"attn_temperature_tuning": True, "floor_scale": 8192, "attn_scale": 0.1}
+
+
+def _per_layer(values: Any, name: str, depth: int, default: list) -> list:
+    if values is None:
+        return default
+    values = list(values)
+    if len(values) != depth:
+        raise ValueError(f"layer_schedule_from_hf: {name} has {len(values)} entries but "
+                         f"num_hidden_layers is {depth}; give one per layer")
+    return values
+
+
+def _required(get: Any, key: str, i: int, kind: str) -> int:
+    value = get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"layer_schedule_from_hf: layer {i} is {kind!r} but the config's "
+                         f"{key} is {value!r} (an int >= 1 is needed)")
+    return value
+
+
+def _temperature_tuning(get: Any, model_type: str) -> dict[str, float] | None:
+    """Llama 4's attention temperature on NoPE layers (`attn_temperature_tuning`), with HF's
+    defaults for Llama 4 configs."""
+    defaults = _LLAMA4_TEMPERATURE if model_type.startswith("llama4") else {}
+    if not get("attn_temperature_tuning", defaults.get("attn_temperature_tuning", False)):
+        return None
+    out = {}
+    for key in ("floor_scale", "attn_scale"):
+        value = get(key, defaults.get(key))
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"layer_schedule_from_hf: attn_temperature_tuning needs {key} > 0, "
+                             f"got {value!r}")
+        out[key] = float(value)
+    return out
 
 
 def _scaled_rope_spec(params: dict[str, Any], head_dim: int | None, max_pos: int | None,

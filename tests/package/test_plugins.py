@@ -78,6 +78,33 @@ def test_broken_plugin_names_itself(tmp_path: Path) -> None:
     assert run.returncode != 0 and "plugin 'ring_bias'" in run.stderr and "boom" in run.stderr
 
 
+def test_a_broken_plugin_skips_no_other_and_is_reported_every_call(tmp_path: Path) -> None:
+    """The broken entry point sorts first; the good one after it still loads, and every
+    registry call raises again (no flag set by the failed load hides it)."""
+    _install_plugin(tmp_path)
+    (tmp_path / "aaa_broken.py").write_text("raise RuntimeError('boom')\n")
+    dist = tmp_path / "aaa_broken-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: aaa-broken\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[mmpe.encodings]\naaa_broken = aaa_broken\n")
+    script = textwrap.dedent('''
+        import mmpe
+        for _ in range(2):
+            try:
+                mmpe.available()
+            except ImportError as err:
+                print("RAISED", err)
+        from mmpe.registry import _REGISTRY
+        print("GOOD LOADED", "ring_bias" in _REGISTRY)
+    ''')
+    env_path = f"{tmp_path}:{Path(mmpe.__file__).resolve().parents[1]}"
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"}, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("RAISED") == 2 and "plugin 'aaa_broken'" in run.stdout
+    assert "boom" in run.stdout and "GOOD LOADED True" in run.stdout
+
+
 def test_show_and_did_you_mean(capsys) -> None:
     assert main(["show", "rope_yarn"]) == 0
     out = capsys.readouterr().out
