@@ -126,8 +126,9 @@ class Composite(_SegmentIds):
             `(H, W)` (an image of `H × W` patches, `T = 1`), a triple `(T, H, W)` (a
             video), or a [`Grid`][mmpe.coords.grid.Grid] / [`Sequence`][mmpe.coords.sequence.Sequence]
             without prefix tokens / offset.
-        temporal_scale: multiplies a video's temporal index before truncation to an int
-            (Qwen2.5-VL's absolute-time ids: `tokens_per_second · second_per_grid_t`); 1 gives
+        temporal_scale: multiplies a video's temporal index before truncation to an int, in
+            float32 as HF does (Qwen2.5-VL's absolute-time ids: `tokens_per_second ·
+            second_per_grid_t`); 1 gives
             Qwen2-VL. A float applies to every video; a list gives one per video segment, in
             order ([`qwen2_5_vl_composite`][mmpe.coords.vlm.qwen2_5_vl_composite] builds it from seconds).
         causal: queries attend only to keys at or before them in token order (decoder).
@@ -174,7 +175,9 @@ class Composite(_SegmentIds):
             else:
                 grid = patch_indices(shape)
                 scale = scales.pop() if kind == "video" else 1.0
-                tt = (grid[:, 0].double() * scale).long()
+                # float32, as HF's get_vision_position_ids multiplies (int64 ids × a float32
+                # interval): a float64 product truncates one lower where float32 rounds up
+                tt = (grid[:, 0].float() * torch.tensor(scale, dtype=torch.float32)).long()
                 block = torch.stack((tt, grid[:, 1], grid[:, 2]), dim=-1) + start
             blocks.append(block)
             start = int(block.max()) + 1

@@ -53,7 +53,8 @@ def qwen2_5_vl_composite(
 
     Temporal patch `t` of the `v`-th video starting at `s` gets the temporal id
     `s + ⌊t · tokens_per_second · second_per_grid_ts[v]⌋` (truncated after multiplying, as
-    `get_vision_position_ids`); height/width ids are `s + h`, `s + w`; images and text are
+    `get_vision_position_ids`; in float32, with the seconds rounded to float32 as HF's
+    processor passes them, so the ids are HF's where float32 rounds up); height/width ids are `s + h`, `s + w`; images and text are
     as in Qwen2-VL. One temporal id is `1 / tokens_per_second` seconds, so two videos
     sampled at different frame rates share a time axis. Use with [`mrope`][mmpe.encodings.mrope.MRoPE]
     (Qwen2.5-VL's rotation is Qwen2-VL's, sections `(16, 24, 24)` at `h_d = 128`).
@@ -90,8 +91,11 @@ def qwen2_5_vl_composite(
     if n_video is not None and len(seconds) != n_video:
         raise ValueError(f"qwen2_5_vl_composite: second_per_grid_ts needs one entry per video "
                          f"segment ({n_video}), got {len(seconds)}")
-    return Composite(segments, temporal_scale=[rate * s for s in seconds], causal=causal,
-                     device=device)
+    # the interval as HF forms it: tokens_per_second times the processor's float32 seconds,
+    # rounded to float32 (so a 25 fps clip's 0.08 s gives HF's ids, not float64's)
+    f32 = torch.float32
+    intervals = [float(torch.tensor(rate, dtype=f32) * torch.tensor(s, dtype=f32)) for s in seconds]
+    return Composite(segments, temporal_scale=intervals, causal=causal, device=device)
 
 
 class VideoRoPEComposite(_SegmentIds):

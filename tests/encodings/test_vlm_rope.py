@@ -318,3 +318,31 @@ def test_every_listed_encoding_runs_on_v2pe_or_refuses_fractional_positions():
         assert torch.isfinite(out).all(), entry.name
     assert "rope" not in refused and "sinusoidal" not in refused
     assert set(refused) <= {"learned", "axial"}
+
+
+@settings(max_examples=60, deadline=None)
+@given(fps=st.sampled_from([1, 2, 4, 5, 10, 12, 24, 25, 29.97, 30, 50, 60]) | st.floats(0.5, 120),
+       tokens_per_second=st.sampled_from([1, 2, 4, 25]),
+       temporal_patch=st.sampled_from([1, 2]), frames=st.integers(1, 40))
+def test_qwen25_temporal_ids_equal_hf_for_processor_tensors(fps, tokens_per_second,
+                                                            temporal_patch, frames):
+    """The processor passes `second_per_grid_ts` as float32 (`temporal_patch_size / fps`);
+    HF multiplies in float32 (see the rounding case below)."""
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
+
+    seconds = torch.tensor([temporal_patch / fps], dtype=torch.float32)
+    interval = tokens_per_second * seconds[0]
+    hf = Qwen2_5_VLModel.get_vision_position_ids(None, 0, torch.tensor([frames, 1, 1]),
+                                                time_interval=interval)
+    c = qwen2_5_vl_composite([(frames, 1, 1)], second_per_grid_ts=seconds,
+                             tokens_per_second=tokens_per_second)
+    assert torch.equal(c.position_ids, hf)
+
+
+def test_qwen25_float32_rounding_case():
+    """24 fps, one frame a patch, 25 ids a second: patch 24 is one second in; float32 rounds
+    the product up to 25 (HF), float64 truncates it to 24."""
+    seconds = torch.tensor([1 / 24])
+    c = qwen2_5_vl_composite([(25, 1, 1)], second_per_grid_ts=seconds, tokens_per_second=25)
+    assert int(c.position_ids[0, 24]) == 25
+    assert int((torch.arange(25).double() * (25 * (1 / 24))).long()[24]) == 24  # control
