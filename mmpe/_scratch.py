@@ -27,8 +27,21 @@ BLOCK_BYTES = 1 << 28
 
 
 def block_bytes() -> int:
-    """Bytes one block of bias rows may take before SDPA runs block by block over queries."""
-    return int(os.environ.get("MMPE_ATTN_BLOCK_BYTES", BLOCK_BYTES))
+    """Bytes one block of bias rows may take before SDPA runs block by block over queries.
+
+    Raises:
+        ValueError: `MMPE_ATTN_BLOCK_BYTES` set to anything but a positive integer.
+    """
+    text = os.environ.get("MMPE_ATTN_BLOCK_BYTES")
+    if text is None:
+        return BLOCK_BYTES
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"MMPE_ATTN_BLOCK_BYTES must be a positive integer (bytes), got {text!r}")
+    return value
 
 
 _local = threading.local()

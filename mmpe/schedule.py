@@ -339,12 +339,22 @@ class LayerSchedule(SavesSettings):
     @classmethod
     def from_state_dict(cls, state: Mapping[str, Any], prefix: str | None = None) -> LayerSchedule | None:
         """The schedule saved in a model's `state_dict` (`<prefix>layer_schedule.settings.config`;
-        the first such key when `prefix` is None), or None when it holds none."""
+        the first such key when `prefix` is None), or None when it holds none.
+
+        Raises:
+            ValueError: the saved config is not a schedule's JSON (a corrupted or foreign
+                entry), naming the key.
+        """
         suffix = "layer_schedule." + SETTINGS_PREFIX + "config"
         keys = [k for k in state if k.endswith(suffix) and (prefix is None or k == prefix + suffix)]
         if not keys:
             return None
-        return cls(json.loads(decode_setting(state[keys[0]])))
+        try:
+            config = json.loads(decode_setting(state[keys[0]]))
+        except (json.JSONDecodeError, TypeError, ValueError) as err:
+            raise ValueError(f"LayerSchedule.from_state_dict: {keys[0]} does not hold a layer "
+                             f"schedule's JSON config ({err})") from None
+        return cls(config)
 
     @classmethod
     def from_hf(cls, config: Any) -> LayerSchedule:

@@ -145,6 +145,7 @@ def check_tensor(where: str, arg: str, value: object, *, dims: tuple[int, ...] |
 _INT_MINIMUM: dict[str, int | None] = {
     "prefix_tokens": 0,     # no cls/register tokens
     "seed": 0,              # a generator seed
+    "max_offset": 0,        # Abacus: 0 disables the random training offset
     "head_dim": 2,          # rotary pairs / sin-cos pairs need two channels
     "npos_max": 2,
     "position_buckets": 2,

@@ -155,6 +155,10 @@ def pytest_terminal_summary(terminalreporter) -> None:
     """Report how many (encoding, coordinates, check) cases the registry matrix ran."""
     import sys
 
+    edges = sys.modules.get("test_newest_api_edges") or sys.modules.get(
+        "package.test_newest_api_edges")
+    if edges is not None and edges.OUTCOMES:
+        terminalreporter.write_line(f"newest-API edge cases by outcome: {edges.summary()}")
     matrix = sys.modules.get("tests.test_registry_matrix") or sys.modules.get("test_registry_matrix")
     cases = getattr(matrix, "MATRIX_CASES", None)
     if not cases:

@@ -220,7 +220,11 @@ def run_math(scores: Seq[ScoreEncoding], kernel: KernelEncoding | None, ctx: Att
              scale: float) -> Tensor:
     """Explicit ``q·kᵀ``, score mods, mask, then the kernel (or softmax and value-side terms)."""
     coords = ctx.coords
-    _check_memory(3 * _bias_bytes(ctx, coords.num_queries), "the math path's scores", ctx)
+    # scores, their score-modded and masked copies, and the probabilities: four at once (one
+    # more where record_attention keeps them)
+    copies = 5 if record.recording() else 4
+    _check_memory(copies * _bias_bytes(ctx, coords.num_queries),
+                  "the math path's scores" + (" (recorded)" if copies == 5 else ""), ctx)
     scores_ = (ctx.q @ ctx.k.transpose(-2, -1)).float() * scale
     score_mod = compose_score_mods([e.score_mod(ctx) for e in scores])
     if score_mod is not None:

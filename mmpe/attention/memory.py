@@ -21,17 +21,30 @@ def _bias_bytes(ctx: AttentionContext, rows: int) -> int:
 
 
 def _check_memory(needed: int, what: str, ctx: AttentionContext) -> None:
-    """Fail before allocating what this machine cannot hold, naming the size and alternatives."""
+    """Fail before allocating what this machine cannot hold now (its available memory, or its
+    physical memory where the OS does not say), naming the size and alternatives."""
     if ctx.q.device.type != "cpu" or torch.compiler.is_compiling():
         return
-    total = _physical_memory()
-    if total and needed > total:
+    free = _available_memory()
+    if free and needed > free:
         raise MemoryError(
             f"attention: {what} for b={ctx.q.shape[0]}, n_h={ctx.num_heads}, "
             f"n_q={ctx.coords.num_queries}, n_k={ctx.coords.num_keys} need {needed / 2**30:.1f} "
-            f"GiB, more than this machine's {total / 2**30:.1f} GiB; use the block-wise SDPA "
-            "path (backend='sdpa' with softmax and additive terms), FlexAttention on a GPU "
-            "(backend='flex'), or shorter sequences")
+            f"GiB, more than the {free / 2**30:.1f} GiB this machine has free; use the "
+            "block-wise SDPA path (backend='sdpa' with softmax and additive terms), "
+            "FlexAttention on a GPU (backend='flex'), or shorter sequences")
+
+
+def _available_memory() -> int | None:
+    """Bytes the OS can give now (Linux `MemAvailable`), else the physical memory."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return _physical_memory()
 
 
 @functools.cache

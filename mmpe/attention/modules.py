@@ -114,6 +114,10 @@ class _Attention(nn.Module):
         if coords.batch_size is not None and coords.batch_size != x.shape[0]:
             raise ValueError(f"attention: x has batch {x.shape[0]} but the coordinates hold "
                              f"positions for {coords.batch_size} examples")
+        device = getattr(coords, "device", None)
+        if isinstance(device, torch.device) and device.type != x.device.type:
+            raise ValueError(f"attention: the coordinates are on {device} but x is on "
+                             f"{x.device}; build them with device=x.device (or coords.to(...))")
 
     def _rotate(self, q: Tensor, k: Tensor, coords: Coordinates) -> tuple[Tensor, Tensor]:
         for rotary in self.rotary:

@@ -179,7 +179,7 @@ class Cross(Coordinates):
             self._distance_fn = fn
             self.distance = self._distance
             self.extent = self._extent
-            self._extent_table = self._farthest_key()
+            self._extent_table: Tensor | None = None  # pairwise: built when asked
         from mmpe.coords.sequence import Sequence
 
         if type(queries) is Sequence and type(keys) is Sequence:
@@ -205,8 +205,12 @@ class Cross(Coordinates):
         return self.queries.device
 
     def prepare(self) -> None:
+        """Both sides' tables, and each query's farthest key where a distance is defined
+        (`extent`), before FlexAttention traces a score mod."""
         self.queries.prepare()
         self.keys.prepare()
+        if getattr(self, "_distance_fn", None) is not None and self._extent_table is None:
+            self._extent_table = self._farthest_key()
 
     @property
     def key_mask(self) -> Tensor | None:
@@ -225,14 +229,24 @@ class Cross(Coordinates):
         return self._distance_fn(self.queries, self.keys, q_idx, kv_idx, b)
 
     def _extent(self, q_idx: Tensor, b: Tensor | None = None) -> Tensor:
+        if self._extent_table is None:
+            self._extent_table = self._farthest_key()
         table = self._extent_table  # [b or 1, n_q]: the farthest key of each query
         return table[0 if b is None or table.shape[0] == 1 else b, q_idx]
 
-    def _farthest_key(self) -> Tensor:
-        b, _, q, k = index_grid(self._batch or 1, 1, self.num_queries, self.num_keys, self.device)
-        d = self._distance_fn(self.queries, self.keys, q, k, b if self._batch else None)
-        d = d.expand(self._batch or 1, 1, self.num_queries, self.num_keys)[:, 0]
-        return d.amax(dim=-1)
+    def _farthest_key(self, pairs_per_block: int = 1 << 22) -> Tensor:
+        """Each query's largest distance to a key, `[b or 1, n_q]`, in blocks of query rows
+        (O(block) memory; the same per-pair distances as one `[n_q, n_k]` table)."""
+        batch, n_q, n_k = self._batch or 1, self.num_queries, self.num_keys
+        rows = max(1, pairs_per_block // max(1, batch * n_k))
+        parts = []
+        for start in range(0, n_q, rows):
+            size = min(rows, n_q - start)
+            b, _, q, k = index_grid(batch, 1, size, n_k, self.device)
+            d = self._distance_fn(self.queries, self.keys, q + start, k,
+                                  b if self._batch else None)
+            parts.append(d.expand(batch, 1, size, n_k)[:, 0].amax(dim=-1))
+        return torch.cat(parts, dim=-1)
 
     def _relation(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
         return self.queries.query_index(q_idx, b) - self.keys.key_index(kv_idx, b)

@@ -14,6 +14,7 @@ cells in row-major (C) order — the layout of a timm/ViT token sequence. A grid
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from collections.abc import Sequence as Seq
 
 import torch
@@ -83,6 +84,12 @@ class Grid(StoredPositions):
             raise ValueError(f"Grid: prefix_tokens must be an int >= 0, got {prefix_tokens!r}")
         if scale is None:
             scale = (1.0,) * ndim
+        if isinstance(scale, int | float) and not isinstance(scale, bool):
+            scale = (scale,) * ndim  # one spacing for every axis
+        if isinstance(scale, str | bytes) or not isinstance(scale, Iterable) or not all(
+                isinstance(s, int | float) and not isinstance(s, bool) for s in scale):
+            raise ValueError(f"Grid: scale must be a positive finite float or {ndim} of them "
+                             f"(one per axis), got {scale!r}")
         scale = tuple(float(s) for s in scale)
         if len(scale) != ndim or any(not (s > 0 and math.isfinite(s)) for s in scale):
             raise ValueError(

@@ -27,10 +27,12 @@ that needs one grid shape (`learned_grid`, `factorized`, `sincos` …) on every 
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from collections.abc import Sequence as Seq
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -104,8 +106,9 @@ class PackedGrids(Coordinates):
         device: torch.device | str | None = None,
     ) -> None:
         packs, self.batched = _check_packs(shapes)
-        if isinstance(prefix_tokens, bool) or not isinstance(prefix_tokens, int) or prefix_tokens < 0:
+        if not _is_int(prefix_tokens) or prefix_tokens < 0:
             raise ValueError(f"PackedGrids: prefix_tokens must be an int >= 0, got {prefix_tokens!r}")
+        prefix_tokens = int(prefix_tokens)
         if metric not in METRICS:
             raise ValueError(f"PackedGrids: metric must be one of {METRICS}, got {metric!r}")
         if not (isinstance(prefix_distance, (int, float)) and 0 <= prefix_distance < math.inf):
@@ -119,8 +122,9 @@ class PackedGrids(Coordinates):
         longest = max(lengths)
         if max_tokens is None:
             max_tokens = longest
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        if not _is_int(max_tokens) or max_tokens < 1:
             raise ValueError(f"PackedGrids: max_tokens must be a positive int, got {max_tokens!r}")
+        max_tokens = int(max_tokens)
         for r, length in enumerate(lengths):
             if length > max_tokens:
                 raise ValueError(f"PackedGrids: row {r} holds {length} tokens ({prefix_tokens} "
@@ -216,7 +220,7 @@ class PackedGrids(Coordinates):
         rows: list[list[int]] = []
         free: list[int] = []
         for i, s in enumerate(packs[0]):
-            size = (p if isinstance(p, int) else 0) + math.prod(s)
+            size = (int(p) if _is_int(p) else 0) + math.prod(s)
             if size > max_tokens:
                 raise ValueError(f"PackedGrids.first_fit: image {i} of shape {s} needs {size} "
                                  f"tokens, more than max_tokens={max_tokens}")
@@ -431,7 +435,12 @@ def _is_shape(x: object) -> bool:
     if isinstance(x, Tensor):
         x = x.tolist()
     return (isinstance(x, (tuple, list, torch.Size)) and len(x) > 0
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in x))
+            and all(_is_int(v) for v in x))
+
+
+def _is_int(v: object) -> bool:
+    """An integer, Python's or numpy's (not a bool)."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool | np.bool_)
 
 
 def _check_packs(shapes: object) -> tuple[list[list[Shape]], bool]:

@@ -15,6 +15,7 @@ permutations of its points. An absolute encoding of the coordinates (`Positioned
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence as Seq
 
 import numpy as np
@@ -91,6 +92,7 @@ class Points(StoredPositions):
             raise ValueError("Points: positions must be finite at every real point (NaN or inf "
                              "given); mark padded points with mask=False instead")
         self.units = units
+        _warn_if_implausible_scale(real, units)
         self._pos = pos
         # Key padding for mask_mod; None when no point is padded.
         self._valid = None if valid is None or bool(valid.all()) else valid
@@ -285,6 +287,26 @@ def _check_mask(mask, pos: Tensor) -> Tensor | None:
         where = "the point set" if pos.dim() == 2 else f"examples {empty}"
         raise ValueError(f"Points: mask leaves no real point in {where}; every example needs one")
     return mask
+
+
+#: extents (largest bounding-box side of the real points) outside this range get a warning
+PLAUSIBLE_EXTENT = (1e-6, 1e8)
+
+
+def _warn_if_implausible_scale(real: Tensor, units: str) -> None:
+    """Distance encodings set their widths and slopes for spans of roughly 0.1 … 1000 units;
+    a cloud 1e-10 across (an atom in metres) makes every distance look like 0."""
+    flat = real.reshape(-1, real.shape[-1]).detach()
+    if flat.shape[0] < 2:
+        return
+    extent = float((flat.max(0).values - flat.min(0).values).max())
+    low, high = PLAUSIBLE_EXTENT
+    if 0 < extent < low or extent > high:
+        unit = f" {units}" if units else ""
+        warnings.warn(f"Points: the points span {extent:.3g}{unit}; distance encodings (their "
+                      "widths, slopes, cut-offs) are set for spans near 1 to 1000, so distances "
+                      "this small or large read as all 0 or all far: rescale the positions (e.g. "
+                      "metres to ångström)", UserWarning, stacklevel=3)
 
 
 def _diameters(pos: Tensor, valid: Tensor | None) -> Tensor:

@@ -9,6 +9,7 @@ as unit vectors on S², and with the great-circle angle between any two tokens.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence as Seq
 
 import numpy as np
@@ -97,6 +98,7 @@ class Sphere(Coordinates):
         if not bool(torch.isfinite(lon64).all()):
             raise ValueError("Sphere: lon must be finite (NaN or inf given)")
         if units == "deg":
+            _warn_if_radians(lat64, lon64)
             lat64, lon64 = torch.deg2rad(lat64), torch.deg2rad(lon64)
         lat64 = lat64.clamp(-math.pi / 2, math.pi / 2)
         self._lat = lat64.to(dtype)
@@ -253,6 +255,19 @@ def lat_lon_to_unit(lat: Tensor, lon: Tensor) -> Tensor:
     """Unit vectors `(cos φ cos λ, cos φ sin λ, sin φ)` `[..., 3]` from radians `lat`, `lon`."""
     cos_lat = torch.cos(lat)
     return torch.stack((cos_lat * torch.cos(lon), cos_lat * torch.sin(lon), torch.sin(lat)), dim=-1)
+
+
+def _warn_if_radians(lat: Tensor, lon: Tensor) -> None:
+    """Degrees that all fit radians' ranges, spread over more than a radian: radians passed as
+    degrees would make every point sit within ~1.6° of (0°, 0°), a plausible-looking cloud."""
+    if lat.numel() < 3:
+        return
+    spread = max(float(lat.max() - lat.min()), float(lon.max() - lon.min()))
+    if float(lat.abs().max()) <= math.pi / 2 and float(lon.abs().max()) <= math.pi and spread > 1.0:
+        warnings.warn("Sphere: every lat is within ±π/2 and every lon within ±π, spread over "
+                      f"{spread:.2f} units, with units='deg': these look like radians (a patch "
+                      "of a few degrees near 0°N 0°E otherwise); pass units='rad' if they are",
+                      UserWarning, stacklevel=3)
 
 
 def great_circle(lat1: Tensor, lon1: Tensor, lat2: Tensor, lon2: Tensor) -> Tensor:

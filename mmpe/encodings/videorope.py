@@ -70,8 +70,9 @@ class VideoRoPE(MRoPE):
 
     def __init__(self, head_dim: int, temporal_pairs: int | None = None,
                  base: float = 10000.0) -> None:
-        if head_dim <= 0 or head_dim % 2:
-            raise ValueError(f"videorope: head_dim must be a positive even int, got {head_dim}")
+        if head_dim <= 0 or head_dim % 2 or head_dim < 6:
+            raise ValueError(f"videorope: head_dim must be an even int >= 6 (a pair each for t, "
+                             f"h and w), got {head_dim}")
         half = head_dim // 2
         if temporal_pairs is None:
             temporal_pairs = default_mrope_section(head_dim)[0]

@@ -96,6 +96,7 @@ ALLOWED = {
     ("rope_yarn", "mscale_all_dim", -1.0),
     ("rope_yarn", "mscale_all_dim", 0.0),
     ("maglap", "q", 0.0),          # magnetic Laplacian at q = 0: the symmetrised graph's Laplacian
+    ("abacus", "max_offset", 0),   # documented: 0 disables the random training offset
 }
 
 TRIED: list[tuple[str, str]] = []  # (category, what)
