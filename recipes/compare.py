@@ -58,7 +58,8 @@ class CompareSpec:
             names (aliases, `a+b` combinations) passes its parser.
         plot: draws the recipe's own figure from stored runs (default: the metric per column).
         command: the command that stores more runs, named under a preliminary table (default
-            `mmpe compare <recipe> --store results`).
+            `mmpe compare <recipe> --store results`), or a function of the block's settings
+            that returns it.
         chance: the chance level of each accuracy column: a dict or a function of the column
             name (None: no chance level). Tables mark cells at chance and never call them best
             ([`mmpe.results.report`][mmpe.results.report]).
@@ -81,7 +82,7 @@ class CompareSpec:
     seeds: int = 3
     higher_is_better: tuple[str, ...] = ()
     plot: Callable[..., Any] | None = None
-    command: str | None = None
+    command: str | Callable[[tuple[str, ...]], str] | None = None
     chance: dict[str, float] | Callable[[str], float | None] | None = None
     in_distribution: Callable[[str], str | None] | None = None
 

@@ -169,6 +169,9 @@ COMPARE = CompareSpec(
         if setting.startswith("task-") else plot_tasks(records, path, setting, rows)),
     chance=chance,
     in_distribution=in_distribution,
+    command=lambda settings: (
+        "python -m mmpe.recipes.lengthgen per-task --store results --seeds 0,1,2"
+        if any(s.startswith("task-") for s in settings) else "mmpe compare lengthgen --store results"),
 )
 
 

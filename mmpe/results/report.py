@@ -64,7 +64,8 @@ LEARNED = 0.95
 NOT_LEARNED_MARK = "‡"
 DIRTY_MARK = "†"
 
-BLOCK = re.compile(r"(<!-- mmpe:report (?P<args>[^>]*?) -->\n)(?P<body>.*?)(<!-- mmpe:end -->)",
+#: A marker's arguments may hold `>` inside double quotes (`columns="copy >L"`).
+BLOCK = re.compile(r'(<!-- mmpe:report (?P<args>(?:[^>"]|"[^"]*")*?) -->\n)(?P<body>.*?)(<!-- mmpe:end -->)',
                    re.DOTALL)
 
 
@@ -301,7 +302,8 @@ def _table(spec: Any, chosen: list[dict[str, Any]], columns: list[str], summary_
                                                    all_chance)
     if NOT_LEARNED_MARK in used:
         text += "\n" + (f"{NOT_LEARNED_MARK}: not learned in distribution (its in-distribution "
-                        f"mean is below {LEARNED:g}): the cell is not read as extrapolation and "
+                        f"mean, before rounding, is below {LEARNED:g}): the cell is not read as "
+                        "extrapolation and "
                         "is never a column's best.")
     if CHANCE_MARK in used:
         text += "\n" + chance_line({c: v for c, v in chance.items() if c in chance_cols})
@@ -454,7 +456,9 @@ def preliminary_line(block: Block, records: list[dict[str, Any]],
                      command: str | None = None) -> str:
     """The visible warning under a block marked `preliminary` (fewer seeds than it needs);
     `command` stores more runs (default `mmpe compare <recipe> --store results`)."""
-    fewest = min(seeds_per_row(block, records).values())
+    fewest = min(seeds_per_row(block, records).values(), default=0)
+    if callable(command):  # a spec's command per block settings (one setting per task, say)
+        command = command(block.settings)
     command = command or f"mmpe compare {block.recipe} --store results"
     return (f"*Preliminary: {fewest} of the {MIN_SEEDS} seeds per row stored so far; "
             f"`{command}` trains the rest (stored runs are skipped) and `make report` "

@@ -113,3 +113,11 @@ def test_merged_rows_join_settings_and_mark_what_is_not_learned_or_not_run():
     assert "b out: not learned in distribution by any row" in table
     assert "‡: not learned in distribution" in table
     assert "a out: p (within noise)" in table or "a out: p, q" in table or "a out: **p**" in table
+
+
+def test_a_marker_may_quote_a_column_with_a_greater_than_sign():
+    text = ('<!-- mmpe:report toy setting=a,b merge columns="copy >L,copy ≤L" -->\nold\n'
+            "<!-- mmpe:end -->\n<!-- mmpe:report toy -->\nold\n<!-- mmpe:end -->\n")
+    found = report.blocks(text)
+    assert [b.columns for b, _ in found] == [("copy >L", "copy ≤L"), None]
+    assert found[0][0].merge and found[0][0].settings == ("a", "b")
