@@ -90,6 +90,8 @@ COMPARE = CompareSpec(
     plot=lambda records, path, setting="default", rows=None: plot_panels(records, path, setting, rows),
     # A five-digit key: exact match by guessing is 1e-5.
     chance={c: 0.0 for c in PASSKEY_COLUMNS},
+    command=lambda settings: ("mmpe compare context --setting ladder --store results"
+                              if "ladder" in settings else "mmpe compare context --store results"),
 )
 
 #: The figure's panels: (title, columns, y label).

@@ -106,6 +106,10 @@ COMPARE = CompareSpec(
                                                                         rows),
     # Labels by a fair coin: accuracy 0.5 is chance; bits/nt has no chance level here.
     chance=lambda column: 0.5 if column.split("@")[0] in CLASSIFY else None,
+    command=lambda settings: (
+        "mmpe compare genomics --setting one --store results -- --config "
+        "configs/genomics/one_arrangement.yaml" if "one" in settings
+        else "mmpe compare genomics --store results"),
 )
 
 

@@ -384,7 +384,7 @@ def best_line(marks: dict[str, tuple], all_chance: dict[str, str] | None = None)
             parts.append(f"{col}: **{best}**")
         else:
             parts.append(f"{col}: {', '.join([best, *tied])} (within noise)")
-    return "; ".join(parts) + "."
+    return "; ".join(parts) + "." if parts else "none stored yet."
 
 
 def series(spec: Any, records: list[dict[str, Any]], setting: str = "default",
@@ -443,10 +443,10 @@ def _render(block: Block, spec: Any, records: list[dict[str, Any]]) -> str:
 
 
 def seeds_per_row(block: Block, records: list[dict[str, Any]]) -> dict[str, int]:
-    """Stored seeds of each row (encoding) the block shows."""
+    """Stored seeds of each row (encoding) the block shows (0 for a listed row without runs)."""
     runs = [r for r in records if r["setting"] in block.settings
             and (not block.rows or r["encoding"] in block.rows)]
-    out: dict[str, set[int]] = {}
+    out: dict[str, set[int]] = {enc: set() for enc in block.rows or ()}
     for r in runs:
         out.setdefault(r["encoding"], set()).add(r["seed"])
     return {enc: len(seeds) for enc, seeds in out.items()}
