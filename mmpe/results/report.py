@@ -203,7 +203,8 @@ def best_in_column(summary: dict[str, dict[str, Cell]], column: str,
     tied = [e for e in cells if e != best and not separated(cells[best], cells[e])]
     # A row at chance is beaten by one above it: it counts as a rival.
     rivals = len(cells) - 1 + sum(1 for row in summary.values() if at_chance(row[column], chance))
-    return best, not tied and rivals > 0, tied
+    # With one seed there is no noise to beat: nothing is marked.
+    return best, not tied and rivals > 0 and cells[best].sd is not None, tied
 
 
 def render_table(spec: Any, records: list[dict[str, Any]], *, settings: Iterable[str] = ("default",),
