@@ -89,7 +89,7 @@ EncodingSpec = str | Mapping[str, Any] | Encoding
 # ----------------------------------------------------------------------------- RoPE configs
 _CONFIG_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "partial_rotary_factor", "head_dim",
                 "hidden_size", "num_attention_heads", "max_position_embeddings",
-                "original_max_position_embeddings")
+                "original_max_position_embeddings", "model_type")
 
 
 def _model_info(config_or_dict: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -129,7 +129,9 @@ def from_hf_rope(config_or_dict: Any, *, head_dim: int | None = None,
 
     Returns:
         `rope`, `rope_pi`, `rope_dynamic_ntk`, `rope_yarn`, `rope_longrope` or
-            `rope_llama3` with non-interleaved (HF, GPT-NeoX) channel pairs.
+            `rope_llama3` with non-interleaved (HF, GPT-NeoX) channel pairs. A `"default"`
+            rope of a config whose `model_type` HF's default rotary does not read
+            `partial_rotary_factor` for (`HONORS_PARTIAL_ROTARY`) rotates the whole head.
 
     Raises:
         ValueError: an unsupported `rope_type` (naming the supported ones); a missing
@@ -167,6 +169,10 @@ def from_hf_rope(config_or_dict: Any, *, head_dim: int | None = None,
     base = float(rope.get("rope_theta") or info.get("rope_theta") or 10000.0)
     prf = rope.get("partial_rotary_factor", info.get("partial_rotary_factor"))
     prf = 1.0 if prf is None else prf
+    model_type = info.get("model_type") or ""
+    if rope_type == "default" and model_type and \
+            model_type.removesuffix("_text") not in HONORS_PARTIAL_ROTARY:
+        prf = 1.0  # this model's HF rotary module rotates the whole head (see the set)
     if not 0 < prf <= 1:
         raise ValueError(f"from_hf_rope: partial_rotary_factor must lie in (0, 1], got {prf}")
     rotary_dim = int(head_dim * prf)

@@ -10,7 +10,11 @@ import pkgutil
 
 import pytest
 
-from mmpe.integrations.transformers import HONORS_PARTIAL_ROTARY, layer_schedule_from_hf
+from mmpe.integrations.transformers import (
+    HONORS_PARTIAL_ROTARY,
+    from_hf_rope,
+    layer_schedule_from_hf,
+)
 
 BASE = {"num_hidden_layers": 3, "hidden_size": 64, "num_attention_heads": 4, "head_dim": 16,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
@@ -92,3 +96,6 @@ def test_partial_rotary_factor_as_hf_applies_it(model_type: str) -> None:
     ours = {spec.get("rotary_dim", config.head_dim) if isinstance(spec, dict) else spec
             for spec in specs}
     assert ours == {hf_dim}, (model_type, ours, hf_dim)
+    nested = isinstance(config.rope_parameters.get("full_attention"), dict)  # Gemma 3
+    layer_type = "full_attention" if nested else None
+    assert from_hf_rope(config, layer_type=layer_type).rotary_dim == hf_dim  # standalone too
