@@ -162,7 +162,14 @@ def index_grid(
 
     Calling a `score_mod` or `mask_mod` with these evaluates it on every pair at once:
     this is how the eager (SDPA) path reuses the exact function FlexAttention compiles.
+
+    Raises:
+        ValueError: a count that is not an int >= 0 (naming it).
     """
+    for name, n in (("batch", batch), ("heads", heads), ("n_q", n_q), ("n_k", n_k)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"index_grid: {name} must be an int >= 0, got {n!r}")
+
     def ar(n: int, shape: tuple[int, ...]) -> Tensor:
         return torch.arange(n, device=device).view(shape)
 

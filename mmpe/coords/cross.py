@@ -51,8 +51,20 @@ def register_cross_distance(query_cls: type, key_cls: type, fn: CrossDistance) -
     indices' broadcast shape, written with indexing and elementwise ops only (it runs inside
     FlexAttention). It may raise `ValueError` when the two objects are not in one space
     (e.g. grids of different scale); [`Cross`][mmpe.coords.cross.Cross] then offers no `Metric`.
+
+    Raises:
+        TypeError: a class that is not a `Coordinates` subclass, or `fn` not callable.
     """
+    _check_pair("register_cross_distance", query_cls, key_cls)
+    if not callable(fn):
+        raise TypeError(f"register_cross_distance: fn must be callable, got {fn!r}")
     _CROSS_DISTANCES[(query_cls, key_cls)] = fn
+
+
+def _check_pair(where: str, query_cls: object, key_cls: object) -> None:
+    for arg, cls in (("query_cls", query_cls), ("key_cls", key_cls)):
+        if not (isinstance(cls, type) and issubclass(cls, Coordinates)):
+            raise TypeError(f"{where}: {arg} must be a Coordinates subclass, got {cls!r}")
 
 
 def register_cross_positions(query_cls: type, key_cls: type,
@@ -69,7 +81,15 @@ def register_cross_positions(query_cls: type, key_cls: type,
         key_cls: the key side's coordinate class.
         same_space: `same_space(queries, keys)` is `False` for two objects of these classes
             that are not in one space after all (other units, other axes); `None`: always.
+
+    Raises:
+        TypeError: a class that is not a `Coordinates` subclass, or `same_space` neither
+            callable nor None.
     """
+    _check_pair("register_cross_positions", query_cls, key_cls)
+    if same_space is not None and not callable(same_space):
+        raise TypeError(f"register_cross_positions: same_space must be callable or None, got "
+                        f"{same_space!r}")
     _CROSS_POSITIONS[(query_cls, key_cls)] = same_space
 
 

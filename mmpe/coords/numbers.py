@@ -70,7 +70,17 @@ class Numbers(Sequence):
     def from_tokens(cls, tokens: Tensor, digit_ids: Tensor | list[int], **sequence_options) -> Numbers:
         """Numbers over token ids `[n]` or `[b, n]`: a token is a digit when its id is in
         `digit_ids` (the ids of `"0"` … `"9"` in the vocabulary)."""
-        digits = torch.as_tensor(digit_ids, device=tokens.device)
+        if not isinstance(tokens, Tensor) or tokens.is_floating_point() or tokens.dtype == torch.bool:
+            raise ValueError(f"Numbers.from_tokens: tokens must be an integer tensor of token ids, "
+                             f"got {tokens.dtype if isinstance(tokens, Tensor) else type(tokens).__name__}")
+        try:
+            digits = torch.as_tensor(digit_ids, device=tokens.device)
+        except (TypeError, ValueError, RuntimeError):
+            digits = None
+        if digits is None or digits.is_floating_point() or digits.dtype == torch.bool or \
+                digits.dim() != 1:
+            raise ValueError("Numbers.from_tokens: digit_ids must be the integer ids of the "
+                             f"digit tokens (a list or 1-d tensor), got {digit_ids!r}")
         return cls(torch.isin(tokens, digits), **sequence_options)
 
     @property

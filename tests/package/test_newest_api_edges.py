@@ -22,12 +22,27 @@ import torch
 
 import mmpe
 from mmpe.coords.randomized import randomized_positions
+from mmpe.coords.spacetime import TimeLine
 from mmpe.schedule import LayerSchedule
 
 #: the APIs this suite drives (each needs at least one case)
 APIS = ("Grid", "PackedGrids", "Points", "Sphere", "Cross", "KVCache", "randomized_positions",
         "record_attention", "abacus", "videorope", "MMPE_ATTN_BLOCK_BYTES", "attention device",
-        "LayerSchedule.from_state_dict", "layer_schedule_from_hf", "spe")
+        "LayerSchedule.from_state_dict", "layer_schedule_from_hf", "spe", "LayerSpec",
+        "Numbers", "PerImage", "TransformerBlock", "TimeLine", "V2PESequence",
+        "VideoRoPEComposite", "index_grid", "register_cross_distance", "register_cross_positions",
+        "qwen2_5_vl_composite", "v2pe_position_ids", "LayerSchedule")
+
+#: public names of `mmpe` and `mmpe.coords` no bad-input suite drives, and why
+NO_INPUT = {
+    "CONTEXT_KEYS": "a constant",
+    "Coordinates": "the base class (subclassed, not called with data)",
+    "Directed": "a capability protocol (isinstance checks only)",
+    "GraphLayout": "a capability protocol",
+    "GridLayout": "a capability protocol",
+    "FeatureGraph": "a capability protocol",
+    "LatLonOnly": "a class never instantiated (capability checks read its members)",
+}
 
 OUTCOMES: Counter = Counter()  # (api, outcome), read by conftest's terminal summary
 
@@ -162,6 +177,36 @@ CASES = [
     clear("layer_schedule_from_hf", "temperature tuning without floor_scale", lambda: _hf(
         no_rope_layers=[1, 0], attn_temperature_tuning=True), "floor_scale"),
     clear("spe", "k of another model", lambda: _spe_load(8, 2), "k"),
+    clear("LayerSchedule", "no layers", lambda: mmpe.LayerSchedule([]), "layers"),
+    clear("LayerSchedule", "a layer of an int", lambda: mmpe.LayerSchedule([1]), "layer spec"),
+    clear("LayerSpec", "window -1", lambda: mmpe.LayerSpec(encodings=("rope",), window=-1),
+          "window"),
+    clear("LayerSpec", "encodings a str", lambda: mmpe.LayerSpec(encodings="rope"), "encodings"),
+    clear("Numbers", "is_digit of ints", lambda: mmpe.Numbers(torch.tensor([1, 0, 1])),
+          "is_digit"),
+    clear("Numbers", "digit_ids a str", lambda: mmpe.Numbers.from_tokens(
+        torch.tensor([1, 2]), "0123"), "digit_ids"),
+    clear("Numbers", "float token ids", lambda: mmpe.Numbers.from_tokens(
+        torch.tensor([1.0, 2.0]), [1]), "tokens"),
+    clear("PerImage", "a rotary encoding", lambda: mmpe.PerImage(mmpe.build("rope", head_dim=8)),
+          "encoding"),
+    clear("TransformerBlock", "d_model not divisible", lambda: mmpe.TransformerBlock(30, 4),
+          "d_model"),
+    clear("TimeLine", "a list", lambda: TimeLine([1, 2]), "time"),
+    clear("TimeLine", "NaN stamps", lambda: TimeLine(torch.tensor([0.0, float("nan")])), "time"),
+    clear("V2PESequence", "delta 0", lambda: mmpe.coords.V2PESequence([3, (2, 2)], delta=0),
+          "delta"),
+    clear("VideoRoPEComposite", "delta -1", lambda: mmpe.coords.VideoRoPEComposite(
+        [3, (2, 2, 2)], delta=-1), "delta"),
+    clear("index_grid", "a negative count", lambda: mmpe.coords.index_grid(1, 1, -1, 2), "n_q"),
+    clear("register_cross_distance", "not classes", lambda: mmpe.coords.register_cross_distance(
+        "a", "b", None), "query_cls"),
+    clear("register_cross_positions", "same_space not callable",
+          lambda: mmpe.coords.register_cross_positions(mmpe.Points, mmpe.Points, 3), "same_space"),
+    clear("qwen2_5_vl_composite", "tokens_per_second 0", lambda: mmpe.coords.qwen2_5_vl_composite(
+        [(2, 2, 2)], second_per_grid_ts=[1.0], tokens_per_second=0), "tokens_per_second"),
+    clear("v2pe_position_ids", "delta 2", lambda: mmpe.coords.v2pe_position_ids([3], 2.0),
+          "delta"),
 ]
 
 
@@ -197,6 +242,23 @@ def test_every_listed_api_has_cases() -> None:
     covered = {p.values[0] for p in CASES}
     assert set(APIS) <= covered, f"APIs without cases: {sorted(set(APIS) - covered)}"
     assert covered <= set(APIS), f"cases of unlisted APIs: {sorted(covered - set(APIS))}"
+
+
+def test_every_public_name_is_driven_by_a_bad_input_suite() -> None:
+    """A public class or function of `mmpe` or `mmpe.coords` appears in one of the three
+    suites, or in `NO_INPUT` with the reason it takes no input to check: a new API without
+    cases fails here."""
+    import types
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    text = "".join((here / f).read_text(encoding="utf-8") for f in (
+        "test_bad_input.py", "test_misuse_edges.py", "test_newest_api_edges.py"))
+    names = {n for n in mmpe.__all__ if not isinstance(getattr(mmpe, n), types.ModuleType)}
+    names |= set(mmpe.coords.__all__)
+    gaps = sorted(n for n in names - set(NO_INPUT)
+                  if f"{n}(" not in text and f".{n}" not in text and f'"{n}"' not in text)
+    assert not gaps, f"public names no bad-input suite drives: {gaps}"
 
 
 def summary() -> str:
