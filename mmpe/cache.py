@@ -29,7 +29,8 @@ class KVCache:
     """One attention layer's cached keys and values, `[b, n_kv, s, h_d]` each.
 
     Attributes:
-        k, v: the cached tensors (None before the first step).
+        k: the cached keys `[b, n_kv, s, h_d]` (None before the first step).
+        v: the cached values, shaped as `k` (None before the first step).
         state: per-encoding incremental state, keyed by the encoding (e.g. FoX's cumulative
             log forget gates of every cached token); an encoding that needs more than the
             keys and values keeps it here.
