@@ -266,18 +266,26 @@ def _merged(records: list[dict[str, Any]], settings: list[str],
 
 def _table(spec: Any, chosen: list[dict[str, Any]], columns: list[str], summary_only: bool) -> str:
     """The table of `chosen` (one record per row and seed) with its marks and legends."""
-    summary = summarise(chosen, columns)
+    # The in-distribution columns the gates read, shown or not.
+    gate = getattr(spec, "in_distribution", None)
+    hidden = [g for g in dict.fromkeys(gate(c) for c in columns) if gate] if gate else []
+    full = summarise(chosen, [*columns, *[g for g in hidden if g and g not in columns]])
+    summary = {e: {c: row[c] for c in columns} for e, row in full.items()}
     chance = {c: chance_level(spec, c) for c in columns}
-    unread = {c: {e for e, row in summary.items() if not_learned(spec, row, c)} for c in columns}
+    unread = {c: {e for e, row in full.items() if not_learned(spec, row, c)} for c in columns}
     marks = {c: best_in_column(summary, c, lower_is_better(spec, c), chance[c], unread[c])
              for c in columns}
-    all_chance = {}
+    all_chance = {}  # per column: why it has no best, or why its best stands alone
     for c in columns:
         stored = [e for e, row in summary.items() if row[c].mean is not None]
+        excluded = [e for e in stored if e in unread[c] or at_chance(summary[e][c], chance[c])]
         if marks[c][0] is None and stored:
             all_chance[c] = ("not learned in distribution by any row" if set(stored) <= unread[c]
                              else "no row above chance" if not unread[c]
                              else "no row learned and above chance")
+        elif marks[c][0] is not None and not marks[c][2] and excluded:
+            all_chance[c] = ("the only row above chance" if not unread[c]
+                             else "the only row learned and above chance")
     if summary_only:
         return best_line(marks, all_chance)
     dirty = {r["encoding"] for r in chosen if (r.get("git") or {}).get("dirty")}
@@ -380,7 +388,7 @@ def best_line(marks: dict[str, tuple], all_chance: dict[str, str] | None = None)
                 parts.append(f"{col}: {all_chance[col]}")
             continue
         if not clear and not tied:
-            parts.append(f"{col}: {best} (the only row)")
+            parts.append(f"{col}: {best} ({all_chance.get(col, 'the only row')})")
         elif clear:
             parts.append(f"{col}: **{best}**")
         else:

@@ -121,3 +121,14 @@ def test_a_marker_may_quote_a_column_with_a_greater_than_sign():
     found = report.blocks(text)
     assert [b.columns for b, _ in found] == [("copy >L", "copy ≤L"), None]
     assert found[0][0].merge and found[0][0].settings == ("a", "b")
+
+
+def test_the_gate_reads_an_in_distribution_column_the_table_does_not_show():
+    spec = CompareSpec(metric="acc", columns=["a in", "a out"], xlabel="x",
+                       lower_is_better=False, default_encodings=["p"],
+                       in_distribution=lambda c: "a in" if c == "a out" else None)
+    records = [{"recipe": "toy", "setting": "default", "encoding": e, "seed": 0,
+                "metrics": {"a in": i, "a out": o}} for e, i, o in (("p", 0.9, 0.5), ("q", 1.0, 0.3))]
+    table = report.render_table(spec, records, columns=["a out"])
+    assert "| p | 0.500‡ |" in table and "| q | 0.300 |" in table
+    assert "a out: q (the only row learned and above chance)" in table
