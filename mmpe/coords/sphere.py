@@ -262,6 +262,7 @@ def _warn_if_radians(lat: Tensor, lon: Tensor) -> None:
     degrees would make every point sit within ~1.6° of (0°, 0°), a plausible-looking cloud."""
     if lat.numel() < 3:
         return
+    lat, lon = lat.detach(), lon.detach()
     spread = max(float(lat.max() - lat.min()), float(lon.max() - lon.min()))
     if float(lat.abs().max()) <= math.pi / 2 and float(lon.abs().max()) <= math.pi and spread > 1.0:
         warnings.warn("Sphere: every lat is within ±π/2 and every lon within ±π, spread over "
