@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import SAMPLE_COORDS
 
 import mmpe
 from mmpe.lm import CausalLM
-
-from helpers import SAMPLE_COORDS
 
 VOCAB, D, H = 17, 32, 4
 CTX = {"max_len": 64, "original_max_position_embeddings": 64, "num_axes": 1}

@@ -10,7 +10,6 @@ Pairwise quantities asked for afterwards (a point cloud's diameter) are checked 
 from __future__ import annotations
 
 import pytest
-
 from helpers import run_in_fresh_process
 
 N = 100_000

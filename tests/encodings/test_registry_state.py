@@ -22,13 +22,12 @@ import warnings
 
 import pytest
 import torch
+from helpers import D_MODEL, HEADS, SAMPLE_COORDS, model_context
 
 import mmpe
 from mmpe.coords import Grid
 from mmpe.encodings.base import InputEncoding
 from mmpe.validation import _kind
-
-from helpers import D_MODEL, HEADS, SAMPLE_COORDS, model_context
 
 #: a grid larger than the one grid encodings are built for (tables interpolated, rotations of
 #: new positions)
