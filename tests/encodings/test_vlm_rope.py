@@ -328,6 +328,7 @@ def test_qwen25_temporal_ids_equal_hf_for_processor_tensors(fps, tokens_per_seco
                                                             temporal_patch, frames):
     """The processor passes `second_per_grid_ts` as float32 (`temporal_patch_size / fps`);
     HF multiplies in float32 (see the rounding case below)."""
+    _hf_at_least("5.24")
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
 
     seconds = torch.tensor([temporal_patch / fps], dtype=torch.float32)
