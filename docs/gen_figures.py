@@ -198,6 +198,16 @@ def trained_attention() -> list[str]:
             *figures]
 
 
+def _constant_bias(enc, coords) -> bool:
+    """Whether the bias is one value on every allowed pair and head (a zero-initialised table)."""
+    from mmpe.plot.figures import _score_terms
+
+    heads = enc.num_heads if isinstance(getattr(enc, "num_heads", None), int) else 4
+    bias, allowed = _score_terms("gallery", enc, coords, heads)
+    values = bias[:, allowed]
+    return values.size > 0 and float(values.max() - values.min()) == 0.0
+
+
 def gallery_page() -> None:
     """gallery.md: trained attention maps, then a figure per coordinate type with every score
     encoding that runs on it."""
@@ -211,21 +221,29 @@ def gallery_page() -> None:
              "here by itself. Click a figure to enlarge it.", ""]
     for kind, coords in gallery_coordinates().items():
         names = [e.name for e in mmpe.available(hook="score", coords=coords)]
-        encs, content = {}, []
+        encs, content, flat = {}, [], []
         for name in names:
             shape = {"grid_shape": coords.shape} if isinstance(coords, mmpe.Grid) else {}
             enc = build(name, **shape)
-            if gallery.has_position_bias(enc, coords):
-                encs[name] = enc
-            else:
+            if not gallery.has_position_bias(enc, coords):
                 content.append(name)
+            elif _constant_bias(enc, coords):
+                flat.append(name)  # a table that starts at zero: one colour, nothing to see
+            else:
+                encs[name] = enc
         lines += [f"### {type(coords).__name__}", "", f"`{coords!r}`: {len(names)} score "
                   f"encodings, {len(encs)} drawn."
                   + (f" Not drawn: {', '.join(f'`{n}`' for n in content)}, whose term is "
                      "computed from the queries and keys (there is no bias without a model)."
-                     if content else ""), ""]
+                     if content else "")
+                  + (f" Not drawn: {', '.join(f'`{n}`' for n in flat)}, whose learned table "
+                     "starts at zero here (a constant bias until trained)." if flat else ""), ""]
         # six panels a figure (three columns): labels readable at the column's width
-        chunks = [dict(list(encs.items())[i:i + 6]) for i in range(0, len(encs), 6)]
+        # (balanced: seven panels are four and three, not six and a lone one)
+        items = list(encs.items())
+        parts = max(1, -(-len(items) // 6))
+        size = -(-len(items) // parts)
+        chunks = [dict(items[i:i + size]) for i in range(0, len(items), size)]
         for i, chunk in enumerate(chunks, 1):
             write(f"gallery_{kind}_{i}", lambda e=chunk, c=coords: gallery.plot_bias_gallery(
                 e, c, cols=3))
