@@ -15,6 +15,15 @@ import mmpe
 from mmpe import cli, registry
 
 
+def _has_recipes() -> bool:
+    """Lightning importable (and the extras not hidden, as `make test-core` hides them)."""
+    import importlib.util
+    import os
+
+    hidden = os.environ.get("MMPE_HIDE_EXTRAS") == "1"
+    return not hidden and importlib.util.find_spec("lightning") is not None
+
+
 def _store(tmp: Path, name: str, content: bytes) -> str:
     folder = tmp / name
     folder.mkdir()
@@ -127,6 +136,8 @@ CASES = {
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_every_error_is_one_line(name: str, bad: dict[str, str], capsys) -> None:
     argv, wanted = CASES[name]
+    if argv[:2] == ["report", "text"] and not _has_recipes():
+        pytest.skip("`mmpe report <recipe>` reads the recipe's spec: needs the recipes extra")
     argv = [a.format(**bad) for a in argv]
     try:
         code = cli.main(argv)
