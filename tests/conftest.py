@@ -53,7 +53,7 @@ if os.environ.get("MMPE_HIDE_EXTRAS") == "1":
 #: them (CI runs both targets).
 TRAIN_FILES = re.compile(r"test_(recipe_\w+|sphere_recipe|graph_recipe|distributed|resume|compare)\.py$")
 SUBPROCESS_FILES = re.compile(r"test_(docs|docs_site|packaging|plugins|cli_pipe)\.py$")
-COMPILE_FILES = re.compile(r"test_compile\.py$")
+COMPILE_FILES = re.compile(r"test_(compile|flex_compile)\.py$")
 
 #: hypothesis: `ci` draws the same examples on every run (a red CI is reproducible), `dev`
 #: draws new ones; `HYPOTHESIS_PROFILE` picks (CI sets `ci`, see .ci/run)
