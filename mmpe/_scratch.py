@@ -32,15 +32,24 @@ def block_bytes() -> int:
     Raises:
         ValueError: `MMPE_ATTN_BLOCK_BYTES` set to anything but a positive integer.
     """
-    text = os.environ.get("MMPE_ATTN_BLOCK_BYTES")
+    return int(positive_env("MMPE_ATTN_BLOCK_BYTES", BLOCK_BYTES, int, "a positive integer (bytes)"))
+
+
+def positive_env(name: str, default: float, parse, expected: str) -> float:
+    """The environment variable `name` read with `parse` (`default` when unset).
+
+    Raises:
+        ValueError: a value `parse` refuses or not > 0, naming the variable and `expected`.
+    """
+    text = os.environ.get(name)
     if text is None:
-        return BLOCK_BYTES
+        return default
     try:
-        value = int(text)
+        value = parse(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"MMPE_ATTN_BLOCK_BYTES must be a positive integer (bytes), got {text!r}")
+        value = None
+    if value is None or not value > 0:
+        raise ValueError(f"{name} must be {expected}, got {text!r}")
     return value
 
 

@@ -17,13 +17,14 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
-import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from mmpe._scratch import positive_env
 
 __all__ = [
     "CPU_FLOPS_PER_THREAD",
@@ -254,17 +255,8 @@ class AttentionTooLargeError(RuntimeError):
 
 def cpu_attention_seconds() -> float:
     """The limit in seconds (`MMPE_CPU_ATTENTION_SECONDS`; `inf` turns the check off)."""
-    raw = os.environ.get("MMPE_CPU_ATTENTION_SECONDS")
-    if raw is None:
-        return CPU_ATTENTION_SECONDS
-    try:
-        limit = float(raw)
-    except ValueError:
-        raise ValueError(f"MMPE_CPU_ATTENTION_SECONDS must be a number of seconds (or 'inf'), "
-                         f"got {raw!r}") from None
-    if not limit > 0:
-        raise ValueError(f"MMPE_CPU_ATTENTION_SECONDS must be > 0 (or 'inf'), got {raw!r}")
-    return limit
+    return positive_env("MMPE_CPU_ATTENTION_SECONDS", CPU_ATTENTION_SECONDS, float,
+                        "a number of seconds > 0 (or 'inf')")
 
 
 def check_attention_work(where: str, *, batch: int | None, num_heads: int | None,
