@@ -12,7 +12,8 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from mmpe.attention.dispatch import _softmax_scale, choose_path, run_flex, run_math, run_sdpa
+from mmpe.attention import route as _route
+from mmpe.attention.dispatch import _softmax_scale, run_dense, run_flex, run_math, run_sdpa
 from mmpe.attention.masks import LocalWindow
 from mmpe.cache import KVCache
 from mmpe.coords.base import Coordinates
@@ -27,7 +28,7 @@ from mmpe.encodings.base import (
 from mmpe.prepare import forward_scope
 from mmpe.validation import check_attention_work, check_positive_int
 
-BACKENDS = ("auto", "flex", "sdpa", "math")
+BACKENDS = _route.BACKENDS
 
 
 
@@ -64,7 +65,7 @@ class _Attention(nn.Module):
     """What self- and cross-attention share: encodings by hook, path choice, the three paths."""
 
     def _setup(self, num_heads: int, num_kv_heads: int | None, head_dim: int,
-               encodings: Seq[Encoding], backend: str) -> None:
+               encodings: Seq[Encoding], backend: str, dense_bias_bytes: int | None) -> None:
         _check_positive("num_heads", num_heads)
         num_kv_heads = num_heads if num_kv_heads is None else _check_positive("num_kv_heads",
                                                                               num_kv_heads)
@@ -78,6 +79,8 @@ class _Attention(nn.Module):
                             f"single {type(encodings).__name__}")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.backend = backend
+        _route.dense_budget(dense_bias_bytes)  # refuse a bad budget at construction
+        self.dense_bias_bytes = dense_bias_bytes
         self.rotary, self.scores, kernels = _split_by_hook(encodings)
         if len(kernels) > 1:
             raise ValueError(f"attention: at most one kernel encoding, got {len(kernels)}")
@@ -128,11 +131,6 @@ class _Attention(nn.Module):
         groups = self.num_heads // t.shape[1]
         return t if groups == 1 else t.repeat_interleave(groups, dim=1)
 
-    # -- path selection (mmpe/attention/dispatch.py) ----------------------------------------
-    def path(self, device: torch.device) -> str:
-        """The execution path for this call: ``"flex"``, ``"sdpa"`` or ``"math"``."""
-        return choose_path(self.backend, self.scores, self.kernel, device)
-
     def attend(self, ctx: AttentionContext) -> Tensor:
         """Attention output ``[b, n_h, n_q, h_d]`` for the context's (rotated) q, k, v."""
         assert ctx.q is not None and ctx.k is not None and ctx.v is not None
@@ -141,9 +139,15 @@ class _Attention(nn.Module):
             check_attention_work(type(self).__name__, batch=b, num_heads=n_h, num_queries=n_q,
                                  num_keys=ctx.k.shape[2], head_dim=h_d, device=ctx.q.device)
         scale = _softmax_scale(self.scores, ctx.head_dim)
-        path = self.path(ctx.q.device)
+        call = _route.call_of(self.scores, ctx.coords, self.num_heads, ctx.q.shape[0],
+                              ctx.q.device, ctx.q.dtype, torch.is_grad_enabled(),
+                              self.dense_bias_bytes)
+        path = _route.choose_route(self.backend, self.scores, self.kernel, call)
+        _route.note(self, path)
         if path == "flex":
             return run_flex(self.scores, ctx, scale)
+        if path == "dense":
+            return run_dense(self.scores, ctx, scale)
         if path == "sdpa":
             return run_sdpa(self.scores, ctx, scale)
         return run_math(self.scores, self.kernel, ctx, scale)
@@ -162,7 +166,11 @@ class MultiHeadAttention(_Attention):
             default ``num_heads``. The cache keeps ``n_kv`` heads.
         head_dim: ``h_d``; defaults to ``d_model // num_heads``.
         qkv_bias: bias in the q/k/v projection.
-        backend: ``"auto"``, ``"flex"``, ``"sdpa"`` or ``"math"`` (see the module docstring).
+        backend: ``"auto"`` (the rule of [mmpe.attention.route][], or the route
+            ``MMPE_ATTENTION_BACKEND`` names), or a route forced: ``"flex"``, ``"dense"``
+            (one SDPA call with the dense bias, on any device), ``"sdpa"`` or ``"math"``.
+        dense_bias_bytes: the dense route's budget for this layer's bias (bytes, float32);
+            None: ``MMPE_DENSE_BIAS_BYTES``, else 1 GiB.
         window: a :class:`~mmpe.attention.masks.LocalWindow` (sliding or chunked local
             attention) laid over the coordinates' mask in this layer, or None (per-layer
             schedules, :mod:`mmpe.schedule`, set it).
@@ -192,10 +200,11 @@ class MultiHeadAttention(_Attention):
         qkv_bias: bool = True,
         backend: str = "auto",
         window: LocalWindow | None = None,
+        dense_bias_bytes: int | None = None,
     ) -> None:
         super().__init__()
         head_dim = _head_dim(d_model, num_heads, head_dim)
-        self._setup(num_heads, num_kv_heads, head_dim, encodings, backend)
+        self._setup(num_heads, num_kv_heads, head_dim, encodings, backend, dense_bias_bytes)
         if window is not None and not isinstance(window, LocalWindow):
             raise TypeError(f"attention: window must be a LocalWindow or None, got "
                             f"{type(window).__name__}")
@@ -209,6 +218,9 @@ class MultiHeadAttention(_Attention):
         if not isinstance(coords, Coordinates):
             raise TypeError(f"attention: coords must be an mmpe Coordinates object, got "
                             f"{type(coords).__name__}")
+        sharded = getattr(coords, "context_parallel_attention", None)
+        if sharded is not None:  # mmpe.parallel: this rank's queries, every rank's keys
+            return sharded(self, x, cache)
         self._check_x("x", x, self.d_model, coords.num_queries, "queries")
         self._check_batch(x, coords)
         past = 0 if cache is None else cache.length
@@ -296,7 +308,8 @@ class CrossAttention(_Attention):
 
     Args:
         d_model: width of ``x`` (and of the output).
-        num_heads, num_kv_heads, head_dim, qkv_bias, backend: as :class:`MultiHeadAttention`.
+        num_heads, num_kv_heads, head_dim, qkv_bias, backend, dense_bias_bytes: as
+            :class:`MultiHeadAttention`.
         encodings: built rotary/score/kernel encodings.
         kv_dim: width of ``memory`` (default ``d_model``).
 
@@ -319,11 +332,12 @@ class CrossAttention(_Attention):
         head_dim: int | None = None,
         qkv_bias: bool = True,
         backend: str = "auto",
+        dense_bias_bytes: int | None = None,
     ) -> None:
         super().__init__()
         head_dim = _head_dim(d_model, num_heads, head_dim)
         kv_dim = d_model if kv_dim is None else _check_positive("kv_dim", kv_dim)
-        self._setup(num_heads, num_kv_heads, head_dim, encodings, backend)
+        self._setup(num_heads, num_kv_heads, head_dim, encodings, backend, dense_bias_bytes)
         self.d_model, self.kv_dim = d_model, kv_dim
         self.q_proj = nn.Linear(d_model, num_heads * head_dim, bias=qkv_bias)
         self.kv_proj = nn.Linear(kv_dim, 2 * self.num_kv_heads * head_dim, bias=qkv_bias)
