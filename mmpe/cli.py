@@ -142,7 +142,7 @@ def _report(args: argparse.Namespace) -> int:
         return 0
     if not args.recipe:
         raise ValueError("mmpe report: give a RECIPE, or --write / --check FILES")
-    _check_recipe(args.recipe)
+    _check_recipe(args.recipe, measurements=True)
     spec = recipe_spec(args.recipe)
     records = _read_store(args.store, args.recipe)
     if not records:
@@ -170,13 +170,15 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_recipe(name: str) -> None:
-    """An unknown recipe fails with at most five close names (before any import of it)."""
-    from mmpe.recipes import RECIPES
+def _check_recipe(name: str, measurements: bool = False) -> None:
+    """An unknown recipe fails with at most five close names (before any import of it);
+    `measurements`: the stored measurements (`mmpe.recipes.MEASUREMENTS`) count too."""
+    from mmpe.recipes import MEASUREMENTS, RECIPES
 
-    if name not in RECIPES:
-        raise ValueError(f"unknown recipe {name!r}.{registry.did_you_mean(name, RECIPES)} "
-                         f"known recipes: {', '.join(sorted(RECIPES))}")
+    known = {**RECIPES, **(MEASUREMENTS if measurements else {})}
+    if name not in known:
+        raise ValueError(f"unknown recipe {name!r}.{registry.did_you_mean(name, known)} "
+                         f"known recipes: {', '.join(sorted(known))}")
 
 
 def _check_encoding_list(encodings: str | None) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,36 +23,6 @@ from mmpe.coords.capabilities import Capability, missing, provides
 from mmpe.validation import check_options
 
 HOOKS = ("input", "rotary", "score", "kernel")
-
-#: Deprecation policy: a renamed option or argument keeps working under its old name, with a
-#: `FutureWarning`, for one minor release; `REMOVED_IN` is the release that drops the names
-#: renamed in this one. Every such name is listed in CHANGELOG.md. An encoding declares its
-#: renamed options as a class attribute ``renamed_options = {"old": "new"}``; `build`, direct
-#: construction and configs (which go through `build`) all accept the old name.
-REMOVED_IN = "0.3"
-
-
-def _deprecated(where: str, old: str, new: str, stacklevel: int) -> None:
-    warnings.warn(f"{where}: {old!r} was renamed {new!r} in 0.2; the old name is accepted "
-                  f"until {REMOVED_IN}", FutureWarning, stacklevel=stacklevel + 1)
-
-
-def translate_renamed(where: str, cls: Any, kwargs: dict[str, Any],
-                      stacklevel: int = 2) -> dict[str, Any]:
-    """`kwargs` with `cls.renamed_options`' old names replaced by the new ones.
-
-    Raises:
-        TypeError: both the old and the new name given.
-    """
-    for old, new in (getattr(cls, "renamed_options", None) or {}).items():
-        if old in kwargs:
-            if new in kwargs:
-                raise TypeError(f"{where}: got {old!r} (the deprecated name) and {new!r}; "
-                                f"pass {new} only")
-            _deprecated(where, old, new, stacklevel + 1)
-            kwargs[new] = kwargs.pop(old)
-    return kwargs
-
 
 @dataclass(frozen=True)
 class Entry:
@@ -116,7 +85,6 @@ def register(
     family: str = "",
     extrapolates: bool = True,
     aliases: tuple[str, ...] = (),
-    coords: tuple[str, ...] | list[str] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Class decorator: add an encoding to the registry under `name`.
 
@@ -124,8 +92,6 @@ def register(
         needs: coordinate capabilities the encoding reads (`(Metric,)`, `(Positioned,)` …);
             an empty tuple means it runs on any coordinates.
         context: model-wide keys of `mmpe.context.CONTEXT_KEYS` the constructor takes.
-        coords: deprecated (0.1's coordinate `kind` names, `("sequence",)`): translated, with
-            a `FutureWarning`, to the capabilities every named kind provides; use `needs`.
 
     Raises:
         ValueError: `hook` not one of `HOOKS`, `name` taken, an unknown context key,
@@ -134,12 +100,6 @@ def register(
     """
     if hook not in HOOKS:
         raise ValueError(f"register({name!r}): hook must be one of {HOOKS}, got {hook!r}")
-    if coords is not None:
-        if needs:
-            raise TypeError(f"register({name!r}): got coords= (deprecated) and needs=; pass "
-                            "needs only")
-        needs = _needs_of_kinds(name, coords)
-        _deprecated(f"register({name!r})", "coords", "needs", stacklevel=2)
     needs = tuple(needs)
     for cap in needs:
         if not (isinstance(cap, type) and issubclass(type(cap), type(Capability))):
@@ -178,31 +138,6 @@ def register(
     return decorator
 
 
-def _needs_of_kinds(name: str, kinds: Any) -> tuple[type[Capability], ...]:
-    """The capabilities that every coordinate class named in `kinds` provides (0.1's
-    `register(coords=("sequence",))` becomes `needs=(Positioned1D, Directed, Metric)`)."""
-    from mmpe.coords import capabilities as caps
-
-    if isinstance(kinds, str) or not all(isinstance(k, str) for k in kinds) or not kinds:
-        raise TypeError(f"register({name!r}): coords must be a non-empty tuple of coordinate "
-                        f"kind names, got {kinds!r}")
-    known = coordinate_types()
-    unknown = [k for k in kinds if k not in known]
-    if unknown:
-        raise ValueError(f"register({name!r}): unknown coordinate kinds {unknown}; known: "
-                         f"{sorted(known)}")
-    every = [getattr(caps, n) for n in caps.__all__]
-    # Causal and VirtualNode hold for a class whose objects *may* be causal / have a virtual
-    # token: a condition of the object, which a kind name (0.1's promise: every sequence) is not.
-    every = [c for c in every if isinstance(c, type) and caps.Capability in c.__mro__[1:]
-             and c.__name__ not in ("Causal", "VirtualNode")]
-    shared = [c for c in every if all(provides(known[k], (c,)) for k in kinds)]
-    # Keep the most specific: Positioned1D implies Positioned, Causal implies Directed.
-    return tuple(sorted((c for c in shared if not any(o is not c and c in o.__mro__
-                                                       for o in shared)),
-                        key=lambda c: c.__name__))
-
-
 #: entry-point group through which an installed package registers its own encodings: in its
 #: ``pyproject.toml``, ``[project.entry-points."mmpe.encodings"] my_pe = "my_pkg.my_pe"``; the
 #: module is imported (its ``@register`` decorators run) the first time the registry is read.
@@ -213,8 +148,7 @@ _LOADING_ENTRY_POINT: list[str] = []  # the entry point being imported, for plug
 #: Methods of an encoding that mmpe calls (and the constructor): a plugin's errors in any of
 #: them carry a note naming the plugin, since the traceback's frames are mostly mmpe's.
 PLUGIN_METHODS = ("__init__", "check_coords", "forward", "combine", "score_mod", "bias",
-                  "bias_rows", "value_term", "relation_bias", "compact_bias", "softmax_scale",
-                  "attend", "term", "make_cache", "prepare")
+                  "value_term", "softmax_scale", "attend", "term", "make_cache", "prepare")
 
 
 def _plugin_origin(cls: Any) -> str | None:
@@ -358,9 +292,6 @@ def describe(name: str) -> str:
         f"coordinates:   {', '.join(entry.coords) or '(none shipped)'}",
         f"context keys:  {', '.join(entry.context) or 'none'}",
         f"aliases:       {', '.join(entry.aliases) or 'none'}",
-        *(["renamed:       " + ", ".join(f"{o} -> {n} (old name until {REMOVED_IN})" for o, n in
-                                       entry.cls.renamed_options.items())]
-          if getattr(entry.cls, "renamed_options", None) else []),
         f"class:         {entry.cls.__module__}.{entry.cls.__qualname__}",
         "options:",
         *options,
@@ -463,20 +394,9 @@ def build(
         raise TypeError(f"build({entry.name!r}, coords=...): {entry.name} needs coordinates "
                         f"providing {[c.__name__ for c in entry.needs]}; "
                         f"{type(coords).__name__} does not: {gaps}")
-    renamed = getattr(entry.cls, "renamed_options", None) or {}
-    translate_renamed(f"build({entry.name!r})", entry.cls, options, stacklevel=2)
     for key in entry.context:
         if key in context and key not in options:
             options[key] = context[key]
-    for old, new in renamed.items():
-        # 0.1 passed every context key the constructor took: a context that still names the
-        # encoding's old option (and not the new key) meant it for this encoding.
-        if old in context and new in entry.context and new not in options:
-            warnings.warn(f"build({entry.name!r}, context=...): the context's {old!r} is "
-                          f"taken as {new!r}, its meaning for {entry.name} in 0.1 (until "
-                          f"{REMOVED_IN}); put {new!r} in the context to say it (then {old!r} "
-                          f"is only {CONTEXT_KEYS[old].meaning})", FutureWarning, stacklevel=2)
-            options[new] = context[old]
     try:
         return entry.cls(**options)
     except TypeError as err:
@@ -494,7 +414,6 @@ def _validate_options(cls: Any, name: str) -> None:
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         where = getattr(type(self), "registry_name", name)
-        translate_renamed(where, type(self), kwargs, stacklevel=3)
         check_options(where, init, (self, *args), kwargs)
         init(self, *args, **kwargs)
 

@@ -356,20 +356,6 @@ class LayerSchedule(SavesSettings):
                              f"schedule's JSON config ({err})") from None
         return cls(config)
 
-    @classmethod
-    def from_hf(cls, config: Any) -> LayerSchedule:
-        """Deprecated: [`layer_schedule_from_hf`][mmpe.integrations.transformers.layer_schedule_from_hf]
-        (the HF bridge reads HF configs); this name warns (`FutureWarning`) until 0.3."""
-        import warnings
-
-        # Lazy, and only in this deprecated delegate: the schedule sits below the integrations.
-        from mmpe.integrations.transformers import layer_schedule_from_hf
-
-        warnings.warn("LayerSchedule.from_hf moved to "
-                      "mmpe.integrations.transformers.layer_schedule_from_hf in 0.2; the old name "
-                      "is kept until 0.3", FutureWarning, stacklevel=2)
-        return layer_schedule_from_hf(config)
-
     def describe(self) -> str:
         """A table, one line per layer."""
         head = f"layer schedule{f' {self.name!r}' if self.name else ''}: {len(self.layers)} layers"

@@ -25,9 +25,12 @@ RECIPES: dict[str, tuple[str, str]] = {
                   "parity, SCAN, passkey; exact match per length bucket"),
     "genomics": ("mmpe.recipes.genomics", "lambda DNA + JASPAR motifs: periodic, local, bits/nt"),
     "multimodal": ("mmpe.recipes.multimodal", "read a strip of MNIST digits as text"),
-    # Deprecated entry, until 0.3: the measurement moved to benchmarks/gpu/gpu_cost.py (it trains
-    # nothing); kept so that `mmpe compare gpu_cost` runs (with a FutureWarning) and the stored
-    # rounds in results/gpu_cost.jsonl render with its spec.
-    "gpu_cost": ("mmpe.recipes.gpu_cost", "deprecated: python benchmarks/gpu/gpu_cost.py; attention "
-                 "fwd+bwd time and memory on a CUDA device, × the unbiased layer"),
+}
+
+#: Stored results that are measurements, not trainings: their `CompareSpec` (how `mmpe report`
+#: renders them) lives in a script of the repository checkout, run directly (`benchmarks/` is
+#: not installed). `mmpe compare` does not run them; `mmpe report` renders their stores.
+MEASUREMENTS: dict[str, tuple[str, str]] = {
+    "gpu_cost": ("benchmarks/gpu/gpu_cost.py", "attention fwd+bwd time and memory on a CUDA "
+                 "device, × the unbiased layer (python benchmarks/gpu/gpu_cost.py)"),
 }

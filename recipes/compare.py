@@ -18,6 +18,7 @@ the output folder.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import shutil
 import time
@@ -100,26 +101,33 @@ def load_recipe(modality: str):
     return importlib.import_module(RECIPES[modality][0])
 
 
-def __getattr__(name: str) -> Any:
-    # Moved in 0.2 with the results renderer; the old name warns until 0.3.
-    if name == "lower_is_better":
-        import warnings
-
-        warnings.warn("mmpe.recipes.compare.lower_is_better moved to "
-                      "mmpe.results.report.lower_is_better in 0.2; the old name is kept until 0.3",
-                      FutureWarning, stacklevel=2)
-        return _report.lower_is_better
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def recipe_spec(modality: str) -> CompareSpec:
     """The `CompareSpec` of a recipe of `mmpe.recipes.RECIPES`: what `mmpe report` renders its
     stored runs with (the `specs` of [`mmpe.results.report`][mmpe.results.report]).
 
+    A measurement of `mmpe.recipes.MEASUREMENTS` (`gpu_cost`) has its spec in its script, read
+    from the repository checkout this package is installed from.
+
     Raises:
-        ValueError: `modality` is not a known recipe.
+        ValueError: `modality` is neither a known recipe nor a known measurement.
+        ImportError: a measurement's script is not in the checkout (an installed wheel).
     """
+    from mmpe.recipes import MEASUREMENTS
+
+    if modality in MEASUREMENTS:
+        return _measurement(modality, MEASUREMENTS[modality][0]).COMPARE
     return load_recipe(modality).COMPARE
+
+
+def _measurement(name: str, script: str) -> Any:
+    path = Path(__file__).resolve().parents[1] / script
+    if not path.is_file():
+        raise ImportError(f"the measurement {name!r} is the script {script}, not here ({path}): "
+                          "render its store from a checkout of the repository")
+    spec = importlib.util.spec_from_file_location(f"mmpe_measurement_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def resolve_encodings(spec: CompareSpec, encodings: str | None, family: str | None) -> list[str]:
@@ -139,22 +147,6 @@ def resolve_encodings(spec: CompareSpec, encodings: str | None, family: str | No
         # Unknown names fail before any training starts.
         (spec.check_encoding or registry.get)(name)
     return names
-
-
-def format_table(spec: CompareSpec, rows: dict[str, dict[str, float | None]],
-                 seconds: dict[str, float]) -> str:
-    """Deprecated: one row per encoding from one seed's metrics (use
-    [`mmpe.results.report`][mmpe.results.report], which renders mean ± sd over stored seeds).
-    Removed in 0.3."""
-    import warnings
-
-    warnings.warn("mmpe.recipes.compare.format_table is deprecated; tables come from stored runs "
-                  "(mmpe.results.report.render_table)", FutureWarning, stacklevel=2)
-    lines = [f"| encoding | {' | '.join(spec.columns)} | train s |", "|" + "---|" * (len(spec.columns) + 2)]
-    for name, metrics in rows.items():
-        cells = ["n/a" if metrics.get(c) is None else spec.fmt.format(metrics[c]) for c in spec.columns]
-        lines.append(f"| {name} | {' | '.join(cells)} | {seconds.get(name, 0):.0f} |")
-    return "\n".join(lines)
 
 
 def compare(modality: str, encodings: str | None = None, family: str | None = None,

@@ -1,13 +1,13 @@
-"""Write tests/data/api_previous_release.txt: the public API of the previous release.
+"""Write tests/data/api_surface.txt: the public API of this release.
 
-Run once per release (``python tests/api_snapshot.py``); `tests/package/test_api_stability.py`
-checks that every name in it still imports and every encoding still builds with the option
-names and defaults it had. The previous release, 0.1.0, was never tagged: it is the last
-commit before "Coordinates v2" (4bcd413), where CHANGELOG.md's 0.2.0 section begins; its
-``pyproject.toml`` and ``mmpe.__version__`` say 0.1.0.
+Run once per release, on its commit (``python tests/api_snapshot.py [--commit C]``, default
+``HEAD``); `tests/package/test_api_stability.py` checks that every name in it still imports,
+takes its arguments and keeps its members, and every encoding still builds with the option
+names and defaults it had. mmpe keeps no compatibility code: a change to the surface is
+written in CHANGELOG.md and the snapshot is taken again.
 
 The snapshot is taken by importing that commit's ``mmpe`` (extracted with ``git archive``)
-in a subprocess, so the file lists what the release really exported, not what its docs said.
+in a subprocess, so the file lists what the release really exports, not what its docs say.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "tests" / "data" / "api_previous_release.txt"
-RELEASE = "a51e16b72479fac8542ccafe3bd6dc2ff3739ec3"  # 0.1.0 (untagged), see the docstring
+OUT = ROOT / "tests" / "data" / "api_surface.txt"
 
 # Runs inside the old release: one JSON object per line.
 DUMP = r'''
@@ -77,11 +76,13 @@ def snapshot(commit: str) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--commit", default=RELEASE, help="the release commit (default 0.1.0)")
+    parser.add_argument("--commit", default="HEAD", help="the release commit (default HEAD)")
     args = parser.parse_args()
-    lines = snapshot(args.commit)
-    header = (f"# The public API of the previous release ({args.commit[:12]}), one JSON object a "
-              "line; written by tests/api_snapshot.py, checked by tests/package/test_api_stability.py")
+    commit = subprocess.run(["git", "rev-parse", args.commit], cwd=ROOT, check=True,
+                            capture_output=True, text=True).stdout.strip()
+    lines = snapshot(commit)
+    header = (f"# The public API of the release at {commit[:12]}, one JSON object a line; "
+              "written by tests/api_snapshot.py, checked by tests/package/test_api_stability.py")
     OUT.write_text("\n".join([header, *lines]) + "\n")
     print(f"wrote {len(lines)} entries to {OUT.relative_to(ROOT)}")
 

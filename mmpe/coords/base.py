@@ -66,18 +66,6 @@ class Coordinates(ABC):
         """Number of query tokens `n_q`."""
 
     @property
-    def directed(self) -> bool:
-        """Deprecated (0.1's flag, kept until 0.3): whether the coordinates are `Directed`;
-        use `isinstance(coords, mmpe.Directed)`."""
-        import warnings
-
-        from mmpe.coords.capabilities import Directed
-
-        warnings.warn("Coordinates.directed is deprecated since 0.2 (kept until 0.3); use "
-                      "isinstance(coords, mmpe.Directed)", FutureWarning, stacklevel=2)
-        return isinstance(self, Directed)
-
-    @property
     def num_keys(self) -> int:
         """Number of key tokens `n_k`: `n_q` in self-attention; a cached decoder has more."""
         return self.num_queries

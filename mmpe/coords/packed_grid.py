@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import math
 import numbers
-import warnings
 from collections.abc import Sequence as Seq
-from typing import Any
 
 import numpy as np
 import torch
@@ -472,15 +470,3 @@ def _check_packs(shapes: object) -> tuple[list[list[Shape]], bool]:
         out.append(row)
     return out, batched
 
-
-def __getattr__(name: str) -> Any:
-    # PerImage is an encoding; it moved to mmpe.encodings in 0.2. Imported on first use, so
-    # that the coordinates never import the encodings.
-    if name == "PerImage":
-        from mmpe.encodings.per_image import PerImage
-
-        warnings.warn("mmpe.coords.packed_grid.PerImage moved to mmpe.encodings.per_image.PerImage "
-                      "(also mmpe.PerImage) in 0.2; the old name is kept until 0.3", FutureWarning,
-                      stacklevel=2)
-        return PerImage
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,7 +18,6 @@ Shapes use torchtune's notation: `b` batch, `s` sequence (tokens), `n_h` heads,
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -167,11 +166,6 @@ STRUCTURES: dict[str, str] = {
     "table": "a per-pair lookup into a precomputed table (hops, random-walk features)",
 }
 
-#: the optional eager methods of the old fast-form protocol (mmpe 0.1), now read from the
-#: structure or from `mmpe.attention.fast_forms` by the attention paths
-RETIRED_FORMS = ("bias_rows", "head_rows", "bias_tiles", "bias_rows_vjp", "relation_bias",
-                 "compact_bias", "pair_term", "grid_offset_only")
-
 #: a term as a function of a distance or relation `[...]` and head indices `h` (int64, broadcast
 #: with it), giving the value `score_mod` adds to such a pair: shape of the broadcast
 Term = Callable[[Tensor, Tensor], Tensor]
@@ -223,13 +217,6 @@ class ScoreEncoding(Encoding):
                             f"{cls.structure!r}")
         if "score_mod" in own and "structure" not in own and cls.structure != "pair":
             cls.structure = "pair"
-        retired = [name for name in RETIRED_FORMS if name in own]
-        if retired:
-            warnings.warn(
-                f"{cls.__name__} defines {', '.join(retired)}: since mmpe 0.2 the attention "
-                "paths no longer read these (they read `structure` and its term function, and "
-                "hand-written fast forms from mmpe.attention.fast_forms.register); they are "
-                "ignored. See docs/plugins.md.", FutureWarning, stacklevel=2)
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
         """The term as a FlexAttention `score_mod`: derived from `distance_term` where the
@@ -305,17 +292,6 @@ class ScoreEncoding(Encoding):
         """Extra output `[b, n_h, n_q, h_d]` from probabilities `[b, n_h, n_q, n_k]`, or None."""
         return None
 
-    def bias_rows(self, ctx: AttentionContext, start: int, stop: int) -> Tensor:
-        """Deprecated (mmpe 0.2): the term of queries `start … stop−1`, `[b or 1, n_h,
-        stop−start, n_k]`; use `mmpe.attention.forms.rows(enc, ctx, start, stop)`."""
-        warnings.warn("ScoreEncoding.bias_rows is deprecated; use "
-                      "mmpe.attention.forms.rows(encoding, ctx, start, stop)", FutureWarning,
-                      stacklevel=2)
-        from mmpe.attention import forms  # a deprecated door: the paths sit above encodings
-
-        return forms.rows(self, ctx, start, stop)
-
-
 class KernelEncoding(Encoding):
     """Kernel hook: how masked, position-modified logits become attention output."""
 
@@ -327,23 +303,3 @@ class KernelEncoding(Encoding):
         """Map logits `[b, n_h, n_q, n_k]` (masked pairs at `-inf`) and values to output."""
         raise NotImplementedError  # pragma: no cover - abstract
 
-
-#: names that moved to `mmpe.attention.cpu.rows` (mmpe 0.2): importable from here with a
-#: FutureWarning until 0.3
-_MOVED_TO_ATTENTION = ("CompactBias", "BiasTiles", "HeadRows", "ScaledRows", "SCATTER_LANES",
-                       "ROW_CHUNK", "lane_codes", "fold_lanes", "key_tiles", "toeplitz_rows",
-                       "antidiagonal_buffer", "antidiagonal_sums", "distance_rows")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED_TO_ATTENTION:
-        warnings.warn(f"mmpe.encodings.base.{name} moved to mmpe.attention.cpu.rows.{name}",
-                      FutureWarning, stacklevel=2)
-        from mmpe.attention.cpu import rows  # a deprecated door: the paths sit above encodings
-
-        return getattr(rows, name)
-    if name == "EAGER_FORMS":
-        warnings.warn("mmpe.encodings.base.EAGER_FORMS is gone: fast forms are keyed by exact "
-                      "class in mmpe.attention.fast_forms.FAST_FORMS", FutureWarning, stacklevel=2)
-        return {}
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

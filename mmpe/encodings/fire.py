@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-from typing import Any
-
 import torch
 from torch import Tensor, nn
 
@@ -138,13 +135,3 @@ class FIRE(SavesSettings, ScoreEncoding):
         intercept = (active * b1) @ w2.T + b2
         return slope, intercept, cuts
 
-
-def __getattr__(name: str) -> Any:
-    # mmpe 0.2 moved FIRE's CPU forms beside the paths that read them; importable until 0.3
-    if name in ("FIRERows", "piece_of"):
-        warnings.warn(f"mmpe.encodings.fire.{name} moved to mmpe.attention.fast_forms",
-                      FutureWarning, stacklevel=2)
-        from mmpe.attention.fast_forms import fire, fire_tiles  # a deprecated door, upward
-
-        return getattr(fire if name == "FIRERows" else fire_tiles, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

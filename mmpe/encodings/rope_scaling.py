@@ -135,7 +135,6 @@ class RoPEDynamicNTK(RoPE):
     """
 
     length_dependent = True  # rotations change with the number of tokens
-    renamed_options = {"max_len": "original_max_position_embeddings"}  # 0.1's name
     saved_settings = ("factor", "original_max_position_embeddings", *_ROPE_SETTINGS)
 
     def __init__(self, head_dim: int, factor: float = 4.0, original_max_position_embeddings: int = 2048,
@@ -184,7 +183,6 @@ class RoPEYaRN(RoPE):
             `beta_slow ≤ 0`, `attention_factor ≤ 0`, and RoPE's errors.
     """
 
-    renamed_options = {"max_len": "original_max_position_embeddings"}  # 0.1's name
     saved_settings = {"factor": "factor",
                       "original_max_position_embeddings": "original_max_position_embeddings",
                       "beta_fast": "beta_fast", "beta_slow": "beta_slow", "truncate": "truncate",
@@ -263,7 +261,6 @@ class RoPELongRoPE(KeepDtype, RoPE):
 
     length_dependent = True  # rotations change with the number of tokens
     keep_dtype = ("short_factor", "long_factor")  # float64 rescale factors in bf16 models too
-    renamed_options = {"max_len": "original_max_position_embeddings"}  # 0.1's name
     saved_settings = {"factor": "factor",
                       "original_max_position_embeddings": "original_max_position_embeddings",
                       "short_factor": "short_factor", "long_factor": "long_factor",
@@ -337,7 +334,6 @@ class RoPELlama3(RoPE):
             or `low_freq_factor ≤ 0`, and RoPE's errors.
     """
 
-    renamed_options = {"max_len": "original_max_position_embeddings"}  # 0.1's name
     saved_settings = ("factor", "low_freq_factor", "high_freq_factor",
                       "original_max_position_embeddings", *_ROPE_SETTINGS)
 

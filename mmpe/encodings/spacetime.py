@@ -1,14 +1,12 @@
 """Latitude × longitude × time: a spatial sphere encoding composed with a temporal 1D one.
 
 The coordinate views it reads are in `mmpe.coords.spacetime`
-([`TimeLine`][mmpe.coords.TimeLine], `LatLonOnly`); `mmpe.encodings.spacetime.TimeLine` warns
-(`FutureWarning`) until 0.3.
+([`TimeLine`][mmpe.coords.TimeLine], `LatLonOnly`).
 """
 
 from __future__ import annotations
 
 import json
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -137,12 +135,3 @@ class SpaceTimePE(SavesSettings, InputEncoding):
     def extra_repr(self) -> str:
         return f"concat={self.concat}, time_dim={self.time_dim}"
 
-
-def __getattr__(name: str) -> Any:
-    # The coordinate views moved to mmpe.coords in 0.2 (coordinates live below the encodings).
-    if name == "TimeLine":
-        warnings.warn("mmpe.encodings.spacetime.TimeLine moved to mmpe.coords.spacetime.TimeLine "
-                      "(also mmpe.coords.TimeLine) in 0.2; the old name is kept until 0.3",
-                      FutureWarning, stacklevel=2)
-        return _views.TimeLine
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

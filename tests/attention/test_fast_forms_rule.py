@@ -17,7 +17,7 @@ import torch
 from helpers import structured_score_cases
 
 import mmpe
-from mmpe.attention import fast_forms, forms
+from mmpe.attention import fast_forms
 from mmpe.attention.cpu import grid as grid_path
 from mmpe.encodings.base import ScoreEncoding
 from mmpe.registry import available
@@ -180,14 +180,3 @@ def test_structure_follows_score_mod() -> None:
     assert fast_forms.get(Same(2), "dense") is None  # exact class only
     with pytest.raises(TypeError, match="structure must be one of"):
         type("Bad", (ScoreEncoding,), {"structure": "diagonal"})
-
-
-def test_old_protocol_methods_warn() -> None:
-    from mmpe.encodings.kerple import KerpleLog
-
-    with pytest.warns(FutureWarning, match="no longer read"):
-        class Rows(KerpleLog):
-            def bias_rows(self, ctx, start, stop):
-                return 2 * forms.rows(self, ctx, start, stop)
-
-    assert fast_forms.get(Rows(2), "tiles") is None

@@ -1,12 +1,11 @@
 """`benchmarks/gpu/gpu_cost.py` on a machine without CUDA: a clear error, and the coordinates and
 columns it would measure (the measurement itself runs in the GPU tier's machine); its rounds
-are stored as the recipe `gpu_cost` of the results store."""
+are stored as the measurement `gpu_cost` of the results store."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,8 @@ import torch
 
 pytest.importorskip("lightning", reason="the GPU cost's spec is a CompareSpec of mmpe[recipes]")
 
-from mmpe.recipes import RECIPES
+from mmpe.recipes import MEASUREMENTS, RECIPES
+from mmpe.recipes.compare import recipe_spec
 
 import mmpe
 
@@ -40,8 +40,10 @@ def test_without_cuda_it_refuses_naming_the_device(tmp_path, capsys) -> None:
 
 
 def test_columns_and_the_coordinates_behind_them() -> None:
-    assert "gpu_cost" in RECIPES  # deprecated entry until 0.3: the stored rounds render
+    # A measurement, not a recipe: `mmpe report` renders its stored rounds with the script's spec.
+    assert "gpu_cost" in MEASUREMENTS and "gpu_cost" not in RECIPES
     spec = gpu_cost.COMPARE
+    assert recipe_spec("gpu_cost") == spec
     assert spec.columns == gpu_cost.TIME + gpu_cost.MEMORY and spec.lower_is_better
     tokens = {c: gpu_cost._coords(c, "cpu")[0].num_queries for c in gpu_cost.TIME}
     assert tokens == {"seq 4k": 4096, "seq 16k": 16384, "seq 32k": 32768, "grid 64²": 4096,
@@ -77,12 +79,3 @@ def test_rounds_go_through_the_results_store(tmp_path, monkeypatch, capsys) -> N
     assert lines[0]["device"] == "cuda (stand-in)" and lines[0]["config"] == {}
     assert "| alibi | 1.50 ± 0.71 |" in capsys.readouterr().out
     assert gpu_cost.main(args) == 0 and len(calls) == 4  # stored rounds are skipped
-
-
-def test_the_old_recipe_module_warns_and_delegates(monkeypatch) -> None:
-    monkeypatch.delitem(sys.modules, "mmpe.recipes.gpu_cost", raising=False)
-    import mmpe.recipes.gpu_cost as old
-
-    assert old.COMPARE == gpu_cost.COMPARE  # read by `mmpe report`: no warning
-    with pytest.warns(FutureWarning, match="benchmarks/gpu/gpu_cost.py"):
-        assert old.TIME == gpu_cost.TIME

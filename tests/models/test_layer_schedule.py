@@ -285,14 +285,6 @@ def test_from_hf_reads_presets_defaults_and_scaled_rope():
     assert partial[0].encodings[0]["rotary_dim"] == 8
 
 
-def test_deprecated_from_hf_warns_and_delegates():
-    config = {"num_hidden_layers": 2, "rope_theta": 5e5, "layer_types": ["sliding_attention",
-              "full_attention"], "sliding_window": 4}
-    with pytest.warns(FutureWarning, match="layer_schedule_from_hf"):
-        old = LayerSchedule.from_hf(config)
-    assert old.to_config() == layer_schedule_from_hf(config).to_config()
-
-
 def test_cli_show_prints_a_preset(capsys):
     from mmpe.cli import main
 

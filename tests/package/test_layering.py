@@ -1,13 +1,14 @@
-"""Imports go down the layers only, and the modules' import-time graph has no cycle.
+"""Imports go down the layers only, and the modules' import graph has no cycle.
 
 Every module of mmpe (and the recipes, installed as `mmpe.recipes`) is read with `ast`, never
 imported: every `import` and `from … import` at any depth (module level, class bodies,
 functions, `if TYPE_CHECKING:`) is mapped to the module it names. A module may import its own
-layer and the layers below it (`LAYERS`, bottom first); the imports that run when a module is
-imported (not those inside functions or under `TYPE_CHECKING`) must form no cycle.
+layer and the layers below it (`LAYERS`, bottom first), and the imports form no cycle: neither
+those that run when a module is imported nor the lazy ones inside functions (a lazy import
+hides a cycle from the interpreter, not from the reader).
 
-An exception names the exact (importer, imported) pair and why (`ALLOWED`); an entry that no
-longer matches an import fails, so the list only shrinks.
+The one exception is the registry's lazy load of the built-in encodings (`ALLOWED`, naming the
+exact pair and why); an entry that no longer matches an import fails, so the list only shrinks.
 """
 
 from __future__ import annotations
@@ -37,9 +38,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("integrations and plots", ("mmpe.integrations", "mmpe.plot")),
     ("package", ("mmpe",)),
     ("results", ("mmpe.results",)),
-    # The command line dispatches to the recipes (`mmpe compare`); mmpe.compare is 0.1's
-    # module, a deprecated re-export of mmpe.recipes.compare until 0.3.
-    ("recipes and the command line", ("mmpe.recipes", "mmpe.configs", "mmpe.cli", "mmpe.compare")),
+    # The command line dispatches to the recipes (`mmpe compare`).
+    ("recipes and the command line", ("mmpe.recipes", "mmpe.configs", "mmpe.cli")),
 ]
 
 #: (importer, imported) -> why the import may go up (or close a cycle).
@@ -47,26 +47,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("mmpe.registry", "mmpe.encodings"):
         "plugin discovery: the registry imports the built-in encodings package on its first "
         "lookup (as it loads entry-point plugins), inside `_ensure_loaded`",
-    ("mmpe.coords", "mmpe.encodings.per_image"):
-        "deprecated shim: `mmpe.coords.PerImage` (module __getattr__, lazy), removed in 0.3",
-    ("mmpe.coords.packed_grid", "mmpe.encodings.per_image"):
-        "deprecated shim: `mmpe.coords.packed_grid.PerImage` (module __getattr__, lazy), "
-        "removed in 0.3",
-    ("mmpe.schedule", "mmpe.integrations.transformers"):
-        "deprecated shim: `LayerSchedule.from_hf` delegates to `layer_schedule_from_hf` (lazy), "
-        "removed in 0.3",
-    ("mmpe.encodings.base", "mmpe.attention.forms"):
-        "deprecated shim: `ScoreEncoding.bias_rows` delegates to `mmpe.attention.forms.rows` "
-        "(lazy), removed in 0.3",
-    ("mmpe.encodings.base", "mmpe.attention.cpu.rows"):
-        "deprecated shim: the CPU forms' old names in `mmpe.encodings.base` (module "
-        "__getattr__, lazy), removed in 0.3",
-    ("mmpe.encodings.fire", "mmpe.attention.fast_forms.fire"):
-        "deprecated shim: `mmpe.encodings.fire.FIRERows` (module __getattr__, lazy), removed "
-        "in 0.3",
-    ("mmpe.encodings.fire", "mmpe.attention.fast_forms.fire_tiles"):
-        "deprecated shim: `mmpe.encodings.fire.piece_of` (module __getattr__, lazy), removed "
-        "in 0.3",
 }
 
 
@@ -164,11 +144,11 @@ def test_no_module_imports_a_higher_layer() -> None:
     assert not bad, "imports that go up a layer:\n" + "\n".join(sorted(bad))
 
 
-def test_the_import_time_graph_has_no_cycle() -> None:
+def test_the_import_graph_has_no_cycle() -> None:
     graph = nx.DiGraph()
     graph.add_nodes_from(MODULES)
-    graph.add_edges_from((m, t) for m, found in EDGES.items() for t, _, now in found
-                         if now and (m, t) not in ALLOWED)
+    graph.add_edges_from((m, t) for m, found in EDGES.items() for t, _, _ in found
+                         if (m, t) not in ALLOWED)
     cycles = [" -> ".join([*c, c[0]]) for c in nx.simple_cycles(graph)]
     assert not cycles, "import cycles:\n" + "\n".join(sorted(cycles)[:20])
 
@@ -183,8 +163,13 @@ def test_every_exception_is_still_needed(pair: tuple[str, str]) -> None:
 
 
 def test_the_reader_sees_function_level_and_type_checking_imports() -> None:
-    """The lazy import of the deprecated `LayerSchedule.from_hf` is read, and not as an
-    import-time one; a `TYPE_CHECKING` import is not import-time either."""
-    found = {(t, now) for t, _, now in EDGES["mmpe.schedule"]}
-    assert ("mmpe.integrations.transformers", False) in found
-    assert ("mmpe.coords.base", True) in found
+    """The registry's lazy load of the encodings is read, and not as an import-time one; a
+    `TYPE_CHECKING` import is not import-time either."""
+    found = {(t, now) for t, _, now in EDGES["mmpe.registry"]}
+    assert ("mmpe.encodings", False) in found and ("mmpe.context", True) in found
+    assert ("mmpe.encodings.base", False) in {(t, now) for t, _, now in EDGES["mmpe.attention.memory"]}
+
+
+def test_the_only_exception_is_the_registry_lazy_load() -> None:
+    assert set(ALLOWED) == {("mmpe.registry", "mmpe.encodings")}
+    assert not any(now for t, _, now in EDGES["mmpe.registry"] if t == "mmpe.encodings")

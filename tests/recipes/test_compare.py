@@ -4,7 +4,7 @@ import types
 
 import pytest
 from mmpe.recipes import RECIPES
-from mmpe.recipes.compare import CompareSpec, compare, format_table, resolve_encodings
+from mmpe.recipes.compare import CompareSpec, compare, resolve_encodings
 
 from mmpe import cli
 from mmpe.results import store
@@ -22,12 +22,6 @@ def test_resolve_names_family_and_all():
         resolve_encodings(SPEC, "rope,bogus", None)
     with pytest.raises(ValueError, match="no encoding of family"):
         resolve_encodings(SPEC, None, "nonsense")
-
-
-def test_deprecated_format_table_still_marks_na():
-    with pytest.warns(FutureWarning, match="stored runs"):
-        table = format_table(SPEC, {"learned": {"1x": 2.5, "2x": None}}, {"learned": 3.0})
-    assert "| learned | 2.500 | n/a | 3 |" in table
 
 
 def _fake_recipe(monkeypatch, calls, fail=None):
