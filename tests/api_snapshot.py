@@ -1,18 +1,19 @@
 """Write tests/data/api_surface.txt: the public API of this release.
 
-Run once per release, on its commit (``python tests/api_snapshot.py [--commit C]``, default
-``HEAD``); `tests/package/test_api_stability.py` checks that every name in it still imports,
+Run once per release (``python tests/api_snapshot.py [--commit C]``; without ``--commit``, the
+checkout's working tree); `tests/package/test_api_stability.py` checks that every name in it still imports,
 takes its arguments and keeps its members, and every encoding still builds with the option
 names and defaults it had. mmpe keeps no compatibility code: a change to the surface is
 written in CHANGELOG.md and the snapshot is taken again.
 
-The snapshot is taken by importing that commit's ``mmpe`` (extracted with ``git archive``)
-in a subprocess, so the file lists what the release really exports, not what its docs say.
+The snapshot is taken by importing that ``mmpe`` (a commit's extracted with ``git archive``)
+in a subprocess from a copy, so the file lists what the release really exports, not what its docs say.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -63,11 +64,15 @@ for e in mmpe.available():
 '''
 
 
-def snapshot(commit: str) -> list[str]:
+def snapshot(commit: str | None) -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
-        archive = subprocess.run(["git", "archive", commit, "mmpe"], cwd=ROOT, check=True,
-                                 capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        if commit is None:
+            shutil.copytree(ROOT / "mmpe", Path(tmp) / "mmpe",
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            archive = subprocess.run(["git", "archive", commit, "mmpe"], cwd=ROOT, check=True,
+                                     capture_output=True).stdout
+            subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
         run = subprocess.run([sys.executable, "-c", DUMP], cwd=tmp, capture_output=True,
                              text=True, env={"PYTHONPATH": tmp, "PATH": "/usr/bin:/bin"},
                              check=True)
@@ -76,13 +81,14 @@ def snapshot(commit: str) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--commit", default="HEAD", help="the release commit (default HEAD)")
+    parser.add_argument("--commit", help="the release commit (default: the working tree)")
     args = parser.parse_args()
-    commit = subprocess.run(["git", "rev-parse", args.commit], cwd=ROOT, check=True,
-                            capture_output=True, text=True).stdout.strip()
-    lines = snapshot(commit)
-    header = (f"# The public API of the release at {commit[:12]}, one JSON object a line; "
-              "written by tests/api_snapshot.py, checked by tests/package/test_api_stability.py")
+    commit = args.commit and subprocess.run(["git", "rev-parse", args.commit], cwd=ROOT,
+                                            check=True, capture_output=True, text=True).stdout
+    lines = snapshot(commit and commit.strip())
+    where = f"the release at {commit[:12]}" if commit else "the release's working tree"
+    header = (f"# The public API of {where}, one JSON object a line; written by "
+              "tests/api_snapshot.py, checked by tests/package/test_api_stability.py")
     OUT.write_text("\n".join([header, *lines]) + "\n")
     print(f"wrote {len(lines)} entries to {OUT.relative_to(ROOT)}")
 

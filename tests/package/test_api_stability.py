@@ -34,7 +34,7 @@ CONTEXT = {"d_model": 48, "num_heads": 2, "head_dim": 24, "max_len": 64}
 
 
 def test_the_snapshot_is_a_whole_surface() -> None:
-    assert len(NAMES) >= 50 and len(ENCODINGS) >= 60
+    assert len(NAMES) >= 30 and len(ENCODINGS) >= 60
     assert {"build", "register", "available", "MultiHeadAttention"} <= {x["name"] for x in NAMES}
 
 
