@@ -32,14 +32,19 @@ class Sphere(Coordinates):
         lon: longitudes, same shape as `lat`; any finite value, wrapped to `[−180°, 180°)`.
         units: `"deg"` (default) or `"rad"`: the units of `lat`, `lon`.
         time: optional time stamp per token, same shape as `lat` (any unit, e.g. hours or
-            steps), for `lat × lon × time` tokens as in EarthFormer-style models.
+            steps), for `lat × lon × time` tokens as in EarthFormer-style models. Absolute
+            stamps are welcome (ERA5's hours since 1900 ≈ 1.1e6, Unix seconds ≈ 1.7e9).
         device: where the position tensors live.
 
     Positions are stored in radians: float64 when `lat` or `lon` is a float64 tensor, float32
-    otherwise (degrees are converted in float64 first).
+    otherwise (degrees are converted in float64 first). Time stamps are always held in float64,
+    exactly as given (any float, and integers up to 2⁵³), whatever the dtype of `lat`/`lon`:
+    float32 would round Unix seconds to 128 s and ERA5 hours to 7.5 min, so a float32 model
+    still sees one-second and one-minute steps (the temporal encodings form their phases in
+    float64, `time_distance` subtracts in float64).
 
     * `query_positions` / `key_positions`: `[n, 2]` or `[b, n, 2]` — `(lat, lon)` in
-      radians; `[..., 3]` with the time stamp appended when `time` is given.
+      radians; `[..., 3]` float64 with the time stamp appended when `time` is given.
     * [`unit_vectors`][mmpe.coords.sphere.Sphere.unit_vectors]: `[n, 3]` or `[b, n, 3]`, `(cos φ cos λ, cos φ sin λ, sin φ)`.
     * `distance(q, k, b)` = the great-circle angle (**radians**, in `[0, π]`)
       by the haversine formula in its two-sided form (below), accurate for tiny and for
@@ -57,7 +62,8 @@ class Sphere(Coordinates):
 
     Raises:
         ValueError: `units` not `"deg"`/`"rad"`; `lat` NaN or outside its range; `lon`
-            or `time` not finite; shapes that differ or are not `[n]` / `[b, n]`; no points.
+            or `time` not finite; integer `time` beyond 2⁵³ that float64 cannot hold exactly;
+            shapes that differ or are not `[n]` / `[b, n]`; no points.
         TypeError: non-numeric input.
     """
 
@@ -105,15 +111,11 @@ class Sphere(Coordinates):
         self._lon = wrap_longitude(lon64).to(dtype)
         self._time = None
         if time is not None:
-            t = _as_points("time", time, device)
-            _check_resolvable("Sphere: time", t, dtype)
-            t = t.to(dtype)
+            t = _as_times("time", time, device)
             if t.shape != lat_t.shape:
                 raise ValueError(
                     f"Sphere: time must have the shape of lat {tuple(lat_t.shape)}, got {tuple(t.shape)}"
                 )
-            if not bool(torch.isfinite(t).all()):
-                raise ValueError("Sphere: time must be finite")
             self._time = t
         #: ``(n_time, n_lat, n_lon)`` or ``(n_lat, n_lon)`` for tokens made by :meth:`grid`.
         self.grid_shape = grid_shape
@@ -146,7 +148,7 @@ class Sphere(Coordinates):
         if times is None:
             return cls(lat_g.flatten().float(), lon_g.flatten().float(), units="deg",
                        device=device, grid_shape=(n_lat, n_lon))
-        t = torch.as_tensor(np.asarray(times), dtype=torch.float64)
+        t = _as_times("times", times, None)
         if t.dim() != 1 or t.numel() < 1:
             raise ValueError(f"Sphere.grid: times must be a non-empty 1D sequence, got shape {tuple(t.shape)}")
         n_t = t.numel()
@@ -175,12 +177,13 @@ class Sphere(Coordinates):
 
     @property
     def time(self) -> Tensor | None:
-        """Time stamps `[n]` or `[b, n]` (the caller's unit), or None."""
+        """Time stamps `[n]` or `[b, n]` float64 (the caller's unit, exact), or None."""
         return self._time
 
     @property
     def query_positions(self) -> Tensor:
-        """`(lat, lon[, time])` per token, `[n, 2|3]` or `[b, n, 2|3]` (radians)."""
+        """`(lat, lon[, time])` per token, `[n, 2|3]` or `[b, n, 2|3]` (radians; float64 with
+        a time axis, which keeps the stamps exact)."""
         parts = [self._lat, self._lon] + ([self._time] if self._time is not None else [])
         return torch.stack(parts, dim=-1)
 
@@ -224,7 +227,8 @@ class Sphere(Coordinates):
                             self._gather(self._lon, kv_idx, b)).to(torch.float32)
 
     def time_distance(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """`|t_q − t_k|` in the time stamps' unit.
+        """`|t_q − t_k|` in the time stamps' unit, float32: subtracted in float64, so absolute
+        stamps one second (Unix seconds) or one minute (hours since 1900) apart give that step.
 
         Raises:
             ValueError: the coordinates have no time axis.
@@ -299,30 +303,26 @@ def haversine(lat1, lon1, lat2, lon2, radius: float = 1.0, units: str = "deg") -
     return radius * great_circle(*vals)
 
 
-def _check_resolvable(name: str, values: Tensor, dtype: torch.dtype) -> None:
-    """Refuse time stamps that `dtype` cannot tell apart (Unix seconds, hours since 1900 at
-    minute steps in float32): rounding them would silently merge or shift steps.
+def _as_times(name: str, value, device) -> Tensor:
+    """Time stamps as float64, exactly as given: every float dtype converts exactly, and
+    integers up to 2⁵³ (Unix nanoseconds ≈ 1.7e18 do not).
 
     Raises:
-        ValueError: rounding to `dtype` moves a value by more than 1 % of the smallest step
-            between distinct values (names the fix: subtract a reference time first).
+        ValueError: integers float64 cannot hold exactly (names the fix); what `_as_points`
+            raises; stamps that are not finite.
     """
-    if values.dtype == dtype or not (values.is_floating_point() or values.dtype == torch.int64):
-        return
-    exact = values.to(torch.float64).flatten()
-    finite = exact[torch.isfinite(exact)]
-    distinct = torch.unique(finite)
-    if distinct.numel() < 2:
-        return
-    step = float(distinct.diff().min())
-    moved = float((finite.to(dtype).to(torch.float64) - finite).abs().max())
-    if moved > 0.01 * step:
-        raise ValueError(f"{name}: {dtype} cannot resolve these values (steps of {step:g} are "
-                         f"rounded by up to {moved:g}); subtract a reference time first, e.g. "
-                         "time - time.min()")
+    t = _as_points(name, value, device, keep_integers=True)
+    exact = t.to(torch.float64)
+    if not t.is_floating_point() and not bool((exact.to(t.dtype) == t).all()):
+        raise ValueError(f"Sphere: {name}: integers beyond 2^53 (largest |{name}| = "
+                         f"{int(t.abs().max())}) are not exact in float64; subtract a reference "
+                         f"epoch first (e.g. {name} - {name}.min()) or use a coarser unit")
+    if not bool(torch.isfinite(exact).all()):
+        raise ValueError(f"Sphere: {name} must be finite")
+    return exact
 
 
-def _as_points(name: str, value, device) -> Tensor:
+def _as_points(name: str, value, device, keep_integers: bool = False) -> Tensor:
     if isinstance(value, Tensor):
         t = value
     else:
@@ -339,6 +339,6 @@ def _as_points(name: str, value, device) -> Tensor:
         raise ValueError(f"Sphere: {name} must have shape [n] or [b, n], got {tuple(t.shape)}")
     if t.shape[-1] == 0:
         raise ValueError(f"Sphere: {name} holds no points")
-    if not t.dtype.is_floating_point:
+    if not t.dtype.is_floating_point and not keep_integers:
         t = t.to(torch.float32)
     return t.to(device) if device is not None else t

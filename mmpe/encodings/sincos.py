@@ -10,6 +10,7 @@ from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import GridLayout, Positioned
 from mmpe.coords.grid import Grid
 from mmpe.encodings._grid import zero_prefix
+from mmpe.encodings._precision import float32
 from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import InputEncoding
 from mmpe.registry import register
@@ -171,7 +172,8 @@ class SinCosGrid(SavesSettings, InputEncoding):
             if self.layout == "detr" or self.normalize:  # DETR's cumsum: 1-based
                 pos = pos + torch.tensor(coords.scale, device=pos.device)
         else:
-            pos = coords.query_positions.float()
+            # float64 stays float64: absolute time stamps (Unix seconds) lose seconds in float32
+            pos = float32(coords.query_positions)
         if self.normalize:
             pos = pos / (pos.amax(dim=-2, keepdim=True) + 1e-6) * (2 * torch.pi)
         return pos

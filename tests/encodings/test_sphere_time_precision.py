@@ -1,4 +1,9 @@
-"""Sphere time stamps that float32 cannot resolve are refused, not silently merged."""
+"""Absolute time stamps on the sphere (ERA5 hours since 1900, Unix seconds) are held exactly:
+a step of one minute or one second survives into `time_distance` and every temporal encoding
+of the registry, with float32 latitudes and longitudes (a float32 model)."""
+
+import functools
+import math
 
 import numpy as np
 import pytest
@@ -6,33 +11,112 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import mmpe
 from mmpe import Sphere
+from mmpe.coords.capabilities import provides
+from mmpe.coords.spacetime import TimeLine
+from mmpe.registry import available
+
+#: (unit, largest epoch users have, the step that must survive): ERA5's hours since 1900 at
+#: one-minute steps (≈ 1.1e6 today), Unix seconds at one-second steps (≈ 1.7e9), Unix
+#: milliseconds at one-millisecond steps (≈ 1.7e12), days since year 0 at one-second steps
+SCALES = [("hours", 2.0e6, 1 / 60), ("seconds", 4.0e9, 1.0), ("milliseconds", 4.0e12, 1.0),
+          ("days", 1.0e6, 1 / 86400)]
+#: every input encoding a spacetime encoding can take as its temporal part
+TEMPORAL = sorted(e.name for e in available(hook="input") if provides(TimeLine, e.needs))
 
 
-def _sphere(times):
+def _stamps(scale, fraction, n):
+    _unit, top, step = scale
+    epoch = math.floor(fraction * top)
+    return np.float64(epoch) + step * np.arange(n), step
+
+
+def _sphere(times, kind):
     n = len(times)
-    return Sphere(np.zeros(n), np.linspace(-170, 170, n), units="deg", time=np.asarray(times))
+    lat, lon = torch.zeros(n), torch.zeros(n)  # float32: one place, many times
+    given_times = {"tensor": torch.tensor(times, dtype=torch.float64), "numpy": times,
+                   "list": list(times)}[kind]
+    return Sphere(lat, lon, time=given_times)
 
 
-def test_unix_seconds_one_second_apart_are_refused():
-    with pytest.raises(ValueError, match="subtract a reference time"):
-        _sphere([1.7e9, 1.7e9 + 1, 1.7e9 + 2])
+@settings(max_examples=40, deadline=None)
+@given(scale=st.sampled_from(SCALES), fraction=st.floats(0.0, 1.0), n=st.integers(2, 5),
+       kind=st.sampled_from(["tensor", "numpy", "list"]))
+def test_time_is_held_exactly_and_its_steps_reach_time_distance(scale, fraction, n, kind):
+    times, step = _stamps(scale, fraction, n)
+    s = _sphere(times, kind)
+    assert s.time.dtype == torch.float64 and s.lat.dtype == torch.float32
+    assert torch.equal(s.time, torch.tensor(times))  # the stamps as given, bit for bit
+    assert torch.equal(s.query_positions[..., 2], s.time)
+    d = s.time_distance(torch.zeros(n - 1, dtype=torch.long), torch.arange(1, n))
+    want = torch.arange(1, n, dtype=torch.float64) * step
+    # float64 holds epoch + i·step to half an ulp of the epoch: far below the step
+    tol = 2 * float(np.spacing(times[-1]))
+    assert d.dtype == torch.float32
+    torch.testing.assert_close(d.double(), want, rtol=1e-6, atol=tol)
+    g = Sphere.grid(2, 3, times=times)  # time-major: slice t starts at token 6·t
+    torch.testing.assert_close(g.time_distance(torch.tensor(0), torch.tensor(6 * (n - 1))).double(),
+                               want[-1], rtol=1e-6, atol=tol)
 
 
-def test_hours_since_1900_at_minute_steps_are_refused_on_grids_too():
-    hours = 1_100_000.0 + np.arange(4) / 60.0
-    with pytest.raises(ValueError, match="cannot resolve"):
-        _sphere(hours)
-    with pytest.raises(ValueError, match="cannot resolve"):
-        Sphere.grid(2, 3, times=hours)
+@functools.cache
+def _spacetime(temporal):
+    torch.manual_seed(0)
+    return mmpe.build("spacetime", d_model=32, spatial="latlon_sincos", temporal=temporal)
 
 
-@settings(max_examples=50, deadline=None)
-@given(st.floats(0, 1e4), st.floats(0.5, 100), st.integers(2, 6))
-def test_resolvable_times_keep_their_steps(start, step, n):
-    times = start + step * np.arange(n)
-    s = _sphere(times)
-    diffs = torch.diff(s.time.double())
-    assert torch.allclose(diffs, torch.full_like(diffs, step), rtol=1e-3, atol=0.01 * step)
-    g = Sphere.grid(2, 2, times=times)
-    assert torch.equal(torch.unique(g.time), torch.unique(s.time))
+@pytest.mark.parametrize("name", TEMPORAL)
+@settings(max_examples=10, deadline=None)
+@given(scale=st.sampled_from(SCALES), fraction=st.floats(0.0, 1.0))
+def test_every_temporal_encoding_sees_one_step(name, scale, fraction):
+    """Two tokens at one place one step apart get different encodings, equal to the temporal
+    encoding of the exact float64 stamps; encodings that need integer positions or the token
+    embeddings refuse with their name instead."""
+    times, _step = _stamps(scale, fraction, 2)
+    enc = _spacetime(name)
+    try:
+        p = enc(_sphere(times, "tensor")).detach()
+    except (ValueError, TypeError) as err:
+        assert name in str(err)
+        assert name in ("learned", "axial", "conv_pe"), f"{name} refused: {err}"
+        return
+    assert p.dtype == torch.float32
+    exact = enc.temporal(TimeLine(torch.tensor(times))).detach()
+    torch.testing.assert_close(p - p[0], exact - exact[0], rtol=0, atol=1e-5)
+    assert float((p[1] - p[0]).abs().max()) > 1e-6, f"{name}: one step apart look the same"
+
+
+@settings(max_examples=30, deadline=None)
+@given(scale=st.sampled_from(SCALES), fraction=st.floats(0.0, 1.0))
+def test_sinusoidal_time_rotates_by_the_step(scale, fraction):
+    """Vaswani et al.'s relative-position property at absolute stamps: `PE(t + Δ)` is `PE(t)`
+    rotated by `Δ·ω_i` in each (sin, cos) pair, to float32 rounding."""
+    times, step = _stamps(scale, fraction, 2)
+    enc = mmpe.build("spacetime", d_model=32, spatial="latlon_sincos", temporal="sinusoidal")
+    time_part = enc.temporal(enc.time_coordinates(_sphere(times, "tensor"))).double()
+    sin0, cos0, sin1, cos1 = time_part[0, 0::2], time_part[0, 1::2], time_part[1, 0::2], time_part[1, 1::2]
+    angle = step * 10000.0 ** (-torch.arange(0, 32, 2, dtype=torch.float64) / 32)
+    # float32 output rounding, and the float64 phase t·ω_0 (ω_0 = 1) good to an ulp of t
+    tol = 2e-6 + 4 * float(np.spacing(times[-1]))
+    torch.testing.assert_close(sin1, sin0 * angle.cos() + cos0 * angle.sin(), rtol=0, atol=tol)
+    torch.testing.assert_close(cos1, cos0 * angle.cos() - sin0 * angle.sin(), rtol=0, atol=tol)
+
+
+def test_integer_stamps_are_exact_up_to_2_53_and_refused_beyond():
+    unix = torch.tensor([1_700_000_000, 1_700_000_001], dtype=torch.int64)
+    s = Sphere(torch.zeros(2), torch.zeros(2), time=unix)
+    assert s.time.dtype == torch.float64 and torch.equal(s.time, unix.double())
+    nanoseconds = torch.tensor([1_700_000_000_000_000_001, 1_700_000_000_000_000_002])
+    with pytest.raises(ValueError, match=r"Sphere: time: integers beyond 2\^53.*reference epoch"):
+        Sphere(torch.zeros(2), torch.zeros(2), time=nanoseconds)
+    with pytest.raises(ValueError, match=r"Sphere: times: integers beyond 2\^53"):
+        Sphere.grid(2, 2, times=nanoseconds)
+
+
+def test_batched_stamps_keep_their_steps():
+    times = torch.tensor([[1.7e9, 1.7e9 + 1], [1.7e9 + 5, 1.7e9 + 3]], dtype=torch.float64)
+    s = Sphere(torch.zeros(2, 2), torch.zeros(2, 2), time=times)
+    b = torch.tensor([0, 1])
+    d = s.time_distance(torch.tensor([0, 0]), torch.tensor([1, 1]), b)
+    assert d.tolist() == [1.0, 2.0]

@@ -316,7 +316,8 @@ def _cross(name: str, queries, keys, **options):
 SPHERE = lambda: mmpe.Sphere(torch.tensor([0.0, 30.0]), torch.tensor([0.0, 90.0]))  # noqa: E731
 HF = dict(head_dim=16, hidden_size=64, num_attention_heads=4, max_position_embeddings=256,
           rope_theta=10000.0)
-UNIX = torch.tensor([1.7e9, 1.7e9 + 1], dtype=torch.float64)  # 1 s apart: float32 merges them
+#: Unix nanoseconds 1 ns apart: beyond 2^53, float64 would merge them
+UNIX_NS = torch.tensor([1_700_000_000_000_000_001, 1_700_000_000_000_000_002])
 
 
 def _hf_api():
@@ -467,10 +468,10 @@ NEWER = [
         "spherical_harmonics", d_model=32).combine(_x(1, 4, 32), mmpe.Points(torch.randn(4, 2))),
          ("Spherical",), "unsupported-combination"),
     # sphere time
-    case("Sphere time float32 cannot resolve", lambda: mmpe.Sphere(
-        torch.zeros(2), torch.zeros(2), time=UNIX), ("time",), "range"),
-    case("Sphere.grid times float32 cannot resolve", lambda: mmpe.Sphere.grid(2, 2, times=UNIX),
-         ("time",), "range"),
+    case("Sphere time integers float64 cannot hold", lambda: mmpe.Sphere(
+        torch.zeros(2), torch.zeros(2), time=UNIX_NS), ("time", "2^53"), "range"),
+    case("Sphere.grid times integers float64 cannot hold",
+         lambda: mmpe.Sphere.grid(2, 2, times=UNIX_NS), ("times", "2^53"), "range"),
     case("Sphere time length", lambda: mmpe.Sphere(torch.zeros(2), torch.zeros(2),
                                                    time=torch.tensor([1.0, 2.0, 3.0])),
          ("time",), "shape"),
