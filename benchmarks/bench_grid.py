@@ -41,6 +41,7 @@ from timm.layers.pos_embed_sincos import (
 )
 
 import mmpe
+from mmpe.attention import dense_bias
 from mmpe.coords import Grid
 from mmpe.encodings.base import AttentionContext
 
@@ -123,13 +124,13 @@ def rows(b: int, h: int, side: int, d: int, repeat: int) -> list[tuple[str, floa
     ctx = AttentionContext(grid, h, d, b)
     with torch.no_grad():
         out.append((f"Swin/BEiT rel-pos bias + scores [{b},{h},{n},{n}]",
-                    *paired(lambda: scores + swin.bias(ctx), lambda: timm_swin(scores), repeat)))
+                    *paired(lambda: scores + dense_bias([swin], ctx), lambda: timm_swin(scores), repeat)))
 
     cpb = mmpe.build("swinv2_cpb", num_heads=h, grid_shape=(side, side))
     timm_cpb = RelPosMlp((side, side), h, hidden_dim=512, prefix_tokens=1, mode="swin").eval()
     with torch.no_grad():
         out.append(("SwinV2 CPB bias + scores",
-                    *paired(lambda: scores + cpb.bias(ctx), lambda: timm_cpb(scores), repeat)))
+                    *paired(lambda: scores + dense_bias([cpb], ctx), lambda: timm_cpb(scores), repeat)))
     return out
 
 

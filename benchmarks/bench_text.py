@@ -33,6 +33,7 @@ from _timing import paired
 
 import mmpe
 from mmpe import MultiHeadAttention, Sequence
+from mmpe.attention import dense_bias
 from mmpe.encodings.base import AttentionContext
 
 warnings.filterwarnings("ignore")
@@ -128,7 +129,7 @@ def t5_row(h: int, s: int, repeat: int) -> tuple[str, str, float, float]:
     ctx = AttentionContext(Sequence(s), h, 64, 1)
     with torch.no_grad():
         return ("T5 relative bias (bidirectional)", "HF transformers",
-                *paired(lambda: ours.bias(ctx), lambda: peer.compute_bias(s, s), repeat))
+                *paired(lambda: dense_bias([ours], ctx), lambda: peer.compute_bias(s, s), repeat))
 
 
 def paths_row(b: int, h: int, s: int, d: int, repeat: int) -> tuple[str, str, float, float]:

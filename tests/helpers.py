@@ -68,6 +68,14 @@ def require_debian(package: str, path: str | None = None, command: str | None = 
     pytest.skip(message)
 
 
+def generic_bias(enc, ctx) -> torch.Tensor:
+    """The term's generic form on every pair (`score_mod` on the index grid,
+    `mmpe.attention.generic.pair_rows`): the definition the fast forms are held to."""
+    from mmpe.attention.generic import pair_rows
+
+    return pair_rows(enc, ctx, 0, ctx.coords.num_queries)
+
+
 def assert_backends_agree(mha, x: torch.Tensor, coords, atol: float = 1e-5) -> None:
     """The flex, SDPA and math paths of ``mha`` give the same output on ``x`` (no grad)."""
     from mmpe.flex_compile import available

@@ -21,10 +21,16 @@ numbers:
 * `"math"` — explicit `q·kᵀ`, score mods, mask, kernel; needed by non-additive score mods with
   a non-softmax kernel, or value-side terms that need the probabilities.
 
-`backend="auto"` picks per device: on CUDA, flex when there are score terms or a mask (else
-SDPA, whose flash kernels are fastest without a bias); on CPU, SDPA — measured on torch
-2.13/2.15, FlexAttention has no backward pass on the CPU, its CPU kernel is 4–5× slower than
-SDPA, and without a BlockMask its CPU scratch memory is O(n²).
+* `"dense"` — one SDPA call with the terms' dense bias ([dense_bias][mmpe.attention.dense_bias],
+  the one dense door) as `attn_mask`: the peers' way (timm, HF T5, Graphormer), on any device.
+
+`backend="auto"` follows the rule of [mmpe.attention.route][]: on CUDA the dense route for
+learned or content-dependent terms whose dense bias fits a budget, flex for content-free terms
+without learned tensors and past the budget, SDPA without terms, a stored cost table over the
+rule where it has a row; on the CPU, SDPA — measured on torch 2.13/2.15, FlexAttention has no
+backward pass on the CPU, its CPU kernel is 4–5× slower than SDPA, and without a BlockMask its
+CPU scratch memory is O(n²). [which_route][mmpe.attention.which_route] names the route of a call without
+running it.
 
 [MultiHeadAttention][mmpe.attention.MultiHeadAttention] is self-attention with grouped-query
 heads and an optional [KVCache][mmpe.cache.KVCache];
@@ -36,7 +42,8 @@ The package, one idea per file:
 | file | what |
 | --- | --- |
 | `modules.py` | the modules: hooks, projections, rotation, checks |
-| `dispatch.py` | which path runs a call; the SDPA and math paths |
+| `route.py` | which route a call takes: the rule, the cost table, forcing, the route log |
+| `dispatch.py` | the flex, dense, SDPA and math paths |
 | `forms.py` | how a path reads a score term: by its declared structure, or a fast form |
 | `fast_forms/` | hand-written fast forms of single encoding classes, keyed by exact class |
 | `flex.py` | FlexAttention glue: composed `score_mod`s, per-offset tables, `BlockMask` |
@@ -49,23 +56,30 @@ The package, one idea per file:
 from __future__ import annotations
 
 from mmpe.attention.cpu.relation import RELATION_BLOCK_ROWS  # noqa: I001  (after the modules)
-from mmpe.attention.dispatch import choose_path, run_flex, run_math, run_sdpa
+from mmpe.attention.dispatch import run_dense, run_flex, run_math, run_sdpa
 from mmpe.attention.flex import compose_score_mods
+from mmpe.attention.forms import dense_bias
 from mmpe.attention.memory import BLOCK_BYTES, block_bytes
 from mmpe.attention.modules import BACKENDS, CrossAttention, MultiHeadAttention
 from mmpe.attention.record import record_attention
+from mmpe.attention.route import ROUTES, choose_route, log_routes, which_route
 
 __all__ = [
     "BACKENDS",
     "BLOCK_BYTES",
     "RELATION_BLOCK_ROWS",
+    "ROUTES",
     "CrossAttention",
     "MultiHeadAttention",
     "block_bytes",
-    "choose_path",
+    "choose_route",
     "compose_score_mods",
+    "dense_bias",
+    "log_routes",
     "record_attention",
+    "run_dense",
     "run_flex",
     "run_math",
     "run_sdpa",
+    "which_route",
 ]

@@ -1,9 +1,9 @@
-"""Which path runs a call (flex, SDPA or math), and the SDPA and math paths themselves.
+"""The paths a call runs on — flex, the dense route, SDPA and math — once
+[mmpe.attention.route][] has chosen one.
 
-``backend="auto"`` picks per device: on CUDA, flex when there are score terms or a mask (else
-SDPA, whose flash kernels are fastest without a bias); on CPU, SDPA — measured on torch
-2.13/2.15, FlexAttention has no backward pass on the CPU, its CPU kernel is 4–5× slower than
-SDPA, and without a BlockMask its CPU scratch memory is O(n²). An SDPA call takes one plan,
+On the CPU ``backend="auto"`` is SDPA: measured on torch 2.13/2.15, FlexAttention has no
+backward pass on the CPU, its CPU kernel is 4–5× slower than SDPA, and without a BlockMask its
+CPU scratch memory is O(n²). An SDPA call takes one plan,
 chosen once ([sdpa_plan][mmpe.attention.dispatch.sdpa_plan]) from the terms' structures, the
 coordinates, the device and the sizes: the relation plan on ``toeplitz`` sequences
 (``attention/cpu/relation.py``), the grid plan (``cpu/grid.py``), the blocked plan on points
@@ -34,37 +34,6 @@ from mmpe.attention.masks import _cast_bias, _dense_mask, _large_mask, _plain_ca
 from mmpe.attention.memory import _bias_bytes, _check_memory, block_bytes
 from mmpe.coords.base import index_grid
 from mmpe.encodings.base import AttentionContext, KernelEncoding, ScoreEncoding
-from mmpe.prepare import memoized
-
-
-def choose_path(backend: str, scores: Seq[ScoreEncoding], kernel: KernelEncoding | None,
-                device: torch.device) -> str:
-    """The execution path of a call: ``"flex"``, ``"sdpa"`` or ``"math"``."""
-    kernel_softmax = kernel is None or kernel.is_softmax
-    needs_math = not kernel_softmax or any(s.needs_probs for s in scores)
-    if record.recording():
-        if not kernel_softmax:
-            raise ValueError(f"record_attention: {type(kernel).__name__} replaces the softmax; "
-                             "it has no softmax weights to record")
-        return "math"
-    if backend == "math" or needs_math:
-        if backend == "flex":
-            raise ValueError("attention: backend='flex' cannot run a non-softmax kernel "
-                             "or value-side score terms; use 'math' or 'auto'")
-        return "math"
-    if backend == "flex":
-        if not flex_compile.available():
-            raise flex_compile.FlexUnavailableError(
-                f"attention: backend='flex' needs torch >= 2.6 (this is {torch.__version__}: "
-                "its FlexAttention cannot differentiate learned score terms); use 'auto' "
-                "or 'sdpa'")
-        return "flex"
-    additive = all(s.additive for s in scores)
-    if backend == "sdpa":
-        return "sdpa" if additive else "math"
-    if device.type == "cuda" and scores and flex_compile.available():
-        return "flex"
-    return "sdpa" if additive else "math"
 
 
 def run_flex(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -> Tensor:
@@ -167,16 +136,15 @@ def run_sdpa(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) ->
         return _BlockedPlan(scores, ctx, scale).run(ctx.q, ctx.k, ctx.v)
     if plan == "blocks":
         return _sdpa_blocks(scores, ctx, scale)
-    return _sdpa_dense(scores, ctx, scale)
+    return run_dense(scores, ctx, scale)
 
 
-def _sdpa_dense(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -> Tensor:
-    """One SDPA call with the terms' dense bias (or the coordinates' mask) as ``attn_mask``."""
+def run_dense(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -> Tensor:
+    """One SDPA call with the terms' dense bias ([dense_bias][mmpe.attention.forms.dense_bias],
+    broadcast over the batch where it does not depend on the example) and the coordinates'
+    mask as ``attn_mask``: the dense route on every device, and the SDPA path's dense plan."""
     coords = ctx.coords
-    bias = None
-    for enc in scores:
-        term = _bias(enc, ctx)
-        bias = term if bias is None else bias + term
+    bias = forms.dense_bias(scores, ctx)
     if bias is None:
         if _plain_causal(coords):  # the fused causal kernel, no dense mask
             return F.scaled_dot_product_attention(ctx.q, ctx.k, ctx.v, is_causal=True,
@@ -261,11 +229,3 @@ def _softmax_scale(scores: Seq[ScoreEncoding], head_dim: int) -> float:
         if scale is not None:
             return scale
     return 1.0 / math.sqrt(head_dim)
-
-
-def _bias(enc: ScoreEncoding, ctx: AttentionContext) -> Tensor:
-    """The encoding's eager bias; content-free ones once per forward (shared by layers)."""
-    if not enc.content_free:
-        return forms.dense(enc, ctx)
-    key = ("bias", id(enc), ctx.num_heads, ctx.coords.num_queries, ctx.coords.num_keys)
-    return memoized(ctx.coords, key, lambda: forms.dense(enc, ctx))

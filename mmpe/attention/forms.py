@@ -11,6 +11,7 @@ runs it.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -18,34 +19,22 @@ from torch import Tensor
 from mmpe._scratch import block_bytes
 from mmpe.attention import fast_forms
 from mmpe.attention.cpu.rows import BiasTiles, CompactBias, HeadRows, distance_rows
+from mmpe.attention.generic import pair_rows
 from mmpe.coords.base import index_grid
 from mmpe.coords.capabilities import Directed
 from mmpe.coords.grid import Grid
 from mmpe.encodings.base import AttentionContext, ScoreEncoding
+from mmpe.prepare import memoized
 
 #: structures whose term depends on a pair of grid cells only through their offset (a Grid's
 #: distance is a function of the offset; so is a relation)
 _OFFSET_ON_GRIDS = ("relation", "distance", "offset")
 
 
-def pair_rows(enc: ScoreEncoding, ctx: AttentionContext, start: int, stop: int) -> Tensor:
-    """`score_mod` on the pairs of queries `start … stop−1`, `[b or 1, n_h, stop−start, n_k]`:
-    the generic form of every structure."""
-    if not enc.additive:
-        raise TypeError(f"{type(enc).__name__} rescales scores; it has no additive bias")
-    coords = ctx.coords
-    batch = ctx.batch if not enc.content_free else (coords.batch_size or 1)
-    b, h, q, k = index_grid(batch, ctx.num_heads, coords.num_queries, coords.num_keys,
-                            coords.device)
-    zero = torch.zeros((), device=coords.device)
-    out = enc.score_mod(ctx)(zero, b, h, q[:, :, start:stop], k)
-    return out.expand(batch, ctx.num_heads, stop - start, coords.num_keys)
-
-
 def rows(enc: ScoreEncoding, ctx: AttentionContext, start: int, stop: int) -> Tensor:
     """The term of queries `start … stop−1`, `[b or 1, n_h, stop−start, n_k]`: the class's fast
     form, else the distance rows once for all heads (structure `"distance"`), else
-    [pair_rows][mmpe.attention.forms.pair_rows]."""
+    [pair_rows][mmpe.attention.generic.pair_rows]."""
     fast = fast_forms.get(enc, "rows")
     if fast is not None:
         return fast(enc, ctx, start, stop)
@@ -95,11 +84,48 @@ def _relation_rows(enc: ScoreEncoding, ctx: AttentionContext, start: int, stop: 
 
 
 def dense(enc: ScoreEncoding, ctx: AttentionContext) -> Tensor:
-    """The term on every pair, `[b or 1, n_h, n_q, n_k]` (the dense SDPA path)."""
+    """The term of one encoding on every pair, `[b or 1, n_h, n_q, n_k]` (float32 for the
+    built-in terms): the class's fast form, else [rows][mmpe.attention.forms.rows] on every
+    query. A content-free term is computed once per forward
+    ([forward_scope][mmpe.prepare.forward_scope]) and shared by the layers that hold it.
+
+    Raises:
+        TypeError: a rescaling (non-additive) term: it has no additive bias.
+    """
+    if not enc.additive:
+        raise TypeError(f"{type(enc).__name__} rescales scores; it has no additive bias")
+    if not enc.content_free:
+        return _dense(enc, ctx)
+    key = ("bias", id(enc), ctx.num_heads, ctx.coords.num_queries, ctx.coords.num_keys)
+    return memoized(ctx.coords, key, lambda: _dense(enc, ctx))
+
+
+def _dense(enc: ScoreEncoding, ctx: AttentionContext) -> Tensor:
     fast = fast_forms.get(enc, "dense")
     if fast is not None:
         return fast(enc, ctx)
     return rows(enc, ctx, 0, ctx.coords.num_queries)
+
+
+def dense_bias(scores: Sequence[ScoreEncoding], ctx: AttentionContext) -> Tensor | None:
+    """The one door to the dense bias: the sum of the additive terms `scores` on every pair,
+    `[b or 1, n_h, n_q, n_k]` (`b` only where a term or the coordinates depend on the example),
+    float32, differentiable in the terms' parameters; `None` without terms. Each term comes from
+    [dense][mmpe.attention.forms.dense] (its fast form, else its structure's form), so the dense
+    SDPA route, the timm and Hugging Face integrations and the benchmarks read the same numbers
+    the same way. The coordinates' mask is not applied (see `mmpe.attention.masks`).
+
+    Raises:
+        TypeError: `scores` not a sequence of score encodings, or a rescaling term.
+    """
+    if isinstance(scores, ScoreEncoding) or not all(isinstance(e, ScoreEncoding) for e in scores):
+        raise TypeError("dense_bias: scores must be a sequence of score encodings, got "
+                        f"{type(scores).__name__}")
+    bias = None
+    for enc in scores:
+        term = dense(enc, ctx)
+        bias = term if bias is None else bias + term
+    return bias
 
 
 def head_rows(enc: ScoreEncoding, ctx: AttentionContext, start: int,

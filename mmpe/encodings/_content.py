@@ -3,7 +3,7 @@
 A content-dependent term depends on the layer's queries/keys, so it carries the true batch
 axis `b`. The attention module evaluates score mods on index grids whose batch axis is 1 when
 positions are shared by the batch ([`mmpe.coords.index_grid`][mmpe.coords.base.index_grid]); [`batch_index`][mmpe.encodings._content.batch_index]
-widens that axis to the content's batch, and [`ScoreEncoding.bias`][mmpe.encodings.base.ScoreEncoding.bias] evaluates the
+widens that axis to the content's batch, and the attention paths' generic form (`mmpe.attention.generic.pair_rows`) evaluates the
 mod on a full `[b, n_h, n_q, n_k]` grid. Inside FlexAttention `b` is a scalar and is used
 as is, so the same mod serves every path.
 """

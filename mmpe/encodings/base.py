@@ -22,11 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import torch
 from torch import Tensor, nn
 
-from mmpe.coords.base import Coordinates, index_grid
-from mmpe.coords.capabilities import Capability, missing
+from mmpe.coords.base import Coordinates
+from mmpe.coords.capabilities import Capability, Directed, missing
 from mmpe.encodings._positions import (  # noqa: F401  (their home before 0.2)
     check_qk,
     newest_key_positions,
@@ -179,12 +178,13 @@ class ScoreEncoding(Encoding):
 
     * `"distance"`: write [`distance_term`][mmpe.encodings.base.ScoreEncoding.distance_term];
       `score_mod` is derived from it (ALiBi, KERPLE, Gaussian and radial kernels).
-    * `"relation"`: write [`relation_term`][mmpe.encodings.base.ScoreEncoding.relation_term]
-      and `score_mod` (T5's buckets).
+    * `"relation"`: write [`relation_term`][mmpe.encodings.base.ScoreEncoding.relation_term];
+      `score_mod` is derived from it (T5's buckets).
     * `"offset"`, `"table"`, `"pair"` (the default): write `score_mod`.
 
     The same `score_mod` runs inside FlexAttention (scalar indices, never an `n×n` tensor) and
-    eagerly on broadcast index grids ([`bias`][mmpe.encodings.base.ScoreEncoding.bias]); the
+    eagerly on broadcast index grids (`mmpe.attention.generic.pair_rows`; the dense bias of any
+    terms through one door, `mmpe.attention.dense_bias`); the
     attention paths read the structure to pick a faster form (a table over offsets, rows
     shared by the heads). How a path computes a structure fast lives with the path
     (`mmpe.attention.forms`), and a hand-written fast form of one class in a table keyed by
@@ -219,15 +219,25 @@ class ScoreEncoding(Encoding):
             cls.structure = "pair"
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
-        """The term as a FlexAttention `score_mod`: derived from `distance_term` where the
-        class writes one (structure `"distance"`), written by the subclass otherwise."""
-        if type(self).distance_term is ScoreEncoding.distance_term:  # pragma: no cover
-            raise NotImplementedError(f"{type(self).__name__} must define score_mod")
-        self.check_context(ctx)
-        coords, term = ctx.coords, self.distance_term(ctx)
+        """The term as a FlexAttention `score_mod`, derived from the term function the class
+        writes: `distance_term` (structure `"distance"`) of the coordinates' distance, or
+        `relation_term` (structure `"relation"`) of their relation `pos_q − pos_k` (of the
+        distance on coordinates without a direction, which the term then buckets as such).
+        A class that writes neither writes `score_mod`."""
+        cls = type(self)
+        if cls.distance_term is not ScoreEncoding.distance_term:
+            self.check_context(ctx)
+            coords, term = ctx.coords, self.distance_term(ctx)
+            pair = coords.distance
+        elif cls.relation_term is not ScoreEncoding.relation_term:
+            self.check_context(ctx)
+            coords, term = ctx.coords, self.relation_term(ctx)
+            pair = coords.relation if isinstance(coords, Directed) else coords.distance
+        else:  # pragma: no cover
+            raise NotImplementedError(f"{cls.__name__} must define score_mod")
 
         def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return score + term(coords.distance(q_idx, kv_idx, b), h)
+            return score + term(pair(q_idx, kv_idx, b), h)
 
         return mod
 
@@ -245,7 +255,8 @@ class ScoreEncoding(Encoding):
     def relation_term(self, ctx: AttentionContext) -> Term:
         """Structure `"relation"`: the term as a function `term(relation, h)` of signed offsets
         `pos_q − pos_k` `[...]` (int64 tokens) and head indices `h` broadcast with them, on
-        coordinates whose `toeplitz` is true. Parameters are read here, once."""
+        coordinates whose `toeplitz` is true; the derived `score_mod` passes the distance
+        (float) on coordinates without a direction. Parameters are read here, once."""
         raise NotImplementedError(f"{type(self).__name__} declares structure "
                                   f"{self.structure!r}, not 'relation'")
 
@@ -271,26 +282,10 @@ class ScoreEncoding(Encoding):
         """Logit scale this method prescribes instead of `1/sqrt(h_d)`, or None."""
         return None
 
-    def bias(self, ctx: AttentionContext) -> Tensor:
-        """The additive term on every pair, `[b or 1, n_h, n_q, n_k]`: `score_mod` evaluated
-        on the broadcast index grid (`b` is the content's batch for content-dependent terms).
-        The attention paths may compute the same numbers faster (`mmpe.attention.forms`).
-
-        Raises:
-            TypeError: a rescaling (non-additive) term.
-        """
-        if not self.additive:
-            raise TypeError(f"{type(self).__name__} rescales scores; it has no additive bias")
-        coords = ctx.coords
-        batch = ctx.batch if not self.content_free else (coords.batch_size or 1)
-        b, h, q, k = index_grid(batch, ctx.num_heads, coords.num_queries, coords.num_keys,
-                                coords.device)
-        out = self.score_mod(ctx)(torch.zeros((), device=coords.device), b, h, q, k)
-        return out.expand(batch, ctx.num_heads, coords.num_queries, coords.num_keys)
-
     def value_term(self, probs: Tensor, ctx: AttentionContext) -> Tensor | None:
         """Extra output `[b, n_h, n_q, h_d]` from probabilities `[b, n_h, n_q, n_k]`, or None."""
         return None
+
 
 class KernelEncoding(Encoding):
     """Kernel hook: how masked, position-modified logits become attention output."""

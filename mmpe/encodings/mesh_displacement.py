@@ -43,7 +43,7 @@ class MeshDisplacementBias(SavesSettings, ScoreEncoding):
     prefix tokens) sit at 0, as the coordinates report them.
 
     FlexAttention: the features and the MLP are unrolled into `≈ W·(A + 4)` scalar operations
-    per score (FIRE's form, O(n) memory); the eager [`bias`][mmpe.encodings.base.ScoreEncoding.bias] runs the MLP as matrix
+    per score (FIRE's form, O(n) memory); the dense form (`mmpe.attention.fast_forms.geometry`) runs the MLP as matrix
     products on every pair, with the same numbers.
 
     Args:

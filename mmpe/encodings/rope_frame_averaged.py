@@ -96,7 +96,7 @@ class FrameAveragedRoPE(SavesSettings, ContentScoreEncoding):
     `s / √h_d` (use it without another rotary encoding; with one, `q`, `k` are the rotated
     ones). With `y^± = ±Vᵀ(x − t)`, `s = Q_F · K_F` for `Q_F = [R(y_q^+) q, R(y_q^−) q] / 2`
     and `K_F = [R(y_k^+) k, R(y_k^−) k]`; the FlexAttention mod computes `s − q·k` as one
-    dot product of `3·h_d` scalar terms per score, the eager [`bias`][mmpe.encodings.base.ScoreEncoding.bias] as one matrix
+    dot product of `3·h_d` scalar terms per score, the dense form (`mmpe.attention.fast_forms.geometry`) as one matrix
     product.
 
     The frame is that of the key positions (padded keys left out; a grid's prefix tokens, at
@@ -198,4 +198,6 @@ class FrameAveragedRoPE(SavesSettings, ContentScoreEncoding):
         """The frame-averaged RoPE score `s(q, k)` `[b, n_h, n_q, n_k]` (float32), for
         analysis: `q` `[b, n_h, n_q, h_d]`, `k` `[b, n_h, n_k, h_d]`."""
         ctx = AttentionContext(coords, q.shape[1], q.shape[-1], q.shape[0], q=q, k=k)
-        return self.bias(ctx) * q.shape[-1] ** 0.5 + q.float() @ k.float().transpose(-1, -2)
+        self.check_context(ctx)
+        qx, kx = self._operands(ctx)  # s − q·k = Q_F·K_F − q·k, one matrix product
+        return qx.float() @ kx.float().transpose(-1, -2) + q.float() @ k.float().transpose(-1, -2)

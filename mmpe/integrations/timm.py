@@ -98,6 +98,7 @@ from torch import Tensor, nn
 
 from mmpe._optional import require
 from mmpe.attention import MultiHeadAttention
+from mmpe.attention.forms import dense_bias
 from mmpe.coords.grid import Grid
 from mmpe.encodings.base import (
     AttentionContext,
@@ -307,6 +308,7 @@ class TimmAttention(MultiHeadAttention):
         self.head_dim = getattr(attn, "head_dim", None) or attn.proj.in_features // attn.num_heads
         self.d_model = attn.proj.out_features
         self.backend = backend
+        self.dense_bias_bytes = None
         self.num_prefix_tokens = getattr(attn, "num_prefix_tokens", state.prefix_tokens)
         self.rotate_half = bool(getattr(attn, "rotate_half", False))
         self.relative_position_bias_table = None
@@ -370,9 +372,8 @@ class TimmAttention(MultiHeadAttention):
         if self.kernel is not None or any(not s.additive or s.needs_probs for s in self.scores):
             raise ValueError("TimmAttention: keep_pos_embed with BEiT's bias table needs additive "
                              "score encodings and the softmax")
-        bias = extra
-        for enc in self.scores:
-            bias = bias + enc.bias(ctx)
+        terms = dense_bias(self.scores, ctx)
+        bias = extra if terms is None else extra + terms
         return F.scaled_dot_product_attention(ctx.q, ctx.k, ctx.v, attn_mask=bias.to(ctx.q.dtype),
                                               scale=self.head_dim ** -0.5)
 
@@ -439,9 +440,9 @@ class SwinWindowAttention(nn.Module):
         if self.relative_position_bias_table is not None:
             table = self.relative_position_bias_table[self.relative_position_index.view(-1)]
             bias = table.view(n, n, -1).permute(2, 0, 1).unsqueeze(0)
-        for enc in self.scores:
-            term = enc.bias(ctx)
-            bias = term if bias is None else bias + term
+        terms = dense_bias(self.scores, ctx)
+        if terms is not None:
+            bias = terms if bias is None else bias + terms
         if mask is not None:
             num_win = mask.shape[0]
             mask = mask.view(1, num_win, 1, n, n).expand(b_ // num_win, -1, self.num_heads, -1, -1)

@@ -54,6 +54,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mmpe._optional import require
+from mmpe.attention.forms import dense_bias
 from mmpe.coords.base import index_grid
 from mmpe.coords.sequence import Sequence as Seq1D
 from mmpe.encodings.base import (
@@ -772,11 +774,7 @@ def mmpe_attention_forward(module: nn.Module, query: Tensor, key: Tensor, value:
                  or any(not e.additive or e.needs_probs for e in link.scores))
     p = dropout if module.training else 0.0
     if not math_path:
-        bias = None
-        for enc in link.scores:
-            term = _bias(state, enc, ctx)
-            bias = term if bias is None else bias + term
-        bias = bias.to(query.dtype)
+        bias = _bias(state, link.scores, ctx).to(query.dtype)
         if additive is not None:
             bias = bias + additive
         if allowed is not None:
@@ -810,14 +808,15 @@ def mmpe_attention_forward(module: nn.Module, query: Tensor, key: Tensor, value:
     return out.transpose(1, 2).contiguous(), None if probs is None else probs.to(query.dtype)
 
 
-def _bias(state: _ModelState, enc: ScoreEncoding, ctx: AttentionContext) -> Tensor:
-    """The eager bias; a content-free one is shared by the layers of one forward without
-    gradients (generation), and recomputed per layer when training."""
-    if not enc.content_free or torch.is_grad_enabled():
-        return enc.bias(ctx)
-    key = ("bias", id(enc), ctx.num_heads, id(ctx.coords))
+def _bias(state: _ModelState, scores: Sequence[ScoreEncoding], ctx: AttentionContext) -> Tensor:
+    """The dense bias (the one door, `mmpe.attention.forms.dense_bias`); content-free terms'
+    sum is shared by the layers of one forward without gradients (generation), and recomputed
+    per layer when training."""
+    if torch.is_grad_enabled() or any(not e.content_free for e in scores):
+        return dense_bias(scores, ctx)
+    key = ("bias", tuple(id(e) for e in scores), ctx.num_heads, id(ctx.coords))
     if key not in state.memo:
-        state.memo[key] = enc.bias(ctx)
+        state.memo[key] = dense_bias(scores, ctx)
     return state.memo[key]
 
 
@@ -839,6 +838,7 @@ def register_attention(name: str = ATTN_IMPLEMENTATION) -> str:
     Without a registered mask function HF passes *no* mask to a custom attention function
     (padding would be lost); this registers HF's own boolean SDPA mask for it.
     """
+    require("transformers", "mmpe.integrations.transformers")
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 

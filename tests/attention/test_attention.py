@@ -6,7 +6,7 @@ from helpers import assert_backends_agree
 
 import mmpe
 from mmpe import MultiHeadAttention, Sequence, Transformer
-from mmpe.attention import compose_score_mods
+from mmpe.attention import compose_score_mods, which_route
 
 warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
 
@@ -33,11 +33,12 @@ def test_flex_sdpa_and_math_paths_agree(names, coords):
 
 
 def test_auto_backend_per_device():
-    mha = _mha(["alibi"])
-    assert mha.path(torch.device("cpu")) == "sdpa"
+    mha, seq = _mha(["alibi"]), mmpe.Sequence(16)
+    assert which_route(mha, seq, device="cpu") == "sdpa"
     # FlexAttention on CUDA from torch 2.6 (mmpe.flex_compile.MIN_TORCH); SDPA before.
-    assert mha.path(torch.device("cuda")) == ("flex" if mmpe.flex_compile.available() else "sdpa")
-    assert _mha(["rope"]).path(torch.device("cuda")) == "sdpa"  # no score terms: flash SDPA
+    want = "flex" if mmpe.flex_compile.available() else "dense"
+    assert which_route(mha, seq, device="cuda", device_name="described") == want
+    assert which_route(_mha(["rope"]), seq, device="cuda", device_name="described") == "sdpa"
 
 
 def test_attention_is_causal():

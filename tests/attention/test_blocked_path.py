@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 import mmpe
 import mmpe.attention.cpu.blocked as blocked
 from mmpe import MultiHeadAttention
-from mmpe.attention import fast_forms, forms
+from mmpe.attention import fast_forms, forms, generic
 from mmpe.attention.cpu.flash import (
     _FLASH_CPU,
     _FLASH_CPU_BACKWARD,
@@ -429,7 +429,7 @@ def test_bias_rows_equal_score_mod(names, heads, case, unit, seed, data) -> None
     start = data.draw(st.integers(0, n - 1))
     stop = data.draw(st.integers(start + 1, n))
     rows = forms.rows(enc, ctx, start, stop)
-    ref = forms.pair_rows(enc, ctx, start, stop)  # score_mod on the rows' index grid
+    ref = generic.pair_rows(enc, ctx, start, stop)  # score_mod on the rows' index grid
     assert rows.shape == ref.shape
     # FIRE's rows evaluate its MLP piece by piece (the same function, other rounding)
     tol = 1e-5 if names == "fire" else 0.0
@@ -454,7 +454,7 @@ def test_graphormer_spatial_bias_rows_equal_score_mod() -> None:
     ctx = AttentionContext(graph, 3, 4, 2)
     for start, stop in ((0, 2), (1, 4), (0, graph.num_queries)):
         torch.testing.assert_close(forms.rows(enc, ctx, start, stop),
-                                   forms.pair_rows(enc, ctx, start, stop), atol=0, rtol=0)
+                                   generic.pair_rows(enc, ctx, start, stop), atol=0, rtol=0)
 
 
 # -- the encodings' hand-written pullbacks against autograd ----------------------------------

@@ -17,6 +17,7 @@ from torch._dynamo.utils import counters
 
 import mmpe
 from mmpe import Grid, Sequence
+from mmpe.attention import which_route
 
 # torch 2.5's compiler cannot trace parts of mmpe's forward (builtins such as vars() on classes,
 # next() on generators): compiling mmpe models needs torch >= 2.6, as FlexAttention does.
@@ -95,7 +96,7 @@ def _flex_vs_sdpa(name: str) -> None:
     x = torch.randn(2, 64, 32)
     with torch.no_grad():
         out = compiled(x, coords)
-        mha.backend = "sdpa" if mha.path(x.device) != "math" else "math"
+        mha.backend = "sdpa" if which_route(mha, coords, device=x.device) != "math" else "math"
         ref = mha(x, coords)
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
 

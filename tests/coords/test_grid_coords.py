@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import mmpe
-from mmpe.attention import MultiHeadAttention
+from mmpe.attention import MultiHeadAttention, dense_bias
 from mmpe.coords import Composite, Grid, index_grid
 from mmpe.encodings.base import AttentionContext
 
@@ -91,7 +91,7 @@ def test_check_tokens():
 
 
 def _bias(enc, coords, heads=4):
-    return enc.bias(AttentionContext(coords, heads, 8, 1))
+    return dense_bias([enc], AttentionContext(coords, heads, 8, 1))
 
 
 def test_alibi_on_grid_is_slope_times_euclidean():
@@ -148,7 +148,7 @@ def test_grid_indices_work_with_flex_attention():
     q, k, v = torch.randn(3, 1, 2, g.num_tokens, 8).unbind(0)
     ctx = AttentionContext(g, 2, 8, 1, q=q, k=k, v=v)
     out = flex.flex_attention(q, k, v, score_mod=enc.score_mod(ctx))
-    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=enc.bias(ctx))
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense_bias([enc], ctx))
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
 
 
@@ -184,7 +184,7 @@ def test_per_axis_metrics(metric, reduce):
     torch.testing.assert_close(g.distance(q, k), reduce(g.offsets(q, k)))
     assert g.diagonal == reduce(torch.tensor([4.0, 3.0])).item()
     assert g.with_shape((5, 5)).metric == metric
-    bias = mmpe.build("alibi", num_heads=2).bias(AttentionContext(g, 2, 8, 1))
+    bias = dense_bias([mmpe.build("alibi", num_heads=2)], AttentionContext(g, 2, 8, 1))
     torch.testing.assert_close(bias[0, 0], -0.0625 * reduce(g.offsets(q, k)))
     with pytest.raises(ValueError, match="metric"):
         Grid((2, 2), metric="cosine")

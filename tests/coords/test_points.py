@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mmpe
+from mmpe.attention import dense_bias
 from mmpe.coords.base import index_grid
 from mmpe.coords.capabilities import Directed, Metric, Positioned
 from mmpe.encodings.base import AttentionContext
@@ -52,7 +53,7 @@ def _scores(enc, pts: mmpe.Points, base: torch.Tensor) -> torch.Tensor:
     ctx = AttentionContext(pts, HEADS, 8, pts.batch_size or 1)
     with torch.no_grad():
         if enc.additive:
-            return enc.bias(ctx)
+            return dense_bias([enc], ctx)
         grid = index_grid(pts.batch_size or 1, HEADS, pts.num_queries, pts.num_keys)
         return enc.score_mod(ctx)(base, *grid)
 
@@ -175,7 +176,7 @@ def test_points_distances_are_differentiable() -> None:
     mask = torch.tensor([[True] * 5, [True, True, True, False, False]])
     pts = mmpe.Points(pos, mask)
     ctx = AttentionContext(pts, HEADS, 8, 2)
-    energy = sum(ENCODINGS[name].bias(ctx).sum() for name in ("alibi", "fire", "kerple_log"))
+    energy = sum(dense_bias([ENCODINGS[name]], ctx).sum() for name in ("alibi", "fire", "kerple_log"))
     (force,) = torch.autograd.grad(-energy, pos)
     assert torch.isfinite(force).all() and force[0].abs().sum() > 0
     assert (force[1, 3:] == 0).all()  # padded points do not move the energy

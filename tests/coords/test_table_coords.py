@@ -16,7 +16,7 @@ from sklearn.datasets import load_breast_cancer, load_wine
 from sklearn.feature_selection import mutual_info_classif, mutual_info_regression
 
 import mmpe
-from mmpe.attention import MultiHeadAttention
+from mmpe.attention import MultiHeadAttention, dense_bias
 from mmpe.coords import Table, index_grid
 from mmpe.coords.spectral import graph_laplacian
 from mmpe.coords.table import feature_graph, feature_hops, sparsify_graph
@@ -195,7 +195,7 @@ def test_score_encodings_run_on_feature_graph_hops(name):
     t = Table.from_data(load_wine().data[:100], k=3, cls_token=True)
     enc = mmpe.build(name, num_heads=2)
     ctx = AttentionContext(t, num_heads=2, head_dim=8, batch=3)
-    bias = enc.bias(ctx)
+    bias = dense_bias([enc], ctx)
     assert bias.shape == (1, 2, 14, 14)
     if name == "alibi":  # −m_h · hops
         b, h, q, k = index_grid(1, 2, 14, 14)

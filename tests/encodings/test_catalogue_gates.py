@@ -11,6 +11,7 @@ from helpers import assert_backends_agree
 
 import mmpe
 from mmpe import MultiHeadAttention, Sequence, Transformer
+from mmpe.attention import dense_bias
 from mmpe.coords.base import index_grid
 from mmpe.encodings.base import AttentionContext
 from mmpe.encodings.stick_breaking import stable_softplus
@@ -44,9 +45,9 @@ def test_kerple_formulas():
     d = dist(N)
     exp_log = torch.stack([-0.5 * torch.log(1 + 1.5 * d), -2.0 * torch.log(1 + 0.1 * d)])
     exp_pow = torch.stack([-0.5 * d ** 1.5, -2.0 * d ** 2])
-    assert torch.allclose(log.bias(ctx)[0], exp_log, atol=1e-5)
-    assert torch.allclose(power.bias(ctx)[0], exp_pow, atol=1e-4)
-    assert log.bias(ctx)[0, 1, 3, 5].item() == pytest.approx(-2.0 * math.log(1.2), rel=1e-5)
+    assert torch.allclose(dense_bias([log], ctx)[0], exp_log, atol=1e-5)
+    assert torch.allclose(dense_bias([power], ctx)[0], exp_pow, atol=1e-4)
+    assert dense_bias([log], ctx)[0, 1, 3, 5].item() == pytest.approx(-2.0 * math.log(1.2), rel=1e-5)
 
 
 def test_da_transformer_rescales_relu_scores():
@@ -69,7 +70,7 @@ def test_fox_term_is_the_sum_of_log_forget_gates():
     enc = mmpe.build("fox", context=CTX)
     ctx = context(Sequence(N, causal=True))
     log_f = F.logsigmoid(enc.gate(ctx.x))  # [b, n, h]
-    bias = enc.bias(ctx)
+    bias = dense_bias([enc], ctx)
     for i, j in ((4, 1), (6, 6), (5, 0)):
         expected = log_f[:, j + 1:i + 1].sum(1)  # Σ_{l=j+1}^{i}
         assert torch.allclose(bias[:, :, i, j], expected, atol=1e-5)
@@ -192,5 +193,5 @@ def test_distance_methods_read_any_coordinates_distance():
     b, h, q, k = index_grid(1, H, 12, 12)
     d = grid.distance(q, k, b)
     r1, r2 = log.constrained()
-    assert torch.allclose(log.bias(ctx), -r1[:, None, None] * torch.log1p(r2[:, None, None] * d), atol=1e-6)
+    assert torch.allclose(dense_bias([log], ctx), -r1[:, None, None] * torch.log1p(r2[:, None, None] * d), atol=1e-6)
     assert torch.isclose(d[0, 0, 0, 7], torch.tensor(math.hypot(1, 3)))  # cell (0,0) to (1,3)

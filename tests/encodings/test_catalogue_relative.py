@@ -9,6 +9,7 @@ from helpers import assert_backends_agree
 
 import mmpe
 from mmpe import MultiHeadAttention, Sequence, Transformer
+from mmpe.attention import dense_bias
 from mmpe.encodings.base import AttentionContext
 from mmpe.encodings.sinusoidal import sinusoidal_table
 from mmpe.encodings.transformer_xl import xl_sinusoid
@@ -45,7 +46,7 @@ def test_shaw_keys_and_values_match_the_direct_formula():
     ctx = context()
     a_k = enc.key_table[rel_grid(N).clamp(-2, 2) + 2]  # [N, N, D] (fine in a test)
     expected = torch.einsum("bhid,ijd->bhij", ctx.q, a_k) / math.sqrt(D)
-    assert torch.allclose(enc.bias(ctx), expected, atol=1e-5)
+    assert torch.allclose(dense_bias([enc], ctx), expected, atol=1e-5)
     probs = torch.randn(2, H, N, N).softmax(-1)
     a_v = enc.value_table[rel_grid(N).clamp(-2, 2) + 2]
     assert torch.allclose(enc.value_term(probs, ctx), torch.einsum("bhij,ijd->bhid", probs, a_v),
@@ -83,7 +84,7 @@ def test_huang_3_is_the_trilinear_product():
     a = enc.table[rel_grid(N).clamp(-2, 2) + 2]  # [N, N, D]
     total = torch.einsum("bhid,bhjd,ijd->bhij", ctx.q, ctx.k, a) / math.sqrt(D)
     plain = ctx.q @ ctx.k.transpose(-2, -1) / math.sqrt(D)
-    assert torch.allclose(plain + enc.bias(ctx), total, atol=1e-4)
+    assert torch.allclose(plain + dense_bias([enc], ctx), total, atol=1e-4)
 
 
 def test_huang_4_is_shaw_plus_the_key_term_and_equals_shaw_without_it():
@@ -93,9 +94,9 @@ def test_huang_4_is_shaw_plus_the_key_term_and_equals_shaw_without_it():
     ctx = context()
     a = h4.key_table[rel_grid(N).clamp(-3, 3) + 3]
     key_term = torch.einsum("bhjd,ijd->bhij", ctx.k, a) / math.sqrt(D)
-    assert torch.allclose(h4.bias(ctx), shaw.bias(ctx) + key_term, atol=1e-5)
+    assert torch.allclose(dense_bias([h4], ctx), dense_bias([shaw], ctx) + key_term, atol=1e-5)
     ctx.k = torch.zeros_like(ctx.k)  # zero key-side term
-    assert torch.allclose(h4.bias(ctx), shaw.bias(ctx), atol=0)
+    assert torch.allclose(dense_bias([h4], ctx), dense_bias([shaw], ctx), atol=0)
 
 
 def test_transformer_xl_terms_b_c_d():
@@ -105,7 +106,7 @@ def test_transformer_xl_terms_b_c_d():
     r = enc.r_net(xl_sinusoid(rel, H * D)).view(N, N, H, D)  # [i, j, h, d]
     expected = (torch.einsum("bhid,ijhd->bhij", ctx.q + enc.v[None, :, None], r)
                 + torch.einsum("bhjd,hd->bhj", ctx.k, enc.u)[:, :, None, :]) / math.sqrt(D)
-    assert torch.allclose(enc.bias(ctx), expected, atol=1e-5)
+    assert torch.allclose(dense_bias([enc], ctx), expected, atol=1e-5)
     s = xl_sinusoid(torch.tensor([3]), 4)[0]
     assert torch.allclose(s, torch.tensor([math.sin(3), math.sin(3 / 100), math.cos(3), math.cos(3 / 100)]))
 
@@ -118,11 +119,11 @@ def test_tener_formula_unscaled_and_direction_aware():
     r = sinusoidal_table(rel, D)  # [t, j, d]
     expected = (torch.einsum("bhtd,tjd->bhtj", ctx.q + enc.v[None, :, None], r)
                 + torch.einsum("bhjd,hd->bhj", ctx.k, enc.u)[:, :, None, :])
-    bias = enc.bias(ctx)
+    bias = dense_bias([enc], ctx)
     assert torch.allclose(bias, expected, atol=1e-5)
     # direction: with content removed the term is vᵀR_{t−j}, and R_{+r} ≠ R_{−r} (sin is odd)
     ctx.q, ctx.k = torch.zeros_like(ctx.q), torch.zeros_like(ctx.k)
-    bias = enc.bias(ctx)[0, 0]
+    bias = dense_bias([enc], ctx)[0, 0]
     assert not torch.allclose(bias[3, 1], bias[3, 5], atol=1e-3)  # key 2 left vs 2 right
     assert torch.allclose(bias[3, 1], bias[5, 3])  # depends on t − j only
     # absolute sinusoid dot products cannot tell left from right: PE_t·PE_{t−k} = PE_t·PE_{t+k}
@@ -147,7 +148,7 @@ def test_deberta_buckets_equal_hf_and_terms_match_formula():
     qr = enc.pos_query_proj(enc.rel_embeddings).view(8, H, D)[idx]
     expected = (torch.einsum("bhid,ijhd->bhij", ctx.q, kr)
                 + torch.einsum("bhjd,ijhd->bhij", ctx.k, qr)) / math.sqrt(3 * D)
-    assert torch.allclose(enc.bias(ctx), expected, atol=1e-5)
+    assert torch.allclose(dense_bias([enc], ctx), expected, atol=1e-5)
 
 
 def test_cope_all_gates_one_gives_relative_positions():

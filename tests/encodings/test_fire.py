@@ -5,6 +5,7 @@ import torch
 
 import mmpe
 from mmpe import Sequence
+from mmpe.attention import dense_bias
 from mmpe.encodings.base import AttentionContext
 
 
@@ -22,7 +23,7 @@ def test_formula_on_hand_computed_pair():
 def test_bias_is_mlp_of_normalised_distance_and_bounded_inputs():
     fire = mmpe.build("fire", num_heads=3, init_L=2.0)
     ctx = AttentionContext(Sequence(64, causal=True), 3, 8, 1)
-    bias = fire.bias(ctx)
+    bias = dense_bias([fire], ctx)
     q, k = torch.tensor(40), torch.tensor(10)
     x = fire.normalised_distance(ctx, q, k, torch.tensor(0))
     assert torch.allclose(bias[0, :, 40, 10], fire.mlp(x.view(1, 1))[0], atol=1e-6)
@@ -38,8 +39,8 @@ def test_score_mod_equals_eager_bias_and_gradients_reach_c_and_L():
 
     b, h, q, k = index_grid(1, 2, 12, 12)
     via_mod = fire.score_mod(ctx)(torch.zeros(()), b, h, q, k)
-    assert torch.allclose(via_mod, fire.bias(ctx), atol=1e-5)
-    fire.bias(ctx).square().sum().backward()
+    assert torch.allclose(via_mod, dense_bias([fire], ctx), atol=1e-5)
+    dense_bias([fire], ctx).square().sum().backward()
     for name, p in fire.named_parameters():
         if p.requires_grad:
             assert p.grad is not None and p.grad.abs().sum() > 0, name

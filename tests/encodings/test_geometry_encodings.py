@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mmpe
+from mmpe.attention import dense_bias
 from mmpe.coords import Grid, Points, Sequence, Sphere
 from mmpe.coords.spacetime import TimeLine
 from mmpe.earth import area_weights, weighted_mean, weighted_rmse
@@ -100,7 +101,7 @@ MASK[1, -3:] = False  # the second example is padded
 def _bias(name: str, x: torch.Tensor) -> torch.Tensor:
     points = Points(x.float(), mask=MASK, units="Å")
     with torch.no_grad():
-        return ENCODERS[name].bias(_ctx(points))
+        return dense_bias([ENCODERS[name]], _ctx(points))
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = None) -> float:
@@ -136,7 +137,7 @@ def test_distance_biases_are_permutation_equivariant(seed: int) -> None:
     for name in DISTANCE_BIASES:
         points, permuted = Points(x.float()), Points(x[perm].float())
         with torch.no_grad():
-            ref, out = ENCODERS[name].bias(_ctx(points)), ENCODERS[name].bias(_ctx(permuted))
+            ref, out = dense_bias([ENCODERS[name]], _ctx(points)), dense_bias([ENCODERS[name]], _ctx(permuted))
         err = _record(f"{name} permutation", _max_diff(out, ref[:, :, perm][:, :, :, perm]))
         assert err < 1e-6, (name, err)
 
@@ -266,7 +267,7 @@ def test_mesh_displacement_is_translation_but_not_rotation_invariant() -> None:
 
     def bias(pos):
         with torch.no_grad():
-            return enc.bias(_ctx(Points(pos.float(), mask=MASK)))
+            return dense_bias([enc], _ctx(Points(pos.float(), mask=MASK)))
 
     ref = bias(x)
     moved = _transforms(x, gen)
@@ -285,9 +286,9 @@ def test_mesh_displacement_embeds_lower_dimensional_positions() -> None:
     enc = mmpe.build("mesh_displacement", num_heads=HEADS, num_axes=3)
     xy = torch.randn(5, 2)
     flat, lifted = Points(xy), Points(torch.cat((xy, torch.zeros(5, 1)), -1))
-    torch.testing.assert_close(enc.bias(_ctx(flat, 1)), enc.bias(_ctx(lifted, 1)))
+    torch.testing.assert_close(dense_bias([enc], _ctx(flat, 1)), dense_bias([enc], _ctx(lifted, 1)))
     with pytest.raises(ValueError, match="num_axes=2"):
-        mmpe.build("mesh_displacement", num_heads=HEADS, num_axes=2).bias(_ctx(lifted, 1))
+        dense_bias([mmpe.build("mesh_displacement", num_heads=HEADS, num_axes=2)], _ctx(lifted, 1))
 
 
 # -- 4. properties of the bases ----------------------------------------------------------
@@ -333,7 +334,7 @@ def test_cosine_cutoff_and_radial_biases_reach_zero_smoothly() -> None:
     # pairs beyond the cutoff get exactly 0; just inside, almost 0
     x = torch.tensor([[0.0, 0.0, 0.0], [5.5, 0.0, 0.0], [4.999, 0.0, 0.0], [1.0, 0.0, 0.0]])
     for name in ("radial_gaussian", "radial_bessel"):
-        bias = ENCODERS[name].bias(_ctx(Points(x), 1)).detach()
+        bias = dense_bias([ENCODERS[name]], _ctx(Points(x), 1)).detach()
         assert torch.equal(bias[0, :, 0, 1], torch.zeros(HEADS)), name
         assert float(bias[0, :, 0, 2].abs().max()) < 1e-6, name
         assert float(bias[0, :, 0, 3].abs().max()) > 1e-3, name
@@ -373,7 +374,7 @@ def test_gaussian_distance_bias_is_the_mlp_of_the_kernels() -> None:
     x = torch.randn(6, 3, generator=_gen(2))
     points = Points(x)
     with torch.no_grad():
-        bias = enc.bias(_ctx(points, 1))
+        bias = dense_bias([enc], _ctx(points, 1))
         d = torch.cdist(x, x)
         expected = enc.mlp(enc.features(d)).permute(2, 0, 1)
     torch.testing.assert_close(bias[0], expected, atol=1e-5, rtol=1e-5)

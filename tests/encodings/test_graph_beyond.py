@@ -20,6 +20,7 @@ from scipy.sparse.csgraph import laplacian
 from scipy.special import comb
 
 import mmpe
+from mmpe.attention import dense_bias
 from mmpe.coords.graph_structure import (
     dense_adjacency,
     laplacian_eigenpairs,
@@ -155,7 +156,7 @@ def test_rrwp_bias_is_a_linear_map_per_head_and_attention_is_per_graph() -> None
     torch.manual_seed(0)
     enc = mmpe.build("rrwp", num_heads=2, k=5)
     graph = mmpe.Graph(ei, 9, batch=batch)
-    bias = enc.bias(ctx(graph))
+    bias = dense_bias([enc], ctx(graph))
     want = torch.einsum("bijt,ht->bhij", rrwp(graph, 5), enc.weight)
     torch.testing.assert_close(bias, want)
     model = mmpe.Transformer(16, 2, 1, [enc, mmpe.build("rrwp_node", d_model=16, k=5)]).eval()
@@ -242,7 +243,7 @@ def test_spe_is_invariant_to_rotations_within_eigenspaces(name: str, seed: int) 
     spe = mmpe.build("spe", num_heads=2, k=n - 1)
     z = spe.pair_bias(vecs, vals, mask)
     torch.testing.assert_close(spe.pair_bias(vecs @ q, vals, mask), z, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(spe.bias(ctx(graph)), z)
+    torch.testing.assert_close(dense_bias([spe], ctx(graph)), z)
     # control: a rotation that mixes different eigenvalues changes SPE, and LapPE's raw
     # eigenvectors change under the in-eigenspace rotation itself
     mix, _ = np.linalg.qr(np.random.default_rng(seed).normal(size=(n - 1, n - 1)))
@@ -261,7 +262,7 @@ def test_spe_with_constant_phi_is_the_eigenspace_projector() -> None:
         for p in spe.phi.parameters():
             p.zero_()
         spe.phi[2].bias.fill_(2.0)
-    z = spe.bias(ctx(mmpe.Graph(ei, n), heads=1))[0, 0]
+    z = dense_bias([spe], ctx(mmpe.Graph(ei, n), heads=1))[0, 0]
     u0 = torch.full((n,), n ** -0.5)  # a cycle's degrees are equal: the trivial vector is constant
     torch.testing.assert_close(z, 2.0 * (torch.eye(n) - torch.outer(u0, u0)), atol=1e-5, rtol=0)
     assert not torch.allclose(z, 2.0 * torch.eye(n), atol=1e-3)  # control
@@ -281,10 +282,10 @@ def test_spe_past_the_spectrum_gives_the_same_numbers(extra: int) -> None:
         more = mmpe.build("spe", num_heads=3, k=width + extra, hidden=8)
         more.phi.load_state_dict(exact.phi.state_dict())  # the weights only: k is saved
         heads = ctx(graph, heads=3)
-        assert torch.equal(more.bias(heads), exact.bias(heads))
+        assert torch.equal(dense_bias([more], heads), dense_bias([exact], heads))
         smaller = mmpe.build("spe", num_heads=3, k=width - 1, hidden=8)  # control
         smaller.phi.load_state_dict(exact.phi.state_dict())
-        assert not torch.allclose(smaller.bias(heads), exact.bias(heads), atol=1e-4)
+        assert not torch.allclose(dense_bias([smaller], heads), dense_bias([exact], heads), atol=1e-4)
 
 
 # ------------------------------------------------------------------------------------ MagLap
@@ -400,7 +401,7 @@ def test_the_encodings_need_the_edge_list() -> None:
         assert mmpe.build(name, d_model=8)(graph).shape == (1, 5, 8)  # control
     for name in ("rrwp", "spe"):
         with pytest.raises(TypeError, match="GraphAdjacency"):
-            mmpe.build(name, num_heads=2).bias(ctx(toy))
+            dense_bias([mmpe.build(name, num_heads=2)], ctx(toy))
 
 
 @SETTINGS

@@ -7,11 +7,12 @@ import pytest
 pytest.importorskip("torch_geometric", reason="PyG (mmpe[pyg]) builds the graphs and reference values")
 
 import torch
+from helpers import generic_bias
 from torch_geometric.data import Batch
 from torch_geometric.utils import from_smiles
 
 import mmpe
-from mmpe.attention import MultiHeadAttention
+from mmpe.attention import MultiHeadAttention, dense_bias
 from mmpe.coords import Graph, Sequence
 from mmpe.encodings.alibi import alibi_slopes
 from mmpe.encodings.base import AttentionContext
@@ -44,14 +45,14 @@ def test_registry_metadata() -> None:
 def test_spatial_bias_is_table_lookup(batch: Batch) -> None:
     coords = Graph(batch, max_distance=20, virtual_token=True)
     enc = mmpe.build("graphormer_spatial", num_heads=HEADS, max_distance=3)
-    bias = enc.bias(ctx(coords))
+    bias = dense_bias([enc], ctx(coords))
     spd = coords.spd
     for b, i, j in [(1, 1, 5), (2, 3, 3), (3, 1, 2), (0, 0, 2), (1, 2, 9)]:
         code = int(spd[b, i, j])
         row = 4 if code == -1 else 5 if code == -2 else min(code, 3)
         assert torch.allclose(bias[b, :, i, j], enc.table[row])
     # the score_mod (FlexAttention form) equals the eager bias
-    generic = super(type(enc), enc).bias(ctx(coords))
+    generic = generic_bias(enc, ctx(coords))
     assert torch.allclose(generic, bias)
     assert spatial_buckets(torch.tensor([-1, -2, 0, 7]), 5).tolist() == [6, 7, 0, 5]
 
@@ -62,7 +63,7 @@ def test_edge_bias_matches_formula(batch: Batch) -> None:
     enc = mmpe.build("graphormer_edge", num_heads=HEADS, max_hops=3)
     with torch.no_grad():
         enc.hop_weight.normal_()
-    fast = enc.bias(ctx(coords))
+    fast = dense_bias([enc], ctx(coords))
     attr, valid = coords.path_edge_attr(3)
     emb = enc.embed.weight
     for b, i, j in [(1, 0, 12), (1, 4, 5), (2, 13, 0), (0, 0, 2), (3, 0, 1), (1, 6, 6)]:
@@ -74,19 +75,19 @@ def test_edge_bias_matches_formula(batch: Batch) -> None:
             ref += x @ enc.hop_weight[p]
         ref = ref / max(n, 1)
         assert torch.allclose(fast[b, :, i, j], ref, atol=1e-6)
-    assert torch.allclose(super(type(enc), enc).bias(ctx(coords)), fast)  # mod == bias
+    assert torch.allclose(generic_bias(enc, ctx(coords)), fast)  # mod == bias
     bad = Graph(batch.edge_index, batch.num_nodes, batch.batch, edge_attr=batch.edge_attr + 40)
     with pytest.raises(ValueError, match="num_edge_types"):
-        enc.bias(ctx(bad))
+        dense_bias([enc], ctx(bad))
     with pytest.raises(ValueError, match="edge_attr|has_edge_features"):
-        enc.bias(ctx(Graph(batch.edge_index, batch.num_nodes, batch.batch)))
+        dense_bias([enc], ctx(Graph(batch.edge_index, batch.num_nodes, batch.batch)))
 
 
 def test_graphormer_combined_and_centrality(batch: Batch) -> None:
     coords = Graph(batch)
     enc = mmpe.build("graphormer", num_heads=HEADS)
-    total = enc.bias(ctx(coords))
-    assert torch.allclose(total, enc.spatial.bias(ctx(coords)) + enc.edge.bias(ctx(coords)))
+    total = dense_bias([enc], ctx(coords))
+    assert torch.allclose(total, dense_bias([enc.spatial], ctx(coords)) + dense_bias([enc.edge], ctx(coords)))
     cen = mmpe.build("graphormer_centrality", d_model=16)
     p = cen(coords)
     deg = coords.in_degree
@@ -137,19 +138,19 @@ def test_1d_methods_on_hops(batch: Batch) -> None:
     coords = Graph(batch, max_distance=20)
     dist = coords.distances
     alibi = mmpe.build("alibi", num_heads=HEADS)
-    bias = alibi.bias(ctx(coords))
+    bias = dense_bias([alibi], ctx(coords))
     assert torch.allclose(bias, -alibi_slopes(HEADS).view(1, -1, 1, 1) * dist[:, None])
     t5 = mmpe.build("t5", num_heads=HEADS)
     with torch.no_grad():
         t5.table.copy_(torch.arange(32 * HEADS, dtype=torch.float).view(32, HEADS))
-    tb = t5.bias(ctx(coords))
+    tb = dense_bias([t5], ctx(coords))
     # hops < 16 are exact buckets (unidirectional on an undirected distance)
     assert torch.allclose(tb[:, 0], (dist * HEADS).clamp(max=15 * HEADS).where(dist < 16, tb[:, 0]))
     fire = mmpe.build("fire", num_heads=HEADS)
-    fb = fire.bias(ctx(coords))
+    fb = dense_bias([fire], ctx(coords))
     same = dist[1] == dist[1, 0, 5]
     assert torch.allclose(fb[1, :, same], fb[1, :, 0, 5, None].expand(-1, int(same.sum())))
-    generic = super(type(fire), fire).bias(ctx(coords))
+    generic = generic_bias(fire, ctx(coords))
     assert torch.allclose(generic, fb, atol=1e-5)
 
 
@@ -244,8 +245,8 @@ def test_graph_encodings_read_only_the_protocol(batch: Batch) -> None:
         assert torch.equal(enc(toy), enc(graph)), name
     for name in ("graphormer_spatial", "graphormer_edge", "graphormer"):
         enc = mmpe.build(name, num_heads=HEADS)
-        assert torch.equal(enc.bias(ctx(toy)), enc.bias(ctx(graph))), name
+        assert torch.equal(dense_bias([enc], ctx(toy)), dense_bias([enc], ctx(graph))), name
     no_edges = ProtocolOnlyGraph(graph, edges=False)
     with pytest.raises(TypeError, match="GraphEdges"):
-        mmpe.build("graphormer_edge", num_heads=HEADS).bias(ctx(no_edges))
-    assert mmpe.build("graphormer_spatial", num_heads=HEADS).bias(ctx(no_edges)).shape[1] == HEADS
+        dense_bias([mmpe.build("graphormer_edge", num_heads=HEADS)], ctx(no_edges))
+    assert dense_bias([mmpe.build("graphormer_spatial", num_heads=HEADS)], ctx(no_edges)).shape[1] == HEADS

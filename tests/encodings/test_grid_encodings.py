@@ -10,6 +10,7 @@ pytest.importorskip("timm", reason="timm (mmpe[timm]) gives the reference values
 
 import torch
 import torch.nn.functional as F
+from helpers import generic_bias
 from timm.layers import resample_abs_pos_embed
 from timm.layers.pos_embed_rel import (
     RelPosMlp,
@@ -24,7 +25,7 @@ from timm.layers.pos_embed_sincos import (
 )
 
 import mmpe
-from mmpe.attention import MultiHeadAttention
+from mmpe.attention import MultiHeadAttention, dense_bias
 from mmpe.coords import Composite, Grid, Sequence
 from mmpe.encodings.base import AttentionContext
 from mmpe.encodings.swin import relative_position_index
@@ -32,7 +33,7 @@ from mmpe.transformer import Transformer
 
 
 def bias(enc, grid, heads):
-    return enc.bias(AttentionContext(grid, heads, 8, 1))[0]
+    return dense_bias([enc], AttentionContext(grid, heads, 8, 1))[0]
 
 
 def timm_rotate(x, emb, half=False, prefix=1):
@@ -322,12 +323,10 @@ def test_table_biases_flex_equals_eager(name):
                                        ("swinv2_cpb", {"hidden": 16})])
 @pytest.mark.parametrize("shape", [(3, 4), (5, 5)])
 def test_gathered_bias_equals_score_mod(name, opts, shape):
-    from mmpe.encodings.base import ScoreEncoding
-
     enc = mmpe.build(name, num_heads=2, grid_shape=(3, 4), **opts)
     for prefix in (0, 2):
         ctx = AttentionContext(Grid(shape, prefix_tokens=prefix), 2, 8, 1)
-        torch.testing.assert_close(enc.bias(ctx), ScoreEncoding.bias(enc, ctx))
+        torch.testing.assert_close(dense_bias([enc], ctx), generic_bias(enc, ctx))
 
 
 @pytest.mark.parametrize("mode", ["bicubic", "bilinear", "nearest"])

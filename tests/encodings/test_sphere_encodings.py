@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import mmpe
-from mmpe.attention import MultiHeadAttention
+from mmpe.attention import MultiHeadAttention, dense_bias
 from mmpe.coords import Sequence, Sphere, index_grid
 from mmpe.encodings.alibi import alibi_slopes
 from mmpe.encodings.base import AttentionContext
@@ -235,7 +235,7 @@ def test_geodesic_alibi_equals_slope_times_great_circle():
     coords = Sphere(torch.tensor(lat), torch.tensor(lon))
     unit = math.radians(1.0)
     alibi = mmpe.build("alibi", num_heads=4, distance_unit=unit)
-    bias = alibi.bias(_ctx(coords))
+    bias = dense_bias([alibi], _ctx(coords))
     u = np.stack([np.cos(np.radians(lat)) * np.cos(np.radians(lon)),
                   np.cos(np.radians(lat)) * np.sin(np.radians(lon)), np.sin(np.radians(lat))], -1)
     ang = np.arccos(np.clip(np.einsum("bid,bjd->bij", u, u), -1, 1))  # radians
@@ -268,7 +268,7 @@ def test_t5_and_fire_on_great_circle_distance():
     far = sphere([0.0, 0.0], [0.0, -180.0])
     xf = fire.normalised_distance(_ctx(far), *index_grid(1, 1, 2, 2)[2:], index_grid(1, 1, 2, 2)[0])
     assert float(xf[0, 0, 0, 1]) == pytest.approx(1.0, abs=1e-5)  # antipodes: ψ(π)/ψ(π)
-    assert fire.bias(_ctx(coords)).shape == (1, 4, 4, 4)
+    assert dense_bias([fire], _ctx(coords)).shape == (1, 4, 4, 4)
 
 
 def test_sphere_registry_lists_every_encoding():

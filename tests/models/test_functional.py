@@ -24,7 +24,7 @@ needs_flex = pytest.mark.skipif(not available(), reason="FlexAttention with mmpe
 
 import mmpe
 from mmpe import functional as F
-from mmpe.attention import MultiHeadAttention
+from mmpe.attention import MultiHeadAttention, dense_bias
 from mmpe.encodings.base import AttentionContext
 
 H, D = 4, 8  # n_h, h_d
@@ -95,7 +95,7 @@ def test_flex_with_functional_mods_equals_math_path(name, kind):
         ref = _math([enc], coords, q, k, v)
         # and the formula itself: softmax(q kᵀ/√h_d + bias, masked) v
         ctx = AttentionContext(coords, H, D, q.shape[0], None, q, k, v)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(D) + enc.bias(ctx)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(D) + dense_bias([enc], ctx)
         mask = coords.dense_mask()
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))

@@ -20,6 +20,7 @@ from helpers import SAMPLE_COORDS as COORDS
 from helpers import model_context as _context
 
 import mmpe
+from mmpe.attention import dense_bias
 from mmpe.attention.dispatch import SDPA_PLANS, force_plan
 from mmpe.coords import Grid
 from mmpe.encodings.base import AttentionContext, InputEncoding, ScoreEncoding
@@ -132,7 +133,7 @@ def _check_bias_equals_score_mod(name, cname, enc, mha, x, coords) -> None:
     with torch.no_grad():
         q, k, v = rearrange(mha.qkv(x), "b s (three h d) -> three b h s d", three=3, h=HEADS)
         ctx = AttentionContext(coords, HEADS, D_MODEL // HEADS, x.shape[0], x, q, k, v)
-        bias = enc.bias(ctx)
+        bias = dense_bias([enc], ctx)
         mod = enc.score_mod(ctx)
         zero = torch.zeros(())
         gen = torch.Generator().manual_seed(0)

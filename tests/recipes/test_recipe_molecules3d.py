@@ -18,6 +18,7 @@ from rdkit import Chem
 from rdkit.Chem import AllChem, rdMolTransforms
 
 import mmpe
+from mmpe.attention import dense_bias
 from mmpe.coords import Graph
 from mmpe.coords.capabilities import GraphEdges, GraphLayout, Metric, Positioned
 from mmpe.encodings.base import AttentionContext
@@ -255,7 +256,7 @@ def test_bias_and_model_invariant_under_rotation_translation(tmp_path, encoding)
         enc = mmpe.build("gaussian_distance", num_heads=4, num_kernels=16, mlp_width=16)
         ctx = AttentionContext(coords, num_heads=4, head_dim=8, batch=coords.batch_size)
         ctx_moved = AttentionContext(coords_moved, num_heads=4, head_dim=8, batch=coords.batch_size)
-        bias, bias_moved = enc.bias(ctx), enc.bias(ctx_moved)
+        bias, bias_moved = dense_bias([enc], ctx), dense_bias([enc], ctx_moved)
         assert bias.shape == (coords.batch_size, 4, coords.num_queries, coords.num_queries)
         assert bias.std() > 1e-4  # the bias does depend on the distances
         torch.testing.assert_close(bias, bias_moved, atol=1e-5, rtol=1e-5)

@@ -20,6 +20,8 @@ from mmpe.functional import alibi_slopes
 pytest.importorskip("matplotlib")
 from matplotlib.image import imread  # noqa: E402
 
+from mmpe.attention import dense_bias
+
 
 def assert_png(path: Path, min_kb: float = 8) -> None:
     """A PNG that exists, has some size, and shows something: grey levels vary and some pixels
@@ -159,7 +161,7 @@ def test_bias_row_from_a_trained_fire_checkpoint(tmp_path, fire_checkpoint):
     np.testing.assert_array_equal(x, np.arange(129))
     coords = mmpe.Sequence(129, causal=True)
     ctx = mmpe.encodings.base.AttentionContext(coords, 4, 8, 1)
-    expect = trained.bias(ctx)[0, 3, 128].detach().numpy()
+    expect = dense_bias([trained], ctx)[0, 3, 128].detach().numpy()
     np.testing.assert_allclose(y, expect, rtol=1e-4, atol=1e-5)
 
     with pytest.raises(ValueError, match="no tensors under"):

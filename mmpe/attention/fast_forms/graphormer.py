@@ -19,7 +19,8 @@ from mmpe.attention.cpu.rows import (
     key_tiles,
     lane_codes,
 )
-from mmpe.attention.fast_forms.table import register
+from mmpe.attention.fast_forms.table import get, register
+from mmpe.attention.generic import pair_rows
 from mmpe.encodings.base import AttentionContext
 from mmpe.encodings.graphormer import (
     GraphormerBias,
@@ -169,10 +170,16 @@ def edge_dense(self: GraphormerEdge, ctx: AttentionContext) -> Tensor:
 
 
 def bias_dense(self: GraphormerBias, ctx: AttentionContext) -> Tensor:
-    """Spatial plus edge bias, `[b, n_h, n, n]`."""
-    out = dense(self.spatial, ctx) if type(self.spatial) is GraphormerSpatial else None
-    out = self.spatial.bias(ctx) if out is None else out
-    return out if self.edge is None else out + self.edge.bias(ctx)
+    """Spatial plus edge bias, `[b, n_h, n, n]`: each part's fast form, else its generic one."""
+    out = None
+    for part in (self.spatial, self.edge):
+        if part is None:
+            continue
+        fast = get(part, "dense")
+        term = fast(part, ctx) if fast is not None else pair_rows(part, ctx, 0,
+                                                                  ctx.coords.num_queries)
+        out = term if out is None else out + term
+    return out
 
 
 register(GraphormerSpatial, dense=dense, rows=rows, rows_vjp=rows_vjp, head_rows=head_rows,
