@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
 from mmpe.coords.capabilities import Directed, Metric
 from mmpe.encodings._state import SavesSettings
-from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod, Term
+from mmpe.encodings.base import AttentionContext, ScoreEncoding, Term
 from mmpe.registry import register
 from mmpe.validation import check_bool, check_int
 
@@ -113,13 +114,22 @@ class T5RelativeBias(SavesSettings, ScoreEncoding):
         self.table = nn.Parameter(torch.zeros(num_buckets, num_heads))
 
     def buckets(self, ctx: AttentionContext, q_idx: Tensor, kv_idx: Tensor, b: Tensor) -> Tensor:
-        """Bucket of each pair, from the coordinates' relation or distance."""
+        """Bucket of each pair (int64, broadcast of the indices), from the coordinates'
+        relation or, without a direction, their distance."""
         coords = ctx.coords
-        if isinstance(coords, Directed):
-            rel = -coords.relation(q_idx, kv_idx, b)  # key − query, T5's sign
-        else:
-            rel = -(coords.distance(q_idx, kv_idx, b) / self.distance_unit).round().long()
-        return t5_bucket(rel, self._bidirectional(coords), self.num_buckets, self.max_distance)
+        pair = coords.relation if isinstance(coords, Directed) else coords.distance
+        return self._bucket_of(coords)(pair(q_idx, kv_idx, b))
+
+    def _bucket_of(self, coords) -> Callable[[Tensor], Tensor]:
+        """The bucket of a relation `pos_q − pos_k` (directed coordinates: of `key − query`,
+        T5's sign) or of a distance (otherwise: of `−round(distance / unit)`)."""
+        bidirectional, directed = self._bidirectional(coords), isinstance(coords, Directed)
+
+        def bucket(x: Tensor) -> Tensor:
+            rel = -x if directed else -(x.abs() / self.distance_unit).round().long()
+            return t5_bucket(rel, bidirectional, self.num_buckets, self.max_distance)
+
+        return bucket
 
     def _bidirectional(self, coords) -> bool:
         """The option, or inferred: bidirectional on directed, non-causal coordinates."""
@@ -131,25 +141,12 @@ class T5RelativeBias(SavesSettings, ScoreEncoding):
         return bidirectional
 
     def relation_term(self, ctx: AttentionContext) -> Term:
-        """`term(relation, h) = B[bucket(−relation), h]` on `toeplitz` coordinates (key − query,
-        T5's sign); on undirected coordinates the bucket of `round(|relation| / unit)`."""
-        coords, table = ctx.coords, self.table
-        bidirectional = self._bidirectional(coords)
+        """`term(relation, h) = B[bucket(−relation), h]` (key − query, T5's sign); on undirected
+        coordinates, of a distance `d`, `B[bucket(−round(d / unit)), h]`. `score_mod` is
+        derived from it."""
+        table, bucket = self.table, self._bucket_of(ctx.coords)
 
         def term(relation: Tensor, h: Tensor) -> Tensor:
-            if isinstance(coords, Directed):
-                rel = -relation
-            else:
-                rel = -(relation.abs().to(torch.float32) / self.distance_unit).round().long()
-            return table[t5_bucket(rel, bidirectional, self.num_buckets, self.max_distance), h]
+            return table[bucket(relation), h]
 
         return term
-
-    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
-        self.check_context(ctx)
-        table = self.table
-
-        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return score + table[self.buckets(ctx, q_idx, kv_idx, b), h]
-
-        return mod
