@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from mmpe._optional import require
 from mmpe.coords.capabilities import GridLayout
+from mmpe.coords.grid import Grid
 from mmpe.encodings._grid import as_grid, check_ndim, check_shape
 from mmpe.encodings._state import SavesSettings
 from mmpe.encodings._weights_cache import WeightsCache
@@ -18,84 +19,53 @@ from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
 from mmpe.registry import register
 
 
-def relative_position_index(shape: tuple[int, ...], prefix_tokens: int = 0) -> Tensor:
-    """Swin's relative position index `[n, n]` (int64) for a grid of `shape` (row-major tokens).
+def offset_index(grid, q_idx: Tensor, kv_idx: Tensor, prefix_entries: bool = True) -> Tensor:
+    """Swin's relative position index of each pair (int64, the broadcast of `q_idx` and
+    `kv_idx`, token indices of `grid`, a `GridLayout`).
 
     `index(q, k) = Σ_a (c_{q,a} − c_{k,a} + s_a − 1) · Π_{b>a} (2 s_b − 1)` — the offset, shifted to
-    be non-negative, flattened over the `Π (2 s_a − 1)` possible offsets. With prefix tokens
-    (BEiT) three more entries follow: prefix→cell `R`, cell→prefix `R+1`, prefix→prefix
-    `R+2`, `R = Π (2 s_a − 1)`. In 2D equals timm's `gen_relative_position_index`.
+    be non-negative, flattened over the `R = Π (2 s_a − 1)` possible offsets. With prefix tokens
+    and `prefix_entries` (BEiT) three more entries follow: prefix→cell `R`, cell→prefix `R+1`,
+    prefix→prefix `R+2`; without, a pair with a prefix token gets the index of cell 0.
     """
-    coords = torch.cartesian_prod(*(torch.arange(s) for s in shape)).reshape(-1, len(shape))
-    rel = coords[:, None, :] - coords[None, :, :] + torch.tensor(shape) - 1
-    sizes = [2 * s - 1 for s in shape]
-    strides = torch.tensor([math.prod(sizes[a + 1:]) for a in range(len(shape))])
-    index = (rel * strides).sum(-1)
-    if prefix_tokens:
+    sizes = [2 * s - 1 for s in grid.shape]
+    index = None
+    for a, s in enumerate(grid.shape):
+        term = (grid.cell_index(q_idx, a) - grid.cell_index(kv_idx, a) + (s - 1)) \
+            * math.prod(sizes[a + 1:])
+        index = term if index is None else index + term
+    if grid.prefix_tokens and prefix_entries:
         r = math.prod(sizes)
-        index = F.pad(index, [prefix_tokens, 0, prefix_tokens, 0], value=r + 2)
-        index[prefix_tokens:, :prefix_tokens] = r + 1
-        index[:prefix_tokens, prefix_tokens:] = r
+        pq, pk = grid.is_prefix(q_idx), grid.is_prefix(kv_idx)
+        index = torch.where(pq, torch.where(pk, r + 2, r), torch.where(pk, r + 1, index))
     return index
 
 
+def relative_position_index(shape: tuple[int, ...], prefix_tokens: int = 0) -> Tensor:
+    """[`offset_index`][mmpe.encodings.swin.offset_index] of every pair of a grid of `shape`
+    (row-major tokens after `prefix_tokens`), `[n, n]` int64. In 2D equals timm's
+    `gen_relative_position_index`."""
+    grid = Grid(tuple(shape), prefix_tokens=prefix_tokens)
+    tokens = torch.arange(grid.num_tokens)
+    return offset_index(grid, tokens[:, None], tokens[None, :])
+
+
 def offset_table_mod(grid, table: Tensor, prefix_entries: bool) -> ScoreMod:
-    """`score + table[index(q, k), h]` with [`relative_position_index`][mmpe.encodings.swin.relative_position_index] computed per pair.
+    """`score + table[index(q, k), h]` with [`offset_index`][mmpe.encodings.swin.offset_index]
+    computed per pair.
 
     `table` `[Π (2 s_a − 1) (+3), n_h]` for `grid.shape`. Pairs involving a prefix token
     read the three extra entries when `prefix_entries`, else get 0.
     """
-    shape = grid.shape
-    sizes = [2 * s - 1 for s in shape]
-    strides = [math.prod(sizes[a + 1:]) for a in range(len(shape))]
-    r = math.prod(sizes)
-    prefix = grid.prefix_tokens > 0
+    zero_prefix = grid.prefix_tokens > 0 and not prefix_entries
 
     def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        index = None
-        for a, s in enumerate(shape):
-            term = (grid.cell_index(q_idx, a) - grid.cell_index(kv_idx, a) + (s - 1)) * strides[a]
-            index = term if index is None else index + term
-        if prefix:
-            pq, pk = grid.is_prefix(q_idx), grid.is_prefix(kv_idx)
-            if prefix_entries:
-                index = torch.where(pq, torch.where(pk, r + 2, r), torch.where(pk, r + 1, index))
-                return score + table[index, h]
-            return score + torch.where(pq | pk, 0.0, table[index, h])
-        return score + table[index, h]
+        bias = table[offset_index(grid, q_idx, kv_idx, prefix_entries), h]
+        if zero_prefix:
+            return score + torch.where(grid.is_prefix(q_idx) | grid.is_prefix(kv_idx), 0.0, bias)
+        return score + bias
 
     return mod
-
-
-def offset_table_bias(grid, table: Tensor, prefix_entries: bool, cache: dict) -> Tensor:
-    """Eager form of [`offset_table_mod`][mmpe.encodings.swin.offset_table_mod]: the bias `[1, n_h, n, n]` (`table`'s dtype).
-
-    `table` `[Π (2 s_a − 1) (+3), n_h]`. One `index_select` of the head-major table
-    (`[n_h, R]`, a few kB) with the flattened [`relative_position_index`][mmpe.encodings.swin.relative_position_index] writes the bias
-    contiguous in `[n_h, n·n]` order, so adding it to `[b, n_h, n, n]` scores streams both
-    operands (gathering `[n, n, n_h]` rows and permuting, as before, left a strided bias that
-    made the addition ~2× slower). The flat index (int64 `[n·n]`) is built once per (grid
-    shape, prefix tokens, device) and kept in `cache` (a few entries); compiled graphs build
-    it in the graph instead (no side effects there).
-    """
-    key = (tuple(grid.shape), grid.prefix_tokens, table.device)
-    if torch.compiler.is_compiling():
-        index = relative_position_index(grid.shape, grid.prefix_tokens).to(table.device)
-    else:
-        index = cache.get(key)
-        if index is None:
-            if len(cache) >= 8:
-                cache.clear()
-            # A normal tensor even under inference_mode: the cached index is later saved for
-            # backward by a training forward, which an inference tensor cannot be.
-            with torch.inference_mode(False):
-                index = cache[key] = relative_position_index(grid.shape, grid.prefix_tokens).to(
-                    table.device)
-    if grid.prefix_tokens and not prefix_entries:  # prefix pairs read a zero row
-        r = math.prod([2 * s - 1 for s in grid.shape])
-        table = torch.cat((table[:r], table.new_zeros(3, table.shape[1])), dim=0)
-    n = index.shape[0]
-    return table.t().contiguous().index_select(1, index.view(-1)).view(1, table.shape[1], n, n)
 
 
 @register(
@@ -141,7 +111,6 @@ class SwinRelativeBias(SavesSettings, ScoreEncoding):
         size = math.prod(2 * s - 1 for s in self.grid_shape) + (3 if prefix_bias else 0)
         self.table = nn.Parameter(nn.init.trunc_normal_(torch.empty(size, num_heads), std=0.02))
         self._cache = WeightsCache(size=1)
-        self._index_cache: dict = {}
 
     @property
     def num_relative(self) -> int:

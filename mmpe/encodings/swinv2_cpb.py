@@ -73,7 +73,6 @@ class SwinV2CPB(SavesSettings, ScoreEncoding):
         self.mlp = nn.Sequential(nn.Linear(len(self.grid_shape), hidden), nn.ReLU(),
                                  nn.Linear(hidden, num_heads, bias=False))
         self._coords_cache: dict[tuple[int, ...], Tensor] = {}
-        self._index_cache: dict = {}
 
     def table_for(self, shape: tuple[int, ...]) -> Tensor:
         """`[Π (2 s_a − 1), n_h]` biases `16·σ(G(Δ̂))` for every offset of a grid of `shape`."""
