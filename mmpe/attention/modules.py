@@ -109,18 +109,12 @@ class _Attention(nn.Module):
         if x.shape[1] != tokens:
             raise ValueError(f"attention: {arg} has s={x.shape[1]} tokens but the coordinates "
                              f"have {tokens} {what}")
-        if x.shape[0] == 0:
-            raise ValueError(f"attention: {arg} has batch size 0 ({tuple(x.shape)}); attention "
-                             "needs at least one example")
 
     def _check_batch(self, x: Tensor, coords: Coordinates) -> None:
         if coords.batch_size is not None and coords.batch_size != x.shape[0]:
             raise ValueError(f"attention: x has batch {x.shape[0]} but the coordinates hold "
                              f"positions for {coords.batch_size} examples")
-        device = getattr(coords, "device", None)
-        if isinstance(device, torch.device) and device.type != x.device.type:
-            raise ValueError(f"attention: the coordinates are on {device} but x is on "
-                             f"{x.device}; build them with device=x.device (or coords.to(...))")
+        _check_device("x", x, coords)
 
     def _rotate(self, q: Tensor, k: Tensor, coords: Coordinates) -> tuple[Tensor, Tensor]:
         for rotary in self.rotary:
@@ -250,6 +244,8 @@ class MultiHeadAttention(_Attention):
         if not isinstance(coords, Coordinates):
             raise TypeError(f"attention: coords must be an mmpe Coordinates object, got "
                             f"{type(coords).__name__}")
+        # before any term is built: coordinates elsewhere fail deep in a path otherwise
+        _check_device("q", q, coords)
         expected = ((self.num_heads, self.head_dim), (self.num_kv_heads, self.head_dim),
                     (self.num_kv_heads, self.head_dim))
         for name, t, (heads, dim) in zip("qkv", (q, k, v), expected, strict=True):
@@ -269,6 +265,10 @@ class MultiHeadAttention(_Attention):
                              "their queries); cached decoding needs coordinates with keys "
                              "before the queries, such as Sequence(s, offset=cache.length, "
                              "causal=True)")
+        if q.shape[0] == 0:  # an empty batch, as torch.nn layers take it: an empty output
+            if cache is not None:
+                raise ValueError("attention: an empty batch (b=0) cannot extend a KV cache")
+            return q * 0.0  # [0, n_h, s, h_d], still in the graph of the projections
         if self.window is not None:
             coords = self.window.apply(coords)
         with forward_scope(coords):
@@ -351,6 +351,8 @@ class CrossAttention(_Attention):
         if memory.shape[0] != x.shape[0]:
             raise ValueError(f"attention: x has batch {x.shape[0]} but memory {memory.shape[0]}")
         self._check_batch(x, pair)
+        if x.shape[0] == 0:  # an empty batch, as torch.nn layers take it: an empty output
+            return self.proj(self.q_proj(x) * 0.0)
         with forward_scope(pair):
             pair.prepare()
             q = rearrange(self.q_proj(x), "b s (h d) -> b h s d", h=self.num_heads)
@@ -362,6 +364,19 @@ class CrossAttention(_Attention):
             out = self.attend(ctx)
         return self.proj(rearrange(out, "b h s d -> b s (h d)"))
 
+
+
+def _check_device(arg: str, t: Tensor, coords: Coordinates) -> None:
+    """Refuse coordinates on another device than the tensors, naming both.
+
+    Raises:
+        ValueError: `coords.device` of another type than `t.device`.
+    """
+    device = getattr(coords, "device", None)
+    if isinstance(device, torch.device) and device.type != t.device.type:
+        raise ValueError(f"attention: the coordinates are on {device} but {arg} is on "
+                         f"{t.device}; build them with device={arg}.device (or coords.to(...) "
+                         "where the coordinates have it)")
 
 
 def _split_by_hook(

@@ -32,12 +32,6 @@ def test_alibi_slopes_from_a_list_and_bad_slopes():
         mmpe.build("alibi", num_heads=2, slopes=["a", "b"])
 
 
-def test_empty_batch_is_named():
-    mha = mmpe.MultiHeadAttention(32, 4, [mmpe.build("alibi", num_heads=4)])
-    with pytest.raises(ValueError, match=r"x has batch size 0"):
-        mha(torch.randn(0, 5, 32), mmpe.Sequence(5))
-
-
 def test_hf_rope_dicts_that_would_be_misread():
     tr = pytest.importorskip("transformers")  # noqa: F841
     from mmpe.integrations.transformers import from_hf_rope

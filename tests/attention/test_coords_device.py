@@ -1,0 +1,40 @@
+"""Coordinates on another device than the tensors are refused before any term is built,
+naming both devices, through every attention entry (`forward`, `forward_heads`, cross
+attention) and for every shipped coordinate type."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import D_MODEL, HEADS
+from helpers import SAMPLE_COORDS as COORDS
+
+import mmpe
+
+
+@pytest.mark.parametrize("cname", sorted(COORDS))
+def test_coordinates_on_meta_with_tensors_on_the_cpu_are_named(cname: str, monkeypatch) -> None:
+    coords = COORDS[cname]()
+    # every type the same way (not all of them have .to()): its device says meta
+    monkeypatch.setattr(type(coords), "device", property(lambda self: torch.device("meta")))
+    mha = mmpe.MultiHeadAttention(D_MODEL, HEADS, [mmpe.build("alibi", num_heads=HEADS)]
+                                  if mmpe.get("alibi").supports(coords) else [])
+    x = torch.randn(coords.batch_size or 1, coords.num_queries, D_MODEL)
+    with pytest.raises(ValueError, match=r"coordinates are on meta but x is on cpu"):
+        mha(x, coords)
+    q = torch.randn(x.shape[0], HEADS, coords.num_queries, D_MODEL // HEADS)
+    with pytest.raises(ValueError, match=r"coordinates are on meta but q is on cpu"):
+        mha.forward_heads(q, q, q, coords)
+
+
+def test_points_moved_to_meta_in_the_blocked_path_and_cross_attention() -> None:
+    """The issue's case: `Points.to("meta")` with CPU heads reached the blocked path's
+    `.item()`."""
+    points = mmpe.Points(torch.randn(10, 2)).to("meta")
+    mha = mmpe.MultiHeadAttention(16, 2, [mmpe.build("alibi", num_heads=2)])
+    q = torch.randn(1, 2, 10, 8)
+    with pytest.raises(ValueError, match=r"coordinates are on meta but q is on cpu"):
+        mha.forward_heads(q, q, q, points)
+    cross = mmpe.CrossAttention(16, 2, [])
+    with pytest.raises(ValueError, match=r"coordinates are on meta but x is on cpu"):
+        cross(torch.randn(1, 10, 16), points, torch.randn(1, 4, 16), mmpe.Sequence(4))
