@@ -313,6 +313,9 @@ class Transformer(nn.Module):
             raise ValueError(f"transformer: cache has {len(cache)} layers, the model "
                              f"{len(self.blocks)}; make it with model.make_cache()")
         _check_input(x, self.norm.weight)
+        check_shard = getattr(coords, "check_encodings", None)  # mmpe.parallel: a rank's shard
+        if check_shard is not None:
+            check_shard(self.input_encodings)
         with forward_scope(coords):
             if self.input_projections:
                 for enc, proj in zip(self.input_encodings, self.input_projections, strict=True):

@@ -214,15 +214,22 @@ class CharLM(AdamWCosine, L.LightningModule):
         input_combine: how an input encoding (sinusoidal, learned, …) meets the character
             embeddings: `"add"` or `"concat"` (`Linear(2·d_model → d_model)([x ; P])`);
             see [`mmpe.Transformer`][mmpe.transformer.Transformer] and `docs/add_vs_concat.md`.
+        context_parallel: None, or `"contiguous"`/`"balanced"`: under `ModelParallelStrategy`
+            each sequence is sharded over the mesh's second dimension (`mmpe.parallel`,
+            `docs/long_sequences.md`); evaluation runs unsharded on every rank.
     """
 
     def __init__(self, encoding: str = "rope", encoding_options: dict[str, Any] | None = None,
                  vocab_size: int = 85, max_len: int = 64, d_model: int = 128, num_heads: int = 4,
                  depth: int = 3, mlp_ratio: float = 4.0, dropout: float = 0.0, lr: float = 2e-3,
                  weight_decay: float = 0.1, warmup_steps: int = 100,
-                 input_combine: str = "add") -> None:
+                 input_combine: str = "add", context_parallel: str | None = None) -> None:
         super().__init__()
         self.save_hyperparameters()
+        #: the layout (`"contiguous"`/`"balanced"`) when training shards each sequence over the
+        #: context group: the second dimension of ModelParallelStrategy's device mesh
+        self.context_parallel = context_parallel
+        self.context_group = None
         spec = {"name": encoding, **(encoding_options or {})}
         self.embed = nn.Embedding(vocab_size, d_model)
         self.transformer = Transformer(d_model, num_heads, depth, [spec], mlp_ratio=mlp_ratio,
@@ -248,7 +255,44 @@ class CharLM(AdamWCosine, L.LightningModule):
         logits = self(batch[:, :-1])
         return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten()) / math.log(2)
 
+    def configure_model(self) -> None:
+        """Under `ModelParallelStrategy` with `context_parallel` set, the mesh's second
+        dimension ("tensor_parallel", size `--trainer.strategy.tensor_parallel_size`) is the
+        context group: its ranks share each batch and hold a shard of every sequence."""
+        mesh = getattr(self, "device_mesh", None) if self._trainer is not None else None
+        if self.context_parallel is not None and mesh is not None:
+            self.context_group = mesh["tensor_parallel"].get_group()
+
+    def context_loss(self, batch: Tensor, group: Any = None) -> tuple[Tensor, Tensor]:
+        """This rank's share of the next-character loss (nats per character of the whole
+        batch) with the sequence sharded over `group` in `context_parallel`'s layout, and the
+        whole batch's loss (detached, summed over the group).
+
+        The ranks' shares add up to the unsharded loss, and so do their gradients once
+        summed over the group (`mmpe.parallel.reduce_gradients`)."""
+        from mmpe.parallel import shard
+
+        inputs, targets = batch[:, :-1], batch[:, 1:]
+        sharded = shard(Sequence(inputs.shape[1], causal=True, device=batch.device), group,
+                        layout=self.context_parallel)
+        logits = self(sharded.take(inputs), sharded)
+        local = F.cross_entropy(logits.flatten(0, 1), sharded.take(targets).flatten(),
+                                reduction="sum") / targets.numel()
+        total = local.detach().clone()
+        torch.distributed.all_reduce(total, group=group)
+        return local, total
+
+    def on_after_backward(self) -> None:
+        if self.context_group is not None:  # each rank's loss covered only its tokens
+            from mmpe.parallel import reduce_gradients
+
+            reduce_gradients(self, self.context_group)
+
     def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
+        if self.context_group is not None:
+            loss, total = self.context_loss(batch, self.context_group)
+            self.log("train/bpc", total / math.log(2), prog_bar=True)
+            return loss
         bpc = self.bits_per_char(batch)
         self.log("train/bpc", bpc, prog_bar=True)
         return bpc * math.log(2)

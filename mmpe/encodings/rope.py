@@ -346,7 +346,9 @@ class RoPE(SavesSettings, RotaryEncoding):
         its frequencies then depend on the total length, so the hidden states of earlier
         tokens (computed at a shorter length) differ from a full recomputation's."""
         limit = getattr(self, "original_max_position_embeddings", None)
-        cached_step = coords.num_keys > coords.num_queries
+        # more keys than queries is a cached step only where the coordinates can describe one
+        # (a context-parallel shard also has more keys: every token, so the length is exact)
+        cached_step = coords.num_keys > coords.num_queries and coords.supports_cache
         if self.length_dependent and limit is not None and top > limit and cached_step:
             name = getattr(self, "registry_name", type(self).__name__)
             raise CachedDecodingError(

@@ -11,10 +11,11 @@ See `docs/long_sequences.md` for the layouts, what each kind of encoding needs a
 memory per rank.
 """
 
-from mmpe.parallel.attention import REFUSED, ContextParallelError, sharded_attention, unshard
-from mmpe.parallel.collectives import gather_tokens
-from mmpe.parallel.coords import ShardedCoords, shard
+from mmpe.parallel.attention import sharded_attention
+from mmpe.parallel.collectives import gather_tokens, reduce_gradients
+from mmpe.parallel.coords import ShardedCoords, shard, unshard
 from mmpe.parallel.layout import LAYOUTS, gather_order, shard_index
+from mmpe.parallel.refusals import REFUSED, ContextParallelError, check_encodings
 
-__all__ = ["LAYOUTS", "REFUSED", "ContextParallelError", "ShardedCoords", "gather_order",
-           "gather_tokens", "shard", "shard_index", "sharded_attention", "unshard"]
+__all__ = ["LAYOUTS", "REFUSED", "ContextParallelError", "ShardedCoords", "check_encodings", "gather_order",
+           "gather_tokens", "reduce_gradients", "shard", "shard_index", "sharded_attention", "unshard"]

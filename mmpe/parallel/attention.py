@@ -21,36 +21,11 @@ from torch import Tensor
 
 from mmpe.encodings.base import AttentionContext
 from mmpe.parallel.collectives import gather_tokens
-from mmpe.parallel.coords import ShardedCoords
+from mmpe.parallel.refusals import ContextParallelError, check_encodings
 from mmpe.prepare import forward_scope
 
-#: registered encodings that cannot run on a shard, with the reason (registry name -> why)
-REFUSED: dict[str, str] = {}
 
-
-class ContextParallelError(ValueError):
-    """An encoding or a layer setting that context parallelism cannot run (names it and why)."""
-
-
-def check_encodings(layer: Any, coords: ShardedCoords) -> None:
-    """Refuse, by name and with the reason, what cannot run on `coords` (see `REFUSED`).
-
-    Raises:
-        ContextParallelError: a refused encoding, one whose needs the shard does not offer,
-            a cache, a local window.
-    """
-    for enc in (*layer.rotary, *layer.scores, *([layer.kernel] if layer.kernel else [])):
-        name = getattr(enc, "registry_name", type(enc).__name__)
-        if name in REFUSED:
-            raise ContextParallelError(f"context parallel: {name} is refused: {REFUSED[name]}")
-        try:
-            enc.check_coords(coords)
-        except (TypeError, ValueError) as err:
-            raise ContextParallelError(f"context parallel: {name} cannot run on a shard: "
-                                       f"{err}") from err
-
-
-def sharded_attention(layer: Any, x: Tensor, coords: ShardedCoords, cache: Any = None) -> Tensor:
+def sharded_attention(layer: Any, x: Tensor, coords: Any, cache: Any = None) -> Tensor:
     """`layer(x, coords)` for this rank's tokens `x` of a sharded sequence.
 
     Args:
@@ -72,7 +47,8 @@ def sharded_attention(layer: Any, x: Tensor, coords: ShardedCoords, cache: Any =
     if getattr(layer, "window", None) is not None:
         raise ContextParallelError("context parallel: a local window (LocalWindow) is not "
                                    "supported on a shard: its mask reads query indices")
-    check_encodings(layer, coords)
+    check_encodings([*layer.rotary, *layer.scores, *([layer.kernel] if layer.kernel else [])],
+                    coords)
     layer._check_x("x", x, layer.d_model, coords.num_queries, "queries")
     layer._check_batch(x, coords)
     q, k, v = layer._project(x)
@@ -85,23 +61,3 @@ def sharded_attention(layer: Any, x: Tensor, coords: ShardedCoords, cache: Any =
                                layer._expand_kv(k), layer._expand_kv(v))
         out = layer.attend(ctx)
     return layer.proj(rearrange(out, "b h s d -> b s (h d)"))
-
-
-def unshard(x: Tensor, coords: ShardedCoords, dim: int = 1) -> Tensor:
-    """Every rank's tokens of `x` in sequence order (differentiable; for evaluation, losses
-    over the whole sequence, or checks).
-
-    Shapes: `x [..., n/W, ...]` along `dim` -> `[..., n, ...]`.
-
-    Raises:
-        TypeError: `coords` not `ShardedCoords`.
-        ValueError: `x` without `n/W` entries along `dim`.
-    """
-    if not isinstance(coords, ShardedCoords):
-        raise TypeError(f"context parallel: unshard needs the ShardedCoords of shard(...), got "
-                        f"{type(coords).__name__}")
-    if not isinstance(x, Tensor) or x.dim() == 0 or x.shape[dim] != coords.num_queries:
-        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-        raise ValueError(f"context parallel: unshard: x must hold this rank's "
-                         f"{coords.num_queries} tokens along dim {dim}, got {shape}")
-    return gather_tokens(x, dim, coords.group, coords.layout)

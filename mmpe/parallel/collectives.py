@@ -36,6 +36,24 @@ def gather_tokens(t: Tensor, dim: int, group: dist.ProcessGroup | None, layout: 
     """
     world, _ = group_size_rank(group)
     parts = all_gather(t.contiguous(), group=group or dist.group.WORLD)
+    if torch.is_grad_enabled() and t.requires_grad:
+        # The gradient of each part is a strided slice of the concatenation's; the gather's
+        # backward on gloo (an all-to-all) sends such views wrongly (wrong input gradients in
+        # the tests), so each part's gradient is made contiguous first.
+        for part in parts:
+            part.register_hook(torch.Tensor.contiguous)
     full = torch.cat(parts, dim=dim)
     order = gather_order(full.shape[dim], world, layout, device=full.device)
     return full if order is None else full.index_select(dim, order)
+
+
+def reduce_gradients(module: torch.nn.Module, group: dist.ProcessGroup | None) -> None:
+    """Sum every parameter's gradient over the context group, in place.
+
+    A rank's loss covers its own tokens only, and the gathered K/V send every rank's share of a
+    parameter's gradient back through the all-gather: the gradient of the whole sequence's loss
+    is the sum of the ranks' (replicated parameters, as DDP reduces them over data ranks).
+    """
+    for p in module.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, group=group)

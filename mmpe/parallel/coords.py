@@ -19,7 +19,7 @@ from torch import Tensor
 
 from mmpe.coords.base import Coordinates, MaskMod
 from mmpe.coords.capabilities import defines
-from mmpe.parallel.collectives import group_size_rank
+from mmpe.parallel.collectives import gather_tokens, group_size_rank
 from mmpe.parallel.layout import check_layout, shard_index
 
 #: pairwise members whose first argument is a query index: answered at `index[q_idx]`
@@ -102,6 +102,13 @@ class ShardedCoords(Coordinates):
             raise ValueError(f"context parallel: take: x must hold the sequence's "
                              f"{self.full.num_queries} tokens along dim {dim}, got {shape}")
         return x.index_select(dim, self.index.to(x.device))
+
+    def check_encodings(self, encodings: Any) -> None:
+        """Refuse encodings that cannot run on a shard (see
+        [`mmpe.parallel.attention.check_encodings`][mmpe.parallel.attention.check_encodings])."""
+        from mmpe.parallel.refusals import check_encodings
+
+        check_encodings(encodings, self)
 
     def context_parallel_attention(self, layer: Any, x: Tensor, cache: Any) -> Tensor:
         """What `MultiHeadAttention.forward` runs on these coordinates (see
@@ -191,3 +198,23 @@ def shard(coords: Coordinates, group: dist.ProcessGroup | None = None,
     world, rank = group_size_rank(group)
     index = shard_index(coords.num_queries, world, rank, layout, device=coords.device)
     return sharded_class(type(coords))(coords, index, group, layout, world, rank)
+
+
+def unshard(x: Tensor, coords: ShardedCoords, dim: int = 1) -> Tensor:
+    """Every rank's tokens of `x` in sequence order (differentiable; for evaluation, losses
+    over the whole sequence, or checks).
+
+    Shapes: `x [..., n/W, ...]` along `dim` -> `[..., n, ...]`.
+
+    Raises:
+        TypeError: `coords` not `ShardedCoords`.
+        ValueError: `x` without `n/W` entries along `dim`.
+    """
+    if not isinstance(coords, ShardedCoords):
+        raise TypeError(f"context parallel: unshard needs the ShardedCoords of shard(...), got "
+                        f"{type(coords).__name__}")
+    if not isinstance(x, Tensor) or x.dim() == 0 or x.shape[dim] != coords.num_queries:
+        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"context parallel: unshard: x must hold this rank's "
+                         f"{coords.num_queries} tokens along dim {dim}, got {shape}")
+    return gather_tokens(x, dim, coords.group, coords.layout)

@@ -34,7 +34,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # the KV cache is the attention modules' own state (it imports nothing of mmpe)
     ("attention", ("mmpe.attention", "mmpe.prepare", "mmpe.cache")),
     ("models", ("mmpe.transformer", "mmpe.functional", "mmpe.generation", "mmpe.lm",
-                "mmpe.schedule", "mmpe.cross_blocks", "mmpe.checkpoints", "mmpe.testing")),
+                "mmpe.schedule", "mmpe.cross_blocks", "mmpe.checkpoints", "mmpe.testing",
+                "mmpe.parallel")),
     ("integrations and plots", ("mmpe.integrations", "mmpe.plot")),
     ("package", ("mmpe",)),
     ("results", ("mmpe.results",)),
