@@ -69,7 +69,13 @@ class Numbers(Sequence):
     @classmethod
     def from_tokens(cls, tokens: Tensor, digit_ids: Tensor | list[int], **sequence_options) -> Numbers:
         """Numbers over token ids `[n]` or `[b, n]`: a token is a digit when its id is in
-        `digit_ids` (the ids of `"0"` … `"9"` in the vocabulary)."""
+        `digit_ids` (the ids of `"0"` … `"9"` in the vocabulary; empty for a vocabulary
+        without digits, where every place is 0).
+
+        Raises:
+            ValueError: `tokens` not an integer tensor; `digit_ids` not integer ids (a list or
+                1-d tensor).
+        """
         if not isinstance(tokens, Tensor) or tokens.is_floating_point() or tokens.dtype == torch.bool:
             raise ValueError(f"Numbers.from_tokens: tokens must be an integer tensor of token ids, "
                              f"got {tokens.dtype if isinstance(tokens, Tensor) else type(tokens).__name__}")
@@ -77,6 +83,8 @@ class Numbers(Sequence):
             digits = torch.as_tensor(digit_ids, device=tokens.device)
         except (TypeError, ValueError, RuntimeError):
             digits = None
+        if digits is not None and digits.numel() == 0:  # a vocabulary without digits: [] is
+            digits = digits.long().reshape(0)  # float32 to torch, yet no id is a digit
         if digits is None or digits.is_floating_point() or digits.dtype == torch.bool or \
                 digits.dim() != 1:
             raise ValueError("Numbers.from_tokens: digit_ids must be the integer ids of the "

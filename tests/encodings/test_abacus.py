@@ -79,3 +79,26 @@ def test_numbers_is_a_sequence_for_every_other_encoding():
     attn = mmpe.MultiHeadAttention(16, 2, encodings=[mmpe.build("rope", head_dim=8), mmpe.build("alibi", num_heads=2)])
     x = torch.randn(2, 7, 16)
     assert torch.allclose(attn(x, coords), attn(x, plain), atol=1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(tokens=st.lists(st.integers(0, 30), min_size=1, max_size=12),
+       digit_ids=st.lists(st.integers(0, 30), max_size=10, unique=True),
+       as_type=st.sampled_from(["list", "tensor", "numpy"]))
+def test_from_tokens_places_match_a_scan_for_every_set_of_digit_ids(tokens, digit_ids, as_type):
+    """Any digit-id set, the empty one included (a vocabulary without digits: every place 0),
+    given as a list, a tensor or an array; `[]` is float32 to torch and was refused."""
+    import numpy as np
+
+    ids = {"list": digit_ids, "tensor": torch.tensor(digit_ids, dtype=torch.long),
+           "numpy": np.asarray(digit_ids)}[as_type]
+    nums = Numbers.from_tokens(torch.tensor(tokens), ids)
+    want, run = [], 0
+    for t in tokens:
+        run = run + 1 if t in digit_ids else 0
+        want.append(run)
+    assert nums.digit_positions.tolist() == want
+    if not digit_ids:
+        assert not nums.digit_positions.any()
+        enc = mmpe.build("abacus", d_model=8)
+        torch.testing.assert_close(enc(nums), enc.table[0].expand(len(tokens), 8))
