@@ -333,13 +333,32 @@ class RoPE(SavesSettings, RotaryEncoding):
         if positions.is_floating_point() or top > self.cache_limit or \
                 torch.compiler.is_compiling():
             return rope_cos_sin(positions, inv_freq, scale, dtype)
-        key = (self.freq_key(top), scale, positions.device)
+        cos_sin = self._table(inv_freq, top, positions.device, dtype)[:, positions]
+        return cos_sin[0], cos_sin[1]
+
+    def _table(self, inv_freq: Tensor, top: int, device: torch.device,
+               dtype: torch.dtype) -> Tensor:
+        """The cached `[2, size, rotary_dim/2]` table of cos and sin in `dtype` (see
+        [`cos_sin`][mmpe.encodings.rope.RoPE.cos_sin]), rebuilt when what it depends on changes."""
+        key = (self.freq_key(top), self.attention_scaling, device)
         cache = self._cache
         if cache is None or not cache.serves(key, inv_freq, top):
             size = max(256, 1 << (top - 1).bit_length())
             cache = self._cache = RopeTables(key, inv_freq.detach().clone(), size)
-        cos, sin = cache.get(dtype, positions.device)
-        return cos[positions], sin[positions]
+        return cache.get(dtype, device)
+
+    def qk_cos_sin(self, qpos: Tensor, kpos: Tensor, inv_freq: Tensor, top: int,
+                   qdtype: torch.dtype, kdtype: torch.dtype) -> tuple[Tensor, ...]:
+        """`(qcos, qsin, kcos, ksin)` for query and key positions in the dtypes that rotate
+        them: one gather of cos and sin together from the cached table, shared by `q` and `k`
+        where they have the same positions and dtype (self-attention without a cache); the
+        numbers of
+        [`cos_sin`][mmpe.encodings.rope.RoPE.cos_sin]."""
+        if qdtype == kdtype and same_positions(qpos, kpos):
+            cos, sin = self.cos_sin(qpos, inv_freq, top, qdtype)
+            return cos, sin, cos, sin
+        return (*self.cos_sin(qpos, inv_freq, top, qdtype),
+                *self.cos_sin(kpos, inv_freq, top, kdtype))
 
     def _check_cached(self, coords: Coordinates, top: int) -> None:
         """Refuse cached steps past the length where a length-dependent scaling switches on:
@@ -363,21 +382,19 @@ class RoPE(SavesSettings, RotaryEncoding):
         top = position_bound(coords)
         self._check_cached(coords, top)
         inv_freq = self.inv_freq(top)
-        qcos, qsin = self.cos_sin(qpos, inv_freq, top, rotation_dtype(q.dtype))
-        if rotation_dtype(k.dtype) == qcos.dtype and same_positions(qpos, kpos):
-            kcos, ksin = qcos, qsin  # self-attention without a cache: one gather for both
-        else:
-            kcos, ksin = self.cos_sin(kpos, inv_freq, top, rotation_dtype(k.dtype))
-        return rotate_qk(q, k, qcos, qsin, kcos, ksin, self.interleaved)
+        tables = self.qk_cos_sin(qpos, kpos, inv_freq, top, rotation_dtype(q.dtype),
+                                 rotation_dtype(k.dtype))
+        return rotate_qk(q, k, *tables, self.interleaved)
 
 
 class RopeTables:
     """One RoPE cos/sin table (positions `0 … size−1`), materialised per dtype on demand.
 
     `key` and `inv_freq` (float64 `[r/2]`) identify what the table was built from;
-    [`serves`][mmpe.encodings.rope.RopeTables.serves] says whether it is still valid, `get` returns `(cos, sin)`
-    `[size, r/2]` in a dtype, built from float64 phases the first time that dtype is asked
-    for (so bf16 tables are rounded once from float64, not from float32).
+    [`serves`][mmpe.encodings.rope.RopeTables.serves] says whether it is still valid, `get` returns cos and sin stacked,
+    `[2, size, r/2]`, in a dtype (the compute dtype of the rotation, so no cast per call),
+    built from float64 phases the first time that dtype is asked for (so bf16 tables are
+    rounded once from float64, not from float32); one gather then serves both.
     """
 
     __slots__ = ("key", "inv_freq", "size", "scale", "tables")
@@ -385,7 +402,7 @@ class RopeTables:
     def __init__(self, key: tuple, inv_freq: Tensor, size: int) -> None:
         self.key, self.inv_freq, self.size = key, inv_freq, size
         self.scale = key[1]
-        self.tables: dict[torch.dtype, tuple[Tensor, Tensor]] = {}
+        self.tables: dict[torch.dtype, Tensor] = {}
 
     def serves(self, key: tuple, inv_freq: Tensor, top: int) -> bool:
         """Whether the table holds positions `< top` for `key` and these frequencies."""
@@ -393,9 +410,9 @@ class RopeTables:
                 and self.inv_freq.device == inv_freq.device
                 and torch.equal(self.inv_freq, inv_freq))
 
-    def get(self, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
-        tables = self.tables.get(dtype)
-        if tables is None:
-            tables = self.tables[dtype] = rope_cos_sin(
-                torch.arange(self.size, device=device), self.inv_freq, self.scale, dtype)
-        return tables
+    def get(self, dtype: torch.dtype, device: torch.device) -> Tensor:
+        table = self.tables.get(dtype)
+        if table is None:
+            table = self.tables[dtype] = torch.stack(rope_cos_sin(
+                torch.arange(self.size, device=device), self.inv_freq, self.scale, dtype))
+        return table
