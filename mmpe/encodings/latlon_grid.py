@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from torch import Tensor, nn
@@ -39,6 +40,38 @@ def latlon_cells(lat: Tensor, lon: Tensor, n_lat: int, n_lon: int) -> tuple[Tens
     return i.long(), j.long()
 
 
+#: cells a point may lie from its cell's centre before latlon_grid says which grid it assumed:
+#: a quarter (the SST recipe's HadISST cells sit 0.1 cells east of the centres and bin without
+#: doubt; at half a cell, an ERA5 row on the pole, the cell is a coin toss)
+OFF_CENTRE = 0.25
+
+
+def cell_offsets(lat: Tensor, lon: Tensor, n_lat: int, n_lon: int) -> Tensor:
+    """How far each point lies from the centre of its [`latlon_cells`][mmpe.encodings.latlon_grid.latlon_cells]
+    cell, in cells (the larger of the latitude and longitude offsets, in `[0, ½]`), float64."""
+    lat64, lon64 = lat.detach().to(torch.float64), lon.detach().to(torch.float64)
+    i, j = latlon_cells(lat64, lon64, n_lat, n_lon)
+    d_lat = (lat64 + math.pi / 2) * (n_lat / math.pi) - (i + 0.5)
+    d_lon = torch.remainder((lon64 + math.pi) * (n_lon / (2 * math.pi)) - j + 0.5, n_lon) - 0.5
+    return torch.maximum(d_lat.abs(), d_lon.abs())
+
+
+def _warn_off_centre(lat: Tensor, lon: Tensor, n_lat: int, n_lon: int) -> None:
+    """Say which grid the table assumes when the points are not at its cell centres: binning
+    them is a choice (an ERA5 grid with rows on the poles shares cells between rows)."""
+    off = cell_offsets(lat, lon, n_lat, n_lon)
+    far = off > OFF_CENTRE
+    if bool(far.any()):
+        warnings.warn(
+            f"latlon_grid: {int(far.sum())} of {far.numel()} points lie more than a quarter cell "
+            f"from the cell centres of the {n_lat}×{n_lon} grid the table assumes (Sphere.grid's "
+            f"layout: rows centred "
+            f"at latitude -90 + (i + 0.5)·{180 / n_lat:g}°, columns at longitude -180 + "
+            f"j·{360 / n_lon:g}°), up to {float(off.max()):.2f} cells away; each reads the cell "
+            f"that contains it. Build the coordinates with Sphere.grid({n_lat}, {n_lon}), or "
+            "the table with your data's grid_shape", UserWarning, stacklevel=6)
+
+
 @register(
     "latlon_grid", hook="input", needs=(Spherical,), learnable=True, family="sphere",
     aliases=("fourcastnet_pos",),
@@ -57,7 +90,10 @@ class LatLonGridPE(InputEncoding):
     with or without a time axis — `P` is exactly FourCastNet's table in row-major
     `(lat, lon)` order, repeated over the time steps; scattered points get their cell's
     vector. A table learned on one grid is tied to it: coordinates that record their own
-    `grid_shape` (`Sphere.grid`) must have the table's `(n_lat, n_lon)`.
+    `grid_shape` (`Sphere.grid`) must have the table's `(n_lat, n_lon)`; on other coordinates,
+    points more than a quarter cell from the centres of this layout (an ERA5 grid with rows on
+    the poles, scattered stations) are binned to the cell that contains them, with a warning
+    that names the grid assumed and how far the points lie from its centres.
 
     Metrics on such grids are latitude-weighted: [`mmpe.earth.area_weights`][mmpe.earth.area_weights] and
     [`mmpe.earth.weighted_rmse`][mmpe.earth.weighted_rmse] (re-exported here).
@@ -73,6 +109,10 @@ class LatLonGridPE(InputEncoding):
         ValueError: `grid_shape` not two positive ints, non-positive `d_model`, negative
             `init_std`; coordinates from `Sphere.grid` of another `(n_lat, n_lon)`.
         TypeError: coordinates not on the sphere (`Spherical`).
+
+    Warns:
+        UserWarning: coordinates without a `grid_shape` whose points are not at the cell
+            centres of the table's grid (more than a quarter cell away).
     """
 
     def __init__(self, d_model: int, grid_shape: tuple[int, int] = (90, 180),
@@ -99,6 +139,8 @@ class LatLonGridPE(InputEncoding):
                 f"latlon_grid: the table is {self.grid_shape[0]}×{self.grid_shape[1]} (n_lat, n_lon) "
                 f"but the coordinates are a {recorded[-2]}×{recorded[-1]} grid; build latlon_grid "
                 f"with grid_shape=({recorded[-2]}, {recorded[-1]})")
+        if recorded is None and not torch.compiler.is_compiling():
+            _warn_off_centre(lat, lon, *self.grid_shape)
         return latlon_cells(lat, lon, *self.grid_shape)
 
     def forward(self, coords: Coordinates) -> Tensor:
