@@ -26,12 +26,10 @@ from torch import Tensor
 
 from mmpe import flex_compile
 from mmpe.attention import forms, record
-from mmpe.attention.cpu.blocked import _BlockedPlan, prefers_tiles, takes_blocked_path
-from mmpe.attention.cpu.grid import _GridPlan, grid_applies, grid_pays
-from mmpe.attention.cpu.relation import _RelationPlan
-from mmpe.attention.flex import _block_mask, _flex_mods, compose_score_mods
-from mmpe.attention.masks import _cast_bias, _dense_mask, _large_mask, _plain_causal
-from mmpe.attention.memory import _bias_bytes, _check_memory, block_bytes
+from mmpe.attention.cpu import blocked, grid, relation
+from mmpe.attention.flex import block_mask_of, compose_score_mods, flex_mods
+from mmpe.attention.masks import cast_bias, dense_mask_of, large_mask, plain_causal
+from mmpe.attention.memory import bias_row_bytes, block_bytes, check_memory
 from mmpe.coords.base import index_grid
 from mmpe.encodings.base import AttentionContext, KernelEncoding, ScoreEncoding
 
@@ -41,9 +39,9 @@ def run_flex(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) ->
     (compiled per score-mod family on CUDA, see [mmpe.flex_compile][])."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    mods = _flex_mods(scores, ctx)
+    mods = flex_mods(scores, ctx)
     score_mod = compose_score_mods(mods)
-    block_mask = _block_mask(ctx.coords, ctx.q.device)
+    block_mask = block_mask_of(ctx.coords, ctx.q.device)
     # Inductor's flex kernel refuses q/k/v that are views of one projection buffer.
     q, k, v = (t.contiguous() for t in (ctx.q, ctx.k, ctx.v))
     try:
@@ -86,8 +84,8 @@ def force_plan(plan: str | None) -> Iterator[None]:
 
 def _applicable(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> dict[str, bool]:
     """Which plans can run the call (each condition tested once)."""
-    return {"relation": _RelationPlan.applies(scores, ctx), "grid": grid_applies(scores, ctx),
-            "blocked": takes_blocked_path(scores, ctx), "blocks": True, "dense": True}
+    return {"relation": relation.applies(scores, ctx), "grid": grid.applies(scores, ctx),
+            "blocked": blocked.applies(scores, ctx), "blocks": True, "dense": True}
 
 
 def sdpa_plan(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> str:
@@ -111,14 +109,13 @@ def sdpa_plan(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> str:
                              f"({[type(e).__name__ for e in scores]} on "
                              f"{type(ctx.coords).__name__})")
         return forced
-    if can["relation"] and _RelationPlan.pays(ctx):
+    if can["relation"] and relation.pays(scores, ctx):
         return "relation"
-    if can["grid"] and grid_pays(scores, ctx):
+    if can["grid"] and grid.pays(scores, ctx):
         return "grid"
-    if scores and (_bias_bytes(ctx, ctx.coords.num_queries) > block_bytes()
-                   or prefers_tiles(scores, ctx)):
+    if blocked.pays(scores, ctx):
         return "blocked" if can["blocked"] else "blocks"
-    if not scores and _large_mask(ctx):  # a padded point cloud of 60k points, say
+    if not scores and large_mask(ctx):  # a padded point cloud of 60k points, say
         return "blocks"
     return "dense"
 
@@ -127,13 +124,12 @@ def run_sdpa(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) ->
     """SDPA with the additive terms as ``attn_mask``, on the plan
     [sdpa_plan][mmpe.attention.dispatch.sdpa_plan] chooses."""
     plan = sdpa_plan(scores, ctx)
-    if plan == "relation":
-        return _RelationPlan.build(scores, ctx, scale).run(ctx.q, ctx.k, ctx.v)
-    if plan == "grid":  # an offset-only bias on a grid: block-Toeplitz tables
-        grid_plan, table, prefix = _GridPlan.build(scores, ctx, scale)
-        return grid_plan.run(ctx.q, ctx.k, ctx.v, table, prefix)
+    if plan == "relation":  # a table over the offsets of a sequence (cpu/relation.py)
+        return relation.attend(scores, ctx, scale)
+    if plan == "grid":  # an offset-only bias on a grid: block-Toeplitz tables (cpu/grid.py)
+        return grid.attend(scores, ctx, scale)
     if plan == "blocked":  # content-free terms, a hand-written backward (cpu/blocked.py)
-        return _BlockedPlan(scores, ctx, scale).run(ctx.q, ctx.k, ctx.v)
+        return blocked.attend(scores, ctx, scale)
     if plan == "blocks":
         return _sdpa_blocks(scores, ctx, scale)
     return run_dense(scores, ctx, scale)
@@ -146,12 +142,12 @@ def run_dense(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -
     coords = ctx.coords
     bias = forms.dense_bias(scores, ctx)
     if bias is None:
-        if _plain_causal(coords):  # the fused causal kernel, no dense mask
+        if plain_causal(coords):  # the fused causal kernel, no dense mask
             return F.scaled_dot_product_attention(ctx.q, ctx.k, ctx.v, is_causal=True,
                                                   scale=scale)
-        attn_mask = _dense_mask(coords)
+        attn_mask = dense_mask_of(coords)
     else:
-        attn_mask = _cast_bias(bias, ctx.q.dtype, _dense_mask(coords))
+        attn_mask = cast_bias(bias, ctx.q.dtype, dense_mask_of(coords))
     return F.scaled_dot_product_attention(ctx.q, ctx.k, ctx.v, attn_mask=attn_mask, scale=scale)
 
 
@@ -160,7 +156,7 @@ def _sdpa_blocks(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float
     memory O(block × n_k) instead of O(n_q × n_k). With gradients, each block is
     recomputed in the backward pass (activation checkpointing) rather than kept."""
     n_q = ctx.coords.num_queries
-    rows = max(1, block_bytes() // max(1, _bias_bytes(ctx, 1)))
+    rows = max(1, block_bytes() // max(1, bias_row_bytes(ctx, 1)))
     outs = []
     for start in range(0, n_q, rows):
         stop = min(n_q, start + rows)
@@ -179,7 +175,7 @@ def _sdpa_rows(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float, 
         term = forms.rows(enc, ctx, start, stop)
         bias = term if bias is None else bias + term
     mask = ctx.coords.dense_mask(start, stop)
-    bias = mask if bias is None else _cast_bias(bias, ctx.q.dtype, mask)
+    bias = mask if bias is None else cast_bias(bias, ctx.q.dtype, mask)
     return F.scaled_dot_product_attention(ctx.q[:, :, start:stop], ctx.k, ctx.v,
                                           attn_mask=bias, scale=scale)
 
@@ -191,7 +187,7 @@ def run_math(scores: Seq[ScoreEncoding], kernel: KernelEncoding | None, ctx: Att
     # scores, their score-modded and masked copies, and the probabilities: four at once (one
     # more where record_attention keeps them)
     copies = 5 if record.recording() else 4
-    _check_memory(copies * _bias_bytes(ctx, coords.num_queries),
+    check_memory(copies * bias_row_bytes(ctx, coords.num_queries),
                   "the math path's scores" + (" (recorded)" if copies == 5 else ""), ctx)
     scores_ = (ctx.q @ ctx.k.transpose(-2, -1)).float() * scale
     score_mod = compose_score_mods([e.score_mod(ctx) for e in scores])
@@ -199,7 +195,7 @@ def run_math(scores: Seq[ScoreEncoding], kernel: KernelEncoding | None, ctx: Att
         b, h, qi, ki = index_grid(coords.batch_size or 1, ctx.num_heads, coords.num_queries,
                                   coords.num_keys, scores_.device)
         scores_ = score_mod(scores_, b, h, qi, ki)
-    mask = _dense_mask(coords)
+    mask = dense_mask_of(coords)
     if mask is not None:
         scores_ = scores_.masked_fill(~mask, float("-inf"))
     v = ctx.v.float()

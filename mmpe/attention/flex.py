@@ -31,7 +31,7 @@ def compose_score_mods(mods: Seq[ScoreMod]) -> ScoreMod | None:
     return composed
 
 
-def _flex_mods(scores: Seq[ScoreEncoding], ctx: AttentionContext,
+def flex_mods(scores: Seq[ScoreEncoding], ctx: AttentionContext,
                tables: bool | None = None) -> list[ScoreMod]:
     """The ``score_mod`` terms for FlexAttention. On a GPU, learned terms that are a function of
     the relation alone on ``toeplitz`` coordinates (T5, KERPLE, learnable ALiBi slopes) are
@@ -94,7 +94,7 @@ def _grid_table_applies(coords: Coordinates) -> bool:
 
 
 def _grid_mods(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> list[ScoreMod]:
-    """`_flex_mods` on a grid: learned offset-only terms in one block-Toeplitz table."""
+    """`flex_mods` on a grid: learned offset-only terms in one block-Toeplitz table."""
     table, mods = None, []
     for enc in scores:
         learned = any(p.requires_grad for p in enc.parameters())
@@ -160,7 +160,7 @@ def _twin(coords: Coordinates) -> Coordinates:
     return twin
 
 
-def _block_mask(coords: Coordinates, device: torch.device):
+def block_mask_of(coords: Coordinates, device: torch.device):
     """The ``BlockMask`` of the coordinates' ``mask_mod``, built once per forward, or once per
     process where the mask is determined by the sizes (`mask_key`)."""
     mask_mod = coords.mask_mod()

@@ -20,7 +20,9 @@ from mmpe.prepare import _MEMO, memoized
 LOCAL_KINDS = ("sliding", "chunked")
 
 
-def _dense_mask(coords: Coordinates) -> Tensor | None:
+def dense_mask_of(coords: Coordinates) -> Tensor | None:
+    """`coords.dense_mask()` (bool `[b or 1, 1, n_q, n_k]`, or None without a mask), built once
+    per forward (memoized on the coordinates)."""
     return memoized(coords, ("dense_mask",), coords.dense_mask)
 
 
@@ -31,23 +33,23 @@ def _only_causal(coords: Coordinates) -> bool:
             and getattr(coords, "local_window", None) is None)
 
 
-def _plain_causal(coords: Coordinates) -> bool:
+def plain_causal(coords: Coordinates) -> bool:
     """A causal mask with nothing else: square, no cache, no documents, no padding, and every
     key's position its index (so the mask is SDPA's ``is_causal`` triangle)."""
     return (getattr(coords, "toeplitz", False) is True and _only_causal(coords)
             and coords.num_queries == coords.num_keys and coords.batch_size is None)
 
 
-def _large_mask(ctx: AttentionContext) -> bool:
+def large_mask(ctx: AttentionContext) -> bool:
     """Whether the coordinates' dense boolean mask (not SDPA's own causal one) would exceed
     :func:`block_bytes`: then SDPA runs block by block with each block's rows of the mask."""
     coords = ctx.coords
-    if coords.mask_mod() is None or _plain_causal(coords):
+    if coords.mask_mod() is None or plain_causal(coords):
         return False
     return (coords.batch_size or 1) * coords.num_queries * coords.num_keys > block_bytes()
 
 
-def _cast_bias(bias: Tensor, dtype: torch.dtype, mask: Tensor | None) -> Tensor:
+def cast_bias(bias: Tensor, dtype: torch.dtype, mask: Tensor | None) -> Tensor:
     """The summed bias, masked pairs at ``-inf``, in the attention dtype. In bf16/fp16 the
     maximum over each row's allowed pairs is taken out first (softmax ignores it): a large bias
     (SwinV2's up to 16, FoX's long decays) then keeps its differences instead of losing

@@ -16,11 +16,12 @@ if TYPE_CHECKING:  # an annotation only: importing the encodings here would be c
 from mmpe._scratch import BLOCK_BYTES, block_bytes  # noqa: E402, F401
 
 
-def _bias_bytes(ctx: AttentionContext, rows: int) -> int:
+def bias_row_bytes(ctx: AttentionContext, rows: int) -> int:
+    """Bytes of `rows` query rows of the call's dense float32 bias, `[b, n_h, rows, n_k]`."""
     return ctx.q.shape[0] * ctx.num_heads * rows * ctx.coords.num_keys * 4
 
 
-def _check_memory(needed: int, what: str, ctx: AttentionContext) -> None:
+def check_memory(needed: int, what: str, ctx: AttentionContext) -> None:
     """Fail before allocating what this machine cannot hold now (its available memory, or its
     physical memory where the OS does not say), naming the size and alternatives."""
     if ctx.q.device.type != "cpu" or torch.compiler.is_compiling():

@@ -1,4 +1,4 @@
-"""The relation path of the CPU attention (``mmpe.attention.cpu.relation._RelationPlan``) against the math path.
+"""The relation path of the CPU attention (``mmpe.attention.cpu.relation``) against the math path.
 
 Content-free score terms on ``toeplitz`` sequences (implicit positions, or restarts per packed
 document) run as block-wise SDPA over a per-offset table (ALiBi, T5, KERPLE) and FIRE's compact
@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 
 import mmpe
 from mmpe import MultiHeadAttention, Sequence
-from mmpe.attention.cpu.relation import _RelationPlan
+from mmpe.attention.cpu import relation
 from mmpe.attention.cpu.rows import antidiagonal_buffer, antidiagonal_sums, toeplitz_rows
-from mmpe.attention.masks import _plain_causal
+from mmpe.attention.masks import plain_causal
 from mmpe.encodings.base import AttentionContext
 
 NAMES = ["alibi", "t5", "fire", "kerple_log", "kerple_power"]
@@ -113,7 +113,7 @@ def _takes_relation_path(names: list[str], coords: Sequence, heads: int, batch: 
     q = torch.zeros(batch, heads, coords.num_queries, 8)
     k = torch.zeros(batch, heads, coords.num_keys, 8)
     ctx = AttentionContext(coords, heads, 8, batch, None, q, k, k)
-    return _RelationPlan.applies(encs, ctx)
+    return relation.applies(encs, ctx)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -236,8 +236,8 @@ def test_plain_causal_kernel_needs_implicit_positions() -> None:
     # is_causal triangle, even once max_position has been read.
     coords = Sequence(position_ids=torch.tensor([0, 2, 1, 3]), causal=True)
     assert coords.max_position == 3
-    assert not _plain_causal(coords)
-    assert _plain_causal(Sequence(4, causal=True))
+    assert not plain_causal(coords)
+    assert plain_causal(Sequence(4, causal=True))
     fast, slow = (MultiHeadAttention(16, 2, backend=b) for b in ("sdpa", "math"))
     slow.load_state_dict(fast.state_dict())
     x = torch.randn(1, 4, 16)
@@ -250,7 +250,7 @@ def test_not_taken_for_content_terms_grids_or_cross_attention() -> None:
     fox = mmpe.build("fox", context={"num_heads": 2, "head_dim": 8, "d_model": 16})
     seq = AttentionContext(Sequence(6, causal=True), x=torch.zeros(1, 6, 16), q=q, k=q, v=q,
                            **ctx_kw)
-    assert not _RelationPlan.applies([fox], seq)  # reads the content
+    assert not relation.applies([fox], seq)  # reads the content
     grid = mmpe.Grid((2, 3))
     alibi = mmpe.build("alibi", context={"num_heads": 2})
-    assert not _RelationPlan.applies([alibi], AttentionContext(grid, q=q, k=q, v=q, **ctx_kw))
+    assert not relation.applies([alibi], AttentionContext(grid, q=q, k=q, v=q, **ctx_kw))

@@ -264,7 +264,7 @@ def test_groups_span_rows_of_a_short_last_axis() -> None:
     # 8 and 7 cells, each row c_0 of a group's tokens one run of consecutive tokens.
     grid = Grid((4, 3, 5), prefix_tokens=2)
     with mock.patch.object(grid_path, "GRID_CHUNK", 8):
-        plan = grid_path._GridPlan(grid, 1.0, 4)
+        plan = grid_path.GridPlan(grid, 1.0, 4)
     widths = [tokens.shape[1] for _, tokens in plan.groups()]
     assert widths == [8, 7]
     tokens = torch.cat([t for _, t in plan.groups()], dim=1)

@@ -85,14 +85,14 @@ def _run(encs: list, coords, heads: int, backend: str, seed: int, dtype=torch.fl
     weight = torch.randn(batch, coords.num_queries, 4 * heads, generator=g,
                          dtype=torch.float64).to(dtype)
     taken = []
-    real = blocked._BlockedPlan.run
+    real = blocked.BlockedPlan.run
 
     def spy(self, *args):
         taken.append(True)
         return real(self, *args)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(blocked._BlockedPlan, "run", spy)
+        mp.setattr(blocked.BlockedPlan, "run", spy)
         out = attn(x, coords)
     if expect_blocked is not None:
         # taken where the dense bias exceeds the budget (a tiny input runs dense)
@@ -162,7 +162,7 @@ def test_float64_equals_checkpointed_block_path(small_blocks, names, n, heads, p
     encs = _encodings(names, heads, seed)
     fast = _run(encs, coords, heads, "sdpa", seed, torch.float64, (pos,), expect_blocked=True)
     with pytest.MonkeyPatch.context() as mp:  # (hypothesis runs every example in one test)
-        mp.setattr("mmpe.attention.dispatch.takes_blocked_path", lambda *a: False)
+        mp.setattr("mmpe.attention.cpu.blocked.applies", lambda *a: False)
         slow = _run(encs, coords, heads, "sdpa", seed, torch.float64, (pos,),
                     expect_blocked=False)
     param_tol = (1e-6, 1e-5) if set(names) & _F32_BIAS else (1e-10, 1e-10)
@@ -264,7 +264,7 @@ def test_fully_masked_rows_match_the_block_path(small_blocks, monkeypatch, fused
         # a masked row's attention output is 0: the layer gives its output projection's bias
         assert torch.equal(fast[0][:, ::3], fast[0][:, :1].expand(-1, 4, -1))
         with monkeypatch.context() as mp:
-            mp.setattr("mmpe.attention.dispatch.takes_blocked_path", lambda *a: False)
+            mp.setattr("mmpe.attention.cpu.blocked.applies", lambda *a: False)
             slow = _run(encs, coords, 2, "sdpa", 5, torch.float64, (pos,),
                         expect_blocked=False)
         assert all(bool(torch.isfinite(g).all()) for g in fast[1] if g is not None)
@@ -359,10 +359,10 @@ def test_content_dependent_terms_keep_the_checkpointed_blocks(small_blocks) -> N
 
     ctx = AttentionContext(_points(1, 5, 0, False)[0], 2, 4, 1, None,
                            *(torch.randn(1, 2, 5, 4) for _ in range(3)))
-    assert blocked.takes_blocked_path(scores, ctx)
-    assert not blocked.takes_blocked_path([*scores, _Content()], ctx)
+    assert blocked.applies(scores, ctx)
+    assert not blocked.applies([*scores, _Content()], ctx)
     ctx.q = ctx.q.bfloat16()
-    assert not blocked.takes_blocked_path(scores, ctx)
+    assert not blocked.applies(scores, ctx)
 
 
 # -- the eager rows against score_mod and distance --------------------------------------------
@@ -639,7 +639,7 @@ def test_two_tiled_terms_and_float64(small_blocks, monkeypatch, names) -> None:
             _assert_same(fast, slow, _labels(encs, len(extra)))
             continue
         with monkeypatch.context() as mp:
-            mp.setattr("mmpe.attention.dispatch.takes_blocked_path", lambda *a: False)
+            mp.setattr("mmpe.attention.cpu.blocked.applies", lambda *a: False)
             slow = _run(encs, coords, 2, "sdpa", 4, dtype, extra, expect_blocked=False)
         _assert_same(fast, slow, _labels(encs, len(extra)), atol=1e-10, rtol=1e-10,
                      param_tol=(1e-6, 1e-5))

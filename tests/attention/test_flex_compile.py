@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import mmpe
 from mmpe import flex_compile
 from mmpe.attention import compose_score_mods
-from mmpe.attention.flex import _block_mask, _flex_mods
+from mmpe.attention.flex import block_mask_of, flex_mods
 from mmpe.coords.base import index_grid
 from mmpe.encodings.base import AttentionContext
 
@@ -47,10 +47,10 @@ def _call(enc, coords, batch: int, grad: bool) -> torch.Tensor:
     q = torch.randn(batch, HEADS, n_q, HEAD_DIM)
     k, v = torch.randn(batch, HEADS, n_k, HEAD_DIM), torch.randn(batch, HEADS, n_k, HEAD_DIM)
     ctx = AttentionContext(coords, HEADS, HEAD_DIM, batch, None, q, k, v)
-    mods = _flex_mods([enc], ctx)
+    mods = flex_mods([enc], ctx)
     with torch.set_grad_enabled(grad):
         return flex_compile.flex(q, k, v, mods, compose_score_mods(mods),
-                                 _block_mask(coords, q.device), 0.3, backend="eager",
+                                 block_mask_of(coords, q.device), 0.3, backend="eager",
                                  kinds=(type(enc),))
 
 
@@ -117,7 +117,7 @@ def test_the_kept_block_mask_is_built_inside_a_forward_whose_memo_holds_graph_te
     weight = torch.randn(3, requires_grad=True)
     with forward_scope(coords):
         memoized(coords, "table", lambda: weight * 2)  # not a leaf: cannot be deep-copied
-        kept = _block_mask(coords, torch.device("cpu"))
+        kept = block_mask_of(coords, torch.device("cpu"))
     direct = flex_module.flex_compile.block_mask(coords.mask_mod(), None, 200, 200,
                                                  torch.device("cpu"))
     assert torch.equal(kept.to_dense(), direct.to_dense())
@@ -265,7 +265,7 @@ def test_per_offset_table_equals_the_in_kernel_terms(name, n_q, extra, causal, s
     weight = torch.randn(2, HEADS, n_q, n_k)
     results = []
     for tables in (True, False):
-        mods = _flex_mods([enc], ctx, tables=tables)
+        mods = flex_mods([enc], ctx, tables=tables)
         assert (mods[0].__name__ == "relation_table") == tables
         scores = _dense_scores(mods, q, k, coords)
         grads = torch.autograd.grad((scores * weight).sum(), [q, k, *enc.parameters()])
@@ -284,7 +284,7 @@ def test_a_control_term_fails_the_table_comparison() -> None:
     coords = mmpe.Sequence(12, causal=True)
     q, k = torch.randn(1, HEADS, 12, HEAD_DIM), torch.randn(1, HEADS, 12, HEAD_DIM)
     ctx = AttentionContext(coords, HEADS, HEAD_DIM, 1, None, q, k, k)
-    table_mod = _flex_mods([enc], ctx, tables=True)[0]
+    table_mod = flex_mods([enc], ctx, tables=True)[0]
     wrong = [lambda s, b, h, qi, ki: table_mod(s, b, h, ki, qi)]
     assert not torch.allclose(_dense_scores(wrong, q, k, coords),
                               _dense_scores([enc.score_mod(ctx)], q, k, coords))
@@ -317,7 +317,7 @@ def test_grid_offset_table_equals_the_in_kernel_terms(name, shape, prefix, seed)
     weight = torch.randn(2, HEADS, n, n, dtype=torch.float64)
     results = []
     for tables in (True, False):
-        mods = _flex_mods([enc], ctx, tables=tables)
+        mods = flex_mods([enc], ctx, tables=tables)
         assert (mods[0].__name__ == "grid_offset_table") == tables
         scores = _dense_scores(mods, q, k, grid)
         learned = [p for p in enc.parameters() if p.requires_grad]
@@ -338,7 +338,7 @@ def test_a_transposed_grid_read_fails_the_table_comparison() -> None:
             p.add_(torch.randn_like(p))
     q, k = torch.randn(1, HEADS, 13, HEAD_DIM), torch.randn(1, HEADS, 13, HEAD_DIM)
     ctx = AttentionContext(grid, HEADS, HEAD_DIM, 1, None, q, k, k)
-    table_mod = _flex_mods([enc], ctx, tables=True)[0]
+    table_mod = flex_mods([enc], ctx, tables=True)[0]
     wrong = [lambda s, b, h, qi, ki: table_mod(s, b, h, ki, qi)]
     assert not torch.allclose(_dense_scores(wrong, q, k, grid),
                               _dense_scores([enc.score_mod(ctx)], q, k, grid))
@@ -352,7 +352,7 @@ def test_grid_offset_table_compiles_once_for_two_grid_shapes() -> None:
         enc = mmpe.build("t5", coords=grid, context={"num_heads": HEADS})
         q = torch.randn(1, HEADS, grid.num_queries, HEAD_DIM)
         ctx = AttentionContext(grid, HEADS, HEAD_DIM, 1, None, q, q, q)
-        mod = _flex_mods([enc], ctx, tables=True)[0]
+        mod = flex_mods([enc], ctx, tables=True)[0]
         assert mod.__name__ == "grid_offset_table"
         counts.append(mod)
     assert counts[0].__code__ is counts[1].__code__
@@ -371,7 +371,7 @@ def test_grid_offset_table_compiles_and_equals_flex_on_the_cpu() -> None:
     q, k, v = (torch.randn(1, HEADS, grid.num_queries, HEAD_DIM) for _ in range(3))
     ctx = AttentionContext(grid, HEADS, HEAD_DIM, 1, None, q, k, v)
     with torch.no_grad():
-        table = compose_score_mods(_flex_mods([enc], ctx, tables=True))
+        table = compose_score_mods(flex_mods([enc], ctx, tables=True))
         compiled = torch.compile(flex_attention, dynamic=True, fullgraph=True)
         torch.testing.assert_close(compiled(q, k, v, score_mod=table),
                                    flex_attention(q, k, v, score_mod=enc.score_mod(ctx)),

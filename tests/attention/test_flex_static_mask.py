@@ -16,9 +16,9 @@ pytestmark = pytest.mark.skipif(not flex_compile.available(),
 
 def test_equal_sizes_share_one_block_mask_and_other_sizes_do_not() -> None:
     flex._STATIC_MASKS.clear()
-    a = flex._block_mask(mmpe.Sequence(200, causal=True), torch.device("cpu"))
-    b = flex._block_mask(mmpe.Sequence(200, causal=True), torch.device("cpu"))
-    c = flex._block_mask(mmpe.Sequence(200, offset=8, causal=True), torch.device("cpu"))
+    a = flex.block_mask_of(mmpe.Sequence(200, causal=True), torch.device("cpu"))
+    b = flex.block_mask_of(mmpe.Sequence(200, causal=True), torch.device("cpu"))
+    c = flex.block_mask_of(mmpe.Sequence(200, offset=8, causal=True), torch.device("cpu"))
     assert a is b and c is not a
     assert mmpe.Sequence(200, offset=8, causal=True).mask_key() != mmpe.Sequence(
         208, causal=True).mask_key()
@@ -57,7 +57,7 @@ def test_the_shared_mask_is_the_coordinates_mask(length: int, offset: int) -> No
     from torch.nn.attention.flex_attention import create_block_mask
 
     coords = mmpe.Sequence(length, offset=offset, causal=True)
-    kept = flex._block_mask(coords, torch.device("cpu"))
+    kept = flex.block_mask_of(coords, torch.device("cpu"))
     fresh = create_block_mask(coords.mask_mod(), None, None, length, length + offset,
                               device="cpu")
     assert torch.equal(kept.to_dense(), fresh.to_dense())
@@ -66,5 +66,5 @@ def test_the_shared_mask_is_the_coordinates_mask(length: int, offset: int) -> No
 def test_the_cache_is_bounded() -> None:
     flex._STATIC_MASKS.clear()
     for n in range(1, flex.STATIC_MASKS_MAX + 5):
-        flex._block_mask(mmpe.Sequence(n, causal=True), torch.device("cpu"))
+        flex.block_mask_of(mmpe.Sequence(n, causal=True), torch.device("cpu"))
     assert len(flex._STATIC_MASKS) == flex.STATIC_MASKS_MAX

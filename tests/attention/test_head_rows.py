@@ -1,4 +1,4 @@
-"""The blocked CPU path head by head (``HeadRows``, ``_BlockedPlan.head_biases``).
+"""The blocked CPU path head by head (``HeadRows``, ``BlockedPlan.head_biases``).
 
 Where every term of a layer gives its rows one head at a time (ALiBi, KERPLE-log, FIRE,
 Graphormer's spatial bias), the blocked path's forward pass and its fused backward pass call
@@ -133,7 +133,7 @@ def test_head_path_equals_all_heads_path(names, heads, batch, padded, n, float64
         for p in (p for e in encs for p in e.parameters()):
             p.requires_grad_(False)
     taken = []
-    real = blocked._BlockedPlan.head_biases
+    real = blocked.BlockedPlan.head_biases
 
     def spy(self, q):
         taken.append(self.head_block)
@@ -141,7 +141,7 @@ def test_head_path_equals_all_heads_path(names, heads, batch, padded, n, float64
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MMPE_ATTN_BLOCK_BYTES", "1")  # blocks of one query
-        mp.setattr(blocked._BlockedPlan, "head_biases", spy)
+        mp.setattr(blocked.BlockedPlan, "head_biases", spy)
         by_head = _step(encs, coords, heads, dtype, seed)
         assert taken, "the head-by-head path was not taken"
         mp.setattr(forms, "has_head_rows", lambda enc: False)
@@ -172,7 +172,7 @@ def test_one_term_without_head_rows_keeps_the_all_heads_path(monkeypatch) -> Non
     coords = _points(None, 10, 0, False)
     attn = MultiHeadAttention(8, 2, [_encoding("alibi", 2, 0), _encoding("kerple_power", 2, 0)])
     called = []
-    monkeypatch.setattr(blocked._BlockedPlan, "head_biases",
+    monkeypatch.setattr(blocked.BlockedPlan, "head_biases",
                         lambda self, q: called.append(True) or iter(()))
     with torch.no_grad():
         out = attn(torch.randn(1, 10, 8), coords)
@@ -185,11 +185,11 @@ def test_head_block_follows_the_budget_and_threads(monkeypatch) -> None:
     q = torch.randn(1, 2, 8, 4)
     ctx = AttentionContext(coords, 2, 4, 1, q=q, k=q, v=q)
     enc = [_encoding("alibi", 2, 0)]
-    assert blocked._BlockedPlan(enc, ctx, 0.5).head_block == blocked.BLOCKED_HEAD_ROWS
+    assert blocked.BlockedPlan(enc, ctx, 0.5).head_block == blocked.BLOCKED_HEAD_ROWS
     monkeypatch.setattr(torch, "get_num_threads", lambda: 8)
-    assert blocked._BlockedPlan(enc, ctx, 0.5).head_block == 2048
+    assert blocked.BlockedPlan(enc, ctx, 0.5).head_block == 2048
     monkeypatch.setenv("MMPE_ATTN_BLOCK_BYTES", str(3 * 8 * 8 * 5))
-    assert blocked._BlockedPlan(enc, ctx, 0.5).head_block == 5
+    assert blocked.BlockedPlan(enc, ctx, 0.5).head_block == 5
 
 
 def test_a_subclass_with_its_own_score_mod_keeps_the_all_heads_path(monkeypatch) -> None:

@@ -46,7 +46,7 @@ def _encoding(name: str) -> mmpe.encodings.base.ScoreEncoding:
 def _blocked_runs(encodings, coords, grad: bool = True) -> int:
     """How many times one layer's forward took the blocked path."""
     calls = []
-    real = blocked._BlockedPlan.run
+    real = blocked.BlockedPlan.run
 
     def spy(self, *args):
         calls.append(1)
@@ -56,7 +56,7 @@ def _blocked_runs(encodings, coords, grad: bool = True) -> int:
     attn = mmpe.MultiHeadAttention(D_MODEL, HEADS, encodings)
     x = torch.randn(coords.batch_size or 1, coords.num_queries, D_MODEL)
     with pytest.MonkeyPatch.context() as mp, torch.set_grad_enabled(grad):
-        mp.setattr(blocked._BlockedPlan, "run", spy)
+        mp.setattr(blocked.BlockedPlan, "run", spy)
         attn(x.requires_grad_(grad), coords)
     return len(calls)
 

@@ -5,7 +5,7 @@ in a score_mod function is not currently supported"), and one used without an in
 parameter multiplied in) fails in `process_joint_outputs` (`assert buf.name is not None`; FIRE
 and the mesh-displacement MLP did, on an H100). The rule is static, so it is checked here on
 the CPU for every score and kernel encoding on every coordinate type it supports, on the terms
-the GPU path composes (`_flex_mods(tables=True)`: per-offset and grid tables included): run the
+the GPU path composes (`flex_mods(tables=True)`: per-offset and grid tables included): run the
 `score_mod` on scalar indices, as FlexAttention does, and record every use of each captured
 tensor that requires grad."""
 
@@ -20,7 +20,7 @@ from test_registry_matrix import COORDS, D_MODEL, HEADS, _context
 from torch.overrides import TorchFunctionMode
 
 import mmpe
-from mmpe.attention.flex import _flex_mods, compose_score_mods
+from mmpe.attention.flex import compose_score_mods, flex_mods
 from mmpe.encodings.base import AttentionContext, ScoreEncoding
 
 
@@ -75,7 +75,7 @@ def test_each_captured_grad_tensor_is_indexed_once(name: str, cname: str, gpu_te
     q, k, v = rearrange(mha.qkv(x), "b s (three h d) -> three b h s d", three=3, h=HEADS)
     ctx = AttentionContext(coords, HEADS, D_MODEL // HEADS, x.shape[0], x, q, k, v)
     try:
-        mod = (compose_score_mods(_flex_mods([enc], ctx, tables=True)) if gpu_terms
+        mod = (compose_score_mods(flex_mods([enc], ctx, tables=True)) if gpu_terms
                else enc.score_mod(ctx))
     except (NotImplementedError, ValueError) as err:  # no score_mod on this path (e.g. needs probs)
         pytest.skip(f"{name} on {cname}: {err}")

@@ -12,7 +12,7 @@ per head), never the bias. Where every term gives its rows head by head
 ([head_rows][mmpe.attention.forms.head_rows]: ALiBi, KERPLE-log, FIRE,
 Graphormer's spatial bias), the forward pass and the fused backward pass call the kernel once
 per batch entry and head instead, with that head's bias of a block four times as tall in the
-same memory (`_BlockedPlan.head_biases`).
+same memory (`BlockedPlan.head_biases`).
 
 Backward, per block, the bias rows are computed again, and:
 
@@ -29,7 +29,7 @@ Backward, per block, the bias rows are computed again, and:
   terms the block's rows are made and `dS` is written into the block's gradient of the bias,
   pulled back by `torch.autograd.grad(rows, inputs, dS)` on that block's rows only (the
   encodings' own differentiable code), or by a fast `rows_vjp`
-  (`_BlockedPlan.pullback_bias`).
+  (`BlockedPlan.pullback_bias`).
 
 Which tensors the bias depends on is read from the autograd graph of one probe row (see
 [bias_inputs][mmpe.attention.cpu.blocked.bias_inputs]): the leaves it reaches (parameters,
@@ -55,9 +55,10 @@ from torch import Tensor
 from mmpe._scratch import reuse_blocks
 from mmpe.attention import fast_forms, forms
 from mmpe.attention.cpu.flash import _attend_block, _attend_block_backward
+from mmpe.attention.cpu.plan import run_plan
 from mmpe.attention.cpu.rows import BiasTiles, HeadRows
-from mmpe.attention.masks import _cast_bias
-from mmpe.attention.memory import _bias_bytes, block_bytes
+from mmpe.attention.masks import cast_bias
+from mmpe.attention.memory import bias_row_bytes, block_bytes
 from mmpe.coords.base import Coordinates
 from mmpe.coords.grid import Grid
 from mmpe.encodings.base import AttentionContext, ScoreEncoding
@@ -99,11 +100,11 @@ BLOCKED_HEAD_ROWS = 1024
 BLOCKED_MIN_TILED_PAIRS = 384 * 384
 
 #: a term's pullback in that backward pass: the block's `dS [b, n_h, R, n_k]` → tensors and
-#: their cotangents (see `_BlockedPlan.pullback_bias`)
+#: their cotangents (see `BlockedPlan.pullback_bias`)
 Pullback = Callable[[Tensor], tuple[Seq[Tensor], Seq[Tensor]]]
 
 
-def takes_blocked_path(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
+def applies(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
     """Whether a call whose dense bias is too large runs here: CPU, float32/64, not compiling,
     and at least one score term, every one content-free and additive."""
     q = ctx.q
@@ -115,7 +116,7 @@ def takes_blocked_path(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> boo
 
 def prefers_tiles(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
     """Whether a call whose dense bias fits the block budget runs here all the same: in grad
-    mode, on this path's terms (`takes_blocked_path`), every one with fast `tiles` and one
+    mode, on this path's terms (`applies`), every one with fast `tiles` and one
     with a parameter that takes a gradient, no coordinate tensor that takes one (a force
     field's positions: the dense path keeps the double backward that the blocked path does
     not have), not on a [Grid][mmpe.coords.grid.Grid] (whose offset-only terms have the grid
@@ -123,16 +124,33 @@ def prefers_tiles(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
     entry and head."""
     coords = ctx.coords
     return (torch.is_grad_enabled() and not isinstance(coords, Grid)
-            and takes_blocked_path(scores, ctx)
+            and applies(scores, ctx)
             and coords.num_queries * coords.num_keys >= BLOCKED_MIN_TILED_PAIRS
             and all(_has(e, "tiles") for e in scores)
             and any(p.requires_grad for e in scores for p in e.parameters())
             and not any(t.requires_grad for t in _coordinate_tensors(coords)))
 
 
-class _BlockedPlan:
+def pays(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
+    """Whether the call's terms are better taken block by block than as one dense bias: the
+    bias of every query exceeds the block budget (`mmpe.attention.memory.block_bytes`), or the
+    terms [prefer tiles][mmpe.attention.cpu.blocked.prefers_tiles]. Where this path does not
+    [apply][mmpe.attention.cpu.blocked.applies], the dispatch takes checkpointed blocks of rows
+    instead."""
+    return len(scores) > 0 and (bias_row_bytes(ctx, ctx.coords.num_queries) > block_bytes()
+                                or prefers_tiles(scores, ctx))
+
+
+def attend(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -> Tensor:
+    """The call's output `[b, n_h, n_q, h_d]` on this path (where it
+    [applies][mmpe.attention.cpu.blocked.applies])."""
+    return BlockedPlan(scores, ctx, scale).run(ctx.q, ctx.k, ctx.v)
+
+
+class BlockedPlan:
     """Softmax attention with content-free additive score terms, block by block of queries:
-    the forward pass, and the backward pass of `_BlockedAttention`.
+    the forward pass, and the backward pass of
+    [PlanAttention][mmpe.attention.cpu.plan.PlanAttention].
 
     Holds the encodings and a copy of the call's context without `x, q, k, v` (a content-free
     term does not read them; the autograd function saves q, k, v itself, so that
@@ -144,7 +162,7 @@ class _BlockedPlan:
         coords = ctx.coords
         self.n_q, self.n_k = coords.num_queries, coords.num_keys
         itemsize = max(4, ctx.q.element_size())
-        per_row = max(1, _bias_bytes(ctx, 1) * itemsize // 4)
+        per_row = max(1, bias_row_bytes(ctx, 1) * itemsize // 4)
         cap = max(1, block_bytes() // per_row)
         self.forward_rows = min(BLOCKED_FORWARD_ROWS, cap)
         # a learned distance kernel's per-pair features are `feature_width / n_h` times the
@@ -163,10 +181,10 @@ class _BlockedPlan:
 
     @classmethod
     def build(cls, scores: Seq[ScoreEncoding], ctx: AttentionContext,
-              scale: float) -> _BlockedPlan | None:
+              scale: float) -> BlockedPlan | None:
         """The plan, or None where this path does not apply (see
-        [takes_blocked_path][mmpe.attention.cpu.blocked.takes_blocked_path])."""
-        return cls(scores, ctx, scale) if takes_blocked_path(scores, ctx) else None
+        [applies][mmpe.attention.cpu.blocked.applies])."""
+        return cls(scores, ctx, scale) if applies(scores, ctx) else None
 
     def blocks(self, rows: int) -> Iterator[tuple[int, int]]:
         for start in range(0, self.n_q, rows):
@@ -184,11 +202,11 @@ class _BlockedPlan:
     def bias(self, start: int, stop: int, dtype: torch.dtype,
              raw: Tensor | None = None) -> Tensor:
         """The block's bias as SDPA reads it: masked pairs at `−inf`, in `dtype` (the same cast
-        as the dense path's, `_cast_bias`)."""
+        as the dense path's, `cast_bias`)."""
         if raw is None:
             with torch.no_grad():
                 raw = self.raw_bias(start, stop)
-        return _cast_bias(raw, dtype, self.ctx.coords.dense_mask(start, stop))
+        return cast_bias(raw, dtype, self.ctx.coords.dense_mask(start, stop))
 
     def run(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """Attention output `[b, n_h, n_q, h_d]` (`q [b, n_h, n_q, h_d]`, `k, v [b, n_h, n_k,
@@ -199,9 +217,7 @@ class _BlockedPlan:
         # 1.96 s → 1.89 s; on a grid, where the kernel is called once per group, ~1 %).
         q, k, v = (t.contiguous() for t in (q, k, v))
         inputs = bias_inputs(self) if torch.is_grad_enabled() else []
-        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *inputs)):
-            return _BlockedAttention.apply(self, q, k, v, *inputs)
-        return self.forward(q, k, v)[0]
+        return run_plan(self, q, k, v, *inputs)
 
     def head_biases(self, q: Tensor) -> Iterator[tuple[int, int, slice, Tensor]]:
         """Batch entry `i`, head `h`, the queries of a block and their bias `[1, 1, R, n_k]`
@@ -237,9 +253,10 @@ class _BlockedPlan:
     # -- forward ------------------------------------------------------------------------------
     @torch.no_grad()
     @reuse_blocks()  # each block's distance and term rows in the last one's storage
-    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, *inputs: Tensor) -> tuple[Tensor, Tensor]:
         """Output `[b, n_h, n_q, h_d]` and each query's log-sum-exp `[b, n_h, n_q]` (float32,
-        float64 for float64 q; 0 on a fully masked row, whose output is 0)."""
+        float64 for float64 q; 0 on a fully masked row, whose output is 0). The terms are the
+        plan's own (`inputs`, their tensors, are for the backward pass)."""
         b, h = q.shape[:2]
         out = q.new_empty(b, h, self.n_q, v.shape[-1])
         lse = q.new_empty(b, h, self.n_q,
@@ -259,9 +276,8 @@ class _BlockedPlan:
 
     # -- backward -----------------------------------------------------------------------------
     @torch.no_grad()
-    def backward(self, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                 d_out: Tensor, inputs: Seq[Tensor],
-                 needs: Seq[bool]) -> tuple[Tensor | None, ...]:
+    def backward(self, q: Tensor, k: Tensor, v: Tensor, inputs: Seq[Tensor], out: Tensor,
+                 lse: Tensor, d_out: Tensor, needs: Seq[bool]) -> tuple[Tensor | None, ...]:
         """Gradients w.r.t. `q, k, v` and each of `inputs` (None where `needs` is False or an
         input got none)."""
         d_out = d_out.to(q.dtype)
@@ -462,34 +478,7 @@ def _pick(t: Tensor | None, i: int, head: int) -> Tensor | None:
     return t[min(i, t.shape[0] - 1), min(head, t.shape[1] - 1)]
 
 
-class _BlockedAttention(torch.autograd.Function):
-    """Autograd of `_BlockedPlan`: inputs `q, k, v` and
-    the tensors the bias depends on ([bias_inputs][mmpe.attention.cpu.blocked.bias_inputs]); saves
-    `q, k, v`, the output and the log-sum-exp (`O(n)`), not the bias or the scores. Not itself
-    differentiable (no double backward: use `backend="math"` for gradient penalties through
-    attention)."""
-
-    @staticmethod
-    def forward(fctx, plan: _BlockedPlan, q: Tensor, k: Tensor, v: Tensor,
-                *inputs: Tensor) -> Tensor:
-        out, lse = plan.forward(q, k, v)
-        fctx.plan = plan
-        # The bias inputs are parameters and coordinate tensors, alive anyway; held as they are
-        # (a saved copy would not be the tensor autograd.grad must differentiate towards).
-        fctx.inputs = inputs
-        fctx.save_for_backward(q, k, v, out, lse)
-        return out
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(fctx, d_out: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, v, out, lse = fctx.saved_tensors
-        grads = fctx.plan.backward(q, k, v, out, lse, d_out, fctx.inputs,
-                                   fctx.needs_input_grad[1:])
-        return (None, *grads)
-
-
-def bias_inputs(plan: _BlockedPlan) -> list[Tensor]:
+def bias_inputs(plan: BlockedPlan) -> list[Tensor]:
     """The tensors that require a gradient and the plan's bias depends on: the leaves the
     autograd graph of one probe row reaches (parameters, positions), except those reached
     through a tensor the coordinates hold (e.g. `Points`' per-axis positions computed from a

@@ -34,7 +34,9 @@ import torch
 from torch import Tensor
 
 from mmpe.attention import forms
+from mmpe.attention.cpu import grid_backward
 from mmpe.attention.cpu.flash import _attend_block
+from mmpe.attention.cpu.plan import run_plan
 from mmpe.attention.forms import offset_table
 from mmpe.coords.grid import Grid
 from mmpe.encodings.base import AttentionContext, ScoreEncoding
@@ -65,7 +67,7 @@ GRID_CHUNK = 64
 #: unbiased layer's at 128 × 128 (which holds q, k, v, the output and their gradients).
 GRID_TABLE_BYTES = 5 << 19
 
-def grid_applies(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
+def applies(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
     """Whether the grid path can run the call: CPU, float32/64, not compiling, self-attention on
     an unmasked [Grid][mmpe.coords.grid.Grid] of two axes or more, and every score term
     content-free, additive and a function of the cell offset
@@ -80,7 +82,7 @@ def grid_applies(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
                     for e in scores))
 
 
-def grid_pays(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
+def pays(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
     """Whether the grid path beats the dense bias: the bias of one batch entry is
     `GRID_MIN_BIAS_BYTES` or more (`GRID_MIN_LEARNED_BIAS_BYTES` where a term has a trainable
     parameter). One entry's, since a content-free bias `[1, n_h, n, n]` is shared by the batch
@@ -93,12 +95,19 @@ def grid_pays(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
 
 
 def takes_grid_path(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
-    """Whether the call runs on the grid path: it [applies][mmpe.attention.cpu.grid.grid_applies]
-    and [pays][mmpe.attention.cpu.grid.grid_pays]."""
-    return grid_applies(scores, ctx) and grid_pays(scores, ctx)
+    """Whether the call runs on the grid path: it [applies][mmpe.attention.cpu.grid.applies]
+    and [pays][mmpe.attention.cpu.grid.pays]."""
+    return applies(scores, ctx) and pays(scores, ctx)
 
 
-class _GridPlan:
+def attend(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -> Tensor:
+    """The call's output `[b, n_h, n, h_d]` on this path (where it
+    [applies][mmpe.attention.cpu.grid.applies])."""
+    plan, table, prefix = GridPlan.build(scores, ctx, scale)
+    return plan.run(ctx.q, ctx.k, ctx.v, table, prefix)
+
+
+class GridPlan:
     """Softmax attention with an offset-only bias on a grid: layout and forward pass (the
     backward pass is [mmpe.attention.cpu.grid_backward][])."""
 
@@ -112,10 +121,10 @@ class _GridPlan:
 
     @classmethod
     def build(cls, scores: Seq[ScoreEncoding], ctx: AttentionContext,
-              scale: float) -> tuple[_GridPlan, Tensor, Tensor]:
+              scale: float) -> tuple[GridPlan, Tensor, Tensor]:
         """The plan, the offset table `U [n_h, 2 s_0 − 1, R']` (`R' = Π_{a≥1} (2 s_a − 1)`,
         indexed by `kv − q + s − 1`) and the prefix values `[n_h, 3]`, in q's dtype, for a call
-        where [grid_applies][mmpe.attention.cpu.grid.grid_applies]."""
+        where [applies][mmpe.attention.cpu.grid.applies]."""
         grid = ctx.coords
         total = None
         for enc in scores:
@@ -128,10 +137,9 @@ class _GridPlan:
         return plan, body, total[:, -3:]
 
     def run(self, q: Tensor, k: Tensor, v: Tensor, table: Tensor, prefix: Tensor) -> Tensor:
-        """Attention output `[b, n_h, n, h_d]`."""
-        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, table, prefix)):
-            return _GridAttention.apply(self, q, k, v, table, prefix)
-        return self.forward(q, k, v, table, prefix)[0]
+        """Attention output `[b, n_h, n, h_d]`; the autograd inputs are the table and the
+        prefix values."""
+        return run_plan(self, q, k, v, table, prefix)
 
     # -- layout -------------------------------------------------------------------------------
     def groups(self) -> Iterator[tuple[Tensor, Tensor]]:
@@ -175,7 +183,7 @@ class _GridPlan:
         return gathered.transpose(0, 1).reshape(width, offsets * cells)
 
     def fold(self, d_table: Tensor, d_e: Tensor, index: Tensor) -> None:
-        """Add one head's `dE` (the layout of [expand][mmpe.attention.cpu.grid._GridPlan.expand])
+        """Add one head's `dE` (the layout of [expand][mmpe.attention.cpu.grid.GridPlan.expand])
         onto its offset table's gradient `[2 s_0 − 1, R']`."""
         offsets, (width, cells) = d_table.shape[0], index.shape
         d_e = d_e.view(width, offsets, cells).transpose(0, 1).reshape(offsets, -1)
@@ -189,7 +197,7 @@ class _GridPlan:
 
     # -- forward ------------------------------------------------------------------------------
     def cell_block(self, x: Tensor, head: int, tokens: Tensor, count: int) -> Tensor:
-        """One head's rows `tokens` (a block of [blocks][mmpe.attention.cpu.grid._GridPlan.blocks])
+        """One head's rows `tokens` (a block of [blocks][mmpe.attention.cpu.grid.GridPlan.blocks])
         of `x [b, n_h, n, ·]` as `[G, b, C', ·]`: the block's first-axis indices in the batch
         dimension, the batch in the heads dimension (so one strided view is their bias)."""
         rows = x[:, head, tokens]
@@ -252,33 +260,9 @@ class _GridPlan:
                           prefix[:, 0, None, None].expand(h, p, self.cells)), dim=2)
 
     # -- backward -----------------------------------------------------------------------------
-    def backward(self, q: Tensor, k: Tensor, v: Tensor, table: Tensor, prefix: Tensor,
-                 out: Tensor, lse: Tensor, d_out: Tensor,
-                 needs: Seq[bool]) -> tuple[Tensor | None, ...]:
-        """Gradients w.r.t. `q, k, v`, the offset table and the prefix values (None where
-        `needs` is False), by [mmpe.attention.cpu.grid_backward][]."""
-        from mmpe.attention.cpu.grid_backward import backward
-
-        return backward(self, q, k, v, table, prefix, out, lse, d_out, needs)
-
-
-class _GridAttention(torch.autograd.Function):
-    """Autograd of [_GridPlan][mmpe.attention.cpu.grid._GridPlan]: saves `q, k, v`, the output
-    and the log-sum-exp (`O(n)`), not the scores. Not itself differentiable (no double
-    backward: use `backend="math"` for gradient penalties through attention)."""
-
-    @staticmethod
-    def forward(fctx, plan: _GridPlan, q: Tensor, k: Tensor, v: Tensor, table: Tensor,
-                prefix: Tensor) -> Tensor:
-        out, lse = plan.forward(q, k, v, table, prefix)
-        fctx.plan = plan
-        fctx.save_for_backward(q, k, v, table, prefix, out, lse)
-        return out
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(fctx, d_out: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, v, table, prefix, out, lse = fctx.saved_tensors
-        grads = fctx.plan.backward(q, k, v, table, prefix, out, lse, d_out,
-                                   fctx.needs_input_grad[1:])
-        return (None, *grads)
+    def backward(self, q: Tensor, k: Tensor, v: Tensor, inputs: Seq[Tensor], out: Tensor,
+                 lse: Tensor, d_out: Tensor, needs: Seq[bool]) -> tuple[Tensor | None, ...]:
+        """Gradients w.r.t. `q, k, v`, the offset table and the prefix values (`inputs`; None
+        where `needs` is False), by [mmpe.attention.cpu.grid_backward][]."""
+        table, prefix = inputs
+        return grid_backward.backward(self, q, k, v, table, prefix, out, lse, d_out, needs)

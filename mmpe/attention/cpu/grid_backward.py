@@ -1,6 +1,6 @@
 """The grid path's backward pass (CPU): gradients of attention with a block-Toeplitz bias.
 
-Two cases, per call of [_GridPlan][mmpe.attention.cpu.grid._GridPlan]:
+Two cases, per call of [GridPlan][mmpe.attention.cpu.grid.GridPlan]:
 
 - **A constant bias** (ALiBi, or any table that takes no gradient: frozen parameters): SDPA's
   fused CPU backward per head and block of queries, each block's bias rows copied from the
@@ -20,16 +20,32 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterator
 from collections.abc import Sequence as Seq
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from mmpe.attention.cpu.flash import _attend_block_backward
 
-if TYPE_CHECKING:
-    from mmpe.attention.cpu.grid import _GridPlan
+
+class GridTiling(Protocol):
+    """What the backward pass reads of the grid plan
+    ([GridPlan][mmpe.attention.cpu.grid.GridPlan], which imports this module): its sizes and
+    the layout of the offset table's expansion `E`."""
+
+    scale: float
+    prefix: int  #: prefix tokens `P`
+    cells: int  #: grid cells
+    slab: int  #: cells per value of the first axis `M`
+
+    def groups(self) -> Iterator[tuple[Tensor, Tensor]]: ...
+    def blocks(self, tokens: Tensor, rows: int) -> list[tuple[Tensor, int, int]]: ...
+    def expand(self, table: Tensor, index: Tensor) -> Tensor: ...
+    def fold(self, d_table: Tensor, d_e: Tensor, index: Tensor) -> None: ...
+    def rows_view(self, e_head: Tensor, base: int, count: int, keys: int) -> Tensor: ...
+    def prefix_rows(self, prefix: Tensor) -> Tensor: ...
 
 #: bytes of one head's block of bias rows in the backward pass of a constant bias (512 rows at
 #: n = 4,096, 128 at 16,384: the fused backward with a contiguous bias measured 1.13–1.19× the
@@ -53,7 +69,7 @@ GRID_KEY_TILE = 512
 
 
 @torch.no_grad()
-def backward(plan: _GridPlan, q: Tensor, k: Tensor, v: Tensor, table: Tensor, prefix: Tensor,
+def backward(plan: GridTiling, q: Tensor, k: Tensor, v: Tensor, table: Tensor, prefix: Tensor,
              out: Tensor, lse: Tensor, d_out: Tensor,
              needs: Seq[bool]) -> tuple[Tensor | None, ...]:
     """Gradients w.r.t. `q, k, v`, the offset table `[n_h, 2 s_0 − 1, R']` and the prefix values
@@ -81,7 +97,7 @@ def backward(plan: _GridPlan, q: Tensor, k: Tensor, v: Tensor, table: Tensor, pr
             acc.d_prefix if need_prefix else None)
 
 
-def fixed_backward(plan: _GridPlan, q: Tensor, k: Tensor, v: Tensor, table: Tensor,
+def fixed_backward(plan: GridTiling, q: Tensor, k: Tensor, v: Tensor, table: Tensor,
                    prefix: Tensor, out: Tensor, lse: Tensor,
                    d_out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients w.r.t. `q, k, v` where the bias takes none: SDPA's fused backward per head and
@@ -124,7 +140,7 @@ class _TableBackward:
     """The backward pass of a learned bias for one call: the accumulators and the products of
     one head's tile of queries × keys."""
 
-    def __init__(self, plan: _GridPlan, q: Tensor, k: Tensor, v: Tensor, d_out: Tensor,
+    def __init__(self, plan: GridTiling, q: Tensor, k: Tensor, v: Tensor, d_out: Tensor,
                  out: Tensor, lse: Tensor, needs: Seq[bool], table: Tensor,
                  prefix: Tensor) -> None:
         need_q, need_k, need_v, need_table, need_prefix = needs
@@ -149,7 +165,7 @@ class _TableBackward:
     def cell_rows(self, head: int, blocks: list[tuple[Tensor, int, int]], e: Tensor,
                   d_e: Tensor | None) -> None:
         """One head's cell queries of one group, in blocks `(tokens, base, G)` of
-        [blocks][mmpe.attention.cpu.grid._GridPlan.blocks], against every key; `e`, `d_e` are the
+        [blocks][mmpe.attention.cpu.grid.GridPlan.blocks], against every key; `e`, `d_e` are the
         head's `E` and `dE` `[C', (2 s_0 − 1)·M]` (in cache across the blocks)."""
         plan, width = self.plan, e.shape[0]
 

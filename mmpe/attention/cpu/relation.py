@@ -12,6 +12,7 @@ from torch import Tensor
 
 from mmpe.attention import forms
 from mmpe.attention.cpu.flash import _attend_block
+from mmpe.attention.cpu.plan import run_plan
 from mmpe.attention.cpu.rows import (
     CompactBias,
     antidiagonal_buffer,
@@ -37,8 +38,34 @@ RELATION_BLOCK_ROWS = 64
 RELATION_MIN_BIAS_BYTES = 2 << 20
 
 
+def applies(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
+    """Whether this path can run the call: the CPU, float32/64, not under
+    ``torch.compile``, ``toeplitz`` coordinates, and every term content-free, additive and
+    either a function of the relation (structures ``relation``, ``distance``) or of a class
+    with a compact form (FIRE)."""
+    coords, q = ctx.coords, ctx.q
+    return (len(scores) > 0 and q.device.type == "cpu"
+            and q.dtype in (torch.float32, torch.float64)
+            and not torch.compiler.is_compiling()
+            and getattr(coords, "toeplitz", False) is True
+            and all(e.content_free and e.additive
+                    and (forms.has_relation_table(e) or forms.has_compact(e))
+                    for e in scores))
 
-class _RelationPlan:
+
+def pays(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
+    """Whether one batch entry's dense bias reaches `RELATION_MIN_BIAS_BYTES`."""
+    coords = ctx.coords
+    return ctx.num_heads * coords.num_queries * coords.num_keys * 4 >= RELATION_MIN_BIAS_BYTES
+
+
+def attend(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -> Tensor:
+    """The call's output `[b, n_h, n_q, h_d]` on this path (where it
+    [applies][mmpe.attention.cpu.relation.applies])."""
+    return RelationPlan.build(scores, ctx, scale).run(ctx.q, ctx.k, ctx.v)
+
+
+class RelationPlan:
     """Softmax attention with content-free score terms on ``toeplitz`` coordinates (CPU).
 
     Terms that depend on the relation alone (structures `relation` and `distance`) are summed
@@ -47,8 +74,8 @@ class _RelationPlan:
     in blocks, each block's rows reversed so that its bias is a strided view of the table
     (:func:`~mmpe.attention.cpu.rows.toeplitz_rows`): SDPA's fused CPU kernel reads it with no
     ``n×n`` tensor, and a causal block stops at its last query's key. The backward pass
-    (:class:`_RelationAttention`) recomputes each block's probabilities from the saved
-    log-sum-exp and reduces the gradient of the scores onto the table (anti-diagonal sums) and
+    (:class:`~mmpe.attention.cpu.plan.PlanAttention`) recomputes each block's probabilities
+    from the saved log-sum-exp and reduces the gradient of the scores onto the table (anti-diagonal sums) and
     the compact terms, instead of scattering an ``n×n`` gradient through an autograd graph.
 
     Equal to the other paths (tests/attention/test_attention_fastbias.py compares against the math path,
@@ -70,31 +97,10 @@ class _RelationPlan:
         if not compact and not self.dense_mask:
             self.forward_rows = min(cap, max(rows, min(512, self.n_q // 16)))
 
-    @staticmethod
-    def applies(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
-        """Whether this path can run the call: the CPU, float32/64, not under
-        ``torch.compile``, ``toeplitz`` coordinates, and every term content-free, additive and
-        either a function of the relation (structures ``relation``, ``distance``) or of a class
-        with a compact form (FIRE)."""
-        coords, q = ctx.coords, ctx.q
-        return (len(scores) > 0 and q.device.type == "cpu"
-                and q.dtype in (torch.float32, torch.float64)
-                and not torch.compiler.is_compiling()
-                and getattr(coords, "toeplitz", False) is True
-                and all(e.content_free and e.additive
-                        and (forms.has_relation_table(e) or forms.has_compact(e))
-                        for e in scores))
-
-    @staticmethod
-    def pays(ctx: AttentionContext) -> bool:
-        """Whether one batch entry's dense bias reaches `RELATION_MIN_BIAS_BYTES`."""
-        coords = ctx.coords
-        return ctx.num_heads * coords.num_queries * coords.num_keys * 4 >= RELATION_MIN_BIAS_BYTES
-
     @classmethod
     def build(cls, scores: Seq[ScoreEncoding], ctx: AttentionContext,
-              scale: float) -> _RelationPlan:
-        """The plan for a call where [applies][mmpe.attention.cpu.relation._RelationPlan.applies]."""
+              scale: float) -> RelationPlan:
+        """The plan for a call where [applies][mmpe.attention.cpu.relation.applies]."""
         coords, q = ctx.coords, ctx.q
         n_q, n_k = coords.num_queries, coords.num_keys
         relation = torch.arange(n_k - 1, -n_q, -1, device=q.device)  # table index s = 0, 1 …
@@ -117,11 +123,9 @@ class _RelationPlan:
         return cls(ctx, scale, table, compact, min(RELATION_BLOCK_ROWS, cap), cap)
 
     def run(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """Attention output ``[b, n_h, n_q, h_d]``."""
-        tensors = [t for c in self.compact for t in c.tensors]
-        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, self.table, *tensors)):
-            return _RelationAttention.apply(self, q, k, v, self.table, *tensors)
-        return self.forward(q, k, v)[0]
+        """Attention output ``[b, n_h, n_q, h_d]``; the autograd inputs are the table and the
+        compact terms' tensors."""
+        return run_plan(self, q, k, v, self.table, *(t for c in self.compact for t in c.tensors))
 
     def blocks(self, rows: int) -> list[tuple[int, int, int]]:
         """``(start, stop, keys)`` of each block of ``rows`` queries: a causal block needs the
@@ -160,9 +164,10 @@ class _RelationPlan:
         return out
 
     @torch.no_grad()
-    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, *inputs: Tensor) -> tuple[Tensor, Tensor]:
         """Output ``[b, n_h, n_q, h_d]`` and the log-sum-exp of each query's scores
-        ``[b, n_h, n_q]``, block by block with SDPA's fused CPU kernel."""
+        ``[b, n_h, n_q]``, block by block with SDPA's fused CPU kernel (the terms are the
+        plan's own: ``inputs`` are read from it)."""
         b, h, n_q, _ = q.shape
         out = q.new_empty(b, h, n_q, v.shape[-1])
         lse = q.new_empty(b, h, n_q, dtype=torch.float32 if q.dtype != torch.float64 else q.dtype)
@@ -176,8 +181,8 @@ class _RelationPlan:
         return out, lse
 
     @torch.no_grad()
-    def backward(self, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                 d_out: Tensor, needs: Seq[bool]) -> tuple[Tensor | None, ...]:
+    def backward(self, q: Tensor, k: Tensor, v: Tensor, inputs: Seq[Tensor], out: Tensor,
+                 lse: Tensor, d_out: Tensor, needs: Seq[bool]) -> tuple[Tensor | None, ...]:
         """Gradients w.r.t. ``q, k, v``, the table and the compact tensors (None where
         ``needs`` is False): per block ``P = exp(S − lse)``, ``dS = P ⊙ (dO·Vᵀ − rowsum(dO ⊙
         O))``, then ``dQ = dS·K·scale``, ``dK += dSᵀ·Q·scale``, ``dV += Pᵀ·dO``; ``dS`` is
@@ -242,25 +247,3 @@ class _RelationPlan:
         return (dq, None if dk is None else dk.view(b, h, n_k, d),
                 None if dv is None else dv.view(b, h, n_k, dv_), d_table,
                 *(g for grads in compact_grads for g in grads))
-
-
-
-class _RelationAttention(torch.autograd.Function):
-    """Autograd of :class:`_RelationPlan`: saves ``q, k, v``, the output and the log-sum-exp
-    (``O(n)``), not the scores. Its backward pass is not itself differentiable (no double
-    backward: use ``backend="math"`` for gradient penalties through attention)."""
-
-    @staticmethod
-    def forward(fctx, plan: _RelationPlan, q: Tensor, k: Tensor, v: Tensor, table: Tensor,
-                *tensors: Tensor) -> Tensor:
-        out, lse = plan.forward(q, k, v)
-        fctx.plan = plan
-        fctx.save_for_backward(q, k, v, out, lse)
-        return out
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(fctx, d_out: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, v, out, lse = fctx.saved_tensors
-        grads = fctx.plan.backward(q, k, v, out, lse, d_out, fctx.needs_input_grad[1:])
-        return (None, *grads)

@@ -50,7 +50,7 @@ def rows(self: GraphormerSpatial, ctx: AttentionContext, start: int, stop: int) 
 def rows_vjp(self: GraphormerSpatial, ctx: AttentionContext, start: int,
               stop: int) -> tuple[Tensor, Callable]:
     """The rows of `rows` (no graph) and their pullback by hand, for the blocked attention path
-    (`mmpe.attention.cpu.blocked._BlockedPlan.pullback_bias`): the gradient of
+    (`mmpe.attention.cpu.blocked.BlockedPlan.pullback_bias`): the gradient of
     `b_φ` (Ying et al. 2021, eq. 6) is `dS` summed by bucket, per head — an `index_add`
     over the block's bucket codes instead of autograd's backward of the gather.
 

@@ -60,7 +60,7 @@ def rows_vjp(self: KerpleLog, ctx: AttentionContext, start: int,
              stop: int) -> tuple[Tensor, Callable]:
     """The rows of `rows` (no graph) and
     their pullback by hand, for the blocked attention path
-    (`mmpe.attention.cpu.blocked._BlockedPlan.pullback_bias`): with `L =
+    (`mmpe.attention.cpu.blocked.BlockedPlan.pullback_bias`): with `L =
     log(1 + r2·d)` per head (kept from the rows), eq. 8's derivatives are `∂/∂r1 = −Σ
     dS·L`, `∂/∂r2 = −r1·Σ dS·d/(1 + r2·d)`, `∂/∂d = −Σ_h r1·r2·dS/(1 + r2·d)` — sums
     over pairs as matrix products, no per-pair autograd graph.
