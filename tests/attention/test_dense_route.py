@@ -32,10 +32,8 @@ BF16 = 2e-2
 #: wrong gradient (a lost term or factor) is off by the order of the gradient itself.
 BF16_PARAMETERS = 0.25
 #: the cases of the default tier (one per kind of term and sample); the rest are `slow`
-CORE = {("t5", "sequence_causal"), ("swin", "grid"), ("swinv2_cpb", "grid"),
-        ("alibi", "packed_grids"), ("kerple_log", "points"), ("fire", "grid"),
-        ("graphormer", "graph"), ("graphormer_spatial", "graph_virtual"), ("shaw", "sequence"),
-        ("gaussian_distance", "points"), ("rope_frame_averaged", "grid")}
+CORE = {("t5", "sequence_causal"), ("swin", "grid"), ("alibi", "packed_grids"),
+        ("kerple_log", "points"), ("fire", "grid"), ("graphormer", "graph"), ("shaw", "sequence")}
 
 
 def _cases(additive: bool) -> list:
