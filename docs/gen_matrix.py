@@ -1,7 +1,8 @@
-"""The encodings × coordinates matrix page (`matrix.md`), written at build time from the registry.
+"""The encodings × coordinates matrix page, docs/matrix.md, written from the registry.
 
-mkdocs-gen-files runs this file (`make docs`); `page()` returns the Markdown, so a test can read
-it without building the site. Every registered encoding is a row, every coordinate type mmpe
+`python docs/gen_matrix.py` rewrites docs/matrix.md; the page is committed, so that it reads
+where the repository is read (the README links it), and tests/package/test_docs_sources.py
+fails while it differs from `page()`. Every registered encoding is a row, every coordinate type mmpe
 ships a column: ✓ where the type provides every capability the encoding needs, ✗ where it does
 not, and the section under each table names what the refused type lacks. `mmpe list --matrix`
 prints the same cells in a terminal.
@@ -79,8 +80,9 @@ def page() -> str:
         f"({len(kinds)}): **✓** runs, **✗** is refused because the coordinates lack a "
         f"capability the encoding needs ({runs} of {len(entries) * len(kinds)} pairs run). "
         "Hover a ✗ to see what is missing; the list under each table says it for every "
-        "refused pair. The page is written from the registry when the site is built "
-        "(`docs/gen_matrix.py`), so a new encoding or coordinate type appears by itself; "
+        "refused pair. The page is written from the registry by `python docs/gen_matrix.py` "
+        "(a test fails while it is out of date), so a new encoding or coordinate type appears "
+        "by running it; "
         "`mmpe list --matrix` prints the same cells in a terminal, `mmpe list` one row per "
         "encoding.",
         "",
@@ -108,8 +110,7 @@ def page() -> str:
     return "\n".join(lines) + "\n"
 
 
-if __name__ == "<run_path>":  # mkdocs-gen-files runs the file with runpy.run_path
-    import mkdocs_gen_files
+if __name__ == "__main__":
+    from pathlib import Path
 
-    with mkdocs_gen_files.open("matrix.md", "w") as f:
-        f.write(page())
+    (Path(__file__).resolve().parent / "matrix.md").write_text(page(), encoding="utf-8")

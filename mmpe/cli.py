@@ -34,11 +34,15 @@ import argparse
 import os
 import shutil
 import sys
+import textwrap
 
-from mmpe import registry
+# Nothing of mmpe beyond the package's name is imported here: `mmpe --version` and
+# `mmpe --help` answer without torch (issue 52); each command imports what it runs.
 
 
 def _list(args: argparse.Namespace) -> int:
+    from mmpe import registry
+
     if args.coords is not None:
         registry.get("alibi").supports(args.coords)  # an unknown kind: did you mean …
     entries = registry.available(hook=args.hook, coords=args.coords)
@@ -67,28 +71,48 @@ def list_table(entries: list, width: int = 100) -> str:
     """`mmpe list`: one row per encoding (name, hook, fixed/learned, the capabilities it
     needs, how many of the shipped coordinate types run it, its paper) under a header, each
     line at most `width` characters."""
+    from mmpe import registry
+
     kinds = registry.shipped_coordinate_types()
     cells = [["NAME", "HOOK", "PARAMS", "NEEDS", "RUNS ON", "PAPER"]]
     for e in entries:
-        runs = [k for k in kinds if k in e.coords]
+        runs = set(e.coords).intersection(kinds)  # (e.coords checks every type)
         on = ("all " if len(runs) == len(kinds) else "") + f"{len(runs)}/{len(kinds)}"
         cells.append([e.name, e.hook, "learned" if e.learnable else "fixed",
                       "+".join(c.__name__ for c in e.needs) or "any", on, e.paper])
-    foot = (f"{len(entries)} encodings; --matrix: which coordinate types run each; "
-            "`mmpe show NAME`: one")
-    return "\n".join(_fit(cells, width)) + "\n" + foot[:width]
+    foot = (f"{len(entries)} encodings. --matrix: which coordinate types run each; "
+            "`mmpe show NAME`: one in full.")
+    return "\n".join(_fit(cells, width)) + "\n" + textwrap.fill(foot, max(width, 20))
 
 
 def matrix_table(entries: list, width: int = 100) -> str:
     """`mmpe list --matrix`: encodings × shipped coordinate types, `✓` where it runs, `·`
-    where the coordinates lack a capability it needs (docs/matrix.md names which)."""
+    where the coordinates lack a capability it needs (docs/matrix.md names which).
+
+    Every column is headed by the type's whole name; when the types do not fit in `width`
+    characters beside the names, they are split over several tables, each repeating the
+    names, so that no line is longer than `width` (unless one type alone does not fit)."""
+    from mmpe import registry
+
     kinds = list(registry.shipped_coordinate_types())
-    short = {k: k[:5] for k in kinds}
-    cells = [["NAME", "HOOK", *short.values(), "PAPER"]]
-    for e in entries:
-        cells.append([e.name, e.hook, *("✓" if k in e.coords else "·" for k in kinds), e.paper])
-    legend = "columns: " + ", ".join(f"{short[k]} = {k}" for k in kinds if short[k] != k)
-    return "\n".join(_fit(cells, width)) + "\n" + legend
+    # the name and hook columns, two spaces after each, then the types' columns
+    lead = sum(max(len(c) for c in (head, *cells)) + 2 for head, cells in
+               (("NAME", [e.name for e in entries]), ("HOOK", [e.hook for e in entries])))
+    runs = {e.name: set(e.coords) for e in entries}  # (a property that checks every type)
+    groups: list[list[str]] = [[]]
+    for kind in kinds:
+        if groups[-1] and lead + sum(len(k) + 2 for k in groups[-1]) + len(kind) > width:
+            groups.append([])
+        groups[-1].append(kind)
+    tables = []
+    for group in groups:
+        cells = [["NAME", "HOOK", *group]]
+        cells += [[e.name, e.hook, *("✓" if k in runs[e.name] else "·" for k in group)]
+                  for e in entries]
+        tables.append("\n".join(_fit(cells, width, last_min=len(group[-1]))))
+    legend = (f"{len(entries)} encodings × {len(kinds)} coordinate types: ✓ runs, · refused "
+              "(the coordinates lack a capability it needs; `mmpe show NAME` lists them).")
+    return "\n\n".join(tables) + "\n" + textwrap.fill(legend, max(width, 20))
 
 
 def _compare(args: argparse.Namespace, rest: list[str]) -> int:
@@ -173,6 +197,7 @@ def _plot(args: argparse.Namespace) -> int:
 def _check_recipe(name: str, measurements: bool = False) -> None:
     """An unknown recipe fails with at most five close names (before any import of it);
     `measurements`: the stored measurements (`mmpe.recipes.MEASUREMENTS`) count too."""
+    from mmpe import registry
     from mmpe.recipes import MEASUREMENTS, RECIPES
 
     known = {**RECIPES, **(MEASUREMENTS if measurements else {})}
@@ -261,13 +286,18 @@ def _check_page_stores(pages: dict[str, str], store_dir: str) -> int:
 
 
 def _version() -> str:
+    """mmpe's version, and torch's as installed (read from its metadata: importing torch takes
+    seconds)."""
     import platform
-
-    import torch
+    from importlib.metadata import PackageNotFoundError, version
 
     import mmpe
 
-    return f"mmpe {mmpe.__version__} (torch {torch.__version__}, Python {platform.python_version()})"
+    try:
+        torch = version("torch")
+    except PackageNotFoundError:
+        torch = "not installed"
+    return f"mmpe {mmpe.__version__} (torch {torch}, Python {platform.python_version()})"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -299,44 +329,13 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=_version(),
                         help="mmpe's version (and torch's, Python's), then exit")
     sub = parser.add_subparsers(dest="command", required=True)
-    _add_list_parser(sub)
-    p_cmp = sub.add_parser("compare", help="train a recipe with several encodings")
-    p_cmp.add_argument("recipe", help="text, vision, video, audio, graph, tabular, sphere, multimodal")
-    p_cmp.add_argument("--encodings", help="comma-separated registry names, or 'all'")
-    p_cmp.add_argument("--family", help="every encoding of one family (e.g. rotary, bias)")
-    p_cmp.add_argument("--out", help="output folder (default runs/compare/RECIPE)")
-    p_cmp.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
-    p_cmp.add_argument("--seeds", type=int, help="seeds per encoding (default: the recipe's, 3)")
-    p_cmp.add_argument("--store", default="runs/results",
-                       help="results store: one JSON line per run in STORE/RECIPE.jsonl")
-    p_cmp.add_argument("--setting", help="name the runs are stored under (default: 'default', "
-                       "or custom-<hash> with extra Lightning arguments)")
-    p_cmp.add_argument("--rerun", action="store_true", help="train runs already stored again")
-    p_cmp.add_argument("--jobs", type=int, default=1,
-                       help="runs trained at once, one process each (MMPE_THREADS threads each)")
-    p_cmp.add_argument("--allow-dirty", action="store_true",
-                       help="store runs from a tree with uncommitted changes in a committed store "
-                       "(results/); the records say so and tables flag their rows")
-    p_rep = sub.add_parser("report", help="tables and plots from stored runs")
-    p_rep.add_argument("recipe", nargs="?", help="print this recipe's table")
-    p_rep.add_argument("--setting", help="stored setting(s), comma-separated (default: default)")
-    p_rep.add_argument("--store", default="runs/results", help="results store (default runs/results)")
-    p_rep.add_argument("--plot", help="also draw the metric per column to this PNG")
-    p_rep.add_argument("--write", nargs="+", metavar="FILE",
-                       help="rewrite every <!-- mmpe:report ... --> block (and its plot) of FILES, "
-                       "and every <!-- mmpe:bench ... --> block (from STORE/bench)")
-    p_rep.add_argument("--no-plots", action="store_true", help="with --write: tables only")
-    p_rep.add_argument("--check", nargs="+", metavar="FILE",
-                       help="exit 1 naming every block of FILES that differs from the store")
-    p_show = sub.add_parser("show", help="one encoding: paper, hook, capabilities, options; or "
-                            "a layer schedule (a preset name, or a checkpoint that holds one)")
-    p_show.add_argument("name", help="registry name, schedule preset (llama4, gemma3, gemma2, "
-                        "cohere2, smollm3) or a checkpoint file")
-    p_show.add_argument("--depth", type=int, default=12,
-                        help=f"layers of a preset schedule (default 12, at most {MAX_SHOW_DEPTH})")
-    p_show.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                        help="a preset option, e.g. sliding_window=512 (repeatable)")
-    _add_plot_parser(sub)
+    # the command is the first word (mmpe's own options take no value); only its arguments are
+    # added, since some read the registry or the plot kinds (torch, seconds to import)
+    given = next((a for a in argv if not a.startswith("-")), None)
+    for name, (about, add_arguments) in COMMANDS.items():
+        command = sub.add_parser(name, **about)
+        if name == given:
+            add_arguments(command)
     args = parser.parse_args(argv)
     try:
         if args.command == "list":
@@ -373,27 +372,13 @@ def _error(command: str, err: BaseException, unexpected: bool = False) -> int:
     return 2
 
 
-def _add_list_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("list", help="registered encodings (a table; --matrix: per coordinate type)",
-                       description="Every registered encoding, one row each under a header: its "
-                       "hook, whether it has parameters, the coordinate capabilities it needs, "
-                       "how many shipped coordinate types run it, its paper. --matrix: one "
-                       "column per coordinate type (the docs' matrix page names what a refused "
-                       "one lacks).")
-    p.add_argument("--hook", choices=registry.HOOKS, help="only encodings of this hook")
-    p.add_argument("--coords", metavar="KIND",
-                   help="only encodings that run on this coordinate type (grid, sphere, graph …)")
-    p.add_argument("--matrix", action="store_true",
-                   help="encodings x coordinate types: ✓ runs, · refused")
-    p.add_argument("--width", type=int, help="line width (default: the terminal's, or $COLUMNS)")
-
-
 def _show(args: argparse.Namespace) -> str:
     """What `mmpe show NAME` prints: a schedule preset layer by layer, the schedule a checkpoint
     holds, or an encoding's description."""
     import json
     import os
 
+    from mmpe import registry
     from mmpe.schedule import PRESETS, LayerSchedule
 
     if args.name in PRESETS:
@@ -443,6 +428,8 @@ def _check_schedule_encodings(schedule, where: str) -> None:
     an option value the encoding refuses (`local_base=-5`) fails here, naming the option."""
     import json
 
+    from mmpe import registry
+
     seen = set()
     for layer in schedule:
         for spec in layer.encodings or ():
@@ -457,14 +444,61 @@ def _check_schedule_encodings(schedule, where: str) -> None:
                 raise ValueError(f"{where or 'show'}: {text}") from None
 
 
-def _add_plot_parser(sub: argparse._SubParsersAction) -> None:
+def _list_arguments(p: argparse.ArgumentParser) -> None:
+    from mmpe.registry import HOOKS
+
+    p.add_argument("--hook", choices=HOOKS, help="only encodings of this hook")
+    p.add_argument("--coords", metavar="KIND",
+                   help="only encodings that run on this coordinate type (grid, sphere, graph …)")
+    p.add_argument("--matrix", action="store_true",
+                   help="encodings x coordinate types: ✓ runs, · refused")
+    p.add_argument("--width", type=int, help="line width (default: the terminal's, or $COLUMNS)")
+
+
+def _compare_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("recipe", help="text, vision, video, audio, graph, tabular, sphere, multimodal")
+    p.add_argument("--encodings", help="comma-separated registry names, or 'all'")
+    p.add_argument("--family", help="every encoding of one family (e.g. rotary, bias)")
+    p.add_argument("--out", help="output folder (default runs/compare/RECIPE)")
+    p.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
+    p.add_argument("--seeds", type=int, help="seeds per encoding (default: the recipe's, 3)")
+    p.add_argument("--store", default="runs/results",
+                   help="results store: one JSON line per run in STORE/RECIPE.jsonl")
+    p.add_argument("--setting", help="name the runs are stored under (default: 'default', "
+                   "or custom-<hash> with extra Lightning arguments)")
+    p.add_argument("--rerun", action="store_true", help="train runs already stored again")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="runs trained at once, one process each (MMPE_THREADS threads each)")
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="store runs from a tree with uncommitted changes in a committed store "
+                   "(results/); the records say so and tables flag their rows")
+
+
+def _report_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("recipe", nargs="?", help="print this recipe's table")
+    p.add_argument("--setting", help="stored setting(s), comma-separated (default: default)")
+    p.add_argument("--store", default="runs/results", help="results store (default runs/results)")
+    p.add_argument("--plot", help="also draw the metric per column to this PNG")
+    p.add_argument("--write", nargs="+", metavar="FILE",
+                   help="rewrite every <!-- mmpe:report ... --> block (and its plot) of FILES, "
+                   "and every <!-- mmpe:bench ... --> block (from STORE/bench)")
+    p.add_argument("--no-plots", action="store_true", help="with --write: tables only")
+    p.add_argument("--check", nargs="+", metavar="FILE",
+                   help="exit 1 naming every block of FILES that differs from the store")
+
+
+def _show_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", help="registry name, schedule preset (llama4, gemma3, gemma2, "
+                   "cohere2, smollm3) or a checkpoint file")
+    p.add_argument("--depth", type=int, default=12,
+                   help=f"layers of a preset schedule (default 12, at most {MAX_SHOW_DEPTH})")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a preset option, e.g. sliding_window=512 (repeatable)")
+
+
+def _plot_arguments(p: argparse.ArgumentParser) -> None:
     from mmpe.plot import DEFAULT_SMILES, KINDS
 
-    p = sub.add_parser(
-        "plot", help="PNG figures of an encoding",
-        description="Draw an encoding: matrix and similarity (input), bias against distance or "
-                    "one query's bias row (score), q.k decay (rotary), world map (sphere), "
-                    "molecule coloured by Laplacian eigenvectors (graph). Prints the paths.")
     p.add_argument("name", help="registry name; comma-separated rotary names are overlaid")
     p.add_argument("--kind", choices=KINDS, default="auto",
                    help="figure kind (auto: by the encoding's hook and capabilities)")
@@ -491,6 +525,26 @@ def _add_plot_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="plots", help="output folder (default ./plots)")
     p.add_argument("--stem", help="file names OUT/STEM_KIND.png (default: the names, '+'-joined)")
     p.add_argument("--show", action="store_true", help="also open the figures on a display")
+
+
+#: Each command: its `add_parser` keywords (the help `mmpe --help` lists) and the function that
+#: adds its arguments.
+COMMANDS = {
+    "list": ({"help": "registered encodings (a table; --matrix: per coordinate type)",
+              "description": "Every registered encoding, one row each under a header: its hook, "
+              "whether it has parameters, the coordinate capabilities it needs, how many shipped "
+              "coordinate types run it, its paper. --matrix: one column per coordinate type "
+              "(the docs' matrix page names what a refused one lacks)."}, _list_arguments),
+    "compare": ({"help": "train a recipe with several encodings"}, _compare_arguments),
+    "report": ({"help": "tables and plots from stored runs"}, _report_arguments),
+    "show": ({"help": "one encoding: paper, hook, capabilities, options; or a layer schedule (a "
+              "preset name, or a checkpoint that holds one)"}, _show_arguments),
+    "plot": ({"help": "PNG figures of an encoding",
+              "description": "Draw an encoding: matrix and similarity (input), bias against "
+              "distance or one query's bias row (score), q.k decay (rotary), world map (sphere), "
+              "molecule coloured by Laplacian eigenvectors (graph). Prints the paths."},
+             _plot_arguments),
+}
 
 
 if __name__ == "__main__":

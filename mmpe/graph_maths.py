@@ -84,17 +84,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import scipy.sparse as sp
 import torch
-from scipy.linalg import eigh
-from scipy.sparse.csgraph import connected_components, laplacian, shortest_path
-from scipy.sparse.linalg import ArpackError, ArpackNoConvergence, LinearOperator, eigsh, splu
 from torch import Tensor
 
 from mmpe.validation import check_positive_int
+
+if TYPE_CHECKING:  # scipy is imported where it is called (issue 52)
+    import scipy.sparse as sp
+    from scipy.sparse.linalg import LinearOperator
 
 __all__ = [
     "BATCHED_DENSE_MAX", "DENSE_HOPS_MAX", "DENSE_THRESHOLD", "adjacency", "batched_degrees",
@@ -255,6 +255,9 @@ def _dense_laplacian_eigenvectors(adj: np.ndarray, k: int, normalization: str | 
             trivial vector dropped), the rest are the non-zero eigenpairs in ascending order; signs
             follow [`canonical_sign`][mmpe.graph_maths.canonical_sign].
     """
+    import scipy.sparse as sp
+    from scipy.sparse.csgraph import connected_components
+
     count, n, _ = adj.shape
     m = min(k, n - 1)
     deg = adj.sum(axis=2)
@@ -309,6 +312,8 @@ def adjacency(edge_index: np.ndarray | Tensor, num_nodes: int, *, undirected: bo
         TypeError: `edge_index` not an integer array/tensor.
         ValueError: `edge_index` not `[2, E]`, node ids out of range, bad `num_nodes`.
     """
+    import scipy.sparse as sp
+
     n = _num_nodes(num_nodes, "adjacency")
     row, col = _edges(edge_index, n, "adjacency")
     if not self_loops:
@@ -345,6 +350,8 @@ def shortest_path_hops(edge_index: np.ndarray | Tensor, num_nodes: int, undirect
     Raises:
         TypeError / ValueError: bad `edge_index` or `num_nodes` (see [`adjacency`][mmpe.graph_maths.adjacency]).
     """
+    from scipy.sparse.csgraph import shortest_path
+
     n = _num_nodes(num_nodes, "shortest_path_hops")
     ei = _edges(edge_index, n, "shortest_path_hops")
     if n == 0:
@@ -431,6 +438,8 @@ def random_walk_pe(edge_index: np.ndarray | Tensor, num_nodes: int, k: int,
     Raises:
         TypeError / ValueError: bad `edge_index` or `num_nodes`; `k < 1`.
     """
+    import scipy.sparse as sp
+
     n = _num_nodes(num_nodes, "random_walk_pe")
     k = _positive_int(k, "k", "random_walk_pe")
     ei = _edges(edge_index, n, "random_walk_pe")
@@ -488,6 +497,8 @@ def _dense_walk(ei: np.ndarray, slot: np.ndarray, local: np.ndarray, count: int,
 # ---------------------------------------------------------------------------- spectra
 def _as_adjacency(adjacency: object) -> sp.csr_matrix | np.ndarray:
     """Validate `adjacency` and return it as float64 CSR (sparse input) or ndarray (dense)."""
+    import scipy.sparse as sp
+
     if isinstance(adjacency, Tensor):
         adjacency = adjacency.detach().cpu().numpy()
     if sp.issparse(adjacency):
@@ -526,6 +537,8 @@ def graph_laplacian(adjacency: object, normalization: str | None = "sym") -> sp.
         ValueError: non-square, asymmetric, negative or non-finite adjacency; an unknown
             `normalization`.
     """
+    from scipy.sparse.csgraph import laplacian
+
     if normalization not in (None, "sym"):
         raise ValueError(f"normalization must be 'sym' or None, got {normalization!r}")
     a = _as_adjacency(adjacency)
@@ -591,6 +604,8 @@ def laplacian_eigenvectors(
         ValueError: non-square, asymmetric, negative or non-finite adjacency; `k < 1`; an
             unknown `normalization`.
     """
+    import scipy.sparse as sp
+
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"laplacian_eigenvectors: k must be an int >= 1, got {k!r}")
     if normalization not in (None, "sym"):
@@ -606,6 +621,9 @@ def _laplacian_eigenvectors(a: sp.csr_matrix, k: int, normalization: str | None,
                             tol: float = 0.0) -> Any:
     """[`laplacian_eigenvectors`][mmpe.graph_maths.laplacian_eigenvectors] of a checked adjacency (symmetric, non-negative, finite,
     zero diagonal, CSR): what [`adjacency`][mmpe.graph_maths.adjacency] builds needs no second check."""
+    import scipy.sparse as sp
+    from scipy.sparse.csgraph import laplacian
+
     lap = sp.csr_matrix(laplacian(a, normed=normalization == "sym"))
     n = lap.shape[0]
     m = min(k, max(n - 1, 0))  # non-trivial eigenpairs that exist
@@ -625,6 +643,9 @@ def _laplacian_eigenvectors(a: sp.csr_matrix, k: int, normalization: str | None,
 def _smallest_nontrivial(a: sp.csr_matrix, lap: sp.csr_matrix, m: int, normalization: str | None,
                          dense_threshold: int, tol: float) -> tuple[np.ndarray, np.ndarray]:
     """The `m` smallest eigenpairs of `lap` after the trivial one (see the caller)."""
+    from scipy.linalg import eigh
+    from scipy.sparse.csgraph import connected_components
+
     n = lap.shape[0]
     count, labels = connected_components(a, directed=False)
     order = np.argsort(labels, kind="stable")
@@ -697,6 +718,9 @@ def _count_below(sub: sp.spmatrix, tau: float) -> int | None:
     negative entries. Callers put `τ` in a gap of the spectrum, away from every eigenvalue,
     so that no pivot is near zero.
     """
+    import scipy.sparse as sp
+    from scipy.sparse.linalg import splu
+
     size = sub.shape[0]
     try:
         lu = splu(sp.csc_matrix(sub - tau * sp.identity(size, format="csc")),
@@ -717,6 +741,8 @@ def _eigsh_or_nothing(op: LinearOperator, inv: LinearOperator, kk: int, sigma: f
     whose Krylov space is exhausted): it is tried once more with a wider subspace and another
     start vector, then reported as nothing found, so the caller falls back to the dense solver.
     """
+    from scipy.sparse.linalg import ArpackError, ArpackNoConvergence, eigsh
+
     size = op.shape[0]
     for ncv in (min(room, max(2 * kk + 1, kk + 32)), min(room, max(4 * kk + 1, kk + 64))):
         try:
@@ -744,6 +770,10 @@ def _component_eigsh(sub: sp.csr_matrix, q: int, null: np.ndarray, bound: float,
     `q`-th eigenvalue kept. A pass that does not converge contributes the eigenpairs that did
     (the next pass deflates them); one where none did falls back to the dense solver.
     """
+    import scipy.sparse as sp
+    from scipy.linalg import eigh
+    from scipy.sparse.linalg import LinearOperator, splu
+
     size = sub.shape[0]
     # σ just below 0: shift-invert Lanczos separates the wanted eigenvalues by their relative
     # gaps (λ_{q+1} − λ_q)/(λ_q − σ), so σ should not be far below them. A connected graph's
@@ -1114,6 +1144,8 @@ def batched_shortest_path_hops(edge_index: np.ndarray | Tensor, batch: np.ndarra
     Raises:
         ValueError / TypeError: bad `edge_index`, unsorted `batch`, an edge between graphs.
     """
+    from scipy.sparse.csgraph import shortest_path
+
     ei, batch_v, sizes, ptr = _layout(edge_index, batch, num_graphs, "batched_shortest_path_hops")
     out: list[np.ndarray] = [np.zeros((0, 0))] * len(sizes)
     for n, ids, edges, slot, local in _grouped(ei, batch_v, sizes, ptr, 1, DENSE_HOPS_MAX):

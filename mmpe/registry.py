@@ -300,10 +300,12 @@ def describe(name: str) -> str:
 
 
 def shipped_coordinate_types() -> dict[str, type]:
-    """The coordinate classes mmpe itself defines, by `kind` (users' classes left out), in
-    definition order: the columns of `mmpe list --matrix` and of the docs' matrix page."""
+    """The coordinate classes of `mmpe.coords`, by `kind`, in definition order: the columns of
+    `mmpe list --matrix` and of the docs' matrix page. Users' classes and the recipes' own (the
+    multimodal recipe's `strip`, under `mmpe.recipes`) are left out, so the count is the same
+    whatever has been imported."""
     return {kind: cls for kind, cls in coordinate_types().items()
-            if cls.__module__.split(".")[0] == "mmpe"}
+            if cls.__module__.startswith("mmpe.coords.")}
 
 
 def refusals(entry: Entry, coords: Any) -> list[str]:

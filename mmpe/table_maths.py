@@ -27,9 +27,6 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 
 import numpy as np
-import scipy.sparse as sp
-from scipy.sparse.csgraph import shortest_path
-from scipy.stats import rankdata
 from torch import Tensor
 
 from mmpe._optional import require
@@ -114,7 +111,14 @@ def abs_spearman(X: object) -> np.ndarray:
     """`W[i, j] = |ρ_S(x_i, x_j)|`: Pearson correlation of the columns' average ranks (ties
     share their mean rank, as `scipy.stats.spearmanr`); the association graph Tab-PET
     reports best (Leng et al. 2025). Same input rules and output as [`abs_pearson`][mmpe.table_maths.abs_pearson]."""
-    return _abs_correlation(rankdata(_check_table(X), axis=0))
+    return _abs_correlation(_ranks(_check_table(X)))
+
+
+def _ranks(arr: np.ndarray) -> np.ndarray:
+    """Column-wise average ranks `[n, f]` (ties share their mean rank)."""
+    from scipy.stats import rankdata  # here, not at the top: scipy.stats is ~1 s of import
+
+    return rankdata(arr, axis=0)
 
 
 def mutual_information(X: object, categorical: Seq[int] = (), *, random_state: int = 0) -> np.ndarray:
@@ -193,11 +197,13 @@ def feature_graph(
     if method == "pearson":
         return _abs_correlation(arr)
     if method == "spearman":
-        return _abs_correlation(rankdata(arr, axis=0))
+        return _abs_correlation(_ranks(arr))
     return mutual_information(arr, cats, random_state=random_state)
 
 
 def _square_weights(weights: object, name: str = "weights") -> np.ndarray:
+    import scipy.sparse as sp
+
     w = weights.toarray() if sp.issparse(weights) else weights
     w = np.array(w.detach().cpu().numpy() if isinstance(w, Tensor) else w, dtype=np.float64)
     if w.ndim != 2 or w.shape[0] != w.shape[1]:
@@ -263,6 +269,9 @@ def feature_hops(adjacency: object) -> np.ndarray:
     Raises:
         ValueError: `adjacency` not square.
     """
+    import scipy.sparse as sp
+    from scipy.sparse.csgraph import shortest_path
+
     a = _square_weights(adjacency, "adjacency")
     graph = sp.csr_matrix((a != 0).astype(np.float64))
     return shortest_path(graph, method="D", directed=False, unweighted=True)

@@ -50,9 +50,9 @@ if os.environ.get("MMPE_HIDE_EXTRAS") == "1":
 #: test files that train a recipe (marker `train`), run fresh interpreters: the docs' blocks,
 #: the site build, a wheel, plugins, the command line (marker `subprocess`), or compile models
 #: with torch.compile (marker `compile`). `make test` leaves them out; `make test-train` runs
-#: them (CI runs both targets).
+#: them (CI runs both targets). The start-up budgets (test_import_budget) time fresh interpreters.
 TRAIN_FILES = re.compile(r"test_(recipe_\w+|sphere_recipe|graph_recipe|distributed|resume|compare)\.py$")
-SUBPROCESS_FILES = re.compile(r"test_(docs|docs_site|packaging|plugins|cli_pipe)\.py$")
+SUBPROCESS_FILES = re.compile(r"test_(docs|docs_site|packaging|plugins|cli_pipe|import_budget)\.py$")
 COMPILE_FILES = re.compile(r"test_(compile|flex_compile)\.py$")
 
 #: hypothesis: `ci` draws the same examples on every run (a red CI is reproducible), `dev`

@@ -232,7 +232,9 @@ def _prepare_local_classes() -> None:
             _make_local_class(cls)
 
 
-@torch.compiler.disable
+# torch._disable_dynamo: `torch.compiler.disable` at import time would import torch._dynamo
+# (about 2 s, most of `import mmpe`); this form imports it on the first call (issue 52).
+@torch._disable_dynamo
 def _make_local_class(cls: type[Any]) -> type[Any]:
     if issubclass(cls, _Local):
         return cls

@@ -42,10 +42,9 @@ node, out: edges leaving it; a PyG undirected graph stores both directions, so i
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import scipy.sparse as sp
 import torch
 import torch.utils._pytree as pytree
 from torch import Tensor
@@ -62,6 +61,9 @@ from mmpe.graph_maths import (
     random_walk_pe,
     shortest_path_hops,
 )
+
+if TYPE_CHECKING:  # scipy is imported where it is called (issue 52)
+    import scipy.sparse as sp
 
 __all__ = ["UNREACHABLE", "VIRTUAL", "Graph", "random_walk_pe", "shortest_path_hops"]
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 
 import numpy as np
-import scipy.sparse as sp
 import torch
 from torch import Tensor
 
@@ -98,6 +97,8 @@ class Table(Coordinates):
         feature_names: Seq[str] | None = None,
         device: torch.device | str | None = None,
     ) -> None:
+        import scipy.sparse as sp
+
         a = adjacency.toarray() if sp.issparse(adjacency) else adjacency
         a = np.array(a.detach().cpu().numpy() if isinstance(a, Tensor) else a, dtype=np.float64)
         if a.ndim != 2 or a.shape[0] != a.shape[1]:

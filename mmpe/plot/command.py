@@ -178,6 +178,10 @@ def plot_command(name: str, kind: str = "auto", *, length: int | None = None,
         if isinstance(coords, Grid):
             defaults["grid_shape"] = coords.shape
     context = {**defaults, **given}
+    _refuse_unread(entry.name, kinds, coords, {
+        "--grid": grid is not None, "--length": length is not None, "--query": query is not None,
+        "--smiles": smiles != DEFAULT_SMILES, "--features": features,
+        "--prefix": prefix is not None and checkpoint is None})
 
     def build(n: str) -> Any:
         e = registry.get(n)
@@ -222,6 +226,31 @@ def plot_command(name: str, kind: str = "auto", *, length: int | None = None,
                           path=path)
         written.append(path)
     return written
+
+
+def _refuse_unread(name: str, kinds: list[str], coords: Coordinates | None,
+                   asked: Mapping[str, bool]) -> None:
+    """Every figure option given must change a figure drawn: one that none of `kinds` reads
+    is refused, naming it (before anything is drawn), never ignored.
+
+    Raises:
+        ValueError: an option in `asked` (flag -> given) that the figures do not read.
+    """
+    on = "a 1-D distance axis" if coords is None else f"{type(coords).__name__} coordinates"
+    unread = {
+        "--grid": (not isinstance(coords, Grid), f"it is drawn on {on}"),
+        "--length": (not isinstance(coords, Sequence) and "decay" not in kinds,
+                     f"it is drawn on {on}"),
+        "--query": ("row" not in kinds, "only the bias row figure (--kind row) has a query"),
+        "--smiles": (not isinstance(coords, GraphLayout), "only graph encodings draw a molecule"),
+        "--features": ("sphere" not in kinds, "only the world map (--kind sphere) reads it"),
+        "--prefix": (True, "it names a module of --checkpoint, which is not given"),
+    }
+    for flag, given in asked.items():
+        ignored, why = unread[flag]
+        if given and ignored:
+            raise ValueError(f"mmpe plot: {flag} does not change the {'/'.join(kinds)} figure of "
+                             f"{name} ({why}); leave it out")
 
 
 def _only(context: Mapping[str, Any], entry: registry.Entry) -> dict[str, Any]:

@@ -435,7 +435,7 @@ def test_arpack_error_falls_back_to_the_dense_solver(monkeypatch):
         calls.append(kwargs.get("ncv"))
         raise ArpackError(3)
 
-    monkeypatch.setattr(graph_maths, "eigsh", failing)
+    monkeypatch.setattr("scipy.sparse.linalg.eigsh", failing)  # imported where it is called
     graph = nx.grid_2d_graph(9, 9)
     adj = sp.csr_matrix(nx.to_scipy_sparse_array(graph, format="csr"), dtype=np.float64)
     lap = sp.csr_matrix(sp.diags(np.asarray(adj.sum(1)).ravel()) - adj)

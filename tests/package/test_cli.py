@@ -178,7 +178,7 @@ def test_list_filters_and_matrix(capsys) -> None:
     assert cli.main(["list", "--matrix", "--width", "200"]) == 0
     lines = capsys.readouterr().out.splitlines()
     kinds = list(registry.shipped_coordinate_types())
-    assert lines[0].split()[:2] == ["NAME", "HOOK"] and len(lines[0].split()) == 3 + len(kinds)
+    assert lines[0].split() == ["NAME", "HOOK", *kinds]
     rope = next(line.split() for line in lines if line.startswith("rope "))
     assert rope[2 + kinds.index("sequence")] == "✓" and rope[2 + kinds.index("graph")] == "·"
 
