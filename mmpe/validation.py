@@ -14,9 +14,11 @@ checks (parities, sums, relations between arguments) see well-typed values.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import numbers
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -30,11 +32,13 @@ __all__ = [
     "CPU_FLOPS_PER_THREAD",
     "OPTION_RANGES",
     "AttentionTooLargeError",
+    "available_memory",
     "check_attention_work",
     "check_bool",
     "check_finite_float",
     "check_int",
     "check_laplacian_normalization",
+    "check_memory",
     "check_options",
     "check_positive_int",
     "check_tensor",
@@ -290,3 +294,137 @@ def check_attention_work(where: str, *, batch: int | None, num_heads: int | None
             f"at least {seconds:.0f} s per call on this CPU ({threads} threads), more than the "
             f"limit of {limit:g} s; run it on a GPU, use shorter sequences or a smaller batch, "
             "or raise the limit with MMPE_CPU_ATTENTION_SECONDS (seconds, 'inf' for none)")
+
+
+#: requests below this many bytes are not checked: a few /proc reads (≈ 50 µs) per attention
+#: call would cost more than they guard (no machine running torch has under 64 MiB free)
+MEMORY_CHECK_FROM = 1 << 26
+
+
+def check_memory(where: str, needed: int, what: str, device: torch.device | str,
+                 ways_out: str) -> None:
+    """Refuse, before allocating, `needed` bytes on the CPU that this process cannot get now
+    ([available_memory][mmpe.validation.available_memory]): the one door every API that
+    materialises an `n × n` tensor (the math path, `record_attention`, dense-bias exports,
+    `ScoreEncoding.bias`) goes through, so a request too large fails with its size and the ways
+    out instead of the allocator's `can't allocate memory` (or the OOM killer). GPUs, the meta
+    device, traced code and requests under 64 MiB are not checked.
+
+    Args:
+        where: the API, named first in the message.
+        needed: bytes the request allocates at its peak.
+        what: what is allocated and its sizes (`"the bias [b=1, n_h=4, n_q=16000, n_k=16000]
+            float32"`).
+        device: where it would be allocated.
+        ways_out: what the caller can do instead, as a clause.
+
+    Raises:
+        MemoryError: `needed` exceeds what this process can allocate now.
+    """
+    if needed < MEMORY_CHECK_FROM or torch.device(device).type != "cpu" or \
+            torch.compiler.is_compiling():
+        return
+    free = available_memory()
+    if free is not None and needed > free:
+        raise MemoryError(f"{where}: {what} need {needed / 2**30:.1f} GiB, more than the "
+                          f"{free / 2**30:.1f} GiB this process can allocate now; {ways_out}")
+
+
+def available_memory() -> int | None:
+    """Bytes this process can allocate now: the least of what the OS can give (Linux
+    `MemAvailable`, else the physical memory), what its cgroup leaves (the limit minus the
+    working set: usage less inactive file cache, which the kernel reclaims) and what its
+    address-space limit leaves (`RLIMIT_AS` minus its virtual size: `ulimit -v`, where
+    allocations fail long before the machine is full). None where nothing says."""
+    limits = [_os_available(), _cgroup_available(), _address_space_available()]
+    known = [v for v in limits if v is not None]
+    return min(known) if known else None
+
+
+def _os_available() -> int | None:
+    """Linux `MemAvailable` (bytes), else the physical memory."""
+    value = _read_kib("/proc/meminfo", "MemAvailable:")
+    return value if value is not None else _physical_memory()
+
+
+@functools.cache
+def _physical_memory() -> int | None:
+    """Bytes of physical memory (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _address_space_available() -> int | None:
+    """`RLIMIT_AS` minus this process's virtual size (`VmSize`), or None without a limit."""
+    try:
+        import resource  # POSIX only
+    except ImportError:
+        return None
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit == resource.RLIM_INFINITY:
+        return None
+    size = _read_kib("/proc/self/status", "VmSize:")
+    return None if size is None else max(0, limit - size)
+
+
+#: (limit file, usage file, the memory.stat key of inactive file cache) of cgroup v2, then v1
+_CGROUP_FILES = (("memory.max", "memory.current", "inactive_file"),
+                 ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"))
+
+
+def _cgroup_available() -> int | None:
+    """The cgroup's memory limit minus its working set, or None without a (finite) limit.
+    Reads the process's own cgroup (`/proc/self/cgroup`), v2 or v1."""
+    for folder, (limit_file, usage_file, inactive_key) in _cgroup_folders():
+        limit = _read_int(os.path.join(folder, limit_file))
+        if limit is None:
+            continue
+        if limit >= 1 << 60:  # "max", or v1's 2^63 rounded to pages: no limit
+            return None
+        usage = _read_int(os.path.join(folder, usage_file))
+        if usage is None:
+            continue
+        inactive = _read_kib(os.path.join(folder, "memory.stat"), inactive_key + " ", scale=1)
+        return max(0, limit - (usage - (inactive or 0)))
+    return None
+
+
+@functools.cache
+def _cgroup_folders() -> list[tuple[str, tuple[str, str, str]]]:
+    paths = {"v2": "/", "v1": "/"}
+    try:
+        with open("/proc/self/cgroup", encoding="ascii") as f:
+            for line in f:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                if controllers == "":
+                    paths["v2"] = path
+                elif "memory" in controllers.split(","):
+                    paths["v1"] = path
+    except (OSError, ValueError):
+        pass
+    v2, v1 = _CGROUP_FILES
+    return [("/sys/fs/cgroup" + paths["v2"].rstrip("/"), v2), ("/sys/fs/cgroup", v2),
+            ("/sys/fs/cgroup/memory" + paths["v1"].rstrip("/"), v1), ("/sys/fs/cgroup/memory", v1)]
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path, encoding="ascii") as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return 1 << 62 if text == "max" else int(text) if text.isdigit() else None
+
+
+def _read_kib(path: str, key: str, scale: int = 1024) -> int | None:
+    """The number after `key` in the file (`/proc` lists kB: `scale` 1024), or None."""
+    try:
+        with open(path, encoding="ascii") as f:
+            for line in f:
+                if line.startswith(key):
+                    return int(line.split()[1]) * scale
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

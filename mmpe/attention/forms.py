@@ -25,6 +25,7 @@ from mmpe.coords.capabilities import Directed
 from mmpe.coords.grid import Grid
 from mmpe.encodings.base import AttentionContext, ScoreEncoding
 from mmpe.prepare import memoized
+from mmpe.validation import check_memory
 
 #: structures whose term depends on a pair of grid cells only through their offset (a Grid's
 #: distance is a function of the offset; so is a relation)
@@ -117,15 +118,37 @@ def dense_bias(scores: Sequence[ScoreEncoding], ctx: AttentionContext) -> Tensor
 
     Raises:
         TypeError: `scores` not a sequence of score encodings, or a rescaling term.
+        MemoryError: a bias (and the term being added to it) this process cannot hold now,
+            refused before anything is allocated (`mmpe.validation.check_memory`).
     """
     if isinstance(scores, ScoreEncoding) or not all(isinstance(e, ScoreEncoding) for e in scores):
         raise TypeError("dense_bias: scores must be a sequence of score encodings, got "
                         f"{type(scores).__name__}")
+    _check_dense_memory(scores, ctx)
     bias = None
     for enc in scores:
         term = dense(enc, ctx)
         bias = term if bias is None else bias + term
     return bias
+
+
+def _check_dense_memory(scores: Sequence[ScoreEncoding], ctx: AttentionContext) -> None:
+    """The dense bias at its peak: the sum so far and the next term, float32."""
+    if not scores:
+        return
+    coords = ctx.coords
+    batch = coords.batch_size or 1
+    if not all(enc.content_free for enc in scores):
+        batch = max(batch, ctx.batch or 1)
+    shape = (batch, ctx.num_heads, coords.num_queries, coords.num_keys)
+    copies = 2 if len(scores) > 1 else 1
+    check_memory("dense_bias", copies * math.prod(shape) * 4,
+                 f"the bias [b, n_h, n_q, n_k] = {list(shape)} float32"
+                 + (" and the term added to it" if copies == 2 else ""), coords.device,
+                 "let the attention layers compute it (they run block by block over the "
+                 "queries: MultiHeadAttention with backend='sdpa'), take the rows of a few "
+                 "queries (mmpe.attention.forms.rows(encoding, ctx, start, stop)), or use fewer "
+                 "tokens")
 
 
 def head_rows(enc: ScoreEncoding, ctx: AttentionContext, start: int,

@@ -1,13 +1,12 @@
 """Memory of the CPU attention paths: the budget of one block of bias rows, and a guard that
-fails before allocating what the machine cannot hold."""
+fails before allocating what this process cannot hold (`mmpe.validation.check_memory`)."""
 
 from __future__ import annotations
 
-import functools
-import os
 from typing import TYPE_CHECKING
 
-import torch
+from mmpe import validation
+from mmpe.attention import record
 
 if TYPE_CHECKING:  # an annotation only: importing the encodings here would be circular
     from mmpe.encodings.base import AttentionContext
@@ -22,36 +21,18 @@ def bias_row_bytes(ctx: AttentionContext, rows: int) -> int:
 
 
 def check_memory(needed: int, what: str, ctx: AttentionContext) -> None:
-    """Fail before allocating what this machine cannot hold now (its available memory, or its
-    physical memory where the OS does not say), naming the size and alternatives."""
-    if ctx.q.device.type != "cpu" or torch.compiler.is_compiling():
-        return
-    free = _available_memory()
-    if free and needed > free:
-        raise MemoryError(
-            f"attention: {what} for b={ctx.q.shape[0]}, n_h={ctx.num_heads}, "
-            f"n_q={ctx.coords.num_queries}, n_k={ctx.coords.num_keys} need {needed / 2**30:.1f} "
-            f"GiB, more than the {free / 2**30:.1f} GiB this machine has free; use the "
-            "block-wise SDPA path (backend='sdpa' with softmax and additive terms), "
-            "FlexAttention on a GPU (backend='flex'), or shorter sequences")
+    """Fail before allocating what this process cannot hold now, naming the size and the ways
+    out (those of `record_attention` inside its block): `mmpe.validation.check_memory`, the
+    one door of every `n × n` request.
 
-
-def _available_memory() -> int | None:
-    """Bytes the OS can give now (Linux `MemAvailable`), else the physical memory."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return _physical_memory()
-
-
-@functools.cache
-def _physical_memory() -> int | None:
-    """Bytes of physical memory (None where the OS does not say)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
+    Raises:
+        MemoryError: `needed` bytes exceed what this process can allocate now.
+    """
+    if record.recording():
+        ways = record.ways_out()
+    else:
+        ways = ("use the block-wise SDPA path (backend='sdpa' with softmax and additive terms), "
+                "FlexAttention on a GPU (backend='flex'), or shorter sequences")
+    validation.check_memory(
+        "attention", needed, f"{what} for b={ctx.q.shape[0]}, n_h={ctx.num_heads}, "
+        f"n_q={ctx.coords.num_queries}, n_k={ctx.coords.num_keys}", ctx.q.device, ways)

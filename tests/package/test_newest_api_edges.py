@@ -64,15 +64,15 @@ def _attn(x, coords, **kw):
 
 
 def _record_too_large():
-    from mmpe.attention import memory
+    from mmpe import validation
 
-    real = memory._available_memory
-    memory._available_memory = lambda: 16 << 20  # a machine with 16 MiB free
+    real = validation.available_memory
+    validation.available_memory = lambda: 16 << 20  # a machine with 16 MiB free
     try:
         with mmpe.attention.record_attention():
             _attn(torch.randn(1, 1024, 32), mmpe.Sequence(1024))
     finally:
-        memory._available_memory = real
+        validation.available_memory = real
 
 
 def _schedule_state(text: str):
