@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import torch
 from torch import Tensor, nn
 
 from mmpe.coords.base import Coordinates
@@ -264,7 +265,16 @@ class ScoreEncoding(Encoding):
         """Raise unless `ctx`'s coordinates are supported and, for an encoding built for
         `num_heads` heads, the attention has that many (`ValueError` naming both); and
         unless the call's work fits `mmpe.validation.check_attention_work`'s limit on the CPU
-        (`AttentionTooLargeError`)."""
+        (`AttentionTooLargeError`).
+
+        Once per call: the context remembers the encodings it has passed (every path, form and
+        fast form of the call asks again with the same context; a context's fields are not
+        changed after it is made). A compiled graph checks every time, as it traces (no
+        state kept across the trace)."""
+        passed = None if torch.compiler.is_compiling() else ctx.__dict__.setdefault(
+            "_passed_checks", set())
+        if passed is not None and id(self) in passed:
+            return
         self.check_coords(ctx.coords)
         name = getattr(self, "registry_name", type(self).__name__)
         built = getattr(self, "num_heads", None)
@@ -277,6 +287,8 @@ class ScoreEncoding(Encoding):
                              num_heads=ctx.num_heads, num_queries=coords.num_queries,
                              num_keys=coords.num_keys, head_dim=ctx.head_dim,
                              device=ctx.q.device if ctx.q is not None else coords.device)
+        if passed is not None:
+            passed.add(id(self))
 
     def softmax_scale(self, head_dim: int) -> float | None:
         """Logit scale this method prescribes instead of `1/sqrt(h_d)`, or None."""
