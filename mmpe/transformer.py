@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from mmpe.attention import MultiHeadAttention
 from mmpe.attention.masks import LocalWindow
+from mmpe.attention.modules import check_device
 from mmpe.cache import KVCache, ModelCache
 from mmpe.context import check_context
 from mmpe.coords.base import Coordinates
@@ -313,6 +314,7 @@ class Transformer(nn.Module):
             raise ValueError(f"transformer: cache has {len(cache)} layers, the model "
                              f"{len(self.blocks)}; make it with model.make_cache()")
         _check_input(x, self.norm.weight)
+        check_device("x", x, coords)  # before the input encodings read the coordinates
         check_shard = getattr(coords, "check_encodings", None)  # mmpe.parallel: a rank's shard
         if check_shard is not None:
             check_shard(self.input_encodings)

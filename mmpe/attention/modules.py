@@ -114,7 +114,7 @@ class _Attention(nn.Module):
         if coords.batch_size is not None and coords.batch_size != x.shape[0]:
             raise ValueError(f"attention: x has batch {x.shape[0]} but the coordinates hold "
                              f"positions for {coords.batch_size} examples")
-        _check_device("x", x, coords)
+        check_device("x", x, coords)
 
     def _rotate(self, q: Tensor, k: Tensor, coords: Coordinates) -> tuple[Tensor, Tensor]:
         for rotary in self.rotary:
@@ -245,7 +245,7 @@ class MultiHeadAttention(_Attention):
             raise TypeError(f"attention: coords must be an mmpe Coordinates object, got "
                             f"{type(coords).__name__}")
         # before any term is built: coordinates elsewhere fail deep in a path otherwise
-        _check_device("q", q, coords)
+        check_device("q", q, coords)
         expected = ((self.num_heads, self.head_dim), (self.num_kv_heads, self.head_dim),
                     (self.num_kv_heads, self.head_dim))
         for name, t, (heads, dim) in zip("qkv", (q, k, v), expected, strict=True):
@@ -366,7 +366,7 @@ class CrossAttention(_Attention):
 
 
 
-def _check_device(arg: str, t: Tensor, coords: Coordinates) -> None:
+def check_device(arg: str, t: Tensor, coords: Coordinates) -> None:
     """Refuse coordinates on another device than the tensors, naming both.
 
     Raises:

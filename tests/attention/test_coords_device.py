@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import D_MODEL, HEADS
+from helpers import D_MODEL, HEADS, model_context
 from helpers import SAMPLE_COORDS as COORDS
 
 import mmpe
@@ -25,6 +25,12 @@ def test_coordinates_on_meta_with_tensors_on_the_cpu_are_named(cname: str, monke
     q = torch.randn(x.shape[0], HEADS, coords.num_queries, D_MODEL // HEADS)
     with pytest.raises(ValueError, match=r"coordinates are on meta but q is on cpu"):
         mha.forward_heads(q, q, q, coords)
+    # a model: before its input encodings read the coordinates (fourier_features' B on the
+    # CPU met meta positions in a matmul)
+    inputs = [e.name for e in mmpe.available(hook="input", coords=coords)][:3]
+    model = mmpe.Transformer(D_MODEL, HEADS, 1, inputs, encoding_context=model_context(coords))
+    with pytest.raises(ValueError, match=r"coordinates are on meta but x is on cpu"):
+        model(x, coords)
 
 
 def test_points_moved_to_meta_in_the_blocked_path_and_cross_attention() -> None:
