@@ -14,7 +14,9 @@ labels that identify a row across runs), `rows=newest` (each row from the runs o
 commit that measured it: rows re-measured after a change show only the new numbers),
 `host="text"` (only runs on a machine whose name contains `text`; without it, those of the
 newest run's machine: a ratio to the unbiased layer is a property of the CPU, and a cell's
-range over two CPUs would be neither's). Only runs with the newest run's `config` (sizes,
+range over two CPUs would be neither's), `pending` (a table measured on a machine this one is
+not, such as a GPU: until a run is stored the block says so, naming the script, instead of
+failing). Only runs with the newest run's `config` (sizes,
 repeats) are combined. A numeric cell is `min–max` over the runs holding that row (one value
 where they agree to the column's format); a generated caption names the runs, dates, hosts,
 threads and torch versions. `mmpe report --write/--check` renders these blocks beside the
@@ -55,6 +57,7 @@ class BenchBlock:
     columns: tuple[str, ...] | None = None
     newest_rows: bool = False
     host: str | None = None
+    pending: bool = False
     args: str = ""
 
     @classmethod
@@ -84,6 +87,8 @@ class BenchBlock:
                 if value != "newest":
                     raise ValueError(f"mmpe:bench block {args!r}: rows must be 'newest'")
                 fields["newest_rows"] = True
+            elif name == "pending" and not value:
+                fields["pending"] = True
             elif name == "host":
                 if not value:
                     raise ValueError(f"mmpe:bench block {args!r}: host must name a machine "
@@ -91,7 +96,7 @@ class BenchBlock:
                 fields["host"] = value
             else:
                 raise ValueError(f"mmpe:bench block {args!r}: unknown key {name!r} "
-                                 "(known: table, runs, columns, rows, host)")
+                                 "(known: table, runs, columns, rows, host, pending)")
         if not fields.get("table"):
             raise ValueError(f"mmpe:bench block {args!r}: give the table (table=ID)")
         return cls(**fields)
@@ -269,7 +274,17 @@ def _commit(git: dict[str, Any]) -> str:
 def render_block(block: BenchBlock, store: str | Path) -> str:
     """The text between a block's markers, from the results store `store` (its `bench/`)."""
     path = bench_store(store)
-    return render_table(block, select(block, read(path, block.bench), f" in {path}"))
+    records = read(path, block.bench)
+    try:
+        runs = select(block, records, f" in {path}")
+    except ValueError:
+        if not block.pending:
+            raise
+        where = f" on a host containing {block.host!r}" if block.host else ""
+        return (f"\n*Not measured yet: no stored run of `{block.bench}` table `{block.table}`"
+                f"{where}. `benchmarks/gpu/run.sh` on a GPU stores one; `make report` "
+                "renders it here.*\n\n")
+    return render_table(block, runs)
 
 
 def blocks(text: str) -> list[tuple[BenchBlock, str]]:
