@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from mmpe import registry
+from mmpe.attention import log_routes
 from mmpe.results import report as _report
 from mmpe.results import store as _store
 
@@ -246,12 +247,13 @@ def _run_and_store(run: _Run) -> dict[str, float | None]:
     if Path(run.out_dir).exists():  # logs of a run that stopped before it was stored
         shutil.rmtree(run.out_dir)
     start = time.perf_counter()
-    metrics = recipe.run_one(run.encoding, seed=run.seed, out_dir=Path(run.out_dir),
-                             cli_args=list(run.cli_args))
+    with log_routes() as routes:  # the route each attention layer took, stored with the run
+        metrics = recipe.run_one(run.encoding, seed=run.seed, out_dir=Path(run.out_dir),
+                                 cli_args=list(run.cli_args))
     wall = time.perf_counter() - start
     _store.append(run.store, _store.make_record(run.modality, run.setting, run.encoding, run.seed,
                                                 metrics, wall_s=wall, cli_args=run.cli_args,
-                                                out_dir=run.out_dir, env=env),
+                                                out_dir=run.out_dir, env=env, routes=routes),
                   allow_dirty=run.allow_dirty)
     print(f"{tag}: {metrics} ({wall:.0f} s)", flush=True)
     return metrics

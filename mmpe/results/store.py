@@ -8,7 +8,11 @@ finished training run::
      "config": {"lightning_logs/version_0/config.yaml": {...resolved LightningCLI config...}},
      "versions": {"mmpe": ..., "torch": ..., "lightning": ..., "python": ...},
      "git": {"commit": ..., "dirty": ...}, "device": "cpu (...)", "threads": 2,
+     "routes": {"0 MultiHeadAttention": ["sdpa"], ...},
      "finished": "2026-11-26T03:10:00+00:00"}
+
+`routes` is the attention route each layer took (`mmpe.attention.log_routes`), so a stored
+run says which path it timed (a GPU run: dense, flex or SDPA per layer).
 
 `pandas.read_json(path, lines=True)` reads a store; a table is a groupby over `encoding`.
 A line is appended (under a file lock) as soon as its run finishes, so a comparison stopped
@@ -285,8 +289,11 @@ def _finite_or_none(value: float | None) -> float | None:
 
 def make_record(recipe: str, setting: str, encoding: str, seed: int,
                 metrics: dict[str, float | None], *, wall_s: float, cli_args: Iterable[str],
-                out_dir: str | Path, env: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A complete record of one finished run; `env` is
+                out_dir: str | Path, env: dict[str, Any] | None = None,
+                routes: dict[str, list[str]] | None = None) -> dict[str, Any]:
+    """A complete record of one finished run; `routes` is the attention route each layer took
+    (`mmpe.attention.log_routes`: layer → distinct routes of its calls; stored where given);
+    `env` is
     [`environment`][mmpe.results.store.environment] taken when the run started (the code that trained it), read now if not given. `threads` is read now: the
     recipe sets the process's threads when it builds its trainer."""
     import torch
@@ -296,4 +303,5 @@ def make_record(recipe: str, setting: str, encoding: str, seed: int,
             "wall_s": round(float(wall_s), 2), "cli_args": list(cli_args),
             "config": resolved_configs(out_dir), **(env or environment()),
             "threads": torch.get_num_threads(),
+            **({"routes": routes} if routes is not None else {}),
             "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}

@@ -20,6 +20,7 @@ from mmpe.attention.route import (
     load_costs,
     structure_key,
 )
+from mmpe.results.store import make_record
 
 GPU = "Described GPU 80GB"
 GRID = mmpe.Grid((8, 8), prefix_tokens=1)  # 65 tokens: 4 heads · 65² · 4 B = 67,600 B
@@ -182,7 +183,7 @@ def test_the_cost_table_file(tmp_path, flex_on: None, monkeypatch: pytest.Monkey
         CostTable().add(bad)
 
 
-def test_every_call_logs_its_route() -> None:
+def test_every_call_logs_its_route(tmp_path) -> None:
     model = mmpe.Transformer(32, 4, 2, ["t5"])
     x = torch.randn(2, 10, 32)
     with log_routes() as routes:
@@ -194,3 +195,6 @@ def test_every_call_logs_its_route() -> None:
     with log_routes() as routes:
         model(x, mmpe.Sequence(10))
     assert routes == {"0 MultiHeadAttention": ["dense"], "1 MultiHeadAttention": ["sdpa"]}
+    record = make_record("text", "default", "t5", 0, {"bpc": 1.0}, wall_s=1.0, cli_args=[],
+                         out_dir=tmp_path, env={}, routes=routes)
+    assert record["routes"] == routes  # a stored run keeps them
