@@ -36,6 +36,7 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info
 from mmpe.recipes.common import (
     AdamWCosine,
     RecipeCLI,
@@ -228,8 +229,14 @@ class CharLM(AdamWCosine, L.LightningModule):
         self.save_hyperparameters()
         #: the layout (`"contiguous"`/`"balanced"`) when training shards each sequence over the
         #: context group: the second dimension of ModelParallelStrategy's device mesh
+        if context_parallel is not None:
+            from mmpe.parallel import LAYOUTS
+
+            if context_parallel not in LAYOUTS:
+                raise ValueError(f"text: context_parallel must be None or one of {LAYOUTS}, "
+                                 f"got {context_parallel!r}")
         self.context_parallel = context_parallel
-        self.context_group = None
+        self.context_group = self.data_group = None
         spec = {"name": encoding, **(encoding_options or {})}
         self.embed = nn.Embedding(vocab_size, d_model)
         self.transformer = Transformer(d_model, num_heads, depth, [spec], mlp_ratio=mlp_ratio,
@@ -259,9 +266,18 @@ class CharLM(AdamWCosine, L.LightningModule):
         """Under `ModelParallelStrategy` with `context_parallel` set, the mesh's second
         dimension ("tensor_parallel", size `--trainer.strategy.tensor_parallel_size`) is the
         context group: its ranks share each batch and hold a shard of every sequence."""
-        mesh = getattr(self, "device_mesh", None) if self._trainer is not None else None
-        if self.context_parallel is not None and mesh is not None:
-            self.context_group = mesh["tensor_parallel"].get_group()
+        if self.context_parallel is None or self._trainer is None:
+            return
+        mesh = self.device_mesh
+        if mesh is None:
+            raise ValueError("text: context_parallel needs --trainer.strategy "
+                             "lightning.pytorch.strategies.ModelParallelStrategy (its device mesh's "
+                             "second dimension is the context group); see docs/long_sequences.md")
+        self.context_group = mesh["tensor_parallel"].get_group()
+        self.data_group = mesh["data_parallel"].get_group()
+        rank_zero_info(f"context parallelism: each sequence sharded over "
+                       f"{mesh['tensor_parallel'].size()} ranks ({self.context_parallel} layout), "
+                       f"{mesh['data_parallel'].size()} data-parallel groups")
 
     def context_loss(self, batch: Tensor, group: Any = None) -> tuple[Tensor, Tensor]:
         """This rank's share of the next-character loss (nats per character of the whole
@@ -283,10 +299,19 @@ class CharLM(AdamWCosine, L.LightningModule):
         return local, total
 
     def on_after_backward(self) -> None:
-        if self.context_group is not None:  # each rank's loss covered only its tokens
-            from mmpe.parallel import reduce_gradients
+        """Under context parallelism: the gradients summed over the context group (each rank's
+        loss covered its tokens only) and averaged over the data-parallel groups (as DDP)."""
+        if self.context_group is None:
+            return
+        from mmpe.parallel import reduce_gradients
 
-            reduce_gradients(self, self.context_group)
+        reduce_gradients(self, self.context_group)
+        data_ranks = torch.distributed.get_world_size(self.data_group)
+        if data_ranks > 1:
+            reduce_gradients(self, self.data_group)
+            for p in self.parameters():
+                if p.grad is not None:
+                    p.grad /= data_ranks
 
     def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
         if self.context_group is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import traceback
 
@@ -67,7 +68,23 @@ def run_input(enc, full, sharded) -> dict:
     return {"ok": ok, "errors": {"output": err}}
 
 
-def run_layer(enc, full, sharded, kv_heads: int | None) -> dict:
+def _reference(layer, full, x: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor] | str:
+    """The unsharded layer's output, input gradient and parameter gradients (zeros where
+    None), or the error message where it refuses the case itself (rope_mixed without GQA)."""
+    xf = x.clone().requires_grad_(True)
+    try:
+        out = layer(xf, full)
+    except ValueError as err:
+        return str(err)
+    (out * w).sum().backward()
+    return [out.detach(), xf.grad, *(p.grad if p.grad is not None else torch.zeros_like(p)
+                                     for p in layer.parameters())]
+
+
+def run_layer(enc, full, sharded, kv_heads: int | None, local=None) -> dict:
+    """Rank 0 computes the unsharded reference and broadcasts it (the other ranks would only
+    repeat it); every rank compares its shard. `local`: attend on these coordinates instead of
+    the shard's (the control: a shard numbered from 0 must differ)."""
     torch.manual_seed(0)
     layer = mmpe.MultiHeadAttention(D_MODEL, HEADS, [enc], num_kv_heads=kv_heads)
     twin = copy.deepcopy(layer)
@@ -75,32 +92,38 @@ def run_layer(enc, full, sharded, kv_heads: int | None) -> dict:
     batch = full.batch_size or 2
     x = torch.randn(batch, full.num_queries, D_MODEL, generator=gen)
     w = torch.randn(batch, full.num_queries, D_MODEL, generator=gen)
-    xf = x.clone().requires_grad_(True)
-    try:
-        out = layer(xf, full)
-    except ValueError as err:  # the unsharded layer refuses it too (rope_mixed without GQA)
-        return {"unsharded_refuses": str(err)}
-    (out * w).sum().backward()
+    ref = _reference(layer, full, x, w) if dist.get_rank() == 0 else None
+    refused = [ref if isinstance(ref, str) else None]
+    dist.broadcast_object_list(refused, src=0)
+    if refused[0] is not None:
+        return {"unsharded_refuses": refused[0]}
+    shapes = [x.shape, x.shape, *(p.shape for p in layer.parameters())]
+    flat = torch.cat([t.reshape(-1) for t in ref]) if ref is not None else \
+        torch.empty(sum(math.prod(s) for s in shapes))
+    dist.broadcast(flat, src=0)
+    want = [t.view(s) for t, s in zip(flat.split([math.prod(s) for s in shapes]), shapes,
+                                      strict=True)]
     xl = sharded.take(x).requires_grad_(True)
-    outl = twin(xl, sharded)
+    if local is None:
+        outl = twin(xl, sharded)
+    else:  # the control: this rank's tokens alone, numbered from 0 (no gathered keys)
+        outl = twin(xl, local)
     (outl * sharded.take(w)).sum().backward()
+    grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in twin.parameters()]
+    summed = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(summed)  # the context group's gradient: the sum of the ranks'
+    grads = summed.split([g.numel() for g in grads])
+    names = ["output", "input gradient", *(n for n, _ in twin.named_parameters())]
+    got = [outl.detach(), xl.grad, *grads]
     errors, ok = {}, True
-    for name, got, want, kind in (("output", outl, sharded.take(out), "output"),
-                                  ("input gradient", xl.grad, sharded.take(xf.grad), "gradient")):
-        errors[name], good = _max_err(got.detach(), want.detach(), kind)
-        ok &= good
-    for (pname, p), q in zip(layer.named_parameters(), twin.parameters(), strict=True):
-        if p.grad is None and q.grad is None:
-            continue
-        g = q.grad if q.grad is not None else torch.zeros_like(p)
-        dist.all_reduce(g)  # the context group's gradient: the sum of the ranks'
-        want = p.grad if p.grad is not None else torch.zeros_like(p)
-        errors[pname], good = _max_err(g, want, "gradient")
+    for i, (name, g, r) in enumerate(zip(names, got, want, strict=True)):
+        r = sharded.take(r) if i < 2 else r.reshape(g.shape)
+        errors[name], good = _max_err(g, r, "output" if i == 0 else "gradient")
         ok &= good
     return {"ok": ok, "errors": errors}
 
 
-def cases() -> list[tuple[str, str, str, int | None]]:
+def cases(gqa: bool = True) -> list[tuple[str, str, str, int | None]]:
     """(encoding, coordinates, layout, kv heads) of every registered encoding the coordinates
     support; GQA (2 kv heads for 4 query heads) on the causal sequence."""
     out = []
@@ -112,7 +135,7 @@ def cases() -> list[tuple[str, str, str, int | None]]:
             layouts = ["contiguous"] if cname == "grid_rows" else ["contiguous", "balanced"]
             for layout in layouts:
                 out.append((entry.name, cname, layout, None))
-            if cname == "causal" and entry.hook != "input":
+            if gqa and cname == "causal" and entry.hook != "input":
                 out.append((entry.name, cname, "balanced", 2))
     return out
 
@@ -132,14 +155,16 @@ def run_case(name: str, cname: str, layout: str, kv_heads: int | None) -> dict:
 
 
 def worker(rank: int, world: int, port: int, out_dir: str, only: tuple = (),
-           kinds: tuple = ()) -> None:
+           kinds: tuple = (), train: bool = False, gqa: bool = True) -> None:
+    """Run the cases (`only`: these encodings, `kinds`: these coordinates) and, with `train`,
+    the sharded training run; write `rank<r>.json` (and `train_rank<r>.json`)."""
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     results = []
     try:
-        for case in cases():
+        for case in cases(gqa):
             if (only and case[0] not in only) or (kinds and case[1] not in kinds):
                 continue
             try:
@@ -148,6 +173,19 @@ def worker(rank: int, world: int, port: int, out_dir: str, only: tuple = (),
                 res = {"error": f"{type(err).__name__}: {err}",
                        "trace": traceback.format_exc()[-1500:]}
             results.append({"case": list(case), **res})
+        # the control: positions local to the shard (what a sharded model without global
+        # positions computes) must fail the same comparison
+        full = sequences()["causal"]
+        for name in ("rope", "alibi"):
+            torch.manual_seed(0)
+            enc = mmpe.build(name, context=_context(full))
+            local = mmpe.Sequence(N // world, causal=True)
+            res = run_layer(enc, full, shard(full, layout="contiguous"), None, local=local)
+            results.append({"case": [name, "control-local-positions", "contiguous", None], **res})
+        if train:
+            losses = train_sharded()
+            with open(os.path.join(out_dir, f"train_rank{rank}.json"), "w") as fh:
+                json.dump(losses, fh)
     finally:
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
             json.dump(results, fh)
@@ -202,24 +240,18 @@ def train_single() -> list[float]:
     return losses
 
 
-def train_worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    """The same run with each sequence sharded over the ranks (`CharLM.context_loss`)."""
+def train_sharded() -> list[float]:
+    """The same run with each sequence sharded over the default group
+    (`CharLM.context_loss`): the whole batch's loss at every step."""
     from mmpe.parallel import reduce_gradients
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
-    try:
-        model, opt, data = _train_setup()
-        losses = []
-        for batch in data:
-            local, total = model.context_loss(batch)
-            opt.zero_grad()
-            local.backward()
-            reduce_gradients(model, None)
-            opt.step()
-            losses.append(float(total))
-        with open(os.path.join(out_dir, f"train_rank{rank}.json"), "w") as fh:
-            json.dump(losses, fh)
-    finally:
-        dist.destroy_process_group()
+    model, opt, data = _train_setup()
+    losses = []
+    for batch in data:
+        local, total = model.context_loss(batch)
+        opt.zero_grad()
+        local.backward()
+        reduce_gradients(model, None)
+        opt.step()
+        losses.append(float(total))
+    return losses
