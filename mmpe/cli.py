@@ -279,7 +279,7 @@ def _check_page_stores(pages: dict[str, str], store_dir: str) -> int:
     for text in pages.values():
         found = report.blocks(text)
         for block, _ in found:
-            _check_recipe(block.recipe)
+            _check_recipe(block.recipe, measurements=True)
             _read_store(store_dir, block.recipe)
         count += len(found) + len(bench_report.blocks(text))
     return count

@@ -4,6 +4,7 @@ import json
 import math
 import sys
 import types
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -143,3 +144,17 @@ def test_summary_block_is_the_best_line_only():
     alone = report.render_table(SPEC, [r for r in records if r["encoding"] == "p"], summary=True)
     assert alone == "a: p (the only row); b: p (the only row)."
     assert report.Block.parse('toy columns="gate attn,b"').columns == ("gate attn", "b")
+
+
+def test_the_docs_gpu_cost_blocks_render_from_the_store(tmp_path, capsys) -> None:
+    """`mmpe report --check` of a page with a `gpu_cost` block: a measurement, not a recipe,
+    whose spec is the script's (`mmpe.recipes.MEASUREMENTS`)."""
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    start = text.index("<!-- mmpe:report gpu_cost")
+    page = tmp_path / "page.md"
+    page.write_text(text[start:text.index("<!-- mmpe:end -->", start) + 17] + "\n")
+    assert cli.main(["report", "--check", str(page), "--store", str(root / "results")]) == 0
+    assert "all 1 blocks" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="unknown recipe 'gpu_cos'"):
+        cli._check_recipe("gpu_cos", measurements=True)
