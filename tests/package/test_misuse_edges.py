@@ -11,7 +11,6 @@ import mmpe
 #: tests/bad_input_counts.py; a test with several checks takes its main one's
 CATEGORY = {
     "test_alibi_slopes_from_a_list_and_bad_slopes": "range",
-    "test_empty_batch_is_named": "shape",
     "test_hf_rope_dicts_that_would_be_misread": "dtype",
     "test_one_cache_per_model_and_one_mask_per_cache": "api-misuse",
     "test_generate_refuses_an_example_without_tokens": "api-misuse",
