@@ -3,19 +3,54 @@ VENV    ?= .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 PYTEST  := $(PY) -m pytest
+# The tests run on both cores (pytest-xdist), one torch thread per worker: two busy threads per
+# core run far slower than one.
+XDIST   := -n 2
+export OMP_NUM_THREADS ?= 1
 APT_PKGS := espeak-ng proj-data bowtie2-examples
 
-.PHONY: setup run report results test test-train test-slow test-gpu test-floor test-core lint bench docs data-audio apt clean
+.PHONY: setup lock run report results test test-train test-slow test-gpu test-floor test-core lint bench docs data-audio apt clean
 
-$(STAMP): pyproject.toml requirements/torch.txt requirements/nodeps.txt
-	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements/torch.txt
-	$(PY) -m pip install -q -e ".[recipes,timm,pyg,hf,data,docs,dev]"
-	$(PY) -m pip install -q --no-deps -r requirements/nodeps.txt
+# Every environment is installed from its lock (requirements/lock.txt; the floor's
+# requirements/floor-lock.txt): each package at its tested version, with --no-deps since a lock is
+# complete, mmpe editable on top (built with the locked setuptools), and the torch family
+# imported together with transformers, so a broken pairing stops here rather than in the tests.
+LOCK       := requirements/lock.txt
+FLOOR_LOCK := requirements/floor-lock.txt
+define install_locked
+	python3 -m venv $(1)
+	$(1)/bin/python -m pip install -q --no-deps "$$(grep '^pip==' $(2))"
+	$(1)/bin/python -m pip install -q --no-deps -r $(2)
+	$(1)/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+	$(1)/bin/python -c "import torch, torchvision, torchaudio, transformers"
+endef
+
+$(STAMP): pyproject.toml $(LOCK)
+	$(call install_locked,$(VENV),$(LOCK))
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# Refresh both locks from the newest versions the registry serves (under requirements/lock.in;
+# the floor's under requirements/floor.txt too), in scratch environments, then run the tests on
+# them; prints what moved (for the CHANGELOG). Commit the locks only when both runs pass.
+LOCK_EXTRAS := recipes,timm,pyg,hf,data,docs,dev
+lock:
+	rm -rf .venv-lock .venv-floor-lock
+	python3 -m venv .venv-lock
+	.venv-lock/bin/python -m pip install -q --upgrade pip
+	.venv-lock/bin/python -m pip install -q -c requirements/lock.in setuptools torch torchvision \
+		torchaudio -e ".[$(LOCK_EXTRAS)]"
+	.venv-lock/bin/python -m pip install -q --no-deps -r requirements/nodeps.txt
+	.venv-lock/bin/python requirements/freeze.py $(LOCK) "The development environment (make setup)"
+	python3 -m venv .venv-floor-lock
+	.venv-floor-lock/bin/python -m pip install -q --upgrade pip
+	.venv-floor-lock/bin/python -m pip install -q -c requirements/lock.in -c requirements/floor.txt \
+		-r requirements/floor.txt setuptools -e ".[recipes,timm,pyg,hf,data,dev]"
+	.venv-floor-lock/bin/python -m pip install -q --no-deps -r requirements/nodeps.txt
+	.venv-floor-lock/bin/python requirements/freeze.py $(FLOOR_LOCK) "The floor environment (make test-floor)"
+	.venv-lock/bin/python -m pytest $(XDIST) -q
+	.venv-floor-lock/bin/python -m pytest $(XDIST) -q -m "not slow and not gpu"
 
 # The main job: the text recipe compared across the seven foundation encodings, 3 seeds each,
 # two runs at a time with one thread each (the committed results in results/ were made with one
@@ -56,7 +91,7 @@ results: setup
 # the site build, a wheel, plugins) and the torch.compile tests; CI runs both. --durations
 # names the slowest.
 test: setup
-	$(PYTEST) -q --durations=15
+	$(PYTEST) $(XDIST) -q --durations=15
 
 test-train: setup
 	$(PYTEST) -q -m "(train or subprocess or compile) and not slow and not gpu" --durations=15
@@ -77,19 +112,15 @@ test-gpu: setup
 # The tests at the declared minimum versions of torch, timm, PyG, transformers and Lightning
 # (requirements/floor.txt), in their own environment.
 FLOOR := .venv-floor
-$(FLOOR)/.installed: pyproject.toml requirements/floor.txt requirements/nodeps.txt
-	python3 -m venv $(FLOOR)
-	$(FLOOR)/bin/pip install -q --upgrade pip
-	$(FLOOR)/bin/pip install -q -c requirements/floor.txt -r requirements/floor.txt
-	$(FLOOR)/bin/pip install -q -c requirements/floor.txt -e ".[recipes,timm,pyg,hf,data,dev]"
-	$(FLOOR)/bin/pip install -q --no-deps -r requirements/nodeps.txt
+$(FLOOR)/.installed: pyproject.toml $(FLOOR_LOCK)
+	$(call install_locked,$(FLOOR),$(FLOOR_LOCK))
 	touch $@
 
 test-floor: $(FLOOR)/.installed
-	$(FLOOR)/bin/python -m pytest -q -m "not slow and not gpu" --durations=15
+	$(FLOOR)/bin/python -m pytest $(XDIST) -q -m "not slow and not gpu" --durations=15
 
 test-core: setup
-	MMPE_HIDE_EXTRAS=1 $(PYTEST) -q -m "not slow and not gpu" --durations=15
+	MMPE_HIDE_EXTRAS=1 $(PYTEST) $(XDIST) -q -m "not slow and not gpu" --durations=15
 
 # The documentation site (mkdocs material + mkdocstrings), offline, warnings as errors.
 docs: setup
@@ -115,4 +146,4 @@ data-audio: setup
 	$(PY) -m mmpe.recipes.audio_data --out data/spoken_digits
 
 clean:
-	rm -rf $(VENV) runs site .pytest_cache
+	rm -rf $(VENV) .venv-lock .venv-floor-lock runs site .pytest_cache

@@ -57,6 +57,9 @@ from mmpe.recipes.vision import GridClassifier, GridEncoder
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
+from mmpe._optional import check_torchaudio
+from mmpe._optional import require as require_module
+
 DEFAULT_ROOT = "data/spoken_digits"
 SAMPLE_RATE = 16000
 HOP = 160  # 10 ms at 16 kHz
@@ -113,7 +116,7 @@ def read_wav(path: str | Path, sample_rate: int = SAMPLE_RATE) -> Tensor:
 @functools.lru_cache(maxsize=8)
 def resampler(orig: int, new: int) -> nn.Module:
     """`torchaudio.transforms.Resample` (its sinc kernel computed once per rate pair)."""
-    import torchaudio
+    torchaudio = require_module("torchaudio", "the audio recipe")
 
     return torchaudio.transforms.Resample(orig, new)
 
@@ -126,7 +129,7 @@ def trim(wav: Tensor, threshold: float = 0.02) -> Tensor:
 
 @functools.lru_cache(maxsize=4)
 def mel_transform(n_mels: int) -> nn.Module:
-    import torchaudio
+    torchaudio = require_module("torchaudio", "the audio recipe")
 
     return torchaudio.transforms.MelSpectrogram(sample_rate=SAMPLE_RATE, n_fft=400, win_length=400,
                                                 hop_length=HOP, n_mels=n_mels)
@@ -225,6 +228,7 @@ class SpokenDigitsData(L.LightningDataModule):
         self.save_hyperparameters()
         if window_seconds <= 0:
             raise ValueError(f"window_seconds must be > 0, got {window_seconds}")
+        check_torchaudio("the audio recipe")  # before synthesising data it could not read
         default = os.path.normpath(root) == os.path.normpath(f"{DEFAULT_ROOT}/main")
         if default and not Path(root).is_dir():
             print(f"audio: synthesising spoken digits into {DEFAULT_ROOT} with espeak-ng "

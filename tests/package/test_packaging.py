@@ -17,6 +17,8 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     tomllib = pytest.importorskip("tomli")
 
 ROOT = Path(__file__).resolve().parents[2]
+#: the development lock: the wheel is installed under its versions, as a user of a checkout would
+LOCK = ROOT / "requirements" / "lock.txt"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
@@ -106,17 +108,17 @@ def test_missing_extra_names_the_pip_command(monkeypatch):
 
 @pytest.mark.slow
 def test_wheel_installs_and_compare_runs_from_another_directory(tmp_path):
-    """Build the wheel, install it with ``[recipes,data]`` into a fresh venv outside the repo,
+    """Build the wheel, install it with ``[recipes,data]`` (under the lock's versions) into a
+    fresh venv outside the repo,
     and train ``mmpe compare text`` for a few steps from an unrelated folder."""
     wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels),
-                    str(ROOT)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(wheels), str(ROOT)], check=True)
     (wheel,) = wheels.glob("mmpe-*.whl")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
-    subprocess.run([*pip, "-r", str(ROOT / "requirements" / "torch.txt")], check=True)
-    subprocess.run([*pip, f"{wheel}[recipes,data]"], check=True)
+    subprocess.run([*pip, "-c", str(LOCK), f"{wheel}[recipes,data]"], check=True)
     subprocess.run([*pip, "--no-deps", "-r", str(ROOT / "requirements" / "nodeps.txt")], check=True)
     work = tmp_path / "elsewhere"
     (work / "recipes").mkdir(parents=True)  # a user's own recipes/ folder must not shadow ours
