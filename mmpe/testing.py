@@ -306,7 +306,8 @@ def assert_encoding_paths(encoding: Any, coords: Any, *, num_heads: int | None =
     projections per path; the paths are the dispatcher's own choice (`"auto"`), each plan of
     the SDPA path that can run the call ([`SDPA_PLANS`][mmpe.attention.dispatch.SDPA_PLANS]:
     the relation, grid, blocked, checkpointed-blocks and dense plans, with a block budget of
-    `block_bytes` so that blocks are small), and FlexAttention where this torch has it (on the
+    `block_bytes` so that blocks are small), the dense route (`backend="dense"`, what CUDA
+    takes for learned terms), and FlexAttention where this torch has it (on the
     CPU forward only where its backward is missing). Compared: the output and, with `grad`, the
     gradients of `Σ out²` w.r.t. the input and every parameter of `encoding`.
 
@@ -320,7 +321,7 @@ def assert_encoding_paths(encoding: Any, coords: Any, *, num_heads: int | None =
         seed: seeds the projections and the input.
 
     Returns:
-        the names of the paths checked (`"auto"`, `"sdpa:relation"`, …, `"flex"`).
+        the names of the paths checked (`"auto"`, `"sdpa:relation"`, …, `"dense"`, `"flex"`).
 
     Raises:
         AssertionError: a path's output or gradient differs, naming the path and the tensor.
@@ -355,6 +356,7 @@ def assert_encoding_paths(encoding: Any, coords: Any, *, num_heads: int | None =
     checked = []
     runs: list[tuple[str, str, str | None]] = [("auto", "auto", None)]
     runs += [(f"sdpa:{plan}", "sdpa", plan) for plan in SDPA_PLANS]
+    runs.append(("dense", "dense", None))  # the CUDA route of learned terms, on this device
     runs.append(("flex", "flex", None))
     old_budget = os.environ.get("MMPE_ATTN_BLOCK_BYTES")
     os.environ["MMPE_ATTN_BLOCK_BYTES"] = str(block_bytes)
@@ -364,7 +366,8 @@ def assert_encoding_paths(encoding: Any, coords: Any, *, num_heads: int | None =
                 with force_plan(plan):
                     got = step(backend)
             except ValueError as err:  # a plan that cannot run this call
-                if "cannot run this call" in str(err) or "cannot run a non-softmax" in str(err):
+                if any(why in str(err) for why in ("cannot run this call", "cannot run a non-softmax",
+                                                   "needs additive score terms")):
                     continue
                 raise
             except NotImplementedError:  # FlexAttention without a backward on the CPU

@@ -77,7 +77,7 @@ def test_a_new_distance_bias_runs_on_every_path(kind: str) -> None:
     checked = assert_encoding_paths(QuadraticDistance(2), _coords()[kind], block_bytes=2048)
     plans = {"sequence": "sdpa:relation", "grid": "sdpa:grid", "points": "sdpa:blocked",
              "graph": "sdpa:blocked"}
-    assert plans[kind] in checked and "sdpa:dense" in checked
+    assert plans[kind] in checked and "sdpa:dense" in checked and "dense" in checked
 
 
 def test_a_wrong_fast_form_fails_the_check(monkeypatch) -> None:
