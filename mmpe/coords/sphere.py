@@ -137,7 +137,8 @@ class Sphere(Coordinates):
         `grid_shape` records `(n_lat, n_lon)` or `(n_t, n_lat, n_lon)`.
 
         Raises:
-            ValueError: `n_lat` or `n_lon` not a positive int; `times` not 1D.
+            ValueError: `n_lat` or `n_lon` not a positive int; `times` not 1D, not finite, or
+                integers beyond 2⁵³ (held in float64, exactly, as `Sphere`'s `time`).
         """
         for arg, val in (("n_lat", n_lat), ("n_lon", n_lon)):
             if isinstance(val, bool) or not isinstance(val, int) or val < 1:
