@@ -120,3 +120,17 @@ def test_batched_stamps_keep_their_steps():
     b = torch.tensor([0, 1])
     d = s.time_distance(torch.tensor([0, 0]), torch.tensor([1, 1]), b)
     assert d.tolist() == [1.0, 2.0]
+
+
+@pytest.mark.parametrize(("epoch", "step"), [(1_100_000.0, 1 / 60), (1.7e9, 1.0)])
+def test_a_float32_model_sees_one_minute_and_one_second(epoch, step):
+    """The issue's closing check: ERA5 hours one minute apart, Unix seconds one second apart,
+    at one place, through a float32 Transformer whose input encoding is `spacetime`."""
+    torch.manual_seed(0)
+    model = mmpe.Transformer(32, 2, 1, [mmpe.build("spacetime", d_model=32)])
+    times = torch.tensor([epoch, epoch + step], dtype=torch.float64)
+    coords = Sphere(torch.zeros(2), torch.zeros(2), time=times)
+    out = model(torch.zeros(1, 2, 32), coords).detach()
+    assert out.dtype == torch.float32
+    assert float((out[0, 1] - out[0, 0]).abs().max()) > 1e-3
+    assert float(coords.time_distance(torch.tensor(0), torch.tensor(1))) == pytest.approx(step)
