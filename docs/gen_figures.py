@@ -22,6 +22,7 @@ import torch
 import mmpe
 from mmpe import registry
 from mmpe.plot import gallery
+from mmpe.plot.legibility import COLUMN_PX, text_problems
 from mmpe.plot.results import draw_metric_lines
 from mmpe.plot.style import DPI
 
@@ -38,12 +39,14 @@ def build(name: str, **context) -> object:
     return registry.build(name, context=ctx)
 
 
-#: The width a figure is shown at: the text column of a page at a 1,400 px window (a wider
-#: PNG is scaled down to it; glightbox shows it full size on click).
-COLUMN_PX = 688
 #: Per figure: its PNG width, its panels and its smallest text in pixels as displayed in the
 #: column; written to img/gen/label_sizes.json for tests/package/test_docs_site.py.
 SIZES: dict[str, dict[str, float]] = {}
+
+
+#: Per figure: what its drawn text gets wrong (`mmpe.plot.legibility.text_problems`); the build
+#: fails on any, after every figure is drawn (so one build names them all).
+PROBLEMS: dict[str, list[str]] = {}
 
 
 def label_sizes(fig: object, png: bytes) -> dict[str, float]:
@@ -90,6 +93,7 @@ def write(name: str, draw: Callable[[], object]) -> None:
     with mkdocs_gen_files.open(f"img/gen/{name}.png", "wb") as f:
         f.write(buf.getvalue())
     SIZES[name] = label_sizes(fig, buf.getvalue())
+    PROBLEMS[name] = text_problems(fig, dpi=DPI, column_px=COLUMN_PX)
     print(f"gen_figures: img/gen/{name}.png in {time.perf_counter() - start:.1f} s "
           f"({SIZES[name]['min_label_px']} px labels at {COLUMN_PX} px)")
 
@@ -271,3 +275,7 @@ for _name, _draw in FIGURES.items():
 gallery_page()
 with mkdocs_gen_files.open("img/gen/label_sizes.json", "w") as _f:
     json.dump(SIZES, _f, indent=1, sort_keys=True)
+_bad = {name: found for name, found in PROBLEMS.items() if found}
+if _bad:
+    raise RuntimeError("figures whose text does not read at the column's width:\n" + "\n".join(
+        f"  img/gen/{name}.png: {line}" for name, found in _bad.items() for line in found))

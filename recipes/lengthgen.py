@@ -523,9 +523,11 @@ def plot_tasks(records: list[dict[str, Any]], path: Path, setting: str = "defaul
     runs = [r for r in records if r["setting"] == setting and (not rows or r["encoding"] in rows)]
     summary = summarise(runs, COMPARE.columns)
     tasks = [t for t in TASKS if any(row[f"{t}@1x"].mean is not None for row in summary.values())]
-    cols = min(4, len(tasks))
+    # three panels a row, 6.9 inches: shown at the docs' 688 px column unscaled, so labels and
+    # legend keep their size (mmpe.plot.legibility checks it)
+    cols = min(3, len(tasks))
     rows_n = -(-len(tasks) // cols)
-    fig, axes = subplots(rows_n, cols, figsize=(2.8 * cols, 2.6 * rows_n), squeeze=False, sharey=True)
+    fig, axes = subplots(rows_n, cols, figsize=(2.3 * cols, 2.2 * rows_n), squeeze=False, sharey=True)
     flat = list(axes.flat)
     x = np.arange(len(MULTIPLIERS))
     for ax, task in zip(flat, tasks, strict=False):
@@ -540,7 +542,7 @@ def plot_tasks(records: list[dict[str, Any]], path: Path, setting: str = "defaul
     handles, labels = flat[0].get_legend_handles_labels()
     for ax in flat[len(tasks):]:  # the spare panel holds the legend
         ax.axis("off")
-    (flat[-1] if len(flat) > len(tasks) else fig).legend(handles, labels, fontsize=7, loc="center")
+    (flat[-1] if len(flat) > len(tasks) else fig).legend(handles, labels, fontsize=8, loc="center")
     return save(fig, path)
 
 
@@ -554,9 +556,11 @@ def plot_per_length(records: list[dict[str, Any]], path: Path, settings: list[st
 
     tasks = [s.removeprefix("task-") for s in settings if s.startswith("task-")]
     tasks = [t for t in tasks if any(r["setting"] == task_setting(t) for r in records)] or tasks
-    cols = min(4, len(tasks))
+    # three panels a row, 6.9 inches: shown at the docs' 688 px column unscaled, so labels and
+    # legend keep their size (mmpe.plot.legibility checks it)
+    cols = min(3, len(tasks))
     rows_n = -(-len(tasks) // cols)
-    fig, axes = subplots(rows_n, cols, figsize=(2.9 * cols, 2.5 * rows_n), squeeze=False,
+    fig, axes = subplots(rows_n, cols, figsize=(2.3 * cols, 2.3 * rows_n), squeeze=False,
                          sharey=True)
     flat = list(axes.flat)
     for ax, task in zip(flat, tasks, strict=False):
@@ -591,7 +595,7 @@ def plot_per_length(records: list[dict[str, Any]], path: Path, settings: list[st
                 labels.append(lab)
     for ax in flat[len(tasks):]:  # a spare panel holds the legend
         ax.axis("off")
-    (flat[-1] if len(flat) > len(tasks) else fig).legend(handles, labels, fontsize=7, loc="center")
+    (flat[-1] if len(flat) > len(tasks) else fig).legend(handles, labels, fontsize=8, loc="center")
     return save(fig, path)
 
 

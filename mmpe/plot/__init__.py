@@ -31,6 +31,7 @@ The package, by idea (each name is importable from `mmpe.plot` itself):
 | [`mmpe.plot.gallery`][mmpe.plot.gallery] | what one query sees of every key (the docs' modality figures, the attention gallery) |
 | [`mmpe.plot.results`][mmpe.plot.results] | stored experiment results: a metric `mean ± sd` per encoding |
 | [`mmpe.plot.command`][mmpe.plot.command] | `mmpe plot`: its options, the figures and coordinates it picks |
+| [`mmpe.plot.legibility`][mmpe.plot.legibility] | whether a drawn figure's text reads: inside, not overlapping, tall enough |
 
 Encodings from training checkpoints come from [`mmpe.checkpoints`][mmpe.checkpoints]
 ([`load_encoding`][mmpe.checkpoints.load_encoding]), molecules from SMILES from [`mmpe.molecules`][mmpe.molecules]
@@ -62,6 +63,7 @@ from mmpe.plot.gallery import (
     query_values,
 )
 from mmpe.plot.graph import plot_graph_eigenvectors
+from mmpe.plot.legibility import text_problems
 from mmpe.plot.results import (
     draw_metric_lines,
     draw_metric_points,
@@ -77,5 +79,5 @@ __all__ = [
     "plot_bias_row", "plot_bias_vs_distance", "plot_command", "plot_distance_kernels",
     "plot_feature_graph", "plot_graph_eigenvectors", "plot_input_matrix",
     "plot_molecule_positions", "plot_query_maps", "plot_rotary_decay", "plot_similarity",
-    "plot_sphere", "plot_sphere_maps", "query_values", "show",
+    "plot_sphere", "plot_sphere_maps", "query_values", "show", "text_problems",
 ]

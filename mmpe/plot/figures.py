@@ -113,7 +113,7 @@ def plot_similarity(enc: InputEncoding | str, coords: Coordinates | None = None,
                        interpolation="nearest")
         ax.set_xticks([j * (w + 1) + (w - 1) / 2 for j in range(w)], [str(j + 1) for j in range(w)])
         ax.set_yticks([i * (h + 1) + (h - 1) / 2 for i in range(h)], [str(i + 1) for i in range(h)])
-        ax.tick_params(length=0, labelsize=7)
+        ax.tick_params(length=0, labelsize=8)
         ax.set_xlabel("input patch column")
         ax.set_ylabel("input patch row")
         for spine in ax.spines.values():

@@ -126,20 +126,25 @@ def plot_query_maps(encodings: Mapping[str, Any], coords: Grid, query: int | Non
         if query is None else query
     where = np.unravel_index(query, shape)
     frames = shape[0] if len(shape) == 3 else 1
-    rows, cols = (len(encodings), frames) if frames > 1 else (1, len(encodings))
-    fig = new_figure(2.3 * cols + 0.8, 2.4 * rows + 0.4)
+    # 2D: two panels a row, so that each two-line title and colour bar fits a docs column
+    rows, cols = (len(encodings), frames) if frames > 1 else \
+        (math.ceil(len(encodings) / 2), min(2, len(encodings)))
+    fig = new_figure(3.4 * cols + 0.2 if frames == 1 else 2.3 * cols + 0.8,
+                     2.9 * rows + 0.2 if frames == 1 else 2.4 * rows + 0.4)
     axes = np.asarray(fig.subplots(rows, cols, squeeze=False))
+    for ax in axes.flat[len(encodings):] if frames == 1 else ():
+        ax.set_visible(False)  # (an odd count leaves one cell empty)
     for i, (label, enc) in enumerate(encodings.items()):
         values = query_values(enc, coords, query).reshape(shape)
         diverging = bool(np.nanmin(values) < 0)
         for t in range(frames):
-            ax = axes[i, t] if frames > 1 else axes[0, i]
+            ax = axes[i, t] if frames > 1 else axes.flat[i]
             panel = values[t] if frames > 1 else values
             title = f"{label}, frame {t}" if frames > 1 else f"{label}\n{_what(enc)}"
             im = _image(ax, panel, title, diverging=diverging)
             if frames == 1 or t == where[0]:
                 ax.plot(where[-1], where[-2], "x", color="white", ms=8, mew=2)
-        fig.colorbar(im, ax=axes[i, :] if frames > 1 else axes[0, i], shrink=0.8)
+        fig.colorbar(im, ax=axes[i, :] if frames > 1 else axes.flat[i], shrink=0.8)
     return finish(fig, path)
 
 
@@ -243,10 +248,9 @@ def plot_trained_attention(maps: Mapping[str, np.ndarray], *, heads: Mapping[str
             ax.set_title(f"{name}: layer {layer + 1}{head}", fontsize=8)
             ax.set_xticks([])
             ax.set_yticks([])
-            if c == 0:
-                ax.set_ylabel("query", fontsize=8)
-            if layer == layers - 1:
-                ax.set_xlabel("key", fontsize=8)
+    # one label per axis for the whole grid (a label per row was drawn past the left edge)
+    fig.supylabel("query (down)", fontsize=8)
+    fig.supxlabel("key (across)", fontsize=8)
     fig.colorbar(im, ax=fig.axes, shrink=0.6, label="attention weight")
     if title:
         fig.suptitle(title)
@@ -325,9 +329,9 @@ def plot_feature_graph(table: Any, *, path: str | os.PathLike | None = None) -> 
         nx.draw_networkx_edges(graph, layout, ax=ax, edge_color="0.6",
                                width=[2 * d["weight"] for _, _, d in graph.edges(data=True)])
         _draw_molecule(ax, xy, np.zeros((2, 0), dtype=int), pos[:, j],
-                       f"Tab-PET spectral position {j + 1}", labels=names)
+                       f"Tab-PET spectral\nposition {j + 1}", labels=names)
     hops = table.hops[int(table.cls_token):, int(table.cls_token):].cpu().numpy()
-    _image(axes[2], hops, f"hops between features ({table.num_features}: no path)",
+    _image(axes[2], hops, f"hops between features\n({table.num_features}: no path)",
            diverging=False)
     axes[2].set_xticks(range(len(names)), names, rotation=90, fontsize=7)
     axes[2].set_yticks(range(len(names)), names, fontsize=7)
@@ -353,16 +357,16 @@ def plot_distance_kernels(cutoff: float = 5.0, *, num_kernels: int = 8,
     enc = registry.build("gaussian_distance", num_heads=4, num_kernels=num_kernels)
     d = torch.linspace(0.0, cutoff * 1.2, 400)
     centers = torch.linspace(0.0, cutoff, num_kernels)
-    panels = {
-        "gaussian_distance: ψ_k(d), learned μ, σ (init)":
+    panels = {  # (name, then formula: one line each fits a third of a docs column)
+        "gaussian_distance\nψ_k(d), learned μ, σ (init)":
             gaussian_basis(d, enc.means.detach(), enc.stds.detach()),
-        "radial_gaussian: RBF × cosine cutoff":
+        "radial_gaussian\nRBF × cosine cutoff":
             gaussian_rbf(d, centers, 10.0 / cutoff) * cosine_cutoff(d, cutoff)[:, None],
-        "radial_bessel: sin(kπd/c)/d × envelope":
+        "radial_bessel\nsin(kπd/c)/d × envelope":
             bessel_rbf(d, cutoff, num_kernels)
             * polynomial_envelope((d / cutoff).clamp(max=1.0))[:, None],
     }
-    fig = new_figure(13, 3.6)
+    fig = new_figure(6.9, 2.9)
     for i, (title, values) in enumerate(panels.items()):
         ax = fig.add_subplot(1, 3, i + 1)
         ax.plot(d.numpy(), values.detach().numpy(), lw=1.2)

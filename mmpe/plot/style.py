@@ -114,7 +114,7 @@ def head_colors(n: int) -> list:
 def legend(ax: Axes, n: int) -> None:
     """A small frameless legend for `n` lines, or none past 16 (a line per head)."""
     if n <= 16:
-        ax.legend(fontsize=7, ncols=2 if n > 8 else 1, loc="best", frameon=False)
+        ax.legend(fontsize=8, ncols=2 if n > 8 else 1, loc="best", frameon=False)
 
 
 def show(paths: Sequence[str | os.PathLike]) -> bool:
