@@ -8,6 +8,7 @@ Rows (shape × encoding × peer), each layer with its own `qkv` and output proje
 | ViT-B/16 14² + cls, batch 32; grids 32², 64² (+ cls) | `swin` (BEiT's table) | timm `beit.Attention` (relative-position table gathered into `[H, N, N]`, SDPA) |
 | sequences 4k, 16k | `t5` | HF `T5Attention` (position bias computed per call, added to the scores) |
 | sequences 4k, 16k | `t5`, `alibi` | x-transformers `RelativePositionBias`, `AlibiPositionalBias` (dense bias into SDPA) |
+| sequences 4k, 16k | `rope` | HF Llama's `apply_rotary_pos_emb` (cos/sin per call) |
 | video 16 × 32² | `alibi` | the dense distance bias into SDPA |
 | points 4k | `alibi` | the dense distance bias into SDPA |
 | 64 molecules | `graphormer_spatial` | Graphormer's spatial table gathered into `[B, H, n, n]`, SDPA |
@@ -149,6 +150,7 @@ def peers(shape: Shape) -> list[tuple[str, Callable[[], nn.Module], str]]:
                     "x-transformers RelativePositionBias"))
         alibi = AlibiPositionalBias(heads=HEADS, total_heads=HEADS)
         out.append(("alibi", lambda: QKVLayer(lambda: alibi(n, n)), "x-transformers ALiBi"))
+        out.append(("rope", lambda: HFRotaryLayer(n), "HF Llama rotary"))
     elif isinstance(coords, mmpe.Graph):
         table = nn.Embedding(32, HEADS)
         spd = coords.spd.clamp(min=0, max=31)  # [B, n, n]; padding and unreachable to 0 / 31
@@ -164,6 +166,28 @@ def peers(shape: Shape) -> list[tuple[str, Callable[[], nn.Module], str]]:
             return -slopes[:, None, None] * coords.distance(q, k, b).float()
         out.append(("alibi", lambda: QKVLayer(distance_bias), "dense distance bias"))
     return out
+
+
+class HFRotaryLayer(QKVLayer):
+    """The layer with HF Llama's rotary embedding (cos/sin built per call in the input's
+    dtype from float32 frequencies, `apply_rotary_pos_emb` on q and k), no bias."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(lambda: None)
+        d = D_MODEL // HEADS
+        self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, d, 2).float() / d))
+        self.n = n
+
+    def forward(self, x: Tensor) -> Tensor:
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        q, k, v = rearrange(self.qkv(x), "b s (three h d) -> three b h s d", three=3, h=HEADS)
+        pos = torch.arange(self.n, device=x.device, dtype=torch.float32)
+        freqs = torch.outer(pos, self.inv_freq.float())
+        emb = torch.cat((freqs, freqs), dim=-1)[None]
+        q, k = apply_rotary_pos_emb(q, k, emb.cos().to(x.dtype), emb.sin().to(x.dtype))
+        out = F.scaled_dot_product_attention(q, k, v)
+        return self.proj(rearrange(out, "b h s d -> b s (h d)"))
 
 
 def _device(coords: Any) -> torch.device:

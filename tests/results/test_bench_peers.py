@@ -59,8 +59,8 @@ def test_every_shape_and_peer_runs_tiny(tmp_path: Path) -> None:
     record = _peers_run(tmp_path)
     _check_record(record, {"timm beit.Attention", "HF T5Attention",
                            "x-transformers RelativePositionBias", "x-transformers ALiBi",
-                           "dense distance bias", "Graphormer dense bias"})
-    assert len(record["rows"]) == 12
+                           "dense distance bias", "Graphormer dense bias", "HF Llama rotary"})
+    assert len(record["rows"]) == 14
 
 
 @pytest.mark.slow
@@ -83,7 +83,7 @@ def test_the_sequence_peers_run_store_the_route_and_render(tmp_path: Path) -> No
     store = tmp_path / "bench"
     record = _peers_run(store, "seq 4k")
     _check_record(record, {"HF T5Attention", "x-transformers RelativePositionBias",
-                           "x-transformers ALiBi"})
+                           "x-transformers ALiBi", "HF Llama rotary"})
     record["host"] = "NVIDIA H200"  # as a GPU run stores it
     (store / "bench_peers.jsonl").write_text(json.dumps(record) + "\n")
     text = bench_report.render_block(block, tmp_path)
