@@ -80,6 +80,13 @@ def work_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def rotation_dtype(x: torch.dtype, positions: torch.dtype) -> torch.dtype:
+    """The dtype a rotation of `x` at `positions` is formed in: [`work_dtype`][mmpe.encodings._learned_rotation.work_dtype] of `x`, but
+    float64 for float64 positions (absolute time stamps on the sphere): `exp(t·A)` in float32
+    is NaN at `t ≈ 1e8` and loses the seconds of Unix time long before."""
+    return torch.float64 if positions == torch.float64 else work_dtype(x)
+
+
 class LearnedRotation(KeepDtype, RotaryEncoding):
     """Base of the learned N-D rotations: head checks, positions, deduplication, caching.
 
@@ -209,13 +216,13 @@ class LearnedRotation(KeepDtype, RotaryEncoding):
         check_qk(self.name, q, k, self.head_dim, coords)
         self._check_heads(q, k)
         qpos, kpos = (self._positions(p) for p in rotary_positions(coords, k))
-        work = work_dtype(q.dtype)
+        work, kwork = rotation_dtype(q.dtype, qpos.dtype), rotation_dtype(k.dtype, kpos.dtype)
         with full_precision(q.device):
             qrot = self._cached(coords, qpos.to(q.device), work)
-            if same_positions(qpos, kpos) and work_dtype(k.dtype) == work:
+            if same_positions(qpos, kpos) and kwork == work:
                 krot = qrot  # a grid's keys are its queries: one rotation for both
             else:
-                krot = self.transform(kpos.to(k.device), work_dtype(k.dtype))
+                krot = self.transform(kpos.to(k.device), kwork)
             return self.apply(q, qrot), self.apply(k, krot)
 
 

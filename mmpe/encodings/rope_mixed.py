@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Positioned
 from mmpe.encodings._grid import phase_cos_sin, rotate
-from mmpe.encodings._precision import KeepDtype, full_precision
+from mmpe.encodings._precision import KeepDtype, float32, full_precision
 from mmpe.encodings.base import RotaryEncoding, check_qk, newest_key_positions
 from mmpe.encodings.rope import apply_rotary, rotation_dtype, same_positions
 from mmpe.registry import register
@@ -93,16 +93,18 @@ class MixedRoPE(KeepDtype, RotaryEncoding):
 
     def phase(self, coords: Coordinates, keys: bool = False, n_keys: int | None = None) -> Tensor:
         """`[n_h, n, h_d/2]` (`[b, n_h, n, h_d/2]` for batched positions) angles
-        `Σ_a p_a θ^a` of the query (or key) tokens (float32, differentiable in `freqs`)."""
+        `Σ_a p_a θ^a` of the query (or key) tokens (float32, float64 for float64 positions
+        such as absolute time stamps; differentiable in `freqs`)."""
         pos = newest_key_positions(coords, n_keys) if keys else coords.query_positions
         if pos.shape[-1] != self.num_axes:
             raise ValueError(f"rope_mixed: built for num_axes={self.num_axes}, the coordinates "
                              f"have {pos.shape[-1]} axes; build it with num_axes="
                              f"{pos.shape[-1]} (a model: encoding_context={{'num_axes': "
                              f"{pos.shape[-1]}}})")
-        pos = pos.to(self.freqs.device).float()  # [n, A] or [b, n, A]
+        # float64 stays float64: Unix seconds (≈ 1.7e9) in float32 lose their seconds
+        pos = float32(pos.to(self.freqs.device))  # [n, A] or [b, n, A]
         with full_precision(pos.device):
-            return torch.einsum("...na,ahj->...hnj", pos, self.freqs.float())
+            return torch.einsum("...na,ahj->...hnj", pos, self.freqs.to(pos.dtype))
 
     def forward(self, q: Tensor, k: Tensor, coords: Coordinates) -> tuple[Tensor, Tensor]:
         self.check_coords(coords)

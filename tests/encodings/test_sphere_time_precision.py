@@ -134,3 +134,33 @@ def test_a_float32_model_sees_one_minute_and_one_second(epoch, step):
     assert out.dtype == torch.float32
     assert float((out[0, 1] - out[0, 0]).abs().max()) > 1e-3
     assert float(coords.time_distance(torch.tensor(0), torch.tensor(1))) == pytest.approx(step)
+
+
+_LAT, _LON = torch.tensor([10.0, 20.0, 30.0]), torch.tensor([0.0, 50.0, 100.0])
+#: the input and rotary encodings that run on a timed sphere (score terms read the
+#: great-circle distance, which time never enters)
+_SPHERE_ENCODINGS = sorted(e.name for e in available(
+    coords=Sphere(_LAT, _LON, time=torch.tensor([0.0, 1.0, 2.0]))) if e.hook != "score")
+
+
+@pytest.mark.parametrize("name", _SPHERE_ENCODINGS)
+def test_every_encoding_on_a_timed_sphere_sees_one_second_at_unix_scale(name):
+    """Moving one token by one second changes a float32 model's output as much at Unix scale
+    as at epoch 0, for every encoding that reads the time axis (rotary ones on `(lat, lon,
+    time)` included: rope_mixed formed its phases in float32, the learned rotations (LieRE,
+    ComRoPE) took exp(t·A) in float32, NaN at t ≈ 1e8); encodings that ignore time change by
+    0 at both."""
+    torch.manual_seed(0)
+    model = mmpe.Transformer(48, 2, 1, [name], encoding_context={
+        "num_axes": 3, "max_len": 64, "grid_shape": (4, 8)})
+    x = torch.randn(1, 3, 48, generator=torch.Generator().manual_seed(1))
+
+    def moved_by_one_second(epoch):
+        outs = [model(x, Sphere(_LAT, _LON, time=torch.tensor([epoch, epoch + dt, epoch + 2],
+                                                              dtype=torch.float64))).detach()
+                for dt in (0.0, 1.0)]
+        assert all(torch.isfinite(o).all() for o in outs)
+        return float((outs[1] - outs[0]).abs().max())
+
+    at_zero, at_unix = moved_by_one_second(0.0), moved_by_one_second(1.7e9)
+    assert at_unix == pytest.approx(at_zero, rel=0.5, abs=1e-6), (at_zero, at_unix)
