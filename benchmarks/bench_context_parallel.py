@@ -35,7 +35,7 @@ _RANK = textwrap.dedent("""
     from mmpe.parallel import shard
     rank, world, port, n = map(int, sys.argv[1:5])
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{{port}}", rank=rank,
                             world_size=world)
     torch.manual_seed(0)
     layer = mmpe.MultiHeadAttention({d}, {h}, [mmpe.build("rope", head_dim={d} // {h})])

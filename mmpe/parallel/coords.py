@@ -20,7 +20,7 @@ from torch import Tensor
 from mmpe.coords.base import Coordinates, MaskMod
 from mmpe.coords.capabilities import defines
 from mmpe.parallel.collectives import gather_tokens, group_size_rank
-from mmpe.parallel.layout import check_layout, shard_index
+from mmpe.parallel.layout import check_layout, shard_index, shard_spans
 
 #: pairwise members whose first argument is a query index: answered at `index[q_idx]`
 _QUERY_FIRST = ("relation", "distance", "extent", "query_index", "offset", "offsets")
@@ -44,6 +44,7 @@ class ShardedCoords(Coordinates):
         group: the context group (None: the default group).
         layout: `"contiguous"` or `"balanced"`.
         world_size, rank: of the group.
+        spans: `(start, length)` of each contiguous chunk this rank holds.
     """
 
     supports_cache = False
@@ -54,6 +55,8 @@ class ShardedCoords(Coordinates):
                  layout: str, world_size: int, rank: int) -> None:
         self.full, self.index, self.group = full, index, group
         self.layout, self.world_size, self.rank = layout, world_size, rank
+        #: `(start, length)` of the rank's contiguous chunks of the sequence (host integers)
+        self.spans = shard_spans(full.num_queries, world_size, rank, layout)
 
     @property
     def num_queries(self) -> int:

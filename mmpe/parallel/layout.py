@@ -57,9 +57,17 @@ def shard_index(n: int, world_size: int, rank: int, layout: str = "contiguous",
                          f"{layout!r} layout cannot split over {world_size} ranks: n must be a "
                          f"multiple of {chunks} ({'2·' if layout == 'balanced' else ''}world "
                          "size); pad the batch")
+    return torch.cat([torch.arange(start, start + size, device=device)
+                      for start, size in shard_spans(n, world_size, rank, layout)])
+
+
+def shard_spans(n: int, world_size: int, rank: int, layout: str) -> list[tuple[int, int]]:
+    """`(start, length)` of each chunk rank `rank` holds, in order (host integers: no device
+    read); `n` as checked by `shard_index`."""
+    chunks = chunks_per_rank(layout) * world_size
     size = n // chunks
     held = [rank] if layout == "contiguous" else [rank, chunks - 1 - rank]
-    return torch.cat([torch.arange(c * size, (c + 1) * size, device=device) for c in held])
+    return [(c * size, size) for c in held]
 
 
 def gather_order(n: int, world_size: int, layout: str,

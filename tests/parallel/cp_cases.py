@@ -155,10 +155,13 @@ def run_case(name: str, cname: str, layout: str, kv_heads: int | None) -> dict:
 
 
 def worker(rank: int, world: int, port: int, out_dir: str, only: tuple = (),
-           kinds: tuple = (), train: bool = False, gqa: bool = True) -> None:
+           kinds: tuple = (), train: bool = False, gqa: bool = True,
+           block_bytes: int | None = None) -> None:
     """Run the cases (`only`: these encodings, `kinds`: these coordinates) and, with `train`,
     the sharded training run; write `rank<r>.json` (and `train_rank<r>.json`)."""
     os.environ["OMP_NUM_THREADS"] = "1"
+    if block_bytes is not None:  # small blocks: the causal chunks are cut into checkpointed rows
+        os.environ["MMPE_ATTN_BLOCK_BYTES"] = str(block_bytes)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)

@@ -69,8 +69,10 @@ def test_two_ranks_every_encoding_layout_padding_documents_gqa_grid(two_ranks: P
 
 
 def test_four_ranks_every_encoding_both_layouts(tmp_path: Path) -> None:
+    # GQA, padding, documents and grids run on 2 ranks; here a block budget of 512 bytes cuts
+    # the causal chunks into checkpointed blocks of 2 rows (mmpe.parallel.attention)
     cp_cases.spawn(4, str(tmp_path), cp_cases.worker, (), ("causal", "bidirectional"), False,
-                   False)  # GQA, padding, documents and grids: on 2 ranks
+                   False, 512)
     _check(_rows(tmp_path, 4))
 
 
