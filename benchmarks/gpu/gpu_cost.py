@@ -30,6 +30,7 @@ import torch
 from mmpe.recipes.compare import CompareSpec
 
 import mmpe
+from mmpe.attention import log_routes
 from mmpe.context import coords_context
 from mmpe.results import store
 from mmpe.results.report import render_table
@@ -178,11 +179,12 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             env = store.environment()
             start = time.perf_counter()
-            metrics = run_one(name, seed=seed, out_dir=Path("."), cli_args=[])
+            with log_routes() as routes:  # stored: which route each column's layers took
+                metrics = run_one(name, seed=seed, out_dir=Path("."), cli_args=[])
             with tempfile.TemporaryDirectory() as empty:  # no LightningCLI config to store
                 store.append(args.store, store.make_record(
                     RECIPE, setting, name, seed, metrics, wall_s=time.perf_counter() - start,
-                    cli_args=[], out_dir=empty, env=env))
+                    cli_args=[], out_dir=empty, env=env, routes=routes))
             print(f"gpu_cost: {name} round {seed}: {metrics}", flush=True)
     records = [r for r in store.read(args.store, RECIPE)
                if r["setting"] == setting and r["encoding"] in names]
