@@ -44,7 +44,8 @@ The package, one idea per file:
 | `modules.py` | the modules: hooks, projections, rotation, checks |
 | `route.py` | which route a call takes: the rule, the cost table, forcing, the route log |
 | `dispatch.py` | the flex, dense, SDPA and math paths |
-| `forms.py` | how a path reads a score term: by its declared structure, or a fast form |
+| `forms.py` | how a path reads a score term: by its declared structure, or a fast form; the one dense-bias door |
+| `generic.py` | the generic form of every term (`score_mod` on index grids), which the others are held to |
 | `fast_forms/` | hand-written fast forms of single encoding classes, keyed by exact class |
 | `flex.py` | FlexAttention glue: composed `score_mod`s, per-offset tables, `BlockMask` |
 | `cpu/` | the CPU paths: relation (sequences), grid, blocked (points, graphs), their forms |
