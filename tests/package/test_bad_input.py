@@ -446,9 +446,6 @@ NEWER = [
     case("build for coordinates without the capability", lambda: mmpe.build(
         "rope", coords=mmpe.Grid((2, 2)), head_dim=8), ("Positioned1D",),
          "unsupported-combination"),
-    case("build with a deprecated and a new name", lambda: mmpe.build(
-        "rope_yarn", head_dim=8, max_len=64, original_max_position_embeddings=32),
-         ("original_max_position_embeddings only",), "unsupported-combination"),
     # geometry
     case("Points units an int", lambda: mmpe.Points(torch.randn(3, 2), units=3), ("units",),
          "dtype"),
