@@ -111,14 +111,20 @@ def plot_panels(records: list[dict[str, Any]], path: Path, setting: str = "defau
 
     runs = [r for r in records if r["setting"] == setting and (not rows or r["encoding"] in rows)]
     summary = summarise(runs, COMPARE.columns)
-    fig, axes = subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.4), squeeze=False)
-    for ax, (title, columns, ylabel) in zip(axes[0], PANELS, strict=True):
+    # two panels a row, 6.9 inches: shown at the docs' 688 px column unscaled (labels and legend
+    # keep their size, mmpe.plot.legibility); a spare panel holds the legend
+    rows_n = -(-(len(PANELS) + 1) // 2)
+    fig, axes = subplots(rows_n, 2, figsize=(6.9, 2.9 * rows_n), squeeze=False)
+    flat = list(axes.flat)
+    for ax, (title, columns, ylabel) in zip(flat, PANELS, strict=False):
         draw_bands(ax, summary, columns)
         ax.set_xticks(range(len(columns)), [c.split("@")[1] for c in columns])
         ax.set_title(title)
         ax.set_xlabel("length / L")
         ax.set_ylabel(ylabel)
-    axes[0][-1].legend(fontsize=7)
+    for ax in flat[len(PANELS):]:
+        ax.axis("off")
+    flat[-1].legend(*flat[0].get_legend_handles_labels(), fontsize=8, loc="center")
     return save(fig, path)
 
 

@@ -411,9 +411,13 @@ def plot_tasks(records: list[dict[str, Any]], path: Path, setting: str = "defaul
 
     runs = [r for r in records if r["setting"] == setting and (not rows or r["encoding"] in rows)]
     summary = summarise(runs, COMPARE.columns)
-    fig, axes = subplots(1, len(TASKS), figsize=(3.0 * len(TASKS), 3.2), squeeze=False)
+    # two panels a row, 6.9 inches: shown at the docs' 688 px column unscaled (labels and legend
+    # keep their size, mmpe.plot.legibility); a spare panel holds the legend
+    rows_n = -(-(len(TASKS) + 1) // 2)
+    fig, axes = subplots(rows_n, 2, figsize=(6.9, 2.9 * rows_n), squeeze=False)
+    flat = list(axes.flat)
     x = np.arange(len(MULTIPLIERS))
-    for ax, task in zip(axes[0], TASKS, strict=True):
+    for ax, task in zip(flat, TASKS, strict=False):
         draw_bands(ax, summary, [f"{task}@{m}x" for m in MULTIPLIERS])
         ax.set_title(task)
         ax.set_xticks(x, [f"{m}x" for m in MULTIPLIERS])
@@ -424,7 +428,9 @@ def plot_tasks(records: list[dict[str, Any]], path: Path, setting: str = "defaul
             ax.set_ylabel("accuracy (higher is better)")
         else:
             ax.set_ylabel("bits per nucleotide (lower is better)")
-    axes[0][-1].legend(fontsize=6, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    for ax in flat[len(TASKS):]:
+        ax.axis("off")
+    flat[-1].legend(*flat[0].get_legend_handles_labels(), fontsize=8, loc="center", ncols=2)
     return save(fig, path)
 
 

@@ -86,7 +86,7 @@ def draw_metric_lines(columns: Sequence[str], series: Mapping[str, Sequence[Cell
     ax.set_xlabel(textwrap.fill(xlabel or "", 90))  # a long label wraps instead of clipping
     ax.set_ylabel(ylabel or "")
     if title:
-        ax.set_title(title)
+        ax.set_title(title, wrap=True)  # (a recipe's long title: on two lines, not cut off)
     ax.grid(alpha=0.3)
     if rows:
         ax.legend(fontsize=8, ncols=2 if len(rows) > 8 else 1, loc="best", frameon=False)
