@@ -139,3 +139,13 @@ def test_readme_is_short() -> None:
     the long sections live in docs/ (rendered and tested there)."""
     lines = _read("README.md").count("\n")
     assert lines < 400, f"README.md has {lines} lines"
+
+
+def test_every_readme_link_resolves_in_the_repository() -> None:
+    """Where the README is read (the forge, a clone), each relative link names a file that is
+    committed: no page that exists only in the built site."""
+    readme = _read("README.md")
+    targets = {t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", readme)
+               if not re.match(r"[a-z]+:", t) and not t.startswith("#")}
+    missing = sorted(t for t in targets if not (ROOT / t).exists())
+    assert not missing, f"README links to files not in the repository: {missing}"
