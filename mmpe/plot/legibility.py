@@ -67,6 +67,9 @@ def text_problems(fig: Figure, *, dpi: float = DPI, column_px: float = COLUMN_PX
 
     fig.set_dpi(dpi)
     canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    engine = fig.get_layout_engine()
+    if engine is not None:  # constrained layout settles over two passes (the draw is the second)
+        engine.execute(fig)
     drawn: list[Any] = []
     with _recording_drawn_text(drawn):
         canvas.draw()
