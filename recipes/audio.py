@@ -74,6 +74,7 @@ COMPARE = CompareSpec(
     default_encodings=["learned_grid", "sincos", "rope_axial", "swin", "alibi", "nope", "conv_pe"],
     coords="grid",
     title="Spoken digits (espeak-ng, held-out voices): accuracy vs input length",
+    chance=lambda column: 0.1,  # ten spoken digits
     notes=[
         "1s: as trained (10×5 patches); 2s: same words padded to 2 s (20×5 patches); "
         "slow 2s: held-out voices at 80 wpm in 2 s.",

@@ -57,6 +57,7 @@ COMPARE = CompareSpec(
     default_encodings=["factorized", "sincos", "rope_axial", "alibi", "learned_grid", "nope"],
     coords="grid",
     title="Moving MNIST: digit and direction both right vs clip length",
+    chance=lambda column: 1 / (10 * 8),  # both heads right by guessing: 1/10 × 1/8
     notes=[
         "Accuracy = both the digit (10 classes) and the motion direction (8) right; chance 1.25 %.",
         "Same test clips at every length (a 16-frame clip continues its 8-frame prefix).",
