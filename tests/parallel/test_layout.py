@@ -48,3 +48,4 @@ def test_bad_input_is_named() -> None:
         shard(mmpe.Sequence(8, causal=True))
     with pytest.raises(TypeError, match="coords must be mmpe Coordinates"):
         shard(torch.arange(8))
+

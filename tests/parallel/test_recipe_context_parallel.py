@@ -84,3 +84,11 @@ def test_training_follows_the_single_process_curve(two_ranks: Path) -> None:
     diffs = [abs(a - b) for a, b in zip(got[0], want, strict=True)]
     assert max(diffs) < 1e-5, f"loss curves differ by up to {max(diffs):.3g}"
     assert want[-1] < want[0] - 0.1  # the run learns: the curve is not flat
+
+
+def test_the_text_recipe_names_a_bad_layout() -> None:
+    from mmpe.recipes.text import CharLM
+
+    with pytest.raises(ValueError, match="context_parallel must be None or one of"):
+        CharLM(context_parallel="zigzag")
+    assert CharLM(d_model=16, num_heads=2, depth=1, context_parallel="balanced").context_group is None
