@@ -124,7 +124,7 @@ test-core: setup
 
 # The documentation site (mkdocs material + mkdocstrings), offline, warnings as errors.
 docs: setup
-	$(VENV)/bin/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(VENV)/bin/mkdocs build --strict --site-dir site
 
 lint: setup
 	$(VENV)/bin/ruff check mmpe recipes tests benchmarks

@@ -88,7 +88,7 @@ def dense(enc: ScoreEncoding, ctx: AttentionContext) -> Tensor:
     """The term of one encoding on every pair, `[b or 1, n_h, n_q, n_k]` (float32 for the
     built-in terms): the class's fast form, else [rows][mmpe.attention.forms.rows] on every
     query. A content-free term is computed once per forward
-    ([forward_scope][mmpe.prepare.forward_scope]) and shared by the layers that hold it.
+    (`mmpe.prepare.forward_scope`) and shared by the layers that hold it.
 
     Raises:
         TypeError: a rescaling (non-additive) term: it has no additive bias.
