@@ -133,8 +133,9 @@ def dense_bias(scores: Sequence[ScoreEncoding], ctx: AttentionContext) -> Tensor
 
 
 def _check_dense_memory(scores: Sequence[ScoreEncoding], ctx: AttentionContext) -> None:
-    """The dense bias at its peak: the sum so far and the next term, float32."""
-    if not scores:
+    """The dense bias at its peak: the sum so far and the next term, float32 (not while
+    compiling: traced code is not checked, and its message could not be traced)."""
+    if not scores or torch.compiler.is_compiling():
         return
     coords = ctx.coords
     batch = coords.batch_size or 1
