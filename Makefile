@@ -5,7 +5,7 @@ STAMP   := $(VENV)/.installed
 PYTEST  := $(PY) -m pytest
 # The tests run on both cores (pytest-xdist), one torch thread per worker: two busy threads per
 # core run far slower than one.
-XDIST   := -n 2
+XDIST   := -n 2 --dist worksteal
 export OMP_NUM_THREADS ?= 1
 APT_PKGS := espeak-ng proj-data bowtie2-examples
 
@@ -94,7 +94,7 @@ test: setup
 	$(PYTEST) $(XDIST) -q --durations=15
 
 test-train: setup
-	$(PYTEST) -q -m "(train or subprocess or compile) and not slow and not gpu" --durations=15
+	$(PYTEST) -q -m "(train or subprocess or compile or heavy) and not slow and not gpu" --durations=15
 
 test-slow: setup
 	$(PYTEST) -q -m slow

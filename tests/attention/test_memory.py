@@ -46,6 +46,7 @@ def _peak(name: str, n: int, kind: str) -> float:
     return float(run.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.subprocess  # a fresh interpreter per case, to read its peak memory alone
 @pytest.mark.parametrize(("name", "kind", "limit"), [
     # Toeplitz sequences, the relation path: the bias is a view of an O(n) table, never n×n.
     ("alibi", "forward", 200), ("t5", "forward", 200), ("fire", "forward", 200),

@@ -28,6 +28,12 @@ from mmpe.encodings.base import AttentionContext, InputEncoding, ScoreEncoding
 MATRIX_CASES: list[tuple[str, str, str]] = []  # (encoding, coordinates, check), read by conftest
 
 
+#: Encodings whose matrix rows take 7–14 s each (their generic paths run per pair, frame
+#: averaging over many frames): `make test-train` runs them (marker `heavy`), `make test` the
+#: rest, so that it stays within its 8 minutes.
+HEAVY = {"mesh_displacement", "rope_frame_averaged"}
+
+
 def _pairs(supported: bool) -> list:
     """(encoding, coordinates) pairs the registry says are (or are not) supported."""
     out = []
@@ -35,7 +41,9 @@ def _pairs(supported: bool) -> list:
         coords = make()
         for entry in mmpe.available():
             if entry.supports(coords) == supported:
-                out.append(pytest.param(entry.name, cname, id=f"{entry.name}-{cname}"))
+                marks = [pytest.mark.heavy] if supported and entry.name in HEAVY else []
+                out.append(pytest.param(entry.name, cname, id=f"{entry.name}-{cname}",
+                                        marks=marks))
     return out
 
 
