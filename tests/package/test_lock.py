@@ -111,8 +111,10 @@ def test_environment_is_a_locked_one() -> None:
     matching = [lock for lock in LOCKS if _pins(lock)["torch"] == torch]
     assert matching, f"torch {torch} is in no lock"
     pins = _pins(matching[0])
-    moved = {name: (version, installed[name]) for name, version in pins.items()
-             if name in installed and Version(installed[name]) != Version(version)}
+    # the version imports see (a vendored copy, e.g. setuptools/_vendor, may be listed too)
+    seen = {name: importlib.metadata.version(name) for name in pins if name in installed}
+    moved = {name: (version, seen[name]) for name, version in pins.items()
+             if name in seen and Version(seen[name]) != Version(version)}
     assert not moved, f"installed versions differ from {matching[0]}: {moved}"
     if all(importlib.util.find_spec(m) for m in ("torchaudio", "transformers", "torchvision")):
         import torchaudio  # noqa: F401  (an OSError here is the broken pairing the lock prevents)

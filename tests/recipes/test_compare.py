@@ -79,7 +79,7 @@ def test_rerun_skips_stored_runs_and_survives_a_failure(tmp_path, monkeypatch):
 
 
 def test_cli_list_and_errors(capsys):
-    assert cli.main(["list", "--hook", "score"]) == 0
+    assert cli.main(["list", "--hook", "score", "--width", "200"]) == 0  # whole paper cells
     out = capsys.readouterr().out
     assert "alibi" in out and "Press et al. 2022" in out and "rope " not in out
     assert cli.main(["compare", "nosuchrecipe"]) == 2
