@@ -94,12 +94,12 @@ test: setup
 	$(PYTEST) $(XDIST) -q --durations=15
 
 test-train: setup
-	$(PYTEST) -q -m "(train or subprocess or compile or heavy) and not slow and not gpu" --durations=15
+	$(PYTEST) $(XDIST) -q -m "(train or subprocess or compile or heavy) and not slow and not gpu" --durations=15
 
 test-slow: setup
 	$(PYTEST) -q -m slow
 
-# The core tests with every optional package hidden (as with `pip install mmpe` alone):
+# make test's tier with every optional package hidden (as with `pip install mmpe` alone):
 # the integration and recipe tests must skip, everything else must pass.
 # The GPU tier: compiled FlexAttention against the math path for every score and kernel
 # encoding, bounded compiles, each recipe on the GPU, the main job against the CPU runs.
@@ -110,17 +110,18 @@ test-gpu: setup
 	else echo "make test-gpu: no CUDA device here; the GPU tier (tests/gpu/test_gpu.py) is skipped"; fi
 
 # The tests at the declared minimum versions of torch, timm, PyG, transformers and Lightning
-# (requirements/floor.txt), in their own environment.
+# (requirements/floor.txt), in their own environment: make test's tier (the trainings run at the
+# locked versions in make test-train; CI's 45 minutes hold one pass of them).
 FLOOR := .venv-floor
 $(FLOOR)/.installed: pyproject.toml $(FLOOR_LOCK)
 	$(call install_locked,$(FLOOR),$(FLOOR_LOCK))
 	touch $@
 
 test-floor: $(FLOOR)/.installed
-	$(FLOOR)/bin/python -m pytest $(XDIST) -q -m "not slow and not gpu" --durations=15
+	$(FLOOR)/bin/python -m pytest $(XDIST) -q --durations=15
 
 test-core: setup
-	MMPE_HIDE_EXTRAS=1 $(PYTEST) $(XDIST) -q -m "not slow and not gpu" --durations=15
+	MMPE_HIDE_EXTRAS=1 $(PYTEST) $(XDIST) -q --durations=15
 
 # The documentation site (mkdocs material + mkdocstrings), offline, warnings as errors.
 docs: setup

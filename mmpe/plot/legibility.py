@@ -60,8 +60,9 @@ def text_problems(fig: Figure, *, dpi: float = DPI, column_px: float = COLUMN_PX
         min_px: the smallest legible text height in shown pixels.
 
     Returns:
-        One line per problem, naming the text: a box outside the figure (clipped), two boxes
-        that overlap, a text under `min_px` at the column's width; `[]` when it reads.
+        `list[str]`, one line per problem naming the text (a box outside the figure, clipped;
+            two boxes that overlap; a text under `min_px` at the column's width); `[]` when it
+            reads.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 

@@ -8,6 +8,8 @@ import importlib.util
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 
@@ -149,3 +151,35 @@ def test_every_readme_link_resolves_in_the_repository() -> None:
                if not re.match(r"[a-z]+:", t) and not t.startswith("#")}
     missing = sorted(t for t in targets if not (ROOT / t).exists())
     assert not missing, f"README links to files not in the repository: {missing}"
+
+
+def _returns_items(obj, found: list[str]) -> None:
+    """Every Returns / Yields item of `obj`'s members but the last, as the site's parser reads
+    them (griffe, Google style): a row that does not end a sentence was split off its rest."""
+    for member in obj.members.values():
+        if member.is_alias:
+            continue
+        if member.docstring is not None:
+            for section in member.docstring.parse("google"):
+                if section.kind.value in ("returns", "yields"):
+                    for item in section.value[:-1]:
+                        text = item.description.strip()
+                        if not text.endswith((".", ";", ":", "!", "?")):
+                            found.append(f"{member.path}: {text[-50:]!r}")
+        if member.is_module or member.is_class:
+            _returns_items(member, found)
+
+
+def test_returns_sections_are_one_item_each() -> None:
+    """A wrapped Returns line not indented deeper than its first becomes a row of its own on
+    the site, the row before it ending mid-sentence (the site test checks the HTML in
+    make test-train; this reads the sources with the same parser, in seconds)."""
+    import logging
+
+    griffe = pytest.importorskip("griffe")
+    logging.getLogger("griffe").setLevel(logging.ERROR)
+    package = griffe.load("mmpe", search_paths=[str(ROOT)], docstring_parser="google",
+                          allow_inspection=False)
+    found: list[str] = []
+    _returns_items(package, found)
+    assert not found, f"Returns / Yields items that end mid-sentence: {found}"
