@@ -16,21 +16,17 @@ ROOT = Path(__file__).resolve().parents[2]
 LOCKS = ("requirements/lock.txt", "requirements/floor-lock.txt")
 
 
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+def _freeze():
+    """requirements/freeze.py, whose `pins` reads a lock for `make lock` and for these tests."""
+    spec = importlib.util.spec_from_file_location("freeze", ROOT / "requirements/freeze.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _pins(path: str) -> dict[str, str]:
-    """`name -> version` of a lock; every non-comment line must be an exact `==` pin."""
-    pins = {}
-    for line in (ROOT / path).read_text().splitlines():
-        if not line.strip() or line.startswith("#"):
-            continue
-        m = re.fullmatch(r"([A-Za-z0-9._-]+)==([A-Za-z0-9.+!_-]+)", line.strip())
-        assert m, f"{path}: not an exact pin: {line!r}"
-        assert _norm(m[1]) not in pins, f"{path}: {m[1]} pinned twice"
-        pins[_norm(m[1])] = m[2]
-    return pins
+    """`name -> version` of a lock or requirements file; every non-comment line an exact pin."""
+    return _freeze().pins((ROOT / path).read_text(), path)
 
 
 def _makefile_recipe(target: str) -> str:
@@ -63,22 +59,18 @@ def test_lock_satisfies_pyproject(lock: str) -> None:
     for dep in project["dependencies"] + sum((project["optional-dependencies"][e]
                                               for e in extras), []):
         req = Requirement(dep)
-        name = _norm(req.name)
+        name = _freeze().canonicalize_name(req.name)
         assert name in pins, f"{lock} lacks {req.name} ({dep})"
         assert req.specifier.contains(pins[name], prereleases=True), (lock, dep, pins[name])
-    for line in (ROOT / "requirements/nodeps.txt").read_text().splitlines():
-        if "==" in line and not line.startswith("#"):
-            name, version = line.split("==")
-            assert pins.get(_norm(name)) == version.strip(), (lock, line)
+    for name, version in _pins("requirements/nodeps.txt").items():
+        assert pins.get(name) == version, (lock, name, version)
 
 
 def test_floor_lock_holds_the_floors() -> None:
     """The floor environment's lock pins what requirements/floor.txt declares."""
     pins = _pins("requirements/floor-lock.txt")
-    for line in (ROOT / "requirements/floor.txt").read_text().splitlines():
-        if "==" in line and not line.startswith("#"):
-            name, version = line.split("==")
-            assert pins.get(_norm(name)) == version.strip(), line
+    for name, version in _pins("requirements/floor.txt").items():
+        assert pins.get(name) == version, (name, version)
 
 
 def test_every_install_step_reads_a_lock() -> None:
@@ -106,7 +98,8 @@ def test_every_install_step_reads_a_lock() -> None:
 def test_environment_is_a_locked_one() -> None:
     """The running environment is one of the locks, package for package (a fresh machine gets
     what CI tested), and imports the torch family with transformers together."""
-    installed = {_norm(d.metadata["Name"]): d.version for d in importlib.metadata.distributions()}
+    canonical = _freeze().canonicalize_name
+    installed = {canonical(d.metadata["Name"]): d.version for d in importlib.metadata.distributions()}
     torch = Version(installed["torch"]).base_version
     matching = [lock for lock in LOCKS if _pins(lock)["torch"] == torch]
     assert matching, f"torch {torch} is in no lock"
@@ -155,3 +148,10 @@ def test_a_torchaudio_of_another_torch_is_named_in_one_line(monkeypatch) -> None
         assert f"pip install 'torchaudio=={release}'" in message
     monkeypatch.setattr(importlib, "import_module", real)
     _optional.check_torchaudio("control: a torchaudio that loads passes")
+
+
+@pytest.mark.parametrize("text", ["torch>=2.5\n", "torch==2.5.1\nTorch==2.5.1\n", "torch\n"])
+def test_a_lock_line_that_is_not_one_exact_pin_is_refused(text: str) -> None:
+    """A range, a bare name or a package pinned twice (names compared as pip does) is named."""
+    with pytest.raises(ValueError, match="lock.txt: .*(not an exact pin|pinned twice)"):
+        _freeze().pins(text, "lock.txt")
