@@ -178,6 +178,9 @@ def plot_command(name: str, kind: str = "auto", *, length: int | None = None,
         if isinstance(coords, Grid):
             defaults["grid_shape"] = coords.shape
     context = {**defaults, **given}
+    drawn = entries + ([registry.get("rope")] if entry.hook == "rotary" and len(names) == 1
+                       and entry.name != "rope" else [])
+    _refuse_unread_context(given, drawn)
     _refuse_unread(entry.name, kinds, coords, {
         "--grid": grid is not None, "--length": length is not None, "--query": query is not None,
         "--smiles": smiles != DEFAULT_SMILES, "--features": features,
@@ -251,6 +254,26 @@ def _refuse_unread(name: str, kinds: list[str], coords: Coordinates | None,
         if given and ignored:
             raise ValueError(f"mmpe plot: {flag} does not change the {'/'.join(kinds)} figure of "
                              f"{name} ({why}); leave it out")
+
+
+_FLAG_OF_KEY = {"d_model": "--d-model", "num_heads": "--heads", "head_dim": "--head-dim"}
+
+
+def _refuse_unread_context(given: Mapping[str, Any], drawn: Seq[registry.Entry]) -> None:
+    """A size given (`--d-model`, `--heads`, `--head-dim`, or a context key as `--option`) that no
+    drawn encoding takes is refused, naming it and what they take, never dropped (`--grid` is
+    read by the coordinates, and checked with the figure options).
+
+    Raises:
+        ValueError: a key of `given` outside every drawn encoding's context.
+    """
+    takes = set().union(*(e.context for e in drawn))
+    for key in given:
+        if key != "grid_shape" and key not in takes:
+            flag = _FLAG_OF_KEY.get(key, f"--option {key}=")
+            raise ValueError(f"mmpe plot: {flag} does not change "
+                             f"{', '.join(e.name for e in drawn)} (it takes "
+                             f"{', '.join(sorted(takes)) or 'no size'}); leave it out")
 
 
 def _only(context: Mapping[str, Any], entry: registry.Entry) -> dict[str, Any]:

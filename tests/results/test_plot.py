@@ -314,6 +314,34 @@ def test_cli_errors(tmp_path, capsys):
     assert not list(tmp_path.iterdir())
 
 
+SIZE_FLAGS = {"d_model": ("--d-model", "d_model"), "num_heads": ("--heads", "heads"),
+              "head_dim": ("--head-dim", "head_dim")}
+
+
+@pytest.mark.parametrize("key", sorted(SIZE_FLAGS))
+def test_a_size_no_drawn_encoding_takes_is_refused_for_every_encoding(tmp_path, key):
+    """`--d-model`, `--heads`, `--head-dim` given to an encoding that has no such size (ALiBi's
+    d_model, a sinusoid's heads) is refused by name before anything is drawn, never dropped;
+    over every registered encoding but the kernels (nothing to plot)."""
+    from mmpe import registry
+    from mmpe.plot.command import plot_command
+
+    flag, argument = SIZE_FLAGS[key]
+    refused = 0
+    for entry in registry.available():
+        drawn = {entry.name, "rope"} if entry.hook == "rotary" else {entry.name}
+        if entry.hook == "kernel" or any(key in registry.get(n).context for n in drawn):
+            continue
+        with pytest.raises(ValueError) as err:
+            plot_command(entry.name, out=tmp_path, **{argument: 16})
+        if "no figure for" in str(err.value):  # coordinates no figure draws (digits, meshes)
+            continue
+        assert f"{flag} does not change {entry.name}" in str(err.value)
+        refused += 1
+    assert refused >= 5, refused
+    assert not list(tmp_path.iterdir())
+
+
 def test_import_mmpe_does_not_need_matplotlib():
     code = "import sys, mmpe, mmpe.plot, mmpe.cli; assert 'matplotlib' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
