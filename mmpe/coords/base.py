@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from mmpe.coords.capabilities import defines
+from mmpe.validation import check_memory
 
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
@@ -111,12 +112,22 @@ class Coordinates(ABC):
 
     def dense_mask(self, start: int = 0, stop: int | None = None) -> Tensor | None:
         """The [`mask_mod`][mmpe.coords.base.Coordinates.mask_mod] evaluated on all pairs of queries `start … stop−1` (default:
-        every query), `[b or 1, 1, rows, n_k]` bool, or None."""
+        every query), `[b or 1, 1, rows, n_k]` bool, or None.
+
+        Raises:
+            MemoryError: the rows (and the int64 index pairs a mask compares) exceed what this
+                process can allocate now (`mmpe.validation.check_memory`).
+        """
         mod = self.mask_mod()
         if mod is None:
             return None
         stop = self.num_queries if stop is None else stop
         batch = self.batch_size or 1
+        # a bool per pair, and at its peak an int64 pair index the mask compares
+        check_memory("Coordinates.dense_mask", batch * (stop - start) * self.num_keys * 9,
+                     f"the mask's rows [b={batch}, 1, rows={stop - start}, "
+                     f"n_k={self.num_keys}] bool",
+                     self.device, "take it in blocks of rows (start=, stop=)")
         b, h, q, k = index_grid(batch, 1, self.num_queries, self.num_keys, self.device)
         return mod(b, h, q[:, :, start:stop], k).expand(batch, 1, stop - start, self.num_keys)
 

@@ -32,6 +32,7 @@ from mmpe.plot.style import (
     new_figure,
     symmetric_limit,
 )
+from mmpe.validation import check_memory
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -142,6 +143,11 @@ def _score_terms(fn: str, enc: ScoreEncoding, coords: Coordinates,
     if not enc.additive:
         raise ValueError(f"{fn}: {name_of(enc)} rescales the attention scores instead of adding a "
                          "bias; there is no bias to plot")
+    n_q, n_k = coords.num_queries, coords.num_keys
+    # the float32 bias, an int64 pair index its mod computes on, and the float32 copy drawn
+    check_memory(fn, num_heads * n_q * n_k * 16,
+                 f"the bias [n_h={num_heads}, n_q={n_q}, n_k={n_k}] float32", coords.device,
+                 "draw fewer positions (--length, a smaller grid) or fewer heads")
     with evaluating(enc):
         try:
             # head_dim only sizes the work check: a position-only bias does not read q or k

@@ -129,3 +129,33 @@ def test_under_an_address_space_limit_the_recording_is_refused_not_the_allocator
                          timeout=300)
     assert "refused: attention: the math path's scores (recorded)" in out.stdout, out.stderr
     assert "need 19.1 GiB" in out.stdout and "query_stride" in out.stdout
+
+
+@pytest.mark.parametrize("coords", [
+    mmpe.Sequence(3000, causal=True),
+    mmpe.Sequence(3000, padding_mask=torch.arange(3000) < torch.tensor([[3000], [17]])),
+    mmpe.Sequence(3000, document_ids=torch.arange(3000) // 700)], ids=["causal", "padded", "docs"])
+def test_a_dense_mask_is_refused_whole_and_given_in_blocks_of_rows(coords, monkeypatch):
+    """`Coordinates.dense_mask()` of every query is an `n × n` request like the others: refused
+    with its size and the way out (rows in blocks), which then fits."""
+    batch = coords.batch_size or 1
+    needed = batch * 3000 * 3000 * 9  # a bool per pair, an int64 index at the peak
+    monkeypatch.setattr(validation, "available_memory", lambda: needed - 1)
+    with pytest.raises(MemoryError, match=rf"^Coordinates.dense_mask: the mask's rows \[b={batch}, "
+                                          rf"1, rows=3000, n_k=3000\] bool need "
+                                          rf"{needed / GIB:.1f} GiB.*start=, stop="):
+        coords.dense_mask()
+    block = coords.dense_mask(0, 1000)
+    assert block.shape == (batch, 1, 1000, 3000) and block.dtype == torch.bool
+
+
+def test_a_bias_figure_is_refused_before_it_is_drawn(monkeypatch):
+    """The plotted bias is `[n_h, n, n]`: past the memory there is, refused by name."""
+    pytest.importorskip("matplotlib")
+    from mmpe import plot
+
+    needed = 8 * 3000 * 3000 * 16
+    monkeypatch.setattr(validation, "available_memory", lambda: needed - 1)
+    with pytest.raises(MemoryError, match=r"^plot_bias_vs_distance: the bias \[n_h=8, n_q=3000, "
+                                          r"n_k=3000\] float32 need .*--length"):
+        plot.plot_bias_vs_distance(mmpe.build("alibi", num_heads=8), mmpe.Sequence(3000))
