@@ -321,8 +321,9 @@ def check_memory(where: str, needed: int, what: str, device: torch.device | str,
     Raises:
         MemoryError: `needed` exceeds what this process can allocate now.
     """
-    if needed < MEMORY_CHECK_FROM or torch.device(device).type != "cpu" or \
-            torch.compiler.is_compiling():
+    # traced first: a comparison of symbolic sizes would guard (and recompile) on them
+    if torch.compiler.is_compiling() or needed < MEMORY_CHECK_FROM or \
+            torch.device(device).type != "cpu":
         return
     free = available_memory()
     if free is not None and needed > free:

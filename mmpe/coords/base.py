@@ -123,11 +123,12 @@ class Coordinates(ABC):
             return None
         stop = self.num_queries if stop is None else stop
         batch = self.batch_size or 1
-        # a bool per pair, and at its peak an int64 pair index the mask compares
-        check_memory("Coordinates.dense_mask", batch * (stop - start) * self.num_keys * 9,
-                     f"the mask's rows [b={batch}, 1, rows={stop - start}, "
-                     f"n_k={self.num_keys}] bool",
-                     self.device, "take it in blocks of rows (start=, stop=)")
+        if not torch.compiler.is_compiling():  # traced sizes are symbolic: no guard on them
+            # a bool per pair, and at its peak an int64 pair index the mask compares
+            check_memory("Coordinates.dense_mask", batch * (stop - start) * self.num_keys * 9,
+                         f"the mask's rows [b={batch}, 1, rows={stop - start}, "
+                         f"n_k={self.num_keys}] bool",
+                         self.device, "take it in blocks of rows (start=, stop=)")
         b, h, q, k = index_grid(batch, 1, self.num_queries, self.num_keys, self.device)
         return mod(b, h, q[:, :, start:stop], k).expand(batch, 1, stop - start, self.num_keys)
 
