@@ -178,9 +178,10 @@ def plot_command(name: str, kind: str = "auto", *, length: int | None = None,
         if isinstance(coords, Grid):
             defaults["grid_shape"] = coords.shape
     context = {**defaults, **given}
-    drawn = entries + ([registry.get("rope")] if entry.hook == "rotary" and len(names) == 1
-                       and entry.name != "rope" else [])
-    _refuse_unread_context(given, drawn)
+    # a single scaled RoPE is drawn over plain `rope`
+    drawn = (["rope", entry.name] if entry.hook == "rotary" and len(names) == 1
+             and entry.name != "rope" else names)
+    _refuse_unread_context(given, names, [registry.get(n) for n in drawn])
     _refuse_unread(entry.name, kinds, coords, {
         "--grid": grid is not None, "--length": length is not None, "--query": query is not None,
         "--smiles": smiles != DEFAULT_SMILES, "--features": features,
@@ -202,8 +203,7 @@ def plot_command(name: str, kind: str = "auto", *, length: int | None = None,
     for k in kinds:
         path = out / f"{stem}_{k}.png"
         if k == "decay":
-            overlay = ["rope", entry.name] if len(names) == 1 and entry.name != "rope" else names
-            plot_rotary_decay([build(n) for n in overlay], length or 1024, path=path)
+            plot_rotary_decay([build(n) for n in drawn], length or 1024, path=path)
         elif k in ("matrix", "similarity"):
             draw = plot_input_matrix if k == "matrix" else plot_similarity
             draw(build(entry.name), coords, path=path)
@@ -259,10 +259,12 @@ def _refuse_unread(name: str, kinds: list[str], coords: Coordinates | None,
 _FLAG_OF_KEY = {"d_model": "--d-model", "num_heads": "--heads", "head_dim": "--head-dim"}
 
 
-def _refuse_unread_context(given: Mapping[str, Any], drawn: Seq[registry.Entry]) -> None:
+def _refuse_unread_context(given: Mapping[str, Any], names: Seq[str],
+                           drawn: Seq[registry.Entry]) -> None:
     """A size given (`--d-model`, `--heads`, `--head-dim`, or a context key as `--option`) that no
-    drawn encoding takes is refused, naming it and what they take, never dropped (`--grid` is
-    read by the coordinates, and checked with the figure options).
+    drawn encoding takes (the encodings `names`, and `rope` under a single scaled one) is refused,
+    naming it and what they take, never dropped (`--grid` is read by the coordinates, and
+    checked with the figure options).
 
     Raises:
         ValueError: a key of `given` outside every drawn encoding's context.
@@ -271,9 +273,9 @@ def _refuse_unread_context(given: Mapping[str, Any], drawn: Seq[registry.Entry])
     for key in given:
         if key != "grid_shape" and key not in takes:
             flag = _FLAG_OF_KEY.get(key, f"--option {key}=")
-            raise ValueError(f"mmpe plot: {flag} does not change "
-                             f"{', '.join(e.name for e in drawn)} (it takes "
-                             f"{', '.join(sorted(takes)) or 'no size'}); leave it out")
+            raise ValueError(f"mmpe plot: {flag} does not change {', '.join(names)} (the "
+                             f"figure's encodings take {', '.join(sorted(takes)) or 'no size'}); "
+                             "leave it out")
 
 
 def _only(context: Mapping[str, Any], entry: registry.Entry) -> dict[str, Any]:

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCKS = ("requirements/lock.txt", "requirements/floor-lock.txt")
 
 
-def _freeze():
+def _load_freeze():
     """requirements/freeze.py, whose `pins` reads a lock for `make lock` and for these tests."""
     spec = importlib.util.spec_from_file_location("freeze", ROOT / "requirements/freeze.py")
     module = importlib.util.module_from_spec(spec)
@@ -24,9 +25,12 @@ def _freeze():
     return module
 
 
+FREEZE = _load_freeze()
+
+
 def _pins(path: str) -> dict[str, str]:
     """`name -> version` of a lock or requirements file; every non-comment line an exact pin."""
-    return _freeze().pins((ROOT / path).read_text(), path)
+    return FREEZE.pins((ROOT / path).read_text(), path)
 
 
 def _makefile_recipe(target: str) -> str:
@@ -59,7 +63,7 @@ def test_lock_satisfies_pyproject(lock: str) -> None:
     for dep in project["dependencies"] + sum((project["optional-dependencies"][e]
                                               for e in extras), []):
         req = Requirement(dep)
-        name = _freeze().canonicalize_name(req.name)
+        name = canonicalize_name(req.name)
         assert name in pins, f"{lock} lacks {req.name} ({dep})"
         assert req.specifier.contains(pins[name], prereleases=True), (lock, dep, pins[name])
     for name, version in _pins("requirements/nodeps.txt").items():
@@ -98,8 +102,7 @@ def test_every_install_step_reads_a_lock() -> None:
 def test_environment_is_a_locked_one() -> None:
     """The running environment is one of the locks, package for package (a fresh machine gets
     what CI tested), and imports the torch family with transformers together."""
-    canonical = _freeze().canonicalize_name
-    installed = {canonical(d.metadata["Name"]): d.version for d in importlib.metadata.distributions()}
+    installed = {canonicalize_name(d.metadata["Name"]): d.version for d in importlib.metadata.distributions()}
     torch = Version(installed["torch"]).base_version
     matching = [lock for lock in LOCKS if _pins(lock)["torch"] == torch]
     assert matching, f"torch {torch} is in no lock"
@@ -154,4 +157,4 @@ def test_a_torchaudio_of_another_torch_is_named_in_one_line(monkeypatch) -> None
 def test_a_lock_line_that_is_not_one_exact_pin_is_refused(text: str) -> None:
     """A range, a bare name or a package pinned twice (names compared as pip does) is named."""
     with pytest.raises(ValueError, match="lock.txt: .*(not an exact pin|pinned twice)"):
-        _freeze().pins(text, "lock.txt")
+        FREEZE.pins(text, "lock.txt")
