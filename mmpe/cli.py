@@ -25,7 +25,9 @@
 
 Arguments after `--` go to the recipe's LightningCLI (e.g. `--trainer.max_steps 200`).
 Every error is one line on stderr naming the argument or file, exit code 2 (MMPE_DEBUG=1
-shows the traceback of an unexpected one).
+shows the traceback of an unexpected one). An argument the command does not read for what it
+was asked (`mmpe show rope --depth 3`: an encoding's card has no layers) is refused by name,
+never ignored; a misspelt command gets its close match (`mmpe lst`: did you mean 'list'?).
 """
 
 from __future__ import annotations
@@ -147,6 +149,11 @@ def _report(args: argparse.Namespace) -> int:
         return 2
     if args.check or args.write:
         flag = "--check" if args.check else "--write"
+        _refuse_unread("report", f"{flag} FILES", {"RECIPE": args.recipe is not None,
+                                        "--setting": args.setting is not None,
+                                        "--plot": args.plot is not None,
+                                        "--no-plots": args.no_plots and bool(args.check)},
+                       " (every marked block of the files, each with the recipe it names)")
         pages = {path: _read_page(path, flag) for path in (args.check or args.write)}
         count = _check_page_stores(pages, args.store)
     if args.check:
@@ -166,6 +173,8 @@ def _report(args: argparse.Namespace) -> int:
         return 0
     if not args.recipe:
         raise ValueError("mmpe report: give a RECIPE, or --write / --check FILES")
+    _refuse_unread("report", args.recipe, {"--no-plots": args.no_plots},
+                   " (--no-plots is read with --write only)")
     _check_recipe(args.recipe, measurements=True)
     spec = recipe_spec(args.recipe)
     records = _read_store(args.store, args.recipe)
@@ -192,6 +201,18 @@ def _plot(args: argparse.Namespace) -> int:
     if args.show and not show(paths):
         print("mmpe plot: no display; --show ignored (the PNGs are written)", file=sys.stderr)
     return 0
+
+
+def _refuse_unread(command: str, form: str, given: dict[str, bool], why: str = "") -> None:
+    """An argument the command reads in none of what it does with the others is refused,
+    naming it (as `mmpe plot` refuses figure options its figures do not read), never ignored.
+
+    Raises:
+        ValueError: a flag of `given` (flag -> whether it was given).
+    """
+    for flag, was_given in given.items():
+        if was_given:
+            raise ValueError(f"{flag} does not change `mmpe {command} {form}`{why}; leave it out")
 
 
 def _check_recipe(name: str, measurements: bool = False) -> None:
@@ -332,6 +353,13 @@ def _main(argv: list[str] | None = None) -> int:
     # the command is the first word (mmpe's own options take no value); only its arguments are
     # added, since some read the registry or the plot kinds (torch, seconds to import)
     given = next((a for a in argv if not a.startswith("-")), None)
+    if given is not None and given not in COMMANDS:
+        import difflib
+
+        close = difflib.get_close_matches(given, list(COMMANDS), n=1)
+        parser.error(f"unknown command {given!r}" + (f"; did you mean {close[0]!r}?" if close
+                                                      else "")
+                     + f" (commands: {', '.join(COMMANDS)})")
     for name, (about, add_arguments) in COMMANDS.items():
         command = sub.add_parser(name, **about)
         if name == given:
@@ -381,7 +409,9 @@ def _show(args: argparse.Namespace) -> str:
     from mmpe import registry
     from mmpe.schedule import PRESETS, LayerSchedule
 
+    unread = {"--depth": args.depth is not None, "--option": bool(args.option)}
     if args.name in PRESETS:
+        depth = DEFAULT_SHOW_DEPTH if args.depth is None else args.depth
         options = {}
         for item in args.option:
             key, sep, value = item.partition("=")
@@ -391,14 +421,16 @@ def _show(args: argparse.Namespace) -> str:
                 options[key] = json.loads(value)
             except json.JSONDecodeError:
                 options[key] = value
-        if not 1 <= args.depth <= MAX_SHOW_DEPTH:
+        if not 1 <= depth <= MAX_SHOW_DEPTH:
             raise ValueError(f"show: --depth must be 1 to {MAX_SHOW_DEPTH} layers (a line each), "
-                             f"got {args.depth}")
-        schedule = LayerSchedule.parse({"preset": args.name, **options}, args.depth)
+                             f"got {depth}")
+        schedule = LayerSchedule.parse({"preset": args.name, **options}, depth)
         _check_schedule_encodings(schedule, f"show {args.name} --option "
                                   + " --option ".join(args.option) if args.option else "")
         return schedule.describe()
     if os.path.isfile(args.name):
+        _refuse_unread("show", args.name, unread, " (the layer schedule the checkpoint holds, "
+                       "as stored)")
         from mmpe.checkpoints import read_checkpoint
 
         state, _ = read_checkpoint(args.name, "show")  # one ValueError for a corrupt file
@@ -414,13 +446,20 @@ def _show(args: argparse.Namespace) -> str:
                              "(no '...layer_schedule.settings.config' entry)")
         return schedule.describe()
     try:
-        return registry.describe(args.name)
+        card = registry.describe(args.name)
     except KeyError as err:
         raise KeyError(f"{err.args[0]}; schedule presets: {', '.join(sorted(PRESETS))}") from None
+    # an encoding's card lists its options with their defaults; --depth and --option shape a
+    # preset's schedule (llama4, gemma3 …)
+    _refuse_unread("show", args.name, unread, " (an encoding's card; --depth and --option "
+                   f"shape a schedule preset: {', '.join(sorted(PRESETS))})")
+    return card
 
 
 #: The deepest preset schedule `mmpe show PRESET --depth N` prints (one line per layer).
 MAX_SHOW_DEPTH = 4096
+#: The layers `mmpe show PRESET` prints without `--depth`.
+DEFAULT_SHOW_DEPTH = 12
 
 
 def _check_schedule_encodings(schedule, where: str) -> None:
@@ -490,10 +529,12 @@ def _report_arguments(p: argparse.ArgumentParser) -> None:
 def _show_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", help="registry name, schedule preset (llama4, gemma3, gemma2, "
                    "cohere2, smollm3) or a checkpoint file")
-    p.add_argument("--depth", type=int, default=12,
-                   help=f"layers of a preset schedule (default 12, at most {MAX_SHOW_DEPTH})")
+    p.add_argument("--depth", type=int,
+                   help=f"layers of a preset schedule (default {DEFAULT_SHOW_DEPTH}, at most "
+                        f"{MAX_SHOW_DEPTH}); refused for an encoding or a checkpoint")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="a preset option, e.g. sliding_window=512 (repeatable)")
+                   help="a preset option, e.g. sliding_window=512 (repeatable); refused for an "
+                        "encoding or a checkpoint")
 
 
 def _plot_arguments(p: argparse.ArgumentParser) -> None:

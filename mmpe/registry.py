@@ -326,6 +326,27 @@ def did_you_mean(name: str, known: Any, n: int = 5) -> str:
         + quoted[-1] + "?"
 
 
+def encoding_did_you_mean(name: str, n: int = 5) -> str:
+    """`did_you_mean` over the registered encodings, each encoding named once: a close alias
+    counts for its encoding (`" Did you mean 'p_rope' (alias prope) or 'rope'?"`)."""
+    _ensure_loaded()
+    close = difflib.get_close_matches(name, [*_REGISTRY, *_ALIASES], n=len(_REGISTRY)
+                                      + len(_ALIASES))
+    picked: dict[str, list[str]] = {}  # encoding -> its close aliases, in match order
+    for match in close:
+        key = _ALIASES.get(match, match)
+        picked.setdefault(key, [])
+        if match != key:
+            picked[key].append(match)
+    names = list(picked)[:n]
+    if not names:
+        return ""
+    quoted = [repr(k) + (f" (alias {', '.join(picked[k])})" if picked[k] else "")
+              for k in names]
+    return " Did you mean " + (", ".join(quoted[:-1]) + " or " if len(quoted) > 1 else "") \
+        + quoted[-1] + "?"
+
+
 def get(name: str) -> Entry:
     """The registry entry for `name` (or an alias).
 
@@ -337,7 +358,7 @@ def get(name: str) -> Entry:
     if key not in _REGISTRY:
         if not isinstance(name, str):
             raise TypeError(f"encoding name must be a str, got {type(name).__name__}")
-        raise KeyError(f"unknown encoding {name!r}.{did_you_mean(name, [*_REGISTRY, *_ALIASES])} "
+        raise KeyError(f"unknown encoding {name!r}.{encoding_did_you_mean(name)} "
                        f"`mmpe list` shows all {len(_REGISTRY)} encodings")
     return _REGISTRY[key]
 
@@ -399,10 +420,67 @@ def build(
     for key in entry.context:
         if key in context and key not in options:
             options[key] = context[key]
+    _check_build_options(entry, options, coords)
     try:
         return entry.cls(**options)
     except TypeError as err:
         raise TypeError(f"build({entry.name!r}): {err}") from err
+
+
+#: Context keys a coordinates object answers (`mmpe.context.coords_context`): an encoding
+#: whose constructor requires one gets it from `build(name, coords=...)`.
+COORDS_KEYS = ("num_axes", "grid_shape", "prefix_tokens")
+
+
+def _check_build_options(entry: Entry, options: Mapping[str, Any], coords: Any) -> None:
+    """The constructor's options checked by name before it runs, so that the error names the
+    cause rather than Python's bare "unexpected keyword argument" / "missing positional
+    argument".
+
+    Raises:
+        TypeError: an option the constructor does not take (with close matches among the
+            options it does take); a required option not given, where one that coordinates
+            supply comes first, naming the capabilities that supply it.
+    """
+    try:
+        params = list(inspect.signature(entry.cls).parameters.values())
+    except (TypeError, ValueError):  # no signature to read: the constructor says
+        return
+    named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    names = [p.name for p in named]
+    init = inspect.unwrap(getattr(entry.cls, "__init__", None) or object.__init__)
+    inherited = isinstance(entry.cls, type) and init in (torch.nn.Module.__init__,
+                                                         object.__init__)
+    if inherited or not any(p.kind is p.VAR_KEYWORD for p in params):
+        for key in options:
+            if key not in names:
+                raise TypeError(
+                    f"build({entry.name!r}): {entry.name} has no option {key!r}."
+                    f"{did_you_mean(key, names)} Its options: {', '.join(names) or 'none'} "
+                    f"(`mmpe show {entry.name}`)")
+    absent = [p.name for p in named if p.default is p.empty and p.name not in options]
+    if not absent:
+        return
+    derived = [k for k in absent if k in COORDS_KEYS]
+    parts = []
+    if derived:
+        needs = [c.__name__ for c in entry.needs]
+        kinds = ", ".join(entry.coords) or "none shipped"
+        which = " and ".join(derived)
+        parts.append(
+            f"{entry.name} needs coordinates providing {needs} (shipped: {kinds}), which give "
+            f"its {which}: build it with coords=<such coordinates>, or pass "
+            + " and ".join(f"{k}=..." for k in derived)
+            + (f" ({type(coords).__name__} does not give it)" if coords is not None else ""))
+    rest = [k for k in absent if k not in derived]
+    if rest:
+        what = [f"{k} ({CONTEXT_KEYS[k].meaning})" if k in CONTEXT_KEYS else k for k in rest]
+        parts.append(f"{'it also' if derived else entry.name} needs the option"
+                     f"{'s' if len(rest) > 1 else ''} {', '.join(what)}: pass "
+                     + ", ".join(f"{k}=..." for k in rest)
+                     + (" or the model's context={...}" if any(k in entry.context for k in rest)
+                        else ""))
+    raise TypeError(f"build({entry.name!r}): " + "; ".join(parts))
 
 
 def _validate_options(cls: Any, name: str) -> None:

@@ -129,6 +129,20 @@ CASES = {
                                         ["'gird'", "Did you mean 'grid'"]),
     "list an unknown hook": (["list", "--hook", "bias"], ["--hook", "'bias'"]),
     "an unknown command": (["frobnicate"], ["'frobnicate'"]),
+    "a misspelt command": (["lst"], ["'lst'", "did you mean 'list'"]),
+    # arguments the command does not read are refused by name, never ignored (as plot does)
+    "show an encoding with --option": (["show", "rope", "--option", "base=abc"],
+                                       ["--option", "mmpe show rope", "leave it out"]),
+    "show an encoding with --depth": (["show", "rope", "--depth", "3"],
+                                      ["--depth", "mmpe show rope", "leave it out"]),
+    "show a checkpoint with --depth": (["show", "{noschedule_ckpt}", "--depth", "3"],
+                                       ["--depth", "noschedule.ckpt", "leave it out"]),
+    "report --check with a recipe": (["report", "text", "--check", "{page}"],
+                                     ["RECIPE", "--check", "leave it out"]),
+    "report --write with --plot": (["report", "--write", "{page}", "--plot", "x.png"],
+                                   ["--plot", "--write", "leave it out"]),
+    "report a table with --no-plots": (["report", "text", "--no-plots"],
+                                       ["--no-plots", "leave it out"]),
     "a bad --depth type": (["show", "gemma3", "--depth", "many"], ["--depth", "'many'"]),
 }
 
@@ -189,3 +203,28 @@ def test_report_check_says_when_it_passes(tmp_path: Path, capsys) -> None:
     assert cli.main(["report", "--store", str(tmp_path), "--check", str(page)]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert out == [f"report --check: all 0 blocks of 1 file match the store {tmp_path}"]
+
+
+#: a value for each optional argument of `mmpe show` (a new one must be added here)
+SHOW_FLAGS = {"--depth": ["3"], "--option": ["base=abc"]}
+
+
+def test_show_refuses_every_argument_its_form_does_not_read(bad: dict[str, str],
+                                                             capsys) -> None:
+    """An encoding's card and a checkpoint's stored schedule read no optional argument of
+    `mmpe show`: each is refused naming itself (a preset reads them all)."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    cli._show_arguments(parser)
+    flags = {a.option_strings[0] for a in parser._actions
+             if a.option_strings and a.dest != "help"}
+    assert flags == set(SHOW_FLAGS), "add the new `mmpe show` argument to SHOW_FLAGS"
+    for name in ("rope", "alibi", bad["noschedule_ckpt"]):
+        for flag, values in SHOW_FLAGS.items():
+            assert cli.main(["show", name, flag, *values]) == 2
+            err = capsys.readouterr().err.strip()
+            assert err.startswith(f"mmpe show: error: {flag} does not change"), err
+    for flag, values in SHOW_FLAGS.items():  # a preset reads them
+        value = ["sliding_window=512"] if flag == "--option" else values
+        assert cli.main(["show", "gemma3", flag, *value]) == 0, capsys.readouterr().err
