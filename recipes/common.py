@@ -13,11 +13,12 @@ resolved config next to the logs.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -25,7 +26,7 @@ from typing import Any
 import mmpe.configs
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningCLI
 from torch.utils.data import DataLoader, Sampler
 
@@ -335,6 +336,8 @@ class RecipeCLI(LightningCLI):
       `SaveConfigCallback`; it refuses to overwrite one, so give each run its own log dir —
       the CSV logger's `version_N` does).
     * [`StepSeed`][recipes.common.StepSeed] is always on.
+    * The progress bar (unless `--trainer.enable_progress_bar false` or one of its own) counts
+      steps ([`step_progress_bar`][recipes.common.step_progress_bar]).
     """
 
     def add_arguments_to_parser(self, parser) -> None:
@@ -346,13 +349,98 @@ class RecipeCLI(LightningCLI):
         config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
         if config.get("enable_checkpointing") is False:
             callbacks = [c for c in callbacks if not isinstance(c, ModelCheckpoint)]
+        given = [*callbacks, *(config.get("callbacks") or [])]
+        if config.get("enable_progress_bar", True) is not False and not any(
+                isinstance(c, ProgressBar) for c in given):
+            callbacks = [*callbacks, step_progress_bar()]
         return self._instantiate_trainer(config, callbacks)
+
+
+#: Lightning's own console lines that say nothing about the run, silenced by message (narrow
+#: filters: every other warning and log line still shows). Lightning 2.6 has no switch for its
+#: tips (`logger_connector.configure_logger` logs one on every Trainer without a LitLogger).
+_TIP_PREFIX = "💡 Tip: "
+_QUIET_WARNINGS = (
+    # lightning/pytorch/utilities/_pytree.py builds a `LeafSpec`, which torch >= 2.9 deprecates
+    # (a FutureWarning per fit and per test); Lightning's own code, nothing a recipe can change.
+    (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning,
+     r"lightning\.pytorch\.utilities\._pytree"),
+)
+
+
+class _NoTips:
+    """A logging filter that drops Lightning's advertisements ("💡 Tip: … litlogger")."""
+
+    def filter(self, record: Any) -> bool:
+        return not str(record.msg).startswith(_TIP_PREFIX)
+
+
+def quiet_lightning() -> None:
+    """Silence, by message, the Lightning lines that are not about the run: its "💡 Tip" log
+    lines (litlogger, litmodels) and the `LeafSpec` deprecation warnings its `_pytree` raises.
+
+    Idempotent; [`make_lightning_cli`][recipes.common.make_lightning_cli] calls it, so every
+    recipe's Trainer is quiet the same way.
+    """
+    import logging
+
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _NoTips) for f in log.filters):
+            log.addFilter(_NoTips())
+    for message, category, module in _QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category, module=module)
+
+
+@contextlib.contextmanager
+def lightning_info_off() -> Iterator[None]:
+    """Lightning's INFO lines off inside the block ("Seed set to 0", "GPU available: …",
+    "`Trainer.fit` stopped: `max_steps=…` reached."), its warnings and errors kept: what
+    `mmpe compare` trains under, where a line per run says what ran."""
+    import logging
+
+    logs = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
+    levels = [log.level for log in logs]
+    for log in logs:
+        log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for log, level in zip(logs, levels, strict=True):
+            log.setLevel(level)
+
+
+def step_progress_bar() -> Any:
+    """Lightning's default progress bar, labelled by steps: a recipe trains for `max_steps`
+    (`max_epochs` is -1), which Lightning's bar labels "Epoch 0/-2"."""
+    from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
+    from lightning.pytorch.callbacks.progress.rich_progress import _RICH_AVAILABLE
+
+    def label(trainer: Any) -> str | None:
+        if trainer.max_steps is None or trainer.max_steps < 0:
+            return None  # epochs-based: Lightning's own label
+        return f"Epoch {trainer.current_epoch}, to step {trainer.max_steps}"
+
+    class StepRichBar(RichProgressBar):
+        def _get_train_description(self, current_epoch: int) -> str:
+            text = label(self.trainer) or super()._get_train_description(current_epoch)
+            return f"{text:{len(self.validation_description)}}"
+
+    class StepTQDMBar(TQDMProgressBar):
+        def on_train_epoch_start(self, trainer: Any, *args: Any) -> None:
+            super().on_train_epoch_start(trainer, *args)
+            if label(trainer):
+                self.train_progress_bar.set_description(label(trainer))
+
+    return StepRichBar() if _RICH_AVAILABLE else StepTQDMBar()
 
 
 def make_lightning_cli(cli_cls: type, model_cls: type, data_cls: type,
                        args: list[str] | None, run: bool) -> Any:
-    """A recipe's LightningCLI (a [`RecipeCLI`][recipes.common.RecipeCLI]): threads set, [`StepSeed`][recipes.common.StepSeed] added."""
+    """A recipe's LightningCLI (a [`RecipeCLI`][recipes.common.RecipeCLI]): threads set, [`StepSeed`][recipes.common.StepSeed] added,
+    Lightning's lines that are not about the run silenced ([`quiet_lightning`][recipes.common.quiet_lightning])."""
     set_threads()
+    quiet_lightning()
     with warnings.catch_warnings():
         # Called from `mmpe compare` with explicit args while sys.argv holds mmpe's own.
         warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter")
@@ -365,10 +453,13 @@ def fit_for_compare(make_cli: Callable[..., Any], modality: str, encoding: str, 
     """Build the recipe from `configs/<modality>/<config>` with `encoding` and train it.
 
     CSV logs, checkpoints and the resolved `config.yaml` go to the run's log directory under
-    `out_dir`; `cli_args` (LightningCLI syntax) override the config.
+    `out_dir`; `cli_args` (LightningCLI syntax) override the config. No progress bar (runs
+    train side by side under `mmpe compare --jobs`, which prints a line as each starts and
+    ends; `--trainer.enable_progress_bar true` in `cli_args` brings it back).
     """
     args = cli_args_for(CONFIGS / modality / config, encoding, out_dir,
-                        ["--seed_everything", str(seed), *cli_args])
+                        ["--seed_everything", str(seed), "--trainer.enable_progress_bar", "false",
+                         *cli_args])
     cli = make_cli(args, run=False)
     from lightning.pytorch.loggers import CSVLogger
 

@@ -241,13 +241,17 @@ class _Run:
 def _run_and_store(run: _Run) -> dict[str, float | None]:
     """Train one run, append its record to the store, return its metrics."""
     recipe = importlib.import_module(run.module)
+    from mmpe.recipes.common import lightning_info_off  # (Lightning: imported by the recipe)
+
     tag = f"[mmpe compare {run.modality}] {run.encoding!r} seed {run.seed}"
     print(f"{tag}: training", flush=True)
     env = _store.environment()  # the code as the run starts, not as it ends
     if Path(run.out_dir).exists():  # logs of a run that stopped before it was stored
         shutil.rmtree(run.out_dir)
     start = time.perf_counter()
-    with log_routes() as routes:  # the route each attention layer took, stored with the run
+    # the route each attention layer took, stored with the run; Lightning's INFO lines off (the
+    # two lines of this run say what ran)
+    with log_routes() as routes, lightning_info_off():
         metrics = recipe.run_one(run.encoding, seed=run.seed, out_dir=Path(run.out_dir),
                                  cli_args=list(run.cli_args))
     wall = time.perf_counter() - start
@@ -255,8 +259,17 @@ def _run_and_store(run: _Run) -> dict[str, float | None]:
                                                 metrics, wall_s=wall, cli_args=run.cli_args,
                                                 out_dir=run.out_dir, env=env, routes=routes),
                   allow_dirty=run.allow_dirty)
-    print(f"{tag}: {metrics} ({wall:.0f} s)", flush=True)
+    print(f"{tag}: {_metrics_line(metrics)} ({wall:.0f} s)", flush=True)
     return metrics
+
+
+def _metrics_line(metrics: dict[str, Any]) -> str:
+    """`1x 2.104, 2x 2.311, 4x n/a`: a run's metrics as its line prints them (4 digits; the
+    store keeps every digit)."""
+    def value(v: Any) -> str:
+        return "n/a" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    return ", ".join(f"{k} {value(v)}" for k, v in metrics.items())
 
 
 def _worker_init(threads: str) -> None:
