@@ -30,8 +30,8 @@ NOISE = ("💡", "Tip:", "litlogger", "litmodels", "LeafSpec", "Epoch 0/-2", "/-
 
 
 def _no_noise(output: str, caught: list[warnings.WarningMessage]) -> None:
-    for text in NOISE:
-        assert text not in output, f"{text!r} printed:\n{output}"
+    for noise in NOISE:
+        assert noise not in output, f"{noise!r} printed:\n{output}"
     leaf = [str(w.message) for w in caught if "LeafSpec" in str(w.message)]
     assert not leaf, leaf
 
