@@ -143,6 +143,23 @@ def test_readme_is_short() -> None:
     assert lines < 400, f"README.md has {lines} lines"
 
 
+def test_readme_reaches_its_quickstart_within_60_lines() -> None:
+    """What a newcomer needs comes first: what mmpe is, install, the two commands (the test
+    command verbatim: CI reads it), then the quickstart, by line 60; the CI tiers and per-target
+    timings live on docs/development.md."""
+    lines = _read("README.md").splitlines()
+    heads = [i + 1 for i, line in enumerate(lines) if line.startswith("## ")]
+    quick = next(i + 1 for i, line in enumerate(lines) if line == "## Quickstart")
+    assert quick <= 60, f"README.md's quickstart starts at line {quick}"
+    before = "\n".join(lines[:quick])
+    assert "## Install" in before and "## The two commands" in before, heads
+    assert ("```bash\n# main job: the text recipe, 7 encodings x 3 seeds, prints the README's "
+            "table\nmake run\nmake test   # the test suite (what CI runs via .ci/run)\n```"
+            in before)
+    assert "35.3 minutes" not in _read("README.md") and "35.3 minutes" in _read(
+        "docs/development.md"), "the timings moved to docs/development.md"
+
+
 def test_every_readme_link_resolves_in_the_repository() -> None:
     """Where the README is read (the forge, a clone), each relative link names a file that is
     committed: no page that exists only in the built site."""
