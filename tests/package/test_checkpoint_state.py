@@ -47,6 +47,7 @@ VALUES: dict[tuple[str, str], tuple] = {
     ("axial", "shape"): ((4, 16), (16, 4)),
     ("axial", "dims"): ((16, 32), (32, 16)),
     ("cope", "npos_max"): (8, 16),
+    ("dape", "inner"): ("alibi", "kerple_log"),
     ("factorized", "groups"): (((0,), (1,)), ((0, 1),)),
     ("factorized", "interpolation_1d"): ("linear", "nearest"),
     ("fourier_sphere", "num_frequencies"): (8, 16),
