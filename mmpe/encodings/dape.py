@@ -32,7 +32,7 @@ def dape_logits(logits: Tensor, bias: Tensor, mlp: nn.Module) -> Tensor:
 @register(
     "dape", hook="kernel", needs=(Metric,), learnable=True, family="bias",
     paper="Zheng, Gao, Shi, Huang, Li, Xiong, Ren, Ng, Jiang, Li & Li 2024, DAPE: Data-Adaptive "
-          "Positional Encoding for Length Extrapolation (NeurIPS; arXiv:2405.14722), eq. 3",
+          "Positional Encoding for Length Extrapolation (NeurIPS; arXiv:2405.14722)",
     context=("d_model", "num_heads", "head_dim"))
 class DAPE(KernelEncoding):
     """DAPE (Zheng et al. 2024): the bias `B` of an additive positional term (ALiBi, KERPLE,

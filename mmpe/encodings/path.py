@@ -72,6 +72,10 @@ def path_logits(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, *,
     end, passing through one `d × d` product per block in between. Rows `w_t` should have unit
     norm (then `β_t = 2` makes `H_t` a reflection, and `β_t ∈ (0, 2)` keeps `‖H_t‖ ≤ 1`).
 
+    With `states`, what a cache continues from comes too: the queries carried to the first
+    token, `starts_i = H_0 ⋯ H_i q_i` `[..., n, d]`; the keys carried through the last,
+    `ends_j = H_{n−1} ⋯ H_{j+1} k_j` `[..., n, d]`; and the product `H_{n−1} ⋯ H_0` `[..., d, d]`.
+
     Args:
         q, k, w: `[..., n, d]` (one self-attention block: query `i` is key `i`).
         beta: `[..., n]`.
@@ -79,9 +83,8 @@ def path_logits(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, *,
         states: also return what a key/value cache continues from.
 
     Returns:
-        `L [..., n, n]` (0 above the diagonal); with `states`, also the queries carried to the
-        first token (`H_0 ⋯ H_i q_i`, `[..., n, d]`), the keys carried through the last
-        (`H_{n−1} ⋯ H_{j+1} k_j`, `[..., n, d]`) and the product `H_{n−1} ⋯ H_0` `[..., d, d]`.
+        The logits `L [..., n, n]` (0 above the diagonal), or with `states` the tuple
+            `(L, starts, ends, product)`.
 
     Raises:
         ValueError: shapes that do not match, or a non-positive `chunk_size`.
@@ -154,8 +157,8 @@ def _check_in_order(name: str, scores: Tensor, ctx: AttentionContext) -> None:
 @register(
     "path", hook="kernel", needs=(Causal,), learnable=True, family="kernel",
     paper="Yang, Shen, Wen, Tan, Mishra, Ren, Panda & Kim 2025, PaTH Attention: Position "
-          "Encoding via Accumulating Householder Transformations (NeurIPS; arXiv:2505.16381), "
-          "section 3", context=("d_model", "num_heads", "head_dim"))
+          "Encoding via Accumulating Householder Transformations (NeurIPS; arXiv:2505.16381)",
+    context=("d_model", "num_heads", "head_dim"))
 class PaTH(KernelEncoding):
     """PaTH attention (Yang et al. 2025): data-dependent Householder-like transforms between
     key and query in place of RoPE's fixed rotations.
