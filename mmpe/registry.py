@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import inspect
@@ -20,6 +21,7 @@ import torch
 from mmpe.context import CONTEXT_KEYS, check_context
 from mmpe.coords.base import coordinate_types
 from mmpe.coords.capabilities import Capability, missing, provides
+from mmpe.rebuild import record_arguments, reset_in_place
 from mmpe.validation import check_options
 
 HOOKS = ("input", "rotary", "score", "kernel")
@@ -491,14 +493,59 @@ def _validate_options(cls: Any, name: str) -> None:
     if getattr(init, "_mmpe_validated", False):
         return
 
+    signature = inspect.signature(init)
+    own = {p for p in signature.parameters if p in ("device", "dtype")}
+
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         where = getattr(type(self), "registry_name", name)
+        # device= and dtype= as torch.nn layers take them (where the constructor has none)
+        device = None if "device" in own else kwargs.pop("device", None)
+        dtype = None if "dtype" in own else kwargs.pop("dtype", None)
         check_options(where, init, (self, *args), kwargs)
-        init(self, *args, **kwargs)
+        record_arguments(self, args, kwargs)  # reset_parameters rebuilds from them
+        with torch.device(device) if device is not None else contextlib.nullcontext():
+            init(self, *args, **kwargs)
+        if device is not None or dtype is not None:
+            _place(self, where, device, dtype)
 
     __init__._mmpe_validated = True  # type: ignore[attr-defined]
+    __init__.__signature__ = _with_device_dtype(signature, own)  # type: ignore[attr-defined]
     cls.__init__ = __init__
+    if not _defines_reset(cls):
+        cls.reset_parameters = reset_in_place  # type: ignore[attr-defined]
+
+
+def _defines_reset(cls: type) -> bool:
+    """Whether `cls` (or a base below `nn.Module`) has its own `reset_parameters`."""
+    for klass in cls.__mro__:
+        if klass is torch.nn.Module:
+            return False
+        if "reset_parameters" in klass.__dict__:
+            return True
+    return False
+
+
+def _with_device_dtype(signature: inspect.Signature, own: set[str]) -> inspect.Signature:
+    """The constructor's signature with keyword-only `device=None, dtype=None` appended."""
+    params = list(signature.parameters.values())
+    var_kw = [p for p in params if p.kind is p.VAR_KEYWORD]
+    params = [p for p in params if p.kind is not p.VAR_KEYWORD]
+    extra = [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=None)
+             for k in ("device", "dtype") if k not in own]
+    return signature.replace(parameters=[*params, *extra, *var_kw])
+
+
+def _place(module: Any, where: str, device: Any, dtype: Any) -> None:
+    """`module` moved to `device` and its floating tensors cast to `dtype` (tables an encoding
+    keeps in float32 stay so: `KeepDtype`).
+
+    Raises:
+        TypeError: `dtype` not a floating-point torch dtype.
+    """
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"{where}: dtype must be a floating-point torch.dtype, got {dtype!r}")
+    module.to(device=device, dtype=dtype)
 
 
 def _accepted_kwargs(cls: Callable[..., Any]) -> set[str]:

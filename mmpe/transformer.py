@@ -19,6 +19,7 @@ from mmpe.context import check_context
 from mmpe.coords.base import Coordinates
 from mmpe.encodings.base import Encoding, InputEncoding
 from mmpe.prepare import forward_scope
+from mmpe.rebuild import records_arguments, reset_in_place
 from mmpe.registry import build
 from mmpe.schedule import AttentionTemperature, LayerSchedule, LayerSpec
 
@@ -158,6 +159,7 @@ class TransformerBlock(nn.Module):
     Shapes: `forward(x [b, s, d_model], coords) -> [b, s, d_model]`.
     """
 
+    @records_arguments
     def __init__(self, d_model: int, num_heads: int, encodings: Seq[Encoding] = (),
                  mlp_ratio: float = 4.0, dropout: float = 0.0, backend: str = "auto",
                  num_kv_heads: int | None = None, window: LocalWindow | None = None) -> None:
@@ -169,6 +171,10 @@ class TransformerBlock(nn.Module):
         hidden = int(d_model * mlp_ratio)
         self.mlp = nn.Sequential(nn.Linear(d_model, hidden), nn.GELU(), nn.Linear(hidden, d_model))
         self.drop = nn.Dropout(dropout)
+
+    def reset_parameters(self) -> None:
+        """Initialise the block again as its constructor did ([`mmpe.rebuild`][mmpe.rebuild])."""
+        reset_in_place(self)
 
     def forward(self, x: Tensor, coords: Coordinates, cache: KVCache | None = None) -> Tensor:
         x = x + self.drop(self.attn(self.norm1(x), coords, cache))
@@ -221,6 +227,7 @@ class Transformer(nn.Module):
     the layers (`mmpe.prepare`).
     """
 
+    @records_arguments
     def __init__(
         self,
         d_model: int,
@@ -315,9 +322,7 @@ class Transformer(nn.Module):
                              f"{len(self.blocks)}; make it with model.make_cache()")
         _check_input(x, self.norm.weight)
         check_device("x", x, coords)  # before the input encodings read the coordinates
-        check_shard = getattr(coords, "check_encodings", None)  # mmpe.parallel: a rank's shard
-        if check_shard is not None:
-            check_shard(self.input_encodings)
+        coords.check_encodings(self.input_encodings)  # what a shard (mmpe.parallel) refuses
         with forward_scope(coords):
             if self.input_projections:
                 for enc, proj in zip(self.input_encodings, self.input_projections, strict=True):
@@ -328,6 +333,18 @@ class Transformer(nn.Module):
             for i, block in enumerate(self.blocks):
                 x = block(x, coords, None if cache is None else cache[i])
         return self.norm(x)
+
+    def reset_parameters(self) -> None:
+        """Initialise every parameter and buffer again, every encoding's included, as the
+        constructor did: the step after `to_empty(device=...)` of a model built on `meta`
+        (FSDP2's recipe; [`mmpe.rebuild`][mmpe.rebuild]). From the RNG state of a normal
+        build it draws the same numbers; on FSDP2-sharded parameters each rank fills its
+        shard.
+
+        Raises:
+            ValueError: the model is still on `meta`.
+        """
+        reset_in_place(self)
 
     def make_cache(self) -> ModelCache:
         """An empty key/value cache with one [`KVCache`][mmpe.cache.KVCache] per layer."""

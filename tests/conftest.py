@@ -51,7 +51,7 @@ if os.environ.get("MMPE_HIDE_EXTRAS") == "1":
 #: the site build, a wheel, plugins, the command line (marker `subprocess`), or compile models
 #: with torch.compile (marker `compile`). `make test` leaves them out; `make test-train` runs
 #: them (CI runs both targets). The start-up budgets (test_import_budget) time fresh interpreters.
-TRAIN_FILES = re.compile(r"test_(recipe_\w+|sphere_recipe|graph_recipe|distributed|resume|compare)\.py$")
+TRAIN_FILES = re.compile(r"test_(recipe_\w+|sphere_recipe|graph_recipe|distributed\w*|resume|compare)\.py$")
 SUBPROCESS_FILES = re.compile(r"test_(docs|docs_site|packaging|plugins|cli_pipe|import_budget)\.py$")
 COMPILE_FILES = re.compile(r"test_(compile|flex_compile)\.py$")
 

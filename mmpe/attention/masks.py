@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from mmpe.attention.memory import block_bytes
 from mmpe.coords.base import Coordinates, MaskMod
+from mmpe.coords.views import prepare_views, view_class
 from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import AttentionContext
 from mmpe.prepare import _MEMO, memoized
@@ -103,7 +104,7 @@ class LocalWindow(SavesSettings, nn.Module):
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"LocalWindow: size must be an int >= 1 (tokens), got {size!r}")
         self.kind, self.size = kind, size
-        _prepare_local_classes()
+        prepare_views(_Local)
 
     def extra_repr(self) -> str:
         return f"kind={self.kind!r}, size={self.size}"
@@ -127,7 +128,7 @@ class LocalWindow(SavesSettings, nn.Module):
             raise ValueError(f"LocalWindow: the coordinates already carry the window "
                              f"{coords.local_window}; a layer has one window")
         self.overlay(coords)  # the error for coordinates the window cannot read, now
-        return _local_class(type(coords))(coords, self.kind, self.size)
+        return view_class(_Local, type(coords))(coords, self.kind, self.size)
 
 
 def window_overlay(kind: str, size: int, coords: Coordinates) -> MaskMod:
@@ -172,6 +173,7 @@ class _Local:
     coordinates and reads every attribute it lacks from them. Built with a plain `__init__`, so
     `torch.compile(fullgraph=True)` traces it (no copy of the object's `__dict__`)."""
 
+    view_prefix = "Local"
     local_window: tuple[str, int]
 
     def __init__(self, base: Coordinates, kind: str, size: int) -> None:  # noqa: D107
@@ -205,38 +207,3 @@ class _Local:
 
     def __repr__(self) -> str:
         return f"{super().__repr__()} + LocalWindow{self.local_window}"
-
-
-#: window view classes by coordinate class (a plain dict: Dynamo reads it while tracing).
-_LOCAL_CLASSES: dict[type[Any], type[Any]] = {}
-
-
-def _local_class(cls: type[Any]) -> type[Any]:
-    """`Local<cls>`, the window view class of coordinates of class `cls` (made once per class;
-    under `torch.compile` a class made before tracing, e.g. by an eager call, traces without a
-    graph break)."""
-    local = _LOCAL_CLASSES.get(cls)
-    if local is None:
-        local = _make_local_class(cls)
-    return local
-
-
-def _prepare_local_classes() -> None:
-    """Make the view class of every coordinate class defined so far (when a window is built,
-    outside any compiled graph), so that compiled forwards find them ready."""
-    stack = list(Coordinates.__subclasses__())
-    while stack:
-        cls = stack.pop()
-        stack.extend(cls.__subclasses__())
-        if cls not in _LOCAL_CLASSES and not issubclass(cls, _Local):
-            _make_local_class(cls)
-
-
-# torch._disable_dynamo: `torch.compiler.disable` at import time would import torch._dynamo
-# (about 2 s, most of `import mmpe`); this form imports it on the first call (issue 52).
-@torch._disable_dynamo
-def _make_local_class(cls: type[Any]) -> type[Any]:
-    if issubclass(cls, _Local):
-        return cls
-    local = _LOCAL_CLASSES[cls] = type(f"Local{cls.__name__}", (_Local, cls), {"__module__": __name__})
-    return local

@@ -11,12 +11,13 @@ from collections.abc import Sequence as Seq
 import torch
 from einops import rearrange
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from mmpe.attention import route as _route
 from mmpe.attention.dispatch import _softmax_scale, run_dense, run_flex, run_math, run_sdpa
 from mmpe.attention.masks import LocalWindow
 from mmpe.cache import KVCache
-from mmpe.coords.base import Coordinates
+from mmpe.coords.base import Coordinates, RowBlock
 from mmpe.coords.cross import Cross
 from mmpe.encodings.base import (
     AttentionContext,
@@ -26,6 +27,7 @@ from mmpe.encodings.base import (
     ScoreEncoding,
 )
 from mmpe.prepare import forward_scope
+from mmpe.rebuild import records_arguments, reset_in_place
 from mmpe.validation import check_attention_work, check_positive_int
 
 BACKENDS = _route.BACKENDS
@@ -85,6 +87,21 @@ class _Attention(nn.Module):
         if len(kernels) > 1:
             raise ValueError(f"attention: at most one kernel encoding, got {len(kernels)}")
         self.kernel = kernels[0] if kernels else None
+
+    def reset_parameters(self) -> None:
+        """Initialise every parameter and buffer again, the encodings' included, as the
+        constructor did (a model built on `meta` and moved with `to_empty`): see
+        [`mmpe.rebuild`][mmpe.rebuild]. With the RNG state of a normal build it draws the same
+        numbers.
+
+        Raises:
+            ValueError: the layer is still on `meta`.
+        """
+        reset_in_place(self)
+
+    def encodings(self) -> list[Encoding]:
+        """The layer's rotary, score and kernel encodings, in that order."""
+        return [*self.rotary, *self.scores, *([self.kernel] if self.kernel is not None else [])]
 
     def _projection_weight(self) -> Tensor | None:
         """The input projection's weight (encodings may keep float32 tables in a bf16 model)."""
@@ -183,6 +200,7 @@ class MultiHeadAttention(_Attention):
         TypeError: ``x`` not a floating-point tensor, ``encodings`` not a list.
     """
 
+    @records_arguments
     def __init__(
         self,
         d_model: int,
@@ -212,20 +230,21 @@ class MultiHeadAttention(_Attention):
         if not isinstance(coords, Coordinates):
             raise TypeError(f"attention: coords must be an mmpe Coordinates object, got "
                             f"{type(coords).__name__}")
-        sharded = getattr(coords, "context_parallel_attention", None)
-        if sharded is not None:  # mmpe.parallel: this rank's queries, every rank's keys
-            return sharded(self, x, cache)
         self._check_x("x", x, self.d_model, coords.num_queries, "queries")
         self._check_batch(x, coords)
-        past = 0 if cache is None else cache.length
-        if coords.num_keys != past + x.shape[1]:
-            raise ValueError(f"attention: the coordinates have {coords.num_keys} keys but there "
-                             f"are {past} cached + {x.shape[1]} new tokens; build them with "
-                             f"offset={past} (e.g. Sequence({x.shape[1]}, offset={past}, "
-                             "causal=True))")
+        self._check_keys(coords, cache, x.shape[1])
         q, k, v = self._project(x)
         out = self.forward_heads(q, k, v, coords, cache, x=x)
         return self.proj(rearrange(out, "b h s d -> b s (h d)"))
+
+    def _check_keys(self, coords: Coordinates, cache: KVCache | None, tokens: int) -> None:
+        """The coordinates' keys are the cached ones and this step's (after gathering)."""
+        past = 0 if cache is None else cache.length
+        if coords.num_keys != past + coords.step_keys(tokens):
+            raise ValueError(f"attention: the coordinates have {coords.num_keys} keys but there "
+                             f"are {past} cached + {tokens} new tokens; build them with "
+                             f"offset={past} (e.g. Sequence({tokens}, offset={past}, "
+                             "causal=True))")
 
     def forward_heads(self, q: Tensor, k: Tensor, v: Tensor, coords: Coordinates,
                       cache: KVCache | None = None, x: Tensor | None = None) -> Tensor:
@@ -233,13 +252,19 @@ class MultiHeadAttention(_Attention):
         terms, without the input and output projections (a bridge into another model's
         attention layer uses it with that model's projections and q/k norms).
 
+        The one route of every call: the coordinates refuse what they cannot serve
+        (`check_encodings`), gather the keys the queries attend to (`gather_keys`: the
+        identity on one process, every rank's keys on a shard, `mmpe.parallel`), and name the
+        query rows attended separately (`row_blocks`: a causal shard's chunks).
+
         Shapes: ``q [b, n_h, s, h_d]``, ``k``/``v [b, n_kv, s, h_d]`` (this step's tokens) ->
         ``[b, n_h, s, h_d]``; ``x`` (``[b, s, d]``, optional) is what content-dependent
         score terms read as the layer input.
 
         Raises:
             ValueError: heads, head dim or tokens that differ from the layer's and the
-                coordinates' (checked before anything runs).
+                coordinates' (checked before anything runs); what the coordinates refuse
+                (`ContextParallelError` on a shard).
         """
         if not isinstance(coords, Coordinates):
             raise TypeError(f"attention: coords must be an mmpe Coordinates object, got "
@@ -254,11 +279,8 @@ class MultiHeadAttention(_Attention):
                 shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
                 raise ValueError(f"attention: {name} must be [b, {heads}, {coords.num_queries}, "
                                  f"{dim}] (heads, the coordinates' queries, head dim), got {shape}")
-        past = 0 if cache is None else cache.length
-        if coords.num_keys != past + q.shape[2]:
-            raise ValueError(f"attention: the coordinates have {coords.num_keys} keys but there "
-                             f"are {past} cached + {q.shape[2]} new tokens; build them with "
-                             f"offset={past}")
+        coords.check_encodings(self.encodings(), window=self.window, cache=cache)
+        self._check_keys(coords, cache, q.shape[2])
         if cache is not None and not coords.supports_cache:
             raise ValueError(f"attention: cache: {type(coords).__name__} coordinates cannot "
                              "describe a cached step (supports_cache is False: their keys are "
@@ -271,6 +293,25 @@ class MultiHeadAttention(_Attention):
             return q * 0.0  # [0, n_h, s, h_d], still in the graph of the projections
         if self.window is not None:
             coords = self.window.apply(coords)
+        k, v = coords.gather_keys(k, v)
+        blocks = coords.row_blocks(q.shape[0], any(r.length_dependent for r in self.rotary))
+        if blocks is None:
+            return self._attend_on(coords, x, q, k, v, cache)
+        return torch.cat([self._attend_block(block, x, q, k, v) for block in blocks], dim=2)
+
+    def _attend_block(self, block: RowBlock, x: Tensor | None, q: Tensor, k: Tensor,
+                      v: Tensor) -> Tensor:
+        """The block's query rows on the keys before its `stop`, on its own coordinates."""
+        lo, hi, stop = block.lo, block.hi, block.stop
+        args = (block.coords, None if x is None else x[:, lo:hi], q[:, :, lo:hi],
+                k[:, :, :stop], v[:, :, :stop])
+        if not block.checkpointed or not torch.is_grad_enabled():
+            return self._attend_on(*args)
+        return checkpoint(self._attend_on, *args, use_reentrant=False)
+
+    def _attend_on(self, coords: Coordinates, x: Tensor | None, q: Tensor, k: Tensor,
+                   v: Tensor, cache: KVCache | None = None) -> Tensor:
+        """Rotations, the cache and the route on `coords` (keys `k`, `v` already gathered)."""
         with forward_scope(coords):
             coords.prepare()
             # Length-dependent rotations (dynamic NTK, xPos …) re-rotate every key each step.
@@ -321,6 +362,7 @@ class CrossAttention(_Attention):
             ``memory_coords``' keys.
     """
 
+    @records_arguments
     def __init__(
         self,
         d_model: int,

@@ -18,7 +18,8 @@ those meet then works on it unchanged.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -30,6 +31,18 @@ MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 _COORDINATE_TYPES: dict[str, type[Coordinates]] = {}
+
+
+class RowBlock(NamedTuple):
+    """Query rows `lo … hi−1` of a call attended on the keys before `stop`, on `coords` (their
+    own coordinates: those rows as queries, those keys); `checkpointed`: recomputed in the
+    backward, so the block's mask and bias are not kept."""
+
+    lo: int
+    hi: int
+    stop: int
+    coords: Coordinates
+    checkpointed: bool
 
 
 def coordinate_types() -> dict[str, type[Coordinates]]:
@@ -93,6 +106,46 @@ class Coordinates(ABC):
         sizes alone (a causal sequence with implicit positions), else None. Two coordinates
         with equal keys have the same mask, so its FlexAttention `BlockMask` is built once
         per process instead of once per forward. Override only where that holds exactly."""
+        return None
+
+    # --- what attention asks of the coordinates beyond positions: one spine for every call.
+    # Ordinary coordinates hold all their keys on this process; sharded ones (mmpe.parallel)
+    # override these members, and the attention code never asks which kind it has.
+
+    def check_encodings(self, encodings: Iterable[Any], *, window: Any = None,
+                        cache: Any = None) -> None:
+        """Refuse what these coordinates cannot serve in one call: nothing beyond each
+        encoding's own `check_coords` on ordinary coordinates.
+
+        Args:
+            encodings: the built encodings of the call (input encodings from a model's forward).
+            window: the layer's `LocalWindow`, or None.
+            cache: the layer's `KVCache`, or None.
+
+        Raises:
+            ValueError: where an override refuses (e.g. `ContextParallelError` on a shard).
+        """
+        return None
+
+    def step_keys(self, tokens: int) -> int:
+        """The keys `tokens` new tokens of this process become after
+        [`gather_keys`][mmpe.coords.base.Coordinates.gather_keys]: `tokens` itself here."""
+        return tokens
+
+    def gather_keys(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of every token the queries attend to, from this process's own
+        `k`, `v` `[b, n_kv, s, h_d]`: the identity here (a shard all-gathers them)."""
+        return k, v
+
+    def row_blocks(self, batch: int, length_dependent: bool) -> list[RowBlock] | None:
+        """Query rows attended separately, each on coordinates of its own, or None (every row
+        at once, on these coordinates: the default).
+
+        Args:
+            batch: `b` of the call (a block's mask size grows with it).
+            length_dependent: a rotation of the layer depends on the total key count (dynamic
+                NTK, LongRoPE), so keys must not be cut.
+        """
         return None
 
     @property

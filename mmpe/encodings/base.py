@@ -77,7 +77,7 @@ class AttentionContext:
 
 
 class Encoding(nn.Module):
-    """Common base: the hook, and the coordinate capabilities an encoding needs.
+    """Common base: the hook, the coordinate capabilities an encoding needs, and what a shard refuses.
 
     `needs` is set by [`mmpe.registry.register`][mmpe.registry.register] from its `needs=` argument (an
     unregistered subclass may set it as a class attribute).
@@ -85,6 +85,9 @@ class Encoding(nn.Module):
 
     hook: ClassVar[str] = ""
     needs: ClassVar[tuple[type[Capability], ...]] = ()
+    #: why the encoding cannot run on one rank's shard of a sequence (context parallelism,
+    #: `mmpe.parallel`), or None where it can; a shard refuses it with this reason.
+    shard_refusal: ClassVar[str | None] = None
 
     def check_coords(self, coords: Coordinates) -> None:
         """Raise unless `coords` provides every capability this encoding needs.

@@ -96,6 +96,9 @@ class ConvPositionalEmbedding(InputEncoding):
         TypeError: `forward(coords)` (use `combine`); coordinates without a frame axis.
     """
 
+    shard_refusal = ("its convolution reads the inputs of neighbouring tokens, which lie on "
+                     "other ranks at a shard's edges (it would need a halo exchange)")
+
     def __init__(self, d_model: int, kernel_size: int = 128, groups: int = 16) -> None:
         super().__init__()
         for arg, val in (("d_model", d_model), ("kernel_size", kernel_size), ("groups", groups)):

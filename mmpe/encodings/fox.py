@@ -45,6 +45,10 @@ class ForgettingGate(ContentScoreEncoding):
             covering every key.
     """
 
+    shard_refusal = ("its forget gates are a running sum over every token from the key to "
+                     "the query, computed from each token's layer input x; a rank holds only its "
+                     "own tokens' x")
+
     def __init__(self, d_model: int, num_heads: int) -> None:
         super().__init__()
         check_positive_int("fox", "d_model", d_model)

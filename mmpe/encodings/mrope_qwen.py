@@ -35,8 +35,9 @@ def interleaved_axes(section: tuple[int, int, int]) -> torch.Tensor:
             not be `section`; e.g. `3·s_h > h_d/2 + 1`).
     """
     half = sum(section)
-    j = torch.arange(half)
-    axis = torch.zeros(half, dtype=torch.long)
+    # a setting, counted on the host whatever device the model is built on (meta included)
+    j = torch.arange(half, device="cpu")
+    axis = torch.zeros(half, dtype=torch.long, device="cpu")
     axis[(j % 3 == 1) & (j < 3 * section[1])] = 1
     axis[(j % 3 == 2) & (j < 3 * section[2])] = 2
     counts = tuple(int((axis == a).sum()) for a in range(3))
@@ -87,7 +88,9 @@ class InterleavedMRoPE(MRoPE):
         if mrope_section is None and head_dim > 0 and head_dim % 2 == 0:
             mrope_section = default_interleaved_section(head_dim)
         super().__init__(head_dim, mrope_section, base)
-        self.register_buffer("axis", interleaved_axes(self.mrope_section), persistent=False)
+        here = torch.empty(0).device  # the device the model is built on (meta included)
+        self.register_buffer("axis", interleaved_axes(self.mrope_section).to(here),
+                             persistent=False)
 
     def _rotate(self, x: Tensor, phase: Tensor) -> Tensor:
         # float64 phases reduced mod 2π, tables in the input's rotation dtype (float64 stays

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import Tensor
 
 from mmpe.coords.capabilities import Positioned1D
@@ -85,7 +86,8 @@ class PRoPE(RoPE):
         super().__init__(head_dim, base, None, interleaved)
         self.p = float(p)
         self._inv_freq = p_rope_inv_freq(head_dim, self.p, self.base)  # checks p
-        self.kept = int((self._inv_freq > 0).sum())
+        with torch.device("cpu"):  # a setting, counted on the host (a meta build included)
+            self.kept = int((p_rope_inv_freq(head_dim, self.p, self.base) > 0).sum())
 
     def inv_freq(self, seq_len: int) -> Tensor:
         """`[h_d/2]` float64: RoPE's first `⌊p·h_d/2⌋` frequencies, then zeros."""

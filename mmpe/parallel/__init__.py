@@ -7,15 +7,17 @@ out = model(sharded.take(x), sharded)         # MultiHeadAttention gathers K, V 
 full = mmpe.parallel.unshard(out, sharded)    # every rank's rows, in sequence order
 ```
 
-See `docs/long_sequences.md` for the layouts, what each kind of encoding needs and the
-memory per rank.
+The attention layers need no other change: a shard answers the coordinates' own members that
+attention asks of every call (`gather_keys`, `row_blocks`, `check_encodings`). See
+`docs/long_sequences.md` for the layouts, what each kind of encoding needs and the memory per
+rank.
 """
 
-from mmpe.parallel.attention import sharded_attention
 from mmpe.parallel.collectives import gather_tokens, reduce_gradients
 from mmpe.parallel.coords import ShardedCoords, shard, unshard
+from mmpe.parallel.fsdp import fully_shard_transformer
 from mmpe.parallel.layout import LAYOUTS, gather_order, shard_index
-from mmpe.parallel.refusals import REFUSED, ContextParallelError, check_encodings
+from mmpe.parallel.refusals import ContextParallelError, refused_encodings
 
-__all__ = ["LAYOUTS", "REFUSED", "ContextParallelError", "ShardedCoords", "check_encodings", "gather_order",
-           "gather_tokens", "reduce_gradients", "shard", "shard_index", "sharded_attention", "unshard"]
+__all__ = ["LAYOUTS", "ContextParallelError", "ShardedCoords", "fully_shard_transformer", "gather_order", "gather_tokens",
+           "reduce_gradients", "refused_encodings", "shard", "shard_index", "unshard"]

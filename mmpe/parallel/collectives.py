@@ -1,9 +1,13 @@
 """Differentiable gathers over a context group: every rank's tokens in sequence order.
 
-`torch.distributed.nn.functional.all_gather` is differentiable: its backward sends each
-rank the sum, over the ranks, of the gradients of the copies of its tokens (a reduce-scatter;
-on gloo torch emulates it with an all-to-all and a sum). A rank's K/V thus receive the
-gradients of every rank's queries that attended to them.
+mmpe's gather is its own autograd function rather than
+`torch.distributed.nn.functional.all_gather`, whose backward on gloo scatters with the group
+rank where a global rank is expected: on any group without global rank 0 (the context groups
+of a data × context mesh) the first backward raises `Global rank 0 is not part of group`.
+Here the backward sums the gradients of every rank's copies of a rank's tokens back onto it
+with a reduce-scatter over the group where the backend has one (NCCL), and an all-reduce and
+a slice where it does not (gloo): each rank's K/V receive the gradients of every query that
+attended to them.
 """
 
 from __future__ import annotations
@@ -11,7 +15,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch.distributed.nn.functional import all_gather
 
 from mmpe.parallel.layout import gather_order
 
@@ -29,20 +32,45 @@ def group_size_rank(group: dist.ProcessGroup | None) -> tuple[int, int]:
     return dist.get_world_size(group), dist.get_rank(group)
 
 
+def _has_reduce_scatter(group: dist.ProcessGroup | None) -> bool:
+    """Whether the group's backend implements reduce-scatter (gloo does not)."""
+    return dist.get_backend(group) != "gloo"
+
+
+class _AllGather(torch.autograd.Function):
+    """`[W, *t.shape]`: every rank's `t` stacked in group-rank order; backward: each rank gets
+    the sum over the ranks of its slice's gradient."""
+
+    @staticmethod
+    def forward(ctx, t: Tensor, group: dist.ProcessGroup | None) -> Tensor:  # noqa: D102
+        ctx.group = group
+        world, _ = group_size_rank(group)
+        out = t.new_empty((world, *t.shape))
+        dist.all_gather(list(out.unbind(0)), t.contiguous(), group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # noqa: D102
+        group = ctx.group
+        grad = grad.contiguous()
+        if _has_reduce_scatter(group):
+            mine = grad.new_empty(grad.shape[1:])
+            dist.reduce_scatter(mine, list(grad.unbind(0)), group=group)
+            return mine, None
+        dist.all_reduce(grad, group=group)
+        return grad[dist.get_rank(group)].clone(), None
+
+
 def gather_tokens(t: Tensor, dim: int, group: dist.ProcessGroup | None, layout: str) -> Tensor:
-    """Every rank's `t` concatenated along `dim` in sequence order (differentiable).
+    """Every rank's `t` concatenated along `dim` in sequence order (differentiable, on any
+    subgroup of the world).
 
     Shapes: `t [..., n/W, ...]` (the `dim` axis holds this rank's tokens) -> `[..., n, ...]`.
     """
     world, _ = group_size_rank(group)
-    parts = all_gather(t.contiguous(), group=group or dist.group.WORLD)
-    if torch.is_grad_enabled() and t.requires_grad:
-        # The gradient of each part is a strided slice of the concatenation's; the gather's
-        # backward on gloo (an all-to-all) sends such views wrongly (wrong input gradients in
-        # the tests), so each part's gradient is made contiguous first.
-        for part in parts:
-            part.register_hook(torch.Tensor.contiguous)
-    full = torch.cat(parts, dim=dim)
+    dim = dim % t.dim()
+    parts = _AllGather.apply(t, group)  # [W, ..., n/W, ...]
+    full = parts.movedim(0, dim).flatten(dim, dim + 1)  # rank-major along dim
     order = gather_order(full.shape[dim], world, layout, device=full.device)
     return full if order is None else full.index_select(dim, order)
 
@@ -56,4 +84,7 @@ def reduce_gradients(module: torch.nn.Module, group: dist.ProcessGroup | None) -
     """
     for p in module.parameters():
         if p.grad is not None:
-            dist.all_reduce(p.grad, group=group)
+            # an FSDP2 parameter's gradient is a DTensor: its local shard is summed (the
+            # context ranks of one data rank hold the same shard)
+            to_local = getattr(p.grad, "to_local", None)
+            dist.all_reduce(to_local() if callable(to_local) else p.grad, group=group)

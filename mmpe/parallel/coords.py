@@ -12,15 +12,20 @@ global offsets and never know they run on a shard.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch.distributed as dist
 from torch import Tensor
 
-from mmpe.coords.base import Coordinates, MaskMod
+from mmpe._scratch import block_bytes
+from mmpe.coords.base import Coordinates, MaskMod, RowBlock
 from mmpe.coords.capabilities import defines
+from mmpe.coords.sequence import Sequence
+from mmpe.coords.views import view_class
 from mmpe.parallel.collectives import gather_tokens, group_size_rank
 from mmpe.parallel.layout import check_layout, shard_index, shard_spans
+from mmpe.parallel.refusals import ContextParallelError
 
 #: pairwise members whose first argument is a query index: answered at `index[q_idx]`
 _QUERY_FIRST = ("relation", "distance", "extent", "query_index", "offset", "offsets")
@@ -43,10 +48,12 @@ class ShardedCoords(Coordinates):
         index: `[n/W]` int64 global token indices of this rank's queries (ascending).
         group: the context group (None: the default group).
         layout: `"contiguous"` or `"balanced"`.
-        world_size, rank: of the group.
+        world_size: the group's size `W`.
+        rank: this process's rank in the group.
         spans: `(start, length)` of each contiguous chunk this rank holds.
     """
 
+    view_prefix = "Sharded"
     supports_cache = False
     capability_note = ("sharded by mmpe.parallel: a rank offers the pairwise members and "
                        "positions of the whole sequence, not its per-token layout tables")
@@ -106,19 +113,71 @@ class ShardedCoords(Coordinates):
                              f"{self.full.num_queries} tokens along dim {dim}, got {shape}")
         return x.index_select(dim, self.index.to(x.device))
 
-    def check_encodings(self, encodings: Any) -> None:
-        """Refuse encodings that cannot run on a shard (see
-        [`mmpe.parallel.attention.check_encodings`][mmpe.parallel.attention.check_encodings])."""
-        from mmpe.parallel.refusals import check_encodings
+    # --- what a shard changes in the attention call (see Coordinates' members) ---
 
-        check_encodings(encodings, self)
+    def check_encodings(self, encodings: Iterable[Any], *, window: Any = None,
+                        cache: Any = None) -> None:
+        """Refuse, by name and with the reason, what a shard cannot run: a key/value cache, a
+        local window, an encoding that declares a
+        [`shard_refusal`][mmpe.encodings.base.Encoding.shard_refusal], and one whose needs a
+        shard does not offer (per-token layout tables).
 
-    def context_parallel_attention(self, layer: Any, x: Tensor, cache: Any) -> Tensor:
-        """What `MultiHeadAttention.forward` runs on these coordinates (see
-        [`mmpe.parallel.attention`][mmpe.parallel.attention])."""
-        from mmpe.parallel.attention import sharded_attention
+        Raises:
+            ContextParallelError: naming the encoding or the setting, and why.
+        """
+        if cache is not None:
+            raise ContextParallelError("context parallel: cache must be None (cached decoding "
+                                       "runs on one device; unshard the prompt's outputs first)")
+        if window is not None:
+            raise ContextParallelError("context parallel: a local window (LocalWindow) is not "
+                                       "supported on a shard: its mask reads query indices")
+        for enc in encodings:
+            name = getattr(enc, "registry_name", type(enc).__name__)
+            reason = getattr(type(enc), "shard_refusal", None)
+            if reason:
+                raise ContextParallelError(f"context parallel: {name} is refused: {reason}")
+            try:
+                enc.check_coords(self)
+            except (TypeError, ValueError) as err:
+                raise ContextParallelError(f"context parallel: {name} cannot run on a shard: "
+                                           f"{err}") from err
 
-        return sharded_attention(layer, x, self, cache)
+    def step_keys(self, tokens: int) -> int:
+        """Every token of the sequence `n`, once a rank's `n/W` tokens are gathered."""
+        return self.full.num_keys if tokens == self.num_queries else tokens * self.world_size
+
+    def gather_keys(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Every rank's keys and values in sequence order, `[b, n_kv, n, h_d]` from this
+        rank's `[b, n_kv, n/W, h_d]` (differentiable: a key's gradient is summed back onto
+        the rank that owns it)."""
+        return (gather_tokens(k, 2, self.group, self.layout),
+                gather_tokens(v, 2, self.group, self.layout))
+
+    def row_blocks(self, batch: int, length_dependent: bool) -> list[RowBlock] | None:
+        """On a plain causal `Sequence` (implicit positions, no documents or padding): per
+        contiguous chunk of the rank's queries, `Sequence(c, offset=start, causal=True)` —
+        the key/value cache's coordinates, queries `start … start+c−1` after the keys before
+        them — with the keys cut at `stop = start + c` (later keys are masked): the routes see
+        what a cached prefill step is, and offset terms keep their `O(n)` forms. A chunk whose
+        `c × stop` mask would pass the block budget (`MMPE_ATTN_BLOCK_BYTES`) is cut into
+        blocks of rows, each recomputed in the backward, so no rank holds an `n/W × n` mask.
+        None elsewhere (the pairwise members answer at global indices), and where a rotation
+        depends on the total length (the cut keys would change it)."""
+        full = self.full
+        if type(full) is not Sequence or full.mask_key() is None or length_dependent:
+            return None
+        out, lo = [], 0
+        for start, c in self.spans:
+            # a block's boolean mask rows (and SDPA's float copy) within the block budget
+            rows = max(1, block_bytes() // (8 * batch * (start + c)))
+            blocked = rows < c
+            step = rows if blocked else c
+            for r in range(0, c, step):
+                size = min(step, c - r)
+                part = Sequence(size, offset=start + r, causal=True, device=full.device)
+                out.append(RowBlock(lo + r, lo + r + size, start + r + size, part, blocked))
+            lo += c
+        return out
 
     def __repr__(self) -> str:
         return (f"ShardedCoords({self.full!r}, rank={self.rank}/{self.world_size}, "
@@ -144,23 +203,19 @@ def _query_positions(self) -> Tensor:
     return self.full.query_positions.index_select(-2, self.index)
 
 
-_CLASSES: dict[type, type[ShardedCoords]] = {}
-
-
-def sharded_class(full_type: type) -> type[ShardedCoords]:
-    """The `ShardedCoords` subclass offering the members `full_type` defines (one per type)."""
-    if full_type not in _CLASSES:
-        members: dict[str, Any] = {"__doc__": ShardedCoords.__doc__}
-        for name in _QUERY_FIRST:
-            if defines(full_type, name):
-                members[name] = _query_member(name)
-        for name in _GLOBAL:
-            if defines(full_type, name):
-                members[name] = _global_member(name)
-        if defines(full_type, "query_positions"):
-            members["query_positions"] = property(_query_positions)
-        _CLASSES[full_type] = type(f"Sharded{full_type.__name__}", (ShardedCoords,), members)
-    return _CLASSES[full_type]
+def _sharded_members(full_type: type) -> dict[str, Any]:
+    """The members a shard of `full_type` coordinates offers: exactly the pairwise and
+    positional ones `full_type` defines, answered by the whole sequence's."""
+    members: dict[str, Any] = {}
+    for name in _QUERY_FIRST:
+        if defines(full_type, name):
+            members[name] = _query_member(name)
+    for name in _GLOBAL:
+        if defines(full_type, name):
+            members[name] = _global_member(name)
+    if defines(full_type, "query_positions"):
+        members["query_positions"] = property(_query_positions)
+    return members
 
 
 def shard(coords: Coordinates, group: dist.ProcessGroup | None = None,
@@ -200,7 +255,8 @@ def shard(coords: Coordinates, group: dist.ProcessGroup | None = None,
                          f"n_k={coords.num_keys} (a cached step cannot be sharded)")
     world, rank = group_size_rank(group)
     index = shard_index(coords.num_queries, world, rank, layout, device=coords.device)
-    return sharded_class(type(coords))(coords, index, group, layout, world, rank)
+    view = view_class(ShardedCoords, type(coords), _sharded_members, inherit=False)
+    return view(coords, index, group, layout, world, rank)
 
 
 def unshard(x: Tensor, coords: ShardedCoords, dim: int = 1) -> Tensor:

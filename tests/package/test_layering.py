@@ -27,7 +27,7 @@ SOURCES = {"mmpe": ROOT / "mmpe", "mmpe.recipes": ROOT / "recipes", "mmpe.config
 #: is the package's `__init__` (the facade that re-exports the core), nothing below it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("mmpe._optional", "mmpe.validation", "mmpe._scratch", "mmpe.table_maths",
-                    "mmpe.graph_maths", "mmpe.earth", "mmpe.flex_compile")),
+                    "mmpe.graph_maths", "mmpe.earth", "mmpe.flex_compile", "mmpe.rebuild")),
     ("coordinates", ("mmpe.coords", "mmpe.molecules")),
     ("registry", ("mmpe.registry", "mmpe.context")),
     ("encodings", ("mmpe.encodings",)),

@@ -16,7 +16,7 @@ from pathlib import Path
 import cp_cases
 import pytest
 
-from mmpe.parallel import REFUSED
+from mmpe.parallel import refused_encodings
 from mmpe.registry import available
 
 pytest.importorskip("lightning", reason="the training run uses the text recipe (mmpe[recipes])")
@@ -45,14 +45,16 @@ def _check(rows: list[dict]) -> None:
     bad = [(row["case"], row.get("error") or row.get("errors")) for row in rows
            if not row.get("ok") and "refused" not in row and "unsharded_refuses" not in row]
     assert not bad, f"{len(bad)} sharded cases differ or fail, e.g. {bad[:3]}"
+    declared = refused_encodings()
     for row in rows:
-        if "refused" in row:  # by name, with a reason: REFUSED's or the shard's missing members
+        if "refused" in row:  # by name, with a reason: declared, or the shard's missing members
             name = row["case"][0]
             assert f"context parallel: {name} " in row["refused"]
-            assert name in REFUSED or "needs coordinates providing" in row["refused"]
+            assert name in declared or "needs coordinates providing" in row["refused"]
     refused = {row["case"][0] for row in rows if "refused" in row}
-    for name in REFUSED:  # every refusal in the table is exercised and raised
-        assert name in refused, f"{name} is in REFUSED but no case refused it"
+    assert declared  # fox and conv_pe declare theirs
+    for name in declared:  # every declared refusal is exercised and raised
+        assert name in refused, f"{name} declares a shard_refusal but no case refused it"
     # the rows are drawn from the registry: every encoding running on a sequence has some
     seqs = cp_cases.sequences()
     on_sequences = {e.name for e in available()
@@ -70,7 +72,7 @@ def test_two_ranks_every_encoding_layout_padding_documents_gqa_grid(two_ranks: P
 
 def test_four_ranks_every_encoding_both_layouts(tmp_path: Path) -> None:
     # GQA, padding, documents and grids run on 2 ranks; here a block budget of 512 bytes cuts
-    # the causal chunks into checkpointed blocks of 2 rows (mmpe.parallel.attention)
+    # the causal chunks into checkpointed blocks of 2 rows (ShardedCoords.row_blocks)
     cp_cases.spawn(4, str(tmp_path), cp_cases.worker, (), ("causal", "bidirectional"), False,
                    False, 512)
     _check(_rows(tmp_path, 4))
