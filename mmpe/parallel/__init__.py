@@ -14,10 +14,10 @@ rank.
 """
 
 from mmpe.parallel.collectives import gather_tokens, reduce_gradients
-from mmpe.parallel.coords import ShardedCoords, shard, unshard
+from mmpe.parallel.coords import ShardedCoords, shard, unshard, unshard_for_loss
 from mmpe.parallel.fsdp import fully_shard_transformer
 from mmpe.parallel.layout import LAYOUTS, gather_order, shard_index
 from mmpe.parallel.refusals import ContextParallelError, refused_encodings
 
 __all__ = ["LAYOUTS", "ContextParallelError", "ShardedCoords", "fully_shard_transformer", "gather_order", "gather_tokens",
-           "reduce_gradients", "refused_encodings", "shard", "shard_index", "unshard"]
+           "reduce_gradients", "refused_encodings", "shard", "shard_index", "unshard", "unshard_for_loss"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch import Tensor
 
@@ -269,6 +270,11 @@ def unshard(x: Tensor, coords: ShardedCoords, dim: int = 1) -> Tensor:
         TypeError: `coords` not `ShardedCoords`.
         ValueError: `x` without `n/W` entries along `dim`.
     """
+    _check_unshard(x, coords, dim)
+    return gather_tokens(x, dim, coords.group, coords.layout)
+
+
+def _check_unshard(x: Tensor, coords: ShardedCoords, dim: int) -> None:
     if not isinstance(coords, ShardedCoords):
         raise TypeError(f"context parallel: unshard needs the ShardedCoords of shard(...), got "
                         f"{type(coords).__name__}")
@@ -276,4 +282,38 @@ def unshard(x: Tensor, coords: ShardedCoords, dim: int = 1) -> Tensor:
         shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
         raise ValueError(f"context parallel: unshard: x must hold this rank's "
                          f"{coords.num_queries} tokens along dim {dim}, got {shape}")
-    return gather_tokens(x, dim, coords.group, coords.layout)
+
+
+def unshard_for_loss(x: Tensor, coords: ShardedCoords, dim: int = 1) -> Tensor:
+    """Every rank's tokens of `x` in sequence order, for a loss that **every rank** computes
+    alike over the whole sequence (a sequence-level objective, a global normalisation).
+
+    With [`unshard`][mmpe.parallel.coords.unshard] such a loss counts `W` times: each of the
+    `W` ranks' identical losses sends its gradient to every token's owner, so after
+    [`reduce_gradients`][mmpe.parallel.collectives.reduce_gradients] every gradient is `W ×`
+    the unsharded one. Here the backward keeps this rank's own rows of its (identical)
+    gradient, once: `loss(unshard_for_loss(out, sharded)).backward()` then
+    `reduce_gradients(model, group)` gives the unsharded model's gradients.
+
+    Shapes: `x [..., n/W, ...]` along `dim` -> `[..., n, ...]`.
+
+    Raises:
+        TypeError: `coords` not `ShardedCoords`.
+        ValueError: `x` without `n/W` entries along `dim`.
+    """
+    _check_unshard(x, coords, dim)
+    return _OwnRows.apply(x, coords, dim % x.dim())
+
+
+class _OwnRows(torch.autograd.Function):
+    """Forward: the gathered `full`; backward: this rank's rows of the gradient (the loss is
+    the same on every rank, so its gradient is too)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, coords: ShardedCoords, dim: int) -> Tensor:  # noqa: D102
+        ctx.index, ctx.dim = coords.index.to(x.device), dim
+        return gather_tokens(x, dim, coords.group, coords.layout)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # noqa: D102
+        return grad.index_select(ctx.dim, ctx.index), None, None

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 import mmpe
-from mmpe.parallel import reduce_gradients, shard
+from mmpe.parallel import reduce_gradients, shard, unshard, unshard_for_loss
 from mmpe.testing import TOLERANCES
 
 N, D_MODEL, HEADS = 16, 32, 4
@@ -59,6 +59,25 @@ def compare(group: dist.ProcessGroup, data_seed: int, layout: str) -> dict:
             "world": dist.get_world_size(group)}
 
 
+def whole_sequence_loss(group: dist.ProcessGroup, gather) -> float:
+    """The largest |gradient − unsharded gradient| / |unsharded| when every rank computes a
+    loss over the whole sequence, gathered with `gather` (`unshard_for_loss`: 0; `unshard`:
+    W − 1, the loss counted W times)."""
+    full = mmpe.Sequence(N, causal=True)
+    model = _model()
+    twin = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(2, N, D_MODEL, generator=gen)
+    (model(x, full).logsumexp(dim=1) ** 2).sum().backward()  # not a sum over tokens
+    sharded = shard(full, group, "balanced")
+    out = gather(twin(sharded.take(x), sharded), sharded)
+    (out.logsumexp(dim=1) ** 2).sum().backward()
+    reduce_gradients(twin, group)
+    return max(float((p.grad - r.grad).norm() / r.grad.norm())
+               for p, r in zip(twin.parameters(), model.parameters(), strict=True)
+               if r.grad is not None and r.grad.norm() > 0)
+
+
 def worker(rank: int, world: int, port: int, out_dir: str) -> None:
     """Run the cases of a `world`-rank job and write `rank<r>.json`."""
     os.environ["OMP_NUM_THREADS"] = "1"
@@ -76,6 +95,9 @@ def worker(rank: int, world: int, port: int, out_dir: str) -> None:
             for layout in ("contiguous", "balanced"):
                 results.append({"case": ["mesh 2x2", layout],
                                 **compare(group, 10 + data_rank, layout)})
+            results.append({"case": ["whole-sequence loss"], "ok": True, "world": 2,
+                            "unshard_for_loss": whole_sequence_loss(group, unshard_for_loss),
+                            "unshard": whole_sequence_loss(group, unshard)})
         else:  # 3 ranks: {0, 1} and {2}, then {0} and {1, 2} (every rank makes every group)
             groups = {k: dist.new_group(list(k)) for k in ((0, 1), (2,), (0,), (1, 2))}
             for split in (((0, 1), (2,)), ((0,), (1, 2))):

@@ -26,7 +26,11 @@ def _rows(out: Path, world: int) -> list[dict]:
 def test_subgroup_context_groups_equal_the_unsharded_model(world: int, tmp_path: Path) -> None:
     cp_cases.spawn(world, str(tmp_path), mesh_cases.worker)
     rows = _rows(tmp_path, world)
-    assert len(rows) == world * (2 if world == 4 else 4)
+    assert len(rows) == world * (3 if world == 4 else 4)
+    for row in rows:  # a loss every rank computes over the whole sequence
+        if row["case"] == ["whole-sequence loss"]:
+            assert row["unshard_for_loss"] < 1e-5
+            assert abs(row["unshard"] - 1.0) < 1e-4  # the control: W = 2 times the gradient
     bad = [(r["rank"], r["case"], r.get("error") or r["errors"]) for r in rows if not r["ok"]]
     assert not bad, bad
     # every group size of the case ran, groups of one included
