@@ -218,13 +218,16 @@ class CharLM(AdamWCosine, L.LightningModule):
         context_parallel: None, or `"contiguous"`/`"balanced"`: under `ModelParallelStrategy`
             each sequence is sharded over the mesh's second dimension (`mmpe.parallel`,
             `docs/long_sequences.md`); evaluation runs unsharded on every rank.
+        fsdp: under `ModelParallelStrategy`, shard the parameters with FSDP2 over the mesh's
+            first dimension, from a meta-device build (see `configure_model`).
     """
 
     def __init__(self, encoding: str = "rope", encoding_options: dict[str, Any] | None = None,
                  vocab_size: int = 85, max_len: int = 64, d_model: int = 128, num_heads: int = 4,
                  depth: int = 3, mlp_ratio: float = 4.0, dropout: float = 0.0, lr: float = 2e-3,
                  weight_decay: float = 0.1, warmup_steps: int = 100,
-                 input_combine: str = "add", context_parallel: str | None = None) -> None:
+                 input_combine: str = "add", context_parallel: str | None = None,
+                 fsdp: bool = False) -> None:
         super().__init__()
         self.save_hyperparameters()
         #: the layout (`"contiguous"`/`"balanced"`) when training shards each sequence over the
@@ -235,15 +238,19 @@ class CharLM(AdamWCosine, L.LightningModule):
             if context_parallel not in LAYOUTS:
                 raise ValueError(f"text: context_parallel must be None or one of {LAYOUTS}, "
                                  f"got {context_parallel!r}")
-        self.context_parallel = context_parallel
+        self.context_parallel, self.fsdp = context_parallel, bool(fsdp)
         self.context_group = self.data_group = None
-        spec = {"name": encoding, **(encoding_options or {})}
         self.embed = nn.Embedding(vocab_size, d_model)
-        self.transformer = Transformer(d_model, num_heads, depth, [spec], mlp_ratio=mlp_ratio,
-                                       dropout=dropout, input_combine=input_combine,
-                                       encoding_context={"max_len": max_len,
-                                                         "original_max_position_embeddings": max_len})
+        self.transformer = self._transformer()
         self.head = nn.Linear(d_model, vocab_size)
+
+    def _transformer(self) -> Transformer:
+        h = self.hparams
+        spec = {"name": h.encoding, **(h.encoding_options or {})}
+        return Transformer(h.d_model, h.num_heads, h.depth, [spec], mlp_ratio=h.mlp_ratio,
+                           dropout=h.dropout, input_combine=h.input_combine,
+                           encoding_context={"max_len": h.max_len,
+                                             "original_max_position_embeddings": h.max_len})
 
     def forward(self, tokens: Tensor, coords: Sequence | None = None,
                 cache: ModelCache | None = None) -> Tensor:
@@ -263,21 +270,42 @@ class CharLM(AdamWCosine, L.LightningModule):
         return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten()) / math.log(2)
 
     def configure_model(self) -> None:
-        """Under `ModelParallelStrategy` with `context_parallel` set, the mesh's second
+        """Under `ModelParallelStrategy`: with `context_parallel` set, the mesh's second
         dimension ("tensor_parallel", size `--trainer.strategy.tensor_parallel_size`) is the
-        context group: its ranks share each batch and hold a shard of every sequence."""
-        if self.context_parallel is None or self._trainer is None:
+        context group (its ranks share each batch and hold a shard of every sequence); with
+        `fsdp`, the transformer is built again on `meta` and sharded with FSDP2 over the first
+        dimension (`mmpe.parallel.fully_shard_transformer`; the embedding and the head as
+        units of their own), and the strategy materialises it (`to_empty`, then every
+        module's `reset_parameters`)."""
+        if (self.context_parallel is None and not self.fsdp) or self._trainer is None:
             return
         mesh = self.device_mesh
         if mesh is None:
-            raise ValueError("text: context_parallel needs --trainer.strategy "
+            raise ValueError("text: context_parallel and fsdp need --trainer.strategy "
                              "lightning.pytorch.strategies.ModelParallelStrategy (its device mesh's "
-                             "second dimension is the context group); see docs/long_sequences.md")
-        self.context_group = mesh["tensor_parallel"].get_group()
+                             "dimensions are the data and context groups); see "
+                             "docs/long_sequences.md")
         self.data_group = mesh["data_parallel"].get_group()
-        rank_zero_info(f"context parallelism: each sequence sharded over "
-                       f"{mesh['tensor_parallel'].size()} ranks ({self.context_parallel} layout), "
-                       f"{mesh['data_parallel'].size()} data-parallel groups")
+        if self.context_parallel is not None:
+            self.context_group = mesh["tensor_parallel"].get_group()
+            rank_zero_info(f"context parallelism: each sequence sharded over "
+                           f"{mesh['tensor_parallel'].size()} ranks ({self.context_parallel} "
+                           f"layout), {mesh['data_parallel'].size()} data-parallel groups")
+        if self.fsdp and not getattr(self, "_sharded", False):
+            self._shard_parameters(mesh["data_parallel"])
+
+    def _shard_parameters(self, mesh: Any) -> None:
+        from torch.distributed.fsdp import fully_shard
+
+        from mmpe.parallel import fully_shard_transformer
+
+        with torch.device("meta"):  # no memory until the strategy materialises the shards
+            self.transformer = self._transformer()
+        fully_shard_transformer(self.transformer, mesh)
+        fully_shard(self.embed, mesh=mesh)
+        fully_shard(self.head, mesh=mesh)
+        self._sharded = True
+        rank_zero_info(f"FSDP2: parameters sharded over {mesh.size()} data-parallel ranks")
 
     def context_loss(self, batch: Tensor, group: Any = None) -> tuple[Tensor, Tensor]:
         """This rank's share of the next-character loss (nats per character of the whole
@@ -307,7 +335,7 @@ class CharLM(AdamWCosine, L.LightningModule):
 
         reduce_gradients(self, self.context_group)
         data_ranks = torch.distributed.get_world_size(self.data_group)
-        if data_ranks > 1:
+        if data_ranks > 1 and not self.fsdp:  # FSDP2 averages over the data ranks itself
             reduce_gradients(self, self.data_group)
             for p in self.parameters():
                 if p.grad is not None:

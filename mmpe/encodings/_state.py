@@ -18,6 +18,7 @@ Values are encoded as tensors (safetensors-compatible, never cast by `.to(dtype)
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import torch
@@ -93,6 +94,14 @@ class SavesSettings(nn.Module):
         names = self.saved_settings
         pairs = names.items() if isinstance(names, Mapping) else ((n, n) for n in names)
         return {name: getattr(self, attr) for name, attr in pairs}
+
+    @property
+    def settings(self) -> SimpleNamespace:
+        """The saved settings as the state_dict holds them (`settings.<name>`: encoded
+        tensors), as attributes: `torch.distributed.checkpoint` finds a state_dict entry by
+        walking its key's attributes (Lightning's `ModelParallelStrategy` checkpoints)."""
+        return SimpleNamespace(**{name: encode_setting(value)
+                                  for name, value in self.function_settings().items()})
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):  # type: ignore[override]
         super()._save_to_state_dict(destination, prefix, keep_vars)
