@@ -32,6 +32,7 @@ from mmpe.attention.masks import cast_bias, dense_mask_of, large_mask, plain_cau
 from mmpe.attention.memory import bias_row_bytes, block_bytes, check_memory
 from mmpe.coords.base import index_grid
 from mmpe.encodings.base import AttentionContext, KernelEncoding, ScoreEncoding
+from mmpe.prepare import memoized
 
 
 def run_flex(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -> Tensor:
@@ -145,10 +146,25 @@ def run_dense(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -
         if plain_causal(coords):  # the fused causal kernel, no dense mask
             return F.scaled_dot_product_attention(ctx.q, ctx.k, ctx.v, is_causal=True,
                                                   scale=scale)
-        attn_mask = dense_mask_of(coords)
+        attn_mask = kernel_mask_of(coords, ctx.q.dtype)
     else:
-        attn_mask = cast_bias(bias, ctx.q.dtype, dense_mask_of(coords))
+        # written once, head-major, into a buffer padded to 8 columns, in q's dtype: the layout
+        # CUDA's memory-efficient kernel takes as given (tests/attention/sdpa_rules.py); a
+        # strided gather (a table by offset, channel-last) would send it to the math kernel
+        attn_mask = cast_bias(bias, ctx.q.dtype, dense_mask_of(coords), aligned=True)
     return F.scaled_dot_product_attention(ctx.q, ctx.k, ctx.v, attn_mask=attn_mask, scale=scale)
+
+
+def kernel_mask_of(coords, dtype: torch.dtype) -> Tensor | None:
+    """The coordinates' mask alone as the additive mask the fused kernels take (`0 / -inf` in
+    `dtype`, aligned: [cast_bias][mmpe.attention.masks.cast_bias]), once per forward and dtype;
+    None without a mask. SDPA would convert a boolean mask into a packed `[.., n_k]` tensor on
+    every call, which CUDA's memory-efficient kernel then pads again unless `n_k % 8 == 0`."""
+    mask = dense_mask_of(coords)
+    if mask is None:
+        return None
+    return memoized(coords, ("kernel_mask", dtype),
+                    lambda: cast_bias(None, dtype, mask, aligned=True))
 
 
 def _sdpa_blocks(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -> Tensor:

@@ -80,8 +80,10 @@ def _relation_rows(enc: ScoreEncoding, ctx: AttentionContext, start: int, stop: 
     rel = coords.relation(q[:, :, start:stop], k, b)  # [b or 1, 1, R, n_k] within ±top
     offsets = torch.arange(-top, top + 1, device=rel.device)
     heads = torch.arange(ctx.num_heads, device=rel.device)[:, None]
-    table = enc.relation_term(ctx)(offsets[None], heads).T  # [n_offsets, n_h]
-    return table[rel.squeeze(1) + top].permute(0, 3, 1, 2)
+    table = enc.relation_term(ctx)(offsets[None], heads)  # [n_h, n_offsets]
+    # gathered head-major, [b or 1, n_h, R, n_k] contiguous (not `table.T[rel]` permuted,
+    # channel-last): the layout SDPA's fused kernels take as a mask
+    return table[heads.view(1, -1, 1, 1), rel + top]
 
 
 def dense(enc: ScoreEncoding, ctx: AttentionContext) -> Tensor:

@@ -50,18 +50,71 @@ def large_mask(ctx: AttentionContext) -> bool:
     return (coords.batch_size or 1) * coords.num_queries * coords.num_keys > block_bytes()
 
 
-def cast_bias(bias: Tensor, dtype: torch.dtype, mask: Tensor | None) -> Tensor:
+#: SDPA's memory-efficient CUDA kernel takes a mask as given only where every stride but the
+#: last is a multiple of this many elements; otherwise torch 2.11's `preprocess_mask` pads a copy
+#: of it on every call (`aligned_tensor<8>`, `pad_bias<8>` in aten's `attention.cpp`)
+MASK_ALIGNMENT = 8
+
+
+def aligned_empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype,
+                  device: torch.device | str) -> Tensor:
+    """An uninitialised `shape` tensor that is the `[..., :n_k]` view of a contiguous buffer
+    whose last dimension is `n_k` rounded up to `MASK_ALIGNMENT`: last-dimension stride 1 and
+    every other stride a multiple of 8, the layout the fused kernels take without a copy (the
+    padding columns are never read)."""
+    n_k = shape[-1]
+    width = -(-n_k // MASK_ALIGNMENT) * MASK_ALIGNMENT
+    return torch.empty(*shape[:-1], width, dtype=dtype, device=device)[..., :n_k]
+
+
+def cast_bias(bias: Tensor | None, dtype: torch.dtype, mask: Tensor | None,
+              aligned: bool = False) -> Tensor:
     """The summed bias, masked pairs at ``-inf``, in the attention dtype. In bf16/fp16 the
     maximum over each row's allowed pairs is taken out first (softmax ignores it): a large bias
     (SwinV2's up to 16, FoX's long decays) then keeps its differences instead of losing
-    |bias|·2⁻⁹ to rounding."""
-    if mask is not None:
-        bias = bias.masked_fill(~mask, float("-inf"))
-    if dtype == bias.dtype or not dtype.is_floating_point or torch.finfo(dtype).bits > 16:
-        return bias.to(dtype)
+    |bias|·2⁻⁹ to rounding.
+
+    With `aligned` (the dense route's SDPA call) the result is written once into an
+    [aligned_empty][mmpe.attention.masks.aligned_empty] buffer, head-major whatever the layout
+    of `bias` (a gather by offset comes out channel-last), so CUDA's memory-efficient kernel
+    takes it without falling back (last-dimension stride 1) or padding a copy (strides
+    multiples of 8); the numbers are those of the unaligned cast. `bias=None` then gives the
+    mask alone as an additive `0 / -inf` mask (a boolean mask would be converted by SDPA into a
+    packed, unaligned tensor on every call).
+
+    Raises:
+        ValueError: neither a bias nor a mask.
+    """
+    if bias is None:
+        if mask is None or not aligned:
+            raise ValueError("cast_bias: bias=None needs a mask and aligned=True")
+        out = aligned_empty(mask.shape, dtype, mask.device)
+        return out.zero_().masked_fill_(~mask, float("-inf"))
+    if not aligned:
+        if mask is not None:
+            bias = bias.masked_fill(~mask, float("-inf"))
+        if dtype == bias.dtype or not _low_precision(dtype):
+            return bias.to(dtype)
+        return _less_row_max(bias).to(dtype)
+    shape = bias.shape if mask is None else torch.broadcast_shapes(bias.shape, mask.shape)
+    out = aligned_empty(shape, dtype, bias.device)
+    if dtype != bias.dtype and _low_precision(dtype):
+        masked = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+        return out.copy_(_less_row_max(masked))  # (cast as it is written)
+    # in place on the buffer's view: the one pass that writes the mask, no float32 copy
+    out.copy_(bias)
+    return out if mask is None else out.masked_fill_(~mask, float("-inf"))
+
+
+def _low_precision(dtype: torch.dtype) -> bool:
+    return dtype.is_floating_point and torch.finfo(dtype).bits <= 16
+
+
+def _less_row_max(bias: Tensor) -> Tensor:
+    """`bias` less the maximum over each row's finite entries (a row masked out keeps 0)."""
     top = bias.amax(dim=-1, keepdim=True).detach()
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-    return (bias - top).to(dtype)
+    return bias - top
 
 
 class LocalWindow(SavesSettings, nn.Module):

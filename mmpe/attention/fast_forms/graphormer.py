@@ -33,7 +33,15 @@ from mmpe.encodings.graphormer import (
 def dense(self: GraphormerSpatial, ctx: AttentionContext) -> Tensor:
     """Eager path: `table[bucket]` on all pairs, `[b, n_h, n, n]` (equals the mod)."""
     self.check_context(ctx)
-    return self.table[spatial_buckets(ctx.coords.spd, self.max_distance)].permute(0, 3, 1, 2)
+    return _gather(self.table, spatial_buckets(ctx.coords.spd, self.max_distance))
+
+
+def _gather(table: Tensor, buckets: Tensor) -> Tensor:
+    """`table [buckets, n_h]` at `buckets [b, R, n]`, head-major `[b, n_h, R, n]` contiguous
+    (`table[buckets].permute(0, 3, 1, 2)` has the same numbers channel-last, stride(-1) = n_h,
+    which CUDA's fused SDPA kernels refuse as a mask)."""
+    heads = torch.arange(table.shape[1], device=buckets.device).view(1, -1, 1, 1)
+    return table.t()[heads, buckets[:, None]]
 
 
 def rows(self: GraphormerSpatial, ctx: AttentionContext, start: int, stop: int) -> Tensor:
@@ -43,7 +51,7 @@ def rows(self: GraphormerSpatial, ctx: AttentionContext, start: int, stop: int) 
     if torch.is_grad_enabled() and self.table.requires_grad:
         self.check_context(ctx)
         buckets = spatial_buckets(ctx.coords.spd[:, start:stop], self.max_distance)
-        return self.table[buckets].permute(0, 3, 1, 2)
+        return _gather(self.table, buckets)
     return rows_vjp(self, ctx, start, stop)[0]
 
 
