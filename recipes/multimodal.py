@@ -66,7 +66,8 @@ from mmpe.coords.composite import Composite
 from mmpe.coords.cross import Latents
 from mmpe.coords.sequence import Sequence
 from mmpe.cross_blocks import GatedCrossAttentionBlock, PerceiverResampler
-from mmpe.encodings.base import RotaryEncoding, check_qk, rotary_positions
+from mmpe.encodings._positions import check_qk, rotary_positions
+from mmpe.encodings.base import RotaryEncoding
 from mmpe.encodings.rope import apply_rotary, rope_inv_freq
 from mmpe.encodings.rope_axial import axial_phase
 from mmpe.generation import generate

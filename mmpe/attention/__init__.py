@@ -1,8 +1,7 @@
 """Multi-head attention that composes any list of positional encodings.
 
 Rotary encodings rotate `q` and `k`; score encodings are merged into one FlexAttention
-`score_mod`; a kernel encoding replaces the softmax. Three execution paths give the same
-numbers:
+`score_mod`; a kernel encoding replaces the softmax. Four routes give the same numbers:
 
 * `"flex"` — `torch.nn.attention.flex_attention` with the composed `score_mod` and a
   `BlockMask` from the coordinates' `mask_mod`: no `n×n` bias tensor, memory O(n) on a GPU.
@@ -27,7 +26,7 @@ numbers:
 `backend="auto"` follows the rule of [mmpe.attention.route][]: on CUDA the dense route for
 learned or content-dependent terms whose dense bias fits a budget, flex for content-free terms
 without learned tensors and past the budget, SDPA without terms, a stored cost table over the
-rule where it has a row; on the CPU, SDPA — measured on torch 2.13/2.15, FlexAttention has no
+rule where it has a row; on the CPU, SDPA — FlexAttention has no
 backward pass on the CPU, its CPU kernel is 4–5× slower than SDPA, and without a BlockMask its
 CPU scratch memory is O(n²). [which_route][mmpe.attention.which_route] names the route of a call without
 running it.

@@ -1,7 +1,7 @@
-"""The paths a call runs on — flex, the dense route, SDPA and math — once
-[mmpe.attention.route][] has chosen one.
+"""The routes a call runs on — flex, dense, SDPA and math — once [mmpe.attention.route][]
+has chosen one.
 
-On the CPU ``backend="auto"`` is SDPA: measured on torch 2.13/2.15, FlexAttention has no
+On the CPU ``backend="auto"`` is SDPA: FlexAttention has no
 backward pass on the CPU, its CPU kernel is 4–5× slower than SDPA, and without a BlockMask its
 CPU scratch memory is O(n²). An SDPA call takes one plan,
 chosen once ([sdpa_plan][mmpe.attention.dispatch.sdpa_plan]) from the terms' structures, the

@@ -17,9 +17,10 @@ from torch import Tensor
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.grid import Grid
+from mmpe.encodings._positions import check_qk, rotary_positions
 from mmpe.encodings._precision import KeepDtype, full_precision
 from mmpe.encodings._weights_cache import WeightsCache
-from mmpe.encodings.base import RotaryEncoding, check_qk, rotary_positions
+from mmpe.encodings.base import RotaryEncoding
 from mmpe.encodings.rope import rope_inv_freq, same_positions
 
 

@@ -9,12 +9,8 @@ from torch import Tensor, nn
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Positioned1D
-from mmpe.encodings.base import (
-    InputEncoding,
-    PositionOutOfRangeError,
-    position_bound,
-    table_positions,
-)
+from mmpe.encodings._positions import position_bound, table_positions
+from mmpe.encodings.base import InputEncoding, PositionOutOfRangeError
 from mmpe.registry import register
 
 

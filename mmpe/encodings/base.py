@@ -27,13 +27,6 @@ from torch import Tensor, nn
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Capability, Directed, missing
-from mmpe.encodings._positions import (  # noqa: F401  (their home before 0.2)
-    check_qk,
-    newest_key_positions,
-    position_bound,
-    rotary_positions,
-    table_positions,
-)
 from mmpe.validation import check_attention_work
 
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]

@@ -11,8 +11,9 @@ from torch import Tensor
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import GridLayout
+from mmpe.encodings._positions import check_qk
 from mmpe.encodings._state import SavesSettings
-from mmpe.encodings.base import RotaryEncoding, check_qk
+from mmpe.encodings.base import RotaryEncoding
 from mmpe.encodings.rope import apply_rotary, rotation_dtype
 from mmpe.registry import register
 

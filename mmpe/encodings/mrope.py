@@ -7,8 +7,9 @@ from torch import Tensor
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Positioned
+from mmpe.encodings._positions import check_qk, newest_key_positions
 from mmpe.encodings._state import SavesSettings
-from mmpe.encodings.base import RotaryEncoding, check_qk, newest_key_positions
+from mmpe.encodings.base import RotaryEncoding
 from mmpe.encodings.rope import apply_rotary, rope_inv_freq
 from mmpe.registry import register
 

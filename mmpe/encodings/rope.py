@@ -10,14 +10,9 @@ from torch import Tensor
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Positioned1D
+from mmpe.encodings._positions import check_qk, position_bound, rotary_positions
 from mmpe.encodings._state import SavesSettings
-from mmpe.encodings.base import (
-    CachedDecodingError,
-    RotaryEncoding,
-    check_qk,
-    position_bound,
-    rotary_positions,
-)
+from mmpe.encodings.base import CachedDecodingError, RotaryEncoding
 from mmpe.registry import register
 from mmpe.validation import check_finite_float, check_int
 

@@ -11,8 +11,9 @@ from torch import Tensor
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Positioned
 from mmpe.coords.grid import Grid
+from mmpe.encodings._positions import check_qk, newest_key_positions
 from mmpe.encodings._state import SETTINGS_PREFIX, SavesSettings, decode_setting
-from mmpe.encodings.base import RotaryEncoding, check_qk, newest_key_positions
+from mmpe.encodings.base import RotaryEncoding
 from mmpe.encodings.rope import (
     rope_inv_freq,
     rotate_qk,

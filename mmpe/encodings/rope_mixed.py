@@ -10,8 +10,9 @@ from torch import Tensor, nn
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Positioned
 from mmpe.encodings._grid import phase_cos_sin, rotate
+from mmpe.encodings._positions import check_qk, newest_key_positions
 from mmpe.encodings._precision import KeepDtype, float32, full_precision
-from mmpe.encodings.base import RotaryEncoding, check_qk, newest_key_positions
+from mmpe.encodings.base import RotaryEncoding
 from mmpe.encodings.rope import apply_rotary, rotation_dtype, same_positions
 from mmpe.registry import register
 

@@ -9,10 +9,11 @@ from torch import Tensor
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Spherical
+from mmpe.encodings._positions import check_qk
 from mmpe.encodings._precision import KeepDtype
 from mmpe.encodings._sphere import sphere_angles
 from mmpe.encodings._state import SavesSettings
-from mmpe.encodings.base import RotaryEncoding, check_qk
+from mmpe.encodings.base import RotaryEncoding
 from mmpe.encodings.rope import apply_rotary
 from mmpe.registry import register
 

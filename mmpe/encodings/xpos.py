@@ -7,7 +7,7 @@ from torch import Tensor
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Positioned1D
-from mmpe.encodings.base import check_qk, position_bound, rotary_positions
+from mmpe.encodings._positions import check_qk, position_bound, rotary_positions
 from mmpe.encodings.rope import RoPE, apply_rotary, rope_cos_sin
 from mmpe.registry import register
 
