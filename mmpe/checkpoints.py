@@ -60,7 +60,9 @@ def read_checkpoint(checkpoint: str | os.PathLike,
 
 
 def find_prefix(state: Mapping[str, Any], wanted: list[str]) -> str | None:
-    """The first module of `state` (a state dict) that holds every name of `wanted` (an
+    """The first module of `state` that holds every name of `wanted`, or None.
+
+    The first module of `state` (a state dict) that holds every name of `wanted` (an
     encoding's own state-dict keys), e.g. `"transformer.blocks.0.attn.scores.0"`; None when
     no module does or `wanted` is empty."""
     if not wanted:

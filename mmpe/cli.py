@@ -70,7 +70,9 @@ def _fit(cells: list[list[str]], width: int, last_min: int = 12) -> list[str]:
 
 
 def list_table(entries: list, width: int = 100) -> str:
-    """`mmpe list`: one row per encoding (name, hook, fixed/learned, the capabilities it
+    """The table `mmpe list` prints: one row per encoding.
+
+    `mmpe list`: one row per encoding (name, hook, fixed/learned, the capabilities it
     needs, how many of the shipped coordinate types run it, its paper) under a header, each
     line at most `width` characters."""
     from mmpe import registry
@@ -88,7 +90,9 @@ def list_table(entries: list, width: int = 100) -> str:
 
 
 def matrix_table(entries: list, width: int = 100) -> str:
-    """`mmpe list --matrix`: encodings × shipped coordinate types, `✓` where it runs, `·`
+    """The table `mmpe list --matrix` prints: encodings × shipped coordinate types.
+
+    `mmpe list --matrix`: encodings × shipped coordinate types, `✓` where it runs, `·`
     where the coordinates lack a capability it needs (docs/matrix.md names which).
 
     Every column is headed by the type's whole name; when the types do not fit in `width`

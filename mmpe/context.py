@@ -103,7 +103,9 @@ def check_context(context: Mapping[str, Any] | None, where: str = "context") -> 
 
 
 def coords_context(coords: Any) -> dict[str, Any]:
-    """The context keys a coordinates object answers: `num_axes` (`Positioned`),
+    """The context keys a coordinates object answers.
+
+    The context keys a coordinates object answers: `num_axes` (`Positioned`),
     `grid_shape` and `prefix_tokens` (`GridLayout`); others are absent."""
     from mmpe.coords.capabilities import GridLayout, Positioned
 

@@ -1,4 +1,6 @@
-"""Building blocks for attention across modalities: a decoder layer, Flamingo's gated
+"""Building blocks for attention across modalities.
+
+Building blocks for attention across modalities: a decoder layer, Flamingo's gated
 cross-attention and Perceiver resampler.
 
 * [`DecoderBlock`][mmpe.cross_blocks.DecoderBlock] — pre-norm self-attention over the decoder's own coordinates, then

@@ -115,7 +115,9 @@ def weighted_mean(values: Tensor, lat: Tensor, dim: int | Seq[int] = (-2, -1),
 
 def weighted_rmse(pred: Tensor, target: Tensor, lat: Tensor, dim: int | Seq[int] = (-2, -1),
                   units: str = "deg") -> Tensor:
-    """Latitude-weighted RMSE (WeatherBench eq. 2, FourCastNet §4): `√(weighted_mean((pred −
+    """Latitude-weighted RMSE.
+
+    Latitude-weighted RMSE (WeatherBench eq. 2, FourCastNet §4): `√(weighted_mean((pred −
     target)², lat))` over `dim`, one value per remaining index (time, channel, batch).
 
     Args:

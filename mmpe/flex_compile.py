@@ -92,7 +92,7 @@ class FlexStats:
 
     families: int = 0  #: compiled copies made (one per score-mod family)
     unfused: int = 0  #: calls that ran unfused after a family reached torch's recompile limit
-    smaller_tiles: int = 0  #: families that needed :data:`KERNEL_OPTIONS` beyond the first
+    smaller_tiles: int = 0  #: families that needed `KERNEL_OPTIONS` beyond the first
     eager_rotations: int = 0  #: RoPE calls that ran eagerly because compiling failed
     unfused_families: set = field(default_factory=set)
 
@@ -137,8 +137,7 @@ def _fresh(fn: Callable, tag: str) -> Callable:
 
 def compiled(fn: Callable, family: tuple, backend: str = "inductor",
              fullgraph: bool = True, dynamic: bool = True) -> Callable:
-    """The compiled copy of `fn` for `family` with static or dynamic shapes (made on first
-    use)."""
+    """The compiled copy of `fn` for `family` with static or dynamic shapes (made on first use)."""
     key = (fn, family, backend, dynamic)
     if key not in _copies:
         stats.families += 1
@@ -183,7 +182,9 @@ def _code(fn: Callable | None) -> object:
 
 
 def family_of(mods: list[Callable], block_mask, q: Tensor, v: Tensor, kinds: tuple = ()) -> tuple:
-    """What decides a compiled variant besides shapes: the terms' code, the mask's, dtype and
+    """What decides a compiled variant besides shapes.
+
+    What decides a compiled variant besides shapes: the terms' code, the mask's, dtype and
     head dims, and `kinds` (the encodings' classes: subclasses can share a `score_mod`'s
     code and differ in what it calls)."""
     mask_mod = getattr(block_mask, "mask_mod", None)
@@ -193,7 +194,9 @@ def family_of(mods: list[Callable], block_mask, q: Tensor, v: Tensor, kinds: tup
 
 def flex(q: Tensor, k: Tensor, v: Tensor, mods: list[Callable], score_mod: Callable | None,
          block_mask, scale: float, backend: str = "inductor", kinds: tuple = ()) -> Tensor:
-    """`flex_attention(q, k, v, score_mod, block_mask, scale)` compiled per family
+    """`flex_attention` compiled per family.
+
+    `flex_attention(q, k, v, score_mod, block_mask, scale)` compiled per family
     ([`family_of`][mmpe.flex_compile.family_of]; `mods` are the terms `score_mod` composes).
 
     Raises:
@@ -233,7 +236,9 @@ def flex(q: Tensor, k: Tensor, v: Tensor, mods: list[Callable], score_mod: Calla
 
 
 def compile_config():
-    """Allow `RECOMPILE_LIMIT` variants per family; do not assume that sizes which
+    """Configure the compiler for the flex families.
+
+    Allow `RECOMPILE_LIMIT` variants per family; do not assume that sizes which
     happen to be equal stay equal (duck sizing: each would be another compile of the same
     family); and specialise Python floats (the softmax scale, an encoding's constants): symbolic floats inside a `score_mod` whose captured tensors need
     gradients fail to trace (`PendingUnbackedSymbolNotFound`, torch 2.11, FIRE).

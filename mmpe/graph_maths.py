@@ -105,11 +105,11 @@ __all__ = [
 ]
 
 #: Connected components with fewer nodes than this use the dense ``scipy.linalg.eigh``; larger
-#: ones ``eigsh`` (shift-invert Lanczos, :func:`laplacian_eigenvectors`).
+#: ones ``eigsh`` (shift-invert Lanczos, `laplacian_eigenvectors`).
 DENSE_THRESHOLD = 100
 
-#: Nodes up to which :func:`random_walk_pe` always multiplies dense matrices (stacked by
-#: :func:`batched_random_walk_pe`); up to :data:`_DENSE_WALK` it starts with sparse products and
+#: Nodes up to which `random_walk_pe` always multiplies dense matrices (stacked by
+#: `batched_random_walk_pe`); up to `_DENSE_WALK` it starts with sparse products and
 #: turns dense when the powers fill in; above, sparse products only (memory).
 _STACK_WALK = 128
 _DENSE_WALK = 2000
@@ -119,18 +119,18 @@ _DENSE_WALK = 2000
 #: 256–2000 nodes), for that choice.
 _SPARSE_ENTRY, _SPARSE_SUM = 680.0, 240.0
 
-#: Nodes up to which :func:`shortest_path_hops` (without predecessors) and
-#: :func:`batched_shortest_path_hops` run a vectorised Floyd–Warshall on the dense hop matrix
+#: Nodes up to which `shortest_path_hops` (without predecessors) and
+#: `batched_shortest_path_hops` run a vectorised Floyd–Warshall on the dense hop matrix
 #: (``n`` broadcast minimum steps of ``n²`` entries) instead of ``scipy.sparse.csgraph``: on small
 #: graphs the fixed cost of a csgraph call (about 0.1 ms) dominates; near 56 nodes the ``n³``
 #: work of Floyd–Warshall catches up with BFS (measured: 13 µs vs 0.12 ms at 10 nodes, a tie at
 #: 56 on a path graph).
 DENSE_HOPS_MAX = 48
 
-#: Nodes up to which :func:`laplacian_pe` and :func:`batched_laplacian_eigenvectors` solve the
+#: Nodes up to which `laplacian_pe` and `batched_laplacian_eigenvectors` solve the
 #: dense Laplacian with one ``numpy.linalg.eigh`` (stacked over graphs of the same size); larger
-#: graphs go through :func:`laplacian_eigenvectors` (per component, shift-invert ``eigsh``
-#: above :data:`DENSE_THRESHOLD` nodes). Dense ``eigh`` of 256 nodes takes about 5 ms, the
+#: graphs go through `laplacian_eigenvectors` (per component, shift-invert ``eigsh``
+#: above `DENSE_THRESHOLD` nodes). Dense ``eigh`` of 256 nodes takes about 5 ms, the
 #: sparse path more on graphs this small.
 BATCHED_DENSE_MAX = 256
 
@@ -387,7 +387,9 @@ def _coalesce(ei: np.ndarray, n: int) -> np.ndarray:
 
 
 def degrees(edge_index: np.ndarray | Tensor, num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
-    """In- and out-degrees of the coalesced edge list (Graphormer's centrality, Ying et al. 2021
+    """In- and out-degrees of the coalesced edge list.
+
+    In- and out-degrees of the coalesced edge list (Graphormer's centrality, Ying et al. 2021
     eq. 5, reads them).
 
     A node's in-degree counts the distinct edges `u → v` into it, its out-degree the distinct
@@ -413,7 +415,9 @@ def degrees(edge_index: np.ndarray | Tensor, num_nodes: int) -> tuple[np.ndarray
 # ---------------------------------------------------------------------------- random walks
 def random_walk_pe(edge_index: np.ndarray | Tensor, num_nodes: int, k: int,
                    undirected: bool = False) -> np.ndarray:
-    """Random-walk return probabilities `[(D⁻¹A)^t]_ii`, `t = 1 … k` (RWSE/RWPE, Dwivedi et
+    """Random-walk return probabilities (RWSE/RWPE).
+
+    Random-walk return probabilities `[(D⁻¹A)^t]_ii`, `t = 1 … k` (RWSE/RWPE, Dwivedi et
     al. 2022, eq. 6; as GraphGPS uses it).
 
     `A` is the coalesced adjacency of `edge_index` (self-loops kept; symmetrised when
@@ -896,7 +900,9 @@ def _laplacian_stack(ei: np.ndarray, slot: np.ndarray, local: np.ndarray, count:
 
 
 def random_sign_flip(eigvecs: Tensor, generator: torch.Generator | None = None) -> Tensor:
-    """Multiply every eigenvector by an independent random sign (LapPE training augmentation,
+    """Multiply every eigenvector by an independent random sign.
+
+    Multiply every eigenvector by an independent random sign (LapPE training augmentation,
     Dwivedi & Bresson 2020).
 
     Args:
@@ -924,7 +930,9 @@ def random_sign_flip(eigvecs: Tensor, generator: torch.Generator | None = None) 
 def path_edge_ids(edge_index: np.ndarray | Tensor, num_nodes: int, max_hops: int, *,
                   undirected: bool = True,
                   paths: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The first `max_hops` edges along one shortest path per pair (Graphormer's edge
+    """The first `max_hops` edges along one shortest path per pair.
+
+    The first `max_hops` edges along one shortest path per pair (Graphormer's edge
     encoding, Ying et al. 2021 eq. 7: `SP_ij = (e_1, …, e_N)`).
 
     The path `i → j` is the one scipy's predecessor matrix chooses ([`shortest_path_hops`][mmpe.graph_maths.shortest_path_hops]).
@@ -989,7 +997,9 @@ def path_edge_ids(edge_index: np.ndarray | Tensor, num_nodes: int, max_hops: int
 def path_edge_features(edge_index: np.ndarray | Tensor, edge_attr: np.ndarray | Tensor,
                        num_nodes: int, max_hops: int, *, undirected: bool = True,
                        paths: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[Any, Any]:
-    """Edge features along one shortest path per pair: `x_{e_1} … x_{e_N}` of Graphormer's
+    """Edge features along one shortest path per pair.
+
+    Edge features along one shortest path per pair: `x_{e_1} … x_{e_N}` of Graphormer's
     edge encoding (Ying et al. 2021 eq. 7), for the edges of [`path_edge_ids`][mmpe.graph_maths.path_edge_ids].
 
     Args:
@@ -1063,7 +1073,9 @@ def _layout(edge_index: Any, batch: Any, num_graphs: Any, fn: str
 
 
 def collate_edges(edge_indices: Sequence[Any], num_nodes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """One batch `(edge_index [2, ΣE], batch [Σn])` from per-graph edge lists (node ids offset
+    """One batch of edges from per-graph edge lists.
+
+    One batch `(edge_index [2, ΣE], batch [Σn])` from per-graph edge lists (node ids offset
     by the nodes before), the input of the `batched_*` functions."""
     sizes = np.asarray([int(n) for n in num_nodes], dtype=np.int64)
     if len(sizes) != len(edge_indices):
@@ -1224,7 +1236,9 @@ def batched_laplacian_eigenvectors(
     normalization: str | None = "sym", *, num_graphs: int | None = None,
     dense_max: int = BATCHED_DENSE_MAX,
 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """[`laplacian_eigenvectors`][mmpe.graph_maths.laplacian_eigenvectors] (with `return_mask`) of the Laplacian of every graph of
+    """Laplacian eigenvectors of every graph of a batch, at once.
+
+    [`laplacian_eigenvectors`][mmpe.graph_maths.laplacian_eigenvectors] (with `return_mask`) of the Laplacian of every graph of
     a batch (coalesced, symmetrised, loop-free adjacency, as [`laplacian_pe`][mmpe.graph_maths.laplacian_pe]), at once.
 
     Graphs with the same node count `n <= dense_max` are stacked as dense `[G, n, n]`
@@ -1270,7 +1284,9 @@ def batched_laplacian_eigenvectors(
 def batched_laplacian_pe(edge_index: np.ndarray | Tensor, batch: np.ndarray | Tensor, k: int,
                          normalization: str | None = "sym", *,
                          num_graphs: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
-    """[`laplacian_pe`][mmpe.graph_maths.laplacian_pe] of every graph of a batch, at once
+    """Laplacian positional encodings of every graph of a batch, at once.
+
+    [`laplacian_pe`][mmpe.graph_maths.laplacian_pe] of every graph of a batch, at once
     ([`batched_laplacian_eigenvectors`][mmpe.graph_maths.batched_laplacian_eigenvectors]; same numbers up to eigenvector sign and rotations
     within repeated eigenvalues).
 

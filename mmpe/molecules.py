@@ -60,7 +60,9 @@ def molecule_layout(smiles: str, fn: str = "molecule_layout"
 
 
 def molecule_graph(smiles: str, *, virtual_token: bool = False) -> Graph:
-    """[`Graph`][mmpe.coords.graph.Graph] coordinates of a molecule given as SMILES (RDKit; atoms = nodes),
+    """The graph coordinates of a molecule given as SMILES.
+
+    [`Graph`][mmpe.coords.graph.Graph] coordinates of a molecule given as SMILES (RDKit; atoms = nodes),
     with the bond type as an integer edge feature (0 single, 1 double, 2 triple, 3 aromatic).
 
     Raises:

@@ -31,7 +31,9 @@ _MODULE_STATE = frozenset(nn.Module().__dict__) | {_INIT}
 
 
 def records_arguments(init: Callable[..., None]) -> Callable[..., None]:
-    """Decorate an `__init__` to keep its arguments for
+    """Decorate an `__init__` to record its arguments for a later rebuild.
+
+    Decorate an `__init__` to keep its arguments for
     [`reset_in_place`][mmpe.rebuild.reset_in_place] (the outermost call's, in a chain of
     `super().__init__`)."""
 
@@ -66,7 +68,9 @@ def tensor_device(module: nn.Module) -> torch.device:
 
 
 def reset_in_place(module: nn.Module) -> None:
-    """Rebuild `module` from its recorded constructor arguments on its own device and copy
+    """Rebuild `module` from its recorded constructor arguments, in place.
+
+    Rebuild `module` from its recorded constructor arguments on its own device and copy
     every parameter, buffer and derived tensor into it (see the module docstring).
 
     Raises:

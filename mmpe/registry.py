@@ -302,7 +302,9 @@ def describe(name: str) -> str:
 
 
 def shipped_coordinate_types() -> dict[str, type]:
-    """The coordinate classes of `mmpe.coords`, by `kind`, in definition order: the columns of
+    """The coordinate classes of `mmpe.coords`, by `kind`, in definition order.
+
+    The coordinate classes of `mmpe.coords`, by `kind`, in definition order: the columns of
     `mmpe list --matrix` and of the docs' matrix page. Users' classes and the recipes' own (the
     multimodal recipe's `strip`, under `mmpe.recipes`) are left out, so the count is the same
     whatever has been imported."""
@@ -311,14 +313,18 @@ def shipped_coordinate_types() -> dict[str, type]:
 
 
 def refusals(entry: Entry, coords: Any) -> list[str]:
-    """Why `coords` (a class or object) cannot run `entry`: one `"Capability (what is
+    """Why `coords` cannot run `entry`, one reason per missing capability.
+
+    Why `coords` (a class or object) cannot run `entry`: one `"Capability (what is
     missing)"` per capability it lacks; `[]` where it runs."""
     return [f"{cap.__name__} ({', '.join(missing(coords, cap))})"
             for cap in entry.needs if missing(coords, cap)]
 
 
 def did_you_mean(name: str, known: Any, n: int = 5) -> str:
-    """`" Did you mean 'a', 'b' or 'c'?"` with at most `n` close matches of `name` among
+    """A "Did you mean …?" suffix naming close matches of `name`, or "".
+
+    `" Did you mean 'a', 'b' or 'c'?"` with at most `n` close matches of `name` among
     `known` (difflib), or `""` when none is close."""
     close = difflib.get_close_matches(name, list(known), n=n)
     if not close:
@@ -329,7 +335,9 @@ def did_you_mean(name: str, known: Any, n: int = 5) -> str:
 
 
 def encoding_did_you_mean(name: str, n: int = 5) -> str:
-    """`did_you_mean` over the registered encodings, each encoding named once: a close alias
+    """A "Did you mean …?" suffix over the registered encodings, each named once.
+
+    `did_you_mean` over the registered encodings, each encoding named once: a close alias
     counts for its encoding (`" Did you mean 'p_rope' (alias prope) or 'rope'?"`)."""
     _ensure_loaded()
     close = difflib.get_close_matches(name, [*_REGISTRY, *_ALIASES], n=len(_REGISTRY)

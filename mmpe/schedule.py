@@ -182,7 +182,9 @@ class LayerSpec:
 
     @classmethod
     def parse(cls, spec: LayerSpec | Mapping[str, Any]) -> LayerSpec:
-        """A `LayerSpec` from itself or its dict (keys `encodings`, `window`, `chunk`,
+        """A `LayerSpec` from itself or its dict.
+
+        A `LayerSpec` from itself or its dict (keys `encodings`, `window`, `chunk`,
         `temperature`).
 
         Raises:
@@ -283,7 +285,9 @@ class LayerSchedule(SavesSettings):
     def pattern(cls, depth: int, every: int, then: LayerSpec | Mapping[str, Any],
                 otherwise: LayerSpec | Mapping[str, Any] | None = None,
                 name: str | None = None) -> LayerSchedule:
-        """Layer `i` gets `then` when `(i + 1) % every == 0` (every `every`-th layer, HF's
+        """A schedule that gives every `every`-th layer `then`, the others `otherwise`.
+
+        Layer `i` gets `then` when `(i + 1) % every == 0` (every `every`-th layer, HF's
         convention), else `otherwise` (default: the model's encodings, global attention).
 
         Raises:
@@ -338,7 +342,9 @@ class LayerSchedule(SavesSettings):
 
     @classmethod
     def from_state_dict(cls, state: Mapping[str, Any], prefix: str | None = None) -> LayerSchedule | None:
-        """The schedule saved in a model's `state_dict` (`<prefix>layer_schedule.settings.config`;
+        """The schedule saved in a model's `state_dict`, or None.
+
+        The schedule saved in a model's `state_dict` (`<prefix>layer_schedule.settings.config`;
         the first such key when `prefix` is None), or None when it holds none.
 
         Raises:
@@ -365,7 +371,9 @@ class LayerSchedule(SavesSettings):
 
 # ------------------------------------------------------------------------------- presets
 def rope_spec(base: float, interleaved: bool = False) -> dict[str, Any]:
-    """The layer-spec dict of plain RoPE at `base` (adjacent channel pairs if `interleaved`),
+    """The layer-spec dict of plain RoPE at `base`.
+
+    The layer-spec dict of plain RoPE at `base` (adjacent channel pairs if `interleaved`),
     as the presets and `layer_schedule_from_hf` write it."""
     spec: dict[str, Any] = {"name": "rope", "base": float(base)}
     if interleaved:
@@ -376,7 +384,9 @@ def rope_spec(base: float, interleaved: bool = False) -> dict[str, Any]:
 def llama4(depth: int, *, chunk_size: int | None = 8192, rope_base: float = 500000.0,
            nope_every: int = 4, temperature: bool = True, floor_scale: float = 8192.0,
            attn_scale: float = 0.1) -> LayerSchedule:
-    """Llama 4's iRoPE (HF `Llama4TextConfig` defaults): every `nope_every`-th layer NoPE
+    """Llama 4's iRoPE layer schedule.
+
+    Llama 4's iRoPE (HF `Llama4TextConfig` defaults): every `nope_every`-th layer NoPE
     with global attention and (`temperature`) [`AttentionTemperature`][mmpe.schedule.AttentionTemperature]
     `(floor_scale, attn_scale)`; the other layers RoPE with interleaved channel pairs (HF
     Llama 4 rotates complex pairs `(2i, 2i+1)`), base `rope_base`, and chunked attention of
@@ -389,7 +399,9 @@ def llama4(depth: int, *, chunk_size: int | None = 8192, rope_base: float = 5000
 
 def gemma3(depth: int, *, sliding_window: int = 4096, local_base: float = 10000.0,
            global_base: float = 1000000.0, pattern: int = 6) -> LayerSchedule:
-    """Gemma 3 (HF `Gemma3TextConfig`): `pattern − 1` sliding-window layers (`sliding_window`
+    """Gemma 3's layer schedule.
+
+    Gemma 3 (HF `Gemma3TextConfig`): `pattern − 1` sliding-window layers (`sliding_window`
     tokens, RoPE base `local_base`) then one global layer (RoPE base `global_base`)."""
     local = LayerSpec(encodings=(rope_spec(local_base),), window=sliding_window)
     return LayerSchedule.pattern(depth, pattern, LayerSpec(encodings=(rope_spec(global_base),)), local,
@@ -398,7 +410,9 @@ def gemma3(depth: int, *, sliding_window: int = 4096, local_base: float = 10000.
 
 def gemma2(depth: int, *, sliding_window: int = 4096, base: float = 10000.0,
            pattern: int = 2) -> LayerSchedule:
-    """Gemma 2 (HF `Gemma2Config.layer_types`): sliding-window and global layers alternate
+    """Gemma 2's layer schedule.
+
+    Gemma 2 (HF `Gemma2Config.layer_types`): sliding-window and global layers alternate
     (the first sliding), one RoPE base."""
     local = LayerSpec(encodings=(rope_spec(base),), window=sliding_window)
     return LayerSchedule.pattern(depth, pattern, LayerSpec(encodings=(rope_spec(base),)), local,
@@ -407,7 +421,9 @@ def gemma2(depth: int, *, sliding_window: int = 4096, base: float = 10000.0,
 
 def cohere2(depth: int, *, sliding_window: int = 4096, base: float = 10000.0,
             pattern: int = 4) -> LayerSchedule:
-    """Cohere 2 / Command R7B (HF `Cohere2Config`): `pattern − 1` sliding-window layers with
+    """Cohere 2's (Command R7B's) layer schedule.
+
+    Cohere 2 / Command R7B (HF `Cohere2Config`): `pattern − 1` sliding-window layers with
     interleaved RoPE (HF Cohere repeats each frequency on adjacent channels), then one global
     layer with no positional encoding."""
     local = LayerSpec(encodings=(rope_spec(base, interleaved=True),), window=sliding_window)
@@ -415,7 +431,9 @@ def cohere2(depth: int, *, sliding_window: int = 4096, base: float = 10000.0,
 
 
 def smollm3(depth: int, *, base: float = 2000000.0, nope_every: int = 4) -> LayerSchedule:
-    """SmolLM3 (HF `SmolLM3Config.no_rope_layers`): every `nope_every`-th layer NoPE, the
+    """SmolLM3's layer schedule.
+
+    SmolLM3 (HF `SmolLM3Config.no_rope_layers`): every `nope_every`-th layer NoPE, the
     others RoPE of base `base`; global attention everywhere."""
     return LayerSchedule.pattern(depth, nope_every, LayerSpec(encodings=()),
                                  LayerSpec(encodings=(rope_spec(base),)), name="smollm3")

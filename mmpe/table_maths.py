@@ -35,7 +35,7 @@ from mmpe.graph_maths import laplacian_eigenvectors
 __all__ = ["GRAPH_METHODS", "abs_pearson", "abs_spearman", "feature_graph", "feature_hops",
            "feature_spectrum", "mutual_information", "sparsify_graph"]
 
-#: The ``method`` values :func:`feature_graph` accepts.
+#: The ``method`` values `feature_graph` accepts.
 GRAPH_METHODS = ("pearson", "spearman", "mi", "auto")
 
 
@@ -108,7 +108,9 @@ def abs_pearson(X: object) -> np.ndarray:
 
 
 def abs_spearman(X: object) -> np.ndarray:
-    """`W[i, j] = |ρ_S(x_i, x_j)|`: Pearson correlation of the columns' average ranks (ties
+    """The absolute Spearman correlation of every pair of columns.
+
+    `W[i, j] = |ρ_S(x_i, x_j)|`: Pearson correlation of the columns' average ranks (ties
     share their mean rank, as `scipy.stats.spearmanr`); the association graph Tab-PET
     reports best (Leng et al. 2025). Same input rules and output as [`abs_pearson`][mmpe.table_maths.abs_pearson]."""
     return _abs_correlation(_ranks(_check_table(X)))
@@ -279,7 +281,9 @@ def feature_hops(adjacency: object) -> np.ndarray:
 
 def feature_spectrum(adjacency: object, k: int, k_high: int = 0,
                      normalization: str | None = "sym") -> tuple[np.ndarray, np.ndarray]:
-    """Tab-PET's positions: the `k` smallest non-trivial and `k_high` largest Laplacian
+    """Tab-PET's positions: eigenpairs of the feature graph's Laplacian.
+
+    Tab-PET's positions: the `k` smallest non-trivial and `k_high` largest Laplacian
     eigenpairs of the feature graph (Leng et al. 2025; eigenvectors of
     [`mmpe.graph_maths.laplacian_eigenvectors`][mmpe.graph_maths.laplacian_eigenvectors], deterministic signs).
 

@@ -25,7 +25,7 @@ from mmpe.schedule import AttentionTemperature, LayerSchedule, LayerSpec
 
 EncodingSpec = str | Mapping[str, Any] | Encoding
 
-#: How :class:`Transformer` combines an input encoding's ``P`` with the token embeddings.
+#: How `Transformer` combines an input encoding's ``P`` with the token embeddings.
 INPUT_COMBINE = ("add", "concat")
 
 
@@ -79,7 +79,9 @@ def check_input_combine(value: Any, owner: str = "transformer") -> str:
 
 
 def pe_width(enc: InputEncoding, d_model: int) -> int:
-    """`d_pe`: the channels of an input encoding's `P` (`width` for encodings that set it,
+    """The channels `d_pe` of an input encoding's `P`.
+
+    `d_pe`: the channels of an input encoding's `P` (`width` for encodings that set it,
     such as `tabpet`; otherwise the encoding's `d_model`, by default the model's)."""
     for attr in ("width", "d_model"):
         value = getattr(enc, attr, None)
@@ -89,14 +91,18 @@ def pe_width(enc: InputEncoding, d_model: int) -> int:
 
 
 def input_term(enc: InputEncoding, x: Tensor, coords: Coordinates) -> Tensor:
-    """The encoding's `P` for tokens `x`: `enc.term(x, coords)` for content-dependent
+    """The encoding's `P` for tokens `x`.
+
+    The encoding's `P` for tokens `x`: `enc.term(x, coords)` for content-dependent
     encodings that define it (`conv_pe`: `GELU(conv(x))`), else `enc(coords)`."""
     term = getattr(enc, "term", None)
     return term(x, coords) if callable(term) else enc(coords)
 
 
 class ConcatProjection(nn.Module):
-    """`Linear(d_model + d_pe → d_model)([x ; P])`: an input encoding concatenated with the
+    """An input encoding concatenated with the token embeddings and projected back.
+
+    `Linear(d_model + d_pe → d_model)([x ; P])`: an input encoding concatenated with the
     token embeddings and projected back to the model width.
 
     `P` (`[s, d_pe]` or `[b, s, d_pe]`) is broadcast over the batch. The weight
@@ -335,7 +341,9 @@ class Transformer(nn.Module):
         return self.norm(x)
 
     def reset_parameters(self) -> None:
-        """Initialise every parameter and buffer again, every encoding's included, as the
+        """Initialise every parameter and buffer again, as the constructor did.
+
+        Initialise every parameter and buffer again, every encoding's included, as the
         constructor did: the step after `to_empty(device=...)` of a model built on `meta`
         (FSDP2's recipe; [`mmpe.rebuild`][mmpe.rebuild]). From the RNG state of a normal
         build it draws the same numbers; on FSDP2-sharded parameters each rank fills its

@@ -104,7 +104,9 @@ def check_bool(where: str, arg: str, value: object) -> bool:
 
 
 def check_laplacian_normalization(where: str, value: object) -> None:
-    """Raise `ValueError` unless `value` names a Laplacian normalization: `"sym"` or None
+    """Raise `ValueError` unless `value` names a Laplacian normalization.
+
+    Raise `ValueError` unless `value` names a Laplacian normalization: `"sym"` or None
     (combinatorial)."""
     if value not in ("sym", None):
         raise ValueError(f"{where}: normalization must be 'sym' or None, got {value!r}")
@@ -303,7 +305,9 @@ MEMORY_CHECK_FROM = 1 << 26
 
 def check_memory(where: str, needed: int, what: str, device: torch.device | str,
                  ways_out: str) -> None:
-    """Refuse, before allocating, `needed` bytes on the CPU that this process cannot get now
+    """Refuse, before allocating, `needed` bytes this process cannot get now.
+
+    Refuse, before allocating, `needed` bytes on the CPU that this process cannot get now
     ([available_memory][mmpe.validation.available_memory]): the one door every API that
     materialises an `n × n` tensor (the math path, `record_attention`, the dense bias,
     `mmpe.attention.dense_bias`) goes through, so a request too large fails with its size and the ways
@@ -332,7 +336,9 @@ def check_memory(where: str, needed: int, what: str, device: torch.device | str,
 
 
 def available_memory() -> int | None:
-    """Bytes this process can allocate now: the least of what the OS can give (Linux
+    """Bytes this process can allocate now.
+
+    Bytes this process can allocate now: the least of what the OS can give (Linux
     `MemAvailable`, else the physical memory), what its cgroup leaves (the limit minus the
     working set: usage less inactive file cache, which the kernel reclaims) and what its
     address-space limit leaves (`RLIMIT_AS` minus its virtual size: `ulimit -v`, where

@@ -1,4 +1,6 @@
-"""The routes a call runs on — flex, dense, SDPA and math — once [mmpe.attention.route][]
+"""The routes a call runs on, once the route is chosen.
+
+The routes a call runs on — flex, dense, SDPA and math — once [mmpe.attention.route][]
 has chosen one.
 
 On the CPU ``backend="auto"`` is SDPA: FlexAttention has no
@@ -36,7 +38,9 @@ from mmpe.prepare import memoized
 
 
 def run_flex(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -> Tensor:
-    """FlexAttention with the composed ``score_mod`` and the coordinates' ``BlockMask``
+    """FlexAttention with the composed `score_mod` and the coordinates' `BlockMask`.
+
+    FlexAttention with the composed ``score_mod`` and the coordinates' ``BlockMask``
     (compiled per score-mod family on CUDA, see [mmpe.flex_compile][])."""
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -67,7 +71,9 @@ _FORCED: contextvars.ContextVar[str | None] = contextvars.ContextVar("mmpe_sdpa_
 
 @contextlib.contextmanager
 def force_plan(plan: str | None) -> Iterator[None]:
-    """Run every SDPA-path call inside on `plan` (one of `SDPA_PLANS`), for tests and
+    """Run every SDPA-path call inside on `plan`, for tests and benchmarks.
+
+    Run every SDPA-path call inside on `plan` (one of `SDPA_PLANS`), for tests and
     benchmarks that compare the paths; a call the plan cannot run raises `ValueError`. `None`:
     the ordinary decision.
 
@@ -90,7 +96,9 @@ def _applicable(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> dict[str, 
 
 
 def sdpa_plan(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> str:
-    """The one decision of an SDPA-path call, from the terms' structures, the coordinates, the
+    """The one decision of an SDPA-path call.
+
+    The one decision of an SDPA-path call, from the terms' structures, the coordinates, the
     device and the sizes:
 
     * ``relation``: content-free terms of the relation on ``toeplitz`` sequences, where one
@@ -122,7 +130,9 @@ def sdpa_plan(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> str:
 
 
 def run_sdpa(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -> Tensor:
-    """SDPA with the additive terms as ``attn_mask``, on the plan
+    """SDPA with the additive terms as `attn_mask`.
+
+    SDPA with the additive terms as ``attn_mask``, on the plan
     [sdpa_plan][mmpe.attention.dispatch.sdpa_plan] chooses."""
     plan = sdpa_plan(scores, ctx)
     if plan == "relation":  # a table over the offsets of a sequence (cpu/relation.py)
@@ -137,7 +147,9 @@ def run_sdpa(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) ->
 
 
 def run_dense(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -> Tensor:
-    """One SDPA call with the terms' dense bias ([dense_bias][mmpe.attention.forms.dense_bias],
+    """One SDPA call with the terms' dense bias: the dense route.
+
+    One SDPA call with the terms' dense bias ([dense_bias][mmpe.attention.forms.dense_bias],
     broadcast over the batch where it does not depend on the example) and the coordinates'
     mask as ``attn_mask``: the dense route on every device, and the SDPA path's dense plan."""
     coords = ctx.coords
@@ -156,7 +168,9 @@ def run_dense(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -
 
 
 def kernel_mask_of(coords, dtype: torch.dtype) -> Tensor | None:
-    """The coordinates' mask alone as the additive mask the fused kernels take (`0 / -inf` in
+    """The coordinates' mask alone as the additive mask the fused kernels take.
+
+    The coordinates' mask alone as the additive mask the fused kernels take (`0 / -inf` in
     `dtype`, aligned: [cast_bias][mmpe.attention.masks.cast_bias]), once per forward and dtype;
     None without a mask. SDPA would convert a boolean mask into a packed `[.., n_k]` tensor on
     every call, which CUDA's memory-efficient kernel then pads again unless `n_k % 8 == 0`."""

@@ -1,4 +1,6 @@
-"""FlexAttention glue: composed ``score_mod``s, per-offset tables for learned relation terms on
+"""FlexAttention glue: score mods, per-offset tables and the block mask.
+
+FlexAttention glue: composed ``score_mod``s, per-offset tables for learned relation terms on
 a GPU, and the ``BlockMask`` of the coordinates (built once per forward)."""
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ def compose_score_mods(mods: Seq[ScoreMod]) -> ScoreMod | None:
 
 def flex_mods(scores: Seq[ScoreEncoding], ctx: AttentionContext,
                tables: bool | None = None) -> list[ScoreMod]:
-    """The ``score_mod`` terms for FlexAttention. On a GPU, learned terms that are a function of
+    """The `score_mod` terms for FlexAttention.
+
+    The ``score_mod`` terms for FlexAttention. On a GPU, learned terms that are a function of
     the relation alone on ``toeplitz`` coordinates (T5, KERPLE, learnable ALiBi slopes) are
     summed into one per-offset table ``[n_h, n_q + n_k − 1]`` built outside the kernel with
     ordinary autograd, and the kernel reads it once per pair. The kernel's gradient for a
@@ -161,7 +165,9 @@ def _twin(coords: Coordinates) -> Coordinates:
 
 
 def block_mask_of(coords: Coordinates, device: torch.device):
-    """The ``BlockMask`` of the coordinates' ``mask_mod``, built once per forward, or once per
+    """The `BlockMask` of the coordinates' `mask_mod`.
+
+    The ``BlockMask`` of the coordinates' ``mask_mod``, built once per forward, or once per
     process where the mask is determined by the sizes (`mask_key`)."""
     mask_mod = coords.mask_mod()
     if mask_mod is None:

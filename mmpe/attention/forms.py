@@ -1,4 +1,6 @@
-"""How the attention paths read a score term: one door per form, decided from the term's
+"""How the attention paths read a score term.
+
+How the attention paths read a score term: one door per form, decided from the term's
 declared structure (`mmpe.encodings.base.STRUCTURES`) or a hand-written fast
 form of its exact class ([mmpe.attention.fast_forms][]).
 
@@ -33,7 +35,9 @@ _OFFSET_ON_GRIDS = ("relation", "distance", "offset")
 
 
 def rows(enc: ScoreEncoding, ctx: AttentionContext, start: int, stop: int) -> Tensor:
-    """The term of queries `start … stop−1`, `[b or 1, n_h, stop−start, n_k]`: the class's fast
+    """The term of queries `start … stop−1`.
+
+    The term of queries `start … stop−1`, `[b or 1, n_h, stop−start, n_k]`: the class's fast
     form, else the distance rows once for all heads (structure `"distance"`), else
     [pair_rows][mmpe.attention.generic.pair_rows]."""
     fast = fast_forms.get(enc, "rows")
@@ -87,7 +91,9 @@ def _relation_rows(enc: ScoreEncoding, ctx: AttentionContext, start: int, stop: 
 
 
 def dense(enc: ScoreEncoding, ctx: AttentionContext) -> Tensor:
-    """The term of one encoding on every pair, `[b or 1, n_h, n_q, n_k]` (float32 for the
+    """The term of one encoding on every pair.
+
+    The term of one encoding on every pair, `[b or 1, n_h, n_q, n_k]` (float32 for the
     built-in terms): the class's fast form, else [rows][mmpe.attention.forms.rows] on every
     query. A content-free term is computed once per forward
     (`mmpe.prepare.forward_scope`) and shared by the layers that hold it.
@@ -111,7 +117,9 @@ def _dense(enc: ScoreEncoding, ctx: AttentionContext) -> Tensor:
 
 
 def dense_bias(scores: Sequence[ScoreEncoding], ctx: AttentionContext) -> Tensor | None:
-    """The one door to the dense bias: the sum of the additive terms `scores` on every pair,
+    """The dense bias: the sum of the additive terms on every pair.
+
+    The one door to the dense bias: the sum of the additive terms `scores` on every pair,
     `[b or 1, n_h, n_q, n_k]` (`b` only where a term or the coordinates depend on the example),
     float32, differentiable in the terms' parameters; `None` without terms. Each term comes from
     [dense][mmpe.attention.forms.dense] (its fast form, else its structure's form), so the dense
@@ -156,7 +164,9 @@ def _check_dense_memory(scores: Sequence[ScoreEncoding], ctx: AttentionContext) 
 
 def head_rows(enc: ScoreEncoding, ctx: AttentionContext, start: int,
               stop: int) -> HeadRows | None:
-    """The rows of [rows][mmpe.attention.forms.rows] head by head without a graph (a fast form
+    """The rows of `rows` head by head without a graph, or None.
+
+    The rows of [rows][mmpe.attention.forms.rows] head by head without a graph (a fast form
     that writes each head in place in the cache), or None (the blocked path then takes every
     head at once: a generic term per head would allocate per chunk and lose what this pays)."""
     fast = fast_forms.get(enc, "head_rows")
@@ -176,14 +186,18 @@ def tiles(enc: ScoreEncoding, ctx: AttentionContext, start: int, stop: int,
 
 
 def rows_vjp(enc: ScoreEncoding, ctx: AttentionContext, start: int, stop: int):
-    """`(rows, pull)`: the rows without a graph and their pullback by hand (a fast form), or
+    """The rows without a graph and their pullback by hand, or None.
+
+    `(rows, pull)`: the rows without a graph and their pullback by hand (a fast form), or
     None (the blocked path then pulls back through autograd on the block's rows)."""
     fast = fast_forms.get(enc, "rows_vjp")
     return None if fast is None else fast(enc, ctx, start, stop)
 
 
 def relation_table(enc: ScoreEncoding, ctx: AttentionContext, relation: Tensor) -> Tensor | None:
-    """The term over the offsets `relation` `[m]` (int64, `pos_q − pos_k`) of `toeplitz`
+    """The term over the offsets `relation` of `toeplitz` coordinates, or None.
+
+    The term over the offsets `relation` `[m]` (int64, `pos_q − pos_k`) of `toeplitz`
     coordinates, `[n_h, m]` float32, or None where it is not a function of the relation."""
     heads = torch.arange(ctx.num_heads, device=relation.device)[:, None]
     if enc.structure == "relation":
@@ -206,7 +220,9 @@ def has_compact(enc: ScoreEncoding) -> bool:
 
 
 def compact(enc: ScoreEncoding, ctx: AttentionContext) -> CompactBias | None:
-    """A term of more than the relation on `toeplitz` coordinates in `O(n)` tensors (a fast
+    """A term of more than the relation in `O(n)` tensors, or None.
+
+    A term of more than the relation on `toeplitz` coordinates in `O(n)` tensors (a fast
     form: FIRE), or None."""
     fast = fast_forms.get(enc, "compact")
     return None if fast is None else fast(enc, ctx)
@@ -236,7 +252,9 @@ def pair_term(enc: ScoreEncoding, ctx: AttentionContext, q_idx: Tensor, kv_idx: 
 
 
 def offset_pairs(grid: Grid) -> tuple[Tensor, Tensor]:
-    """Token indices `(q_idx, kv_idx)` `[Π (2 s_a − 1) + 3]` of one pair per cell offset, in the
+    """Token indices of one pair per cell offset of a grid.
+
+    Token indices `(q_idx, kv_idx)` `[Π (2 s_a − 1) + 3]` of one pair per cell offset, in the
     order of the offset table (row-major over `kv − q + s_a − 1` per axis), then a
     prefix→cell, a cell→prefix and a prefix→prefix pair (token 0 stands in for a prefix token
     where the grid has none; those three entries are then unused)."""
@@ -254,7 +272,9 @@ def offset_pairs(grid: Grid) -> tuple[Tensor, Tensor]:
 
 
 def offset_table(enc: ScoreEncoding, ctx: AttentionContext) -> Tensor:
-    """The encoding's term on every cell offset and prefix kind, `[n_h, Π (2 s_a − 1) + 3]`
+    """The encoding's term on every cell offset and prefix kind of a grid.
+
+    The encoding's term on every cell offset and prefix kind, `[n_h, Π (2 s_a − 1) + 3]`
     float32 (see [offset_pairs][mmpe.attention.forms.offset_pairs]), from [pair_term][mmpe.attention.forms.pair_term]:
     differentiable in its parameters."""
     grid = ctx.coords

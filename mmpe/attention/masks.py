@@ -1,4 +1,6 @@
-"""Masks of the coordinates on the eager paths: the dense boolean mask (once per forward), which
+"""Masks of the coordinates on the eager paths, and local attention windows.
+
+Masks of the coordinates on the eager paths: the dense boolean mask (once per forward), which
 masks are SDPA's own causal triangle, and a bias cast with masked pairs at ``-inf``; and the
 local attention windows of per-layer schedules ([`LocalWindow`][mmpe.attention.masks.LocalWindow]:
 sliding-window and chunked masks laid over the coordinates' own mask)."""
@@ -22,7 +24,9 @@ LOCAL_KINDS = ("sliding", "chunked")
 
 
 def dense_mask_of(coords: Coordinates) -> Tensor | None:
-    """`coords.dense_mask()` (bool `[b or 1, 1, n_q, n_k]`, or None without a mask), built once
+    """The coordinates' dense boolean mask, built once per forward.
+
+    `coords.dense_mask()` (bool `[b or 1, 1, n_q, n_k]`, or None without a mask), built once
     per forward (memoized on the coordinates)."""
     return memoized(coords, ("dense_mask",), coords.dense_mask)
 
@@ -35,15 +39,20 @@ def _only_causal(coords: Coordinates) -> bool:
 
 
 def plain_causal(coords: Coordinates) -> bool:
-    """A causal mask with nothing else: square, no cache, no documents, no padding, and every
+    """Whether the mask is SDPA's plain causal triangle.
+
+    A causal mask with nothing else: square, no cache, no documents, no padding, and every
     key's position its index (so the mask is SDPA's ``is_causal`` triangle)."""
     return (getattr(coords, "toeplitz", False) is True and _only_causal(coords)
             and coords.num_queries == coords.num_keys and coords.batch_size is None)
 
 
 def large_mask(ctx: AttentionContext) -> bool:
-    """Whether the coordinates' dense boolean mask (not SDPA's own causal one) would exceed
-    :func:`block_bytes`: then SDPA runs block by block with each block's rows of the mask."""
+    """Whether the coordinates' dense boolean mask would exceed the block budget.
+
+    Whether the coordinates' dense boolean mask (not SDPA's own causal one) would exceed
+    [`block_bytes`][mmpe.attention.memory.block_bytes]: then SDPA runs block by block with each
+    block's rows of the mask."""
     coords = ctx.coords
     if coords.mask_mod() is None or plain_causal(coords):
         return False
@@ -58,7 +67,9 @@ MASK_ALIGNMENT = 8
 
 def aligned_empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype,
                   device: torch.device | str) -> Tensor:
-    """An uninitialised `shape` tensor that is the `[..., :n_k]` view of a contiguous buffer
+    """An uninitialised tensor laid out as the fused kernels want a mask.
+
+    An uninitialised `shape` tensor that is the `[..., :n_k]` view of a contiguous buffer
     whose last dimension is `n_k` rounded up to `MASK_ALIGNMENT`: last-dimension stride 1 and
     every other stride a multiple of 8, the layout the fused kernels take without a copy (the
     padding columns are never read)."""
@@ -69,9 +80,9 @@ def aligned_empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype,
 
 def cast_bias(bias: Tensor | None, dtype: torch.dtype, mask: Tensor | None,
               aligned: bool = False) -> Tensor:
-    """The summed bias, masked pairs at ``-inf``, in the attention dtype. In bf16/fp16 the
-    maximum over each row's allowed pairs is taken out first (softmax ignores it): a large bias
-    (SwinV2's up to 16, FoX's long decays) then keeps its differences instead of losing
+    """The summed bias, masked pairs at ``-inf``, in the attention dtype.
+    In bf16/fp16 the maximum over each row's allowed pairs is taken out first (softmax ignores it):
+    a large bias (SwinV2's up to 16, FoX's long decays) then keeps its differences instead of losing
     |bias|·2⁻⁹ to rounding.
 
     With `aligned` (the dense route's SDPA call) the result is written once into an
@@ -167,7 +178,9 @@ class LocalWindow(SavesSettings, nn.Module):
         return window_overlay(self.kind, self.size, coords)
 
     def apply(self, coords: Coordinates) -> Coordinates:
-        """`coords` with this window laid over its mask: a view of a subclass of the same class
+        """`coords` with this window laid over its mask.
+
+        `coords` with this window laid over its mask: a view of a subclass of the same class
         (every capability, position and tensor read from `coords`) whose `mask_mod` is the
         coordinates' mask AND the window. Inside a model's forward the views of one window share
         their memo (the dense mask or `BlockMask` is built once for all layers with this
@@ -185,7 +198,9 @@ class LocalWindow(SavesSettings, nn.Module):
 
 
 def window_overlay(kind: str, size: int, coords: Coordinates) -> MaskMod:
-    """The `mask_mod` of a [`LocalWindow`][mmpe.attention.masks.LocalWindow] of `kind` and `size`
+    """The `mask_mod` of a local window of `kind` and `size` on `coords`.
+
+    The `mask_mod` of a [`LocalWindow`][mmpe.attention.masks.LocalWindow] of `kind` and `size`
     on `coords` (without the coordinates' own mask)."""
     if kind == "sliding":
         if getattr(coords, "causal", False) is True:

@@ -1,4 +1,6 @@
-"""Memory of the CPU attention paths: the budget of one block of bias rows, and a guard that
+"""Memory of the CPU attention paths.
+
+Memory of the CPU attention paths: the budget of one block of bias rows, and a guard that
 fails before allocating what this process cannot hold (`mmpe.validation.check_memory`)."""
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ def bias_row_bytes(ctx: AttentionContext, rows: int) -> int:
 
 
 def check_memory(needed: int, what: str, ctx: AttentionContext) -> None:
-    """Fail before allocating what this process cannot hold now, naming the size and the ways
+    """Fail before allocating what this process cannot hold now.
+
+    Fail before allocating what this process cannot hold now, naming the size and the ways
     out (those of `record_attention` inside its block): `mmpe.validation.check_memory`, the
     one door of every `n × n` request.
 

@@ -1,4 +1,6 @@
-"""The attention modules: [MultiHeadAttention][mmpe.attention.MultiHeadAttention] (self-attention
+"""The attention modules: self-attention and cross-attention.
+
+The attention modules: [MultiHeadAttention][mmpe.attention.MultiHeadAttention] (self-attention
 with grouped-query heads and an optional [KVCache][mmpe.cache.KVCache]) and
 [CrossAttention][mmpe.attention.CrossAttention] (from one token set to another, each with its
 coordinates). They sort the encodings by hook, project and rotate, and hand the call to the path
@@ -171,7 +173,8 @@ class MultiHeadAttention(_Attention):
         d_model: model width.
         num_heads: query heads ``n_h``.
         encodings: built encodings (rotary, score, kernel; input encodings belong to the
-            model's embedding, see :class:`mmpe.transformer.Transformer`). At most one kernel.
+            model's embedding, see [`Transformer`][mmpe.transformer.Transformer]). At most
+            one kernel.
         num_kv_heads: key/value heads ``n_kv`` for grouped-query attention (Ainslie et al.
             2023; ``1`` is multi-query attention, Shazeer 2019); a divisor of ``num_heads``,
             default ``num_heads``. The cache keeps ``n_kv`` heads.
@@ -182,14 +185,15 @@ class MultiHeadAttention(_Attention):
             (one SDPA call with the dense bias, on any device), ``"sdpa"`` or ``"math"``.
         dense_bias_bytes: the dense route's budget for this layer's bias (bytes, float32);
             None: ``MMPE_DENSE_BIAS_BYTES``, else 1 GiB.
-        window: a :class:`~mmpe.attention.masks.LocalWindow` (sliding or chunked local
+        window: a [`LocalWindow`][mmpe.attention.masks.LocalWindow] (sliding or chunked local
             attention) laid over the coordinates' mask in this layer, or None (per-layer
-            schedules, :mod:`mmpe.schedule`, set it).
+            schedules, [`mmpe.schedule`][mmpe.schedule], set it).
 
     Shapes: ``forward(x [b, s, d_model], coords, cache=None) -> [b, s, d_model]``; ``coords``
     has ``n_q = s`` queries and ``n_k`` keys: ``s`` without a cache, ``cache.length + s``
     with one (``Sequence(s, offset=cache.length, causal=True)``).
-    :meth:`forward_heads` runs the same attention on already projected ``q``, ``k``, ``v``.
+    [`forward_heads`][mmpe.attention.modules.MultiHeadAttention.forward_heads] runs the same
+    attention on already projected ``q``, ``k``, ``v``.
 
     Raises:
         ValueError: ``d_model`` not divisible by ``num_heads`` (with no ``head_dim``), heads
@@ -248,7 +252,9 @@ class MultiHeadAttention(_Attention):
 
     def forward_heads(self, q: Tensor, k: Tensor, v: Tensor, coords: Coordinates,
                       cache: KVCache | None = None, x: Tensor | None = None) -> Tensor:
-        """Attention of projected heads: the layer's window, rotary encodings, cache and score
+        """Attention of already projected heads.
+
+        Attention of projected heads: the layer's window, rotary encodings, cache and score
         terms, without the input and output projections (a bridge into another model's
         attention layer uses it with that model's projections and q/k norms).
 
@@ -340,17 +346,18 @@ class CrossAttention(_Attention):
     """Attention from queries ``x`` to another token set ``memory``, each with its coordinates.
 
     The coordinates of the call are ``Cross(coords, memory_coords)``
-    (:class:`~mmpe.coords.cross.Cross`): rotary encodings rotate ``q`` by the query side's
+    ([`Cross`][mmpe.coords.cross.Cross]): rotary encodings rotate ``q`` by the query side's
     positions and ``k`` by the key side's; a distance-based score needs a distance between the
     two sides (both on one grid, sequence, sphere or point space) and is refused with an
     error naming the ``Metric`` capability otherwise; latent queries
-    (:class:`~mmpe.coords.cross.Latents`) have no position. With identical coordinates on both
-    sides and ``memory is x`` it computes what :class:`MultiHeadAttention` does.
+    ([`Latents`][mmpe.coords.cross.Latents]) have no position. With identical coordinates on both
+    sides and ``memory is x`` it computes what
+    [`MultiHeadAttention`][mmpe.attention.MultiHeadAttention] does.
 
     Args:
         d_model: width of ``x`` (and of the output).
         num_heads, num_kv_heads, head_dim, qkv_bias, backend, dense_bias_bytes: as
-            :class:`MultiHeadAttention`.
+            [`MultiHeadAttention`][mmpe.attention.MultiHeadAttention].
         encodings: built rotary/score/kernel encodings.
         kv_dim: width of ``memory`` (default ``d_model``).
 
@@ -358,8 +365,8 @@ class CrossAttention(_Attention):
     -> [b, n_q, d_model]``.
 
     Raises:
-        ValueError: as :class:`MultiHeadAttention`, for ``x`` and for ``memory`` against
-            ``memory_coords``' keys.
+        ValueError: as [`MultiHeadAttention`][mmpe.attention.MultiHeadAttention], for ``x``
+            and for ``memory`` against ``memory_coords``' keys.
     """
 
     @records_arguments

@@ -46,7 +46,9 @@ def recording() -> bool:
 @contextmanager
 def record_attention(calls: Collection[int] | None = None,
                      query_stride: int = 1) -> Iterator[list[Tensor]]:
-    """Inside the block every attention call takes the math path and appends its softmax
+    """Record the softmax weights of every attention call inside the block.
+
+    Inside the block every attention call takes the math path and appends its softmax
     weights `[b, n_h, n_q, n_k]` (float32, detached, CPU; masked pairs 0) to the yielded list.
 
     Args:
@@ -80,7 +82,9 @@ def record_attention(calls: Collection[int] | None = None,
 
 
 def record(probs: Tensor) -> None:
-    """Count a call and, where the innermost open block keeps it, append `probs` (called by
+    """Count a call and, where an open block keeps it, append `probs`.
+
+    Count a call and, where the innermost open block keeps it, append `probs` (called by
     the math path)."""
     if not _ACTIVE:
         return
@@ -95,7 +99,9 @@ def record(probs: Tensor) -> None:
 
 
 def ways_out() -> str:
-    """What a `record_attention` block too large for memory can do instead (for the refusal
+    """What a `record_attention` block too large for memory can do instead.
+
+    What a `record_attention` block too large for memory can do instead (for the refusal
     of the math path's scores)."""
     held = sum(w.nbytes for block in _ACTIVE for w in block.weights)
     count = sum(len(block.weights) for block in _ACTIVE)

@@ -1,4 +1,6 @@
-"""Which route an attention call takes: a stated rule, a stored cost table that overrides it,
+"""Which route an attention call takes.
+
+Which route an attention call takes: a stated rule, a stored cost table that overrides it,
 and a way to force one.
 
 Routes (`ROUTES`):
@@ -78,7 +80,9 @@ DEFAULT_COSTS = Path(__file__).resolve().parents[2] / "results" / "gpu" / "route
 
 
 class Call(NamedTuple):
-    """What the route of one call depends on, without its tensors (a named tuple: the
+    """What the route of one call depends on, without its tensors.
+
+    What the route of one call depends on, without its tensors (a named tuple: the
     compiler traces it).
 
     Attributes:
@@ -107,7 +111,9 @@ class Call(NamedTuple):
 
 
 def dense_budget(override: int | None = None) -> int:
-    """The dense route's budget in bytes: `override`, else `MMPE_DENSE_BIAS_BYTES`, else
+    """The dense route's budget in bytes.
+
+    The dense route's budget in bytes: `override`, else `MMPE_DENSE_BIAS_BYTES`, else
     `DENSE_BIAS_BYTES`.
 
     Raises:
@@ -145,7 +151,9 @@ def learned(enc: ScoreEncoding) -> bool:
 
 
 def structure_key(scores: Seq[ScoreEncoding]) -> str:
-    """The cost table's structure key: each term's declared structure, `:learned` where it holds
+    """The cost table's structure key of the terms.
+
+    The cost table's structure key: each term's declared structure, `:learned` where it holds
     trainable tensors, `:content` where it reads the content, sorted and joined by `+`
     (`"none"` without terms)."""
     parts = []
@@ -158,7 +166,9 @@ def structure_key(scores: Seq[ScoreEncoding]) -> str:
 
 
 def bias_bytes(scores: Seq[ScoreEncoding], coords: Any, num_heads: int, batch: int) -> int:
-    """Bytes of the terms' dense float32 bias: batch-wide only where a term reads the content
+    """Bytes of the terms' dense float32 bias.
+
+    Bytes of the terms' dense float32 bias: batch-wide only where a term reads the content
     or the coordinates hold per-example positions."""
     per_example = coords.batch_size is not None or any(not e.content_free for e in scores)
     return (batch if per_example else 1) * num_heads * coords.num_queries * coords.num_keys * 4
@@ -166,7 +176,9 @@ def bias_bytes(scores: Seq[ScoreEncoding], coords: Any, num_heads: int, batch: i
 
 def choose_route(backend: str, scores: Seq[ScoreEncoding], kernel: KernelEncoding | None,
                  call: Call, costs: CostTable | None = None) -> str:
-    """The route of a call (one of `ROUTES`): forced, else the cost table's row, else the rule
+    """The route of a call.
+
+    The route of a call (one of `ROUTES`): forced, else the cost table's row, else the rule
     of this module's docstring.
 
     Raises:
@@ -232,7 +244,9 @@ def _auto(scores: Seq[ScoreEncoding], call: Call, additive: bool,
 
 @dataclass
 class CostTable:
-    """Measured milliseconds per route, keyed by device name, torch version, structure key
+    """Measured milliseconds per route.
+
+    Measured milliseconds per route, keyed by device name, torch version, structure key
     ([structure_key][mmpe.attention.route.structure_key]), size bucket, dtype and grad mode.
 
     One JSON line per row::
@@ -262,7 +276,9 @@ class CostTable:
         self.rows[key] = {r: float(v) for r, v in ms.items()}
 
     def fastest(self, scores: Seq[ScoreEncoding], call: Call, runnable: list[str]) -> str | None:
-        """The fastest measured route among `runnable` for the call, or None (no row, or no
+        """The fastest measured route among `runnable` for the call, or None.
+
+        The fastest measured route among `runnable` for the call, or None (no row, or no
         runnable route in it)."""
         if not self.rows or call.device_name is None:
             return None
@@ -316,7 +332,9 @@ def device_name(device: torch.device) -> str | None:
 def call_of(scores: Seq[ScoreEncoding], coords: Any, num_heads: int, batch: int,
             device: torch.device, dtype: torch.dtype, grad: bool, budget: int | None = None,
             name: str | None = None) -> Call:
-    """The [Call][mmpe.attention.route.Call] of attention over `coords` with these sizes;
+    """The `Call` of attention over `coords` with these sizes.
+
+    The [Call][mmpe.attention.route.Call] of attention over `coords` with these sizes;
     `name` describes the device where it is not this machine's (tests, planning)."""
     device = device if isinstance(device, torch.device) else torch.device(device)
     if name is None and device.type == "cuda":
@@ -330,7 +348,9 @@ def which_route(layer: Any, coords: Any, *, batch: int | None = None,
           device: torch.device | str = "cuda", dtype: torch.dtype = torch.bfloat16,
           grad: bool = True, device_name: str | None = None,
           costs: CostTable | None = None) -> str:
-    """The route (one of `ROUTES`) a call of `layer` on `coords` would take on `device` in
+    """The route a call of `layer` on `coords` would take, without running it.
+
+    The route (one of `ROUTES`) a call of `layer` on `coords` would take on `device` in
     `dtype` with or without gradients, without running it.
 
     Args:
@@ -359,7 +379,9 @@ _NAMES: dict[int, str] = {}
 
 @contextmanager
 def log_routes() -> Iterator[dict[str, list[str]]]:
-    """Inside the block every attention call adds its route to the yielded dict, keyed by the
+    """Record the route of every attention call inside the block.
+
+    Inside the block every attention call adds its route to the yielded dict, keyed by the
     layer (`"<i> <class>"`, `i` counting layers in the order they first run): the distinct
     routes of its calls, in order. Stored runs keep it (`routes` in a record)."""
     log: dict[str, list[str]] = {}
@@ -373,7 +395,9 @@ def log_routes() -> Iterator[dict[str, list[str]]]:
 
 
 def note(layer: Any, taken: str) -> None:
-    """Add the route a layer took to the open [log_routes][mmpe.attention.route.log_routes]
+    """Add the route a layer took to the open `log_routes` blocks.
+
+    Add the route a layer took to the open [log_routes][mmpe.attention.route.log_routes]
     blocks (nothing under `torch.compile` or without a block)."""
     if not _LOGS or torch.compiler.is_compiling():
         return

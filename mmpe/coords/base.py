@@ -34,7 +34,9 @@ _COORDINATE_TYPES: dict[str, type[Coordinates]] = {}
 
 
 class RowBlock(NamedTuple):
-    """Query rows `lo … hi−1` of a call attended on the keys before `stop`, on `coords` (their
+    """Query rows of a call attended on their own coordinates.
+
+    Query rows `lo … hi−1` of a call attended on the keys before `stop`, on `coords` (their
     own coordinates: those rows as queries, those keys); `checkpointed`: recomputed in the
     backward, so the block's mask and bias are not kept."""
 
@@ -85,7 +87,9 @@ class Coordinates(ABC):
         return self.num_queries
 
     def prepare(self) -> None:
-        """Compute lazily built tables now (attention calls this before FlexAttention traces the
+        """Compute lazily built tables now.
+
+        Compute lazily built tables now (attention calls this before FlexAttention traces the
         score mods, which must only index tensors). The default has nothing to build."""
         return None
 
@@ -102,7 +106,9 @@ class Coordinates(ABC):
         return None
 
     def mask_key(self) -> tuple | None:
-        """A hashable that determines `mask_mod` completely when the mask is a function of the
+        """A hashable that determines `mask_mod` completely, or None.
+
+        A hashable that determines `mask_mod` completely when the mask is a function of the
         sizes alone (a causal sequence with implicit positions), else None. Two coordinates
         with equal keys have the same mask, so its FlexAttention `BlockMask` is built once
         per process instead of once per forward. Override only where that holds exactly."""
@@ -114,7 +120,9 @@ class Coordinates(ABC):
 
     def check_encodings(self, encodings: Iterable[Any], *, window: Any = None,
                         cache: Any = None) -> None:
-        """Refuse what these coordinates cannot serve in one call: nothing beyond each
+        """Refuse what these coordinates cannot serve in one call.
+
+        Refuse what these coordinates cannot serve in one call: nothing beyond each
         encoding's own `check_coords` on ordinary coordinates.
 
         Args:
@@ -128,17 +136,23 @@ class Coordinates(ABC):
         return None
 
     def step_keys(self, tokens: int) -> int:
-        """The keys `tokens` new tokens of this process become after
+        """The keys `tokens` new tokens of this process become.
+
+        The keys `tokens` new tokens of this process become after
         [`gather_keys`][mmpe.coords.base.Coordinates.gather_keys]: `tokens` itself here."""
         return tokens
 
     def gather_keys(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys and values of every token the queries attend to, from this process's own
+        """Keys and values of every token the queries attend to.
+
+        Keys and values of every token the queries attend to, from this process's own
         `k`, `v` `[b, n_kv, s, h_d]`: the identity here (a shard all-gathers them)."""
         return k, v
 
     def row_blocks(self, batch: int, length_dependent: bool) -> list[RowBlock] | None:
-        """Query rows attended separately, each on coordinates of its own, or None (every row
+        """Query rows attended separately, each on coordinates of its own, or None.
+
+        Query rows attended separately, each on coordinates of its own, or None (every row
         at once, on these coordinates: the default).
 
         Args:
@@ -164,7 +178,9 @@ class Coordinates(ABC):
         return None
 
     def dense_mask(self, start: int = 0, stop: int | None = None) -> Tensor | None:
-        """The [`mask_mod`][mmpe.coords.base.Coordinates.mask_mod] evaluated on all pairs of queries `start … stop−1` (default:
+        """The `mask_mod` evaluated on all pairs of a block of queries.
+
+        The [`mask_mod`][mmpe.coords.base.Coordinates.mask_mod] evaluated on all pairs of queries `start … stop−1` (default:
         every query), `[b or 1, 1, rows, n_k]` bool, or None.
 
         Raises:
@@ -187,7 +203,9 @@ class Coordinates(ABC):
 
 
 class StoredPositions(Coordinates):
-    """Coordinates of one token set whose positions are stored, `_pos` `[n, A]` or
+    """Coordinates of one token set whose positions are stored.
+
+    Coordinates of one token set whose positions are stored, `_pos` `[n, A]` or
     `[b, n, A]`: the queries' positions, and the keys' (self-attention)."""
 
     _pos: Tensor
@@ -231,7 +249,9 @@ def index_grid(
 
 
 def distance_rows(coords: Coordinates, start: int, stop: int) -> Tensor:
-    """The `distance` of queries `start … stop−1` to every key, `[b or 1, 1, stop−start,
+    """The `distance` of queries `start … stop−1` to every key.
+
+    The `distance` of queries `start … stop−1` to every key, `[b or 1, 1, stop−start,
     n_k]` float32, shared by the heads: from the coordinates' own eager `distance_rows(start,
     stop)` where they have one (`Points`, `Graph`: the same numbers in fewer passes), else
     `distance` on the rows' index grid (what a `score_mod` evaluates)."""
@@ -244,7 +264,9 @@ def distance_rows(coords: Coordinates, start: int, stop: int) -> Tensor:
 
 
 def safe_sqrt(x: Tensor) -> Tensor:
-    """`√x` for `x ≥ 0` with gradient 0 (not NaN) where `x == 0`: the distance of a point to
+    """`√x` with gradient 0 (not NaN) at 0.
+
+    `√x` for `x ≥ 0` with gradient 0 (not NaN) where `x == 0`: the distance of a point to
     itself, or of two coincident points, differentiated in their positions."""
     positive = x > 0
     return torch.where(positive, torch.sqrt(torch.where(positive, x, torch.ones_like(x))),

@@ -77,7 +77,9 @@ class Capability(metaclass=_CapabilityMeta):
 
 
 def missing(coords: Any, capability: type[Capability]) -> list[str]:
-    """What `coords` (an object or a class) lacks to provide `capability`: absent members,
+    """What `coords` lacks to provide `capability`.
+
+    What `coords` (an object or a class) lacks to provide `capability`: absent members,
     then unmet conditions (e.g. `"num_axes == 1"`)."""
     absent = [m for m in capability.members if not defines(coords, m)]
     return absent or capability.unmet(coords)

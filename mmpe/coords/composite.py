@@ -64,7 +64,9 @@ class _Ordered1D(Coordinates):
 
 def segment_labels(segments: Seq[tuple[str, tuple[int, ...]]],
                    device: torch.device) -> tuple[Tensor, Tensor]:
-    """`segment_ids` `[n]` (int64, the segment's index) and `is_vision` `[n]` (bool) of
+    """The segment ids and vision flags of parsed segments.
+
+    `segment_ids` `[n]` (int64, the segment's index) and `is_vision` `[n]` (bool) of
     parsed segments (`(kind, shape)` pairs, `prod(shape)` tokens each)."""
     sizes = torch.tensor([math.prod(shape) for _, shape in segments])
     segment_ids = torch.repeat_interleave(torch.arange(len(segments)), sizes)

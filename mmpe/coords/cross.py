@@ -225,7 +225,9 @@ class Cross(Coordinates):
         return self.queries.device
 
     def prepare(self) -> None:
-        """Both sides' tables, and each query's farthest key where a distance is defined
+        """Build both sides' tables before FlexAttention traces a score mod.
+
+        Both sides' tables, and each query's farthest key where a distance is defined
         (`extent`), before FlexAttention traces a score mod."""
         self.queries.prepare()
         self.keys.prepare()

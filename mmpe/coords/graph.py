@@ -72,7 +72,7 @@ UNREACHABLE = -1
 #: ``spd`` code of a pair that involves the virtual graph token.
 VIRTUAL = -2
 
-#: The precomputed values :class:`Graph` accepts, by keyword (see :meth:`Graph.from_pyg`).
+#: The precomputed values `Graph` accepts, by keyword (see `Graph.from_pyg`).
 PRECOMPUTED = ("spd", "spd_index", "path_edge_attr", "path_edge_mask", "laplacian_pe", "rwse",
                "in_degree", "out_degree")
 
@@ -419,7 +419,9 @@ class Graph(Coordinates):
         return out
 
     def cached(self, key: Any, compute: Any) -> Any:
-        """`compute()` once per coordinates object and `key` (for parameter-free data that
+        """`compute()` once per coordinates object and `key`.
+
+        `compute()` once per coordinates object and `key` (for parameter-free data that
         encodings derive from these coordinates)."""
         if key not in self._cache:
             self._cache[key] = compute()
@@ -487,7 +489,9 @@ class Graph(Coordinates):
         return self.distances[self._b(b), q_idx, kv_idx]
 
     def distance_rows(self, start: int, stop: int) -> Tensor:
-        """[`distance`][mmpe.coords.graph.Graph.distance] of queries `start … stop−1` to every
+        """The `distance` of queries `start … stop−1` to every token.
+
+        [`distance`][mmpe.coords.graph.Graph.distance] of queries `start … stop−1` to every
         token, `[b, 1, stop−start, n_max]` float32: a view of the hop table (no gather)."""
         return self.distances[:, None, start:stop]
 
@@ -496,7 +500,9 @@ class Graph(Coordinates):
         return self.spd[self._b(b), q_idx, kv_idx]
 
     def extent(self, q_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """How far the query's keys lie (hops, float32): the diameter of its graph, or more for
+        """How far the query's keys lie, in hops.
+
+        How far the query's keys lie (hops, float32): the diameter of its graph, or more for
         a query that also sees unreachable nodes (another component: `max_distance + 1`) —
         so `extent ≥ distance` on every pair the mask allows."""
         return self._extent[self._b(b), q_idx]
@@ -548,7 +554,9 @@ class Graph(Coordinates):
 
     @property
     def spd(self) -> Tensor:
-        """Hop codes `[b, n_max, n_max]` int64 (clipped at `max_distance`; −1 unreachable or
+        """Hop codes of every pair.
+
+        Hop codes `[b, n_max, n_max]` int64 (clipped at `max_distance`; −1 unreachable or
         padding; −2 pairs with the virtual token; 0 virtual–virtual)."""
         if "spd" not in self._cache:
             out = torch.full((self.num_graphs, self.n_max, self.n_max), UNREACHABLE, dtype=torch.long)
@@ -603,7 +611,9 @@ class Graph(Coordinates):
         return out
 
     def pad_nodes(self, x: Tensor) -> Tensor:
-        """Node features `[num_nodes, d]` → token features `[b, n_max, d]` (zeros at padding
+        """Node features padded to token features.
+
+        Node features `[num_nodes, d]` → token features `[b, n_max, d]` (zeros at padding
         and at the virtual token's slot)."""
         if not isinstance(x, Tensor) or x.dim() < 1:
             raise ValueError("Graph.pad_nodes: x must be a tensor [num_nodes, ...]")
@@ -662,7 +672,9 @@ class Graph(Coordinates):
         return self._cache[key]
 
     def rwse(self, k: int) -> Tensor:
-        """Random-walk return probabilities `[b, n_max, k]` float32, `t = 1 … k`
+        """Random-walk return probabilities of every node.
+
+        Random-walk return probabilities `[b, n_max, k]` float32, `t = 1 … k`
         ([`mmpe.graph_maths.random_walk_pe`][mmpe.graph_maths.random_walk_pe], or the first `k` precomputed columns).
 
         Raises:
@@ -703,7 +715,9 @@ class Graph(Coordinates):
         return self._degree("out_degree")
 
     def path_edge_attr(self, max_hops: int) -> tuple[Tensor, Tensor]:
-        """Edge features along one shortest path per pair (Graphormer edge encoding, Ying et al.
+        """Edge features along one shortest path per pair.
+
+        Edge features along one shortest path per pair (Graphormer edge encoding, Ying et al.
         2021 eq. 7).
 
         For each token pair `(i, j)` of a graph, the first `max_hops` edges `e_1 … e_N`

@@ -1,4 +1,6 @@
-"""Per-graph structure behind RRWP, SPE and the magnetic Laplacian: random-walk powers,
+"""Per-graph structure behind RRWP, SPE and the magnetic Laplacian.
+
+Per-graph structure behind RRWP, SPE and the magnetic Laplacian: random-walk powers,
 Laplacian eigenpairs with their eigenvalues, and magnetic-Laplacian eigenvectors, padded to a
 [`Graph`][mmpe.coords.graph.Graph]'s `[b, n_max]` token slots.
 
@@ -37,7 +39,9 @@ __all__ = ["GraphAdjacency", "dense_adjacency", "laplacian_eigenpairs", "magneti
 
 
 class GraphAdjacency(Capability):
-    """The edge list of each graph of a batch: `graph_edges(g) -> [2, E_g]` local node ids
+    """The edge list of each graph of a batch.
+
+    The edge list of each graph of a batch: `graph_edges(g) -> [2, E_g]` local node ids
     (numpy or tensor) of graph `g` (with `GraphLayout`'s `node_mask` and `virtual_token`
     for the slots). [`mmpe.coords.Graph`][mmpe.coords.graph.Graph] provides it."""
 
@@ -107,7 +111,9 @@ def random_walk_powers(edge_index: np.ndarray | Tensor, num_nodes: int, k: int) 
 
 
 def rrwp(coords: Any, k: int) -> Tensor:
-    """Relative random-walk probabilities (GRIT) of every graph: `P [b, n_max, n_max, k]`
+    """Relative random-walk probabilities (GRIT) of every graph.
+
+    Relative random-walk probabilities (GRIT) of every graph: `P [b, n_max, n_max, k]`
     float32, `P[g, i, j, t] = [M^t]_ij` for `t = 0 … k−1`
     ([`random_walk_powers`][mmpe.coords.graph_structure.random_walk_powers]); zero on every pair
     involving padding or the virtual token (graphs never share a pair: each has its own block).
@@ -145,7 +151,9 @@ def _phase_canonical(vecs: np.ndarray, atol: float = 1e-8) -> np.ndarray:
 
 def magnetic_laplacian(edge_index: np.ndarray | Tensor, num_nodes: int, q: float,
                        normalization: str | None = "sym") -> np.ndarray:
-    """The magnetic Laplacian of one directed graph (Geisler et al. 2023, eq. 2), `[n, n]`
+    """The magnetic Laplacian of one directed graph.
+
+    The magnetic Laplacian of one directed graph (Geisler et al. 2023, eq. 2), `[n, n]`
     complex128 Hermitian.
 
     `L_q = D_s − A_s ⊙ exp(iΘ)` (`normalization=None`) or
@@ -178,7 +186,9 @@ def magnetic_laplacian(edge_index: np.ndarray | Tensor, num_nodes: int, q: float
 
 def magnetic_laplacian_pe(coords: Any, k: int, q: float,
                           normalization: str | None = "sym") -> tuple[Tensor, Tensor, Tensor]:
-    """Eigenvectors of the `k` smallest eigenvalues of every graph's magnetic Laplacian
+    """Eigenvectors of every graph's magnetic Laplacian.
+
+    Eigenvectors of the `k` smallest eigenvalues of every graph's magnetic Laplacian
     ([`magnetic_laplacian`][mmpe.coords.graph_structure.magnetic_laplacian]; the first one
     included: at `q > 0` it carries direction), by `torch.linalg.eigh` on the Hermitian
     matrix, each column's phase fixed so that its largest-|entry| is real and positive.
@@ -214,7 +224,9 @@ def magnetic_laplacian_pe(coords: Any, k: int, q: float,
 
 def laplacian_eigenpairs(coords: Any, k: int, normalization: str | None = "sym"
                          ) -> tuple[Tensor, Tensor, Tensor]:
-    """The `k` smallest non-trivial eigenpairs of every graph's Laplacian (of the symmetrised
+    """The `k` smallest non-trivial eigenpairs of every graph's Laplacian.
+
+    The `k` smallest non-trivial eigenpairs of every graph's Laplacian (of the symmetrised
     graph; `"sym"`: `I − D^-½ A D^-½`, None: `D − A`): the magnetic Laplacian at `q = 0` with
     its first eigenvector dropped.
 
@@ -229,7 +241,9 @@ def laplacian_eigenpairs(coords: Any, k: int, normalization: str | None = "sym"
 
 
 def dense_adjacency(coords: Any) -> Tensor:
-    """Symmetrised 0/1 adjacency without self-loops of every graph, padded: `[b, n_max, n_max]`
+    """Symmetrised 0/1 adjacency without self-loops of every graph, padded.
+
+    Symmetrised 0/1 adjacency without self-loops of every graph, padded: `[b, n_max, n_max]`
     float32 (zero rows and columns at padding and the virtual token)."""
 
     def compute() -> Tensor:

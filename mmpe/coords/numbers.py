@@ -68,7 +68,9 @@ class Numbers(Sequence):
 
     @classmethod
     def from_tokens(cls, tokens: Tensor, digit_ids: Tensor | list[int], **sequence_options) -> Numbers:
-        """Numbers over token ids `[n]` or `[b, n]`: a token is a digit when its id is in
+        """Numbers over token ids.
+
+        Numbers over token ids `[n]` or `[b, n]`: a token is a digit when its id is in
         `digit_ids` (the ids of `"0"` … `"9"` in the vocabulary; empty for a vocabulary
         without digits, where every place is 0).
 

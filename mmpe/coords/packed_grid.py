@@ -197,7 +197,9 @@ class PackedGrids(Coordinates):
 
     @classmethod
     def first_fit(cls, shapes: Seq[Seq[int]], max_tokens: int, **kwargs) -> PackedGrids:
-        """Pack images into as few rows of `max_tokens` tokens as first-fit finds (NaViT §2.1:
+        """Pack images into as few rows of `max_tokens` tokens as first-fit finds.
+
+        Pack images into as few rows of `max_tokens` tokens as first-fit finds (NaViT §2.1:
         greedy packing), in the given order; `source` maps the packed images back.
 
         Args:
@@ -243,7 +245,9 @@ class PackedGrids(Coordinates):
         return out
 
     def grid(self, shape: Seq[int]) -> Grid:
-        """The [`Grid`][mmpe.coords.grid.Grid] one image of `shape` would have alone (same
+        """The `Grid` one image of `shape` would have alone.
+
+        The [`Grid`][mmpe.coords.grid.Grid] one image of `shape` would have alone (same
         prefix tokens, metric, prefix distance, device)."""
         return Grid(tuple(shape), prefix_tokens=self.prefix_tokens, metric=self.metric,
                     prefix_distance=self.prefix_distance, device=self._device)
@@ -263,7 +267,9 @@ class PackedGrids(Coordinates):
 
     @property
     def source(self) -> Tensor:
-        """`[num_images]` int64: each packed image's index in the input order (identity unless
+        """Each packed image's index in the input order.
+
+        `[num_images]` int64: each packed image's index in the input order (identity unless
         built by [`first_fit`][mmpe.coords.packed_grid.PackedGrids.first_fit])."""
         if hasattr(self, "_source"):
             return self._source
@@ -276,7 +282,9 @@ class PackedGrids(Coordinates):
     # -- positions ---------------------------------------------------------------------------
     @property
     def query_positions(self) -> Tensor:
-        """`[n, A]` (one pack) or `[b, n, A]` float32: each token's cell in its own image
+        """Each token's cell in its own image.
+
+        `[n, A]` (one pack) or `[b, n, A]` float32: each token's cell in its own image
         (cells); prefix and padding tokens at 0."""
         return self._pos if self.batched else self._pos[0]
 
@@ -287,7 +295,9 @@ class PackedGrids(Coordinates):
 
     @property
     def image_ids(self) -> Tensor:
-        """`[n]` or `[b, n]` int64: the image of each token, numbered from 0 in each row;
+        """The image of each token.
+
+        `[n]` or `[b, n]` int64: the image of each token, numbered from 0 in each row;
         −1 at padding."""
         return self._image if self.batched else self._image[0]
 
@@ -305,7 +315,9 @@ class PackedGrids(Coordinates):
 
     @property
     def table_rows(self) -> Tensor:
-        """`[n]` or `[b, n]` int64: the row of each token in the tables of
+        """The row of each token in the tables of the distinct shapes.
+
+        `[n]` or `[b, n]` int64: the row of each token in the tables of
         [`distinct_shapes`][mmpe.coords.packed_grid.PackedGrids] concatenated in order (each
         `prefix_tokens + prod(shape)` rows); padding points one past the last row."""
         return self._table_row if self.batched else self._table_row[0]
@@ -323,7 +335,9 @@ class PackedGrids(Coordinates):
         return self._at(self._cl, idx, b)
 
     def distance(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """Grid distance of the two tokens' positions (float32 cells, the pack's `metric`);
+        """Grid distance of the two tokens' positions.
+
+        Grid distance of the two tokens' positions (float32 cells, the pack's `metric`);
         `prefix_distance` where either is a prefix or padding token."""
         acc = None
         for pos in self._axis_pos:
@@ -338,12 +352,16 @@ class PackedGrids(Coordinates):
         return torch.where(coordless, torch.full_like(dist, self.prefix_distance), dist)
 
     def extent(self, q_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """The diagonal of the query's image (float32 cells; `Grid.diagonal`);
+        """The diagonal of the query's image.
+
+        The diagonal of the query's image (float32 cells; `Grid.diagonal`);
         `prefix_distance` at padding."""
         return self._at(self._ext, q_idx, b)
 
     def mask_mod(self) -> MaskMod | None:
-        """Block-diagonal `mask_mod(b, h, q_idx, kv_idx)`: same image, or the token itself
+        """Block-diagonal `mask_mod`: same image, or the token itself.
+
+        Block-diagonal `mask_mod(b, h, q_idx, kv_idx)`: same image, or the token itself
         (a padding query sees only itself). None when every row is one unpadded image."""
         if not self._padded and all(len(pack) == 1 for pack in self.image_shapes):
             return None
@@ -357,7 +375,9 @@ class PackedGrids(Coordinates):
 
     # -- tokens ------------------------------------------------------------------------------
     def pack(self, tokens: Seq[Tensor], prefix: Tensor | None = None) -> Tensor:
-        """Place per-image tokens into the packed layout, `[b, n, d]` (b = 1 for one pack),
+        """Place per-image tokens into the packed layout.
+
+        Place per-image tokens into the packed layout, `[b, n, d]` (b = 1 for one pack),
         zeros at padding.
 
         Args:
@@ -403,7 +423,9 @@ class PackedGrids(Coordinates):
         return [flat[s.to(flat.device)] for s in self._slots]
 
     def pool(self, x: Tensor, mode: str = "mean") -> Tensor:
-        """One vector per image, `[num_images, d]`: the mean of its cell tokens (`"mean"`,
+        """One vector per image.
+
+        One vector per image, `[num_images, d]`: the mean of its cell tokens (`"mean"`,
         NaViT's pooling of a packed row, padding and prefix excluded) or its first prefix
         token (`"first"`, a per-image cls token).
 

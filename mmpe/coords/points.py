@@ -180,7 +180,9 @@ class Points(StoredPositions):
         return dist
 
     def distance_rows(self, start: int, stop: int) -> Tensor:
-        """[`distance`][mmpe.coords.points.Points.distance] of queries `start … stop−1` to every
+        """The `distance` of queries `start … stop−1` to every point.
+
+        [`distance`][mmpe.coords.points.Points.distance] of queries `start … stop−1` to every
         point, `[b or 1, 1, stop−start, n]` float32: bit for bit the numbers `distance` gives on
         those pairs' index grid (the same operations in the same order), in fewer passes over
         the block (one broadcast difference per axis, squared and summed in place; no gathers).

@@ -28,7 +28,9 @@ _DENSE_KEYS = 1 << 22
 def randomized_positions(batch: int, length: int, max_len: int, *,
                          generator: torch.Generator | None = None,
                          device: torch.device | str | None = None) -> Tensor:
-    """`[batch, length]` int64: per row a sorted sample of `length` distinct positions from
+    """Random sorted positions: `length` distinct ones per row from `[0, max_len)`.
+
+    `[batch, length]` int64: per row a sorted sample of `length` distinct positions from
     `[0, max_len)`, uniform over all such subsets.
 
     Memory is O(batch · min(max_len, 2²²) + length): a range of 2³⁴ positions costs what its

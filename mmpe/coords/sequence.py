@@ -106,7 +106,9 @@ class Sequence(Coordinates):
 
     @property
     def max_position(self) -> int:
-        """Largest position of any token (tokens): known without a device read for implicit
+        """Largest position of any token.
+
+        Largest position of any token (tokens): known without a device read for implicit
         positions, read once and remembered for explicit `position_ids`/`document_ids`."""
         if self._max_position is None:
             self._max_position = int(self._key_ids.max())
@@ -114,7 +116,9 @@ class Sequence(Coordinates):
 
     @property
     def toeplitz(self) -> bool:
-        """Whether every pair the mask allows has `relation(q_idx, kv_idx) = q_idx + n_k − n_q
+        """Whether the relation is the Toeplitz one of token indices on every allowed pair.
+
+        Whether every pair the mask allows has `relation(q_idx, kv_idx) = q_idx + n_k − n_q
         − kv_idx` (and `distance` its absolute value): the positions are the implicit `0 …
         n_k−1`, or restart at every document (the mask keeps pairs inside one document, where
         positions and indices differ by the same shift). False with explicit `position_ids`,
@@ -187,7 +191,9 @@ class Sequence(Coordinates):
         return mask
 
     def mask_key(self) -> tuple | None:
-        """`("sequence-causal", n_q, n_k)` for a causal sequence with implicit positions and no
+        """The mask key of a plain causal sequence, or None.
+
+        `("sequence-causal", n_q, n_k)` for a causal sequence with implicit positions and no
         documents or padding (its mask is `q + offset ≥ k`); None otherwise (the mask then
         reads position, document or padding tensors)."""
         plain = self.document_ids is None and self.padding_mask is None

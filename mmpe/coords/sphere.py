@@ -117,7 +117,7 @@ class Sphere(Coordinates):
                     f"Sphere: time must have the shape of lat {tuple(lat_t.shape)}, got {tuple(t.shape)}"
                 )
             self._time = t
-        #: ``(n_time, n_lat, n_lon)`` or ``(n_lat, n_lon)`` for tokens made by :meth:`grid`.
+        #: ``(n_time, n_lat, n_lon)`` or ``(n_lat, n_lon)`` for tokens made by `grid`.
         self.grid_shape = grid_shape
 
     # -- construction -------------------------------------------------------------------
@@ -183,7 +183,9 @@ class Sphere(Coordinates):
 
     @property
     def query_positions(self) -> Tensor:
-        """`(lat, lon[, time])` per token, `[n, 2|3]` or `[b, n, 2|3]` (radians; float64 with
+        """`(lat, lon[, time])` of every token.
+
+        `(lat, lon[, time])` per token, `[n, 2|3]` or `[b, n, 2|3]` (radians; float64 with
         a time axis, which keeps the stamps exact)."""
         parts = [self._lat, self._lon] + ([self._time] if self._time is not None else [])
         return torch.stack(parts, dim=-1)
@@ -228,7 +230,9 @@ class Sphere(Coordinates):
                             self._gather(self._lon, kv_idx, b)).to(torch.float32)
 
     def time_distance(self, q_idx: Tensor, kv_idx: Tensor, b: Tensor | None = None) -> Tensor:
-        """`|t_q − t_k|` in the time stamps' unit, float32: subtracted in float64, so absolute
+        """The time distance `|t_q − t_k|` in the time stamps' unit.
+
+        `|t_q − t_k|` in the time stamps' unit, float32: subtracted in float64, so absolute
         stamps one second (Unix seconds) or one minute (hours since 1900) apart give that step.
 
         Raises:

@@ -24,7 +24,9 @@ _VIEWS: dict[tuple[type, type], type] = {}
 def view_class(mixin: type, cls: type,
                members: Callable[[type], dict[str, Any]] | None = None,
                inherit: bool = True) -> type:
-    """The class of `mixin`'s views of coordinates of class `cls` (named `mixin.view_prefix` +
+    """The class of `mixin`'s views of coordinates of class `cls`, made once.
+
+    The class of `mixin`'s views of coordinates of class `cls` (named `mixin.view_prefix` +
     the class name, e.g. `LocalSequence`), made once.
 
     Args:
@@ -44,7 +46,9 @@ def view_class(mixin: type, cls: type,
 
 def prepare_views(mixin: type, members: Callable[[type], dict[str, Any]] | None = None,
                   inherit: bool = True) -> None:
-    """Make `mixin`'s view class of every coordinate class defined so far (outside any
+    """Make `mixin`'s view class of every coordinate class defined so far.
+
+    Make `mixin`'s view class of every coordinate class defined so far (outside any
     compiled graph, so compiled forwards find them ready)."""
     stack = list(Coordinates.__subclasses__())
     while stack:

@@ -48,7 +48,9 @@ def qwen2_5_vl_composite(
     causal: bool = False,
     device: torch.device | str | None = None,
 ) -> Composite:
-    """Qwen2.5-VL position ids: a [`Composite`][mmpe.coords.composite.Composite] whose video
+    """Qwen2.5-VL position ids, video temporal ids aligned to seconds.
+
+    Qwen2.5-VL position ids: a [`Composite`][mmpe.coords.composite.Composite] whose video
     temporal ids are aligned to seconds.
 
     Temporal patch `t` of the `v`-th video starting at `s` gets the temporal id
@@ -99,7 +101,9 @@ def qwen2_5_vl_composite(
 
 
 class VideoRoPEComposite(_SegmentIds):
-    """VideoRoPE's diagonal layout with adjustable temporal spacing (Wei et al. 2025,
+    """VideoRoPE's diagonal layout with adjustable temporal spacing.
+
+    VideoRoPE's diagonal layout with adjustable temporal spacing (Wei et al. 2025,
     "VideoRoPE: What Makes for Good Video Rotary Position Embedding?", arXiv:2502.05173:
     Diagonal Layout, Adjustable Temporal Spacing; reference code `get_t_scale_rope_index`).
 
@@ -169,7 +173,9 @@ class VideoRoPEComposite(_SegmentIds):
 
 
 def v2pe_position_ids(segments: Seq[Segment | Coordinates], delta: float) -> Tensor:
-    """V2PE positions `[n]` (float64) of text and visual segments (Ge et al. 2024, "V2PE:
+    """V2PE positions of text and visual segments.
+
+    V2PE positions `[n]` (float64) of text and visual segments (Ge et al. 2024, "V2PE:
     Improving Multimodal Long-Context Capability of Vision-Language Models with Variable
     Visual Position Encoding", arXiv:2412.09616; reference code
     `get_rope_pos_id(..., rope_pos_id_version='v2pe_fix')`).
@@ -207,7 +213,9 @@ def v2pe_position_ids(segments: Seq[Segment | Coordinates], delta: float) -> Ten
 
 
 class V2PESequence(_Ordered1D):
-    """A 1D sequence of text and visual tokens at V2PE positions (see
+    """A 1D sequence of text and visual tokens at V2PE positions.
+
+    A 1D sequence of text and visual tokens at V2PE positions (see
     [`v2pe_position_ids`][mmpe.coords.vlm.v2pe_position_ids]): visual tokens advance the
     position by `δ < 1`, text tokens by 1 (units: text tokens).
 

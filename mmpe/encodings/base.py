@@ -37,7 +37,9 @@ class PositionOutOfRangeError(ValueError):
 
 
 class CachedDecodingError(ValueError):
-    """Cached (incremental) decoding would not reproduce a full recomputation for this
+    """Cached decoding would not reproduce a full recomputation here.
+
+    Cached (incremental) decoding would not reproduce a full recomputation for this
     encoding at these positions; decode without a cache instead."""
 
 
@@ -216,7 +218,9 @@ class ScoreEncoding(Encoding):
             cls.structure = "pair"
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
-        """The term as a FlexAttention `score_mod`, derived from the term function the class
+        """The term as a FlexAttention `score_mod`.
+
+        The term as a FlexAttention `score_mod`, derived from the term function the class
         writes: `distance_term` (structure `"distance"`) of the coordinates' distance, or
         `relation_term` (structure `"relation"`) of their relation `pos_q − pos_k` (of the
         distance on coordinates without a direction, which the term then buckets as such).
@@ -239,7 +243,9 @@ class ScoreEncoding(Encoding):
         return mod
 
     def distance_term(self, ctx: AttentionContext) -> Term:
-        """Structure `"distance"`: the term as a function `term(dist, h)` of distances `[...]`
+        """Structure `"distance"`: the term as a function of distances.
+
+        Structure `"distance"`: the term as a function `term(dist, h)` of distances `[...]`
         (float32, the coordinates' unit) and head indices `h` (int64) broadcast with them.
 
         Read every parameter here, once (the FlexAttention rule: a learned tensor captured by a
@@ -250,7 +256,9 @@ class ScoreEncoding(Encoding):
                                   f"{self.structure!r}, not 'distance'")
 
     def relation_term(self, ctx: AttentionContext) -> Term:
-        """Structure `"relation"`: the term as a function `term(relation, h)` of signed offsets
+        """Structure `"relation"`: the term as a function of signed offsets.
+
+        Structure `"relation"`: the term as a function `term(relation, h)` of signed offsets
         `pos_q − pos_k` `[...]` (int64 tokens) and head indices `h` broadcast with them, on
         coordinates whose `toeplitz` is true; the derived `score_mod` passes the distance
         (float) on coordinates without a direction. Parameters are read here, once."""
@@ -258,7 +266,9 @@ class ScoreEncoding(Encoding):
                                   f"{self.structure!r}, not 'relation'")
 
     def check_context(self, ctx: AttentionContext) -> None:
-        """Raise unless `ctx`'s coordinates are supported and, for an encoding built for
+        """Raise unless the context's coordinates and head count are supported.
+
+        Raise unless `ctx`'s coordinates are supported and, for an encoding built for
         `num_heads` heads, the attention has that many (`ValueError` naming both); and
         unless the call's work fits `mmpe.validation.check_attention_work`'s limit on the CPU
         (`AttentionTooLargeError`).

@@ -59,7 +59,9 @@ class _ComRoPE(SavesSettings, LearnedRotation):
 @register("comrope_ap", hook="rotary", needs=(Positioned,), learnable=True, family="rotary",
           paper=PAPER + " (ComRoPE-AP, axis-partition)", context=CONTEXT)
 class ComRoPEAP(_ComRoPE):
-    """ComRoPE-AP (axis partition; Yu et al. 2025): the blocks are shared out among the axes
+    """ComRoPE-AP: the rotation blocks shared out among the axes.
+
+    ComRoPE-AP (axis partition; Yu et al. 2025): the blocks are shared out among the axes
     — block `k` of the `n_b = h_d/b` belongs to axis `a(k) = ⌊k·A/n_b⌋` (contiguous groups
     as even as possible, as axial RoPE's channel blocks; equal when `A` divides `n_b`) — and
     turns by `exp(x_{a(k)} B_k)` with a learned skew-symmetric `B_k`; the angle matrices
@@ -114,7 +116,9 @@ class ComRoPEAP(_ComRoPE):
           aliases=("comrope",), paper=PAPER + " (ComRoPE-LD, linearly dependent)",
           context=CONTEXT)
 class ComRoPELD(_ComRoPE):
-    """ComRoPE-LD (linearly dependent; Yu et al. 2025): every angle matrix is, block by block,
+    """ComRoPE-LD: every angle matrix a learned multiple of one.
+
+    ComRoPE-LD (linearly dependent; Yu et al. 2025): every angle matrix is, block by block,
     a learned multiple of one learned skew-symmetric matrix, `A_a = blockdiag_k(c_{a,k} B_k)`,
     so all of them commute and block `k` turns by `exp((Σ_a c_{a,k} x_a) B_k)`.
 

@@ -22,7 +22,9 @@ HIDDEN = 32
 
 
 def dape_logits(logits: Tensor, bias: Tensor, mlp: nn.Module) -> Tensor:
-    """`A = L + B + f([L; B])` for logits `L` and a bias `B`, `[b, n_h, n_q, n_k]` each, where
+    """DAPE's logits `A = L + B + f([L; B])`.
+
+    `A = L + B + f([L; B])` for logits `L` and a bias `B`, `[b, n_h, n_q, n_k]` each, where
     `f` (`mlp`, `2·n_h → n_h` channels) acts on every pair's `2·n_h` values: the heads'
     logits and the heads' biases, concatenated."""
     pairs = torch.cat((logits, bias), dim=1).movedim(1, -1)  # [b, n_q, n_k, 2·n_h]
@@ -35,7 +37,9 @@ def dape_logits(logits: Tensor, bias: Tensor, mlp: nn.Module) -> Tensor:
           "Positional Encoding for Length Extrapolation (NeurIPS; arXiv:2405.14722)",
     context=("d_model", "num_heads", "head_dim"))
 class DAPE(KernelEncoding):
-    """DAPE (Zheng et al. 2024): the bias `B` of an additive positional term (ALiBi, KERPLE,
+    """DAPE: an additive positional term's bias refined by an MLP that sees the logits.
+
+    DAPE (Zheng et al. 2024): the bias `B` of an additive positional term (ALiBi, KERPLE,
     FIRE, T5 …) refined by a small MLP that also sees the attention logits.
 
     `A = QKᵀ/√h_d + B + f(QKᵀ/√h_d, B)`, `O = softmax(A) V`, with `f` a two-layer MLP
@@ -97,7 +101,9 @@ class DAPE(KernelEncoding):
                                  nn.Linear(hidden, num_heads))
 
     def bias(self, ctx: AttentionContext) -> Tensor:
-        """The inner term's bias `B` `[b or 1, n_h, n_q, n_k]` (float32), every pair (masked
+        """The inner term's bias `B` on every pair.
+
+        The inner term's bias `B` `[b or 1, n_h, n_q, n_k]` (float32), every pair (masked
         ones too: the MLP is per pair, so they never reach an allowed one)."""
         coords = ctx.coords
         mod = self.inner.score_mod(ctx)
@@ -121,7 +127,9 @@ class DAPE(KernelEncoding):
             return dape_logits(logits, bias, mlp)
 
     def weights(self, scores: Tensor, ctx: AttentionContext) -> Tensor:
-        """Attention probabilities `[b, n_h, n_q, n_k]` (float32) for the math path's masked
+        """Attention probabilities for the math path's masked logits.
+
+        Attention probabilities `[b, n_h, n_q, n_k]` (float32) for the math path's masked
         logits `scores` (which carry the mask and the layer's other score terms)."""
         # What the math path added to q·kᵀ/√h_d (the mask and other terms), the same
         # expression as the path's: exactly 0 where nothing else is added.

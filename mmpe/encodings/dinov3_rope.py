@@ -1,4 +1,6 @@
-"""DINOv3 RoPE: axial rotary embedding on patch coordinates normalised to [-1, 1], with
+"""DINOv3 RoPE: axial rotary embedding on normalised patch coordinates.
+
+DINOv3 RoPE: axial rotary embedding on patch coordinates normalised to [-1, 1], with
 training-time coordinate augmentation (shift, jitter, rescale)."""
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ NORMALIZE = ("separate", "min", "max")
 
 
 class GridLayout2D(GridLayout):
-    """`GridLayout` with two axes (an image's `(H, W)` patches). A class qualifies when it
-    provides the members (the shape is set per object); an object when `len(shape) == 2`."""
+    """`GridLayout` with two axes (an image's `(H, W)` patches).
+    A class qualifies when it provides the members (the shape is set per object); an object when
+    `len(shape) == 2`."""
 
     @classmethod
     def unmet(cls, coords: Any) -> list[str]:
@@ -151,7 +154,9 @@ class DINOv3RoPE(SavesSettings, RotaryEncoding):
             self.shift_coords, self.jitter_coords, self.rescale_coords))
 
     def patch_coords(self, shape: tuple[int, int]) -> Tensor:
-        """`[H·W, 2]` float64 coordinates of the patches, augmented when
+        """The coordinates of the patches, augmented in training.
+
+        `[H·W, 2]` float64 coordinates of the patches, augmented when
         [`augments`][mmpe.encodings.dinov3_rope.DINOv3RoPE.augments] (one draw per call)."""
         c = dinov3_coords(shape, self.normalize_coords)
         if not self.augments:
@@ -169,7 +174,9 @@ class DINOv3RoPE(SavesSettings, RotaryEncoding):
         return c
 
     def phase(self, coords: Coordinates) -> Tensor:
-        """`[n, h_d/2]` rotation angles (float64, radians) of the grid's tokens, prefix
+        """Rotation angles of the grid's tokens.
+
+        `[n, h_d/2]` rotation angles (float64, radians) of the grid's tokens, prefix
         tokens at 0."""
         shape = tuple(coords.shape)
         if len(shape) != 2:

@@ -73,7 +73,9 @@ class FIRE(SavesSettings, ScoreEncoding):
     def normalised_distance(self, ctx: AttentionContext, q_idx: Tensor, kv_idx: Tensor,
                             b: Tensor, c: Tensor | None = None,
                             threshold: Tensor | None = None) -> Tensor:
-        """`ψ(i − j) / ψ(max(L, i))` on the broadcast pairs (float32); `c` and `threshold`
+        """FIRE's normalised distance of the broadcast pairs.
+
+        `ψ(i − j) / ψ(max(L, i))` on the broadcast pairs (float32); `c` and `threshold`
         default to the module's (a `score_mod` passes its per-head copies)."""
         coords = ctx.coords
         rel = coords.distance(q_idx, kv_idx, b).float()
@@ -82,7 +84,9 @@ class FIRE(SavesSettings, ScoreEncoding):
         return self._psi(rel, c) / (self._psi(torch.maximum(i, threshold), c) + self.eps)
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
-        """`score + slope[p, h]·x + intercept[p, h]`, `p` the piece of `x = ψ(i − j)/ψ(max(L,
+        """FIRE's `score_mod`: the MLP as its linear pieces.
+
+        `score + slope[p, h]·x + intercept[p, h]`, `p` the piece of `x = ψ(i − j)/ψ(max(L,
         i))`: the MLP as its linear pieces ([pieces][mmpe.encodings.fire.FIRE.pieces]), equal
         to the hidden layer up to rounding, with gradients to `c`, `L` and every MLP parameter.
 

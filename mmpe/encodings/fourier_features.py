@@ -1,4 +1,6 @@
-"""Fourier feature encodings of continuous coordinates: random Fourier features (Tancik et al.
+"""Fourier feature encodings of continuous coordinates.
+
+Fourier feature encodings of continuous coordinates: random Fourier features (Tancik et al.
 2020) and NeRF's frequency encoding (Mildenhall et al. 2020), projected to `d_model`."""
 
 from __future__ import annotations

@@ -57,7 +57,9 @@ class ForgettingGate(ContentScoreEncoding):
         self.gate = nn.Linear(d_model, num_heads)
 
     def cumulative_log_forget(self, x: Tensor, start: Tensor | None = None) -> Tensor:
-        """`c [b, n_h, n]` float32: running sum over tokens of `log f` from `x [b, n, d_model]`,
+        """FoX's running sum of the log forget gates.
+
+        `c [b, n_h, n]` float32: running sum over tokens of `log f` from `x [b, n, d_model]`,
         continuing from `start` `[b, n_h]` (the last cached token's sum) when given."""
         with torch.autocast(device_type=x.device.type, enabled=False):
             w, b = self.gate.weight.float(), self.gate.bias.float()

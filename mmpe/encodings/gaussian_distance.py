@@ -1,4 +1,6 @@
-"""Gaussian basis kernels of pairwise distances as a per-head bias (Graphormer-3D, Transformer-M,
+"""Gaussian basis kernels of pairwise distances as a per-head bias.
+
+Gaussian basis kernels of pairwise distances as a per-head bias (Graphormer-3D, Transformer-M,
 Uni-Mol)."""
 
 from __future__ import annotations

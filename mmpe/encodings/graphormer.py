@@ -1,4 +1,6 @@
-"""Graphormer's structural encodings (Ying et al. 2021, "Do Transformers Really Perform Bad for
+"""Graphormer's structural encodings.
+
+Graphormer's structural encodings (Ying et al. 2021, "Do Transformers Really Perform Bad for
 Graph Representation?", NeurIPS), on coordinates with the `GraphLayout` capability
 ([`mmpe.coords.Graph`][mmpe.coords.graph.Graph], or any class with its members), read only through that protocol.
 
@@ -39,7 +41,9 @@ _PATH_CODES: WeakKeyDictionary[Any, dict[Any, Any]] = WeakKeyDictionary()
 
 
 def spatial_buckets(spd: Tensor, max_distance: int, out: Tensor | None = None) -> Tensor:
-    """Map `spd` codes (`GraphLayout`) to bucket ids (`spd`'s dtype; into `out` where given,
+    """Map `spd` codes to bucket ids.
+
+    Map `spd` codes (`GraphLayout`) to bucket ids (`spd`'s dtype; into `out` where given,
     of `spd`'s shape): hops clipped to `[0, max_distance]`, unreachable → `max_distance + 1`,
     virtual-token pairs → `max_distance + 2`."""
     out = torch.clamp(spd, min=0, max=max_distance, out=out) if out is not None \
@@ -201,7 +205,9 @@ class GraphormerEdge(ScoreEncoding):
 @register("graphormer", hook="score", needs=(GraphLayout, GraphEdges), learnable=True, family="graph",
           paper=PAPER + ", eqs. 6-7", context=("num_heads",))
 class GraphormerBias(ScoreEncoding):
-    """Graphormer's attention bias `b_φ(v_i, v_j) + c_ij`: [`GraphormerSpatial`][mmpe.encodings.graphormer.GraphormerSpatial] plus
+    """Graphormer's attention bias: spatial plus edge terms.
+
+    Graphormer's attention bias `b_φ(v_i, v_j) + c_ij`: [`GraphormerSpatial`][mmpe.encodings.graphormer.GraphormerSpatial] plus
     [`GraphormerEdge`][mmpe.encodings.graphormer.GraphormerEdge] (skipped with `use_edges=False`). Use it with
     `graphormer_centrality` (input hook) for the paper's full set of encodings.
 

@@ -47,7 +47,9 @@ OFF_CENTRE = 0.25
 
 
 def cell_offsets(lat: Tensor, lon: Tensor, n_lat: int, n_lon: int) -> Tensor:
-    """How far each point lies from the centre of its [`latlon_cells`][mmpe.encodings.latlon_grid.latlon_cells]
+    """How far each point lies from the centre of its grid cell, in cells.
+
+    How far each point lies from the centre of its [`latlon_cells`][mmpe.encodings.latlon_grid.latlon_cells]
     cell, in cells (the larger of the latitude and longitude offsets, in `[0, ½]`), float64."""
     lat64, lon64 = lat.detach().to(torch.float64), lon.detach().to(torch.float64)
     i, j = latlon_cells(lat64, lon64, n_lat, n_lon)

@@ -26,7 +26,9 @@ LIERE_INITS = ("rope", "random")
           "(arXiv:2406.10322), §3: R(x) = exp(Σ_a x_a A_a), A_a learned skew-symmetric",
     context=("head_dim", "num_axes", "num_heads"))
 class LieRE(SavesSettings, LearnedRotation):
-    """LieRE (Ostmeier et al. 2024): `R(x) = exp(Σ_a x_a A_a)` with learned skew-symmetric
+    """LieRE: rotations by the exponential of learned skew-symmetric generators.
+
+    LieRE (Ostmeier et al. 2024): `R(x) = exp(Σ_a x_a A_a)` with learned skew-symmetric
     generators `A_1 … A_A`, applied to queries and keys, for any number of axes.
 
     RoPE is the special case where the `A_a` are block-diagonal 2×2 rotations with fixed

@@ -42,7 +42,9 @@ def p_rope_inv_freq(head_dim: int, p: float, base: float = 10000.0) -> Tensor:
     paper="Barbero et al. 2025, Round and Round We Go! What makes Rotary Positional Encodings "
           "useful? (ICLR 2025, arXiv:2410.06205), §6 (p-RoPE)", context=("head_dim",))
 class PRoPE(RoPE):
-    """p-RoPE: only the highest-frequency fraction `p` of RoPE's pairs rotate (Barbero et al.
+    """p-RoPE: only the highest-frequency fraction `p` of RoPE's pairs rotate.
+
+    p-RoPE: only the highest-frequency fraction `p` of RoPE's pairs rotate (Barbero et al.
     2025, §6).
 
     The paper's convention: `p` is the fraction of frequencies **kept**; 1-RoPE is RoPE and

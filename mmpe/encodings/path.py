@@ -26,7 +26,9 @@ W_RANK = 32
 
 
 def householder_rows(x: Tensor, w: Tensor, beta: Tensor, rows: Tensor | None = None) -> Tensor:
-    """`H x = x − β (wᵀx) w` applied to every row of `x [..., m, d]` (or only to the rows where
+    """A Householder-like transform applied to every row of `x`.
+
+    `H x = x − β (wᵀx) w` applied to every row of `x [..., m, d]` (or only to the rows where
     `rows [m]` is True), for one transform per leading index: `w [..., d]`, `beta [...]`."""
     coef = beta.unsqueeze(-1) * (x @ w.unsqueeze(-1)).squeeze(-1)  # [..., m]
     if rows is not None:
@@ -65,7 +67,9 @@ def _within_block(q: Tensor, k: Tensor, w: Tensor, beta: Tensor
 def path_logits(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, *,
                 chunk_size: int = CHUNK_SIZE, states: bool = False
                 ) -> Tensor | tuple[Tensor, Tensor, Tensor, Tensor]:
-    """PaTH's bilinear form `L_ij = k_jᵀ (H_{j+1} ⋯ H_i) q_i = q_iᵀ H_i ⋯ H_{j+1} k_j`
+    """PaTH's bilinear form of queries and keys.
+
+    PaTH's bilinear form `L_ij = k_jᵀ (H_{j+1} ⋯ H_i) q_i = q_iᵀ H_i ⋯ H_{j+1} k_j`
     (`j ≤ i`; `H_t = I − β_t w_t w_tᵀ`; the empty product for `j = i`), unscaled, by the
     blockwise algorithm: O(n²·d + n·d²) time, no `d × d` matrix per pair.
 
@@ -162,7 +166,9 @@ def _check_in_order(name: str, scores: Tensor, ctx: AttentionContext) -> None:
           "Encoding via Accumulating Householder Transformations (NeurIPS; arXiv:2505.16381)",
     context=("d_model", "num_heads", "head_dim"))
 class PaTH(KernelEncoding):
-    """PaTH attention (Yang et al. 2025): data-dependent Householder-like transforms between
+    """PaTH attention: data-dependent Householder-like transforms.
+
+    PaTH attention (Yang et al. 2025): data-dependent Householder-like transforms between
     key and query in place of RoPE's fixed rotations.
 
     `A_ij ∝ exp(k_jᵀ (H_{j+1} H_{j+2} ⋯ H_i) q_i / √h_d)` for `j ≤ i` (the paper's eq.; for
@@ -248,7 +254,9 @@ class PaTH(KernelEncoding):
     # ------------------------------------------------------------------ the transforms
     def transforms(self, x: Tensor, ctx: AttentionContext, tail: tuple | None = None
                    ) -> tuple[Tensor, Tensor, tuple | None]:
-        """`w [b, n_h, s, h_d]` (unit rows), `β [b, n_h, s]` (0 at padded tokens) for the
+        """The transforms' directions and strengths for the layer input `x`.
+
+        `w [b, n_h, s, h_d]` (unit rows), `β [b, n_h, s]` (0 at padded tokens) for the
         layer input `x [b, s, d_model]` of the last `s` keys, float32 (float64 stays), and what
         the convolution of the next cached step continues from (`tail`: the previous one).
 
@@ -329,7 +337,9 @@ class PaTH(KernelEncoding):
 
     # ------------------------------------------------------------------ attention
     def logits(self, ctx: AttentionContext) -> Tensor:
-        """Scaled PaTH logits `[b, n_h, n_q, n_k]` (float32, float64 kept) of the context's
+        """Scaled PaTH logits of the context's queries and keys.
+
+        Scaled PaTH logits `[b, n_h, n_q, n_k]` (float32, float64 kept) of the context's
         queries and keys, the gate decay added for `path_fox`; entries the mask removes are
         unspecified. With a cache, extends the cache's state by this step."""
         q, k, x, cache = ctx.q, ctx.k, ctx.x, ctx.cache
@@ -403,7 +413,9 @@ class PaTH(KernelEncoding):
                              f"({tokens})")
 
     def weights(self, scores: Tensor, ctx: AttentionContext) -> Tensor:
-        """Attention probabilities `[b, n_h, n_q, n_k]` (float32) for the math path's masked
+        """Attention probabilities for the math path's masked logits.
+
+        Attention probabilities `[b, n_h, n_q, n_k]` (float32) for the math path's masked
         logits `scores` (which carry the mask and the layer's other score terms)."""
         self.check(ctx)
         _check_in_order(self._name, scores, ctx)

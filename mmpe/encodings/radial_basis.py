@@ -1,4 +1,6 @@
-"""Radial bases with smooth cutoffs as a per-head distance bias: SchNet's Gaussians, DimeNet's
+"""Radial bases with smooth cutoffs as a per-head distance bias.
+
+Radial bases with smooth cutoffs as a per-head distance bias: SchNet's Gaussians, DimeNet's
 Bessel functions.
 
 Both expand the distance `d` of two tokens into `K` smooth features that vanish, with their
@@ -36,7 +38,9 @@ def cosine_cutoff(d: Tensor, cutoff: float) -> Tensor:
 
 
 def polynomial_envelope(x: Tensor, p: int = 6) -> Tensor:
-    """DimeNet's envelope `u(x) = 1 − (p+1)(p+2)/2·x^p + p(p+2)·x^{p+1} − p(p+1)/2·x^{p+2}`
+    """DimeNet's polynomial envelope.
+
+    DimeNet's envelope `u(x) = 1 − (p+1)(p+2)/2·x^p + p(p+2)·x^{p+1} − p(p+1)/2·x^{p+2}`
     for `x = d/c < 1`, 0 beyond (Gasteiger et al. 2020, eq. 8; `p = 6`).
 
     `u(0) = 1` and `u(1) = u'(1) = u''(1) = 0` for every `p ≥ 1`.

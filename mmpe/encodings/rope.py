@@ -49,12 +49,14 @@ def rope_cos_sin(positions: Tensor, inv_freq: Tensor, scale: float = 1.0,
 
 
 #: Input dtypes rotated in their own dtype, with cos/sin tables rounded to it (see
-#: :func:`rotation_dtype`); every other dtype is rotated in float32 (float64 in float64).
+#: `rotation_dtype`); every other dtype is rotated in float32 (float64 in float64).
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
 def rotation_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype of the cos/sin tables (and so of the arithmetic, see [`apply_rotary`][mmpe.encodings.rope.apply_rotary]) with
+    """The dtype of the cos/sin tables with which RoPE rotates a tensor of `dtype`.
+
+    The dtype of the cos/sin tables (and so of the arithmetic, see [`apply_rotary`][mmpe.encodings.rope.apply_rotary]) with
     which RoPE rotates a tensor of `dtype`.
 
     bfloat16 and float16 are rotated in their own dtype: the output is rounded to that dtype
@@ -225,7 +227,9 @@ def _rotate_functional(x: Tensor, cos: Tensor, sin: Tensor, half: int, interleav
 
 
 def same_positions(a: Tensor, b: Tensor) -> bool:
-    """Whether `a` and `b` are views of the same memory with the same shape and strides
+    """Whether `a` and `b` are views of the same memory with the same layout.
+
+    Whether `a` and `b` are views of the same memory with the same shape and strides
     (so hold the same values) — e.g. a grid's or an uncached sequence's query and key
     positions. Compares metadata only (no device read); always False under `torch.compile`,
     where fake tensors have no addresses (the compiler shares the work itself)."""
@@ -267,7 +271,7 @@ class RoPE(SavesSettings, RotaryEncoding):
     """
 
     #: what changes the rotation without being a tensor: saved in the state_dict and checked
-    #: on load (:mod:`mmpe.encodings._state`); the scalings extend it.
+    #: on load (`mmpe.encodings._state`); the scalings extend it.
     saved_settings = ("base", "rotary_dim", "interleaved")
 
     def __init__(
@@ -305,14 +309,18 @@ class RoPE(SavesSettings, RotaryEncoding):
     cache_limit = 1 << 16
 
     def freq_key(self, seq_len: int) -> object:
-        """What the frequencies depend on besides the constructor's arguments: nothing for
+        """What the frequencies depend on besides the constructor's arguments.
+
+        What the frequencies depend on besides the constructor's arguments: nothing for
         fixed-frequency RoPE; dynamic scalings return the length they adapt to. Part of the
         cos/sin table's key (with the frequencies themselves, the scaling and the device)."""
         return None
 
     def cos_sin(self, positions: Tensor, inv_freq: Tensor, top: int,
                 dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
-        """`cos`/`sin` `[*positions.shape, rotary_dim/2]` in `dtype` of integer
+        """`cos`/`sin` of integer `positions`, gathered from a cached table.
+
+        `cos`/`sin` `[*positions.shape, rotary_dim/2]` in `dtype` of integer
         `positions` (`top` = max position + 1), gathered from a cached table.
 
         The table covers positions `0 … size−1` (a power of two ≥ `top`, ≥ 256), is built
@@ -344,7 +352,9 @@ class RoPE(SavesSettings, RotaryEncoding):
 
     def qk_cos_sin(self, qpos: Tensor, kpos: Tensor, inv_freq: Tensor, top: int,
                    qdtype: torch.dtype, kdtype: torch.dtype) -> tuple[Tensor, ...]:
-        """`(qcos, qsin, kcos, ksin)` for query and key positions in the dtypes that rotate
+        """The cos/sin tables of the query and key positions.
+
+        `(qcos, qsin, kcos, ksin)` for query and key positions in the dtypes that rotate
         them: one gather of cos and sin together from the cached table, shared by `q` and `k`
         where they have the same positions and dtype (self-attention without a cache); the
         numbers of

@@ -157,7 +157,9 @@ class AxialRoPE(SavesSettings, RotaryEncoding):
     cache_size = 8
 
     def phase(self, coords: Coordinates, keys: bool = False, n_keys: int | None = None) -> Tensor:
-        """`[n, h_d/2]` (or `[b, n, h_d/2]`) rotation angles of the query (or the last
+        """Rotation angles of the query (or key) tokens.
+
+        `[n, h_d/2]` (or `[b, n, h_d/2]`) rotation angles of the query (or the last
         `n_keys` key) tokens (float64, radians)."""
         pos = newest_key_positions(coords, n_keys) if keys else coords.query_positions
         if self.num_axes is not None and pos.shape[-1] != self.num_axes:
@@ -173,7 +175,9 @@ class AxialRoPE(SavesSettings, RotaryEncoding):
 
     def cos_sin(self, coords: Coordinates, keys: bool = False, n_keys: int | None = None,
                 dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
-        """`cos`/`sin` of [`phase`][mmpe.encodings.rope_axial.AxialRoPE.phase] (float64 phases, rounded once to `dtype`), each
+        """`cos`/`sin` of `phase`.
+
+        `cos`/`sin` of [`phase`][mmpe.encodings.rope_axial.AxialRoPE.phase] (float64 phases, rounded once to `dtype`), each
         `[n, h_d/2]` (`[b, n, h_d/2]` for batched positions).
 
         On an mmpe [`Grid`][mmpe.coords.grid.Grid] the query tables are cached per (shape, scale,

@@ -135,7 +135,9 @@ class FrameAveragedRoPE(SavesSettings, ContentScoreEncoding):
         self.num_axes = num_axes
 
     def frame_positions(self, coords: Coordinates) -> tuple[Tensor, Tensor]:
-        """The queries' and keys' positions in the PCA frame and its negation,
+        """The queries' and keys' positions in the PCA frame and its negation.
+
+        The queries' and keys' positions in the PCA frame and its negation,
         `y^± = ±Vᵀ(x − t)`: `[b or 1, 2, n_q, A]` and `[b or 1, 2, n_k, A]` (float64)."""
         self.check_coords(coords)
         qpos, kpos = coords.query_positions, coords.key_positions
@@ -195,7 +197,9 @@ class FrameAveragedRoPE(SavesSettings, ContentScoreEncoding):
         return mod
 
     def scores(self, q: Tensor, k: Tensor, coords: Coordinates) -> Tensor:
-        """The frame-averaged RoPE score `s(q, k)` `[b, n_h, n_q, n_k]` (float32), for
+        """The frame-averaged RoPE score, for analysis.
+
+        The frame-averaged RoPE score `s(q, k)` `[b, n_h, n_q, n_k]` (float32), for
         analysis: `q` `[b, n_h, n_q, h_d]`, `k` `[b, n_h, n_k, h_d]`."""
         ctx = AttentionContext(coords, q.shape[1], q.shape[-1], q.shape[0], q=q, k=k)
         self.check_context(ctx)

@@ -93,7 +93,9 @@ class MixedRoPE(KeepDtype, RotaryEncoding):
     keep_dtype = ("freqs",)
 
     def phase(self, coords: Coordinates, keys: bool = False, n_keys: int | None = None) -> Tensor:
-        """`[n_h, n, h_d/2]` (`[b, n_h, n, h_d/2]` for batched positions) angles
+        """Rotation angles of the query (or key) tokens.
+
+        `[n_h, n, h_d/2]` (`[b, n_h, n, h_d/2]` for batched positions) angles
         `Σ_a p_a θ^a` of the query (or key) tokens (float32, float64 for float64 positions
         such as absolute time stamps; differentiable in `freqs`)."""
         pos = newest_key_positions(coords, n_keys) if keys else coords.query_positions

@@ -31,7 +31,9 @@ from mmpe.validation import check_laplacian_normalization
 
 
 class DenseGIN(nn.Module):
-    """GIN layers on padded dense adjacencies (Xu et al. 2019, eq. 4.1, sum aggregation;
+    """GIN layers on padded dense adjacencies.
+
+    GIN layers on padded dense adjacencies (Xu et al. 2019, eq. 4.1, sum aggregation;
     PyG's `DenseGINConv` with a learnable `ε`): `h ← MLP((1 + ε) h + A h)` per layer.
 
     `forward(h [b, n, k, c_in], adj [b, n, n]) -> [b, n, k, hidden]`: the `k` axis holds

@@ -165,7 +165,9 @@ class SinCosGrid(SavesSettings, InputEncoding):
     cache_size = 8
 
     def positions(self, coords: Coordinates) -> Tensor:
-        """Positions used for the embedding: `[prod(shape), A]` grid tokens on a grid (prefix
+        """Positions used for the embedding.
+
+        Positions used for the embedding: `[prod(shape), A]` grid tokens on a grid (prefix
         tokens excluded), else every token's `[n, A]` or `[b, n, A]`."""
         if isinstance(coords, GridLayout):
             pos = coords.query_positions[coords.prefix_tokens:]
@@ -179,7 +181,9 @@ class SinCosGrid(SavesSettings, InputEncoding):
         return pos
 
     def axis_positions(self, grid: Grid) -> list[Tensor]:
-        """[`positions`][mmpe.encodings.sincos.SinCosGrid.positions] of an mmpe `Grid` as one `[s_a]` vector per axis (its
+        """The positions of an mmpe `Grid` as one vector per axis.
+
+        [`positions`][mmpe.encodings.sincos.SinCosGrid.positions] of an mmpe `Grid` as one `[s_a]` vector per axis (its
         positions are the cartesian product of these), with the same float32 arithmetic."""
         cells = grid.query_positions[grid.prefix_tokens:].reshape(*grid.shape, len(grid.shape))
         out = []
@@ -193,7 +197,9 @@ class SinCosGrid(SavesSettings, InputEncoding):
         return out
 
     def table(self, coords: Coordinates) -> Tensor:
-        """The embedding, `[n, d_model]` (`[b, n, d_model]` for batched positions) float32,
+        """The embedding, computed on every call.
+
+        The embedding, `[n, d_model]` (`[b, n, d_model]` for batched positions) float32,
         computed on every call (float64 phases; no cache)."""
         if type(coords) is Grid:  # separable positions: per-axis tables, same numbers
             pe = sincos_separable(self.axis_positions(coords), self.d_model, self.temperature,

@@ -74,7 +74,9 @@ class SPE(SavesSettings, ScoreEncoding):
         self.phi = nn.Sequential(nn.Linear(1, hidden), nn.ReLU(), nn.Linear(hidden, num_heads))
 
     def pair_bias(self, vecs: Tensor, vals: Tensor, mask: Tensor) -> Tensor:
-        """`vecs [b, n, k]`, `vals [b, k]`, column mask `[b, k]` → `Z [b, n_h, n, n]` float32
+        """SPE's pair bias from the eigenvectors and eigenvalues.
+
+        `vecs [b, n, k]`, `vals [b, k]`, column mask `[b, k]` → `Z [b, n_h, n, n]` float32
         (`φ` upcast to float32)."""
         if mask.numel() and not torch.compiler.is_compiling():
             # only the columns some graph has: a k past every graph's spectrum then gives the

@@ -15,7 +15,9 @@ from mmpe.registry import register
 
 
 def cayley(s: Tensor) -> Tensor:
-    """`P = (I − S)(I + S)⁻¹` of skew-symmetric `S` `[..., d, d]`: orthogonal with
+    """The Cayley transform of a skew-symmetric `S`.
+
+    `P = (I − S)(I + S)⁻¹` of skew-symmetric `S` `[..., d, d]`: orthogonal with
     determinant 1 (`I + S` is always invertible: `S`'s eigenvalues are imaginary).
     `S = 0` gives `P = I`."""
     eye = torch.eye(s.shape[-1], dtype=s.dtype, device=s.device)
@@ -31,7 +33,9 @@ def cayley(s: Tensor) -> Tensor:
           "P = (I − S)(I + S)⁻¹",
     context=("head_dim", "num_axes", "num_heads"))
 class StringRoPE(SavesSettings, LearnedRotation):
-    """Cayley-STRING (Schenck et al. 2025): `R(x) = P · RoPE(x) · Pᵀ` with a learned orthogonal
+    """Cayley-STRING: RoPE conjugated by a learned orthogonal matrix.
+
+    Cayley-STRING (Schenck et al. 2025): `R(x) = P · RoPE(x) · Pᵀ` with a learned orthogonal
     `P = (I − S)(I + S)⁻¹` (`S` learned skew-symmetric, dense over `h_d`) and a RoPE whose
     per-axis frequencies are learned.
 
@@ -101,7 +105,9 @@ class StringRoPE(SavesSettings, LearnedRotation):
         return cayley(skew(self.s.to(dtype), self.head_dim))
 
     def transform(self, positions: Tensor, work: torch.dtype) -> object:
-        """`(P [1, H_r, h_d, h_d], cos, sin [1 or B, H_r, n, h_d/2])` of positions `[n, A]` or
+        """The orthogonal matrix and the cos/sin tables of positions.
+
+        `(P [1, H_r, h_d, h_d], cos, sin [1 or B, H_r, n, h_d/2])` of positions `[n, A]` or
         `[B, n, A]`."""
         # Phases in float64, reduced modulo 2π, then cos/sin rounded once (as RoPE): a float32
         # phase is off by ~1e-2 rad at position 1e5.

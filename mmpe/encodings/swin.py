@@ -20,7 +20,9 @@ from mmpe.registry import register
 
 
 def offset_index(grid, q_idx: Tensor, kv_idx: Tensor, prefix_entries: bool = True) -> Tensor:
-    """Swin's relative position index of each pair (int64, the broadcast of `q_idx` and
+    """Swin's relative position index of each pair.
+
+    Swin's relative position index of each pair (int64, the broadcast of `q_idx` and
     `kv_idx`, token indices of `grid`, a `GridLayout`).
 
     `index(q, k) = Σ_a (c_{q,a} − c_{k,a} + s_a − 1) · Π_{b>a} (2 s_b − 1)` — the offset, shifted to
@@ -42,7 +44,9 @@ def offset_index(grid, q_idx: Tensor, kv_idx: Tensor, prefix_entries: bool = Tru
 
 
 def relative_position_index(shape: tuple[int, ...], prefix_tokens: int = 0) -> Tensor:
-    """[`offset_index`][mmpe.encodings.swin.offset_index] of every pair of a grid of `shape`
+    """Swin's relative position index of every pair of a grid.
+
+    [`offset_index`][mmpe.encodings.swin.offset_index] of every pair of a grid of `shape`
     (row-major tokens after `prefix_tokens`), `[n, n]` int64. In 2D equals timm's
     `gen_relative_position_index`."""
     grid = Grid(tuple(shape), prefix_tokens=prefix_tokens)
@@ -51,7 +55,9 @@ def relative_position_index(shape: tuple[int, ...], prefix_tokens: int = 0) -> T
 
 
 def offset_table_mod(grid, table: Tensor, prefix_entries: bool) -> ScoreMod:
-    """`score + table[index(q, k), h]` with [`offset_index`][mmpe.encodings.swin.offset_index]
+    """A `score_mod` that adds `table[index(q, k), h]`.
+
+    `score + table[index(q, k), h]` with [`offset_index`][mmpe.encodings.swin.offset_index]
     computed per pair.
 
     `table` `[Π (2 s_a − 1) (+3), n_h]` for `grid.shape`. Pairs involving a prefix token

@@ -114,7 +114,9 @@ class T5RelativeBias(SavesSettings, ScoreEncoding):
         self.table = nn.Parameter(torch.zeros(num_buckets, num_heads))
 
     def buckets(self, ctx: AttentionContext, q_idx: Tensor, kv_idx: Tensor, b: Tensor) -> Tensor:
-        """Bucket of each pair (int64, broadcast of the indices), from the coordinates'
+        """The bucket of each pair.
+
+        Bucket of each pair (int64, broadcast of the indices), from the coordinates'
         relation or, without a direction, their distance."""
         coords = ctx.coords
         pair = coords.relation if isinstance(coords, Directed) else coords.distance
@@ -141,7 +143,9 @@ class T5RelativeBias(SavesSettings, ScoreEncoding):
         return bidirectional
 
     def relation_term(self, ctx: AttentionContext) -> Term:
-        """`term(relation, h) = B[bucket(−relation), h]` (key − query, T5's sign); on undirected
+        """T5's term of a relation: its bucket's learned bias.
+
+        `term(relation, h) = B[bucket(−relation), h]` (key − query, T5's sign); on undirected
         coordinates, of a distance `d`, `B[bucket(−round(d / unit)), h]`. `score_mod` is
         derived from it."""
         table, bucket = self.table, self._bucket_of(ctx.coords)

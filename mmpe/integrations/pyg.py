@@ -150,7 +150,9 @@ class _GraphTransform(BaseTransform):
 
 @functional_transform("mmpe_shortest_paths")
 class AddShortestPaths(_GraphTransform):
-    """Attach all-pairs shortest-path hops and, with `edge_hops > 0`, the edge features along
+    """Attach all-pairs shortest-path hops and path edge features.
+
+    Attach all-pairs shortest-path hops and, with `edge_hops > 0`, the edge features along
     each path (Graphormer's spatial and edge encodings, Ying et al. 2021 eqs. 6-7, read them).
 
     Writes `{attr_name} [n²]` (hops, unclipped, −1: unreachable; int64; from
@@ -215,7 +217,9 @@ class AddShortestPaths(_GraphTransform):
 
 @functional_transform("mmpe_laplacian_pe")
 class AddLaplacianPE(_GraphTransform):
-    """Attach `k` Laplacian eigenvectors `[n, k]` float32 as `attr_name`
+    """Attach `k` Laplacian eigenvectors as `attr_name`.
+
+    Attach `k` Laplacian eigenvectors `[n, k]` float32 as `attr_name`
     ([`mmpe.graph_maths.laplacian_pe`][mmpe.graph_maths.laplacian_pe]: LapPE, Dwivedi & Bresson 2020; deterministic
     signs, zero columns when the graph has fewer than `k + 1` nodes).
 
@@ -243,7 +247,9 @@ class AddLaplacianPE(_GraphTransform):
         return data
 
     def forward_many(self, data_list: Sequence[Data]) -> list[Data]:
-        """As `[self(d) for d in data_list]` up to eigenvector rotations within repeated
+        """The transform of every graph of `data_list`, at once.
+
+        As `[self(d) for d in data_list]` up to eigenvector rotations within repeated
         eigenvalues ([`mmpe.graph_maths.batched_laplacian_pe`][mmpe.graph_maths.batched_laplacian_pe]: stacked dense `eigh`)."""
         out, ei, batch, count = _collate(data_list, "AddLaplacianPE")
         pes = batched_laplacian_pe(ei, batch, self.k, self.normalization, num_graphs=count)
@@ -258,7 +264,9 @@ class AddLaplacianPE(_GraphTransform):
 
 @functional_transform("mmpe_rwse")
 class AddRWSE(_GraphTransform):
-    """Attach random-walk return probabilities `[n, k]` float32 as `attr_name`
+    """Attach random-walk return probabilities as `attr_name`.
+
+    Attach random-walk return probabilities `[n, k]` float32 as `attr_name`
     ([`mmpe.graph_maths.random_walk_pe`][mmpe.graph_maths.random_walk_pe]: RWSE, Dwivedi et al. 2022).
 
     Raises:
@@ -292,7 +300,9 @@ class AddRWSE(_GraphTransform):
 
 @functional_transform("mmpe_degree")
 class AddDegree(_GraphTransform):
-    """Attach in- and out-degrees `[n]` (int64, duplicate edges counted once;
+    """Attach in- and out-degrees.
+
+    Attach in- and out-degrees `[n]` (int64, duplicate edges counted once;
     [`mmpe.graph_maths.degrees`][mmpe.graph_maths.degrees]) as `in_attr_name` and `out_attr_name`.
 
     Raises:
@@ -374,7 +384,9 @@ def graph_kwargs(*transforms: Any) -> dict[str, Any]:
 
 
 def precompute_dataset(data_list: Sequence[Data], transforms: Any) -> list[Data]:
-    """Apply `transforms` to every graph of `data_list`, a stage at a time: each mmpe
+    """Apply `transforms` to every graph of `data_list`, a stage at a time.
+
+    Apply `transforms` to every graph of `data_list`, a stage at a time: each mmpe
     transform computes for all graphs at once (`_GraphTransform.forward_many`), any other
     transform runs graph by graph. Equal to `[transforms(d) for d in data_list]` (LapPE up to
     rotations within repeated eigenvalues), many times faster on datasets of small graphs.
@@ -527,7 +539,9 @@ class GraphAttention(nn.Module):
     @classmethod
     def from_multihead(cls, mha: nn.MultiheadAttention, encodings: Sequence[EncodingSpec] = (),
                        **kwargs: Any) -> GraphAttention:
-        """A [`GraphAttention`][mmpe.integrations.pyg.GraphAttention] with the projections of a `torch.nn.MultiheadAttention`
+        """A `GraphAttention` with the projections of a `torch.nn.MultiheadAttention`.
+
+        A [`GraphAttention`][mmpe.integrations.pyg.GraphAttention] with the projections of a `torch.nn.MultiheadAttention`
         (PyG `GPSConv`'s `attn`): without encodings it computes what that module does.
 
         Raises:
@@ -605,7 +619,9 @@ class MMPEGPSConv(GPSConv):
     @classmethod
     def from_gpsconv(cls, gps: GPSConv, encodings: Sequence[EncodingSpec] = (),
                      **kwargs: Any) -> MMPEGPSConv:
-        """A copy of a multi-head `GPSConv` (its conv, MLP, norms and attention weights) with
+        """A copy of a multi-head `GPSConv` with mmpe encodings in the attention.
+
+        A copy of a multi-head `GPSConv` (its conv, MLP, norms and attention weights) with
         mmpe encodings in the attention.
 
         Raises:

@@ -280,7 +280,9 @@ def _split(encodings: Sequence[Encoding]) -> tuple[list, list, list]:
 
 
 class TimmAttention(MultiHeadAttention):
-    """A timm ViT / Eva / BEiT attention with mmpe rotary/score/kernel encodings (replaces
+    """A timm attention with mmpe encodings.
+
+    A timm ViT / Eva / BEiT attention with mmpe rotary/score/kernel encodings (replaces
     `block.attn`).
 
     Reuses the timm module's `qkv` (or `q_proj`/`k_proj`/`v_proj`), `q_bias`/`k_bias`/
@@ -547,7 +549,9 @@ def apply_encoding(
     backend: str = "auto",
     **options: Any,
 ) -> nn.Module:
-    """Replace a timm vision transformer's position handling by mmpe encodings (in place; returns
+    """Replace a timm vision transformer's position handling by mmpe encodings.
+
+    Replace a timm vision transformer's position handling by mmpe encodings (in place; returns
     `model`).
 
     Args:

@@ -82,7 +82,7 @@ __all__ = ["ATTN_IMPLEMENTATION", "HFRotary", "ROPE_TYPES", "apply_score_encodin
 ROPE_TYPES = {"default": "rope", "linear": "rope_pi", "dynamic": "rope_dynamic_ntk",
               "yarn": "rope_yarn", "longrope": "rope_longrope", "llama3": "rope_llama3"}
 _ALIASES = {"su": "longrope"}  # Phi-3's first name for LongRoPE (v4 configs)
-#: the name under which :func:`register_attention` registers the attention and mask functions.
+#: the name under which `register_attention` registers the attention and mask functions.
 ATTN_IMPLEMENTATION = "mmpe"
 
 EncodingSpec = str | Mapping[str, Any] | Encoding
@@ -301,7 +301,9 @@ def to_hf_rope(encoding: RoPE) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- layer schedules
 def layer_schedule_from_hf(config: Any) -> LayerSchedule:
-    """The [`LayerSchedule`][mmpe.schedule.LayerSchedule] of an HF transformers text config (v5
+    """The `LayerSchedule` of an HF transformers text config.
+
+    The [`LayerSchedule`][mmpe.schedule.LayerSchedule] of an HF transformers text config (v5
     names), layer by layer (a `PretrainedConfig` or its `config.json` as a dict).
 
     Reads `num_hidden_layers`; `layer_types` (`"sliding_attention"` → `window =
@@ -455,7 +457,9 @@ def _scaled_rope_spec(params: dict[str, Any], head_dim: int | None, max_pos: int
 
 # ----------------------------------------------------------------------------- rotary module
 class HFRotary(nn.Module):
-    """Drop-in for HF's `LlamaRotaryEmbedding` (and its copies in Qwen2, Mistral …) from an mmpe
+    """Drop-in for HF's `LlamaRotaryEmbedding` from an mmpe rotary encoding.
+
+    Drop-in for HF's `LlamaRotaryEmbedding` (and its copies in Qwen2, Mistral …) from an mmpe
     rotary encoding, with float64 phases.
 
     `forward(x, position_ids) -> (cos, sin)`, each `[b, s, rotary_dim]` (the two halves
@@ -832,7 +836,9 @@ def _mask_function() -> Callable[..., Any]:
 
 
 def register_attention(name: str = ATTN_IMPLEMENTATION) -> str:
-    """Register [`mmpe_attention_forward`][mmpe.integrations.transformers.mmpe_attention_forward] and a boolean mask function under `name` with
+    """Register mmpe's attention and mask functions with HF transformers.
+
+    Register [`mmpe_attention_forward`][mmpe.integrations.transformers.mmpe_attention_forward] and a boolean mask function under `name` with
     `transformers.AttentionInterface` and `AttentionMaskInterface` (idempotent).
 
     Without a registered mask function HF passes *no* mask to a custom attention function

@@ -1,4 +1,6 @@
-"""Context parallelism: sequences longer than one device holds, sharded over a process group
+"""Context parallelism over a process group.
+
+Context parallelism: sequences longer than one device holds, sharded over a process group
 with their **global** positions.
 
 ```python

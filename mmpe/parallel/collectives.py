@@ -62,7 +62,9 @@ class _AllGather(torch.autograd.Function):
 
 
 def gather_tokens(t: Tensor, dim: int, group: dist.ProcessGroup | None, layout: str) -> Tensor:
-    """Every rank's `t` concatenated along `dim` in sequence order (differentiable, on any
+    """Every rank's `t` concatenated along `dim` in sequence order.
+
+    Every rank's `t` concatenated along `dim` in sequence order (differentiable, on any
     subgroup of the world).
 
     Shapes: `t [..., n/W, ...]` (the `dim` axis holds this rank's tokens) -> `[..., n, ...]`.

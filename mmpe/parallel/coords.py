@@ -118,7 +118,9 @@ class ShardedCoords(Coordinates):
 
     def check_encodings(self, encodings: Iterable[Any], *, window: Any = None,
                         cache: Any = None) -> None:
-        """Refuse, by name and with the reason, what a shard cannot run: a key/value cache, a
+        """Refuse, by name and with the reason, what a shard cannot run.
+
+        Refuse, by name and with the reason, what a shard cannot run: a key/value cache, a
         local window, an encoding that declares a
         [`shard_refusal`][mmpe.encodings.base.Encoding.shard_refusal], and one whose needs a
         shard does not offer (per-token layout tables).
@@ -148,14 +150,18 @@ class ShardedCoords(Coordinates):
         return self.full.num_keys if tokens == self.num_queries else tokens * self.world_size
 
     def gather_keys(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Every rank's keys and values in sequence order, `[b, n_kv, n, h_d]` from this
+        """Every rank's keys and values in sequence order.
+
+        Every rank's keys and values in sequence order, `[b, n_kv, n, h_d]` from this
         rank's `[b, n_kv, n/W, h_d]` (differentiable: a key's gradient is summed back onto
         the rank that owns it)."""
         return (gather_tokens(k, 2, self.group, self.layout),
                 gather_tokens(v, 2, self.group, self.layout))
 
     def row_blocks(self, batch: int, length_dependent: bool) -> list[RowBlock] | None:
-        """On a plain causal `Sequence` (implicit positions, no documents or padding): per
+        """The rank's queries in causal chunks, each on a `Sequence` of its own.
+
+        On a plain causal `Sequence` (implicit positions, no documents or padding): per
         contiguous chunk of the rank's queries, `Sequence(c, offset=start, causal=True)` —
         the key/value cache's coordinates, queries `start … start+c−1` after the keys before
         them — with the keys cut at `stop = start + c` (later keys are masked): the routes see
@@ -261,7 +267,9 @@ def shard(coords: Coordinates, group: dist.ProcessGroup | None = None,
 
 
 def unshard(x: Tensor, coords: ShardedCoords, dim: int = 1) -> Tensor:
-    """Every rank's tokens of `x` in sequence order (differentiable; for evaluation, losses
+    """Every rank's tokens of `x` in sequence order.
+
+    Every rank's tokens of `x` in sequence order (differentiable; for evaluation, losses
     over the whole sequence, or checks).
 
     Shapes: `x [..., n/W, ...]` along `dim` -> `[..., n, ...]`.
@@ -285,7 +293,9 @@ def _check_unshard(x: Tensor, coords: ShardedCoords, dim: int) -> None:
 
 
 def unshard_for_loss(x: Tensor, coords: ShardedCoords, dim: int = 1) -> Tensor:
-    """Every rank's tokens of `x` in sequence order, for a loss that **every rank** computes
+    """Every rank's tokens of `x` in sequence order, for a loss every rank computes.
+
+    Every rank's tokens of `x` in sequence order, for a loss that **every rank** computes
     alike over the whole sequence (a sequence-level objective, a global normalisation).
 
     With [`unshard`][mmpe.parallel.coords.unshard] such a loss counts `W` times: each of the

@@ -1,4 +1,6 @@
-"""FSDP2 (`torch.distributed.fsdp.fully_shard`) on an mmpe `Transformer`: every block, then the
+"""FSDP2 on an mmpe `Transformer`.
+
+FSDP2 (`torch.distributed.fsdp.fully_shard`) on an mmpe `Transformer`: every block, then the
 root, with the encodings the blocks share sharded once, by the root.
 
 A `Transformer` shares one set of score and rotary encodings across its blocks by default
@@ -37,7 +39,9 @@ def shared_modules(model: nn.Module) -> list[nn.Module]:
 
 
 def fully_shard_transformer(model: nn.Module, mesh: Any = None, **fsdp_options: Any) -> nn.Module:
-    """Shard `model` (an mmpe `Transformer`) with FSDP2 over `mesh`: each block, then the root
+    """Shard `model` (an mmpe `Transformer`) with FSDP2 over `mesh`.
+
+    Shard `model` (an mmpe `Transformer`) with FSDP2 over `mesh`: each block, then the root
     (embeddings, the final norm and the encodings the blocks share).
 
     Build the model on `meta`, call this, then `model.to_empty(device=...)` and

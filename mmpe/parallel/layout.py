@@ -62,7 +62,9 @@ def shard_index(n: int, world_size: int, rank: int, layout: str = "contiguous",
 
 
 def shard_spans(n: int, world_size: int, rank: int, layout: str) -> list[tuple[int, int]]:
-    """`(start, length)` of each chunk rank `rank` holds, in order (host integers: no device
+    """The `(start, length)` of each chunk rank `rank` holds, in order.
+
+    `(start, length)` of each chunk rank `rank` holds, in order (host integers: no device
     read); `n` as checked by `shard_index`."""
     chunks = chunks_per_rank(layout) * world_size
     size = n // chunks
@@ -72,7 +74,9 @@ def shard_spans(n: int, world_size: int, rank: int, layout: str) -> list[tuple[i
 
 def gather_order(n: int, world_size: int, layout: str,
                  device: torch.device | str | None = None) -> Tensor | None:
-    """The permutation that puts the ranks' tokens, concatenated in rank order, back in
+    """The permutation that puts the ranks' tokens back in sequence order, or None.
+
+    The permutation that puts the ranks' tokens, concatenated in rank order, back in
     sequence order (`[n]` int64), or None where that order already is the sequence's
     (`contiguous`)."""
     if check_layout(layout) == "contiguous":

@@ -1,4 +1,6 @@
-"""What context parallelism refuses: each encoding declares it
+"""What context parallelism refuses, and why.
+
+What context parallelism refuses: each encoding declares it
 ([`shard_refusal`][mmpe.encodings.base.Encoding.shard_refusal], a plugin's too), and a shard
 raises it by name with the reason."""
 

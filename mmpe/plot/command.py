@@ -43,7 +43,9 @@ KINDS = ("auto", "matrix", "similarity", "bias", "row", "decay", "sphere", "grap
 
 
 def parse_option(text: str) -> tuple[str, Any]:
-    """`"key=value"` → `(key, value)`; the value read as a Python literal (`4`, `0.5`,
+    """Parse `"key=value"` into `(key, value)`.
+
+    `"key=value"` → `(key, value)`; the value read as a Python literal (`4`, `0.5`,
     `(14, 14)`, `'x'`), `true`/`false`/`none`/`null`, else kept as a string.
 
     Raises:

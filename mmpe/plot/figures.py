@@ -1,4 +1,6 @@
-"""Figures of encodings on sequences and grids: the matrix `P`, the similarity of position
+"""Figures of encodings on sequences and grids.
+
+Figures of encodings on sequences and grids: the matrix `P`, the similarity of position
 vectors, a score encoding's bias (against distance, or one query's row) and RoPE's decay.
 
 Each function takes a built encoding (or a registry name) and coordinates, returns a
@@ -179,7 +181,9 @@ def plot_bias_vs_distance(enc: ScoreEncoding | str, coords: Coordinates | int | 
                           num_heads: int | None = None, *, max_distance: int = 128,
                           context: Mapping[str, Any] | None = None,
                           path: str | os.PathLike | None = None) -> Figure:
-    """A score encoding's bias against distance, one line per head (ALiBi's slopes, T5's
+    """A score encoding's bias against distance, one line per head.
+
+    A score encoding's bias against distance, one line per head (ALiBi's slopes, T5's
     buckets, KERPLE's logarithm, FIRE's learned curve).
 
     Args:
@@ -243,7 +247,9 @@ def plot_bias_row(enc: ScoreEncoding | str, coords: Coordinates | None = None,
                   checkpoint: str | os.PathLike | None = None, prefix: str | None = None,
                   context: Mapping[str, Any] | None = None,
                   path: str | os.PathLike | None = None) -> Figure:
-    """The bias one query puts on every key, one line per head (Li et al. 2024, FIRE, the
+    """The bias one query puts on every key, one line per head.
+
+    The bias one query puts on every key, one line per head (Li et al. 2024, FIRE, the
     figure of learned biases at query 128).
 
     Args:
@@ -325,7 +331,9 @@ def plot_rotary_decay(encs: Any, max_distance: int = 1024, *, head_dim: int = 12
                       qk: str = "ones", samples: int = 64, seed: int = 0,
                       context: Mapping[str, Any] | None = None, log_x: bool = False,
                       path: str | os.PathLike | None = None) -> Figure:
-    """Rotated `q·k` against relative distance: the long-range decay of Su et al. 2021
+    """Rotated `q·k` against relative distance: RoPE's long-range decay.
+
+    Rotated `q·k` against relative distance: the long-range decay of Su et al. 2021
     (RoFormer §3.4.3, Fig. 2), for the base RoPE and each of its scalings overlaid.
 
     A query at position `max_distance` and keys at `0 … max_distance` all carry the same

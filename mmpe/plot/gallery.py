@@ -1,4 +1,6 @@
-"""What an encoding does, seen from one token: the figures of the docs' modality pages and of
+"""What an encoding does, seen from one token.
+
+What an encoding does, seen from one token: the figures of the docs' modality pages and of
 the attention gallery, drawn from closed forms and freshly built encodings (no training).
 
 | function | figure |
@@ -112,7 +114,9 @@ def _image(ax: Axes, values: np.ndarray, title: str, *, diverging: bool) -> Any:
 
 def plot_query_maps(encodings: Mapping[str, Any], coords: Grid, query: int | None = None, *,
                     path: str | os.PathLike | None = None) -> Figure:
-    """[`query_values`][mmpe.plot.gallery.query_values] of one query over a grid without
+    """One query's values over a grid, a panel per encoding.
+
+    [`query_values`][mmpe.plot.gallery.query_values] of one query over a grid without
     prefix tokens: a panel per encoding on a 2D grid, a row per encoding and a column per frame
     on a `T × H × W` grid. The query (default: the middle cell) is marked with a cross.
 
@@ -151,7 +155,9 @@ def plot_query_maps(encodings: Mapping[str, Any], coords: Grid, query: int | Non
 def plot_sphere_maps(encodings: Mapping[str, Any], lat: float = 48.9, lon: float = 2.4, *,
                      n_lat: int = 45, n_lon: int = 90,
                      path: str | os.PathLike | None = None) -> Figure:
-    """[`query_values`][mmpe.plot.gallery.query_values] of the grid cell nearest to
+    """One grid cell's values on a world map, a panel per encoding.
+
+    [`query_values`][mmpe.plot.gallery.query_values] of the grid cell nearest to
     `(lat, lon)` (degrees; default Paris) on an `n_lat × n_lon` world map, a panel per
     encoding, with coastlines where cartopy has them."""
     from mmpe.plot.sphere import _coastlines
@@ -183,7 +189,9 @@ def plot_sphere_maps(encodings: Mapping[str, Any], lat: float = 48.9, lon: float
 
 
 def has_position_bias(enc: Any, coords: Coordinates) -> bool:
-    """Whether `enc` has a content-free bias on `coords` to draw (Shaw, DeBERTa, CoPE … compute
+    """Whether `enc` has a content-free bias on `coords` to draw.
+
+    Whether `enc` has a content-free bias on `coords` to draw (Shaw, DeBERTa, CoPE … compute
     theirs from the queries and keys: [`plot_bias_gallery`][mmpe.plot.gallery.plot_bias_gallery]
     gives them a panel saying so)."""
     heads = enc.num_heads if isinstance(getattr(enc, "num_heads", None), int) else 4
@@ -196,7 +204,9 @@ def has_position_bias(enc: Any, coords: Coordinates) -> bool:
 
 def plot_bias_gallery(encodings: Mapping[str, Any], coords: Coordinates, *, title: str = "",
                       cols: int = 6, path: str | os.PathLike | None = None) -> Figure:
-    """The content-free bias `[n_q, n_k]` (mean over heads) of score encodings on `coords`, a
+    """The content-free bias of score encodings on `coords`, a panel each.
+
+    The content-free bias `[n_q, n_k]` (mean over heads) of score encodings on `coords`, a
     panel each; masked pairs blank. Encodings with no position-only bias (they need the
     queries and keys: Shaw, DeBERTa, CoPE …) get a panel saying so."""
     cols = max(1, min(cols, len(encodings)))
@@ -221,7 +231,9 @@ def plot_bias_gallery(encodings: Mapping[str, Any], coords: Coordinates, *, titl
 
 def plot_trained_attention(maps: Mapping[str, np.ndarray], *, heads: Mapping[str, list] | None = None,
                            title: str = "", path: str | os.PathLike | None = None) -> Figure:
-    """Attention weights of trained models, `maps[name]` `[layers, n_q, n_k]` (one head per
+    """Attention weights of trained models, side by side.
+
+    Attention weights of trained models, `maps[name]` `[layers, n_q, n_k]` (one head per
     layer, rows summing to 1): the encodings side by side in columns, a row per layer, query
     down and key across, on a square-root colour scale (weak long-range attention stays
     visible).
@@ -276,7 +288,9 @@ def _draw_molecule(ax: Axes, xy: np.ndarray, edges: np.ndarray, values: np.ndarr
 
 def plot_molecule_positions(smiles: str, atom: int = 0, *, k: int = 2, walk: int = 4,
                             path: str | os.PathLike | None = None) -> Figure:
-    """A molecule (SMILES, RDKit's 2D depiction) coloured by its first `k` LapPE eigenvectors,
+    """A molecule coloured by its LapPE, RWSE and spectral positions.
+
+    A molecule (SMILES, RDKit's 2D depiction) coloured by its first `k` LapPE eigenvectors,
     by RWSE's return probability after `walk` steps, and by the shortest-path distance (hops)
     from `atom`, the index of Graphormer's spatial bias for that atom's row."""
     from mmpe.graph_maths import (
@@ -310,7 +324,9 @@ def plot_molecule_positions(smiles: str, atom: int = 0, *, k: int = 2, walk: int
 
 
 def plot_feature_graph(table: Any, *, path: str | os.PathLike | None = None) -> Figure:
-    """A [`Table`][mmpe.coords.table.Table]'s feature graph (features on a circle, edge width
+    """A table's feature graph, nodes coloured by their spectral positions.
+
+    A [`Table`][mmpe.coords.table.Table]'s feature graph (features on a circle, edge width
     ∝ weight), nodes coloured by the first two spectral positions Tab-PET concatenates to the
     feature tokens, next to the hop distances between features (`f` where no path joins them,
     as the coordinates store it)."""
@@ -341,7 +357,9 @@ def plot_feature_graph(table: Any, *, path: str | os.PathLike | None = None) -> 
 
 def plot_distance_kernels(cutoff: float = 5.0, *, num_kernels: int = 8,
                           path: str | os.PathLike | None = None) -> Figure:
-    """The distance features the 3D score encodings map to a per-head bias, against distance
+    """The distance features of the 3D score encodings against distance.
+
+    The distance features the 3D score encodings map to a per-head bias, against distance
     (Å): `gaussian_distance`'s kernels at their initialisation (seed 0), `radial_gaussian`'s
     RBFs × cosine cutoff, `radial_bessel`'s Bessel functions × polynomial envelope."""
     from mmpe import registry

@@ -23,7 +23,9 @@ __all__ = ["plot_graph_eigenvectors"]
 def plot_graph_eigenvectors(graph: str | Graph, k: int | None = None, *, encoding: Any = None,
                             normalization: str | None = "sym",
                             path: str | os.PathLike | None = None) -> Figure:
-    """A graph drawn with its nodes coloured by the first Laplacian eigenvectors (LapPE's
+    """A graph drawn with its nodes coloured by the first Laplacian eigenvectors.
+
+    A graph drawn with its nodes coloured by the first Laplacian eigenvectors (LapPE's
     positions, Dwivedi & Bresson 2020), one panel per eigenvector, eigenvalue in the title.
 
     Args:

@@ -78,7 +78,9 @@ def subplots(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float] = (
 
 
 def save(fig: Figure, path: str | os.PathLike, *, dpi: float = DPI) -> Path:
-    """Write `fig` to `path` (a PNG, or the format of its suffix), making the parent
+    """Write `fig` to `path` and close it.
+
+    Write `fig` to `path` (a PNG, or the format of its suffix), making the parent
     folder, and close it in `pyplot` if it was opened there. Returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -97,7 +99,9 @@ def finish(fig: Figure, path: str | os.PathLike | None, *, dpi: float = DPI) -> 
 
 
 def symmetric_limit(values: np.ndarray) -> float:
-    """`max |value|` over the finite values (1 when there is none or it is 0): the colour
+    """The colour limit of a diverging map centred on 0.
+
+    `max |value|` over the finite values (1 when there is none or it is 0): the colour
     limits `±lim` of a diverging map centred on 0."""
     finite = np.abs(values[np.isfinite(values)])
     return float(finite.max()) if finite.size and finite.max() > 0 else 1.0

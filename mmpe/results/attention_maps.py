@@ -62,14 +62,18 @@ def checkpoint_of(runs: Path, encoding: str, seed: int) -> Path:
 
 
 def entropy(weights: torch.Tensor) -> torch.Tensor:
-    """Mean over queries of each head's attention entropy (nats), `[n_h]`, for
+    """Mean over queries of each head's attention entropy.
+
+    Mean over queries of each head's attention entropy (nats), `[n_h]`, for
     `weights [n_h, n_q, n_k]`."""
     return -(weights * weights.clamp_min(1e-12).log()).sum(-1).mean(-1)
 
 
 def text_maps(runs: Path, encodings: Sequence[str], seed: int = 0, multiple: int = 1, *,
               model: str = MODEL, data: str = DATA) -> dict[str, np.ndarray | str]:
-    """Per encoding, `[depth, n, n]` float16 maps of the most concentrated head per layer on
+    """Attention maps of the text recipe's trained models.
+
+    Per encoding, `[depth, n, n]` float16 maps of the most concentrated head per layer on
     `multiple × L` characters of the test plays from character `SKIP`, plus metadata arrays.
     `model` and `data` are the class paths of the checkpoints' LightningModule and
     LightningDataModule (the text recipe's).

@@ -116,7 +116,9 @@ def read(store: str | Path, bench: str) -> list[dict[str, Any]]:
 
 
 def select(block: BenchBlock, records: list[dict[str, Any]], where: str = "") -> list[dict]:
-    """The runs a block renders: its table, its `host` (else the newest run's), the newest
+    """The runs a block renders.
+
+    The runs a block renders: its table, its `host` (else the newest run's), the newest
     run's config, the newest `runs`.
 
     Raises:

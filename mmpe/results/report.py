@@ -93,7 +93,9 @@ class Block:
 
     @classmethod
     def parse(cls, args: str) -> Block:
-        """`"text setting=default,concat rows=a,b columns=1x,2x plot=docs/img/x.png"`; the
+        """Parse a block's arguments.
+
+        `"text setting=default,concat rows=a,b columns=1x,2x plot=docs/img/x.png"`; the
         word `summary` renders only the best-per-column line (no table); `merge` makes one row
         per encoding of several settings' runs (see `render_table`). Quote a value with
         spaces: `columns="gate attn,gate mlp"`.
@@ -124,7 +126,9 @@ class Block:
 
 
 def lower_is_better(spec: Any, column: str) -> bool:
-    """The direction of one column (`spec.lower_is_better` unless listed in
+    """Whether lower values of one column are better.
+
+    The direction of one column (`spec.lower_is_better` unless listed in
     `spec.higher_is_better`)."""
     return spec.lower_is_better != (column in spec.higher_is_better)
 
@@ -145,7 +149,9 @@ def at_chance(cell: Cell, chance: float | None) -> bool:
 
 def not_learned(spec: Any, summary_row: dict[str, Cell], column: str,
                 records_row: dict[str, Cell] | None = None) -> bool:
-    """Whether `column` is an extrapolation column whose in-distribution cell (in
+    """Whether `column`'s in-distribution cell is stored and below `LEARNED`.
+
+    Whether `column` is an extrapolation column whose in-distribution cell (in
     `records_row`, default `summary_row`) is stored and below `LEARNED`."""
     gate = getattr(spec, "in_distribution", None)
     if gate is None:
@@ -190,7 +196,9 @@ def separated(a: Cell, b: Cell) -> bool:
 def best_in_column(summary: dict[str, dict[str, Cell]], column: str,
                    lower_is_better: bool, chance: float | None = None,
                    skip: Iterable[str] = ()) -> tuple[str | None, bool, list[str]]:
-    """`(best encoding, clear winner?, encodings within noise of the best)`; cells at chance
+    """The best encoding of a column, whether it clearly wins, and its near ties.
+
+    `(best encoding, clear winner?, encodings within noise of the best)`; cells at chance
     ([`at_chance`][mmpe.results.report.at_chance]) and the rows in `skip` take no part."""
     skip = set(skip)
     cells = {e: row[column] for e, row in summary.items()
@@ -322,7 +330,9 @@ def _table(spec: Any, chosen: list[dict[str, Any]], columns: list[str], summary_
 
 
 def chance_line(chance: dict[str, float | None]) -> str:
-    """The legend of `CHANCE_MARK`, with the chance levels of `chance`'s columns (those with a
+    """The legend of `CHANCE_MARK`.
+
+    The legend of `CHANCE_MARK`, with the chance levels of `chance`'s columns (those with a
     marked cell)."""
     levels: dict[str, list[str]] = {}
     for c, level in chance.items():
@@ -378,7 +388,9 @@ def noise_line(marks: dict[str, tuple], lower: dict[str, bool],
 
 
 def best_line(marks: dict[str, tuple], all_chance: dict[str, str] | None = None) -> str:
-    """`"1x: **rope**; 2x: fire, alibi (within noise); 4x: no row above chance."`: per column
+    """The line naming each column's best encoding.
+
+    `"1x: **rope**; 2x: fire, alibi (within noise); 4x: no row above chance."`: per column
     the clear winner, or the best with every row within noise of it; `all_chance` says why a
     column with stored cells has no best."""
     parts, all_chance = [], all_chance or {}
@@ -407,7 +419,9 @@ def series(spec: Any, records: list[dict[str, Any]], setting: str = "default",
 
 
 def draw_bands(ax: Any, summary: dict[str, dict[str, Cell]], columns: list[str]) -> None:
-    """On `ax`, one line per encoding over `columns` (at x = 0, 1, …) with the seeds' sd as a
+    """Draw one line per encoding over `columns`, with the seeds' sd as a band.
+
+    On `ax`, one line per encoding over `columns` (at x = 0, 1, …) with the seeds' sd as a
     band; cells without a mean are left out. The recipes' multi-panel figures share it."""
     import numpy as np
 
@@ -422,7 +436,9 @@ def draw_bands(ax: Any, summary: dict[str, dict[str, Cell]], columns: list[str])
 
 def plot(spec: Any, records: list[dict[str, Any]], path: str | Path, setting: str = "default",
          rows: Iterable[str] | None = None) -> Path:
-    """The recipe's metric per column, one line per encoding, sd error bars (PNG); or the
+    """The recipe's figure.
+
+    The recipe's metric per column, one line per encoding, sd error bars (PNG); or the
     recipe's own figure (`spec.plot`)."""
     from mmpe.plot.results import metric_lines
 
@@ -463,7 +479,9 @@ def seeds_per_row(block: Block, records: list[dict[str, Any]]) -> dict[str, int]
 
 def preliminary_line(block: Block, records: list[dict[str, Any]],
                      command: str | None = None) -> str:
-    """The visible warning under a block marked `preliminary` (fewer seeds than it needs);
+    """The visible warning under a block marked `preliminary`.
+
+    The visible warning under a block marked `preliminary` (fewer seeds than it needs);
     `command` stores more runs (default `mmpe compare <recipe> --store results`)."""
     fewest = min(seeds_per_row(block, records).values(), default=0)
     if callable(command):  # a spec's command per block settings (one setting per task, say)
@@ -481,7 +499,9 @@ def blocks(text: str) -> list[tuple[Block, str]]:
 
 def rewrite(text: str, store: str | Path, plots: bool = False, root: str | Path = ".", *,
             specs: SpecLookup) -> str:
-    """`text` with every block re-rendered (and, with `plots`, its plot redrawn), the
+    """`text` with every block re-rendered.
+
+    `text` with every block re-rendered (and, with `plots`, its plot redrawn), the
     benchmark tables (`mmpe:bench`, [`mmpe.results.bench_report`][mmpe.results.bench_report])
     too."""
     def sub(m: re.Match) -> str:
@@ -496,7 +516,9 @@ def rewrite(text: str, store: str | Path, plots: bool = False, root: str | Path 
 
 
 def stale(paths: Iterable[str | Path], store: str | Path, *, specs: SpecLookup) -> list[str]:
-    """Blocks in `paths` whose text differs from what `store` renders (`path: args`), the
+    """Blocks in `paths` whose text differs from what `store` renders.
+
+    Blocks in `paths` whose text differs from what `store` renders (`path: args`), the
     benchmark tables (`mmpe:bench`, from `store/bench`) included."""
     out = []
     for path in paths:

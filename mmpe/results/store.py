@@ -137,7 +137,9 @@ class DirtyTreeError(RuntimeError):
 
 
 def committed_store(store: str | Path) -> bool:
-    """Whether git would commit `store`: it lies in a git working tree and is not ignored (the
+    """Whether git would commit `store`.
+
+    Whether git would commit `store`: it lies in a git working tree and is not ignored (the
     repository's `results/`; not `runs/` nor a folder outside a checkout)."""
     here = Path(store).resolve()
     while not here.exists() and here != here.parent:
@@ -210,7 +212,9 @@ def _jsonable(value: Any) -> Any:
 
 
 def environment() -> dict[str, Any]:
-    """Versions, git commit and device of this process (stored with every run; the threads are
+    """Versions, git commit and device of this process.
+
+    Versions, git commit and device of this process (stored with every run; the threads are
     read by [`make_record`][mmpe.results.store.make_record], after the recipe set them)."""
     import torch
 
@@ -291,7 +295,9 @@ def make_record(recipe: str, setting: str, encoding: str, seed: int,
                 metrics: dict[str, float | None], *, wall_s: float, cli_args: Iterable[str],
                 out_dir: str | Path, env: dict[str, Any] | None = None,
                 routes: dict[str, list[str]] | None = None) -> dict[str, Any]:
-    """A complete record of one finished run; `routes` is the attention route each layer took
+    """A complete record of one finished run.
+
+    A complete record of one finished run; `routes` is the attention route each layer took
     (`mmpe.attention.log_routes`: layer → distinct routes of its calls; stored where given);
     `env` is
     [`environment`][mmpe.results.store.environment] taken when the run started (the code that trained it), read now if not given. `threads` is read now: the

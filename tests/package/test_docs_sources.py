@@ -187,16 +187,101 @@ def _returns_items(obj, found: list[str]) -> None:
             _returns_items(member, found)
 
 
-def test_returns_sections_are_one_item_each() -> None:
-    """A wrapped Returns line not indented deeper than its first becomes a row of its own on
-    the site, the row before it ending mid-sentence (the site test checks the HTML in
-    make test-train; this reads the sources with the same parser, in seconds)."""
+@pytest.fixture(scope="module")
+def package():
+    """The package `mmpe` as the docs site's parser reads it (griffe, Google style, from the
+    sources without importing them)."""
     import logging
 
     griffe = pytest.importorskip("griffe")
     logging.getLogger("griffe").setLevel(logging.ERROR)
-    package = griffe.load("mmpe", search_paths=[str(ROOT)], docstring_parser="google",
-                          allow_inspection=False)
+    return griffe.load("mmpe", search_paths=[str(ROOT)], docstring_parser="google",
+                       allow_inspection=False)
+
+
+def test_returns_sections_are_one_item_each(package) -> None:
+    """A wrapped Returns line not indented deeper than its first becomes a row of its own on
+    the site, the row before it ending mid-sentence (the site test checks the HTML in
+    make test-train; this reads the sources with the same parser, in seconds)."""
     found: list[str] = []
     _returns_items(package, found)
     assert not found, f"Returns / Yields items that end mid-sentence: {found}"
+
+
+def _public_docstrings(obj):
+    """`(member, docstring)` of every public object the site documents below `obj`: members
+    whose name does not start with `_` (the site's filter `!^_`), in modules and classes whose
+    names do not either, imported names (aliases) left to their own module."""
+    for name, member in obj.members.items():
+        if member.is_alias or name.startswith("_"):
+            continue
+        if member.docstring is not None and member.docstring.value.strip():
+            yield member, member.docstring
+        if member.is_module or member.is_class:
+            yield from _public_docstrings(member)
+
+
+_CODE_SPAN = re.compile(r"(`+)(.+?)\1")
+
+
+def whole_sentence(line: str) -> bool:
+    """The summary rule: `line` ends with `.`, `?`, `!` or `:`, and outside its code spans
+    (text between matching runs of backticks) it has no stray backtick and as many closing
+    as opening brackets of each kind `()`, `[]`, `{}`."""
+    line = line.strip()
+    if not line.endswith((".", "?", "!", ":")):
+        return False
+    prose = _CODE_SPAN.sub("", line)
+    return "`" not in prose and all(prose.count(o) == prose.count(c)
+                                    for o, c in ("()", "[]", "{}"))
+
+
+def test_whole_sentence_rule() -> None:
+    """What the rule lets through and what it catches (the cut-off rows issue 59 found)."""
+    assert whole_sentence("The dense route's budget in bytes.")
+    assert whole_sentence("Longitudes wrapped to `[−π, π)`.")  # brackets inside code
+    assert whole_sentence("The sdpa plan of a call (one of `SDPA_PLANS`):")
+    assert not whole_sentence("What the route of one call depends on, without its tensors "
+                              "(a named tuple: the")
+    assert not whole_sentence("The dense budget: `override`, else MMPE_DENSE_BIAS_BYTES, else")
+    assert not whole_sentence("Gradients of `q, k, v` (None where `needs` is False).) x.")
+    assert not whole_sentence("One batch `(edge_index [2, ΣE], batch.")
+
+
+def test_docstring_summaries_are_one_whole_sentence(package) -> None:
+    """The site's summary tables (Modules, Classes, Functions, Attributes) show a docstring's
+    first line only, so every public docstring's first line is one whole sentence by
+    `whole_sentence`'s rule: it ends with `.`, `?`, `!` or `:` and its brackets and
+    backticks balance (the detail follows in the next paragraph)."""
+    cut = [f"{d.parent.filepath.relative_to(ROOT) if d.parent else ''}:{d.lineno} "
+           f"{member.path}: {d.value.strip().splitlines()[0]!r}"
+           for member, d in _public_docstrings(package)
+           if not whole_sentence(d.value.strip().splitlines()[0])]
+    if package.docstring is not None and not whole_sentence(
+            package.docstring.value.strip().splitlines()[0]):
+        cut.append("mmpe/__init__.py: the package docstring")
+    assert not cut, f"{len(cut)} docstring summaries end mid-sentence:\n" + "\n".join(cut)
+
+
+_SPHINX_ROLE = re.compile(r":(?:py:)?(?:func|class|meth|mod|attr|data|obj|exc):`")
+
+
+def test_no_sphinx_roles_in_the_sources() -> None:
+    """mkdocstrings renders `:func:`x`` and its kin as raw text: the package cross-references
+    as `[name][mmpe.path.name]` (docstrings) or in backticks (`#:` comments). Every source
+    file of `mmpe`, private ones included."""
+    found = [f"{path.relative_to(ROOT)}:{i}"
+             for path in sorted((ROOT / "mmpe").rglob("*.py"))
+             for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if _SPHINX_ROLE.search(line)]
+    assert not found, f"Sphinx roles (write [name][mmpe.path.name]): {found}"
+
+
+def test_attributes_sections_name_one_attribute_per_item(package) -> None:
+    """An Attributes item `a, b: ...` renders as an attribute named "a," of type "b": one
+    attribute per item, its name an identifier."""
+    bad = [f"{member.path}: {item.name!r}"
+           for member, d in _public_docstrings(package)
+           for section in d.parse("google") if section.kind.value == "attributes"
+           for item in section.value if not item.name.isidentifier()]
+    assert not bad, f"Attributes items that name more than one attribute: {bad}"

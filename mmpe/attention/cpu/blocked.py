@@ -105,7 +105,9 @@ Pullback = Callable[[Tensor], tuple[Seq[Tensor], Seq[Tensor]]]
 
 
 def applies(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
-    """Whether a call whose dense bias is too large runs here: CPU, float32/64, not compiling,
+    """Whether a call whose dense bias is too large runs on the blocked path.
+
+    Whether a call whose dense bias is too large runs here: CPU, float32/64, not compiling,
     and at least one score term, every one content-free and additive."""
     q = ctx.q
     return (len(scores) > 0 and q is not None and q.device.type == "cpu"
@@ -115,7 +117,9 @@ def applies(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
 
 
 def prefers_tiles(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
-    """Whether a call whose dense bias fits the block budget runs here all the same: in grad
+    """Whether a call whose dense bias fits the budget runs on the blocked path.
+
+    Whether a call whose dense bias fits the block budget runs here all the same: in grad
     mode, on this path's terms (`applies`), every one with fast `tiles` and one
     with a parameter that takes a gradient, no coordinate tensor that takes one (a force
     field's positions: the dense path keeps the double backward that the blocked path does
@@ -132,7 +136,9 @@ def prefers_tiles(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
 
 
 def pays(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
-    """Whether the call's terms are better taken block by block than as one dense bias: the
+    """Whether the call's terms are better taken block by block.
+
+    Whether the call's terms are better taken block by block than as one dense bias: the
     bias of every query exceeds the block budget (`mmpe.attention.memory.block_bytes`), or the
     terms [prefer tiles][mmpe.attention.cpu.blocked.prefers_tiles]. Where this path does not
     [apply][mmpe.attention.cpu.blocked.applies], the dispatch takes checkpointed blocks of rows
@@ -142,7 +148,9 @@ def pays(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
 
 
 def attend(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -> Tensor:
-    """The call's output `[b, n_h, n_q, h_d]` on this path (where it
+    """The call's output on the blocked path.
+
+    The call's output `[b, n_h, n_q, h_d]` on this path (where it
     [applies][mmpe.attention.cpu.blocked.applies])."""
     return BlockedPlan(scores, ctx, scale).run(ctx.q, ctx.k, ctx.v)
 
@@ -182,7 +190,9 @@ class BlockedPlan:
     @classmethod
     def build(cls, scores: Seq[ScoreEncoding], ctx: AttentionContext,
               scale: float) -> BlockedPlan | None:
-        """The plan, or None where this path does not apply (see
+        """The plan, or None where this path does not apply.
+
+        The plan, or None where this path does not apply (see
         [applies][mmpe.attention.cpu.blocked.applies])."""
         return cls(scores, ctx, scale) if applies(scores, ctx) else None
 
@@ -191,7 +201,9 @@ class BlockedPlan:
             yield start, min(self.n_q, start + rows)
 
     def raw_bias(self, start: int, stop: int) -> Tensor:
-        """The summed terms of queries `start … stop−1`, `[b or 1, n_h, R, n_k]` (the
+        """The summed terms of queries `start … stop−1`.
+
+        The summed terms of queries `start … stop−1`, `[b or 1, n_h, R, n_k]` (the
         encodings' dtype, float32 as a rule; unmasked), differentiable where grad mode is on."""
         total = None
         for enc in self.scores:
@@ -201,7 +213,9 @@ class BlockedPlan:
 
     def bias(self, start: int, stop: int, dtype: torch.dtype,
              raw: Tensor | None = None) -> Tensor:
-        """The block's bias as SDPA reads it: masked pairs at `−inf`, in `dtype` (the same cast
+        """The block's bias as SDPA reads it.
+
+        The block's bias as SDPA reads it: masked pairs at `−inf`, in `dtype` (the same cast
         as the dense path's, `cast_bias`)."""
         if raw is None:
             with torch.no_grad():
@@ -209,7 +223,9 @@ class BlockedPlan:
         return cast_bias(raw, dtype, self.ctx.coords.dense_mask(start, stop))
 
     def run(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """Attention output `[b, n_h, n_q, h_d]` (`q [b, n_h, n_q, h_d]`, `k, v [b, n_h, n_k,
+        """Attention output `[b, n_h, n_q, h_d]`.
+
+        Attention output `[b, n_h, n_q, h_d]` (`q [b, n_h, n_q, h_d]`, `k, v [b, n_h, n_k,
         h_d]`, heads already expanded)."""
         # The fused kernel reads a block's queries and every key and value in each call: from
         # contiguous heads rather than the projections' `[b, n, n_h, h_d]` strides (4,096
@@ -220,7 +236,9 @@ class BlockedPlan:
         return run_plan(self, q, k, v, *inputs)
 
     def head_biases(self, q: Tensor) -> Iterator[tuple[int, int, slice, Tensor]]:
-        """Batch entry `i`, head `h`, the queries of a block and their bias `[1, 1, R, n_k]`
+        """The bias of each batch entry, head and block of queries.
+
+        Batch entry `i`, head `h`, the queries of a block and their bias `[1, 1, R, n_k]`
         in q's dtype (masked pairs at `−inf`: the numbers of `bias`), for every block of
         `head_block` queries, entry and head in turn: the terms' `head_rows` summed in their
         promoted dtype into one buffer, reused by the next head (so a caller uses each bias
@@ -254,7 +272,9 @@ class BlockedPlan:
     @torch.no_grad()
     @reuse_blocks()  # each block's distance and term rows in the last one's storage
     def forward(self, q: Tensor, k: Tensor, v: Tensor, *inputs: Tensor) -> tuple[Tensor, Tensor]:
-        """Output `[b, n_h, n_q, h_d]` and each query's log-sum-exp `[b, n_h, n_q]` (float32,
+        """Output and each query's log-sum-exp.
+
+        Output `[b, n_h, n_q, h_d]` and each query's log-sum-exp `[b, n_h, n_q]` (float32,
         float64 for float64 q; 0 on a fully masked row, whose output is 0). The terms are the
         plan's own (`inputs`, their tensors, are for the backward pass)."""
         b, h = q.shape[:2]
@@ -278,7 +298,9 @@ class BlockedPlan:
     @torch.no_grad()
     def backward(self, q: Tensor, k: Tensor, v: Tensor, inputs: Seq[Tensor], out: Tensor,
                  lse: Tensor, d_out: Tensor, needs: Seq[bool]) -> tuple[Tensor | None, ...]:
-        """Gradients w.r.t. `q, k, v` and each of `inputs` (None where `needs` is False or an
+        """Gradients with respect to `q, k, v` and each of `inputs`.
+
+        Gradients w.r.t. `q, k, v` and each of `inputs` (None where `needs` is False or an
         input got none)."""
         d_out = d_out.to(q.dtype)
         if not any(needs[3:]):
@@ -386,7 +408,9 @@ class BlockedPlan:
 
     def pullback_bias(self, start: int, stop: int,
                       scores: Seq[ScoreEncoding] | None = None) -> tuple[Tensor, list[Pullback]]:
-        """The summed terms of queries `start … stop−1` (as
+        """The summed terms of a block of queries and their pullbacks.
+
+        The summed terms of queries `start … stop−1` (as
         `raw_bias`, without a graph; `scores`:
         those terms only, default all) and the
         pullbacks of the terms that take a gradient: each maps the block's `dS [b, n_h, R,
@@ -479,7 +503,9 @@ def _pick(t: Tensor | None, i: int, head: int) -> Tensor | None:
 
 
 def bias_inputs(plan: BlockedPlan) -> list[Tensor]:
-    """The tensors that require a gradient and the plan's bias depends on: the leaves the
+    """The tensors that require a gradient and the plan's bias depends on.
+
+    The tensors that require a gradient and the plan's bias depends on: the leaves the
     autograd graph of one probe row reaches (parameters, positions), except those reached
     through a tensor the coordinates hold (e.g. `Points`' per-axis positions computed from a
     leaf), which is listed instead — so a gradient w.r.t. a non-leaf position tensor still

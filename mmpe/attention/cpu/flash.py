@@ -1,4 +1,6 @@
-"""The one door to SDPA's private fused CPU kernels that return and take the log-sum-exp (the
+"""The one door to SDPA's private fused CPU kernels.
+
+The one door to SDPA's private fused CPU kernels that return and take the log-sum-exp (the
 relation, grid and blocked paths need it for their backward passes), with a plain computation
 where this torch lacks them.
 

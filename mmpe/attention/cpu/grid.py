@@ -68,7 +68,9 @@ GRID_CHUNK = 64
 GRID_TABLE_BYTES = 5 << 19
 
 def applies(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
-    """Whether the grid path can run the call: CPU, float32/64, not compiling, self-attention on
+    """Whether the grid path can run the call.
+
+    Whether the grid path can run the call: CPU, float32/64, not compiling, self-attention on
     an unmasked [Grid][mmpe.coords.grid.Grid] of two axes or more, and every score term
     content-free, additive and a function of the cell offset
     ([offset_only_on_grids][mmpe.attention.forms.offset_only_on_grids])."""
@@ -83,7 +85,9 @@ def applies(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
 
 
 def pays(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
-    """Whether the grid path beats the dense bias: the bias of one batch entry is
+    """Whether the grid path beats the dense bias.
+
+    Whether the grid path beats the dense bias: the bias of one batch entry is
     `GRID_MIN_BIAS_BYTES` or more (`GRID_MIN_LEARNED_BIAS_BYTES` where a term has a trainable
     parameter). One entry's, since a content-free bias `[1, n_h, n, n]` is shared by the batch
     and the grid path's work grows with the batch as the dense path's does (ViT-B/16 at 224
@@ -95,20 +99,26 @@ def pays(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
 
 
 def takes_grid_path(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
-    """Whether the call runs on the grid path: it [applies][mmpe.attention.cpu.grid.applies]
+    """Whether the call runs on the grid path.
+
+    Whether the call runs on the grid path: it [applies][mmpe.attention.cpu.grid.applies]
     and [pays][mmpe.attention.cpu.grid.pays]."""
     return applies(scores, ctx) and pays(scores, ctx)
 
 
 def attend(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -> Tensor:
-    """The call's output `[b, n_h, n, h_d]` on this path (where it
+    """The call's output on the grid path.
+
+    The call's output `[b, n_h, n, h_d]` on this path (where it
     [applies][mmpe.attention.cpu.grid.applies])."""
     plan, table, prefix = GridPlan.build(scores, ctx, scale)
     return plan.run(ctx.q, ctx.k, ctx.v, table, prefix)
 
 
 class GridPlan:
-    """Softmax attention with an offset-only bias on a grid: layout and forward pass (the
+    """Softmax attention with an offset-only bias on a grid.
+
+    Softmax attention with an offset-only bias on a grid: layout and forward pass (the
     backward pass is [mmpe.attention.cpu.grid_backward][])."""
 
     def __init__(self, grid: Grid, scale: float, itemsize: int) -> None:
@@ -122,7 +132,9 @@ class GridPlan:
     @classmethod
     def build(cls, scores: Seq[ScoreEncoding], ctx: AttentionContext,
               scale: float) -> tuple[GridPlan, Tensor, Tensor]:
-        """The plan, the offset table `U [n_h, 2 s_0 − 1, R']` (`R' = Π_{a≥1} (2 s_a − 1)`,
+        """The plan, the offset table and the prefix values of a call.
+
+        The plan, the offset table `U [n_h, 2 s_0 − 1, R']` (`R' = Π_{a≥1} (2 s_a − 1)`,
         indexed by `kv − q + s − 1`) and the prefix values `[n_h, 3]`, in q's dtype, for a call
         where [applies][mmpe.attention.cpu.grid.applies]."""
         grid = ctx.coords
@@ -137,13 +149,17 @@ class GridPlan:
         return plan, body, total[:, -3:]
 
     def run(self, q: Tensor, k: Tensor, v: Tensor, table: Tensor, prefix: Tensor) -> Tensor:
-        """Attention output `[b, n_h, n, h_d]`; the autograd inputs are the table and the
+        """Attention output `[b, n_h, n, h_d]`.
+
+        Attention output `[b, n_h, n, h_d]`; the autograd inputs are the table and the
         prefix values."""
         return run_plan(self, q, k, v, table, prefix)
 
     # -- layout -------------------------------------------------------------------------------
     def groups(self) -> Iterator[tuple[Tensor, Tensor]]:
-        """Per group of queries: the index into the table's `R'` offsets of each (query cell of
+        """Per group of queries: the offset indices and the query tokens.
+
+        Per group of queries: the index into the table's `R'` offsets of each (query cell of
         the chunk, cell of a slab) `[C', M]`, and the group's query tokens `[s_0, C']` (row
         `c_0`). A chunk is `C'` consecutive cells of a slab in row-major order (a grid row's
         columns, or several rows of a 3D grid's short last axis: the kernel's tiles of query
@@ -162,7 +178,9 @@ class GridPlan:
             yield index.to(self.grid.device), tokens.to(self.grid.device)
 
     def blocks(self, tokens: Tensor, rows: int) -> list[tuple[Tensor, int, int]]:
-        """A group's queries in blocks of about `rows`: `(tokens [G·C'], base, G)` for `G`
+        """A group's queries in blocks of about `rows`.
+
+        A group's queries in blocks of about `rows`: `(tokens [G·C'], base, G)` for `G`
         first-axis indices taken downwards from the top one, whose slice of `E` starts at `base`
         (block `g`'s at `base + g·M`, so one strided view reads the whole block's bias)."""
         s0, width = self.shape[0], tokens.shape[1]
@@ -174,7 +192,9 @@ class GridPlan:
         return out
 
     def expand(self, table: Tensor, index: Tensor) -> Tensor:
-        """`E [C', (2 s_0 − 1)·M]` of one head's table `[2 s_0 − 1, R']` and one group: row `j`
+        """The expansion `E` of one head's table for one group.
+
+        `E [C', (2 s_0 − 1)·M]` of one head's table `[2 s_0 − 1, R']` and one group: row `j`
         holds, at `a_0·M + cell`, the table's value for query cell `j` and a key at first-axis
         offset `a_0` and `cell` (one gather, then one transposing copy: 7× faster than
         indexing both axes at once)."""
@@ -183,21 +203,27 @@ class GridPlan:
         return gathered.transpose(0, 1).reshape(width, offsets * cells)
 
     def fold(self, d_table: Tensor, d_e: Tensor, index: Tensor) -> None:
-        """Add one head's `dE` (the layout of [expand][mmpe.attention.cpu.grid.GridPlan.expand])
+        """Add one head's `dE` onto its offset table's gradient.
+
+        Add one head's `dE` (the layout of [expand][mmpe.attention.cpu.grid.GridPlan.expand])
         onto its offset table's gradient `[2 s_0 − 1, R']`."""
         offsets, (width, cells) = d_table.shape[0], index.shape
         d_e = d_e.view(width, offsets, cells).transpose(0, 1).reshape(offsets, -1)
         d_table.index_add_(1, index.reshape(-1), d_e)
 
     def rows_view(self, e_head: Tensor, base: int, count: int, keys: int) -> Tensor:
-        """Bias of a block's queries on `keys` cell keys from `base`, `[G, C', keys]`: a view of
+        """Bias of a block's queries on `keys` cell keys from `base`.
+
+        Bias of a block's queries on `keys` cell keys from `base`, `[G, C', keys]`: a view of
         one head's `E` `[C', (2 s_0 − 1)·M]` (overlapping: the block-Toeplitz structure)."""
         return e_head.as_strided((count, e_head.shape[0], keys), (self.slab, e_head.stride(0), 1),
                                  e_head.storage_offset() + base)
 
     # -- forward ------------------------------------------------------------------------------
     def cell_block(self, x: Tensor, head: int, tokens: Tensor, count: int) -> Tensor:
-        """One head's rows `tokens` (a block of [blocks][mmpe.attention.cpu.grid.GridPlan.blocks])
+        """One head's rows `tokens` of `x` laid out per block.
+
+        One head's rows `tokens` (a block of [blocks][mmpe.attention.cpu.grid.GridPlan.blocks])
         of `x [b, n_h, n, ·]` as `[G, b, C', ·]`: the block's first-axis indices in the batch
         dimension, the batch in the heads dimension (so one strided view is their bias)."""
         rows = x[:, head, tokens]
@@ -211,7 +237,9 @@ class GridPlan:
     @torch.no_grad()
     def forward(self, q: Tensor, k: Tensor, v: Tensor, table: Tensor,
                 prefix: Tensor) -> tuple[Tensor, Tensor]:
-        """Output `[b, n_h, n, h_d]` and each query's log-sum-exp `[b, n_h, n]`: per group and
+        """Output and each query's log-sum-exp.
+
+        Output `[b, n_h, n, h_d]` and each query's log-sum-exp `[b, n_h, n]`: per group and
         head, one call of SDPA's fused CPU kernel for the group's cell queries against the cell
         keys (contiguous: the projections leave them strided by the other heads, which measured
         1.15× slower), the bias a strided view of `E` (no copy: `E` is read from the cache),
@@ -243,7 +271,9 @@ class GridPlan:
 
     def merge_prefix_keys(self, qb: Tensor, kp: Tensor, vp: Tensor, value: Tensor,
                           out: Tensor, lse: Tensor) -> tuple[Tensor, Tensor]:
-        """Attention over the cell keys (`out`, `lse` of a block `[G, b, C', ·]`) and the prefix
+        """Attention over the cell keys and the prefix keys together.
+
+        Attention over the cell keys (`out`, `lse` of a block `[G, b, C', ·]`) and the prefix
         keys `kp, vp [b, P, h_d]` (bias `value`) together, from the two partial softmaxes."""
         scores = torch.matmul(qb, kp.transpose(-2, -1)).mul_(self.scale).add_(value)
         part = scores.logsumexp(-1).to(lse.dtype)
@@ -262,7 +292,9 @@ class GridPlan:
     # -- backward -----------------------------------------------------------------------------
     def backward(self, q: Tensor, k: Tensor, v: Tensor, inputs: Seq[Tensor], out: Tensor,
                  lse: Tensor, d_out: Tensor, needs: Seq[bool]) -> tuple[Tensor | None, ...]:
-        """Gradients w.r.t. `q, k, v`, the offset table and the prefix values (`inputs`; None
+        """Gradients with respect to `q, k, v`, the offset table and the prefix values.
+
+        Gradients w.r.t. `q, k, v`, the offset table and the prefix values (`inputs`; None
         where `needs` is False), by [mmpe.attention.cpu.grid_backward][]."""
         table, prefix = inputs
         return grid_backward.backward(self, q, k, v, table, prefix, out, lse, d_out, needs)

@@ -31,7 +31,9 @@ from mmpe.attention.cpu.flash import _attend_block_backward
 
 
 class GridTiling(Protocol):
-    """What the backward pass reads of the grid plan
+    """What the backward pass reads of the grid plan.
+
+    What the backward pass reads of the grid plan
     ([GridPlan][mmpe.attention.cpu.grid.GridPlan], which imports this module): its sizes and
     the layout of the offset table's expansion `E`."""
 
@@ -72,7 +74,9 @@ GRID_KEY_TILE = 512
 def backward(plan: GridTiling, q: Tensor, k: Tensor, v: Tensor, table: Tensor, prefix: Tensor,
              out: Tensor, lse: Tensor, d_out: Tensor,
              needs: Seq[bool]) -> tuple[Tensor | None, ...]:
-    """Gradients w.r.t. `q, k, v`, the offset table `[n_h, 2 s_0 − 1, R']` and the prefix values
+    """Gradients with respect to `q, k, v`, the offset table and the prefix values.
+
+    Gradients w.r.t. `q, k, v`, the offset table `[n_h, 2 s_0 − 1, R']` and the prefix values
     `[n_h, 3]` (None where `needs` is False)."""
     need_q, need_k, need_v, need_table, need_prefix = needs
     d_out = d_out.to(out.dtype)
@@ -100,7 +104,9 @@ def backward(plan: GridTiling, q: Tensor, k: Tensor, v: Tensor, table: Tensor, p
 def fixed_backward(plan: GridTiling, q: Tensor, k: Tensor, v: Tensor, table: Tensor,
                    prefix: Tensor, out: Tensor, lse: Tensor,
                    d_out: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Gradients w.r.t. `q, k, v` where the bias takes none: SDPA's fused backward per head and
+    """Gradients with respect to `q, k, v` where the bias takes none.
+
+    Gradients w.r.t. `q, k, v` where the bias takes none: SDPA's fused backward per head and
     block of `GRID_FIXED_BIAS_BYTES` of bias rows, copied from `E` (cell keys) and the prefix
     values (prefix keys); then the head's prefix queries."""
     b, h, n, _ = q.shape

@@ -19,9 +19,10 @@ from torch import Tensor
 
 
 class Plan(Protocol):
-    """One call's plan. `inputs` are the tensors its score terms depend on that may take a
-    gradient (an offset table, parameters, positions): the autograd inputs besides `q, k, v`.
-    A plan that reads its terms from itself ignores them in `forward`."""
+    """One call's plan.
+    `inputs` are the tensors its score terms depend on that may take a gradient (an offset table,
+    parameters, positions): the autograd inputs besides `q, k, v`. A plan that reads its terms from
+    itself ignores them in `forward`."""
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor,
                 *inputs: Tensor) -> tuple[Tensor, Tensor]:
@@ -35,7 +36,9 @@ class Plan(Protocol):
 
 
 class PlanAttention(torch.autograd.Function):
-    """Autograd of a [Plan][mmpe.attention.cpu.plan.Plan]: saves `q, k, v`, the output and the
+    """Autograd of a plan.
+
+    Autograd of a [Plan][mmpe.attention.cpu.plan.Plan]: saves `q, k, v`, the output and the
     log-sum-exp (`O(n)`), not the bias or the scores. The inputs are held as they are (a saved
     copy would not be the tensor `autograd.grad` must differentiate towards, which the blocked
     plan's pullbacks need; they are parameters, coordinate tensors or a small table, alive
@@ -59,7 +62,9 @@ class PlanAttention(torch.autograd.Function):
 
 
 def run_plan(plan: Plan, q: Tensor, k: Tensor, v: Tensor, *inputs: Tensor) -> Tensor:
-    """The plan's output `[b, n_h, n_q, h_d]`: through [PlanAttention][mmpe.attention.cpu.plan.PlanAttention]
+    """The plan's output.
+
+    The plan's output `[b, n_h, n_q, h_d]`: through [PlanAttention][mmpe.attention.cpu.plan.PlanAttention]
     where a gradient is wanted, else its forward pass alone."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *inputs)):
         return PlanAttention.apply(plan, q, k, v, *inputs)

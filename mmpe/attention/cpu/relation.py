@@ -1,4 +1,6 @@
-"""The relation path on sequences (CPU): content-free score terms on ``toeplitz`` coordinates
+"""The relation path on sequences (CPU).
+
+The relation path on sequences (CPU): content-free score terms on ``toeplitz`` coordinates
 read from tables over the ``n_q + n_k − 1`` offsets, with a backward pass that reduces the
 gradient of the scores onto those tables (no ``n×n`` tensor kept)."""
 
@@ -39,7 +41,9 @@ RELATION_MIN_BIAS_BYTES = 2 << 20
 
 
 def applies(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
-    """Whether this path can run the call: the CPU, float32/64, not under
+    """Whether the relation path can run the call.
+
+    Whether this path can run the call: the CPU, float32/64, not under
     ``torch.compile``, ``toeplitz`` coordinates, and every term content-free, additive and
     either a function of the relation (structures ``relation``, ``distance``) or of a class
     with a compact form (FIRE)."""
@@ -60,7 +64,9 @@ def pays(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
 
 
 def attend(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -> Tensor:
-    """The call's output `[b, n_h, n_q, h_d]` on this path (where it
+    """The call's output on the relation path.
+
+    The call's output `[b, n_h, n_q, h_d]` on this path (where it
     [applies][mmpe.attention.cpu.relation.applies])."""
     return RelationPlan.build(scores, ctx, scale).run(ctx.q, ctx.k, ctx.v)
 
@@ -70,16 +76,19 @@ class RelationPlan:
 
     Terms that depend on the relation alone (structures `relation` and `distance`) are summed
     into one table over the ``n_q + n_k − 1`` offsets, with ``−inf`` on the offsets a causal
-    mask removes; others come as :class:`~mmpe.attention.cpu.rows.CompactBias`. Queries are taken
-    in blocks, each block's rows reversed so that its bias is a strided view of the table
-    (:func:`~mmpe.attention.cpu.rows.toeplitz_rows`): SDPA's fused CPU kernel reads it with no
-    ``n×n`` tensor, and a causal block stops at its last query's key. The backward pass
-    (:class:`~mmpe.attention.cpu.plan.PlanAttention`) recomputes each block's probabilities
-    from the saved log-sum-exp and reduces the gradient of the scores onto the table (anti-diagonal sums) and
-    the compact terms, instead of scattering an ``n×n`` gradient through an autograd graph.
+    mask removes; others come as [`CompactBias`][mmpe.attention.cpu.rows.CompactBias]. Queries
+    are taken in blocks, each block's rows reversed so that its bias is a strided view of the
+    table ([`toeplitz_rows`][mmpe.attention.cpu.rows.toeplitz_rows]): SDPA's fused CPU kernel
+    reads it with no ``n×n`` tensor, and a causal block stops at its last query's key. The
+    backward pass ([`PlanAttention`][mmpe.attention.cpu.plan.PlanAttention]) recomputes each
+    block's probabilities from the saved log-sum-exp and reduces the gradient of the scores onto
+    the table (anti-diagonal sums) and the compact terms, instead of scattering an ``n×n``
+    gradient through an autograd graph.
 
-    Equal to the other paths (tests/attention/test_attention_fastbias.py compares against the math path,
-    gradients included). Taken by :meth:`build` only where it applies; otherwise ``None``.
+    Equal to the other paths (tests/attention/test_attention_fastbias.py compares against the
+    math path, gradients included). Taken by
+    [`build`][mmpe.attention.cpu.relation.RelationPlan.build] only where it applies; otherwise
+    ``None``.
     """
 
     def __init__(self, ctx: AttentionContext, scale: float, table: Tensor,
@@ -123,12 +132,16 @@ class RelationPlan:
         return cls(ctx, scale, table, compact, min(RELATION_BLOCK_ROWS, cap), cap)
 
     def run(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """Attention output ``[b, n_h, n_q, h_d]``; the autograd inputs are the table and the
+        """Attention output `[b, n_h, n_q, h_d]`.
+
+        Attention output ``[b, n_h, n_q, h_d]``; the autograd inputs are the table and the
         compact terms' tensors."""
         return run_plan(self, q, k, v, self.table, *(t for c in self.compact for t in c.tensors))
 
     def blocks(self, rows: int) -> list[tuple[int, int, int]]:
-        """``(start, stop, keys)`` of each block of ``rows`` queries: a causal block needs the
+        """The blocks of `rows` queries and the keys each needs.
+
+        ``(start, stop, keys)`` of each block of ``rows`` queries: a causal block needs the
         keys up to its last query's only."""
         out = []
         for start in range(0, self.n_q, rows):
@@ -137,7 +150,9 @@ class RelationPlan:
         return out
 
     def bias(self, start: int, stop: int, keys: int, out: Tensor | None = None) -> Tensor:
-        """Scores' additive term of queries ``stop−1 … start`` (reversed), ``[b', n_h', R, K]``
+        """The additive term of a block of queries.
+
+        Scores' additive term of queries ``stop−1 … start`` (reversed), ``[b', n_h', R, K]``
         (masked pairs at ``−inf``): a view of the table when it is the only term and no ``out``
         (``[b, n_h, R, K]``) is given to write it into."""
         view = toeplitz_rows(self.table, self.n_q, start, stop, keys)[None]
@@ -165,7 +180,9 @@ class RelationPlan:
 
     @torch.no_grad()
     def forward(self, q: Tensor, k: Tensor, v: Tensor, *inputs: Tensor) -> tuple[Tensor, Tensor]:
-        """Output ``[b, n_h, n_q, h_d]`` and the log-sum-exp of each query's scores
+        """Output and the log-sum-exp of each query's scores.
+
+        Output ``[b, n_h, n_q, h_d]`` and the log-sum-exp of each query's scores
         ``[b, n_h, n_q]``, block by block with SDPA's fused CPU kernel (the terms are the
         plan's own: ``inputs`` are read from it)."""
         b, h, n_q, _ = q.shape
@@ -183,7 +200,9 @@ class RelationPlan:
     @torch.no_grad()
     def backward(self, q: Tensor, k: Tensor, v: Tensor, inputs: Seq[Tensor], out: Tensor,
                  lse: Tensor, d_out: Tensor, needs: Seq[bool]) -> tuple[Tensor | None, ...]:
-        """Gradients w.r.t. ``q, k, v``, the table and the compact tensors (None where
+        """Gradients with respect to `q, k, v`, the table and the compact tensors.
+
+        Gradients w.r.t. ``q, k, v``, the table and the compact tensors (None where
         ``needs`` is False): per block ``P = exp(S − lse)``, ``dS = P ⊙ (dO·Vᵀ − rowsum(dO ⊙
         O))``, then ``dQ = dS·K·scale``, ``dK += dSᵀ·Q·scale``, ``dV += Pᵀ·dO``; ``dS`` is
         written into an anti-diagonal buffer, whose sums over rows are the table's gradient."""

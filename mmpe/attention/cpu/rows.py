@@ -20,7 +20,9 @@ from mmpe.encodings.base import AttentionContext
 
 
 def distance_rows(ctx: AttentionContext, start: int, stop: int) -> Tensor:
-    """The coordinates' `distance` of queries `start … stop−1` to every key, `[b or 1, 1,
+    """The coordinates' `distance` of queries `start … stop−1` to every key.
+
+    The coordinates' `distance` of queries `start … stop−1` to every key, `[b or 1, 1,
     stop−start, n_k]`, shared by the heads (see
     `mmpe.coords.base.distance_rows`)."""
     return coord_distance_rows(ctx.coords, start, stop)
@@ -46,7 +48,9 @@ class CompactBias:
 
     def add_rows(self, out: Tensor, start: int, stop: int,
                  base: Tensor | None) -> None:  # pragma: no cover - abstract
-        """Write the term of queries `stop−1 … start` (reversed) on keys `0 … K−1` into
+        """Write the term of a block of queries into `out`, in place.
+
+        Write the term of queries `stop−1 … start` (reversed) on keys `0 … K−1` into
         `out` `[b', n_h, stop−start, K]` in place, without autograd: `out = base + term`
         where `base` `[n_h or 1, stop−start+K−1]` is the sum of the other terms per offset
         (pair `(r, k)` at `base[.., r + k]`), or `out += term` for None."""
@@ -69,7 +73,9 @@ class CompactBias:
 
 
 class BiasTiles:
-    """A content-free additive term on one block of queries, tile by tile of keys: the blocked
+    """A content-free additive term on one block of queries, tile by tile of keys.
+
+    A content-free additive term on one block of queries, tile by tile of keys: the blocked
     attention path's backward pass (`mmpe.attention.cpu.blocked`) of a learned bias.
 
     That pass walks the block's pairs batch entry by batch entry, tile by tile of `width` keys
@@ -94,7 +100,9 @@ class BiasTiles:
 
     def write(self, out: Tensor, i: int, head: int, j: int,
               add: bool) -> None:  # pragma: no cover - abstract
-        """The term's bias on tile `j` of batch entry `i` and head `head` into `out [R, K]`
+        """The term's bias on one tile into `out`.
+
+        The term's bias on tile `j` of batch entry `i` and head `head` into `out [R, K]`
         (contiguous, the attention's dtype): `out = bias`, or `out += bias` where `add`. The
         numbers are those the term's rows give on the same pairs."""
         raise NotImplementedError
@@ -105,13 +113,17 @@ class BiasTiles:
         raise NotImplementedError
 
     def pullback(self) -> tuple[list[Tensor], list[Tensor]]:  # pragma: no cover - abstract
-        """Tensors and their cotangents: `torch.autograd.grad(tensors, inputs, cotangents)` is
+        """Tensors and their cotangents.
+
+        Tensors and their cotangents: `torch.autograd.grad(tensors, inputs, cotangents)` is
         the block's vector-Jacobian product."""
         raise NotImplementedError
 
 
 class HeadRows:
-    """A content-free additive term on one block of queries, one head at a time: the blocked
+    """A content-free additive term on one block of queries, one head at a time.
+
+    A content-free additive term on one block of queries, one head at a time: the blocked
     attention path's forward pass and its fused backward pass (`mmpe.attention.cpu.blocked`).
 
     That path calls SDPA's fused CPU kernel once per batch entry and head, on a block of
@@ -132,7 +144,9 @@ class HeadRows:
     _scratch: Tensor | None = None
 
     def write(self, out: Tensor, i: int, head: int, add: bool) -> None:
-        """The term of batch entry `i` and head `head` on the block's pairs into `out [R,
+        """The term of one batch entry and head on the block's pairs into `out`.
+
+        The term of batch entry `i` and head `head` on the block's pairs into `out [R,
         n_k]` (contiguous; `dtype` or a wider float dtype in which the terms are summed): `out
         = bias`, or `out += bias` where `add`. The numbers are those the term's rows give."""
         flat = out.view(-1)
@@ -151,13 +165,17 @@ class HeadRows:
 
     def fill(self, out: Tensor, i: int, head: int,
              offset: int) -> None:  # pragma: no cover - abstract
-        """The term on the block's flat pairs `offset … offset + len(out) − 1` (row-major `[R,
+        """The term on the block's flat pairs into the flat `out`.
+
+        The term on the block's flat pairs `offset … offset + len(out) − 1` (row-major `[R,
         n_k]`) of batch entry `i` and head `head` into the flat `out` (`dtype`)."""
         raise NotImplementedError
 
 
 class ScaledRows(HeadRows):
-    """A term that is a per-head multiple of rows shared by the heads: `rows [b or 1, 1, R,
+    """A term that is a per-head multiple of rows shared by the heads.
+
+    A term that is a per-head multiple of rows shared by the heads: `rows [b or 1, 1, R,
     n_k]` times `scale[head]` (ALiBi's `−m_h·d`), in that order of operands."""
 
     def __init__(self, rows: Tensor, scale: Tensor) -> None:
@@ -183,7 +201,9 @@ ROW_CHUNK = 1 << 16
 
 
 def lane_codes(codes: Tensor) -> Tensor:
-    """Bin codes `[..., R, K]` (int64) spread over `SCATTER_LANES` copies of each bin: code
+    """Bin codes spread over `SCATTER_LANES` copies of each bin.
+
+    Bin codes `[..., R, K]` (int64) spread over `SCATTER_LANES` copies of each bin: code
     `c` of the `p`-th pair of a `[R, K]` tile becomes `c·SCATTER_LANES + p mod
     SCATTER_LANES` (gather from a table with each bin repeated `SCATTER_LANES` times, and
     fold the accumulators with [fold_lanes][mmpe.attention.cpu.rows.fold_lanes])."""
@@ -197,7 +217,9 @@ def fold_lanes(acc: Tensor) -> Tensor:
 
 
 def key_tiles(rows: Tensor, width: int) -> list[Tensor]:
-    """`rows [..., n_k]` cut into tiles of `width` keys, each contiguous `[..., K]` (so that a
+    """`rows` cut into contiguous tiles of `width` keys.
+
+    `rows [..., n_k]` cut into tiles of `width` keys, each contiguous `[..., K]` (so that a
     tile of one batch entry is one flat run of memory)."""
     return [rows[..., c:c + width].contiguous() for c in range(0, rows.shape[-1], width)]
 
@@ -226,7 +248,9 @@ def toeplitz_rows(table: Tensor, n_q: int, start: int, stop: int, n_keys: int) -
 
 
 def antidiagonal_buffer(shape: tuple[int, ...], like: Tensor) -> tuple[Tensor, Tensor]:
-    """A zeroed buffer and a `shape` `[.., R, K]` view into it that [`antidiagonal_sums`][mmpe.attention.cpu.rows.antidiagonal_sums]
+    """A zeroed buffer and a view into it for anti-diagonal sums.
+
+    A zeroed buffer and a `shape` `[.., R, K]` view into it that [`antidiagonal_sums`][mmpe.attention.cpu.rows.antidiagonal_sums]
     sums along the anti-diagonals `r + k = const` (the offsets of a [`toeplitz_rows`][mmpe.attention.cpu.rows.toeplitz_rows]
     block): row `r` of the view is shifted right by `r` in a `[.., R, K + R]` buffer, so
     summing the buffer over rows sums each anti-diagonal in one pass. Write into the view
@@ -238,7 +262,9 @@ def antidiagonal_buffer(shape: tuple[int, ...], like: Tensor) -> tuple[Tensor, T
 
 
 def antidiagonal_sums(buf: Tensor, lead_dims: int = 0) -> Tensor:
-    """Sums of the block written into an [`antidiagonal_buffer`][mmpe.attention.cpu.rows.antidiagonal_buffer] along its anti-diagonals,
+    """Sums of an anti-diagonal buffer along its anti-diagonals.
+
+    Sums of the block written into an [`antidiagonal_buffer`][mmpe.attention.cpu.rows.antidiagonal_buffer] along its anti-diagonals,
     `[.., R + K − 1]`: entry `m` sums the pairs with `r + k = m` (for a
     [`toeplitz_rows`][mmpe.attention.cpu.rows.toeplitz_rows] block of queries `start … stop−1`: table index `n_q − stop + m`),
     also summed over the first `lead_dims` dimensions."""

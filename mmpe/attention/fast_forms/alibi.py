@@ -1,4 +1,6 @@
-"""ALiBi's CPU forms: its rows without a graph into a reused scratch block, and head by head
+"""ALiBi's CPU forms.
+
+ALiBi's CPU forms: its rows without a graph into a reused scratch block, and head by head
 as one product per head of the distance rows shared by the heads (`−m_h · d`, the numbers of
 [ALiBi.distance_term][mmpe.encodings.alibi.ALiBi.distance_term]: `(−m)·d` exactly)."""
 
@@ -21,7 +23,9 @@ def _distances(enc: ALiBi, ctx: AttentionContext, start: int, stop: int) -> Tens
 
 
 def rows(enc: ALiBi, ctx: AttentionContext, start: int, stop: int) -> Tensor:
-    """`−m_h · d` of queries `start … stop−1`, `[b or 1, n_h, R, n_k]`; without a graph
+    """ALiBi's term `−m_h · d` of queries `start … stop−1`.
+
+    `−m_h · d` of queries `start … stop−1`, `[b or 1, n_h, R, n_k]`; without a graph
     written into the encoding's scratch block (reused across the blocks of a pass)."""
     dist = _distances(enc, ctx, start, stop)
     slopes = -enc.slopes.float()[:, None, None]

@@ -1,4 +1,6 @@
-"""FIRE's CPU forms (Li et al. 2024, eq. 4): its term on given pairs for the grids' offset
+"""FIRE's CPU forms.
+
+FIRE's CPU forms (Li et al. 2024, eq. 4): its term on given pairs for the grids' offset
 tables, its rows on a block's range of inputs as ramps or pieces of the MLP (`BlockMLP`),
 head by head, tile by tile with the gradient by hand, and on `toeplitz` sequences in `O(n)`
 tensors (`FIRERows`). Every form gives the numbers of
@@ -22,7 +24,9 @@ from mmpe.encodings.fire import FIRE
 
 def pair_term(self: FIRE, ctx: AttentionContext, q_idx: Tensor, kv_idx: Tensor,
               b: Tensor) -> Tensor:
-    """The term on the given pairs only, `[n_h, *pairs]` float32 (broadcast `q_idx`,
+    """The term on the given pairs only.
+
+    The term on the given pairs only, `[n_h, *pairs]` float32 (broadcast `q_idx`,
     `kv_idx`, `b`), for the grid paths' table over cell offsets: the normalised distance
     once per pair, then the MLP's linear pieces per head (through `score_mod` the
     normaliser's graph was kept per head: 15 MB more at 128 × 128)."""
@@ -37,7 +41,9 @@ def _on_pieces(self: FIRE, x: Tensor) -> Tensor:
 
 
 def rows(self: FIRE, ctx: AttentionContext, start: int, stop: int) -> Tensor:
-    """The MLP on the pairs of queries `start … stop−1`, `[b or 1, n_h, stop−start, n_k]`
+    """The MLP on the pairs of queries `start … stop−1`.
+
+    The MLP on the pairs of queries `start … stop−1`, `[b or 1, n_h, stop−start, n_k]`
     float32: on the block's range of inputs, as ramps shared by the heads or piece by piece
     (`BlockMLP` in `mmpe.attention.fast_forms.fire_tiles`; without a gradient chunk by chunk in the
     cache). A pair's number is the same in every block, and that of the blocked backward
@@ -55,7 +61,9 @@ def rows(self: FIRE, ctx: AttentionContext, start: int, stop: int) -> Tensor:
 
 @torch.no_grad()
 def head_rows(self: FIRE, ctx: AttentionContext, start: int, stop: int) -> HeadRows:
-    """The rows of `rows` head by head: the block's inputs once, per head and chunk
+    """The rows of `rows` head by head.
+
+    The rows of `rows` head by head: the block's inputs once, per head and chunk
     the MLP's ramps or pieces as `rows` reads them (see
     `HeadRows`)."""
     self.check_context(ctx)
@@ -109,7 +117,9 @@ def _psi_rows(self: FIRE, d: Tensor) -> Tensor:
 
 def rows_vjp(self: FIRE, ctx: AttentionContext, start: int,
               stop: int) -> tuple[Tensor, Callable]:
-    """The rows of `bias_rows` (no graph) and their
+    """The rows of `bias_rows` (no graph) and their pullback by hand.
+
+    The rows of `bias_rows` (no graph) and their
     pullback by hand: the block as one tile of
     `bias_tiles`.
 
@@ -136,7 +146,9 @@ def rows_vjp(self: FIRE, ctx: AttentionContext, start: int,
 
 def tiles(self: FIRE, ctx: AttentionContext, start: int, stop: int,
                width: int) -> BiasTiles:
-    """The rows of queries `start … stop−1` tile by tile, for the blocked attention path's
+    """The rows of queries `start … stop−1` tile by tile.
+
+    The rows of queries `start … stop−1` tile by tile, for the blocked attention path's
     backward pass (see `BiasTiles` and `FireTiles` in
     `mmpe.attention.fast_forms.fire_tiles`): the distances and the normaliser once per block, per
     tile the inputs and the MLP's ramps or pieces, and the gradient by hand (no autograd
@@ -151,7 +163,9 @@ def tiles(self: FIRE, ctx: AttentionContext, start: int, stop: int,
 
 
 def compact(self: FIRE, ctx: AttentionContext) -> CompactBias:
-    """On `toeplitz` coordinates: `ψ` on the `n_q + n_k − 1` offsets, the normaliser
+    """FIRE's compact form on `toeplitz` coordinates.
+
+    On `toeplitz` coordinates: `ψ` on the `n_q + n_k − 1` offsets, the normaliser
     on the `n_q` queries and the MLP's linear pieces (see `FIRERows`)."""
     self.check_context(ctx)
     coords = ctx.coords

@@ -1,4 +1,6 @@
-"""Eager forms of position-based geometry terms whose `score_mod` is scalar code for
+"""Eager forms of position-based geometry terms.
+
+Eager forms of position-based geometry terms whose `score_mod` is scalar code for
 FlexAttention: the same formula on a block of rows as tensor operations (the mesh MLP a chunk
 of rows at a time within the block budget; frame-averaged RoPE as one matrix product)."""
 
@@ -18,7 +20,9 @@ from mmpe.encodings.rope_frame_averaged import FrameAveragedRoPE
 
 
 def mesh_rows(self: MeshDisplacementBias, ctx: AttentionContext, start: int, stop: int) -> Tensor:
-    """The MLP on the pairs of queries `start … stop−1`, `[b or 1, n_h, stop−start, n_k]`
+    """The MLP on the pairs of queries `start … stop−1`.
+
+    The MLP on the pairs of queries `start … stop−1`, `[b or 1, n_h, stop−start, n_k]`
     (a chunk of rows at a time: the hidden layer `[b, rows, n_k, W]` stays within
     `mmpe.attention.block_bytes()`)."""
     self.check_context(ctx)

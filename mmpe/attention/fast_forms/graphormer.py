@@ -1,4 +1,6 @@
-"""Graphormer's CPU forms (Ying et al. 2021, eqs. 6–7): the spatial bias `b_φ` gathered head by
+"""Graphormer's CPU forms.
+
+Graphormer's CPU forms (Ying et al. 2021, eqs. 6–7): the spatial bias `b_φ` gathered head by
 head by hop code, its gradient summed by bucket by hand (whole rows or tile by tile), and the
 dense forms of the spatial, edge and combined biases from their pair tables. Numbers of each
 class's `score_mod`."""
@@ -57,7 +59,9 @@ def rows(self: GraphormerSpatial, ctx: AttentionContext, start: int, stop: int) 
 
 def rows_vjp(self: GraphormerSpatial, ctx: AttentionContext, start: int,
               stop: int) -> tuple[Tensor, Callable]:
-    """The rows of `rows` (no graph) and their pullback by hand, for the blocked attention path
+    """The rows of `rows` (no graph) and their pullback by hand.
+
+    The rows of `rows` (no graph) and their pullback by hand, for the blocked attention path
     (`mmpe.attention.cpu.blocked.BlockedPlan.pullback_bias`): the gradient of
     `b_φ` (Ying et al. 2021, eq. 6) is `dS` summed by bucket, per head — an `index_add`
     over the block's bucket codes instead of autograd's backward of the gather.
@@ -91,7 +95,9 @@ def rows_vjp(self: GraphormerSpatial, ctx: AttentionContext, start: int,
 
 
 def head_rows(self: GraphormerSpatial, ctx: AttentionContext, start: int, stop: int) -> HeadRows:
-    """The rows of `bias_rows` head by head: the block's hop codes less their least (one
+    """The rows of `bias_rows` head by head.
+
+    The rows of `bias_rows` head by head: the block's hop codes less their least (one
     pass), each code's row of `b_φ`, and per head a gather from the head's column of
     those rows (see `HeadRows`)."""
     self.check_context(ctx)
@@ -106,7 +112,9 @@ def head_rows(self: GraphormerSpatial, ctx: AttentionContext, start: int, stop: 
 
 def tiles(self: GraphormerSpatial, ctx: AttentionContext, start: int, stop: int,
                width: int) -> BiasTiles:
-    """The rows of queries `start … stop−1` tile by tile, for the blocked attention path's
+    """The rows of queries `start … stop−1` tile by tile.
+
+    The rows of queries `start … stop−1` tile by tile, for the blocked attention path's
     backward pass (see `BiasTiles`): the block's bucket
     codes once (contiguous per tile), per head and tile a gather from the head's column of
     `b_φ` and a `scatter_add` of the tile's `dS` into the head's gradient."""

@@ -1,4 +1,6 @@
-"""KERPLE-log's CPU forms (Chi et al. 2022, eq. 8): its rows without a graph chunk by chunk in
+"""KERPLE-log's CPU forms.
+
+KERPLE-log's CPU forms (Chi et al. 2022, eq. 8): its rows without a graph chunk by chunk in
 the cache, head by head, and its pullback by hand (whole rows, or tile by tile in the blocked
 path's backward pass) instead of autograd's graph over every pair. Numbers of
 [KerpleLog.distance_term][mmpe.encodings.kerple._Kerple.distance_term]."""
@@ -18,7 +20,9 @@ from mmpe.encodings.kerple import KerpleLog
 
 
 def rows(self: KerpleLog, ctx: AttentionContext, start: int, stop: int) -> Tensor:
-    """The term of queries `start … stop−1`, `[b or 1, n_h, R, n_k]`; where no gradient is recorded, in place, head by head and chunk by
+    """The term of queries `start … stop−1`.
+
+    The term of queries `start … stop−1`, `[b or 1, n_h, R, n_k]`; where no gradient is recorded, in place, head by head and chunk by
     chunk of `ROW_CHUNK` elements that stay in the cache across the three passes (one tensor
     of the block's size instead of three, the same numbers)."""
     if torch.is_grad_enabled() or torch.compiler.is_compiling():
@@ -37,7 +41,9 @@ def rows(self: KerpleLog, ctx: AttentionContext, start: int, stop: int) -> Tenso
 
 @torch.no_grad()
 def head_rows(self: KerpleLog, ctx: AttentionContext, start: int, stop: int) -> HeadRows:
-    """The rows of `rows` head by head: the distance rows once, then per head and
+    """The rows of `rows` head by head.
+
+    The rows of `rows` head by head: the distance rows once, then per head and
     chunk `log1p(d·r2)·(−r1)` in the cache (see `HeadRows`;
     the no-graph `rows` writes every head through it)."""
     self.check_context(ctx)
@@ -58,7 +64,9 @@ def _rows(self: KerpleLog, ctx: AttentionContext, start: int,
 
 def rows_vjp(self: KerpleLog, ctx: AttentionContext, start: int,
              stop: int) -> tuple[Tensor, Callable]:
-    """The rows of `rows` (no graph) and
+    """The rows of `rows` (no graph) and their pullback by hand.
+
+    The rows of `rows` (no graph) and
     their pullback by hand, for the blocked attention path
     (`mmpe.attention.cpu.blocked.BlockedPlan.pullback_bias`): with `L =
     log(1 + r2·d)` per head (kept from the rows), eq. 8's derivatives are `∂/∂r1 = −Σ
@@ -80,7 +88,9 @@ def rows_vjp(self: KerpleLog, ctx: AttentionContext, start: int,
 
 def tiles(self: KerpleLog, ctx: AttentionContext, start: int, stop: int,
           width: int) -> BiasTiles:
-    """The rows of queries `start … stop−1` tile by tile, for the blocked attention path's
+    """The rows of queries `start … stop−1` tile by tile.
+
+    The rows of queries `start … stop−1` tile by tile, for the blocked attention path's
     backward pass (see `BiasTiles`): the distance rows once
     per block, `L = log(1 + r2·d)` and the bias per head and tile, and from each tile's `dS`
     the sums `Σ dS·L` and `Σ dS·d/(1 + r2·d)` per head (eq. 8's derivatives, as

@@ -1,4 +1,6 @@
-"""The table of hand-written fast forms: exact encoding class -> {form name: function} (see
+"""The table of hand-written fast forms.
+
+The table of hand-written fast forms: exact encoding class -> {form name: function} (see
 [mmpe.attention.fast_forms][])."""
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ FAST_FORMS: dict[type, dict[str, Any]] = {}
 
 
 def register(cls: type, **forms: Any) -> None:
-    """Register hand-written fast forms of the exact class `cls` (see the table of
+    """Register hand-written fast forms of the exact class `cls`.
+
+    Register hand-written fast forms of the exact class `cls` (see the table of
     [mmpe.attention.fast_forms][]).
 
     Raises:

@@ -1,4 +1,6 @@
-"""Dense forms of terms that are a lookup into a table: the whole `[b or 1, n_h, n_q, n_k]` bias
+"""Dense forms of terms that are a lookup into a table.
+
+Dense forms of terms that are a lookup into a table: the whole `[b or 1, n_h, n_q, n_k]` bias
 in one gather (timm's way for Swin/BEiT: the offset table indexed by a cached relative-position
 index), or the encoding's own pair table (SPE, RRWP), instead of `score_mod` on every pair of
 an index grid. Numbers of each class's `score_mod`."""
@@ -42,7 +44,9 @@ def _flat_index(grid, device: torch.device) -> Tensor:
 
 
 def offset_table_bias(grid, table: Tensor, prefix_entries: bool) -> Tensor:
-    """The dense form of [`offset_table_mod`][mmpe.encodings.swin.offset_table_mod]: the bias
+    """The dense form of `offset_table_mod`.
+
+    The dense form of [`offset_table_mod`][mmpe.encodings.swin.offset_table_mod]: the bias
     `[1, n_h, n, n]` (`table`'s dtype) of `table` `[Π (2 s_a − 1) (+3), n_h]`.
 
     One `index_select` of the head-major table (`[n_h, R]`, a few kB) with the flattened
