@@ -101,7 +101,7 @@ class _Attention(nn.Module):
         """
         reset_in_place(self)
 
-    def encodings(self) -> list[Encoding]:
+    def all_encodings(self) -> list[Encoding]:
         """The layer's rotary, score and kernel encodings, in that order."""
         return [*self.rotary, *self.scores, *([self.kernel] if self.kernel is not None else [])]
 
@@ -285,7 +285,7 @@ class MultiHeadAttention(_Attention):
                 shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
                 raise ValueError(f"attention: {name} must be [b, {heads}, {coords.num_queries}, "
                                  f"{dim}] (heads, the coordinates' queries, head dim), got {shape}")
-        coords.check_encodings(self.encodings(), window=self.window, cache=cache)
+        coords.check_encodings(self.all_encodings(), window=self.window, cache=cache)
         self._check_keys(coords, cache, q.shape[2])
         if cache is not None and not coords.supports_cache:
             raise ValueError(f"attention: cache: {type(coords).__name__} coordinates cannot "

@@ -124,7 +124,11 @@ class DAPE(KernelEncoding):
             logits = (ctx.q.float() @ ctx.k.float().transpose(-2, -1)) * scale
             bias = bias.expand_as(logits)
             mlp = _float32(self.mlp)
-            return dape_logits(logits, bias, mlp)
+            # a pair the inner term masks (a -inf bias) stays masked; the MLP sees finite inputs
+            # only, since it mixes the heads of a pair and one -inf would make every head NaN
+            ok = torch.isfinite(bias).all(dim=1, keepdim=True)
+            out = dape_logits(logits, torch.where(ok, bias, torch.zeros_like(bias)), mlp)
+            return torch.where(ok, out, bias)
 
     def weights(self, scores: Tensor, ctx: AttentionContext) -> Tensor:
         """Attention probabilities for the math path's masked logits.
@@ -134,7 +138,11 @@ class DAPE(KernelEncoding):
         # What the math path added to q·kᵀ/√h_d (the mask and other terms), the same
         # expression as the path's: exactly 0 where nothing else is added.
         plain = (ctx.q @ ctx.k.transpose(-2, -1)).float() * (1.0 / math.sqrt(ctx.head_dim))
-        return (self.logits(ctx) + (scores - plain)).softmax(dim=-1)
+        logits = self.logits(ctx) + (scores - plain)
+        # a query with every key masked (a left-padded row) attends to nothing: zeros, as SDPA
+        # returns for such rows, rather than a NaN that its values would carry to every token
+        empty = torch.isneginf(logits).all(dim=-1, keepdim=True)
+        return logits.masked_fill(empty, 0.0).softmax(dim=-1).masked_fill(empty, 0.0)
 
     def attend(self, scores: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor:
         probs = self.weights(scores, ctx)

@@ -871,8 +871,12 @@ def _probe(encodings: Sequence[Encoding], num_heads: int, head_dim: int, causal:
             with torch.no_grad():
                 if isinstance(enc, ScoreEncoding):
                     enc.score_mod(ctx)(torch.zeros(1, num_heads, 3, 3), *index_grid(1, num_heads, 3, 3))
+                elif isinstance(enc, KernelEncoding):  # PaTH reads x as well
+                    scores = torch.zeros(1, num_heads, 3, 3).masked_fill(
+                        ~torch.ones(3, 3, dtype=torch.bool).tril(), float("-inf"))
+                    enc.attend(scores, v, ctx)
         except (TypeError, ValueError) as err:
-            if "layer input x" in str(err):
+            if "layer input x" in str(err) or "layer's x" in str(err):
                 raise ValueError(f"apply_score_encodings: {name} reads the layer input x, which HF's "
                                  "attention interface does not pass; it cannot be added this way") from err
             raise type(err)(f"apply_score_encodings: {name} cannot run on the HF model's token "

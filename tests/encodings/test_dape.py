@@ -187,3 +187,14 @@ def test_runs_in_bfloat16_and_under_autocast():
     for out in (auto, half):
         assert torch.isfinite(out).all()
         assert (out.float() - ref).norm() / ref.norm() < 2e-2
+
+
+def test_a_query_with_every_key_masked_attends_to_nothing() -> None:
+    # left padding: the pad query sees only itself, a masked key; its row must not be NaN,
+    # which its value would carry to every later token in the next layer
+    torch.manual_seed(0)
+    pad = torch.tensor([[False, True, True, True]])
+    coords = mmpe.Sequence(4, causal=True, padding_mask=pad)
+    layer = mmpe.MultiHeadAttention(16, 2, [mmpe.build("dape", num_heads=2)])
+    out = layer(torch.randn(1, 4, 16), coords)
+    assert torch.isfinite(out).all()
