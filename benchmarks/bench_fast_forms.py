@@ -1,7 +1,7 @@
 """Each hand-written fast form against the generic path of its encoding's structure: the whole
 attention layer, forward + backward, on the CPU, at the shapes of docs/benchmarks.md.
 
-docs/plugins.md keeps a fast form (`mmpe.attention.fast_forms.FAST_FORMS`) only while a stored
+docs/extending.md keeps a fast form (`mmpe.attention.fast_forms.FAST_FORMS`) only while a stored
 row shows it pays: ≥ 1.3× time or ≥ 1.5× peak memory on a shape users run. Each row here runs
 one `MultiHeadAttention` layer (`backend="auto"`: the path the dispatcher picks) twice, with
 the class's forms in the table and with its entry emptied (the forms a subclass gets: its

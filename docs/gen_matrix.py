@@ -88,7 +88,7 @@ def page() -> str:
         "",
         "A capability is a small protocol on the coordinates ([Architecture](architecture.md)); "
         "your own coordinate class runs every encoding whose capabilities it provides "
-        "([Write an encoding](plugins.md)). Some capabilities are set per object rather than "
+        "([Extend mmpe](extending.md)). Some capabilities are set per object rather than "
         "declared on the class; the check here reads the class, as `mmpe list` does.",
         "",
     ]

@@ -80,9 +80,11 @@ class Encoding(nn.Module):
 
     hook: ClassVar[str] = ""
     needs: ClassVar[tuple[type[Capability], ...]] = ()
-    #: why the encoding cannot run on one rank's shard of a sequence (context parallelism,
-    #: `mmpe.parallel`), or None where it can; a shard refuses it with this reason.
     shard_refusal: ClassVar[str | None] = None
+    """Why the encoding cannot run on one rank's shard of a sequence, or None where it can.
+
+    Context parallelism (`mmpe.parallel`): a shard refuses the encoding with
+    this reason."""
 
     def check_coords(self, coords: Coordinates) -> None:
         """Raise unless `coords` provides every capability this encoding needs.
@@ -155,7 +157,7 @@ class RotaryEncoding(Encoding):
 
 
 #: what a score term may be a function of (`ScoreEncoding.structure`), each with the one
-#: function the attention paths call for it: see docs/plugins.md
+#: function the attention paths call for it: see docs/extending.md
 STRUCTURES: dict[str, str] = {
     "pair": "anything per (query, key): the paths evaluate `score_mod` on the pairs",
     "relation": "the signed offset pos_q − pos_k on sequences: `relation_term(ctx)`",

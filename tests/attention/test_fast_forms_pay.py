@@ -1,6 +1,6 @@
 """Every hand-written fast form pays: a stored row of `benchmarks/bench_fast_forms.py` shows it.
 
-docs/plugins.md keeps a fast form only while a stored benchmark shows ≥ 1.3× time or ≥ 1.5×
+docs/extending.md keeps a fast form only while a stored benchmark shows ≥ 1.3× time or ≥ 1.5×
 peak memory against the generic path of its structure on a shape users run. This test reads
 the committed store (results/bench/bench_fast_forms.jsonl), it times nothing: each class of
 `mmpe.attention.fast_forms.FAST_FORMS` needs a row, on one of its shapes, whose fast side read
@@ -20,7 +20,7 @@ from mmpe.attention import fast_forms
 from mmpe.registry import available
 
 STORE = Path(__file__).resolve().parents[2] / "results" / "bench" / "bench_fast_forms.jsonl"
-TIME, MEMORY = 1.3, 1.5  # the rule of docs/plugins.md
+TIME, MEMORY = 1.3, 1.5  # the rule of docs/extending.md
 RATIOS = ("time: generic / fast", "memory: generic / fast")
 #: Classes whose rows sit between the rule and deletion (docs/benchmarks.md deletes a form only
 #: where every shape shows < 1.15× time and < 1.3× memory): named here with their numbers until a

@@ -170,6 +170,25 @@ def test_every_readme_link_resolves_in_the_repository() -> None:
     assert not missing, f"README links to files not in the repository: {missing}"
 
 
+def test_one_page_extends_mmpe() -> None:
+    """Adding an encoding or a coordinate type is one page, docs/extending.md, which the README
+    and the home page send that row of their tables to: an encoding, a coordinate type with
+    its contract checker, and what a mask of None means; architecture.md keeps no second
+    walk-through of either."""
+    page = _read("docs/extending.md")
+    for heading in ("## An encoding", "## A coordinate type", "### The contract checker",
+                    "### The mask: what `mask_mod()` returning `None` means"):
+        assert f"\n{heading}\n" in page, heading
+    assert "assert_coordinates_contract(ring)" in page and "assert_encoding_paths(" in page
+    assert "| add an encoding or a coordinate type | [Extend mmpe](docs/extending.md) |" in \
+        _read("README.md")
+    assert "| add an encoding or a coordinate type | [Extend mmpe](extending.md) |" in \
+        _read("docs/index.md")
+    architecture = _read("docs/architecture.md")
+    assert "Walk-through" not in architecture and "](extending.md)" in architecture
+    assert not (DOCS / "plugins.md").exists() and "extending.md" in _read("mkdocs.yml")
+
+
 def _returns_items(obj, found: list[str]) -> None:
     """Every Returns / Yields item of `obj`'s members but the last, as the site's parser reads
     them (griffe, Google style): a row that does not end a sentence was split off its rest."""
