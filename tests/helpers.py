@@ -186,3 +186,15 @@ def model_context(coords) -> dict:
     ctx = {"d_model": D_MODEL, "num_heads": HEADS, "head_dim": D_MODEL // HEADS, "max_len": 64,
            "original_max_position_embeddings": 4}
     return {**ctx, **coords_context(coords)}
+
+
+def assert_bfloat16_and_autocast_follow_float32(mha, x, coords, rtol: float = 2e-2) -> None:
+    """`mha` under CPU autocast to bf16 and cast to bf16 both give finite outputs within
+    `rtol` (relative norm) of its float32 output on `x`, `coords`."""
+    ref = mha(x, coords)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        auto = mha(x, coords)
+    half = mha.to(torch.bfloat16)(x.bfloat16(), coords)
+    for out in (auto, half):
+        assert torch.isfinite(out).all()
+        assert (out.float() - ref).norm() / ref.norm() < rtol

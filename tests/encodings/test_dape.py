@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import SAMPLE_COORDS, model_context
+from helpers import SAMPLE_COORDS, assert_bfloat16_and_autocast_follow_float32, model_context
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -180,13 +180,7 @@ def test_bad_inner_terms_and_sizes_are_refused():
 def test_runs_in_bfloat16_and_under_autocast():
     enc, mha = make("fire")
     x, coords = torch.randn(2, 10, D_MODEL), Sequence(10, causal=True)
-    ref = mha(x, coords)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        auto = mha(x, coords)
-    half = mha.to(torch.bfloat16)(x.bfloat16(), coords)
-    for out in (auto, half):
-        assert torch.isfinite(out).all()
-        assert (out.float() - ref).norm() / ref.norm() < 2e-2
+    assert_bfloat16_and_autocast_follow_float32(mha, x, coords)
 
 
 def test_a_query_with_every_key_masked_attends_to_nothing() -> None:

@@ -13,6 +13,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import assert_bfloat16_and_autocast_follow_float32
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -45,12 +46,9 @@ def logits64(q, k, w, beta) -> torch.Tensor:
     return out
 
 
-def layer_reference(mha, enc, x, *, docs=None, real=None, gates=False) -> torch.Tensor:
-    """The whole layer in float64 from its parameters: projections, the paper's `w` (low-rank
-    projection, causal depthwise convolution over the real tokens of the document, SiLU, L2
-    norm), `β = 2σ(·)` (0 at pads),
-    explicit products, the mask, softmax, output projection."""
-    b, n, _ = x.shape
+def _projected64(mha, enc, x):
+    """`(x, q, k, v, u)` in float64: the layer's heads `[b, h, n, d]` and `enc`'s low-rank
+    projection `u` of `x` (before the convolution)."""
     h, d = HEADS, D_MODEL // HEADS
     x = x.double()
     qkv = F.linear(x, mha.qkv.weight.double(), mha.qkv.bias.double())
@@ -58,6 +56,17 @@ def layer_reference(mha, enc, x, *, docs=None, real=None, gates=False) -> torch.
     u = x
     for layer in enc.w_proj:
         u = F.linear(u, layer.weight.double())
+    return x, q, k, v, u
+
+
+def layer_reference(mha, enc, x, *, docs=None, real=None, gates=False) -> torch.Tensor:
+    """The whole layer in float64 from its parameters: projections, the paper's `w` (low-rank
+    projection, causal depthwise convolution over the real tokens of the document, SiLU, L2
+    norm), `β = 2σ(·)` (0 at pads),
+    explicit products, the mask, softmax, output projection."""
+    b, n, _ = x.shape
+    h, d = HEADS, D_MODEL // HEADS
+    x, q, k, v, u = _projected64(mha, enc, x)
     docs = torch.zeros(b, n, dtype=torch.long) if docs is None else docs.expand(b, n)
     real = torch.ones(b, n, dtype=torch.bool) if real is None else real.expand(b, n)
     taps = enc.w_conv.double()
@@ -205,12 +214,7 @@ def _reference_without_conv(mha, enc, x, fox):
     """`conv_size=0`: `w` is the normalised projection itself (no convolution, no SiLU)."""
     b, n, _ = x.shape
     h, d = HEADS, D_MODEL // HEADS
-    xd = x.double()
-    qkv = F.linear(xd, mha.qkv.weight.double(), mha.qkv.bias.double())
-    q, k, v = (t.unflatten(-1, (h, d)).transpose(1, 2) for t in qkv.split(h * d, dim=-1))
-    u = xd
-    for layer in enc.w_proj:
-        u = F.linear(u, layer.weight.double())
+    xd, q, k, v, u = _projected64(mha, enc, x)
     w = F.normalize(u.unflatten(-1, (h, d)), dim=-1).transpose(1, 2)
     beta = 2 * torch.sigmoid(F.linear(xd, enc.beta_proj.weight.double(),
                                       enc.beta_proj.bias.double())).transpose(1, 2)
@@ -409,10 +413,4 @@ def test_wrong_heads_and_missing_x_are_refused():
 def test_runs_in_bfloat16_and_under_autocast():
     enc, mha = make()
     x, coords = torch.randn(2, 10, D_MODEL), Sequence(10, causal=True)
-    ref = mha(x, coords)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        auto = mha(x, coords)
-    half = mha.to(torch.bfloat16)(x.bfloat16(), coords)
-    for out in (auto, half):
-        assert torch.isfinite(out).all()
-        assert (out.float() - ref).norm() / ref.norm() < 2e-2
+    assert_bfloat16_and_autocast_follow_float32(mha, x, coords)
