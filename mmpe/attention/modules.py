@@ -236,8 +236,7 @@ class MultiHeadAttention(_Attention):
                             f"{type(coords).__name__}")
         self._check_x("x", x, self.d_model, coords.num_queries, "queries")
         self._check_batch(x, coords)
-        self._check_keys(coords, cache, x.shape[1])
-        q, k, v = self._project(x)
+        q, k, v = self._project(x)  # forward_heads checks the keys against the cache
         out = self.forward_heads(q, k, v, coords, cache, x=x)
         return self.proj(rearrange(out, "b h s d -> b s (h d)"))
 

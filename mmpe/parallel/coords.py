@@ -147,7 +147,7 @@ class ShardedCoords(Coordinates):
 
     def step_keys(self, tokens: int) -> int:
         """Every token of the sequence `n`, once a rank's `n/W` tokens are gathered."""
-        return self.full.num_keys if tokens == self.num_queries else tokens * self.world_size
+        return self.full.num_keys
 
     def gather_keys(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Every rank's keys and values in sequence order.
