@@ -153,11 +153,15 @@ def _check_in_order(name: str, scores: Tensor, ctx: AttentionContext) -> None:
     real = getattr(coords, "key_mask", None)
     if real is not None:  # a pad's own row is not read (padding renumbers it like a later token)
         later = later & real.to(scores.device)[..., first:, None].unsqueeze(-3)
-    if bool((torch.isfinite(scores) & later).any()):
-        raise ValueError(f"{name}: a query attends to a key after it in token order; the "
-                         "transforms accumulate over the tokens between key and query, so the "
-                         "coordinates must be causal in token order (explicit position_ids "
-                         "that go backwards are not supported)")
+    bad = (torch.isfinite(scores) & later).any()
+    message = (f"{name}: a query attends to a key after it in token order; the transforms "
+               "accumulate over the tokens between key and query, so the coordinates must be "
+               "causal in token order (explicit position_ids that go backwards are not "
+               "supported)")
+    if torch.compiler.is_compiling():  # a traced graph cannot branch on data: it asserts
+        torch._assert_async(~bad, message)
+    elif bool(bad):
+        raise ValueError(message)
 
 
 @register(
