@@ -8,11 +8,13 @@ import os
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 import mmpe
 from mmpe.context import coords_context
@@ -198,3 +200,32 @@ def assert_bfloat16_and_autocast_follow_float32(mha, x, coords, rtol: float = 2e
     for out in (auto, half):
         assert torch.isfinite(out).all()
         assert (out.float() - ref).norm() / ref.norm() < rtol
+
+
+class CapturedUses(TorchFunctionMode):
+    """Records each use of a tensor that requires grad and was not made inside the call: as the
+    tensor a `__getitem__` indexes (`reads`) or in any other op (`other`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.made: list[torch.Tensor] = []  # kept alive so their ids are not reused
+        self.made_ids: set[int] = set()
+        self.reads: Counter[int] = Counter()
+        self.other: set[tuple[tuple, str]] = set()
+        self.shapes: dict[int, tuple] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        tensors = [a for a in (*args, *(kwargs or {}).values()) if isinstance(a, torch.Tensor)]
+        for t in tensors:
+            if t.requires_grad and id(t) not in self.made_ids:
+                self.shapes[id(t)] = tuple(t.shape)
+                if func is torch.Tensor.__getitem__ and t is args[0]:
+                    self.reads[id(t)] += 1
+                else:
+                    self.other.add((tuple(t.shape), getattr(func, "__name__", str(func))))
+        out = func(*args, **(kwargs or {}))
+        for o in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(o, torch.Tensor):
+                self.made.append(o)
+                self.made_ids.add(id(o))
+        return out

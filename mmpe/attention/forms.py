@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 from torch import Tensor
@@ -54,7 +55,6 @@ def _distance_rows(enc: ScoreEncoding, ctx: AttentionContext, start: int, stop: 
     """The distance rows once for all heads, the term on them; a chunk of rows at a time where
     the term's per-pair features (`feature_width` channels: kernels, hidden units) would
     outgrow the block budget."""
-    enc.check_context(ctx)
     coords = ctx.coords
     heads = torch.arange(ctx.num_heads, device=coords.device)[:, None, None]
     term = enc.distance_term(ctx)
@@ -76,7 +76,6 @@ def _few_offsets(coords) -> bool:
 def _relation_rows(enc: ScoreEncoding, ctx: AttentionContext, start: int, stop: int) -> Tensor:
     """The term on each distinct offset once, then gathered by the rows' relations (T5's
     log-bucketing runs on `2·max_position + 1` offsets instead of every pair)."""
-    enc.check_context(ctx)
     coords = ctx.coords
     top = coords.max_position
     b, _, q, k = index_grid(coords.batch_size or 1, 1, coords.num_queries, coords.num_keys,
@@ -128,12 +127,23 @@ def dense_bias(scores: Sequence[ScoreEncoding], ctx: AttentionContext) -> Tensor
 
     Raises:
         TypeError: `scores` not a sequence of score encodings, or a rescaling term.
+        ValueError: coordinates or a head count a term does not support (`check_context`).
         MemoryError: a bias (and the term being added to it) this process cannot hold now,
             refused before anything is allocated (`mmpe.validation.check_memory`).
     """
     if isinstance(scores, ScoreEncoding) or not all(isinstance(e, ScoreEncoding) for e in scores):
         raise TypeError("dense_bias: scores must be a sequence of score encodings, got "
                         f"{type(scores).__name__}")
+    for enc in scores:
+        enc.check_context(ctx)
+    return summed_bias(scores, replace(ctx, checked=True))
+
+
+def summed_bias(scores: Sequence[ScoreEncoding], ctx: AttentionContext) -> Tensor | None:
+    """The dense bias on a context whose terms are checked.
+
+    [dense_bias][mmpe.attention.forms.dense_bias] on a context whose terms are checked
+    (`ctx.checked`: the attention layers' dense route): the memory check, then the sum."""
     _check_dense_memory(scores, ctx)
     bias = None
     for enc in scores:
@@ -201,10 +211,8 @@ def relation_table(enc: ScoreEncoding, ctx: AttentionContext, relation: Tensor) 
     coordinates, `[n_h, m]` float32, or None where it is not a function of the relation."""
     heads = torch.arange(ctx.num_heads, device=relation.device)[:, None]
     if enc.structure == "relation":
-        enc.check_context(ctx)
         return enc.relation_term(ctx)(relation[None], heads).float()
     if enc.structure == "distance":  # on toeplitz coordinates the distance is |relation|
-        enc.check_context(ctx)
         return enc.distance_term(ctx)(relation.abs().float()[None], heads).float()
     return None
 
@@ -243,7 +251,6 @@ def pair_term(enc: ScoreEncoding, ctx: AttentionContext, q_idx: Tensor, kv_idx: 
     if fast is not None:
         return fast(enc, ctx, q_idx, kv_idx, b)
     if enc.structure == "distance":
-        enc.check_context(ctx)
         d = ctx.coords.distance(q_idx, kv_idx, b).float()
         return enc.distance_term(ctx)(d[None], h).float()
     zero = torch.zeros((), device=q_idx.device)

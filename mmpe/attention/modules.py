@@ -9,6 +9,7 @@ that [mmpe.attention.dispatch][] chooses."""
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
+from dataclasses import replace
 
 import torch
 from einops import rearrange
@@ -147,10 +148,15 @@ class _Attention(nn.Module):
     def attend(self, ctx: AttentionContext) -> Tensor:
         """Attention output ``[b, n_h, n_q, h_d]`` for the context's (rotated) q, k, v."""
         assert ctx.q is not None and ctx.k is not None and ctx.v is not None
-        if len(self.scores) == 0:  # a score encoding checks this in its check_context
-            b, n_h, n_q, h_d = ctx.q.shape
-            check_attention_work(type(self).__name__, batch=b, num_heads=n_h, num_queries=n_q,
-                                 num_keys=ctx.k.shape[2], head_dim=h_d, device=ctx.q.device)
+        # every term and the work, once, before a route is chosen: the routes and their forms
+        # trust their caller (a CPU call that would run for minutes is refused before it starts)
+        for enc in self.scores:
+            enc.check_context(ctx)
+        ctx = replace(ctx, checked=True)
+        b, n_h, n_q, h_d = ctx.q.shape
+        names = [getattr(e, "registry_name", type(e).__name__) for e in self.scores]
+        check_attention_work(", ".join(names) or type(self).__name__, batch=b, num_heads=n_h, num_queries=n_q,
+                             num_keys=ctx.k.shape[2], head_dim=h_d, device=ctx.q.device)
         scale = _softmax_scale(self.scores, ctx.head_dim)
         call = _route.call_of(self.scores, ctx.coords, self.num_heads, ctx.q.shape[0],
                               ctx.q.device, ctx.q.dtype, torch.is_grad_enabled(),

@@ -66,7 +66,8 @@ class DistanceFeatureBias(ScoreEncoding):
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
         # float32: FlexAttention accumulates a captured tensor's gradient in its dtype, and a
         # bf16 accumulator over every pair loses it (relative error > 1 measured on an H200).
-        self.check_context(ctx)
+        if not ctx.checked:  # a direct call: no layer checked it
+            self.check_context(ctx)
         table = self._table(ctx)
         if table.shape[0] == 1:  # positions shared by the batch: no batch index
             shared = table[0]

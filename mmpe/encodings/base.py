@@ -22,12 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import torch
 from torch import Tensor, nn
 
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Capability, Directed, missing
-from mmpe.validation import check_attention_work
 
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
@@ -58,6 +56,10 @@ class AttentionContext:
         v: values, `[b, n_h, n_k, h_d]`.
         cache: the layer's [`KVCache`][mmpe.cache.KVCache] in cached decoding (`k`/`v` then
             hold every cached key); encodings keep incremental state in `cache.state`.
+        checked: True where the attention layer that made this context has checked every
+            term against it (`ScoreEncoding.check_context`, once per call, before the route
+            is chosen); `score_mod` and the forms then trust it. A context you build yourself
+            leaves it False, and `score_mod` checks.
     """
 
     coords: Coordinates
@@ -69,6 +71,7 @@ class AttentionContext:
     k: Tensor | None = None
     v: Tensor | None = None
     cache: Any = None
+    checked: bool = False
 
 
 class Encoding(nn.Module):
@@ -229,11 +232,13 @@ class ScoreEncoding(Encoding):
         A class that writes neither writes `score_mod`."""
         cls = type(self)
         if cls.distance_term is not ScoreEncoding.distance_term:
-            self.check_context(ctx)
+            if not ctx.checked:  # a direct call: no layer checked it
+                self.check_context(ctx)
             coords, term = ctx.coords, self.distance_term(ctx)
             pair = coords.distance
         elif cls.relation_term is not ScoreEncoding.relation_term:
-            self.check_context(ctx)
+            if not ctx.checked:  # a direct call: no layer checked it
+                self.check_context(ctx)
             coords, term = ctx.coords, self.relation_term(ctx)
             pair = coords.relation if isinstance(coords, Directed) else coords.distance
         else:  # pragma: no cover
@@ -270,33 +275,18 @@ class ScoreEncoding(Encoding):
     def check_context(self, ctx: AttentionContext) -> None:
         """Raise unless the context's coordinates and head count are supported.
 
-        Raise unless `ctx`'s coordinates are supported and, for an encoding built for
-        `num_heads` heads, the attention has that many (`ValueError` naming both); and
-        unless the call's work fits `mmpe.validation.check_attention_work`'s limit on the CPU
-        (`AttentionTooLargeError`).
+        Raise unless `ctx`'s coordinates are supported (`check_coords`) and, for an encoding
+        built for `num_heads` heads, the attention has that many (`ValueError` naming both).
 
-        Once per call: the context remembers the encodings it has passed (every path, form and
-        fast form of the call asks again with the same context; a context's fields are not
-        changed after it is made). A compiled graph checks every time, as it traces (no
-        state kept across the trace)."""
-        passed = None if torch.compiler.is_compiling() else ctx.__dict__.setdefault(
-            "_passed_checks", set())
-        if passed is not None and id(self) in passed:
-            return
+        The doors where a context enters call it once per call, before any term is built:
+        the attention layers (`_Attention.attend`, which then marks the context `checked`),
+        `mmpe.functional.score_mod` and `mmpe.attention.dense_bias`. The forms of
+        `mmpe.attention` trust their caller; `score_mod` checks a context no layer checked."""
         self.check_coords(ctx.coords)
-        name = getattr(self, "registry_name", type(self).__name__)
         built = getattr(self, "num_heads", None)
         if built is not None and ctx.num_heads != built:
+            name = getattr(self, "registry_name", type(self).__name__)
             raise ValueError(f"{name}: built for num_heads={built}, attention has {ctx.num_heads}")
-        # Every path (flex, block-wise SDPA, math) builds the term through here first: refuse
-        # a CPU call that would run for many minutes before any of it starts.
-        coords = ctx.coords
-        check_attention_work(name, batch=ctx.batch or coords.batch_size or 1,
-                             num_heads=ctx.num_heads, num_queries=coords.num_queries,
-                             num_keys=coords.num_keys, head_dim=ctx.head_dim,
-                             device=ctx.q.device if ctx.q is not None else coords.device)
-        if passed is not None:
-            passed.add(id(self))
 
     def softmax_scale(self, head_dim: int) -> float | None:
         """Logit scale this method prescribes instead of `1/sqrt(h_d)`, or None."""

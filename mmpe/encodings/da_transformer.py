@@ -47,7 +47,8 @@ class DATransformer(ScoreEncoding):
         return torch.exp(F.softplus(v) - F.softplus(v - w * dist))
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
-        self.check_context(ctx)
+        if not ctx.checked:  # a direct call: no layer checked it
+            self.check_context(ctx)
         coords, w, v = ctx.coords, self.w, self.v
 
         def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:

@@ -95,7 +95,8 @@ class FIRE(SavesSettings, ScoreEncoding):
         that take a gradient per score. Compiled FlexAttention turns every such read into an
         atomic add per (query, key) pair in its backward; the hidden layer unrolled into scalar
         code read `3W + 1` and made FIRE's GPU training 8.5× ALiBi's (H100, the main job)."""
-        self.check_context(ctx)
+        if not ctx.checked:  # a direct call: no layer checked it
+            self.check_context(ctx)
         n_h = self.num_heads
         c, threshold = per_head(self.c.float(), n_h), per_head(self._threshold(), n_h)
         slope, intercept, cuts = self.pieces()  # [W + 1, n_h], [W + 1, n_h], [W] sorted

@@ -70,7 +70,8 @@ class ForgettingGate(ContentScoreEncoding):
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
         self.check_coords(ctx.coords)
         require_causal("fox", ctx)
-        self.check_context(ctx)
+        if not ctx.checked:  # a direct call: no layer checked it
+            self.check_context(ctx)
         c, batch = self._sums(ctx), ctx.batch
         # A second tensor for the key side: compiled flex differentiates a captured tensor only
         # if the score_mod indexes it once (tests/package/test_score_mod_indexing.py).

@@ -80,7 +80,8 @@ class GraphormerSpatial(ScoreEncoding):
         self.table = nn.Parameter(torch.randn(max_distance + 3, num_heads) * 0.02)
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
-        self.check_context(ctx)
+        if not ctx.checked:  # a direct call: no layer checked it
+            self.check_context(ctx)
         buckets = spatial_buckets(ctx.coords.spd, self.max_distance)  # [b, n, n]
         table = self.table
 
@@ -198,7 +199,8 @@ class GraphormerEdge(ScoreEncoding):
         return c.permute(0, 3, 1, 2)
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
-        self.check_context(ctx)
+        if not ctx.checked:  # a direct call: no layer checked it
+            self.check_context(ctx)
         return dense_bias_mod(self.pair_bias(ctx.coords))
 
 

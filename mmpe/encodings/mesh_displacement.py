@@ -91,7 +91,8 @@ class MeshDisplacementBias(SavesSettings, ScoreEncoding):
         return torch.cat((diff, dist), dim=-1).float()
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
-        self.check_context(ctx)
+        if not ctx.checked:  # a direct call: no layer checked it
+            self.check_context(ctx)
         qpos, kpos = self._positions(ctx.coords)
         q_axes = [qpos[..., a].contiguous() for a in range(self.num_axes)]
         k_axes = [kpos[..., a].contiguous() for a in range(self.num_axes)]

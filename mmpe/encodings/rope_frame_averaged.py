@@ -183,7 +183,8 @@ class FrameAveragedRoPE(SavesSettings, ContentScoreEncoding):
         return qx.expand(batch, *qx.shape[1:]), kx.expand(batch, *kx.shape[1:])
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
-        self.check_context(ctx)
+        if not ctx.checked:  # a direct call: no layer checked it
+            self.check_context(ctx)
         qx, kx = self._operands(ctx)
         scale, batch, channels = ctx.head_dim ** -0.5, ctx.batch, qx.shape[-1]
 

@@ -72,7 +72,8 @@ class RRWP(ScoreEncoding):
         return (p @ self.weight.float().t()).permute(0, 3, 1, 2)
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
-        self.check_context(ctx)
+        if not ctx.checked:  # a direct call: no layer checked it
+            self.check_context(ctx)
         return dense_bias_mod(self.pair_bias(ctx.coords))
 
 

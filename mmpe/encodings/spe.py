@@ -96,5 +96,6 @@ class SPE(SavesSettings, ScoreEncoding):
         return self.pair_bias(*laplacian_eigenpairs(coords, self.k, self.normalization))
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
-        self.check_context(ctx)
+        if not ctx.checked:  # a direct call: no layer checked it
+            self.check_context(ctx)
         return dense_bias_mod(self._bias(ctx.coords))

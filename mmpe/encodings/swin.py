@@ -160,7 +160,8 @@ class SwinRelativeBias(SavesSettings, ScoreEncoding):
         return table
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
-        self.check_context(ctx)
+        if not ctx.checked:  # a direct call: no layer checked it
+            self.check_context(ctx)
         grid = as_grid("swin", ctx.coords)
         check_ndim("swin", grid, len(self.grid_shape), f"grid_shape {self.grid_shape}")
         return offset_table_mod(grid, self.table_for(grid.shape), self.prefix_bias)

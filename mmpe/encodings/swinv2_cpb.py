@@ -95,7 +95,8 @@ class SwinV2CPB(SavesSettings, ScoreEncoding):
             return 16 * torch.sigmoid(logits)
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
-        self.check_context(ctx)
+        if not ctx.checked:  # a direct call: no layer checked it
+            self.check_context(ctx)
         grid = as_grid("swinv2_cpb", ctx.coords)
         check_ndim("swinv2_cpb", grid, len(self.grid_shape), f"grid_shape {self.grid_shape}")
         return offset_table_mod(grid, self.table_for(grid.shape), prefix_entries=False)

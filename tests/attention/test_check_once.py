@@ -1,14 +1,20 @@
-"""A score encoding's `check_context` does its work once per attention call, whichever plan
-runs it and however many blocks, forms and fast forms of the call ask again (issue 48: it ran
-up to five times on one call's route, once per block on the blocked plans)."""
+"""Every term is checked once per attention call, at the door (`_Attention.attend`), whichever
+plan runs it and however many blocks, forms and fast forms read it (issue 48: it ran up to five
+times on one call's route; issue 56: the forms and `score_mod` trust their caller, so no memo
+on the context is needed)."""
 
 from __future__ import annotations
+
+import inspect
+import re
 
 import pytest
 import torch
 
 import mmpe
+import mmpe.attention.modules as modules
 import mmpe.encodings.base as base
+from mmpe.attention import fast_forms, forms
 from mmpe.attention.dispatch import force_plan
 
 COORDS = {
@@ -26,16 +32,23 @@ CASES = [("alibi", "sequence", ("relation", "blocked", "blocks", "dense")),
          ("kerple_log", "points", ("blocked", "blocks", "dense"))]
 
 
-def _counting(monkeypatch) -> list:
-    calls: list = []
-    real = base.check_attention_work
+def _counting(monkeypatch, enc) -> tuple[list, list]:
+    """Spies on the call's work guard and on the encoding's own check."""
+    work: list = []
+    checks: list = []
+    real_work, real_check = modules.check_attention_work, type(enc).check_context
 
-    def spy(*args, **kwargs):
-        calls.append(args)
-        return real(*args, **kwargs)
+    def spy_work(*args, **kwargs):
+        work.append(args)
+        return real_work(*args, **kwargs)
 
-    monkeypatch.setattr(base, "check_attention_work", spy)
-    return calls
+    def spy_check(self, ctx):
+        checks.append(ctx)
+        return real_check(self, ctx)
+
+    monkeypatch.setattr(modules, "check_attention_work", spy_work)
+    monkeypatch.setattr(type(enc), "check_context", spy_check)
+    return work, checks
 
 
 @pytest.mark.parametrize(("name", "kind", "plans"), CASES, ids=[c[0] for c in CASES])
@@ -53,15 +66,16 @@ def test_one_check_per_call_on_every_plan(name, kind, plans, monkeypatch) -> Non
                 continue
             attn = mmpe.MultiHeadAttention(32, 4, encodings=[enc], backend=backend)
             x = torch.randn(2, coords.num_queries, 32, requires_grad=True)
-            calls = _counting(monkeypatch)
+            work, checks = _counting(monkeypatch, enc)
             with force_plan(plan if backend == "sdpa" else None):
                 attn(x, coords).sum().backward()
-            assert len(calls) == 1, (plan, backend, len(calls))
+            monkeypatch.undo()
+            assert (len(work), len(checks)) == (1, 1), (plan, backend, len(work), len(checks))
 
 
 def test_a_new_context_is_checked_again() -> None:
-    """The memo is the call's context: a context of another attention (more heads than the
-    encoding was built for) is refused, even after the encoding passed on another one."""
+    """Nothing is remembered between contexts: a context of another attention (more heads
+    than the encoding was built for) is refused, even after the encoding passed on another."""
     enc = mmpe.build("alibi", num_heads=4)
     coords = mmpe.Sequence(8)
     q = torch.randn(1, 4, 8, 8)
@@ -69,3 +83,53 @@ def test_a_new_context_is_checked_again() -> None:
     q6 = torch.randn(1, 6, 8, 8)
     with pytest.raises(ValueError, match="built for num_heads=4, attention has 6"):
         enc.check_context(base.AttentionContext(coords, 6, 8, 1, q=q6, k=q6, v=q6))
+
+
+def _form_sources() -> list[tuple[str, str]]:
+    """Every form's source (the public `dense_bias` door aside)."""
+    out = [(f"forms.{name}", inspect.getsource(fn)) for name, fn in vars(forms).items()
+           if inspect.isfunction(fn) and fn.__module__ == forms.__name__
+           and name != "dense_bias"]
+    out += [(name, inspect.getsource(mod)) for name, mod in vars(fast_forms).items()
+            if inspect.ismodule(mod) and mod.__name__.startswith(fast_forms.__name__)]
+    return out
+
+
+def test_forms_trust_their_caller() -> None:
+    """No form checks the context again: the check is the door's."""
+    offenders = [name for name, src in _form_sources() if ".check_context(" in src]
+    assert offenders == []
+
+
+def test_score_mods_check_only_a_context_no_layer_checked() -> None:
+    """A registered encoding's own `score_mod` checks a context only where `ctx.checked` is
+    False (a direct call); inside a layer call the door has checked it."""
+    offenders = []
+    for entry in mmpe.available():
+        cls = entry.cls
+        if not (isinstance(cls, type) and issubclass(cls, base.ScoreEncoding)):
+            continue
+        src = inspect.getsource(cls.score_mod)
+        calls = len(re.findall(r"\.check_context\(ctx\)", src))
+        if calls != len(re.findall(r"if not ctx\.checked:.*\n\s+self\.check_context\(ctx\)",
+                                   src)):
+            offenders.append(entry.name)
+    assert offenders == []
+
+
+def test_the_doors_refuse_a_context_the_term_cannot_serve() -> None:
+    """The doors where a context enters refuse more heads than the encoding was built for:
+    the layer, `mmpe.functional.score_mod`, `dense_bias` and a direct `score_mod` call."""
+    enc = mmpe.build("alibi", num_heads=4)
+    coords = mmpe.Sequence(8)
+    q6 = torch.randn(1, 6, 8, 8)
+    ctx = base.AttentionContext(coords, 6, 8, 1, q=q6, k=q6, v=q6)
+    with pytest.raises(ValueError, match="built for num_heads=4, attention has 6"):
+        mmpe.attention.dense_bias([enc], ctx)
+    with pytest.raises(ValueError, match="built for num_heads=4, attention has 6"):
+        mmpe.functional.score_mod(enc, coords, num_heads=6)
+    with pytest.raises(ValueError, match="built for num_heads=4, attention has 6"):
+        enc.score_mod(ctx)
+    attn = mmpe.MultiHeadAttention(48, 6, encodings=[enc])
+    with pytest.raises(ValueError, match="built for num_heads=4, attention has 6"):
+        attn(torch.randn(1, 8, 48), coords)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import CapturedUses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -121,8 +122,6 @@ def test_a_piece_read_one_off_fails_the_comparison(monkeypatch) -> None:
 def test_the_kernel_reads_each_tensor_that_takes_a_gradient_once(width) -> None:
     """Two reads per score of tensors that need a gradient (slope, intercept) plus `c` and `L`
     per head, whatever the width (the unrolled MLP read `3W + 1`)."""
-    from test_score_mod_indexing import CapturedUses
-
     enc = mmpe.build("fire", context={"num_heads": 2}, mlp_width=width)
     coords = mmpe.Sequence(5, causal=True)
     ctx = AttentionContext(coords, 2, 8, 1, None, None, None, None)

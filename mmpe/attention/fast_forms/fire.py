@@ -30,7 +30,6 @@ def pair_term(self: FIRE, ctx: AttentionContext, q_idx: Tensor, kv_idx: Tensor,
     `kv_idx`, `b`), for the grid paths' table over cell offsets: the normalised distance
     once per pair, then the MLP's linear pieces per head (through `score_mod` the
     normaliser's graph was kept per head: 15 MB more at 128 × 128)."""
-    self.check_context(ctx)
     return _on_pieces(self, self.normalised_distance(ctx, q_idx, kv_idx, b)).movedim(-1, 0)
 
 
@@ -48,7 +47,6 @@ def rows(self: FIRE, ctx: AttentionContext, start: int, stop: int) -> Tensor:
     (`BlockMLP` in `mmpe.attention.fast_forms.fire_tiles`; without a gradient chunk by chunk in the
     cache). A pair's number is the same in every block, and that of the blocked backward
     pass's tiles."""
-    self.check_context(ctx)
     x = _input_rows(self, ctx, start, stop)  # [b', 1, R, n_k]
     if torch.compiler.is_compiling():  # (the block's range is read eagerly)
         return _on_pieces(self, x).squeeze(1).permute(0, 3, 1, 2)
@@ -66,7 +64,6 @@ def head_rows(self: FIRE, ctx: AttentionContext, start: int, stop: int) -> HeadR
     The rows of `rows` head by head: the block's inputs once, per head and chunk
     the MLP's ramps or pieces as `rows` reads them (see
     `HeadRows`)."""
-    self.check_context(ctx)
     x = _input_rows(self, ctx, start, stop)  # [b', 1, R, n_k]
     return FireRows(BlockMLP(*self._pieces(), x, _input_bound(self, ctx)), x)
 
@@ -125,7 +122,6 @@ def rows_vjp(self: FIRE, ctx: AttentionContext, start: int,
 
     Returns the rows `[b or 1, n_h, R, n_k]` and the map `dS [b, n_h, R, n_k]` →
     `(tensors, cotangents)`, as `bias_tiles`' pullback."""
-    self.check_context(ctx)
     n_k = ctx.coords.num_keys
     with torch.no_grad():
         term = rows(self, ctx, start, stop)
@@ -153,7 +149,6 @@ def tiles(self: FIRE, ctx: AttentionContext, start: int, stop: int,
     `mmpe.attention.fast_forms.fire_tiles`): the distances and the normaliser once per block, per
     tile the inputs and the MLP's ramps or pieces, and the gradient by hand (no autograd
     graph of the block's pairs)."""
-    self.check_context(ctx)
     d = distance_rows(ctx, start, stop).float()
     norm = _norm_rows(self, ctx, start, stop)
     with torch.no_grad():
@@ -167,7 +162,6 @@ def compact(self: FIRE, ctx: AttentionContext) -> CompactBias:
 
     On `toeplitz` coordinates: `ψ` on the `n_q + n_k − 1` offsets, the normaliser
     on the `n_q` queries and the MLP's linear pieces (see `FIRERows`)."""
-    self.check_context(ctx)
     coords = ctx.coords
     n_q, n_k = coords.num_queries, coords.num_keys
     relation = torch.arange(n_k - 1, -n_q, -1, device=coords.device)

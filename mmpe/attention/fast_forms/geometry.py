@@ -25,7 +25,6 @@ def mesh_rows(self: MeshDisplacementBias, ctx: AttentionContext, start: int, sto
     The MLP on the pairs of queries `start … stop−1`, `[b or 1, n_h, stop−start, n_k]`
     (a chunk of rows at a time: the hidden layer `[b, rows, n_k, W]` stays within
     `mmpe.attention.block_bytes()`)."""
-    self.check_context(ctx)
     qpos, kpos = self._positions(ctx.coords)
     lin1, lin2 = self.mlp[0], self.mlp[2]
     batch = qpos.shape[0] if qpos.dim() == 3 else 1
@@ -50,7 +49,6 @@ def mesh_rows(self: MeshDisplacementBias, ctx: AttentionContext, start: int, sto
 
 def frame_averaged_rows(self: FrameAveragedRoPE, ctx: AttentionContext, start: int, stop: int) -> Tensor:
     """The term of queries `start … stop−1`, `[b, n_h, stop−start, n_k]`."""
-    self.check_context(ctx)
     qx, kx = self._operands(ctx)
     with full_precision(qx.device):  # a float32 difference of two scores, also under autocast
         return (qx[:, :, start:stop] @ kx.transpose(-1, -2)) * ctx.head_dim ** -0.5

@@ -34,7 +34,6 @@ from mmpe.encodings.graphormer import (
 
 def dense(self: GraphormerSpatial, ctx: AttentionContext) -> Tensor:
     """Eager path: `table[bucket]` on all pairs, `[b, n_h, n, n]` (equals the mod)."""
-    self.check_context(ctx)
     return _gather(self.table, spatial_buckets(ctx.coords.spd, self.max_distance))
 
 
@@ -51,7 +50,6 @@ def rows(self: GraphormerSpatial, ctx: AttentionContext, start: int, stop: int) 
     the buckets of those rows only (the default would bucket every pair per block); where
     no gradient is recorded, gathered head by head (one contiguous block, no copy)."""
     if torch.is_grad_enabled() and self.table.requires_grad:
-        self.check_context(ctx)
         buckets = spatial_buckets(ctx.coords.spd[:, start:stop], self.max_distance)
         return _gather(self.table, buckets)
     return rows_vjp(self, ctx, start, stop)[0]
@@ -68,7 +66,6 @@ def rows_vjp(self: GraphormerSpatial, ctx: AttentionContext, start: int,
 
     Returns the rows `[b, n_h, R, n]` and the map `dS [b, n_h, R, n]` → `([table],
     [d_table])` (`table`, `d_table` `[max_distance + 3, n_h]`)."""
-    self.check_context(ctx)
     buckets = _buckets(self, ctx, start, stop)
     table = self.table
     with torch.no_grad():
@@ -100,7 +97,6 @@ def head_rows(self: GraphormerSpatial, ctx: AttentionContext, start: int, stop: 
     The rows of `bias_rows` head by head: the block's hop codes less their least (one
     pass), each code's row of `b_φ`, and per head a gather from the head's column of
     those rows (see `HeadRows`)."""
-    self.check_context(ctx)
     spd = ctx.coords.spd[:, start:stop]
     lo, hi = (int(v) for v in torch.aminmax(spd)) if spd.numel() else (0, 0)
     # each hop code's bucket (a table of hi − lo + 1): no pass over the pairs to bucket them
@@ -118,7 +114,6 @@ def tiles(self: GraphormerSpatial, ctx: AttentionContext, start: int, stop: int,
     backward pass (see `BiasTiles`): the block's bucket
     codes once (contiguous per tile), per head and tile a gather from the head's column of
     `b_φ` and a `scatter_add` of the tile's `dS` into the head's gradient."""
-    self.check_context(ctx)
     return _SpatialTiles(self.table, _buckets(self, ctx, start, stop), width)
 
 
@@ -181,7 +176,6 @@ class _SpatialTiles(BiasTiles):
 
 def edge_dense(self: GraphormerEdge, ctx: AttentionContext) -> Tensor:
     """The edge bias `c_ij` on every pair, `[b, n_h, n, n]`: its pair table itself."""
-    self.check_context(ctx)
     return self.pair_bias(ctx.coords)
 
 

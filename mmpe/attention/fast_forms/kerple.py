@@ -27,7 +27,6 @@ def rows(self: KerpleLog, ctx: AttentionContext, start: int, stop: int) -> Tenso
     of the block's size instead of three, the same numbers)."""
     if torch.is_grad_enabled() or torch.compiler.is_compiling():
         # (A compiled graph fuses the passes itself; dtype queries do not trace.)
-        self.check_context(ctx)
         heads = torch.arange(self.num_heads, device=ctx.coords.device)[:, None, None]
         return self.distance_term(ctx)(distance_rows(ctx, start, stop), heads)
     rows = head_rows(self, ctx, start, stop)  # [b', 1, R, n_k] distances inside
@@ -46,7 +45,6 @@ def head_rows(self: KerpleLog, ctx: AttentionContext, start: int, stop: int) -> 
     The rows of `rows` head by head: the distance rows once, then per head and
     chunk `log1p(d·r2)·(−r1)` in the cache (see `HeadRows`;
     the no-graph `rows` writes every head through it)."""
-    self.check_context(ctx)
     return _LogRows(*self.constrained(), distance_rows(ctx, start, stop))
 
 
@@ -54,7 +52,6 @@ def _rows(self: KerpleLog, ctx: AttentionContext, start: int,
           stop: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The rows without a graph, `log(1 + r2·d)` per head `[b or 1, n_h, R, n_k]`, and
     `r1, r2` `[n_h]`, the distance rows `d [b or 1, 1, R, n_k]` (both with their graphs)."""
-    self.check_context(ctx)
     r1, r2 = self.constrained()
     dist = distance_rows(ctx, start, stop)
     with torch.no_grad():
@@ -96,7 +93,6 @@ def tiles(self: KerpleLog, ctx: AttentionContext, start: int, stop: int,
     the sums `Σ dS·L` and `Σ dS·d/(1 + r2·d)` per head (eq. 8's derivatives, as
     `rows_vjp`) — in cache, no
     `[b, n_h, R, n_k]` tensor."""
-    self.check_context(ctx)
     return _LogTiles(*self.constrained(), distance_rows(ctx, start, stop), width)
 
 

@@ -65,7 +65,6 @@ def offset_table_bias(grid, table: Tensor, prefix_entries: bool) -> Tensor:
 
 def swin_dense(self: SwinRelativeBias, ctx: AttentionContext) -> Tensor:
     """`[1, n_h, n, n]` gathered from the offset table with a cached index."""
-    self.check_context(ctx)
     grid = as_grid("swin", ctx.coords)
     check_ndim("swin", grid, len(self.grid_shape), f"grid_shape {self.grid_shape}")
     return offset_table_bias(grid, self.table_for(grid.shape), self.prefix_bias)
@@ -73,7 +72,6 @@ def swin_dense(self: SwinRelativeBias, ctx: AttentionContext) -> Tensor:
 
 def cpb_dense(self: SwinV2CPB, ctx: AttentionContext) -> Tensor:
     """`[1, n_h, n, n]` gathered from the CPB MLP's table with a cached index."""
-    self.check_context(ctx)
     grid = as_grid("swinv2_cpb", ctx.coords)
     check_ndim("swinv2_cpb", grid, len(self.grid_shape), f"grid_shape {self.grid_shape}")
     return offset_table_bias(grid, self.table_for(grid.shape), False)
@@ -81,13 +79,11 @@ def cpb_dense(self: SwinV2CPB, ctx: AttentionContext) -> Tensor:
 
 def spe_dense(self: SPE, ctx: AttentionContext) -> Tensor:
     """`Z` on all pairs, `[b, n_h, n, n]`: the table its `score_mod` reads."""
-    self.check_context(ctx)
     return self._bias(ctx.coords)
 
 
 def rrwp_dense(self: RRWP, ctx: AttentionContext) -> Tensor:
     """The bias on all pairs, `[b, n_h, n, n]`: the table its `score_mod` reads."""
-    self.check_context(ctx)
     return self.pair_bias(ctx.coords)
 
 
