@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from mmpe import registry
-from mmpe.context import CONTEXT_KEYS, check_context
+from mmpe.context import CONTEXT_KEYS, validate_context_keys
 from mmpe.encodings._state import SETTINGS_PREFIX, decode_setting
 from mmpe.encodings.base import Encoding
 
@@ -115,8 +115,8 @@ def load_encoding(enc: str | Mapping[str, Any] | Encoding, checkpoint: str | os.
         if "grid_shape" not in known and isinstance(size, int) and isinstance(patch, int) \
                 and 0 < patch <= size:
             known["grid_shape"] = (size // patch, size // patch)
-        explicit = check_context(context, "load_encoding(context=...)")
-        ctx = {**check_context(defaults, "load_encoding(defaults=...)"), **known, **explicit}
+        explicit = validate_context_keys(context, "load_encoding(context=...)")
+        ctx = {**validate_context_keys(defaults, "load_encoding(defaults=...)"), **known, **explicit}
         saved = hparams.get("encoding_options") if hparams.get("encoding") == entry.name else None
         opts = {**(dict(saved) if isinstance(saved, Mapping) else {}), **options}
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CONTEXT_KEYS", "ContextKey", "check_context", "coords_context"]
+__all__ = ["CONTEXT_KEYS", "ContextKey", "validate_context_keys", "coords_context"]
 
 
 def _positive_int(value: Any) -> bool:
@@ -76,7 +76,7 @@ CONTEXT_KEYS: dict[str, ContextKey] = {k.name: k for k in (
 )}
 
 
-def check_context(context: Mapping[str, Any] | None, where: str = "context") -> dict[str, Any]:
+def validate_context_keys(context: Mapping[str, Any] | None, where: str = "context") -> dict[str, Any]:
     """Validate `context`: every key declared in `CONTEXT_KEYS`, every value valid.
 
     Returns a plain dict (`grid_shape` as a tuple).

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from mmpe.context import CONTEXT_KEYS, check_context
+from mmpe.context import CONTEXT_KEYS, validate_context_keys
 from mmpe.coords.base import coordinate_types
 from mmpe.coords.capabilities import Capability, missing, provides
 from mmpe.rebuild import record_arguments, reset_in_place
@@ -401,7 +401,7 @@ def build(
         TypeError: an option the encoding does not take (naming the option and the encoding);
             `coords` the encoding cannot run on (naming the missing capability).
     """
-    context = check_context(context, "build(context=...)")
+    context = validate_context_keys(context, "build(context=...)")
     if coords is not None:
         from mmpe.context import coords_context
 

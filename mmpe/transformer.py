@@ -15,7 +15,7 @@ from mmpe.attention import MultiHeadAttention
 from mmpe.attention.masks import LocalWindow
 from mmpe.attention.modules import check_device
 from mmpe.cache import KVCache, ModelCache
-from mmpe.context import check_context
+from mmpe.context import validate_context_keys
 from mmpe.coords.base import Coordinates
 from mmpe.encodings.base import Encoding, InputEncoding
 from mmpe.prepare import forward_scope
@@ -254,7 +254,7 @@ class Transformer(nn.Module):
         if depth < 1:
             raise ValueError(f"transformer: depth must be >= 1, got {depth}")
         self.input_combine = check_input_combine(input_combine)
-        context = check_context({"d_model": d_model, "num_heads": num_heads,
+        context = validate_context_keys({"d_model": d_model, "num_heads": num_heads,
                                  "head_dim": d_model // num_heads, **(encoding_context or {})},
                                 "Transformer(encoding_context=...)")
         built = build_encodings(encodings, **context)

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from mmpe import registry
-from mmpe.context import check_context
+from mmpe.context import validate_context_keys
 from mmpe.coords.base import Coordinates
 from mmpe.encodings.base import Encoding, InputEncoding
 
@@ -29,7 +29,7 @@ def build(fn: str, enc: Any, base: type[Encoding], context: Mapping[str, Any] | 
     """`enc` itself, or built from a registry name / config with `context`; check its hook."""
     if isinstance(enc, (str, Mapping)):
         entry = registry.get(enc if isinstance(enc, str) else enc.get("name", ""))
-        ctx = check_context(context, f"{fn}(context=...)")
+        ctx = validate_context_keys(context, f"{fn}(context=...)")
         enc = registry.build(enc, context={k: v for k, v in ctx.items() if k in entry.context})
     if not isinstance(enc, base):
         hook = getattr(enc, "hook", None)

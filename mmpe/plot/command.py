@@ -18,7 +18,7 @@ from typing import Any
 
 from mmpe import registry
 from mmpe.checkpoints import load_encoding
-from mmpe.context import CONTEXT_KEYS, check_context
+from mmpe.context import CONTEXT_KEYS, validate_context_keys
 from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import GraphLayout, GridLayout, VirtualNode
 from mmpe.coords.grid import Grid
@@ -165,7 +165,7 @@ def plot_command(name: str, kind: str = "auto", *, length: int | None = None,
                        ("grid_shape", None if grid is None else tuple(grid))):
         if value is not None:
             given.setdefault(key, value)
-    given = check_context(given, "mmpe plot")
+    given = validate_context_keys(given, "mmpe plot")
     defaults: dict[str, Any] = {"d_model": 64, "num_heads": 8, "max_len": max(1024, length or 0)}
     coords: Coordinates | None = None
     if entry.hook == "rotary":

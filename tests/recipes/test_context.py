@@ -8,7 +8,7 @@ import pytest
 
 import mmpe
 from mmpe import registry
-from mmpe.context import CONTEXT_KEYS, check_context
+from mmpe.context import CONTEXT_KEYS, validate_context_keys
 
 
 def test_every_declared_key_is_known_and_a_constructor_argument() -> None:
@@ -59,7 +59,7 @@ def test_bad_context_is_refused_before_building(context, match) -> None:
 
 def test_context_must_be_a_mapping() -> None:
     with pytest.raises(TypeError, match="mapping"):
-        check_context([("d_model", 4)])
+        validate_context_keys([("d_model", 4)])
 
 
 def test_register_validates_declared_context() -> None:
