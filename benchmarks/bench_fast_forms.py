@@ -16,6 +16,11 @@ measures nothing).
     python benchmarks/bench_fast_forms.py                   # every row
     python benchmarks/bench_fast_forms.py --only fire       # one encoding's rows
     python benchmarks/bench_fast_forms.py --store results/bench
+    python benchmarks/bench_fast_forms.py --table each_form  # per form only
+
+The `each_form` table holds each form to the rule on its own: the layer with all of the
+class's forms against the layer with all but that one (a form that only pays beside another
+shows it here), on every shape whose fast side reads it.
 """
 
 from __future__ import annotations
@@ -90,13 +95,25 @@ def generic(cls: type) -> Iterator[None]:
 
 
 @contextmanager
+def without(cls: type, form: str) -> Iterator[None]:
+    """`cls`'s fast forms but `form` while inside (the path then takes what it takes without
+    that one form: its structure's generic form, or another of the class's)."""
+    saved = fast_forms.FAST_FORMS[cls]
+    fast_forms.FAST_FORMS[cls] = {k: f for k, f in saved.items() if k != form}
+    try:
+        yield
+    finally:
+        fast_forms.FAST_FORMS[cls] = saved
+
+
+@contextmanager
 def counted(cls: type, calls: Counter) -> Iterator[None]:
     """Count the calls of `cls`'s fast forms while inside."""
     saved = dict(fast_forms.FAST_FORMS.get(cls, {}))
 
     def wrap(name: str, fn):
-        if not callable(fn):
-            return fn
+        if not callable(fn):  # a declared property (offset_on_grids): counted where it is read
+            return _Flag(name, fn, calls)
 
         def form(*args, **kwargs):
             calls[name] += 1
@@ -109,6 +126,17 @@ def counted(cls: type, calls: Counter) -> Iterator[None]:
         yield
     finally:
         fast_forms.FAST_FORMS[cls] = saved
+
+
+class _Flag:
+    """A declared form's value that counts each time a path reads it (`bool(...)`)."""
+
+    def __init__(self, name: str, value: object, calls: Counter) -> None:
+        self.name, self.value, self.calls = name, value, calls
+
+    def __bool__(self) -> bool:
+        self.calls[self.name] += 1
+        return bool(self.value)
 
 
 def _layers(spec: dict, name: str):
@@ -155,32 +183,63 @@ def peak_bytes(fn: Callable[[], object]) -> int:
     return peak
 
 
-def run(spec: dict, name: str, rounds: int) -> list:
-    cls, coords, x, fast, slow = _layers(spec, name)
-    calls: Counter = Counter()
-    with counted(cls, calls):
-        fast_run = _step(fast, coords, x)
-        fast_run()  # warm-up: tables, caches, first allocations
-    read = ", ".join(sorted(calls)) or "none"
-    with generic(cls):
-        _step(slow, coords, x)()
+def _compare(fast_run: Callable[[], float], slow_run: Callable[[], float], slow_side,
+             rounds: int) -> tuple[list[float], list[float], int, int]:
+    """Interleaved rounds of both sides (ABAB…, the order alternating) and each side's peak
+    memory; `slow_side()` is the context the slow side runs in."""
+    with slow_side():
+        slow_run()  # warm-up
     t_fast, t_slow = [], []
     for i in range(rounds):
         for side in ((0, 1) if i % 2 == 0 else (1, 0)):
             if side == 0:
                 t_fast.append(fast_run())
             else:
-                with generic(cls):
-                    t_slow.append(_step(slow, coords, x)())
-    ratios = [s / f for s, f in zip(t_slow, t_fast, strict=True)]
+                with slow_side():
+                    t_slow.append(slow_run())
     m_fast = peak_bytes(fast_run)
-    with generic(cls):
-        m_slow = peak_bytes(_step(slow, coords, x))
-    row = [spec["label"], name, read, 1e3 * statistics.median(t_fast),
-           1e3 * statistics.median(t_slow), statistics.median(ratios),
-           [min(ratios), max(ratios)], m_fast / 2**20, m_slow / 2**20, m_slow / max(m_fast, 1)]
+    with slow_side():
+        m_slow = peak_bytes(slow_run)
+    return t_fast, t_slow, m_fast, m_slow
+
+
+def _cells(t_fast, t_slow, m_fast, m_slow) -> list:
+    ratios = [s / f for s, f in zip(t_slow, t_fast, strict=True)]
+    return [1e3 * statistics.median(t_fast), 1e3 * statistics.median(t_slow),
+            statistics.median(ratios), [min(ratios), max(ratios)], m_fast / 2**20,
+            m_slow / 2**20, m_slow / max(m_fast, 1)]
+
+
+def run(spec: dict, name: str, rounds: int) -> list:
+    """The class's fast forms against none of them (its structure's generic forms)."""
+    cls, coords, x, fast, slow = _layers(spec, name)
+    calls: Counter = Counter()
+    with counted(cls, calls):
+        fast_run = _step(fast, coords, x)
+        fast_run()  # warm-up: tables, caches, first allocations
+    read = ", ".join(sorted(calls)) or "none"
+    measured = _compare(fast_run, _step(slow, coords, x), lambda: generic(cls), rounds)
+    row = [spec["label"], name, read, *_cells(*measured)]
     print(" | ".join(_cell(c) for c in row), flush=True)
     return row
+
+
+def run_each_form(spec: dict, name: str, rounds: int) -> list[list]:
+    """Per form of the class: all its fast forms against all but that one, where the fast
+    side reads it on this shape (a form the shape never reads gets no row)."""
+    cls, coords, x, fast, slow = _layers(spec, name)
+    calls: Counter = Counter()
+    with counted(cls, calls):
+        fast_run = _step(fast, coords, x)
+        fast_run()
+    rows = []
+    for form in sorted(calls):
+        measured = _compare(fast_run, _step(slow, coords, x), lambda f=form: without(cls, f),
+                            rounds)
+        row = [spec["label"], name, form, *_cells(*measured)]
+        print(" | ".join(_cell(c) for c in row), flush=True)
+        rows.append(row)
+    return rows
 
 
 def _cell(c) -> str:
@@ -193,6 +252,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", help="an encoding name (repeatable)")
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--table", choices=("forms", "each_form", "both"), default="both",
+                        help="per class (forms), per form (each_form) or both")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--store", default=None)
     args = parser.parse_args()
@@ -204,11 +265,23 @@ def main() -> None:
                    "memory: generic / fast"],
                   [None, None, None, "{:.1f}", "{:.1f}", "{:.2f}", "{:.2f}", "{:.1f}",
                    "{:.1f}", "{:.2f}"])
+    each = Table("each_form", "Each fast form against the class's other forms without it: the "
+                 "attention layer, fwd+bwd (CPU)",
+                 ["shape", "encoding", "form", "with ms", "without ms",
+                  "time: without / with", "spread", "with MiB", "without MiB",
+                  "memory: without / with"],
+                 [None, None, None, "{:.1f}", "{:.1f}", "{:.2f}", "{:.2f}", "{:.1f}",
+                  "{:.1f}", "{:.2f}"])
     for spec, name in CASES:
         if not args.only or name in args.only:
-            table.add(*run(spec, name, args.rounds))
+            if args.table in ("forms", "both"):
+                table.add(*run(spec, name, args.rounds))
+            if args.table in ("each_form", "both"):
+                for row in run_each_form(spec, name, args.rounds):
+                    each.add(*row)
     if args.store:
-        write(args.store, "bench_fast_forms", [table],
+        tables = [t for t in (table, each) if t.rows]
+        write(args.store, "bench_fast_forms", tables,
               config={"rounds": args.rounds}, threads=args.threads)
 
 

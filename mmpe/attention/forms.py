@@ -21,8 +21,8 @@ from torch import Tensor
 
 from mmpe._scratch import block_bytes
 from mmpe.attention import fast_forms
-from mmpe.attention.cpu.rows import BiasTiles, CompactBias, HeadRows, distance_rows
 from mmpe.attention.generic import pair_rows
+from mmpe.attention.term_layouts import BiasTiles, CompactBias, HeadRows, distance_rows
 from mmpe.coords.base import index_grid
 from mmpe.coords.capabilities import Directed
 from mmpe.coords.grid import Grid
@@ -172,6 +172,28 @@ def _check_dense_memory(scores: Sequence[ScoreEncoding], ctx: AttentionContext) 
                  "tokens")
 
 
+def offers(enc: ScoreEncoding, form: str) -> bool:
+    """Whether the door of `form` gives something for `enc`, so a path can plan before it asks.
+
+    `form` is one of `"head_rows"`, `"tiles"`, `"rows_vjp"`, `"compact"` (a hand-written fast
+    form of the exact class, [mmpe.attention.fast_forms][]) or `"relation_table"` (the
+    structure: a function of the relation or the distance).
+
+    Raises:
+        ValueError: another `form`.
+    """
+    if form == "relation_table":
+        return enc.structure in ("relation", "distance")
+    if form not in _FAST_ONLY:
+        raise ValueError(f"offers: form must be one of {[*_FAST_ONLY, 'relation_table']}, "
+                         f"got {form!r}")
+    return fast_forms.get(enc, form) is not None
+
+
+#: the doors that give None unless the class has its own fast form
+_FAST_ONLY = ("head_rows", "tiles", "rows_vjp", "compact")
+
+
 def head_rows(enc: ScoreEncoding, ctx: AttentionContext, start: int,
               stop: int) -> HeadRows | None:
     """The rows of `rows` head by head without a graph, or None.
@@ -181,11 +203,6 @@ def head_rows(enc: ScoreEncoding, ctx: AttentionContext, start: int,
     head at once: a generic term per head would allocate per chunk and lose what this pays)."""
     fast = fast_forms.get(enc, "head_rows")
     return None if fast is None else fast(enc, ctx, start, stop)
-
-
-def has_head_rows(enc: ScoreEncoding) -> bool:
-    """Whether [head_rows][mmpe.attention.forms.head_rows] gives rows for `enc`."""
-    return fast_forms.get(enc, "head_rows") is not None
 
 
 def tiles(enc: ScoreEncoding, ctx: AttentionContext, start: int, stop: int,
@@ -215,16 +232,6 @@ def relation_table(enc: ScoreEncoding, ctx: AttentionContext, relation: Tensor) 
     if enc.structure == "distance":  # on toeplitz coordinates the distance is |relation|
         return enc.distance_term(ctx)(relation.abs().float()[None], heads).float()
     return None
-
-
-def has_relation_table(enc: ScoreEncoding) -> bool:
-    """Whether [relation_table][mmpe.attention.forms.relation_table] gives a table for `enc`."""
-    return enc.structure in ("relation", "distance")
-
-
-def has_compact(enc: ScoreEncoding) -> bool:
-    """Whether [compact][mmpe.attention.forms.compact] gives a form for `enc`."""
-    return fast_forms.get(enc, "compact") is not None
 
 
 def compact(enc: ScoreEncoding, ctx: AttentionContext) -> CompactBias | None:

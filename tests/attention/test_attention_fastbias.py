@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 import mmpe
 from mmpe import MultiHeadAttention, Sequence
 from mmpe.attention.cpu import relation
-from mmpe.attention.cpu.rows import antidiagonal_buffer, antidiagonal_sums, toeplitz_rows
 from mmpe.attention.masks import plain_causal
+from mmpe.attention.term_layouts import antidiagonal_buffer, antidiagonal_sums, toeplitz_rows
 from mmpe.encodings.base import AttentionContext
 
 NAMES = ["alibi", "t5", "fire", "kerple_log", "kerple_power"]

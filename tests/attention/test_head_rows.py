@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import lattice, random_points
+from helpers import lattice, random_points, without_head_rows
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import Tensor
@@ -21,8 +21,8 @@ import mmpe
 import mmpe.attention.cpu.blocked as blocked
 from mmpe import MultiHeadAttention
 from mmpe.attention import forms
-from mmpe.attention.cpu.rows import HeadRows
 from mmpe.attention.fast_forms import fire_tiles as _fire_tiles
+from mmpe.attention.term_layouts import HeadRows
 from mmpe.encodings.base import AttentionContext
 
 HEAD_NAMES = ["alibi", "kerple_log", "fire", "graphormer_spatial"]
@@ -144,7 +144,7 @@ def test_head_path_equals_all_heads_path(names, heads, batch, padded, n, float64
         mp.setattr(blocked.BlockedPlan, "head_biases", spy)
         by_head = _step(encs, coords, heads, dtype, seed)
         assert taken, "the head-by-head path was not taken"
-        mp.setattr(forms, "has_head_rows", lambda enc: False)
+        mp.setattr(forms, "offers", without_head_rows(forms.offers))
         taken.clear()
         all_heads = _step(encs, coords, heads, dtype, seed)
         assert not taken
@@ -161,7 +161,7 @@ def test_graph_head_path_equals_all_heads_path(monkeypatch, fixed) -> None:
     encs = [_encoding("graphormer_spatial", 2, 1), _encoding("alibi", 2, 2)]
     encs[0].table.requires_grad_(not fixed)
     by_head = _step(encs, coords, 2, torch.float32, 3)
-    monkeypatch.setattr(forms, "has_head_rows", lambda enc: False)
+    monkeypatch.setattr(forms, "offers", without_head_rows(forms.offers))
     all_heads = _step(encs, coords, 2, torch.float32, 3)
     for a, b in zip(by_head, all_heads, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
@@ -203,8 +203,8 @@ def test_a_subclass_with_its_own_score_mod_keeps_the_all_heads_path(monkeypatch)
             return lambda score, b, h, q, k: 2 * mod(score, b, h, q, k) - score
 
     assert Doubled.structure == "pair"  # its formula is no longer ALiBi's distance term
-    assert not forms.has_head_rows(Doubled(2))
-    assert forms.has_head_rows(ALiBi(2))
+    assert not forms.offers(Doubled(2), "head_rows")
+    assert forms.offers(ALiBi(2), "head_rows")
     monkeypatch.setenv("MMPE_ATTN_BLOCK_BYTES", "1")  # blocks of one query
     coords = _points(None, 9, 0, False)
     x = torch.randn(1, 9, 8)

@@ -145,6 +145,38 @@ def test_no_module_imports_a_higher_layer() -> None:
     assert not bad, "imports that go up a layer:\n" + "\n".join(sorted(bad))
 
 
+#: Inside `mmpe.attention`, bottom first (issue 56): the vocabulary every path shares, the
+#: forms of a term, the paths that read them, the choice of a route, the layers, the facade.
+ATTENTION_LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("floor", ("mmpe.attention.record", "mmpe.attention.memory", "mmpe.attention.generic",
+               "mmpe.attention.term_layouts", "mmpe.attention.masks")),
+    ("forms", ("mmpe.attention.fast_forms", "mmpe.attention.forms")),
+    ("paths", ("mmpe.attention.flex", "mmpe.attention.cpu")),
+    ("route", ("mmpe.attention.dispatch", "mmpe.attention.route")),
+    ("layers", ("mmpe.attention.modules",)),
+    ("facade", ("mmpe.attention",)),
+]
+
+
+def attention_layer_of(module: str) -> int:
+    for rank, (_, prefixes) in enumerate(ATTENTION_LAYERS):
+        if any(module == p or (p != "mmpe.attention" and module.startswith(p + "."))
+               for p in prefixes):
+            return rank
+    raise LookupError(f"{module} is in no attention layer: add it to ATTENTION_LAYERS")
+
+
+def test_no_attention_module_imports_a_higher_attention_layer() -> None:
+    inside = [m for m in MODULES if m == "mmpe.attention" or m.startswith("mmpe.attention.")]
+    bad = []
+    for module in inside:
+        for target, line, _ in EDGES[module]:
+            if target in inside and attention_layer_of(target) > attention_layer_of(module):
+                bad.append(f"{MODULES[module].relative_to(ROOT)}:{line}: {module} imports "
+                           f"{target} ({ATTENTION_LAYERS[attention_layer_of(target)][0]})")
+    assert not bad, "imports that go up inside mmpe.attention:\n" + "\n".join(sorted(bad))
+
+
 def test_the_import_graph_has_no_cycle() -> None:
     graph = nx.DiGraph()
     graph.add_nodes_from(MODULES)

@@ -6,8 +6,9 @@
 | `grid.py` | terms of the cell offset on grids: block-Toeplitz offset tables, forward pass |
 | `grid_backward.py` | the grid path's backward pass onto the offset table |
 | `blocked.py` | content-free terms on points, graphs, explicit positions, block by block |
-| `rows.py` | what those paths read from a term: rows head by head, tiles, compact terms |
 | `flash.py` | the one door to SDPA's private CPU kernel that returns the log-sum-exp |
 
-Hand-written fast forms of single encoding classes live in [mmpe.attention.fast_forms][].
+What they read from a term besides its `score_mod` (rows head by head, tiles, compact terms)
+is [mmpe.attention.term_layouts][]; hand-written fast forms of single encoding classes live
+in [mmpe.attention.fast_forms][].
 """

@@ -22,7 +22,7 @@ Backward, per block, the bias rows are computed again, and:
   bias − lse)`, `dS = P ⊙ (dO·Vᵀ − rowsum(dO ⊙ O))`, and `dq, dk, dv` from matrix products
   (tile by tile of keys, the heads of a tile in turn, in the cache). An encoding with
   fast `tiles`
-  (KERPLE-log, FIRE, Graphormer's spatial bias; [BiasTiles][mmpe.attention.cpu.rows.BiasTiles])
+  (KERPLE-log, FIRE, Graphormer's spatial bias; [BiasTiles][mmpe.attention.term_layouts.BiasTiles])
   writes its bias into each tile and reduces the tile's `dS` at once onto a few small tensors
   (`r1, r2`; FIRE's pieces and input rows; the bucket table) that autograd carries on: no
   `[b, n_h, R, n_k]` bias or `dS` of the block, no per-pair, per-head graph. For the other
@@ -53,12 +53,12 @@ import torch
 from torch import Tensor
 
 from mmpe._scratch import reuse_blocks
-from mmpe.attention import fast_forms, forms
+from mmpe.attention import forms
 from mmpe.attention.cpu.flash import _attend_block, _attend_block_backward
 from mmpe.attention.cpu.plan import run_plan
-from mmpe.attention.cpu.rows import BiasTiles, HeadRows
 from mmpe.attention.masks import cast_bias
 from mmpe.attention.memory import bias_row_bytes, block_bytes
+from mmpe.attention.term_layouts import BiasTiles, HeadRows
 from mmpe.coords.base import Coordinates
 from mmpe.coords.grid import Grid
 from mmpe.encodings.base import AttentionContext, ScoreEncoding
@@ -130,7 +130,7 @@ def prefers_tiles(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
     return (torch.is_grad_enabled() and not isinstance(coords, Grid)
             and applies(scores, ctx)
             and coords.num_queries * coords.num_keys >= BLOCKED_MIN_TILED_PAIRS
-            and all(_has(e, "tiles") for e in scores)
+            and all(forms.offers(e, "tiles") for e in scores)
             and any(p.requires_grad for e in scores for p in e.parameters())
             and not any(t.requires_grad for t in _coordinate_tensors(coords)))
 
@@ -180,7 +180,7 @@ class BlockedPlan:
         self.backward_rows = min(BLOCKED_BACKWARD_ROWS, cap,
                                  max(1, block_bytes() // max(1, per_feature_row)))
         self.tiled_rows = min(BLOCKED_TILED_ROWS, cap)
-        self.by_head = all(forms.has_head_rows(e) for e in self.scores)
+        self.by_head = all(forms.offers(e, "head_rows") for e in self.scores)
         # one head's bias (and its cast) and the terms' shared rows of a block (distances,
         # inputs, bucket codes: at most 8 bytes a pair per batch entry)
         per_head_row = (ctx.q.shape[0] + 2) * self.n_k * 8
@@ -345,7 +345,7 @@ class BlockedPlan:
         gradients from it. Within a block, batch entry by batch entry, tile by tile of
         `BLOCKED_KEY_TILE` keys and head by head within a tile (a tile's probabilities stay in
         the cache across its five products; a term prepares a tile once for every head). A
-        term with fast `tiles` ([BiasTiles][mmpe.attention.cpu.rows.BiasTiles]) writes its bias
+        term with fast `tiles` ([BiasTiles][mmpe.attention.term_layouts.BiasTiles]) writes its bias
         into each tile and takes the tile's `dS` at once; the others' rows are made for the
         block (`[b or 1, n_h or 1, R, n_k]`), and where one of them takes a gradient, `dS` is
         written into the block's `[b, n_h, R, n_k]` gradient of the bias for its pullback."""
@@ -357,8 +357,8 @@ class BlockedPlan:
         neg_delta = -(d_out * out).sum(-1, keepdim=True, dtype=lse.dtype).to(q.dtype)
         lse = lse.to(q.dtype)
         b, h = q.shape[:2]
-        tiled_terms = [e for e in self.scores if _has(e, "tiles")]
-        other_terms = [e for e in self.scores if not _has(e, "tiles")]
+        tiled_terms = [e for e in self.scores if forms.offers(e, "tiles")]
+        other_terms = [e for e in self.scores if not forms.offers(e, "tiles")]
         block = self.backward_rows if other_terms else self.tiled_rows
         for start, stop in self.blocks(block):
             rows = slice(start, stop)
@@ -421,7 +421,7 @@ class BlockedPlan:
         total, graphed, pulls = None, None, []
         for enc in self.scores if scores is None else scores:
             with torch.enable_grad():
-                if _has(enc, "rows_vjp"):
+                if forms.offers(enc, "rows_vjp"):
                     term, pull = forms.rows_vjp(enc, self.ctx, start, stop)
                     pulls.append(pull)
                 else:
@@ -479,12 +479,6 @@ class _TileBuffers:
         self.probs = q.new_empty(rows * width)
         self.sums = None if dtype == q.dtype else q.new_empty(rows * width, dtype=dtype)
         self.d_s = q.new_empty(rows * width) if own_ds else None
-
-
-def _has(enc: ScoreEncoding, form: str) -> bool:
-    """Whether `enc`'s exact class has the hand-written fast form `form` (`tiles`,
-    `rows_vjp`; [mmpe.attention.fast_forms][])."""
-    return fast_forms.get(enc, form) is not None
 
 
 def _head_rows(enc: ScoreEncoding, ctx: AttentionContext, start: int, stop: int) -> HeadRows:

@@ -15,14 +15,14 @@ from torch import Tensor
 from mmpe.attention import forms
 from mmpe.attention.cpu.flash import _attend_block
 from mmpe.attention.cpu.plan import run_plan
-from mmpe.attention.cpu.rows import (
+from mmpe.attention.masks import _only_causal
+from mmpe.attention.memory import block_bytes
+from mmpe.attention.term_layouts import (
     CompactBias,
     antidiagonal_buffer,
     antidiagonal_sums,
     toeplitz_rows,
 )
-from mmpe.attention.masks import _only_causal
-from mmpe.attention.memory import block_bytes
 from mmpe.encodings.base import AttentionContext, ScoreEncoding
 from mmpe.prepare import memoized
 
@@ -53,7 +53,7 @@ def applies(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
             and not torch.compiler.is_compiling()
             and getattr(coords, "toeplitz", False) is True
             and all(e.content_free and e.additive
-                    and (forms.has_relation_table(e) or forms.has_compact(e))
+                    and (forms.offers(e, "relation_table") or forms.offers(e, "compact"))
                     for e in scores))
 
 
@@ -76,9 +76,9 @@ class RelationPlan:
 
     Terms that depend on the relation alone (structures `relation` and `distance`) are summed
     into one table over the ``n_q + n_k − 1`` offsets, with ``−inf`` on the offsets a causal
-    mask removes; others come as [`CompactBias`][mmpe.attention.cpu.rows.CompactBias]. Queries
+    mask removes; others come as [`CompactBias`][mmpe.attention.term_layouts.CompactBias]. Queries
     are taken in blocks, each block's rows reversed so that its bias is a strided view of the
-    table ([`toeplitz_rows`][mmpe.attention.cpu.rows.toeplitz_rows]): SDPA's fused CPU kernel
+    table ([`toeplitz_rows`][mmpe.attention.term_layouts.toeplitz_rows]): SDPA's fused CPU kernel
     reads it with no ``n×n`` tensor, and a causal block stops at its last query's key. The
     backward pass ([`PlanAttention`][mmpe.attention.cpu.plan.PlanAttention]) recomputes each
     block's probabilities from the saved log-sum-exp and reduces the gradient of the scores onto
@@ -115,7 +115,7 @@ class RelationPlan:
         relation = torch.arange(n_k - 1, -n_q, -1, device=q.device)  # table index s = 0, 1 …
         table, compact = None, []
         for enc in scores:
-            if forms.has_relation_table(enc):
+            if forms.offers(enc, "relation_table"):
                 key = ("relation_table", id(enc), ctx.num_heads, n_q, n_k)
                 term = memoized(coords, key,
                                 lambda enc=enc: forms.relation_table(enc, ctx, relation))

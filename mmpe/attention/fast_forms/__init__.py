@@ -26,7 +26,7 @@ Forms (each optional; signatures as the doors of [mmpe.attention.forms][] that r
 from __future__ import annotations
 
 # The hand-written forms: each module registers its classes on import.
-from mmpe.attention.fast_forms import alibi, fire, geometry, graphormer, kerple, tables  # noqa: E402, F401, I001
-from mmpe.attention.fast_forms.table import FAST_FORMS, FORMS, get, register
+from mmpe.attention.fast_forms import alibi, dense_tables, fire, geometry, graphormer, kerple  # noqa: E402, F401, I001
+from mmpe.attention.fast_forms.by_class import FAST_FORMS, FORMS, get, register
 
 __all__ = ["FAST_FORMS", "FORMS", "get", "register"]

@@ -10,8 +10,8 @@ import torch
 from torch import Tensor
 
 from mmpe._scratch import block_empty
-from mmpe.attention.cpu.rows import HeadRows, ScaledRows, distance_rows
-from mmpe.attention.fast_forms.table import register
+from mmpe.attention.fast_forms.by_class import register
+from mmpe.attention.term_layouts import HeadRows, ScaledRows, distance_rows
 from mmpe.encodings.alibi import ALiBi
 from mmpe.encodings.base import AttentionContext
 

@@ -3,20 +3,18 @@
 FIRE's CPU forms (Li et al. 2024, eq. 4): its term on given pairs for the grids' offset
 tables, its rows on a block's range of inputs as ramps or pieces of the MLP (`BlockMLP`),
 head by head, tile by tile with the gradient by hand, and on `toeplitz` sequences in `O(n)`
-tensors (`FIRERows`). Every form gives the numbers of
+tensors (`FIRECompact`). Every form gives the numbers of
 [FIRE.score_mod][mmpe.encodings.fire.FIRE.score_mod]: the MLP as its linear pieces."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from mmpe._scratch import block_empty
-from mmpe.attention.cpu.rows import BiasTiles, CompactBias, HeadRows, distance_rows
-from mmpe.attention.fast_forms.fire_tiles import BlockMLP, FireRows, FireTiles, on_pieces
-from mmpe.attention.fast_forms.table import register
+from mmpe.attention.fast_forms.by_class import register
+from mmpe.attention.fast_forms.fire_tiles import BlockMLP, FIREHeadRows, FIRETiles, on_pieces
+from mmpe.attention.term_layouts import BiasTiles, CompactBias, HeadRows, distance_rows
 from mmpe.coords.base import index_grid
 from mmpe.encodings.base import AttentionContext
 from mmpe.encodings.fire import FIRE
@@ -65,7 +63,7 @@ def head_rows(self: FIRE, ctx: AttentionContext, start: int, stop: int) -> HeadR
     the MLP's ramps or pieces as `rows` reads them (see
     `HeadRows`)."""
     x = _input_rows(self, ctx, start, stop)  # [b', 1, R, n_k]
-    return FireRows(BlockMLP(*self._pieces(), x, _input_bound(self, ctx)), x)
+    return FIREHeadRows(BlockMLP(*self._pieces(), x, _input_bound(self, ctx)), x)
 
 
 def _extent_rows(self: FIRE, ctx: AttentionContext, start: int, stop: int) -> Tensor:
@@ -112,40 +110,12 @@ def _psi_rows(self: FIRE, d: Tensor) -> Tensor:
     return torch.mul(self.c.detach().float(), d, out=out).abs_().add_(1.0).log_()
 
 
-def rows_vjp(self: FIRE, ctx: AttentionContext, start: int,
-              stop: int) -> tuple[Tensor, Callable]:
-    """The rows of `bias_rows` (no graph) and their pullback by hand.
-
-    The rows of `bias_rows` (no graph) and their
-    pullback by hand: the block as one tile of
-    `bias_tiles`.
-
-    Returns the rows `[b or 1, n_h, R, n_k]` and the map `dS [b, n_h, R, n_k]` →
-    `(tensors, cotangents)`, as `bias_tiles`' pullback."""
-    n_k = ctx.coords.num_keys
-    with torch.no_grad():
-        term = rows(self, ctx, start, stop)
-
-    def pull(d_bias: Tensor) -> tuple[list[Tensor], list[Tensor]]:
-        with torch.enable_grad():
-            block = tiles(self, ctx, start, stop, max(n_k, 1))
-        scratch = torch.empty(stop - start, n_k)
-        for i in range(d_bias.shape[0]):
-            for head in range(self.num_heads):
-                block.write(scratch, i, head, 0, add=False)
-                block.take(d_bias[i, min(head, d_bias.shape[1] - 1)].contiguous(), i,
-                           head, 0)
-        return block.pullback()
-
-    return term, pull
-
-
 def tiles(self: FIRE, ctx: AttentionContext, start: int, stop: int,
                width: int) -> BiasTiles:
     """The rows of queries `start … stop−1` tile by tile.
 
     The rows of queries `start … stop−1` tile by tile, for the blocked attention path's
-    backward pass (see `BiasTiles` and `FireTiles` in
+    backward pass (see `BiasTiles` and `FIRETiles` in
     `mmpe.attention.fast_forms.fire_tiles`): the distances and the normaliser once per block, per
     tile the inputs and the MLP's ramps or pieces, and the gradient by hand (no autograd
     graph of the block's pairs)."""
@@ -154,14 +124,14 @@ def tiles(self: FIRE, ctx: AttentionContext, start: int, stop: int,
     with torch.no_grad():
         x = _psi_rows(self, d.detach()).div_(norm)  # the numbers of _input_rows
     mlp = BlockMLP(*self._pieces(), x, _input_bound(self, ctx))
-    return FireTiles(mlp, x, d, norm, self.c.float(), ctx.batch or 1, width)
+    return FIRETiles(mlp, x, d, norm, self.c.float(), ctx.batch or 1, width)
 
 
 def compact(self: FIRE, ctx: AttentionContext) -> CompactBias:
     """FIRE's compact form on `toeplitz` coordinates.
 
     On `toeplitz` coordinates: `ψ` on the `n_q + n_k − 1` offsets, the normaliser
-    on the `n_q` queries and the MLP's linear pieces (see `FIRERows`)."""
+    on the `n_q` queries and the MLP's linear pieces (see `FIRECompact`)."""
     coords = ctx.coords
     n_q, n_k = coords.num_queries, coords.num_keys
     relation = torch.arange(n_k - 1, -n_q, -1, device=coords.device)
@@ -172,11 +142,11 @@ def compact(self: FIRE, ctx: AttentionContext) -> CompactBias:
     threshold = self._threshold()
     norm = self._psi(torch.maximum(extent, threshold)) + self.eps
     slope, intercept, cuts = self.pieces()
-    return FIRERows(n_q, psi, norm.expand(norm.shape[0], n_q).contiguous(), slope, intercept,
+    return FIRECompact(n_q, psi, norm.expand(norm.shape[0], n_q).contiguous(), slope, intercept,
                     cuts)
 
 
-class FIRERows(CompactBias):
+class FIRECompact(CompactBias):
     """FIRE's bias on `toeplitz` coordinates, one offset at a time where it can be.
 
     With `ψ` on the offsets and `norm` per query, a pair's input is `x = ψ[m] / norm[r]`
@@ -290,5 +260,5 @@ class FIRERows(CompactBias):
             d_norm[:, start:stop] -= ((d_x * x).sum(-1) * inv).flip(-1)
 
 
-register(FIRE, rows=rows, head_rows=head_rows, rows_vjp=rows_vjp, tiles=tiles, compact=compact,
+register(FIRE, rows=rows, head_rows=head_rows, tiles=tiles, compact=compact,
          pair_term=pair_term, offset_on_grids=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from mmpe.attention.cpu.rows import (
+from mmpe.attention.term_layouts import (
     ROW_CHUNK,
     SCATTER_LANES,
     BiasTiles,
@@ -136,7 +136,7 @@ class BlockMLP:
         return out
 
 
-class FireRows(HeadRows):
+class FIREHeadRows(HeadRows):
     """FIRE's `HeadRows` on one block.
 
     FIRE's `HeadRows` on one block: the MLP on the block (`mlp`) and its inputs `x [b', 1,
@@ -205,10 +205,10 @@ class _HeadForm:
             out.add_(term) if add else out.copy_(term)
 
 
-class FireTiles(BiasTiles):
+class FIRETiles(BiasTiles):
     """FIRE's `BiasTiles` on one block.
 
-    FIRE's [BiasTiles][mmpe.attention.cpu.rows.BiasTiles] on one block: the MLP on the block
+    FIRE's [BiasTiles][mmpe.attention.term_layouts.BiasTiles] on one block: the MLP on the block
     (`mlp`), the distances `d [b', 1, R, n_k]` and the normaliser `norm [b', 1, R, 1]` (with
     their graphs), `c` (FIRE's `ψ` scale, float32).
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mmpe._scratch import block_bytes
-from mmpe.attention.fast_forms.table import register
+from mmpe.attention.fast_forms.by_class import register
 from mmpe.encodings._geometry import safe_sqrt
 from mmpe.encodings._precision import full_precision
 from mmpe.encodings.base import AttentionContext

@@ -13,7 +13,9 @@ import torch
 from torch import Tensor
 
 from mmpe._scratch import block_empty
-from mmpe.attention.cpu.rows import (
+from mmpe.attention.fast_forms.by_class import get, register
+from mmpe.attention.generic import pair_rows
+from mmpe.attention.term_layouts import (
     SCATTER_LANES,
     BiasTiles,
     HeadRows,
@@ -21,8 +23,6 @@ from mmpe.attention.cpu.rows import (
     key_tiles,
     lane_codes,
 )
-from mmpe.attention.fast_forms.table import get, register
-from mmpe.attention.generic import pair_rows
 from mmpe.encodings.base import AttentionContext
 from mmpe.encodings.graphormer import (
     GraphormerBias,

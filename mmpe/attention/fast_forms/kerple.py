@@ -7,14 +7,12 @@ path's backward pass) instead of autograd's graph over every pair. Numbers of
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import Tensor
 
 from mmpe._scratch import block_empty
-from mmpe.attention.cpu.rows import ROW_CHUNK, BiasTiles, HeadRows, distance_rows, key_tiles
-from mmpe.attention.fast_forms.table import register
+from mmpe.attention.fast_forms.by_class import register
+from mmpe.attention.term_layouts import ROW_CHUNK, BiasTiles, HeadRows, distance_rows, key_tiles
 from mmpe.encodings.base import AttentionContext
 from mmpe.encodings.kerple import KerpleLog
 
@@ -48,41 +46,6 @@ def head_rows(self: KerpleLog, ctx: AttentionContext, start: int, stop: int) -> 
     return _LogRows(*self.constrained(), distance_rows(ctx, start, stop))
 
 
-def _rows(self: KerpleLog, ctx: AttentionContext, start: int,
-          stop: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """The rows without a graph, `log(1 + r2·d)` per head `[b or 1, n_h, R, n_k]`, and
-    `r1, r2` `[n_h]`, the distance rows `d [b or 1, 1, R, n_k]` (both with their graphs)."""
-    r1, r2 = self.constrained()
-    dist = distance_rows(ctx, start, stop)
-    with torch.no_grad():
-        log = torch.mul(dist, r2[:, None, None]).log1p_()
-        return log * -r1[:, None, None], log, r1, r2, dist
-
-
-def rows_vjp(self: KerpleLog, ctx: AttentionContext, start: int,
-             stop: int) -> tuple[Tensor, Callable]:
-    """The rows of `rows` (no graph) and their pullback by hand.
-
-    The rows of `rows` (no graph) and
-    their pullback by hand, for the blocked attention path
-    (`mmpe.attention.cpu.blocked.BlockedPlan.pullback_bias`): with `L =
-    log(1 + r2·d)` per head (kept from the rows), eq. 8's derivatives are `∂/∂r1 = −Σ
-    dS·L`, `∂/∂r2 = −r1·Σ dS·d/(1 + r2·d)`, `∂/∂d = −Σ_h r1·r2·dS/(1 + r2·d)` — sums
-    over pairs as matrix products, no per-pair autograd graph.
-
-    Returns the rows `[b or 1, n_h, R, n_k]` and the map `dS [b, n_h, R, n_k]` →
-    `([r1, r2, d], cotangents)` (`r1, r2` the constrained `[n_h]`, `d` the distance rows;
-    autograd carries them on through the clamps and the coordinates)."""
-    bias, log, r1, r2, dist = _rows(self, ctx, start, stop)
-
-    def pull(d_bias: Tensor) -> tuple[list[Tensor], list[Tensor]]:
-        with torch.no_grad():
-            return _log_pullback(d_bias.sum_to_size(bias.shape).to(bias.dtype), log,
-                                 r1, r2, dist)
-
-    return bias, pull
-
-
 def tiles(self: KerpleLog, ctx: AttentionContext, start: int, stop: int,
           width: int) -> BiasTiles:
     """The rows of queries `start … stop−1` tile by tile.
@@ -90,31 +53,10 @@ def tiles(self: KerpleLog, ctx: AttentionContext, start: int, stop: int,
     The rows of queries `start … stop−1` tile by tile, for the blocked attention path's
     backward pass (see `BiasTiles`): the distance rows once
     per block, `L = log(1 + r2·d)` and the bias per head and tile, and from each tile's `dS`
-    the sums `Σ dS·L` and `Σ dS·d/(1 + r2·d)` per head (eq. 8's derivatives, as
-    `rows_vjp`) — in cache, no
+    the sums `Σ dS·L` and `Σ dS·d/(1 + r2·d)` per head (eq. 8's derivatives: `∂/∂r1 = −Σ
+    dS·L`, `∂/∂r2 = −r1·Σ dS·d/(1 + r2·d)`, `∂/∂d = −Σ_h r1·r2·dS/(1 + r2·d)`) — in cache, no
     `[b, n_h, R, n_k]` tensor."""
     return _LogTiles(*self.constrained(), distance_rows(ctx, start, stop), width)
-
-
-def _log_pullback(d_s: Tensor, log: Tensor, r1: Tensor, r2: Tensor,
-                  dist: Tensor) -> tuple[list[Tensor], list[Tensor]]:
-    """KERPLE-log's cotangents of `r1, r2` and (if it takes a gradient) `dist` from `d_s` and
-    `log` `[b', n_h, R, n_k]` (see `rows_vjp`)."""
-    b, h = log.shape[:2]
-    d = dist.detach().to(log.dtype)
-    flat = d_s.reshape(b, h, 1, -1)
-    g_r1 = -(flat @ log.reshape(b, h, -1, 1)).sum(0).view(h)  # Σ dS·L per head
-    # dS / (1 + r2·d), in a buffer of its own (the block's dS is not ours to change)
-    w = torch.addcmul(torch.ones((), dtype=log.dtype), d, r2.detach()[:, None, None])
-    w = torch.div(d_s, w, out=w).reshape(b, h, -1)
-    g_r2 = -r1.detach() * (w @ d.reshape(b, -1, 1)).sum(0).view(h)
-    tensors, cotangents = [r1, r2], [g_r1.to(r1.dtype), g_r2.to(r2.dtype)]
-    if dist.requires_grad:
-        coef = -(r1 * r2).detach().to(w.dtype)
-        g_d = (coef.view(1, 1, h) @ w).view(b, 1, *dist.shape[2:])
-        tensors.append(dist)
-        cotangents.append(g_d.sum_to_size(dist.shape).to(dist.dtype))
-    return tensors, cotangents
 
 
 class _LogRows(HeadRows):
@@ -184,4 +126,4 @@ class _LogTiles(BiasTiles):
         return tensors, cotangents
 
 
-register(KerpleLog, rows=rows, head_rows=head_rows, rows_vjp=rows_vjp, tiles=tiles)
+register(KerpleLog, rows=rows, head_rows=head_rows, tiles=tiles)

@@ -12,7 +12,7 @@ import math
 import torch
 from torch import Tensor
 
-from mmpe.attention.fast_forms.table import register
+from mmpe.attention.fast_forms.by_class import register
 from mmpe.encodings._grid import as_grid, check_ndim
 from mmpe.encodings.base import AttentionContext
 from mmpe.encodings.rrwp import RRWP

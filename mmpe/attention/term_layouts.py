@@ -2,9 +2,9 @@
 
 A term's structure (`ScoreEncoding.structure`) tells a path *what* the term is a function of;
 the forms here are *how* a path evaluates it fast on the CPU: rows head by head
-([HeadRows][mmpe.attention.cpu.rows.HeadRows]), tiles with their own backward pass
-([BiasTiles][mmpe.attention.cpu.rows.BiasTiles]), compact terms on `toeplitz` sequences
-([CompactBias][mmpe.attention.cpu.rows.CompactBias]), and the Toeplitz / anti-diagonal views
+([HeadRows][mmpe.attention.term_layouts.HeadRows]), tiles with their own backward pass
+([BiasTiles][mmpe.attention.term_layouts.BiasTiles]), compact terms on `toeplitz` sequences
+([CompactBias][mmpe.attention.term_layouts.CompactBias]), and the Toeplitz / anti-diagonal views
 the relation path reads them through. The generic forms come from the structure
 ([mmpe.attention.forms][]); the hand-written ones of single classes sit in
 [mmpe.attention.fast_forms][].
@@ -31,12 +31,12 @@ def distance_rows(ctx: AttentionContext, start: int, stop: int) -> Tensor:
 class CompactBias:
     """A content-free additive term held in a few `O(n)` tensors on `toeplitz` coordinates.
 
-    The eager attention path expands it block by block of queries ([`add_rows`][mmpe.attention.cpu.rows.CompactBias.add_rows]) and hands
-    each block's gradient of the scores back ([`accumulate_grads`][mmpe.attention.cpu.rows.CompactBias.accumulate_grads]), so training keeps no
+    The eager attention path expands it block by block of queries ([`add_rows`][mmpe.attention.term_layouts.CompactBias.add_rows]) and hands
+    each block's gradient of the scores back ([`accumulate_grads`][mmpe.attention.term_layouts.CompactBias.accumulate_grads]), so training keeps no
     `n_q × n_k` autograd graph of the bias; autograd then carries the gradients w.r.t.
     `tensors` on to the encoding's parameters. A block lists its queries in reverse order
     (row `r` is query `stop − 1 − r`), so that pair `(r, k)` lies on anti-diagonal
-    `m = r + k` of the block, one offset (see [`toeplitz_rows`][mmpe.attention.cpu.rows.toeplitz_rows]).
+    `m = r + k` of the block, one offset (see [`toeplitz_rows`][mmpe.attention.term_layouts.toeplitz_rows]).
 
     Args:
         tensors: the compact tensors (any may require grad).
@@ -65,7 +65,7 @@ class CompactBias:
 
         Args:
             d_diagonals: `[b, n_h, R, K + R]`, the gradient w.r.t. the block's term in the
-                layout of [`antidiagonal_buffer`][mmpe.attention.cpu.rows.antidiagonal_buffer]: entry `[.., r, r + k]` is pair
+                layout of [`antidiagonal_buffer`][mmpe.attention.term_layouts.antidiagonal_buffer]: entry `[.., r, r + k]` is pair
                 `(r, k)`'s, the others are zero (so a sum over rows is a sum per offset).
             grads: one accumulator per tensor, of its shape; None where no gradient is needed.
         """
@@ -80,12 +80,12 @@ class BiasTiles:
 
     That pass walks the block's pairs batch entry by batch entry, tile by tile of `width` keys
     (tile `j`: keys `j·width …`) and, within a tile, head by head `0 … n_h−1`, in cache. For
-    each head of a tile it asks the term to [write][mmpe.attention.cpu.rows.BiasTiles.write] its
+    each head of a tile it asks the term to [write][mmpe.attention.term_layouts.BiasTiles.write] its
     bias, computes the tile's `dS`, and hands it back at once
-    ([take][mmpe.attention.cpu.rows.BiasTiles.take]): the term reduces it onto its own small
+    ([take][mmpe.attention.term_layouts.BiasTiles.take]): the term reduces it onto its own small
     tensors (a per-head sum, a bin per bucket) while the tile is in cache, so no `[b, n_h, R,
     n_k]` bias or `dS` of the block is made. After the block,
-    [pullback][mmpe.attention.cpu.rows.BiasTiles.pullback] gives tensors that carry an autograd
+    [pullback][mmpe.attention.term_layouts.BiasTiles.pullback] gives tensors that carry an autograd
     graph (parameters, positions) and their cotangents. `take` always follows the `write` of
     the same tile and head, and the heads of a tile follow each other, so a term may prepare
     a tile once for all heads (FIRE's inputs) and keep per-tile values until the last head's
@@ -128,7 +128,7 @@ class HeadRows:
 
     That path calls SDPA's fused CPU kernel once per batch entry and head, on a block of
     queries larger than an all-heads block could be in the same memory; for each call every
-    term [write][mmpe.attention.cpu.rows.HeadRows.write]s the rows of that head into one `[R,
+    term [write][mmpe.attention.term_layouts.HeadRows.write]s the rows of that head into one `[R,
     n_k]` buffer. The term computes what all heads share (the block's distances, FIRE's
     inputs, Graphormer's bucket codes) once, when it is made
     (a class's fast `head_rows` form, `mmpe.attention.fast_forms`), and per head only the
@@ -136,7 +136,7 @@ class HeadRows:
 
     Attributes:
         dtype: the dtype of the term's rows (the term's rows').
-        chunk: pairs per chunk of [fill][mmpe.attention.cpu.rows.HeadRows.fill].
+        chunk: pairs per chunk of [fill][mmpe.attention.term_layouts.HeadRows.fill].
     """
 
     dtype: torch.dtype
@@ -189,7 +189,7 @@ class ScaledRows(HeadRows):
         torch.mul(rows, self.scale[head], out=out)
 
 
-#: accumulators per bin where a [BiasTiles][mmpe.attention.cpu.rows.BiasTiles] term sums a tile's
+#: accumulators per bin where a [BiasTiles][mmpe.attention.term_layouts.BiasTiles] term sums a tile's
 #: `dS` by bin (`scatter_add`): consecutive pairs of one bin (far pairs all in the last
 #: distance bucket) would each wait for the previous add (3.4 ns a pair); spread over 8
 #: copies of the bin, 0.6 ns.
@@ -206,7 +206,7 @@ def lane_codes(codes: Tensor) -> Tensor:
     Bin codes `[..., R, K]` (int64) spread over `SCATTER_LANES` copies of each bin: code
     `c` of the `p`-th pair of a `[R, K]` tile becomes `c·SCATTER_LANES + p mod
     SCATTER_LANES` (gather from a table with each bin repeated `SCATTER_LANES` times, and
-    fold the accumulators with [fold_lanes][mmpe.attention.cpu.rows.fold_lanes])."""
+    fold the accumulators with [fold_lanes][mmpe.attention.term_layouts.fold_lanes])."""
     lanes = torch.arange(codes.shape[-2] * codes.shape[-1], device=codes.device)
     return codes * SCATTER_LANES + (lanes % SCATTER_LANES).view(codes.shape[-2:])
 
@@ -250,8 +250,8 @@ def toeplitz_rows(table: Tensor, n_q: int, start: int, stop: int, n_keys: int) -
 def antidiagonal_buffer(shape: tuple[int, ...], like: Tensor) -> tuple[Tensor, Tensor]:
     """A zeroed buffer and a view into it for anti-diagonal sums.
 
-    A zeroed buffer and a `shape` `[.., R, K]` view into it that [`antidiagonal_sums`][mmpe.attention.cpu.rows.antidiagonal_sums]
-    sums along the anti-diagonals `r + k = const` (the offsets of a [`toeplitz_rows`][mmpe.attention.cpu.rows.toeplitz_rows]
+    A zeroed buffer and a `shape` `[.., R, K]` view into it that [`antidiagonal_sums`][mmpe.attention.term_layouts.antidiagonal_sums]
+    sums along the anti-diagonals `r + k = const` (the offsets of a [`toeplitz_rows`][mmpe.attention.term_layouts.toeplitz_rows]
     block): row `r` of the view is shifted right by `r` in a `[.., R, K + R]` buffer, so
     summing the buffer over rows sums each anti-diagonal in one pass. Write into the view
     (`out=` or in place) to avoid copying the block."""
@@ -264,9 +264,9 @@ def antidiagonal_buffer(shape: tuple[int, ...], like: Tensor) -> tuple[Tensor, T
 def antidiagonal_sums(buf: Tensor, lead_dims: int = 0) -> Tensor:
     """Sums of an anti-diagonal buffer along its anti-diagonals.
 
-    Sums of the block written into an [`antidiagonal_buffer`][mmpe.attention.cpu.rows.antidiagonal_buffer] along its anti-diagonals,
+    Sums of the block written into an [`antidiagonal_buffer`][mmpe.attention.term_layouts.antidiagonal_buffer] along its anti-diagonals,
     `[.., R + K − 1]`: entry `m` sums the pairs with `r + k = m` (for a
-    [`toeplitz_rows`][mmpe.attention.cpu.rows.toeplitz_rows] block of queries `start … stop−1`: table index `n_q − stop + m`),
+    [`toeplitz_rows`][mmpe.attention.term_layouts.toeplitz_rows] block of queries `start … stop−1`: table index `n_q − stop + m`),
     also summed over the first `lead_dims` dimensions."""
     dims = (*range(lead_dims), buf.dim() - 2)
     return buf.sum(dims)[..., :-1]
