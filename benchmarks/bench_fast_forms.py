@@ -154,10 +154,19 @@ def _layers(spec: dict, name: str):
     return cls, coords, x, fast, slow
 
 
+#: "train": forward + backward; "infer": a forward without gradients (where the forms that
+#: write rows head by head in place, `head_rows`, are read)
+MODE = {"mode": "train"}
+
+
 def _step(layer, coords, x) -> Callable[[], float]:
     def run() -> float:
         start = time.perf_counter()
-        layer(x, coords).square().mean().backward()
+        if MODE["mode"] == "infer":
+            with torch.no_grad():
+                layer(x, coords)
+        else:
+            layer(x, coords).square().mean().backward()
         return time.perf_counter() - start
 
     return run
@@ -252,12 +261,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", help="an encoding name (repeatable)")
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--mode", choices=("train", "infer"), default="train",
+                        help="forward + backward (train) or a forward without gradients")
     parser.add_argument("--table", choices=("forms", "each_form", "both"), default="both",
                         help="per class (forms), per form (each_form) or both")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--store", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    MODE["mode"] = args.mode
     table = Table("forms", "Fast forms against the generic path of their structure: the "
                   "attention layer, fwd+bwd (CPU)",
                   ["shape", "encoding", "forms read", "fast ms", "generic ms",
@@ -265,8 +277,9 @@ def main() -> None:
                    "memory: generic / fast"],
                   [None, None, None, "{:.1f}", "{:.1f}", "{:.2f}", "{:.2f}", "{:.1f}",
                    "{:.1f}", "{:.2f}"])
-    each = Table("each_form", "Each fast form against the class's other forms without it: the "
-                 "attention layer, fwd+bwd (CPU)",
+    each = Table("each_form" if args.mode == "train" else "each_form_infer", "Each fast form against the class's other forms without it: the "
+                 "attention layer, " + ("fwd+bwd" if args.mode == "train" else "forward, no grad")
+                 + " (CPU)",
                  ["shape", "encoding", "form", "with ms", "without ms",
                   "time: without / with", "spread", "with MiB", "without MiB",
                   "memory: without / with"],
