@@ -268,6 +268,7 @@ def _cell(c) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", help="an encoding name (repeatable)")
+    parser.add_argument("--shape", default=None, help="only shapes whose label contains this")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--mode", choices=("train", "infer"), default="train",
                         help="forward + backward (train) or a forward without gradients")
@@ -294,7 +295,8 @@ def main() -> None:
                  [None, None, None, "{:.1f}", "{:.1f}", "{:.2f}", "{:.2f}", "{:.1f}",
                   "{:.1f}", "{:.2f}"])
     for spec, name in CASES:
-        if args.mode not in spec.get("modes", ("train", "infer")):
+        if args.mode not in spec.get("modes", ("train", "infer")) or (
+                args.shape and args.shape not in spec["label"]):
             continue
         if not args.only or name in args.only:
             if args.table in ("forms", "both"):
