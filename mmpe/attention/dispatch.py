@@ -211,31 +211,77 @@ def _sdpa_rows(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float, 
 
 
 def run_math(scores: Seq[ScoreEncoding], kernel: KernelEncoding | None, ctx: AttentionContext,
-             scale: float) -> Tensor:
-    """Explicit ``q·kᵀ``, score mods, mask, then the kernel (or softmax and value-side terms)."""
+             scale: float, *, mask: Tensor | None = None, allowed: Tensor | None = None,
+             dropout: float = 0.0, return_probs: bool = False) -> Tensor | tuple[Tensor, Tensor | None]:
+    """Explicit ``q·kᵀ``, score mods, mask, then the kernel (or softmax and value-side terms).
+
+    The math route of the attention layers, and the eager path of the HF attention interface
+    (`mmpe.integrations.transformers`), whose masks and dropout come in as HF gives them.
+
+    Args:
+        mask: an additive float mask broadcastable to `[b, n_h, n_q, n_k]`, added to the
+            scores after the score mods (HF's float `attention_mask`).
+        allowed: a boolean mask broadcastable likewise, True where a query may attend, on top
+            of the coordinates' own (HF's boolean `attention_mask`). Before a softmax its
+            masked logits are the float32 minimum, not `-inf`: a row it masks entirely (an HF
+            padding query) gets finite, uniform weights, not NaN, as in HF's eager attention.
+            A non-softmax kernel reads them at `-inf`, like the coordinates' masked pairs.
+        dropout: the probability of dropping an attention weight after the softmax (as HF's
+            eager attention does); the value-side terms read the weights after it.
+        return_probs: also return the weights that multiplied the values (float32, after
+            dropout), None with a non-softmax kernel.
+
+    Returns:
+        The output `[b, n_h, n_q, h_d]` in `q`'s dtype, or `(output, weights)` with
+            `return_probs`.
+    """
     coords = ctx.coords
     # scores, their score-modded and masked copies, and the probabilities: four at once (one
     # more where record_attention keeps them)
     copies = 5 if record.recording() else 4
-    check_memory(copies * bias_row_bytes(ctx, coords.num_queries),
-                  "the math path's scores" + (" (recorded)" if copies == 5 else ""), ctx)
-    scores_ = (ctx.q @ ctx.k.transpose(-2, -1)).float() * scale
-    score_mod = compose_score_mods([e.score_mod(ctx) for e in scores])
-    if score_mod is not None:
-        b, h, qi, ki = index_grid(coords.batch_size or 1, ctx.num_heads, coords.num_queries,
-                                  coords.num_keys, scores_.device)
-        scores_ = score_mod(scores_, b, h, qi, ki)
-    mask = dense_mask_of(coords)
-    if mask is not None:
-        scores_ = scores_.masked_fill(~mask, float("-inf"))
+    check_memory((copies + (dropout > 0)) * bias_row_bytes(ctx, coords.num_queries),
+                 "the math path's scores" + (" (recorded)" if copies == 5 else ""), ctx)
+    scores_ = _math_scores(scores, ctx, scale, mask)
+    softmax = kernel is None or kernel.is_softmax
+    if allowed is not None:
+        fill = torch.finfo(torch.float32).min if softmax else float("-inf")
+        scores_ = scores_.masked_fill(~allowed, fill)
     v = ctx.v.float()
-    if kernel is not None and not kernel.is_softmax:
+    if not softmax:
         out = kernel.attend(scores_, v, ctx)
         probs = None
     else:
         probs = scores_.softmax(dim=-1)
         record.record(probs)
+        if dropout > 0:
+            probs = F.dropout(probs, p=dropout, training=True)
         out = probs @ v
+    out = _value_terms(scores, kernel, ctx, probs, out).to(ctx.q.dtype)
+    return (out, probs) if return_probs else out
+
+
+def _math_scores(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float,
+                 mask: Tensor | None) -> Tensor:
+    """The float32 logits: ``q·kᵀ`` scaled, the score mods, the additive mask, then the
+    coordinates' mask at ``-inf``."""
+    coords = ctx.coords
+    logits = (ctx.q @ ctx.k.transpose(-2, -1)).float() * scale
+    score_mod = compose_score_mods([e.score_mod(ctx) for e in scores])
+    if score_mod is not None:
+        b, h, qi, ki = index_grid(coords.batch_size or 1, ctx.num_heads, coords.num_queries,
+                                  coords.num_keys, logits.device)
+        logits = score_mod(logits, b, h, qi, ki)
+    if mask is not None:
+        logits = logits + mask.float()
+    own = dense_mask_of(coords)
+    if own is not None:
+        logits = logits.masked_fill(~own, float("-inf"))
+    return logits
+
+
+def _value_terms(scores: Seq[ScoreEncoding], kernel: KernelEncoding | None,
+                 ctx: AttentionContext, probs: Tensor | None, out: Tensor) -> Tensor:
+    """`out` plus the value-side terms of the encodings that read the probabilities."""
     for enc in scores:
         if enc.needs_probs:
             if probs is None:
@@ -244,7 +290,7 @@ def run_math(scores: Seq[ScoreEncoding], kernel: KernelEncoding | None, ctx: Att
             term = enc.value_term(probs, ctx)
             if term is not None:
                 out = out + term
-    return out.to(ctx.q.dtype)
+    return out
 
 
 def _softmax_scale(scores: Seq[ScoreEncoding], head_dim: int) -> float:

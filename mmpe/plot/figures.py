@@ -20,11 +20,18 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from mmpe.attention.forms import dense_bias
 from mmpe.checkpoints import load_encoding
 from mmpe.coords.base import Coordinates, index_grid
 from mmpe.coords.capabilities import Directed, GridLayout
 from mmpe.coords.sequence import Sequence
-from mmpe.encodings.base import InputEncoding, RotaryEncoding, ScoreEncoding
+from mmpe.encodings._content import ContentScoreEncoding
+from mmpe.encodings.base import (
+    AttentionContext,
+    InputEncoding,
+    RotaryEncoding,
+    ScoreEncoding,
+)
 from mmpe.plot._common import build, evaluating, name_of, positions
 from mmpe.plot.style import (
     DIVERGING,
@@ -139,28 +146,31 @@ def plot_similarity(enc: InputEncoding | str, coords: Coordinates | None = None,
 # -- score encodings ---------------------------------------------------------------------
 def _score_terms(fn: str, enc: ScoreEncoding, coords: Coordinates,
                  num_heads: int) -> tuple[np.ndarray, np.ndarray]:
-    """`(bias [n_h, n_q, n_k], allowed [n_q, n_k])` of a position-only additive encoding."""
-    from mmpe.functional import score_mod
+    """`(bias [n_h, n_q, n_k], allowed [n_q, n_k])` of a position-only additive encoding.
 
+    The bias is read through the one door to it, `mmpe.attention.forms.dense_bias`: the
+    numbers the attention layers add, not a second evaluation of the encoding here."""
+    name = name_of(enc)
     if not enc.additive:
-        raise ValueError(f"{fn}: {name_of(enc)} rescales the attention scores instead of adding a "
+        raise ValueError(f"{fn}: {name} rescales the attention scores instead of adding a "
                          "bias; there is no bias to plot")
+    if isinstance(enc, ContentScoreEncoding):
+        raise ValueError(f"{fn}: no position-only bias of {name} on {type(coords).__name__}: "
+                         "it is computed from the queries and keys")
     n_q, n_k = coords.num_queries, coords.num_keys
-    # the float32 bias, an int64 pair index its mod computes on, and the float32 copy drawn
+    # the float32 bias, an int64 pair index its term computes on, and the float32 copy drawn
     check_memory(fn, num_heads * n_q * n_k * 16,
                  f"the bias [n_h={num_heads}, n_q={n_q}, n_k={n_k}] float32", coords.device,
                  "draw fewer positions (--length, a smaller grid) or fewer heads")
+    # head_dim only sizes the work check: a position-only bias does not read q or k
+    ctx = AttentionContext(coords, num_heads, int(getattr(enc, "head_dim", None) or 64), 1)
     with evaluating(enc):
         try:
-            # head_dim only sizes the work check: a position-only bias does not read q or k
-            mod = score_mod(enc, coords, num_heads=num_heads,
-                            head_dim=int(getattr(enc, "head_dim", None) or 64))
+            bias = dense_bias([enc], ctx)
         except ValueError as err:
-            raise ValueError(f"{fn}: no position-only bias of {name_of(enc)} on "
+            raise ValueError(f"{fn}: no position-only bias of {name} on "
                              f"{type(coords).__name__}: {err}") from err
-        b, h, q, k = index_grid(1, num_heads, coords.num_queries, coords.num_keys, coords.device)
-        bias = mod(torch.zeros(()), b, h, q, k)
-    bias = bias.expand(1, num_heads, coords.num_queries, coords.num_keys)[0].float().cpu().numpy()
+    bias = bias[:1].expand(1, num_heads, n_q, n_k)[0].float().cpu().numpy()
     mask = coords.dense_mask()
     allowed = (np.ones(bias.shape[1:], dtype=bool) if mask is None
                else mask[0, 0].cpu().numpy().astype(bool))

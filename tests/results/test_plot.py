@@ -111,6 +111,38 @@ def test_bias_vs_distance_t5_buckets_and_kerple(tmp_path):
     np.testing.assert_allclose(y, -r1[1] * np.log1p(r2[1] * x), rtol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["fire", "t5", "kerple_power"])
+def test_the_drawn_bias_is_the_dense_bias_door(tmp_path, monkeypatch, name):
+    """The figures read the bias through `dense_bias`, the numbers the attention layers add,
+    not an evaluation of their own (FIRE's generic and fast forms differ in the last bit)."""
+    from mmpe.plot import figures
+
+    enc = mmpe.build(name, num_heads=4)
+    with torch.no_grad():
+        for p in enc.parameters():
+            p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(0)))
+    calls = []
+
+    def door(scores, ctx):
+        calls.append(type(ctx.coords).__name__)
+        return dense_bias(scores, ctx)
+
+    monkeypatch.setattr(figures, "dense_bias", door)
+    fig = plot.plot_bias_row(enc, query=40, path=tmp_path / "row.png")
+    assert calls == ["Sequence"]
+    coords = mmpe.Sequence(41, causal=True)
+    with torch.no_grad():
+        expect = dense_bias([enc], mmpe.encodings.base.AttentionContext(coords, 4, 8, 1))
+    for h in range(4):
+        np.testing.assert_array_equal(line_data(fig, h)[1], expect[0, h, 40].numpy())
+    grid = mmpe.Grid((3, 4), prefix_tokens=1)
+    bias, allowed = figures._score_terms("t", enc, grid, 4)
+    with torch.no_grad():
+        expect = dense_bias([enc], mmpe.encodings.base.AttentionContext(grid, 4, 8, 1))
+    np.testing.assert_array_equal(bias, expect[0].numpy())
+    assert allowed.all() and calls[-1] == "Grid"
+
+
 def test_bias_on_a_grid_is_averaged_per_distance_and_rows_are_maps(tmp_path):
     grid = mmpe.Grid((6, 6))
     fig = plot.plot_bias_vs_distance("alibi", grid, num_heads=4, path=tmp_path / "b.png")
