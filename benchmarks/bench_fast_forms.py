@@ -163,7 +163,7 @@ def _layers(spec: dict, name: str):
 
 
 #: "train": forward + backward; "infer": a forward without gradients (where the forms that
-#: write rows head by head in place, `head_rows`, are read)
+#: write rows in place without a graph are read)
 MODE = {"mode": "train"}
 
 

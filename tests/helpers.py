@@ -229,9 +229,3 @@ class CapturedUses(TorchFunctionMode):
                 self.made.append(o)
                 self.made_ids.add(id(o))
         return out
-
-
-def without_head_rows(offers):
-    """`mmpe.attention.forms.offers` as if no class had a `head_rows` form (the blocked path
-    then takes every head at once)."""
-    return lambda enc, form: form != "head_rows" and offers(enc, form)

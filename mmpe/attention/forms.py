@@ -22,7 +22,7 @@ from torch import Tensor
 from mmpe._scratch import block_bytes
 from mmpe.attention import fast_forms
 from mmpe.attention.generic import pair_rows
-from mmpe.attention.term_layouts import BiasTiles, CompactBias, HeadRows, distance_rows
+from mmpe.attention.term_layouts import BiasTiles, CompactBias, distance_rows
 from mmpe.coords.base import index_grid
 from mmpe.coords.capabilities import Directed
 from mmpe.coords.grid import Grid
@@ -175,7 +175,7 @@ def _check_dense_memory(scores: Sequence[ScoreEncoding], ctx: AttentionContext) 
 def offers(enc: ScoreEncoding, form: str) -> bool:
     """Whether the door of `form` gives something for `enc`, so a path can plan before it asks.
 
-    `form` is one of `"head_rows"`, `"tiles"`, `"rows_vjp"`, `"compact"` (a hand-written fast
+    `form` is one of `"tiles"`, `"compact"` (a hand-written fast
     form of the exact class, [mmpe.attention.fast_forms][]) or `"relation_table"` (the
     structure: a function of the relation or the distance).
 
@@ -191,18 +191,7 @@ def offers(enc: ScoreEncoding, form: str) -> bool:
 
 
 #: the doors that give None unless the class has its own fast form
-_FAST_ONLY = ("head_rows", "tiles", "rows_vjp", "compact")
-
-
-def head_rows(enc: ScoreEncoding, ctx: AttentionContext, start: int,
-              stop: int) -> HeadRows | None:
-    """The rows of `rows` head by head without a graph, or None.
-
-    The rows of [rows][mmpe.attention.forms.rows] head by head without a graph (a fast form
-    that writes each head in place in the cache), or None (the blocked path then takes every
-    head at once: a generic term per head would allocate per chunk and lose what this pays)."""
-    fast = fast_forms.get(enc, "head_rows")
-    return None if fast is None else fast(enc, ctx, start, stop)
+_FAST_ONLY = ("tiles", "compact")
 
 
 def tiles(enc: ScoreEncoding, ctx: AttentionContext, start: int, stop: int,
@@ -210,15 +199,6 @@ def tiles(enc: ScoreEncoding, ctx: AttentionContext, start: int, stop: int,
     """The term tile by tile with its own backward pass (a hand-written fast form), or None."""
     fast = fast_forms.get(enc, "tiles")
     return None if fast is None else fast(enc, ctx, start, stop, width)
-
-
-def rows_vjp(enc: ScoreEncoding, ctx: AttentionContext, start: int, stop: int):
-    """The rows without a graph and their pullback by hand, or None.
-
-    `(rows, pull)`: the rows without a graph and their pullback by hand (a fast form), or
-    None (the blocked path then pulls back through autograd on the block's rows)."""
-    fast = fast_forms.get(enc, "rows_vjp")
-    return None if fast is None else fast(enc, ctx, start, stop)
 
 
 def relation_table(enc: ScoreEncoding, ctx: AttentionContext, relation: Tensor) -> Tensor | None:
@@ -254,9 +234,9 @@ def pair_term(enc: ScoreEncoding, ctx: AttentionContext, q_idx: Tensor, kv_idx: 
     `score_mod` with every head, or the structure's term on the pairs' distances, or a fast
     form (a term whose `score_mod` reads a table over every pair must not build it here)."""
     fast = fast_forms.get(enc, "pair_term")
-    h = torch.arange(ctx.num_heads, device=q_idx.device).view(-1, *([1] * q_idx.dim()))
     if fast is not None:
         return fast(enc, ctx, q_idx, kv_idx, b)
+    h = torch.arange(ctx.num_heads, device=q_idx.device).view(-1, *([1] * q_idx.dim()))
     if enc.structure == "distance":
         d = ctx.coords.distance(q_idx, kv_idx, b).float()
         return enc.distance_term(ctx)(d[None], h).float()

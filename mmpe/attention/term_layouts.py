@@ -1,8 +1,7 @@
 """What the CPU attention paths read from a score term besides its `score_mod`.
 
 A term's structure (`ScoreEncoding.structure`) tells a path *what* the term is a function of;
-the forms here are *how* a path evaluates it fast on the CPU: rows head by head
-([HeadRows][mmpe.attention.term_layouts.HeadRows]), tiles with their own backward pass
+the forms here are *how* a path evaluates it fast on the CPU: tiles with their own backward pass
 ([BiasTiles][mmpe.attention.term_layouts.BiasTiles]), compact terms on `toeplitz` sequences
 ([CompactBias][mmpe.attention.term_layouts.CompactBias]), and the Toeplitz / anti-diagonal views
 the relation path reads them through. The generic forms come from the structure
@@ -120,83 +119,14 @@ class BiasTiles:
         raise NotImplementedError
 
 
-class HeadRows:
-    """A content-free additive term on one block of queries, one head at a time.
-
-    A content-free additive term on one block of queries, one head at a time: the blocked
-    attention path's forward pass and its fused backward pass (`mmpe.attention.cpu.blocked`).
-
-    That path calls SDPA's fused CPU kernel once per batch entry and head, on a block of
-    queries larger than an all-heads block could be in the same memory; for each call every
-    term [write][mmpe.attention.term_layouts.HeadRows.write]s the rows of that head into one `[R,
-    n_k]` buffer. The term computes what all heads share (the block's distances, FIRE's
-    inputs, Graphormer's bucket codes) once, when it is made
-    (a class's fast `head_rows` form, `mmpe.attention.fast_forms`), and per head only the
-    head's own pass (a product, a gather), chunk by chunk of `chunk` pairs in the cache.
-
-    Attributes:
-        dtype: the dtype of the term's rows (the term's rows').
-        chunk: pairs per chunk of [fill][mmpe.attention.term_layouts.HeadRows.fill].
-    """
-
-    dtype: torch.dtype
-    chunk: int = 1 << 16
-    _scratch: Tensor | None = None
-
-    def write(self, out: Tensor, i: int, head: int, add: bool) -> None:
-        """The term of one batch entry and head on the block's pairs into `out`.
-
-        The term of batch entry `i` and head `head` on the block's pairs into `out [R,
-        n_k]` (contiguous; `dtype` or a wider float dtype in which the terms are summed): `out
-        = bias`, or `out += bias` where `add`. The numbers are those the term's rows give."""
-        flat = out.view(-1)
-        direct = not add and out.dtype == self.dtype
-        if not direct and self._scratch is None:
-            self._scratch = torch.empty(min(self.chunk, flat.numel()), dtype=self.dtype,
-                                        device=out.device)
-        for c in range(0, flat.numel(), self.chunk):
-            part = flat[c:c + self.chunk]
-            if direct:
-                self.fill(part, i, head, c)
-                continue
-            term = self._scratch[:part.numel()]
-            self.fill(term, i, head, c)
-            part.add_(term) if add else part.copy_(term)
-
-    def fill(self, out: Tensor, i: int, head: int,
-             offset: int) -> None:  # pragma: no cover - abstract
-        """The term on the block's flat pairs into the flat `out`.
-
-        The term on the block's flat pairs `offset … offset + len(out) − 1` (row-major `[R,
-        n_k]`) of batch entry `i` and head `head` into the flat `out` (`dtype`)."""
-        raise NotImplementedError
-
-
-class ScaledRows(HeadRows):
-    """A term that is a per-head multiple of rows shared by the heads.
-
-    A term that is a per-head multiple of rows shared by the heads: `rows [b or 1, 1, R,
-    n_k]` times `scale[head]` (ALiBi's `−m_h·d`), in that order of operands."""
-
-    def __init__(self, rows: Tensor, scale: Tensor) -> None:
-        self.dtype = torch.result_type(rows, scale)
-        self.flat = rows.detach().reshape(rows.shape[0], -1)
-        self.scale = scale.detach()
-        self.chunk = self.flat.shape[1] or 1  # one pass: no chunks needed
-
-    def fill(self, out: Tensor, i: int, head: int, offset: int) -> None:
-        rows = self.flat[min(i, self.flat.shape[0] - 1), offset:offset + out.numel()]
-        torch.mul(rows, self.scale[head], out=out)
-
-
 #: accumulators per bin where a [BiasTiles][mmpe.attention.term_layouts.BiasTiles] term sums a tile's
 #: `dS` by bin (`scatter_add`): consecutive pairs of one bin (far pairs all in the last
 #: distance bucket) would each wait for the previous add (3.4 ns a pair); spread over 8
 #: copies of the bin, 0.6 ns.
 SCATTER_LANES = 8
 
-#: elements per chunk where a term builds its rows without a graph pass by pass (FIRE,
-#: KERPLE-log): 256 kB of float32, so each chunk stays in the cache across the passes.
+#: elements per chunk where a term builds its rows without a graph pass by pass (FIRE):
+#: 256 kB of float32, so each chunk stays in the cache across the passes.
 ROW_CHUNK = 1 << 16
 
 

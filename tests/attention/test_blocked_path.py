@@ -18,7 +18,7 @@ import math
 
 import pytest
 import torch
-from helpers import lattice, random_points, without_head_rows
+from helpers import lattice, random_points
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -457,7 +457,7 @@ def test_graphormer_spatial_bias_rows_equal_score_mod() -> None:
                                    generic.pair_rows(enc, ctx, start, stop), atol=0, rtol=0)
 
 
-# -- the encodings' hand-written pullbacks against autograd ----------------------------------
+# -- the cases of the encodings' hand-written tiles ---------------------------------------------
 def _vjp_case(name: str, heads: int, seed: int, batch, grad_positions: bool):
     if name == "graphormer_spatial":
         coords, pos = lattice(11), None
@@ -467,60 +467,10 @@ def _vjp_case(name: str, heads: int, seed: int, batch, grad_positions: bool):
     return enc, AttentionContext(coords, heads, 4, coords.batch_size or 2), pos
 
 
-def _pullback_grads(enc, ctx, start, stop, d_bias, wrt, wrong: bool = False):
-    """Gradients w.r.t. `wrt` of `Σ dS ⊙ rows` by the encoding's `rows_vjp`."""
-    rows, pull = forms.rows_vjp(enc, ctx, start, stop)
-    tensors, cotangents = pull(d_bias)
-    if wrong:  # the control: one cotangent off by a tenth
-        cotangents = [cotangents[0] * 1.1, *cotangents[1:]]
-    pairs = [(t, c) for t, c in zip(tensors, cotangents, strict=True) if t.requires_grad]
-    tensors, cotangents = zip(*pairs, strict=True)
-    got = torch.autograd.grad(tensors, wrt, cotangents, retain_graph=True, allow_unused=True)
-    return rows, [torch.zeros_like(w) if g is None else g for w, g in zip(wrt, got, strict=True)]
-
-
 def _autograd_grads(enc, ctx, start, stop, d_bias, wrt):
     rows = forms.rows(enc, ctx, start, stop)
     got = torch.autograd.grad((rows * d_bias).sum(), wrt, retain_graph=True, allow_unused=True)
     return rows, [torch.zeros_like(w) if g is None else g for w, g in zip(wrt, got, strict=True)]
-
-
-@settings(max_examples=30, deadline=None)
-@given(name=st.sampled_from(["graphormer_spatial"]),  # the one class with rows_vjp
-       heads=st.integers(1, 3), batch=st.sampled_from([None, 1, 2]), grad_positions=st.booleans(),
-       seed=st.integers(0, 999), data=st.data())
-def test_rows_vjp_equals_autograd(name, heads, batch, grad_positions, seed, data) -> None:
-    # The hand-written pullbacks the blocked path uses against autograd through bias_rows:
-    # the rows themselves bit for bit, the gradients w.r.t. every parameter and the positions.
-    enc, ctx, pos = _vjp_case(name, heads, seed, batch, grad_positions)
-    n = ctx.coords.num_queries
-    start = data.draw(st.integers(0, n - 1))
-    stop = data.draw(st.integers(start + 1, n))
-    d_bias = torch.randn(ctx.coords.batch_size or 2, heads, stop - start, ctx.coords.num_keys,
-                         generator=torch.Generator().manual_seed(seed))
-    wrt = [p for p in enc.parameters() if p.requires_grad] + ([pos] if grad_positions
-                                                              and pos is not None else [])
-    rows, fast = _pullback_grads(enc, ctx, start, stop, d_bias, wrt)
-    ref_rows, ref = _autograd_grads(enc, ctx, start, stop, d_bias, wrt)
-    assert not rows.requires_grad
-    assert torch.equal(rows.expand_as(ref_rows), ref_rows)
-    with torch.no_grad():  # the forward pass's rows are the same numbers
-        assert torch.equal(forms.rows(enc, ctx, start, stop), ref_rows.detach())
-    for a, b in zip(fast, ref, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
-
-
-@pytest.mark.parametrize("name", ["graphormer_spatial"])
-def test_rows_vjp_comparison_catches_a_wrong_pullback(name) -> None:
-    # The control of the test above: a cotangent off by 10 % fails the same comparison.
-    enc, ctx, pos = _vjp_case(name, 2, 3, 2, True)
-    d_bias = torch.randn(2, 2, 4, ctx.coords.num_keys, generator=torch.Generator().manual_seed(0))
-    wrt = [p for p in enc.parameters() if p.requires_grad]
-    _, fast = _pullback_grads(enc, ctx, 2, 6, d_bias, wrt, wrong=True)
-    _, ref = _autograd_grads(enc, ctx, 2, 6, d_bias, wrt)
-    with pytest.raises(AssertionError):
-        for a, b in zip(fast, ref, strict=True):
-            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
 def _fire_c_term_scale(enc, ctx, start, stop, d_bias) -> float:
@@ -560,7 +510,7 @@ def _tile_grads(enc, ctx, start, stop, width, d_bias, wrt, batch):
 
 
 @settings(max_examples=30, deadline=None)
-@given(name=st.sampled_from(["graphormer_spatial"]),  # the one class with rows_vjp
+@given(name=st.sampled_from(["kerple_log", "fire", "graphormer_spatial"]),
        heads=st.integers(1, 3), batch=st.sampled_from([None, 1, 2]), grad_positions=st.booleans(),
        width=st.integers(1, 12), seed=st.integers(0, 999), data=st.data())
 def test_bias_tiles_equal_rows_and_autograd(name, heads, batch, grad_positions, width, seed,
@@ -735,29 +685,21 @@ def test_two_terms_of_one_kind_equal_math_path(small_blocks, case, n, heads, see
     _assert_same(fast, slow, _labels(encs, 0))
 
 
-@pytest.mark.parametrize("by_head", [True, False])
 @pytest.mark.parametrize("kind", ["points", "graph"])
-def test_blocks_reuse_one_storage(small_blocks, kind, by_head) -> None:
+def test_blocks_reuse_one_storage(small_blocks, kind) -> None:
     # Each block's rows refill the previous block's storage (a fresh multi-MB block costs its
-    # page faults), which needs the path to let go of a block before asking for the next:
-    # the terms' rows of the all-heads path, and the shared rows and the one head's bias of
-    # the head-by-head path.
+    # page faults), which needs the path to let go of a block before asking for the next.
     coords = _points(None, 16, 0, padded=False, grad=False)[0] if kind == "points" \
         else lattice(16)
     attn = MultiHeadAttention(8, 2, _encodings(["alibi"], 2, 0))
     seen, biases = [], []
     cls = type(attn.scores[0])
     own = fast_forms.FAST_FORMS[cls]
-    real_rows, real_heads, real_attend = own["rows"], own["head_rows"], blocked._attend_block
+    real_rows, real_attend = own["rows"], blocked._attend_block
 
     def spy_rows(self, ctx, start, stop):
         rows = real_rows(self, ctx, start, stop)
         seen.append(rows.data_ptr())
-        return rows
-
-    def spy_heads(self, ctx, start, stop):
-        rows = real_heads(self, ctx, start, stop)
-        seen.append(rows.flat.data_ptr())
         return rows
 
     def spy_attend(q, k, v, bias, scale):
@@ -767,14 +709,9 @@ def test_blocks_reuse_one_storage(small_blocks, kind, by_head) -> None:
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(own, "rows", spy_rows)
         mp.setattr(blocked, "_attend_block", spy_attend)
-        mp.setitem(own, "head_rows", spy_heads)
-        if not by_head:
-            mp.setattr(forms, "offers", without_head_rows(forms.offers))
         with torch.no_grad():
             attn(torch.randn(1, 16, 8), coords)
-    # (a graph's shared rows are views of its hop table, one per block: nothing to reuse)
-    if kind == "points" or not by_head:
-        assert len(seen) > 2 and len(set(seen)) == 1
+    assert len(seen) > 2 and len(set(seen)) == 1
     assert len(biases) > 2 and len(set(biases)) == 1
 
 

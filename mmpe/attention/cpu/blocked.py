@@ -8,11 +8,7 @@ rows. Forward, per block: the block's bias rows (the sum of each encoding's
 [rows][mmpe.attention.forms.rows], with no autograd graph, masked pairs
 at `−inf`), then all heads by SDPA's fused CPU kernel, which also returns each row's
 log-sum-exp. Saved for the backward pass: `q, k, v`, the output and the log-sum-exp (`O(n)`
-per head), never the bias. Where every term gives its rows head by head
-([head_rows][mmpe.attention.forms.head_rows]: ALiBi, KERPLE-log, FIRE,
-Graphormer's spatial bias), the forward pass and the fused backward pass call the kernel once
-per batch entry and head instead, with that head's bias of a block four times as tall in the
-same memory (`BlockedPlan.head_biases`).
+per head), never the bias.
 
 Backward, per block, the bias rows are computed again, and:
 
@@ -28,7 +24,7 @@ Backward, per block, the bias rows are computed again, and:
   `[b, n_h, R, n_k]` bias or `dS` of the block, no per-pair, per-head graph. For the other
   terms the block's rows are made and `dS` is written into the block's gradient of the bias,
   pulled back by `torch.autograd.grad(rows, inputs, dS)` on that block's rows only (the
-  encodings' own differentiable code), or by a fast `rows_vjp`
+  encodings' own differentiable code)
   (`BlockedPlan.pullback_bias`).
 
 Which tensors the bias depends on is read from the autograd graph of one probe row (see
@@ -58,7 +54,7 @@ from mmpe.attention.cpu.flash import _attend_block, _attend_block_backward
 from mmpe.attention.cpu.plan import run_plan
 from mmpe.attention.masks import cast_bias
 from mmpe.attention.memory import bias_row_bytes, block_bytes
-from mmpe.attention.term_layouts import BiasTiles, HeadRows
+from mmpe.attention.term_layouts import BiasTiles
 from mmpe.coords.base import Coordinates
 from mmpe.coords.grid import Grid
 from mmpe.encodings.base import AttentionContext, ScoreEncoding
@@ -81,13 +77,6 @@ BLOCKED_TILED_ROWS = 512
 #: KERPLE-log, 512 rows: 256 keys 1.42×, 512 keys 1.47×, 128 keys 1.49×).
 BLOCKED_KEY_TILE = 256
 
-#: queries per block where every term gives its rows head by head (`head_rows`; the forward
-#: pass and the fused backward pass then call the fused kernel once per batch entry and head,
-#: with one head's `[R, n_k]` bias): at 4,096 points with ALiBi (one thread, Xeon with
-#: AVX-512) a step took 1.05–1.08 s with 1,024 rows, 1.16–1.20 s with 512 or 2,048, against
-#: 1.23–1.29 s with all heads' rows at 256 rows a block (the same memory). At least 256 rows
-#: per thread: the kernel splits a call's queries into tasks of 256 rows.
-BLOCKED_HEAD_ROWS = 1024
 
 #: below the block budget, the query–key pairs per batch entry and head from which a layer
 #: that trains its terms still runs here where every term has fast `tiles` (KERPLE-log, FIRE,
@@ -180,12 +169,6 @@ class BlockedPlan:
         self.backward_rows = min(BLOCKED_BACKWARD_ROWS, cap,
                                  max(1, block_bytes() // max(1, per_feature_row)))
         self.tiled_rows = min(BLOCKED_TILED_ROWS, cap)
-        self.by_head = all(forms.offers(e, "head_rows") for e in self.scores)
-        # one head's bias (and its cast) and the terms' shared rows of a block (distances,
-        # inputs, bucket codes: at most 8 bytes a pair per batch entry)
-        per_head_row = (ctx.q.shape[0] + 2) * self.n_k * 8
-        self.head_block = max(1, min(max(BLOCKED_HEAD_ROWS, 256 * torch.get_num_threads()),
-                                     block_bytes() // per_head_row))
 
     @classmethod
     def build(cls, scores: Seq[ScoreEncoding], ctx: AttentionContext,
@@ -235,39 +218,6 @@ class BlockedPlan:
         inputs = bias_inputs(self) if torch.is_grad_enabled() else []
         return run_plan(self, q, k, v, *inputs)
 
-    def head_biases(self, q: Tensor) -> Iterator[tuple[int, int, slice, Tensor]]:
-        """The bias of each batch entry, head and block of queries.
-
-        Batch entry `i`, head `h`, the queries of a block and their bias `[1, 1, R, n_k]`
-        in q's dtype (masked pairs at `−inf`: the numbers of `bias`), for every block of
-        `head_block` queries, entry and head in turn: the terms' `head_rows` summed in their
-        promoted dtype into one buffer, reused by the next head (so a caller uses each bias
-        before asking for the next)."""
-        b, h = q.shape[:2]
-        sums: dict[torch.dtype, Tensor] = {}
-        for start, stop in self.blocks(self.head_block):
-            terms = [_head_rows(e, self.ctx, start, stop) for e in self.scores]
-            mask = self.ctx.coords.dense_mask(start, stop)
-            drop = None if mask is None else ~mask
-            dtype = functools.reduce(torch.promote_types, [t.dtype for t in terms])
-            # one buffer per dtype for the whole call (the caller still holds the last view
-            # when the next block starts, so a per-block scratch would not be free)
-            for t in {dtype, q.dtype}:
-                if t not in sums:
-                    sums[t] = q.new_empty(min(self.head_block, self.n_q) * self.n_k, dtype=t)
-            total = sums[dtype][:(stop - start) * self.n_k].view(stop - start, self.n_k)
-            bias = sums[q.dtype][:total.numel()].view_as(total)
-            for i in range(b):
-                for head in range(h):
-                    for n, term in enumerate(terms):
-                        term.write(total, i, head, add=n > 0)
-                    if drop is not None:
-                        total.masked_fill_(_pick(drop, i, 0), float("-inf"))
-                    if bias is not total:
-                        bias.copy_(total)
-                    yield i, head, slice(start, stop), bias[None, None]
-            terms = term = None  # the shared rows' storage: the next block's
-
     # -- forward ------------------------------------------------------------------------------
     @torch.no_grad()
     @reuse_blocks()  # each block's distance and term rows in the last one's storage
@@ -281,12 +231,6 @@ class BlockedPlan:
         out = q.new_empty(b, h, self.n_q, v.shape[-1])
         lse = q.new_empty(b, h, self.n_q,
                           dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
-        if self.by_head:
-            for i, head, rows, bias in self.head_biases(q):
-                at = (slice(i, i + 1), slice(head, head + 1))
-                o, m = _attend_block(q[at][:, :, rows], k[at], v[at], bias, self.scale)
-                out[i, head, rows], lse[i, head, rows] = o[0, 0], m[0, 0]
-            return out, lse
         for start, stop in self.blocks(self.forward_rows):
             # (the bias is not bound to a name: its storage is free for the next block's)
             o, m = _attend_block(q[:, :, start:stop], k, v, self.bias(start, stop, q.dtype),
@@ -318,16 +262,6 @@ class BlockedPlan:
         dq = torch.empty_like(q, memory_format=torch.contiguous_format)
         dk = torch.zeros_like(k, memory_format=torch.contiguous_format)
         dv = torch.zeros_like(v, memory_format=torch.contiguous_format)
-        if self.by_head:
-            for i, head, rows, bias in self.head_biases(q):
-                at = (slice(i, i + 1), slice(head, head + 1))
-                dq_b, dk_b, dv_b = _attend_block_backward(
-                    d_out[at][:, :, rows], q[at][:, :, rows], k[at], v[at], out[at][:, :, rows],
-                    lse[at][:, :, rows], bias, self.scale)
-                dq[i, head, rows] = dq_b[0, 0]
-                dk[i, head] += dk_b[0, 0]
-                dv[i, head] += dv_b[0, 0]
-            return dq, dk, dv
         for start, stop in self.blocks(self.forward_rows):
             rows = slice(start, stop)
             dq_b, dk_b, dv_b = _attend_block_backward(
@@ -415,19 +349,14 @@ class BlockedPlan:
         those terms only, default all) and the
         pullbacks of the terms that take a gradient: each maps the block's `dS [b, n_h, R,
         n_k]` to tensors and their cotangents (`autograd.grad(tensors, inputs, cotangents)`
-        is the term's vector-Jacobian product). A class with a fast `rows_vjp` gives its
-        own (its gradient by hand, from per-pair tensors kept without autograd); the others'
-        rows are recorded by autograd and pulled back through their graph."""
+        is the term's vector-Jacobian product): their rows recorded by autograd and pulled back
+        through their graph (a term with its gradient by hand has `tiles`)."""
         total, graphed, pulls = None, None, []
         for enc in self.scores if scores is None else scores:
             with torch.enable_grad():
-                if forms.offers(enc, "rows_vjp"):
-                    term, pull = forms.rows_vjp(enc, self.ctx, start, stop)
-                    pulls.append(pull)
-                else:
-                    term = forms.rows(enc, self.ctx, start, stop)
-                    if term.requires_grad:
-                        graphed = term if graphed is None else graphed + term
+                term = forms.rows(enc, self.ctx, start, stop)
+                if term.requires_grad:
+                    graphed = term if graphed is None else graphed + term
             term = term.detach()
             total = term if total is None else total + term
         if graphed is not None:
@@ -479,14 +408,6 @@ class _TileBuffers:
         self.probs = q.new_empty(rows * width)
         self.sums = None if dtype == q.dtype else q.new_empty(rows * width, dtype=dtype)
         self.d_s = q.new_empty(rows * width) if own_ds else None
-
-
-def _head_rows(enc: ScoreEncoding, ctx: AttentionContext, start: int, stop: int) -> HeadRows:
-    rows = forms.head_rows(enc, ctx, start, stop)
-    if rows is None:
-        raise TypeError(f"{type(enc).__name__}: its fast head_rows form returned None; a "
-                        "head_rows form must give rows wherever the term has rows")
-    return rows
 
 
 def _pick(t: Tensor | None, i: int, head: int) -> Tensor | None:

@@ -2,7 +2,7 @@
 
 An encoding's module holds its paper; where an attention path computes one class's term faster
 than its structure's generic form (FIRE's linear pieces over a block's range, KERPLE-log's
-pullback by hand, Graphormer's gather by hop code), that form sits here, beside the paths that
+tiles with the gradient by hand, Graphormer's gather by hop code), that form sits here, beside the paths that
 read it, as a function of the encoding. The table is keyed by `type(enc)`, in the style of
 HF's table of RoPE initialisers: a subclass gets the generic forms of its structure, never its
 parent's fast ones, so it can never compute its parent's numbers. Each form gives the numbers
@@ -15,12 +15,10 @@ Forms (each optional; signatures as the doors of [mmpe.attention.forms][] that r
 | --- | --- | --- |
 | `dense` | `(enc, ctx) -> [b or 1, n_h, n_q, n_k]` | the dense SDPA path |
 | `rows` | `(enc, ctx, start, stop) -> [b or 1, n_h, R, n_k]` | blocks of the SDPA paths |
-| `head_rows` | `(enc, ctx, start, stop) -> HeadRows` | the blocked CPU path, head by head |
 | `tiles` | `(enc, ctx, start, stop, width) -> BiasTiles` | the blocked path's backward pass |
-| `rows_vjp` | `(enc, ctx, start, stop) -> (rows, pull)` | the blocked path's backward pass |
 | `compact` | `(enc, ctx) -> CompactBias` | the relation path on sequences |
 | `pair_term` | `(enc, ctx, q_idx, kv_idx, b) -> [n_h, *pairs]` | offset tables on grids |
-| `offset_on_grids` | `True` | the grid paths (CPU and flex) |
+| `offset_on_grids` | `True` (a declaration) | the grid paths (CPU and flex) |
 """
 
 from __future__ import annotations

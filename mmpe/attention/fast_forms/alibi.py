@@ -11,7 +11,7 @@ from torch import Tensor
 
 from mmpe._scratch import block_empty
 from mmpe.attention.fast_forms.by_class import register
-from mmpe.attention.term_layouts import HeadRows, ScaledRows, distance_rows
+from mmpe.attention.term_layouts import distance_rows
 from mmpe.encodings.alibi import ALiBi
 from mmpe.encodings.base import AttentionContext
 
@@ -36,10 +36,4 @@ def rows(enc: ALiBi, ctx: AttentionContext, start: int, stop: int) -> Tensor:
     return torch.mul(dist, slopes, out=out)
 
 
-@torch.no_grad()
-def head_rows(enc: ALiBi, ctx: AttentionContext, start: int, stop: int) -> HeadRows:
-    """The distance rows once, `d · (−m_h)` per head."""
-    return ScaledRows(_distances(enc, ctx, start, stop), -enc.slopes.float())
-
-
-register(ALiBi, rows=rows, head_rows=head_rows)
+register(ALiBi, rows=rows)

@@ -10,8 +10,7 @@ from typing import Any
 from mmpe.encodings.base import ScoreEncoding
 
 #: the form names a class may register
-FORMS = ("dense", "rows", "head_rows", "tiles", "rows_vjp", "compact", "pair_term",
-         "offset_on_grids")
+FORMS = ("dense", "rows", "tiles", "compact", "pair_term", "offset_on_grids")
 
 #: exact encoding class -> {form name: function}
 FAST_FORMS: dict[type, dict[str, Any]] = {}

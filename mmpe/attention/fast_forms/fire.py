@@ -13,8 +13,8 @@ from torch import Tensor
 
 from mmpe._scratch import block_empty
 from mmpe.attention.fast_forms.by_class import register
-from mmpe.attention.fast_forms.fire_tiles import BlockMLP, FIREHeadRows, FIRETiles, on_pieces
-from mmpe.attention.term_layouts import BiasTiles, CompactBias, HeadRows, distance_rows
+from mmpe.attention.fast_forms.fire_tiles import BlockMLP, FIRETiles, on_pieces
+from mmpe.attention.term_layouts import BiasTiles, CompactBias, distance_rows
 from mmpe.coords.base import index_grid
 from mmpe.encodings.base import AttentionContext
 from mmpe.encodings.fire import FIRE
@@ -53,17 +53,6 @@ def rows(self: FIRE, ctx: AttentionContext, start: int, stop: int) -> Tensor:
         return mlp.rows(x)
     shape = (x.shape[0], self.num_heads, *x.shape[2:])
     return mlp.chunks(x, out=block_empty(self, "rows", shape, x.dtype, x.device))
-
-
-@torch.no_grad()
-def head_rows(self: FIRE, ctx: AttentionContext, start: int, stop: int) -> HeadRows:
-    """The rows of `rows` head by head.
-
-    The rows of `rows` head by head: the block's inputs once, per head and chunk
-    the MLP's ramps or pieces as `rows` reads them (see
-    `HeadRows`)."""
-    x = _input_rows(self, ctx, start, stop)  # [b', 1, R, n_k]
-    return FIREHeadRows(BlockMLP(*self._pieces(), x, _input_bound(self, ctx)), x)
 
 
 def _extent_rows(self: FIRE, ctx: AttentionContext, start: int, stop: int) -> Tensor:
@@ -260,5 +249,7 @@ class FIRECompact(CompactBias):
             d_norm[:, start:stop] -= ((d_x * x).sum(-1) * inv).flip(-1)
 
 
-register(FIRE, rows=rows, head_rows=head_rows, tiles=tiles, compact=compact,
-         pair_term=pair_term, offset_on_grids=True)
+# FIRE's normalised distance on a grid is a function of the cell offset: the grid paths may
+# take it (a declaration of what the term depends on, with the form their offset table reads)
+register(FIRE, rows=rows, tiles=tiles, compact=compact, pair_term=pair_term,
+         offset_on_grids=True)

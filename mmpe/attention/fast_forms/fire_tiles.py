@@ -19,7 +19,6 @@ from mmpe.attention.term_layouts import (
     ROW_CHUNK,
     SCATTER_LANES,
     BiasTiles,
-    HeadRows,
     fold_lanes,
     lane_codes,
 )
@@ -134,25 +133,6 @@ class BlockMLP:
                 for head in range(heads):
                     head_form.write(flat_out[i, head, c:c + chunk], head, add=False)
         return out
-
-
-class FIREHeadRows(HeadRows):
-    """FIRE's `HeadRows` on one block.
-
-    FIRE's `HeadRows` on one block: the MLP on the block (`mlp`) and its inputs `x [b', 1,
-    R, n_k]`; per chunk and head the form `chunks` evaluates (the same numbers)."""
-
-    def __init__(self, mlp: BlockMLP, x: Tensor) -> None:
-        self.dtype = x.dtype
-        self.flat = x.reshape(x.shape[0], -1)
-        # a chunk's inputs, ramps and term stay in the cache (4,096 points, one thread, Xeon:
-        # a no-grad forward 0.56 s with 64 Ki pairs a chunk, 0.61 s with 256 Ki, 0.78 s with 8 Ki)
-        self.chunk = ROW_CHUNK
-        self.form = _HeadForm(mlp, min(self.chunk, self.flat.shape[1]))
-
-    def fill(self, out: Tensor, i: int, head: int, offset: int) -> None:
-        self.form.prepare(self.flat[min(i, self.flat.shape[0] - 1), offset:offset + out.numel()])
-        self.form.write(out, head, add=False)
 
 
 class _HeadForm:

@@ -1,13 +1,11 @@
 """Graphormer's CPU forms.
 
 Graphormer's CPU forms (Ying et al. 2021, eqs. 6–7): the spatial bias `b_φ` gathered head by
-head by hop code, its gradient summed by bucket by hand (whole rows or tile by tile), and the
-dense forms of the spatial, edge and combined biases from their pair tables. Numbers of each
+head by hop code, its gradient summed by bucket by hand tile by tile, and the dense forms of
+the edge and combined biases from their pair tables. Numbers of each
 class's `score_mod`."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -18,7 +16,6 @@ from mmpe.attention.generic import pair_rows
 from mmpe.attention.term_layouts import (
     SCATTER_LANES,
     BiasTiles,
-    HeadRows,
     fold_lanes,
     key_tiles,
     lane_codes,
@@ -30,11 +27,6 @@ from mmpe.encodings.graphormer import (
     GraphormerSpatial,
     spatial_buckets,
 )
-
-
-def dense(self: GraphormerSpatial, ctx: AttentionContext) -> Tensor:
-    """Eager path: `table[bucket]` on all pairs, `[b, n_h, n, n]` (equals the mod)."""
-    return _gather(self.table, spatial_buckets(ctx.coords.spd, self.max_distance))
 
 
 def _gather(table: Tensor, buckets: Tensor) -> Tensor:
@@ -52,58 +44,22 @@ def rows(self: GraphormerSpatial, ctx: AttentionContext, start: int, stop: int) 
     if torch.is_grad_enabled() and self.table.requires_grad:
         buckets = spatial_buckets(ctx.coords.spd[:, start:stop], self.max_distance)
         return _gather(self.table, buckets)
-    return rows_vjp(self, ctx, start, stop)[0]
+    return _gathered_rows(self, ctx, start, stop)
 
 
-def rows_vjp(self: GraphormerSpatial, ctx: AttentionContext, start: int,
-              stop: int) -> tuple[Tensor, Callable]:
-    """The rows of `rows` (no graph) and their pullback by hand.
-
-    The rows of `rows` (no graph) and their pullback by hand, for the blocked attention path
-    (`mmpe.attention.cpu.blocked.BlockedPlan.pullback_bias`): the gradient of
-    `b_φ` (Ying et al. 2021, eq. 6) is `dS` summed by bucket, per head — an `index_add`
-    over the block's bucket codes instead of autograd's backward of the gather.
-
-    Returns the rows `[b, n_h, R, n]` and the map `dS [b, n_h, R, n]` → `([table],
-    [d_table])` (`table`, `d_table` `[max_distance + 3, n_h]`)."""
+def _gathered_rows(self: GraphormerSpatial, ctx: AttentionContext, start: int,
+                   stop: int) -> Tensor:
+    """The rows without a graph, `[b, n_h, R, n]`: head by head, an `index_select` of the
+    head's column of `b_φ` at the block's bucket codes into one scratch block."""
     buckets = _buckets(self, ctx, start, stop)
-    table = self.table
     with torch.no_grad():
-        per_head = table.detach().t().contiguous()  # [n_h, buckets]
+        per_head = self.table.detach().t().contiguous()  # [n_h, buckets]
         rows = block_empty(self, "rows", (per_head.shape[0], *buckets.shape),
-                           table.dtype, buckets.device)
+                           per_head.dtype, buckets.device)
         flat = buckets.reshape(-1)
         for head, values in enumerate(per_head):  # index_select: ~3× torch.take's speed
             torch.index_select(values, 0, flat, out=rows[head].view(-1))
-
-    def pull(d_bias: Tensor) -> tuple[list[Tensor], list[Tensor]]:
-        with torch.no_grad():
-            d_s = d_bias.sum_to_size(rows.shape[1], *rows.shape[:1], *rows.shape[2:])
-            grad = per_head.new_zeros(per_head.shape)
-            for i in range(d_s.shape[0]):
-                grad.index_add_(1, buckets[i].reshape(-1),
-                                d_s[i].reshape(grad.shape[0], -1).to(grad.dtype))
-            return [table], [grad.t()]
-
-    return rows.transpose(0, 1), pull
-
-
-@torch.no_grad()
-
-
-def head_rows(self: GraphormerSpatial, ctx: AttentionContext, start: int, stop: int) -> HeadRows:
-    """The rows of `bias_rows` head by head.
-
-    The rows of `bias_rows` head by head: the block's hop codes less their least (one
-    pass), each code's row of `b_φ`, and per head a gather from the head's column of
-    those rows (see `HeadRows`)."""
-    spd = ctx.coords.spd[:, start:stop]
-    lo, hi = (int(v) for v in torch.aminmax(spd)) if spd.numel() else (0, 0)
-    # each hop code's bucket (a table of hi − lo + 1): no pass over the pairs to bucket them
-    buckets = spatial_buckets(torch.arange(lo, hi + 1, device=spd.device), self.max_distance)
-    codes = torch.sub(spd, lo, out=block_empty(self, "codes", spd.shape, spd.dtype,
-                                               spd.device))
-    return _SpatialRows(self.table[buckets], codes)
+    return rows.transpose(0, 1)
 
 
 def tiles(self: GraphormerSpatial, ctx: AttentionContext, start: int, stop: int,
@@ -124,22 +80,6 @@ def _buckets(self: GraphormerSpatial, ctx: AttentionContext, start: int, stop: i
     return spatial_buckets(spd, self.max_distance,
                            out=block_empty(self, "buckets", spd.shape, spd.dtype,
                                            spd.device))
-
-
-class _SpatialRows(HeadRows):
-    """Graphormer's spatial bias as `HeadRows`: `table [codes, n_h]` (each code's row of
-    `b_φ`) and the block's codes `[b, R, n]`; per head an `index_select` from the head's
-    column."""
-
-    def __init__(self, table: Tensor, buckets: Tensor) -> None:
-        self.dtype = table.dtype
-        self.values = table.detach().t().contiguous()  # [n_h, buckets]
-        self.codes = buckets.reshape(buckets.shape[0], -1)
-        self.chunk = self.codes.shape[1] or 1  # one pass: no chunks needed
-
-    def fill(self, out: Tensor, i: int, head: int, offset: int) -> None:
-        codes = self.codes[min(i, self.codes.shape[0] - 1), offset:offset + out.numel()]
-        torch.index_select(self.values[head], 0, codes, out=out)
 
 
 class _SpatialTiles(BiasTiles):
@@ -180,19 +120,22 @@ def edge_dense(self: GraphormerEdge, ctx: AttentionContext) -> Tensor:
 
 
 def bias_dense(self: GraphormerBias, ctx: AttentionContext) -> Tensor:
-    """Spatial plus edge bias, `[b, n_h, n, n]`: each part's fast form, else its generic one."""
+    """Spatial plus edge bias, `[b, n_h, n, n]`: each part's fast dense or rows form.
+
+    Each part's fast dense form, else its fast rows on every query, else its generic one."""
     out = None
     for part in (self.spatial, self.edge):
         if part is None:
             continue
-        fast = get(part, "dense")
-        term = fast(part, ctx) if fast is not None else pair_rows(part, ctx, 0,
-                                                                  ctx.coords.num_queries)
+        dense, rows_form = get(part, "dense"), get(part, "rows")
+        n = ctx.coords.num_queries
+        term = (dense(part, ctx) if dense is not None
+                else rows_form(part, ctx, 0, n) if rows_form is not None
+                else pair_rows(part, ctx, 0, n))
         out = term if out is None else out + term
     return out
 
 
-register(GraphormerSpatial, dense=dense, rows=rows, rows_vjp=rows_vjp, head_rows=head_rows,
-         tiles=tiles)
+register(GraphormerSpatial, rows=rows, tiles=tiles)
 register(GraphormerEdge, dense=edge_dense)
 register(GraphormerBias, dense=bias_dense)

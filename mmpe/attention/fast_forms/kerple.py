@@ -10,40 +10,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from mmpe._scratch import block_empty
 from mmpe.attention.fast_forms.by_class import register
-from mmpe.attention.term_layouts import ROW_CHUNK, BiasTiles, HeadRows, distance_rows, key_tiles
+from mmpe.attention.term_layouts import BiasTiles, distance_rows, key_tiles
 from mmpe.encodings.base import AttentionContext
 from mmpe.encodings.kerple import KerpleLog
-
-
-def rows(self: KerpleLog, ctx: AttentionContext, start: int, stop: int) -> Tensor:
-    """The term of queries `start … stop−1`.
-
-    The term of queries `start … stop−1`, `[b or 1, n_h, R, n_k]`; where no gradient is recorded, in place, head by head and chunk by
-    chunk of `ROW_CHUNK` elements that stay in the cache across the three passes (one tensor
-    of the block's size instead of three, the same numbers)."""
-    if torch.is_grad_enabled() or torch.compiler.is_compiling():
-        # (A compiled graph fuses the passes itself; dtype queries do not trace.)
-        heads = torch.arange(self.num_heads, device=ctx.coords.device)[:, None, None]
-        return self.distance_term(ctx)(distance_rows(ctx, start, stop), heads)
-    rows = head_rows(self, ctx, start, stop)  # [b', 1, R, n_k] distances inside
-    out = block_empty(self, "rows", (rows.flat.shape[0], self.num_heads, stop - start,
-                                     ctx.coords.num_keys), rows.dtype, rows.flat.device)
-    for i in range(out.shape[0]):
-        for head in range(self.num_heads):
-            rows.write(out[i, head], i, head, add=False)
-    return out
-
-
-@torch.no_grad()
-def head_rows(self: KerpleLog, ctx: AttentionContext, start: int, stop: int) -> HeadRows:
-    """The rows of `rows` head by head.
-
-    The rows of `rows` head by head: the distance rows once, then per head and
-    chunk `log1p(d·r2)·(−r1)` in the cache (see `HeadRows`;
-    the no-graph `rows` writes every head through it)."""
-    return _LogRows(*self.constrained(), distance_rows(ctx, start, stop))
 
 
 def tiles(self: KerpleLog, ctx: AttentionContext, start: int, stop: int,
@@ -57,21 +27,6 @@ def tiles(self: KerpleLog, ctx: AttentionContext, start: int, stop: int,
     dS·L`, `∂/∂r2 = −r1·Σ dS·d/(1 + r2·d)`, `∂/∂d = −Σ_h r1·r2·dS/(1 + r2·d)`) — in cache, no
     `[b, n_h, R, n_k]` tensor."""
     return _LogTiles(*self.constrained(), distance_rows(ctx, start, stop), width)
-
-
-class _LogRows(HeadRows):
-    """KERPLE-log's `HeadRows`: `log1p(d·r2)·(−r1)` per head (the operations of `kernel`, the
-    passes in place) on the distance rows `[b', 1, R, n_k]`."""
-
-    def __init__(self, r1: Tensor, r2: Tensor, dist: Tensor) -> None:
-        self.dtype = torch.result_type(dist, r2)
-        self.flat = dist.reshape(dist.shape[0], -1).to(self.dtype)
-        self.neg_r1, self.r2 = (-r1).to(self.dtype), r2.to(self.dtype)
-        self.chunk = ROW_CHUNK
-
-    def fill(self, out: Tensor, i: int, head: int, offset: int) -> None:
-        d = self.flat[min(i, self.flat.shape[0] - 1), offset:offset + out.numel()]
-        torch.mul(d, self.r2[head], out=out).log1p_().mul_(self.neg_r1[head])
 
 
 class _LogTiles(BiasTiles):
@@ -126,4 +81,4 @@ class _LogTiles(BiasTiles):
         return tensors, cotangents
 
 
-register(KerpleLog, rows=rows, head_rows=head_rows, tiles=tiles)
+register(KerpleLog, tiles=tiles)
