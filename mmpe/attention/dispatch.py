@@ -153,7 +153,7 @@ def run_dense(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -
     broadcast over the batch where it does not depend on the example) and the coordinates'
     mask as ``attn_mask``: the dense route on every device, and the SDPA path's dense plan."""
     coords = ctx.coords
-    bias = forms.dense_bias(scores, ctx)
+    bias = forms.summed_bias(scores, ctx)  # the layer checked the terms
     if bias is None:
         if plain_causal(coords):  # the fused causal kernel, no dense mask
             return F.scaled_dot_product_attention(ctx.q, ctx.k, ctx.v, is_causal=True,
