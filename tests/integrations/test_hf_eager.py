@@ -140,3 +140,17 @@ def test_layers_share_content_free_biases_without_gradients_only(monkeypatch):
     model(IDS, attention_mask=MASK, labels=IDS).loss.backward()
     assert len(computed) == 2 * 2  # each layer, and again in its recomputation
     assert model.mmpe_encodings[0].table.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("backend", ["auto", "math"])
+def test_one_check_per_attention_call(monkeypatch, backend):
+    """The bridge checks each term's context once per call, as mmpe's layers do; the paths
+    after it (the dense bias's sum, run_math's score mods) trust the checked context."""
+    model = prepared(llama(), "t5", backend=backend)
+    enc = model.mmpe_encodings[0]
+    checks = []
+    real = type(enc).check_context
+    monkeypatch.setattr(type(enc), "check_context", lambda self, ctx: checks.append(1) or real(self, ctx))
+    with torch.no_grad():
+        model(IDS, attention_mask=MASK)
+    assert len(checks) == 2  # two layers, one call each

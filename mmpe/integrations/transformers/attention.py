@@ -5,9 +5,10 @@ attention module to its encodings and the model's per-forward state;
 [`mmpe_attention_forward`][mmpe.integrations.transformers.mmpe_attention_forward], registered
 with HF's `AttentionInterface` by
 [`register_attention`][mmpe.integrations.transformers.register_attention], reads HF's masks
-and cache into mmpe coordinates and runs the call through mmpe's own doors: the dense bias
-(`mmpe.attention.forms.dense_bias`) on SDPA, the math path (`mmpe.attention.dispatch.run_math`)
-where the probabilities are needed.
+and cache into mmpe coordinates, checks the call once as mmpe's layers do, and runs it through
+mmpe's own doors: the dense bias (`mmpe.attention.forms.summed_bias`, the sum of
+`dense_bias`) on SDPA, the math path (`mmpe.attention.dispatch.run_math`) where the
+probabilities are needed.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -23,7 +25,7 @@ from torch import Tensor, nn
 
 from mmpe._optional import require
 from mmpe.attention.dispatch import run_math
-from mmpe.attention.forms import dense_bias
+from mmpe.attention.forms import summed_bias
 from mmpe.coords.base import index_grid
 from mmpe.coords.sequence import Sequence as Seq1D
 from mmpe.encodings.base import (
@@ -241,8 +243,7 @@ def mmpe_attention_forward(module: nn.Module, query: Tensor, key: Tensor, value:
     coords = _coordinates(state, attention_mask, q_len, k_len, causal, query.device,
                           kwargs.get("position_ids"))
     allowed, additive = _hf_mask(attention_mask, causal, q_len, k_len, query.device)
-    ctx = AttentionContext(coords, n_h, head_dim, b, None, query, key, value)
-    _check(link.scores, ctx)
+    ctx = _checked(link.scores, AttentionContext(coords, n_h, head_dim, b, None, query, key, value))
     scale = next((s for e in link.scores if (s := e.softmax_scale(head_dim)) is not None),
                  scaling if scaling is not None else head_dim ** -0.5)
     p = dropout if module.training else 0.0
@@ -269,9 +270,9 @@ def _hf_mask(attention_mask: Tensor | None, causal: bool, q_len: int, k_len: int
     return None, attention_mask
 
 
-def _check(scores: Sequence[ScoreEncoding], ctx: AttentionContext) -> None:
-    """Each term's context and the call's work, once per call, as mmpe's layers check them
-    (the paths trust their caller)."""
+def _checked(scores: Sequence[ScoreEncoding], ctx: AttentionContext) -> AttentionContext:
+    """`ctx` marked checked, after each term's context and the call's work are checked once,
+    as mmpe's layers check them (the paths and forms then trust it)."""
     for enc in scores:
         enc.check_context(ctx)
     b, n_h, n_q, h_d = ctx.q.shape
@@ -279,6 +280,7 @@ def _check(scores: Sequence[ScoreEncoding], ctx: AttentionContext) -> None:
     check_attention_work(", ".join(names) or "mmpe_attention_forward", batch=b, num_heads=n_h,
                          num_queries=n_q, num_keys=ctx.k.shape[2], head_dim=h_d,
                          device=ctx.q.device)
+    return replace(ctx, checked=True)
 
 
 def _needs_math(state: _ModelState, link: _Link) -> bool:
@@ -289,11 +291,11 @@ def _needs_math(state: _ModelState, link: _Link) -> bool:
 
 def _sdpa(scores: Sequence[ScoreEncoding], ctx: AttentionContext, scale: float,
           allowed: Tensor | None, additive: Tensor | None, p: float) -> Tensor:
-    """SDPA with the dense bias (the one door, `mmpe.attention.forms.dense_bias`) plus HF's
-    mask; masked pairs at the dtype's minimum, not `-inf`, so a row HF masks entirely (a
-    padding query) stays finite."""
+    """SDPA with the dense bias (the door's sum on a checked context, `summed_bias`, as the
+    layers' dense route) plus HF's mask; masked pairs at the dtype's minimum, not `-inf`, so a
+    row HF masks entirely (a padding query) stays finite."""
     dtype = ctx.q.dtype
-    bias = dense_bias(scores, ctx).to(dtype)
+    bias = summed_bias(scores, ctx).to(dtype)
     if additive is not None:
         bias = bias + additive
     if allowed is not None:
