@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,7 +33,7 @@ import torch
 from mmpe.coords.base import Coordinates, index_grid
 from mmpe.coords.grid import Grid
 from mmpe.coords.sphere import Sphere
-from mmpe.encodings.base import InputEncoding, RotaryEncoding, ScoreEncoding
+from mmpe.encodings.base import AttentionContext, InputEncoding, RotaryEncoding, ScoreEncoding
 from mmpe.plot._common import evaluating, name_of, positions
 from mmpe.plot.figures import _cosine, _score_terms
 from mmpe.plot.style import DIVERGING, finish, new_figure, symmetric_limit
@@ -72,20 +73,25 @@ def query_values(enc: Any, coords: Coordinates, query: int, *, num_heads: int = 
 
 
 def _bias_row(enc: ScoreEncoding, coords: Coordinates, query: int, num_heads: int) -> np.ndarray:
-    """One query's row of the position-only bias, mean over heads: the score function is
-    evaluated on that row alone (a 4,050-cell world map has 16 M pairs)."""
-    from mmpe.functional import mask_mod, score_mod
+    """One query's row of the position-only bias, mean over heads: the door's rows of that
+    query alone (`mmpe.attention.forms.rows`, after the term's check: a 4,050-cell world map
+    has 16 M pairs)."""
+    from mmpe.attention import forms
+    from mmpe.functional import mask_mod
 
     heads = enc.num_heads if isinstance(getattr(enc, "num_heads", None), int) else num_heads
     if not enc.additive:
         raise ValueError(f"query_values: {name_of(enc)} rescales the scores; no bias to show")
+    if not enc.content_free:
+        raise ValueError(f"query_values: {name_of(enc)} has no position-only bias to show: it "
+                         "is computed from the queries and keys")
+    ctx = AttentionContext(coords, heads, int(getattr(enc, "head_dim", None) or 64), 1)
+    enc.check_context(ctx)
+    ctx = replace(ctx, checked=True)
     b, h, _, k = index_grid(1, heads, 1, coords.num_keys, coords.device)
     q = torch.full((1, 1, 1, 1), query, dtype=torch.long, device=coords.device)
-    with evaluating(enc):
-        # head_dim only sizes the work check: a position-only bias does not read q or k
-        mod = score_mod(enc, coords, num_heads=heads,
-                        head_dim=int(getattr(enc, "head_dim", None) or 64))
-        row = mod(torch.zeros(()), b, h, q, k).expand(1, heads, 1, coords.num_keys)
+    with evaluating(enc), torch.no_grad():
+        row = forms.rows(enc, ctx, query, query + 1).expand(1, heads, 1, coords.num_keys)
         masked = mask_mod(coords)
         allowed = torch.ones(coords.num_keys, dtype=torch.bool) if masked is None \
             else masked(b, h, q, k).expand(1, 1, 1, coords.num_keys).reshape(-1)

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("matplotlib")
 
@@ -78,3 +79,22 @@ def test_distance_kernels_vanish_past_the_cutoff() -> None:
         for line in ax.lines[:-1]:  # the last line is the cutoff marker
             x, y = line.get_data()
             assert np.abs(y[x > 4.0]).max() < 1e-6
+
+
+@pytest.mark.parametrize("name", ["t5", "fire", "kerple_log", "swin"])
+def test_a_query_row_is_the_door_s_bias_row(name) -> None:
+    """The map of one query reads the bias the attention layers add (`dense_bias`'s row,
+    mean over heads), not its own evaluation of `score_mod` (issue 56)."""
+    coords = mmpe.Grid((4, 5)) if name == "swin" else mmpe.Sequence(12)
+    context = {"num_heads": 3, "max_len": 32, **mmpe.context.coords_context(coords)}
+    enc = mmpe.build(name, context=context)
+    ctx = mmpe.encodings.base.AttentionContext(coords, 3, 8, 1)
+    with torch.no_grad():
+        want = mmpe.attention.dense_bias([enc], ctx)[0, :, 7].double().mean(0).numpy()
+    np.testing.assert_allclose(gallery.query_values(enc, coords, 7), want, rtol=0, atol=1e-6)
+
+
+def test_a_content_dependent_term_has_no_query_row() -> None:
+    enc = mmpe.build("cope", context={"num_heads": 2, "head_dim": 8})
+    with pytest.raises(ValueError, match="computed from the queries and keys"):
+        gallery.query_values(enc, mmpe.Sequence(6, causal=True), 2)
