@@ -15,7 +15,7 @@ from torch import Tensor
 
 from mmpe._scratch import block_bytes
 from mmpe.coords.base import distance_rows, safe_sqrt  # noqa: F401  (safe_sqrt: its old home)
-from mmpe.encodings._precision import full_precision
+from mmpe.encodings._precision import full_precision, term_dtype
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod, Term
 
 
@@ -24,7 +24,7 @@ class DistanceFeatureBias(ScoreEncoding):
     `"distance"`).
 
     A subclass implements [`head_values`][mmpe.encodings._geometry.DistanceFeatureBias.head_values] (`d [...] -> [..., n_h]`, vectorised over a
-    trailing feature axis, from the float32 parameter snapshot of [`parameters_f32`][mmpe.encodings._geometry.DistanceFeatureBias.parameters_f32]), and
+    trailing feature axis, from the parameter snapshot (float32, float64 in a float64 module) of [`term_parameters`][mmpe.encodings._geometry.DistanceFeatureBias.term_parameters]), and
     sets `feature_width`, the channels of its widest per-pair intermediate (the attention paths
     bound the rows they evaluate at once by it).
 
@@ -43,7 +43,7 @@ class DistanceFeatureBias(ScoreEncoding):
     #: evaluated at once so that ``[b, rows, n_k, feature_width]`` fits the block budget.
     feature_width: int = 1
 
-    def parameters_f32(self) -> dict[str, Tensor]:  # pragma: no cover - abstract
+    def term_parameters(self) -> dict[str, Tensor]:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def head_values(self, p: dict[str, Tensor], d: Tensor) -> Tensor:  # pragma: no cover
@@ -52,11 +52,11 @@ class DistanceFeatureBias(ScoreEncoding):
     def distance_term(self, ctx: AttentionContext) -> Term:
         """`term(d, h) = f_h(d)`: every head's value on `d` (float32, also under autocast),
         then head `h`'s."""
-        p = self.parameters_f32()
+        p, dtype = self.term_parameters(), term_dtype(self)
 
         def term(dist: Tensor, h: Tensor) -> Tensor:
             with full_precision(dist.device):
-                values = self.head_values(p, dist.float())  # [*d, n_h]
+                values = self.head_values(p, dist.to(dtype))  # [*d, n_h]
             shape = torch.broadcast_shapes(dist.shape, h.shape)
             return values.expand(*shape, values.shape[-1]).gather(
                 -1, h.expand(shape).unsqueeze(-1)).squeeze(-1)
@@ -91,10 +91,10 @@ class DistanceFeatureBias(ScoreEncoding):
         per_row = (coords.batch_size or 1) * coords.num_keys * max(self.feature_width,
                                                                    self.num_heads) * 4
         step = max(1, block_bytes() // max(1, per_row))
-        p = self.parameters_f32()
+        p, dtype = self.term_parameters(), term_dtype(self)
         chunks = []
         for lo in range(0, coords.num_queries, step):
-            d = distance_rows(coords, lo, min(coords.num_queries, lo + step)).float()
+            d = distance_rows(coords, lo, min(coords.num_queries, lo + step)).to(dtype)
             with full_precision(d.device):  # float32 features and MLP, also under autocast
                 values = self.head_values(p, d)  # [b or 1, 1, rows, n_k, n_h]
             chunks.append(values.squeeze(1).permute(0, 3, 1, 2))

@@ -4,8 +4,10 @@ The rules (docs/architecture.md, "Mixed precision and checkpoints"):
 
 * phases, cumulative sums, distances and frequency tables are formed in float32 or float64,
   whatever the module's or the autocast dtype ([`full_precision`][mmpe.encodings._precision.full_precision], [`KeepDtype`][mmpe.encodings._precision.KeepDtype]);
-* small learned tables read by an additive score term are upcast to float32 where the term is
-  built (the math path adds the terms to float32 logits; SDPA casts the summed bias once);
+* small learned tables read by an additive score term, and the distances they read, are
+  upcast where the term is built to float32, or kept in float64 in a float64 module
+  (`term_dtype`: a float64 check of two paths must not meet float32 rounding inside);
+  the math path adds the terms to float32 logits; SDPA casts the summed bias once;
 * features computed in float32/float64 are cast to the dtype of the layer that reads them
   ([`module_dtype`][mmpe.encodings._precision.module_dtype]), so `module.to(torch.bfloat16)` runs without dtype mismatches.
 """
@@ -77,3 +79,10 @@ class KeepDtype(nn.Module):
 def float32(t: Tensor) -> Tensor:
     """`t` in at least float32 (float64 stays float64)."""
     return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+def term_dtype(module: nn.Module) -> torch.dtype:
+    """The dtype a score term of `module` is built in: float32 for a float32, bf16 or fp16
+    module (a bias summed over every pair), float64 for a float64 one (a float64 check must
+    not meet float32 rounding inside)."""
+    return torch.promote_types(module_dtype(module), torch.float32)

@@ -7,6 +7,7 @@ from torch import Tensor, nn
 
 from mmpe.coords.capabilities import Metric
 from mmpe.encodings._captured import per_head
+from mmpe.encodings._precision import term_dtype
 from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
 from mmpe.registry import register
@@ -65,22 +66,23 @@ class FIRE(SavesSettings, ScoreEncoding):
         self.mlp = nn.Sequential(nn.Linear(1, mlp_width), nn.ReLU(), nn.Linear(mlp_width, num_heads))
 
     def _psi(self, x: Tensor, c: Tensor | None = None) -> Tensor:
-        return torch.log(torch.abs((self.c.float() if c is None else c) * x) + 1.0)
+        return torch.log(torch.abs((self.c.to(term_dtype(self)) if c is None else c) * x) + 1.0)
 
     def _threshold(self) -> Tensor:
-        return torch.abs(self.L_mult.float() * self.init_L.float())
+        t = term_dtype(self)
+        return torch.abs(self.L_mult.to(t) * self.init_L.to(t))
 
     def normalised_distance(self, ctx: AttentionContext, q_idx: Tensor, kv_idx: Tensor,
                             b: Tensor, c: Tensor | None = None,
                             threshold: Tensor | None = None) -> Tensor:
         """FIRE's normalised distance of the broadcast pairs.
 
-        `ψ(i − j) / ψ(max(L, i))` on the broadcast pairs (float32); `c` and `threshold`
+        `ψ(i − j) / ψ(max(L, i))` on the broadcast pairs (float32; float64 in a float64 module); `c` and `threshold`
         default to the module's (a `score_mod` passes its per-head copies)."""
         coords = ctx.coords
-        rel = coords.distance(q_idx, kv_idx, b).float()
-        i = coords.extent(q_idx, b).float()
         threshold = self._threshold() if threshold is None else threshold
+        t = threshold.dtype  # the term's (no parameter read inside a score_mod)
+        rel, i = coords.distance(q_idx, kv_idx, b).to(t), coords.extent(q_idx, b).to(t)
         return self._psi(rel, c) / (self._psi(torch.maximum(i, threshold), c) + self.eps)
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
@@ -98,7 +100,7 @@ class FIRE(SavesSettings, ScoreEncoding):
         if not ctx.checked:  # a direct call: no layer checked it
             self.check_context(ctx)
         n_h = self.num_heads
-        c, threshold = per_head(self.c.float(), n_h), per_head(self._threshold(), n_h)
+        c, threshold = per_head(self.c.to(term_dtype(self)), n_h), per_head(self._threshold(), n_h)
         slope, intercept, cuts = self.pieces()  # [W + 1, n_h], [W + 1, n_h], [W] sorted
         slope, intercept = slope.reshape(-1), intercept.reshape(-1)  # read at piece · n_h + h
         width = cuts.shape[0]
@@ -114,7 +116,7 @@ class FIRE(SavesSettings, ScoreEncoding):
         return mod
 
     def pieces(self) -> tuple[Tensor, Tensor, Tensor]:
-        """The MLP `f(x) = W₂ relu(w₁x + b₁) + b₂` as linear pieces (float32).
+        """The MLP `f(x) = W₂ relu(w₁x + b₁) + b₂` as linear pieces (float32; float64 in a float64 module).
 
         Returns `slope`, `intercept` `[W+1, n_h]` and the sorted breakpoints `cuts`
         `[W]` (`−b₁/w₁`): on the piece between two cuts the set of active hidden units is
@@ -126,8 +128,9 @@ class FIRE(SavesSettings, ScoreEncoding):
 
     def _pieces(self) -> tuple[Tensor, Tensor, Tensor]:
         """[pieces][mmpe.encodings.fire.FIRE.pieces] with the cuts' graph (`−b₁/w₁`)."""
-        w1, b1 = self.mlp[0].weight[:, 0].float(), self.mlp[0].bias.float()
-        w2, b2 = self.mlp[2].weight.float(), self.mlp[2].bias.float()
+        t = term_dtype(self)
+        w1, b1 = self.mlp[0].weight[:, 0].to(t), self.mlp[0].bias.to(t)
+        w2, b2 = self.mlp[2].weight.to(t), self.mlp[2].bias.to(t)
         flat = (w1 == 0).detach()
         cuts = torch.where(flat, torch.full_like(b1, 1e6),
                            (-b1 / torch.where(flat, torch.ones_like(w1), w1)).clamp(-1e6, 1e6))
@@ -135,7 +138,7 @@ class FIRE(SavesSettings, ScoreEncoding):
         with torch.no_grad():
             c = cuts.detach()
             probe = torch.cat((c[:1] - 1, (c[:-1] + c[1:]) / 2, c[-1:] + 1))
-            active = (probe[:, None] * w1 + b1 > 0).float()  # [W+1, W]
+            active = (probe[:, None] * w1 + b1 > 0).to(t)  # [W+1, W]
         slope = (active * w1) @ w2.T  # [W+1, n_h]
         intercept = (active * b1) @ w2.T + b2
         return slope, intercept, cuts

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from mmpe.coords.capabilities import Metric
 from mmpe.encodings._geometry import DistanceFeatureBias
+from mmpe.encodings._precision import term_dtype
 from mmpe.encodings._state import SavesSettings
 from mmpe.registry import register
 from mmpe.validation import check_finite_float, check_int
@@ -108,15 +109,17 @@ class GaussianDistanceBias(SavesSettings, DistanceFeatureBias):
                                  nn.Linear(mlp_width, num_heads))
 
     def features(self, d: Tensor) -> Tensor:
-        """The K kernel values `ψ(d)` `[*d.shape, K]` (float32)."""
-        p = self.parameters_f32()
-        return gaussian_basis(d.float(), p["means"], p["stds"], p["mul"], p["offset"], self.eps)
+        """The K kernel values `ψ(d)` `[*d.shape, K]` (float32; float64 in a float64 module)."""
+        p = self.term_parameters()
+        return gaussian_basis(d.to(term_dtype(self)), p["means"], p["stds"], p["mul"],
+                              p["offset"], self.eps)
 
-    def parameters_f32(self) -> dict[str, Tensor]:
+    def term_parameters(self) -> dict[str, Tensor]:
         lin1, lin2 = self.mlp[0], self.mlp[2]
-        return {"means": self.means.float(), "stds": self.stds.float(), "mul": self.mul.float(),
-                "offset": self.offset.float(), "w1": lin1.weight.float(), "b1": lin1.bias.float(),
-                "w2": lin2.weight.float(), "b2": lin2.bias.float()}
+        t = term_dtype(self)
+        return {"means": self.means.to(t), "stds": self.stds.to(t), "mul": self.mul.to(t),
+                "offset": self.offset.to(t), "w1": lin1.weight.to(t), "b1": lin1.bias.to(t),
+                "w2": lin2.weight.to(t), "b2": lin2.bias.to(t)}
 
     def head_values(self, p: dict[str, Tensor], d: Tensor) -> Tensor:
         psi = gaussian_basis(d, p["means"], p["stds"], p["mul"], p["offset"], self.eps)

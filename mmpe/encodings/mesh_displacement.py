@@ -9,6 +9,7 @@ from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Positioned
 from mmpe.encodings._captured import per_head_units
 from mmpe.encodings._geometry import pad_axes, safe_sqrt
+from mmpe.encodings._precision import term_dtype
 from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
 from mmpe.registry import register
@@ -83,12 +84,13 @@ class MeshDisplacementBias(SavesSettings, ScoreEncoding):
                 pad_axes("mesh_displacement", _float_positions(kpos), self.num_axes))
 
     def features(self, coords: Coordinates) -> Tensor:
-        """`[Δ_1 … Δ_A, ‖Δ‖] / L` with `Δ = x_q − x_k`, `[(b,) n_q, n_k, A + 1]` float32."""
+        """`[Δ_1 … Δ_A, ‖Δ‖] / L` with `Δ = x_q − x_k`, `[(b,) n_q, n_k, A + 1]` float32
+        (float64 in a float64 module)."""
         self.check_coords(coords)
         qpos, kpos = self._positions(coords)
         diff = (qpos.unsqueeze(-2) - kpos.unsqueeze(-3)) / self.length_scale
         dist = safe_sqrt((diff * diff).sum(-1, keepdim=True))
-        return torch.cat((diff, dist), dim=-1).float()
+        return torch.cat((diff, dist), dim=-1).to(term_dtype(self))
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
         if not ctx.checked:  # a direct call: no layer checked it
@@ -101,16 +103,17 @@ class MeshDisplacementBias(SavesSettings, ScoreEncoding):
         # Compiled flex differentiates a captured tensor only through one indexing of it
         # (tests/package/test_score_mod_indexing.py): one `[n_h]` tensor per weight, read once as `[h]`.
         n_h = lin2.out_features
-        w1 = [per_head_units(row, 0, n_h) for row in lin1.weight.float().unbind(0)]
-        b1 = per_head_units(lin1.bias.float(), 0, n_h)
-        w2 = per_head_units(lin2.weight.float(), 1, n_h)
-        b2 = lin2.bias.float()
+        t = term_dtype(self)
+        w1 = [per_head_units(row, 0, n_h) for row in lin1.weight.to(t).unbind(0)]
+        b1 = per_head_units(lin1.bias.to(t), 0, n_h)
+        w2 = per_head_units(lin2.weight.to(t), 1, n_h)
+        b2 = lin2.bias.to(t)
 
         def take(values: Tensor, idx: Tensor, b: Tensor) -> Tensor:
             return values[b, idx] if values.dim() == 2 else values[idx]
 
         def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            diffs = [((take(qa, q_idx, b) - take(ka, kv_idx, b)) * scale).float()
+            diffs = [((take(qa, q_idx, b) - take(ka, kv_idx, b)) * scale).to(t)
                      for qa, ka in zip(q_axes, k_axes, strict=True)]
             square = diffs[0] * diffs[0]
             for diff in diffs[1:]:

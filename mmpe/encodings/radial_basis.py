@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from mmpe.coords.capabilities import Metric
 from mmpe.encodings._geometry import DistanceFeatureBias
+from mmpe.encodings._precision import term_dtype
 from mmpe.encodings._state import SavesSettings
 from mmpe.registry import register
 from mmpe.validation import check_finite_float, check_int
@@ -89,8 +90,8 @@ class _RadialBias(SavesSettings, DistanceFeatureBias):
         """The features `[*d.shape, K]` (cutoff included)."""
         raise NotImplementedError
 
-    def parameters_f32(self) -> dict[str, Tensor]:
-        return {"weight": self.weight.float()}
+    def term_parameters(self) -> dict[str, Tensor]:
+        return {"weight": self.weight.to(term_dtype(self))}
 
     def head_values(self, p: dict[str, Tensor], d: Tensor) -> Tensor:
         return F.linear(self.basis(d), p["weight"])
@@ -139,7 +140,7 @@ class RadialGaussianBias(_RadialBias):
         return torch.linspace(0.0, self.cutoff, self.num_basis, device=device)
 
     def basis(self, d: Tensor) -> Tensor:
-        d = d.float()
+        d = d.to(torch.promote_types(d.dtype, torch.float32))
         feats = gaussian_rbf(d, self.centers(d.device), self.gamma)
         return feats * cosine_cutoff(d, self.cutoff).unsqueeze(-1)
 
@@ -183,6 +184,6 @@ class RadialBesselBias(_RadialBias):
         self.num_radial, self.cutoff, self.envelope_p = num_radial, float(cutoff), envelope_p
 
     def basis(self, d: Tensor) -> Tensor:
-        d = d.float()
+        d = d.to(torch.promote_types(d.dtype, torch.float32))
         env = polynomial_envelope(d / self.cutoff, self.envelope_p)
         return bessel_rbf(d, self.cutoff, self.num_radial) * env.unsqueeze(-1)

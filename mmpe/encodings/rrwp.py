@@ -29,7 +29,7 @@ from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import GraphLayout
 from mmpe.coords.graph_structure import GraphAdjacency, rrwp
 from mmpe.encodings._pair_bias import dense_bias_mod
-from mmpe.encodings._precision import module_dtype
+from mmpe.encodings._precision import module_dtype, term_dtype
 from mmpe.encodings.base import AttentionContext, InputEncoding, ScoreEncoding, ScoreMod
 from mmpe.encodings.lappe import make_projection
 from mmpe.registry import register
@@ -67,9 +67,10 @@ class RRWP(ScoreEncoding):
         self.weight = nn.Parameter(torch.randn(num_heads, k) * k ** -0.5)  # W [n_h, k]
 
     def pair_bias(self, coords: Coordinates) -> Tensor:
-        """`[b, n_h, n, n]` float32: `W` applied to `P_ij` (`W` upcast to float32)."""
-        p = rrwp(coords, self.k)  # [b, n, n, k]
-        return (p @ self.weight.float().t()).permute(0, 3, 1, 2)
+        """`[b, n_h, n, n]` float32 (float64 in a float64 module): `W` applied to `P_ij`."""
+        t = term_dtype(self)
+        p = rrwp(coords, self.k).to(t)  # [b, n, n, k]
+        return (p @ self.weight.to(t).t()).permute(0, 3, 1, 2)
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
         if not ctx.checked:  # a direct call: no layer checked it

@@ -30,6 +30,7 @@ from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import GraphLayout
 from mmpe.coords.graph_structure import GraphAdjacency, laplacian_eigenpairs
 from mmpe.encodings._pair_bias import dense_bias_mod
+from mmpe.encodings._precision import term_dtype
 from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
 from mmpe.registry import register
@@ -77,7 +78,7 @@ class SPE(SavesSettings, ScoreEncoding):
         """SPE's pair bias from the eigenvectors and eigenvalues.
 
         `vecs [b, n, k]`, `vals [b, k]`, column mask `[b, k]` → `Z [b, n_h, n, n]` float32
-        (`φ` upcast to float32)."""
+        (float64 in a float64 module; `φ` upcast to that dtype)."""
         if mask.numel() and not torch.compiler.is_compiling():
             # only the columns some graph has: a k past every graph's spectrum then gives the
             # same numbers as a k that just covers it (zero columns changed the sums' rounding)
@@ -85,11 +86,12 @@ class SPE(SavesSettings, ScoreEncoding):
             width = int(used.max()) + 1 if used.numel() else 0
             vecs, vals, mask = vecs[..., :width], vals[:, :width], mask[:, :width]
         with torch.autocast(vecs.device.type, enabled=False):
-            w = [p.float() for p in self.phi.parameters()]
-            lam = vals.float()[..., None]  # [b, k, 1]
+            t = term_dtype(self)
+            w = [p.to(t) for p in self.phi.parameters()]
+            lam = vals.to(t)[..., None]  # [b, k, 1]
             f = torch.relu(lam @ w[0].t() + w[1]) @ w[2].t() + w[3]  # φ(λ) [b, k, n_h]
-            f = f * mask.float()[..., None]
-            v = vecs.float()
+            f = f * mask.to(t)[..., None]
+            v = vecs.to(t)
             return torch.einsum("bik,bkh,bjk->bhij", v, f, v)
 
     def _bias(self, coords: Coordinates) -> Tensor:

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from mmpe.coords.capabilities import GridLayout
 from mmpe.encodings._cpb_mlp import cpb_mlp
 from mmpe.encodings._grid import as_grid, check_ndim, check_shape
-from mmpe.encodings._precision import full_precision
+from mmpe.encodings._precision import full_precision, term_dtype
 from mmpe.encodings._state import SavesSettings
 from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
 from mmpe.encodings.swin import offset_table_mod
@@ -87,11 +87,11 @@ class SwinV2CPB(SavesSettings, ScoreEncoding):
                     self._coords_cache[shape] = log_relative_coords(shape, self.grid_shape)
             coords = self._coords_cache[shape]
         coords = coords.to(self.mlp[0].weight.device)
-        # A table of Π (2 s_a − 1) rows: computed in float32 whatever the module's or the
-        # autocast dtype (16·σ turns a bf16 rounding of the logit into ±0.03 of bias).
-        lin1, lin2 = self.mlp[0], self.mlp[2]
+        # A table of Π (2 s_a − 1) rows: computed in float32 (float64 in a float64 module)
+        # whatever the autocast dtype (16·σ turns a bf16 rounding of the logit into ±0.03).
+        lin1, lin2, t = self.mlp[0], self.mlp[2], term_dtype(self)
         with full_precision(coords.device):
-            logits = cpb_mlp(coords, lin1.weight.float(), lin1.bias.float(), lin2.weight.float())
+            logits = cpb_mlp(coords.to(t), lin1.weight.to(t), lin1.bias.to(t), lin2.weight.to(t))
             return 16 * torch.sigmoid(logits)
 
     def score_mod(self, ctx: AttentionContext) -> ScoreMod:
