@@ -125,7 +125,7 @@ COORDS = [
     ("graph", "4096", ["alibi", "graphormer_spatial"]),
 ]
 
-#: memory only (not timed): the grid whose peak memory the grid path must keep.
+#: memory only (not timed): the grid whose peak memory the grid plan must keep.
 MEMORY = [("grid", "128x128", ["alibi", "t5", "kerple_log", "fire", "swin", "swinv2_cpb"])]
 
 

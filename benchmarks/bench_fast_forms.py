@@ -3,9 +3,9 @@ attention layer, forward + backward, on the CPU, at the shapes of docs/benchmark
 
 docs/extending.md keeps a fast form (`mmpe.attention.fast_forms.FAST_FORMS`) only while a stored
 row shows it pays: ≥ 1.3× time or ≥ 1.5× peak memory on a shape users run. Each row here runs
-one `MultiHeadAttention` layer (`backend="auto"`: the path the dispatcher picks) twice, with
+one `MultiHeadAttention` layer (`route="auto"`: the route and plan the dispatcher picks) twice, with
 the class's forms in the table and with its entry emptied (the forms a subclass gets: its
-structure's generic ones, and the path the dispatcher picks without the fast forms). The two
+structure's generic ones, and the plan the dispatcher picks without the fast forms). The two
 layers hold the same weights. Rounds interleave the two sides (ABAB…, the order alternating)
 so that load drift on a shared machine cancels; the time ratio is the median of the per-round
 ratios generic / fast, with their min–max printed. Peak memory is the peak of the bytes torch

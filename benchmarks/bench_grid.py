@@ -43,7 +43,7 @@ from timm.layers.pos_embed_sincos import (
 import mmpe
 from mmpe.attention import dense_bias
 from mmpe.coords import Grid
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 
 warnings.filterwarnings("ignore")
 
@@ -121,7 +121,7 @@ def rows(b: int, h: int, side: int, d: int, repeat: int) -> list[tuple[str, floa
     scores = torch.randn(b, h, n, n)
     swin = mmpe.build("swin", num_heads=h, grid_shape=(side, side))
     timm_swin = RelPosBias((side, side), h, prefix_tokens=1)
-    ctx = AttentionContext(grid, h, d, b)
+    ctx = AttentionCall(grid, h, d, b)
     with torch.no_grad():
         out.append((f"Swin/BEiT rel-pos bias + scores [{b},{h},{n},{n}]",
                     *paired(lambda: scores + dense_bias([swin], ctx), lambda: timm_swin(scores), repeat)))

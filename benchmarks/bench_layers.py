@@ -1,9 +1,9 @@
 """Whole attention layers at the shapes models train, forward + backward, against the peer's own
-module and against mmpe's own math path, on the CPU.
+module and against mmpe's own math route, on the CPU.
 
 Each row times one layer a user would train (`MultiHeadAttention` with one encoding), its
-default path (`backend="auto"`, the path the dispatcher chooses) and its math path
-(`backend="math"`: explicit scores, the plain reference), its dense plan (the whole bias into
+default route (`route="auto"`, the route the dispatcher chooses) and its math route
+(`route="math"`: explicit scores, the plain reference), its dense plan (the whole bias into
 one SDPA call, `force_plan("dense")`), the same layer with no encoding
 (`none`), and where a peer module exists, the peer: timm's BEiT `Attention` (the Swin/BEiT
 relative-position table gathered into a dense bias for SDPA), HF's `T5Attention` (its
@@ -15,8 +15,8 @@ median of the per-round ratios, so that load drift on a shared machine cancels.
     python benchmarks/bench_layers.py --only vit224   # one shape
     python benchmarks/bench_layers.py --store results/bench
 
-Columns: milliseconds per step of the default path; ratios to the unbiased layer (default and
-math path), and peer time / default time (above 1: mmpe faster).
+Columns: milliseconds per step of the default route; ratios to the unbiased layer (default and
+math route), and peer time / default time (above 1: mmpe faster).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ SHAPES: dict[str, dict] = {
 }
 
 
-def _mmpe_layer(name: str, spec: dict, coords, backend: str,
+def _mmpe_layer(name: str, spec: dict, coords, route: str,
                 plan: str | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
     heads, d = spec["heads"], spec["d"]
     context = {"num_heads": heads, "head_dim": d // heads, "d_model": d}
@@ -59,7 +59,7 @@ def _mmpe_layer(name: str, spec: dict, coords, backend: str,
         context["grid_shape"] = coords.shape
     encs = [] if name == "none" else [mmpe.build(name, context=context)]
     torch.manual_seed(0)
-    attn = mmpe.MultiHeadAttention(d, heads, encs, backend=backend)
+    attn = mmpe.MultiHeadAttention(d, heads, encs, route=route)
 
     def layer(x: torch.Tensor) -> torch.Tensor:
         with force_plan(plan):

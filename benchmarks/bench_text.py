@@ -34,7 +34,7 @@ from _timing import paired
 import mmpe
 from mmpe import MultiHeadAttention, Sequence
 from mmpe.attention import dense_bias
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 
 warnings.filterwarnings("ignore")
 
@@ -106,9 +106,9 @@ def alibi_row(b: int, h: int, s: int, d: int, repeat: int) -> tuple[str, str, fl
     from x_transformers.x_transformers import AlibiPositionalBias
 
     q, k, v = (torch.randn(b, h, s, d) for _ in range(3))
-    ours = MultiHeadAttention(h * d, h, [mmpe.build("alibi", num_heads=h)], backend="sdpa")
+    ours = MultiHeadAttention(h * d, h, [mmpe.build("alibi", num_heads=h)], route="sdpa")
     coords = Sequence(s, causal=True)
-    ctx = AttentionContext(coords, h, d, b, None, q, k, v)
+    ctx = AttentionCall(coords, h, d, b, None, q, k, v)
     peer = AlibiPositionalBias(heads=h, total_heads=h)
     causal = torch.ones(s, s, dtype=torch.bool).tril()
 
@@ -126,7 +126,7 @@ def t5_row(h: int, s: int, repeat: int) -> tuple[str, str, float, float]:
 
     peer = T5Attention(T5Config(num_heads=h, d_model=64 * h, d_kv=64), has_relative_attention_bias=True)
     ours = mmpe.build("t5", num_heads=h)
-    ctx = AttentionContext(Sequence(s), h, 64, 1)
+    ctx = AttentionCall(Sequence(s), h, 64, 1)
     with torch.no_grad():
         return ("T5 relative bias (bidirectional)", "HF transformers",
                 *paired(lambda: dense_bias([ours], ctx), lambda: peer.compute_bias(s, s), repeat))
@@ -137,9 +137,9 @@ def paths_row(b: int, h: int, s: int, d: int, repeat: int) -> tuple[str, str, fl
     mha = MultiHeadAttention(h * d, h, [mmpe.build("alibi", num_heads=h)])
     coords = Sequence(s, causal=True)
 
-    def run(backend: str) -> Callable[[], object]:
+    def run(route: str) -> Callable[[], object]:
         def f():
-            mha.backend = backend
+            mha.route = route
             with torch.no_grad():
                 return mha(x, coords)
         return f

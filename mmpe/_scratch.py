@@ -1,10 +1,10 @@
-"""Scratch blocks reused from one block of query rows to the next, in the blocked attention paths.
+"""Scratch blocks reused from one block of query rows to the next, in the tiles and checkpointed plans.
 
 Each block of queries needs the same few multi-MB tensors (its distance rows, a term's rows for
 every head). On the CPU a fresh one costs its page faults: a `[6, 256, 4096]` float32 block
 took 6.0 ms to fill freshly and 2.0 ms to refill (Xeon with AVX-512, one thread), and with one
 at every block and pass ALiBi's rows took 0.29 s of a 1.34 s step on a 4,096-node graph, 0.13 s
-with the blocks kept. Inside `reuse_blocks()` (the blocked path's loops), `block_empty` gives a
+with the blocks kept. Inside `reuse_blocks()` (the tiles plan's loops), `block_empty` gives a
 call site back the storage it had for the previous block — only where nothing else holds it
 any more (no view, no autograd saved tensor), so a number a caller kept is never overwritten.
 Outside that context, or where that cannot be checked, it is `torch.empty`.
@@ -21,7 +21,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
-#: default budget of one block of bias rows on the CPU attention paths (bytes); ``MMPE_ATTN_BLOCK_BYTES``
+#: default budget of one block of bias rows in the sdpa route's block-wise plans (bytes); ``MMPE_ATTN_BLOCK_BYTES``
 #: overrides it.
 BLOCK_BYTES = 1 << 28
 

@@ -92,7 +92,7 @@ from mmpe.coords.spectral import laplacian_eigenvectors, random_sign_flip
 from mmpe.coords.sphere import great_circle, haversine
 from mmpe.encodings._content import ContentScoreEncoding
 from mmpe.encodings.alibi import alibi_slopes
-from mmpe.encodings.base import AttentionContext, Encoding, ScoreEncoding, ScoreMod
+from mmpe.encodings.base import AttentionCall, Encoding, ScoreEncoding, ScoreMod
 from mmpe.encodings.deberta import log_bucket_position
 from mmpe.encodings.rope import apply_rotary, rope_cos_sin, rope_inv_freq
 from mmpe.encodings.rope_scaling import yarn_get_mscale
@@ -177,8 +177,8 @@ def score_mod(
 
     Pass the result to `torch.nn.attention.flex_attention.flex_attention(q, k, v,
     score_mod=..., block_mask=block_mask(coords))`; it is the same function mmpe's
-    [`MultiHeadAttention`][mmpe.attention.MultiHeadAttention] uses on its flex path, so the numbers match its math and
-    SDPA paths. It builds the [`AttentionContext`][mmpe.encodings.base.AttentionContext] for one attention
+    [`MultiHeadAttention`][mmpe.attention.MultiHeadAttention] uses on its flex route, so the numbers match its math and
+    SDPA paths. It builds the [`AttentionCall`][mmpe.encodings.base.AttentionCall] for one attention
     call and calls `encoding.score_mod(ctx)`; a list is applied in order
     ([`mmpe.attention.compose_score_mods`][mmpe.attention.compose_score_mods]).
 
@@ -200,7 +200,7 @@ def score_mod(
       add to it; in a list their place in the order matters, as in `MultiHeadAttention`.
     * value-side terms (`shaw` with `values=True`) add `Σ_j α_ij a^V_ij` to the output,
       which needs the probabilities FlexAttention never exposes: refused (ValueError); use
-      `MultiHeadAttention(..., backend="math")`.
+      `MultiHeadAttention(..., route="math")`.
 
     Args:
         encoding: a built [`ScoreEncoding`][mmpe.encodings.base.ScoreEncoding], a registry name
@@ -253,7 +253,7 @@ def score_mod(
     given = {arg for arg, t in (("q", q), ("k", k), ("x", x)) if t is not None}
     encodings = tuple(_resolve(spec, context, device, given) for spec in specs)
 
-    ctx = AttentionContext(coords, num_heads, head_dim, batch, x, q, k, v)  # type: ignore[arg-type]
+    ctx = AttentionCall(coords, num_heads, head_dim, batch, x, q, k, v)  # type: ignore[arg-type]
     mods = [_encoding_mod(enc, ctx) for enc in encodings]
     if len(mods) == 1:
         fn = mods[0]
@@ -308,7 +308,7 @@ def block_mask(coords: Coordinates, device: torch.device | str | None = None):
     if not flex_compile.available():
         raise flex_compile.FlexUnavailableError(
             f"block_mask: FlexAttention needs torch >= 2.6 (this is {torch.__version__}); "
-            "use mmpe.MultiHeadAttention with backend='auto' or 'sdpa'")
+            "use mmpe.MultiHeadAttention with route='auto' or 'sdpa'")
     mod = mask_mod(coords)
     if mod is None:
         return None
@@ -428,13 +428,13 @@ def _hook_message(name: str, hook: str) -> str:
             + (f"; {hint}" if hint else ""))
 
 
-def _encoding_mod(enc: ScoreEncoding, ctx: AttentionContext) -> ScoreMod:
+def _encoding_mod(enc: ScoreEncoding, ctx: AttentionCall) -> ScoreMod:
     """`enc.score_mod(ctx)`, with clear errors for what flex_attention cannot do or lacks."""
     name = getattr(enc, "registry_name", type(enc).__name__)
     if getattr(enc, "needs_probs", False):
         raise ValueError(f"score_mod: {name} adds a value-side term computed from the attention "
                          "probabilities, which flex_attention does not expose; use "
-                         "mmpe.MultiHeadAttention(..., backend='math') (or build it without "
+                         "mmpe.MultiHeadAttention(..., route='math') (or build it without "
                          "the value term, e.g. values=False)")
     if isinstance(enc, ContentScoreEncoding):
         missing = [arg for arg in ("q", "k") if getattr(ctx, arg) is None]

@@ -21,7 +21,7 @@ class CausalLM(nn.Module):
         vocab_size: number of token ids.
         d_model, num_heads, depth, encodings: as [`Transformer`][mmpe.transformer.Transformer].
         **transformer_options: further [`Transformer`][mmpe.transformer.Transformer] options
-            (`num_kv_heads`, `encoding_context`, `mlp_ratio` …).
+            (`num_kv_heads`, `context`, `mlp_ratio` …).
 
     Shapes: `forward(tokens [b, s] int64, coords=None, cache=None) -> logits [b, s, vocab]`;
     `coords` defaults to `Sequence(s, offset=cache.length, causal=True)`.
@@ -32,14 +32,14 @@ class CausalLM(nn.Module):
 
     def __init__(self, vocab_size: int, d_model: int, num_heads: int, depth: int,
                  encodings: Seq[EncodingSpec] = (), *,
-                 encoding_context: Mapping[str, Any] | None = None,
+                 context: Mapping[str, Any] | None = None,
                  **transformer_options: Any) -> None:
         super().__init__()
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
             raise ValueError(f"CausalLM: vocab_size must be an int >= 1, got {vocab_size!r}")
         self.embed = nn.Embedding(vocab_size, d_model)
         self.transformer = Transformer(d_model, num_heads, depth, encodings,
-                                       encoding_context=encoding_context, **transformer_options)
+                                       context=context, **transformer_options)
         self.head = nn.Linear(d_model, vocab_size)
 
     def forward(self, tokens: Tensor, coords: Sequence | None = None,

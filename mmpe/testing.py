@@ -2,7 +2,7 @@
 
 [`assert_encoding_paths`][mmpe.testing.assert_encoding_paths] runs an encoding through every
 attention path that can run it (the dispatcher's choice, each SDPA plan, FlexAttention) and
-holds each to the math path, outputs and gradients, with the tolerances of
+holds each to the math route, outputs and gradients, with the tolerances of
 `TOLERANCES` (the table mmpe's own tests use)::
 
     from mmpe.testing import assert_encoding_paths
@@ -286,7 +286,7 @@ def _describe(t: Any) -> str:
     return f"{t.dtype} {tuple(t.shape)}" if isinstance(t, Tensor) else type(t).__name__
 
 
-#: what every attention path is held to against the math path, by dtype: `(atol, rtol)` for the
+#: what every attention path is held to against the math route, by dtype: `(atol, rtol)` for the
 #: output and for each gradient. float32 sums the scores in another order on each path (a fused
 #: kernel, a table read by offset, tiles): a few ulps of a score of size 10 move an output by
 #: ~1e-6 and a gradient summed over n pairs by up to n times that.
@@ -300,20 +300,20 @@ def assert_encoding_paths(encoding: Any, coords: Any, *, num_heads: int | None =
                           head_dim: int = 8, batch: int | None = None,
                           dtype: torch.dtype = torch.float32, seed: int = 0,
                           grad: bool = True, block_bytes: int = 4096) -> list[str]:
-    """Check `encoding` on every attention path that can run it against the math path.
+    """Check `encoding` on every attention path that can run it against the math route.
 
     One `MultiHeadAttention(num_heads · head_dim, num_heads, [encoding])` with the same
     projections per path; the paths are the dispatcher's own choice (`"auto"`), each plan of
-    the SDPA path that can run the call ([`SDPA_PLANS`][mmpe.attention.dispatch.SDPA_PLANS]:
-    the relation, grid, blocked, checkpointed-blocks and dense plans, with a block budget of
-    `block_bytes` so that blocks are small), the dense route (`backend="dense"`, what CUDA
+    the sdpa route that can run the call ([`SDPA_PLANS`][mmpe.attention.dispatch.SDPA_PLANS]:
+    the relation, grid, tiles, checkpointed and dense plans, with a block budget of
+    `block_bytes` so that blocks are small), the dense route (`route="dense"`, what CUDA
     takes for learned terms), and FlexAttention where this torch has it (on the
     CPU forward only where its backward is missing). Compared: the output and, with `grad`, the
     gradients of `Σ out²` w.r.t. the input and every parameter of `encoding`.
 
     Args:
         encoding: any mmpe encoding (score encodings are the ones with several paths).
-        coords: coordinates it supports (small: the math path holds every score).
+        coords: coordinates it supports (small: the math route holds every score).
         num_heads: `n_h` (default: the encoding's `num_heads`, else 2).
         head_dim: `h_d` (the encoding's `head_dim` where it has one).
         batch: `b` (default: the coordinates' batch size, else 2).
@@ -337,10 +337,10 @@ def assert_encoding_paths(encoding: Any, coords: Any, *, num_heads: int | None =
     x = torch.randn(batch, coords.num_queries, heads * head_dim, generator=gen, dtype=dtype)
     params = [p for p in encoding.parameters() if p.requires_grad] if grad else []
 
-    def step(backend: str, forward_only: bool = False) -> list[Tensor]:
+    def step(route: str, forward_only: bool = False) -> list[Tensor]:
         torch.manual_seed(seed)
         attn = MultiHeadAttention(heads * head_dim, heads, [encoding], head_dim=head_dim,
-                                  backend=backend).to(dtype)
+                                  route=route).to(dtype)
         xs = x.clone().requires_grad_(grad and not forward_only)
         for p in params:
             p.grad = None
@@ -361,21 +361,21 @@ def assert_encoding_paths(encoding: Any, coords: Any, *, num_heads: int | None =
     old_budget = os.environ.get("MMPE_ATTN_BLOCK_BYTES")
     os.environ["MMPE_ATTN_BLOCK_BYTES"] = str(block_bytes)
     try:
-        for name, backend, plan in runs:
+        for name, route, plan in runs:
             try:
                 with force_plan(plan):
-                    got = step(backend)
+                    got = step(route)
             except ValueError as err:  # a plan that cannot run this call
                 if any(why in str(err) for why in ("cannot run this call", "cannot run a non-softmax",
                                                    "needs additive score terms")):
                     continue
                 raise
             except NotImplementedError:  # FlexAttention without a backward on the CPU
-                if backend != "flex" or not grad:
+                if route != "flex" or not grad:
                     raise
                 with torch.no_grad(), warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # "called without torch.compile"
-                    got = step(backend, forward_only=True)
+                    got = step(route, forward_only=True)
                 name = "flex (forward)"
             except flex_compile.FlexUnavailableError:
                 continue
@@ -401,5 +401,5 @@ def _compare(path: str, got: list[Tensor], want: list[Tensor], dtype: torch.dtyp
             continue
         if not torch.allclose(a.to(b.dtype), b, atol=atol, rtol=rtol):
             diff = (a.to(b.dtype) - b).abs().max().item()
-            raise AssertionError(f"{path}: {name} differs from the math path by {diff:.3g} "
+            raise AssertionError(f"{path}: {name} differs from the math route by {diff:.3g} "
                                  f"(atol {atol}, rtol {rtol})")

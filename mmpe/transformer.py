@@ -167,11 +167,11 @@ class TransformerBlock(nn.Module):
 
     @records_arguments
     def __init__(self, d_model: int, num_heads: int, encodings: Seq[Encoding] = (),
-                 mlp_ratio: float = 4.0, dropout: float = 0.0, backend: str = "auto",
+                 mlp_ratio: float = 4.0, dropout: float = 0.0, route: str = "auto",
                  num_kv_heads: int | None = None, window: LocalWindow | None = None) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(d_model)
-        self.attn = MultiHeadAttention(d_model, num_heads, encodings, backend=backend,
+        self.attn = MultiHeadAttention(d_model, num_heads, encodings, route=route,
                                        num_kv_heads=num_kv_heads, window=window)
         self.norm2 = nn.LayerNorm(d_model)
         hidden = int(d_model * mlp_ratio)
@@ -202,9 +202,9 @@ class Transformer(nn.Module):
         num_heads: `n_h`.
         depth: number of blocks.
         encodings: registry names, config dicts or built encodings.
-        mlp_ratio, dropout, backend, num_kv_heads: per block (see [`MultiHeadAttention`][mmpe.attention.MultiHeadAttention]).
+        mlp_ratio, dropout, route, num_kv_heads: per block (see [`MultiHeadAttention`][mmpe.attention.MultiHeadAttention]).
         share_encodings: share attention encodings across layers.
-        encoding_context: model-wide values for building encodings, keys of
+        context: model-wide values for building encodings, keys of
             `mmpe.context.CONTEXT_KEYS` (e.g. `max_len`,
             `original_max_position_embeddings`, `grid_shape`); `d_model`, `num_heads`
             and `head_dim` are filled in.
@@ -243,9 +243,9 @@ class Transformer(nn.Module):
         *,
         mlp_ratio: float = 4.0,
         dropout: float = 0.0,
-        backend: str = "auto",
+        route: str = "auto",
         share_encodings: bool = True,
-        encoding_context: Mapping[str, Any] | None = None,
+        context: Mapping[str, Any] | None = None,
         num_kv_heads: int | None = None,
         input_combine: str = "add",
         layer_schedule: Any = None,
@@ -255,8 +255,8 @@ class Transformer(nn.Module):
             raise ValueError(f"transformer: depth must be >= 1, got {depth}")
         self.input_combine = check_input_combine(input_combine)
         context = validate_context_keys({"d_model": d_model, "num_heads": num_heads,
-                                 "head_dim": d_model // num_heads, **(encoding_context or {})},
-                                "Transformer(encoding_context=...)")
+                                         "head_dim": d_model // num_heads, **(context or {})},
+                                        "Transformer(context=...)")
         built = build_encodings(encodings, **context)
         self.input_encodings = nn.ModuleList(e for e in built if isinstance(e, InputEncoding))
         specs = [s for s, e in zip(encodings, built, strict=True) if not isinstance(e, InputEncoding)]
@@ -275,7 +275,7 @@ class Transformer(nn.Module):
         schedule = None if layer_schedule is None else LayerSchedule.parse(layer_schedule, depth)
         if schedule is None:
             self.blocks = nn.ModuleList(
-                TransformerBlock(d_model, num_heads, layer_encodings(), mlp_ratio, dropout, backend,
+                TransformerBlock(d_model, num_heads, layer_encodings(), mlp_ratio, dropout, route,
                                  num_kv_heads)
                 for _ in range(depth)
             )
@@ -311,7 +311,7 @@ class Transformer(nn.Module):
                 return None if spec.chunk is None else LocalWindow("chunked", spec.chunk)
 
             self.blocks = nn.ModuleList(
-                TransformerBlock(d_model, num_heads, scheduled(spec), mlp_ratio, dropout, backend,
+                TransformerBlock(d_model, num_heads, scheduled(spec), mlp_ratio, dropout, route,
                                  num_kv_heads, window=window(spec))
                 for spec in schedule
             )

@@ -309,7 +309,7 @@ def check_memory(where: str, needed: int, what: str, device: torch.device | str,
 
     Refuse, before allocating, `needed` bytes on the CPU that this process cannot get now
     ([available_memory][mmpe.validation.available_memory]): the one door every API that
-    materialises an `n × n` tensor (the math path, `record_attention`, the dense bias,
+    materialises an `n × n` tensor (the math route, `record_attention`, the dense bias,
     `mmpe.attention.dense_bias`) goes through, so a request too large fails with its size and the ways
     out instead of the allocator's `can't allocate memory` (or the OOM killer). GPUs, the meta
     device, traced code and requests under 64 MiB are not checked.

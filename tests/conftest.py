@@ -85,7 +85,7 @@ def pytest_collection_modifyitems(config, items) -> None:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
     """On a torch older than mmpe's FlexAttention floor (``make test-floor``), a test that asks
-    for ``backend="flex"`` gets the library's clear error; it is then a skip naming why."""
+    for ``route="flex"`` gets the library's clear error; it is then a skip naming why."""
     outcome = yield
     from mmpe.flex_compile import FlexUnavailableError
 

@@ -1,5 +1,5 @@
 """Helpers shared by the tests (fixtures live in conftest.py): coordinates the attention tests
-draw, the check that every backend agrees, subprocess runs, Debian data, and the repository's
+draw, the check that every route agrees, subprocess runs, Debian data, and the repository's
 paths. Tolerances of path-against-path comparisons are `mmpe.testing.TOLERANCES`."""
 
 from __future__ import annotations
@@ -78,15 +78,15 @@ def generic_bias(enc, ctx) -> torch.Tensor:
     return pair_rows(enc, ctx, 0, ctx.coords.num_queries)
 
 
-def assert_backends_agree(mha, x: torch.Tensor, coords, atol: float = 1e-5) -> None:
-    """The flex, SDPA and math paths of ``mha`` give the same output on ``x`` (no grad)."""
+def assert_routes_agree(mha, x: torch.Tensor, coords, atol: float = 1e-5) -> None:
+    """The flex, SDPA and math routes of ``mha`` give the same output on ``x`` (no grad)."""
     from mmpe.flex_compile import available
 
     outs = {}
     with torch.no_grad():
-        for backend in ("sdpa", "math", "flex") if available() else ("sdpa", "math"):
-            mha.backend = backend
-            outs[backend] = mha(x, coords)
+        for route in ("sdpa", "math", "flex") if available() else ("sdpa", "math"):
+            mha.route = route
+            outs[route] = mha(x, coords)
     assert torch.allclose(outs["math"], outs["sdpa"], atol=atol), "math vs sdpa"
     if "flex" in outs:  # torch >= 2.6 (mmpe.flex_compile.MIN_TORCH)
         assert torch.allclose(outs["flex"], outs["sdpa"], atol=atol), "flex vs sdpa"

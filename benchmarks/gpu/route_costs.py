@@ -4,7 +4,7 @@ bucket × dtype × grad mode, on this device and torch version (issue 49).
 
 `python benchmarks/gpu/route_costs.py --store results/gpu/routes.jsonl` appends one JSON line
 per (encoding, shape, grad mode), keyed as the decision reads it; where a row exists for the
-device and torch version of a call, ``backend="auto"`` takes its fastest route (the dense one
+device and torch version of a call, ``route="auto"`` takes its fastest route (the dense one
 only within the budget) instead of the rule. `--tiny` runs on the CPU at small sizes (a test),
 `--dry-run` prints the rows without storing them.
 """
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_peers import D_MODEL, HEADS, measure  # noqa: E402
 
 import mmpe  # noqa: E402
-from mmpe.attention.route import call_of, structure_key  # noqa: E402
+from mmpe.attention.route import route_inputs, structure_key  # noqa: E402
 from mmpe.results.store import append_lines  # noqa: E402
 
 #: one encoding per structure (and learned or not): relation, offset, distance (fixed and
@@ -57,13 +57,13 @@ def rows(tiny: bool, device: str, dtype: torch.dtype, repeat: int,
             for grad in (True, False):
                 ms = {}
                 for route in routes:
-                    layer.backend = route
+                    layer.route = route
                     try:
                         ms[route] = measure(layer, x, lambda m, t, c=coords: m(t, c), repeat,
                                             forward_only=not grad)[0]
                     except (RuntimeError, torch.OutOfMemoryError) as err:  # recorded, not hidden
                         print(f"{label} {enc_name} {route}: {type(err).__name__}: {err}"[:200])
-                call = call_of(layer.scores, coords, HEADS, 1, torch.device(device), dtype, grad,
+                call = route_inputs(layer.scores, coords, HEADS, 1, torch.device(device), dtype, grad,
                                name=name)
                 row = {"device": name, "torch": torch.__version__,
                        "structure": structure_key(layer.scores), "bucket": call.bucket,

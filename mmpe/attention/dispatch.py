@@ -3,13 +3,13 @@
 The routes a call runs on — flex, dense, SDPA and math — once [mmpe.attention.route][]
 has chosen one.
 
-On the CPU ``backend="auto"`` is SDPA: FlexAttention has no
+On the CPU ``route="auto"`` is SDPA: FlexAttention has no
 backward pass on the CPU, its CPU kernel is 4–5× slower than SDPA, and without a BlockMask its
 CPU scratch memory is O(n²). An SDPA call takes one plan,
 chosen once ([sdpa_plan][mmpe.attention.dispatch.sdpa_plan]) from the terms' structures, the
 coordinates, the device and the sizes: the relation plan on ``toeplitz`` sequences
-(``attention/cpu/relation.py``), the grid plan (``cpu/grid.py``), the blocked plan on points
-and graphs (``cpu/blocked.py``), checkpointed blocks, or the dense bias in one call.
+(``attention/plans/relation.py``), the grid plan (``plans/grid.py``), the tiles plan on points
+and graphs (``plans/tiles.py``), checkpointed blocks, or the dense bias in one call.
 """
 
 from __future__ import annotations
@@ -28,16 +28,16 @@ from torch import Tensor
 
 from mmpe import flex_compile
 from mmpe.attention import forms, record
-from mmpe.attention.cpu import blocked, grid, relation
 from mmpe.attention.flex import block_mask_of, compose_score_mods, flex_mods
 from mmpe.attention.masks import cast_bias, dense_mask_of, large_mask, plain_causal
 from mmpe.attention.memory import bias_row_bytes, block_bytes, check_memory
+from mmpe.attention.plans import grid, relation, tiles
 from mmpe.coords.base import index_grid
-from mmpe.encodings.base import AttentionContext, KernelEncoding, ScoreEncoding
+from mmpe.encodings.base import AttentionCall, KernelEncoding, ScoreEncoding
 from mmpe.prepare import memoized
 
 
-def run_flex(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -> Tensor:
+def run_flex(scores: Seq[ScoreEncoding], ctx: AttentionCall, scale: float) -> Tensor:
     """FlexAttention with the composed `score_mod` and the coordinates' `BlockMask`.
 
     FlexAttention with the composed ``score_mod`` and the coordinates' ``BlockMask``
@@ -62,8 +62,8 @@ def run_flex(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) ->
         raise
 
 
-#: the SDPA path's plans (``run_sdpa``), in the order the decision tries them
-SDPA_PLANS = ("relation", "grid", "blocked", "blocks", "dense")
+#: the sdpa route's plans (``run_sdpa``), in the order the decision tries them
+SDPA_PLANS = ("relation", "grid", "tiles", "checkpointed", "dense")
 
 _FORCED: contextvars.ContextVar[str | None] = contextvars.ContextVar("mmpe_sdpa_plan",
                                                                       default=None)
@@ -71,10 +71,10 @@ _FORCED: contextvars.ContextVar[str | None] = contextvars.ContextVar("mmpe_sdpa_
 
 @contextlib.contextmanager
 def force_plan(plan: str | None) -> Iterator[None]:
-    """Run every SDPA-path call inside on `plan`, for tests and benchmarks.
+    """Run every sdpa-route call inside on `plan`, for tests and benchmarks.
 
-    Run every SDPA-path call inside on `plan` (one of `SDPA_PLANS`), for tests and
-    benchmarks that compare the paths; a call the plan cannot run raises `ValueError`. `None`:
+    Run every sdpa-route call inside on `plan` (one of `SDPA_PLANS`), for tests and
+    benchmarks that compare the plans; a call the plan cannot run raises `ValueError`. `None`:
     the ordinary decision.
 
     Raises:
@@ -89,24 +89,24 @@ def force_plan(plan: str | None) -> Iterator[None]:
         _FORCED.reset(token)
 
 
-def _applicable(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> dict[str, bool]:
+def _applicable(scores: Seq[ScoreEncoding], ctx: AttentionCall) -> dict[str, bool]:
     """Which plans can run the call (each condition tested once)."""
     return {"relation": relation.applies(scores, ctx), "grid": grid.applies(scores, ctx),
-            "blocked": blocked.applies(scores, ctx), "blocks": True, "dense": True}
+            "tiles": tiles.applies(scores, ctx), "checkpointed": True, "dense": True}
 
 
-def sdpa_plan(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> str:
-    """The one decision of an SDPA-path call.
+def sdpa_plan(scores: Seq[ScoreEncoding], ctx: AttentionCall) -> str:
+    """The one decision of an sdpa-route call.
 
-    The one decision of an SDPA-path call, from the terms' structures, the coordinates, the
+    The one decision of an sdpa-route call, from the terms' structures, the coordinates, the
     device and the sizes:
 
     * ``relation``: content-free terms of the relation on ``toeplitz`` sequences, where one
       entry's dense bias is large (``RELATION_MIN_BIAS_BYTES``);
     * ``grid``: terms of the cell offset on a grid, where one entry's dense bias is large;
-    * ``blocked``: other content-free terms whose dense bias exceeds the block budget, or
+    * ``tiles``: other content-free terms whose dense bias exceeds the block budget, or
       learned ones with hand-written tiles (their backward beats autograd's dense graph);
-    * ``blocks``: checkpointed blocks of rows (content-dependent terms, a large mask);
+    * ``checkpointed``: checkpointed blocks of query rows (content-dependent terms, a large mask);
     * ``dense``: one SDPA call with the dense bias (timm's way).
     """
     can = _applicable(scores, ctx)
@@ -122,36 +122,36 @@ def sdpa_plan(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> str:
         return "relation"
     if can["grid"] and grid.pays(scores, ctx):
         return "grid"
-    if blocked.pays(scores, ctx):
-        return "blocked" if can["blocked"] else "blocks"
+    if tiles.pays(scores, ctx):
+        return "tiles" if can["tiles"] else "checkpointed"
     if not scores and large_mask(ctx):  # a padded point cloud of 60k points, say
-        return "blocks"
+        return "checkpointed"
     return "dense"
 
 
-def run_sdpa(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -> Tensor:
+def run_sdpa(scores: Seq[ScoreEncoding], ctx: AttentionCall, scale: float) -> Tensor:
     """SDPA with the additive terms as `attn_mask`.
 
     SDPA with the additive terms as ``attn_mask``, on the plan
     [sdpa_plan][mmpe.attention.dispatch.sdpa_plan] chooses."""
     plan = sdpa_plan(scores, ctx)
-    if plan == "relation":  # a table over the offsets of a sequence (cpu/relation.py)
+    if plan == "relation":  # a table over the offsets of a sequence (plans/relation.py)
         return relation.attend(scores, ctx, scale)
-    if plan == "grid":  # an offset-only bias on a grid: block-Toeplitz tables (cpu/grid.py)
+    if plan == "grid":  # an offset-only bias on a grid: block-Toeplitz tables (plans/grid.py)
         return grid.attend(scores, ctx, scale)
-    if plan == "blocked":  # content-free terms, a hand-written backward (cpu/blocked.py)
-        return blocked.attend(scores, ctx, scale)
-    if plan == "blocks":
+    if plan == "tiles":  # content-free terms, a hand-written backward (plans/tiles.py)
+        return tiles.attend(scores, ctx, scale)
+    if plan == "checkpointed":
         return _sdpa_blocks(scores, ctx, scale)
     return run_dense(scores, ctx, scale)
 
 
-def run_dense(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -> Tensor:
+def run_dense(scores: Seq[ScoreEncoding], ctx: AttentionCall, scale: float) -> Tensor:
     """One SDPA call with the terms' dense bias: the dense route.
 
     One SDPA call with the terms' dense bias ([dense_bias][mmpe.attention.forms.dense_bias],
     broadcast over the batch where it does not depend on the example) and the coordinates'
-    mask as ``attn_mask``: the dense route on every device, and the SDPA path's dense plan."""
+    mask as ``attn_mask``: the dense route on every device, and the sdpa route's dense plan."""
     coords = ctx.coords
     bias = forms.summed_bias(scores, ctx)  # the layer checked the terms
     if bias is None:
@@ -181,7 +181,7 @@ def kernel_mask_of(coords, dtype: torch.dtype) -> Tensor | None:
                     lambda: cast_bias(None, dtype, mask, aligned=True))
 
 
-def _sdpa_blocks(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -> Tensor:
+def _sdpa_blocks(scores: Seq[ScoreEncoding], ctx: AttentionCall, scale: float) -> Tensor:
     """SDPA over blocks of queries, each with only its rows of the bias and mask: peak
     memory O(block × n_k) instead of O(n_q × n_k). With gradients, each block is
     recomputed in the backward pass (activation checkpointing) rather than kept."""
@@ -198,7 +198,7 @@ def _sdpa_blocks(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float
     return torch.cat(outs, dim=2)
 
 
-def _sdpa_rows(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float, start: int,
+def _sdpa_rows(scores: Seq[ScoreEncoding], ctx: AttentionCall, scale: float, start: int,
                stop: int) -> Tensor:
     bias = None
     for enc in scores:
@@ -210,12 +210,12 @@ def _sdpa_rows(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float, 
                                           attn_mask=bias, scale=scale)
 
 
-def run_math(scores: Seq[ScoreEncoding], kernel: KernelEncoding | None, ctx: AttentionContext,
+def run_math(scores: Seq[ScoreEncoding], kernel: KernelEncoding | None, ctx: AttentionCall,
              scale: float, *, mask: Tensor | None = None, allowed: Tensor | None = None,
              dropout: float = 0.0, return_probs: bool = False) -> Tensor | tuple[Tensor, Tensor | None]:
     """Explicit ``q·kᵀ``, score mods, mask, then the kernel (or softmax and value-side terms).
 
-    The math route of the attention layers, and the eager path of the HF attention interface
+    The math route of the attention layers, and the eager attention of the HF interface
     (`mmpe.integrations.transformers`), whose masks and dropout come in as HF gives them.
 
     Args:
@@ -240,7 +240,7 @@ def run_math(scores: Seq[ScoreEncoding], kernel: KernelEncoding | None, ctx: Att
     # more where record_attention keeps them)
     copies = 5 if record.recording() else 4
     check_memory((copies + (dropout > 0)) * bias_row_bytes(ctx, coords.num_queries),
-                 "the math path's scores" + (" (recorded)" if copies == 5 else ""), ctx)
+                 "the math route's scores" + (" (recorded)" if copies == 5 else ""), ctx)
     scores_ = _math_scores(scores, ctx, scale, mask)
     softmax = kernel is None or kernel.is_softmax
     if allowed is not None:
@@ -260,7 +260,7 @@ def run_math(scores: Seq[ScoreEncoding], kernel: KernelEncoding | None, ctx: Att
     return (out, probs) if return_probs else out
 
 
-def _math_scores(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float,
+def _math_scores(scores: Seq[ScoreEncoding], ctx: AttentionCall, scale: float,
                  mask: Tensor | None) -> Tensor:
     """The float32 logits: ``q·kᵀ`` scaled, the score mods, the additive mask, then the
     coordinates' mask at ``-inf``."""
@@ -280,7 +280,7 @@ def _math_scores(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float
 
 
 def _value_terms(scores: Seq[ScoreEncoding], kernel: KernelEncoding | None,
-                 ctx: AttentionContext, probs: Tensor | None, out: Tensor) -> Tensor:
+                 ctx: AttentionCall, probs: Tensor | None, out: Tensor) -> Tensor:
     """`out` plus the value-side terms of the encodings that read the probabilities."""
     for enc in scores:
         if enc.needs_probs:

@@ -16,7 +16,7 @@ from torch import Tensor
 from mmpe import flex_compile
 from mmpe.attention import forms
 from mmpe.coords.base import Coordinates
-from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
+from mmpe.encodings.base import AttentionCall, ScoreEncoding, ScoreMod
 from mmpe.prepare import _MEMO, memoized
 
 
@@ -33,7 +33,7 @@ def compose_score_mods(mods: Seq[ScoreMod]) -> ScoreMod | None:
     return composed
 
 
-def flex_mods(scores: Seq[ScoreEncoding], ctx: AttentionContext,
+def flex_mods(scores: Seq[ScoreEncoding], ctx: AttentionCall,
                tables: bool | None = None) -> list[ScoreMod]:
     """The `score_mod` terms for FlexAttention.
 
@@ -97,7 +97,7 @@ def _grid_table_applies(coords: Coordinates) -> bool:
             and coords.num_queries == coords.num_keys == coords.num_tokens)
 
 
-def _grid_mods(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> list[ScoreMod]:
+def _grid_mods(scores: Seq[ScoreEncoding], ctx: AttentionCall) -> list[ScoreMod]:
     """`flex_mods` on a grid: learned offset-only terms in one block-Toeplitz table."""
     table, mods = None, []
     for enc in scores:
@@ -115,7 +115,7 @@ def _grid_mods(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> list[ScoreM
 
 def _grid_offset_mod(table: Tensor, grid) -> ScoreMod:
     """`score + table[h, offset(q_idx, kv_idx)]` with the layout of
-    [offset_pairs][mmpe.attention.cpu.grid.offset_pairs]: cell offsets row-major over
+    [offset_pairs][mmpe.attention.plans.grid.offset_pairs]: cell offsets row-major over
     `kv_a − q_a + s_a − 1`, then prefix→cell, cell→prefix, prefix→prefix. The grid's sizes and
     strides are captured tensors, not ints, so that a new grid shape is not a new compile; the
     table is indexed once per pair (a captured tensor that requires grad may be read only once

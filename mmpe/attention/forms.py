@@ -1,12 +1,12 @@
-"""How the attention paths read a score term.
+"""How the attention routes and plans read a score term.
 
-How the attention paths read a score term: one door per form, decided from the term's
+How the attention routes and plans read a score term: one door per form, decided from the term's
 declared structure (`mmpe.encodings.base.STRUCTURES`) or a hand-written fast
 form of its exact class ([mmpe.attention.fast_forms][]).
 
 Every function here gives the numbers of the encoding's `score_mod` (the generic forms evaluate
 it, or the structure's term function it is derived from); a fast form is held to the same
-numbers by `mmpe.testing.assert_encoding_paths`. An encoding never needs to know which path
+numbers by `mmpe.testing.assert_encoding_paths`. An encoding never needs to know which route
 runs it.
 """
 
@@ -26,7 +26,7 @@ from mmpe.attention.term_layouts import BiasTiles, CompactBias, distance_rows
 from mmpe.coords.base import index_grid
 from mmpe.coords.capabilities import Directed
 from mmpe.coords.grid import Grid
-from mmpe.encodings.base import AttentionContext, ScoreEncoding
+from mmpe.encodings.base import AttentionCall, ScoreEncoding
 from mmpe.prepare import memoized
 from mmpe.validation import check_memory
 
@@ -35,7 +35,7 @@ from mmpe.validation import check_memory
 _OFFSET_ON_GRIDS = ("relation", "distance", "offset")
 
 
-def rows(enc: ScoreEncoding, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+def rows(enc: ScoreEncoding, ctx: AttentionCall, start: int, stop: int) -> Tensor:
     """The term of queries `start … stop−1`.
 
     The term of queries `start … stop−1`, `[b or 1, n_h, stop−start, n_k]`: the class's fast
@@ -51,7 +51,7 @@ def rows(enc: ScoreEncoding, ctx: AttentionContext, start: int, stop: int) -> Te
     return pair_rows(enc, ctx, start, stop)
 
 
-def _distance_rows(enc: ScoreEncoding, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+def _distance_rows(enc: ScoreEncoding, ctx: AttentionCall, start: int, stop: int) -> Tensor:
     """The distance rows once for all heads, the term on them; a chunk of rows at a time where
     the term's per-pair features (`feature_width` channels: kernels, hidden units) would
     outgrow the block budget."""
@@ -73,7 +73,7 @@ def _few_offsets(coords) -> bool:
             and 2 * top + 1 <= coords.num_queries * coords.num_keys)
 
 
-def _relation_rows(enc: ScoreEncoding, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+def _relation_rows(enc: ScoreEncoding, ctx: AttentionCall, start: int, stop: int) -> Tensor:
     """The term on each distinct offset once, then gathered by the rows' relations (T5's
     log-bucketing runs on `2·max_position + 1` offsets instead of every pair)."""
     coords = ctx.coords
@@ -89,7 +89,7 @@ def _relation_rows(enc: ScoreEncoding, ctx: AttentionContext, start: int, stop: 
     return table[heads.view(1, -1, 1, 1), rel + top]
 
 
-def dense(enc: ScoreEncoding, ctx: AttentionContext) -> Tensor:
+def dense(enc: ScoreEncoding, ctx: AttentionCall) -> Tensor:
     """The term of one encoding on every pair.
 
     The term of one encoding on every pair, `[b or 1, n_h, n_q, n_k]` (float32 for the
@@ -108,14 +108,14 @@ def dense(enc: ScoreEncoding, ctx: AttentionContext) -> Tensor:
     return memoized(ctx.coords, key, lambda: _dense(enc, ctx))
 
 
-def _dense(enc: ScoreEncoding, ctx: AttentionContext) -> Tensor:
+def _dense(enc: ScoreEncoding, ctx: AttentionCall) -> Tensor:
     fast = fast_forms.get(enc, "dense")
     if fast is not None:
         return fast(enc, ctx)
     return rows(enc, ctx, 0, ctx.coords.num_queries)
 
 
-def dense_bias(scores: Sequence[ScoreEncoding], ctx: AttentionContext) -> Tensor | None:
+def dense_bias(scores: Sequence[ScoreEncoding], ctx: AttentionCall) -> Tensor | None:
     """The dense bias: the sum of the additive terms on every pair.
 
     The one door to the dense bias: the sum of the additive terms `scores` on every pair,
@@ -127,7 +127,7 @@ def dense_bias(scores: Sequence[ScoreEncoding], ctx: AttentionContext) -> Tensor
 
     Raises:
         TypeError: `scores` not a sequence of score encodings, or a rescaling term.
-        ValueError: coordinates or a head count a term does not support (`check_context`).
+        ValueError: coordinates or a head count a term does not support (`check_call`).
         MemoryError: a bias (and the term being added to it) this process cannot hold now,
             refused before anything is allocated (`mmpe.validation.check_memory`).
     """
@@ -135,14 +135,14 @@ def dense_bias(scores: Sequence[ScoreEncoding], ctx: AttentionContext) -> Tensor
         raise TypeError("dense_bias: scores must be a sequence of score encodings, got "
                         f"{type(scores).__name__}")
     for enc in scores:
-        enc.check_context(ctx)
+        enc.check_call(ctx)
     return summed_bias(scores, replace(ctx, checked=True))
 
 
-def summed_bias(scores: Sequence[ScoreEncoding], ctx: AttentionContext) -> Tensor | None:
-    """The dense bias on a context whose terms are checked.
+def summed_bias(scores: Sequence[ScoreEncoding], ctx: AttentionCall) -> Tensor | None:
+    """The dense bias on a call whose terms are checked.
 
-    [dense_bias][mmpe.attention.forms.dense_bias] on a context whose terms are checked
+    [dense_bias][mmpe.attention.forms.dense_bias] on a call whose terms are checked
     (`ctx.checked`: the attention layers' dense route): the memory check, then the sum."""
     _check_dense_memory(scores, ctx)
     bias = None
@@ -152,7 +152,7 @@ def summed_bias(scores: Sequence[ScoreEncoding], ctx: AttentionContext) -> Tenso
     return bias
 
 
-def _check_dense_memory(scores: Sequence[ScoreEncoding], ctx: AttentionContext) -> None:
+def _check_dense_memory(scores: Sequence[ScoreEncoding], ctx: AttentionCall) -> None:
     """The dense bias at its peak: the sum so far and the next term, float32 (not while
     compiling: traced code is not checked, and its message could not be traced)."""
     if not scores or torch.compiler.is_compiling():
@@ -167,13 +167,13 @@ def _check_dense_memory(scores: Sequence[ScoreEncoding], ctx: AttentionContext) 
                  f"the bias [b, n_h, n_q, n_k] = {list(shape)} float32"
                  + (" and the term added to it" if copies == 2 else ""), coords.device,
                  "let the attention layers compute it (they run block by block over the "
-                 "queries: MultiHeadAttention with backend='sdpa'), take the rows of a few "
+                 "queries: MultiHeadAttention with route='sdpa'), take the rows of a few "
                  "queries (mmpe.attention.forms.rows(encoding, ctx, start, stop)), or use fewer "
                  "tokens")
 
 
 def offers(enc: ScoreEncoding, form: str) -> bool:
-    """Whether the door of `form` gives something for `enc`, so a path can plan before it asks.
+    """Whether the door of `form` gives something for `enc`, so a plan can decide before it asks.
 
     `form` is one of `"tiles"`, `"compact"` (a hand-written fast
     form of the exact class, [mmpe.attention.fast_forms][]) or `"relation_table"` (the
@@ -194,14 +194,14 @@ def offers(enc: ScoreEncoding, form: str) -> bool:
 _FAST_ONLY = ("tiles", "compact")
 
 
-def tiles(enc: ScoreEncoding, ctx: AttentionContext, start: int, stop: int,
+def tiles(enc: ScoreEncoding, ctx: AttentionCall, start: int, stop: int,
           width: int) -> BiasTiles | None:
     """The term tile by tile with its own backward pass (a hand-written fast form), or None."""
     fast = fast_forms.get(enc, "tiles")
     return None if fast is None else fast(enc, ctx, start, stop, width)
 
 
-def relation_table(enc: ScoreEncoding, ctx: AttentionContext, relation: Tensor) -> Tensor | None:
+def relation_table(enc: ScoreEncoding, ctx: AttentionCall, relation: Tensor) -> Tensor | None:
     """The term over the offsets `relation` of `toeplitz` coordinates, or None.
 
     The term over the offsets `relation` `[m]` (int64, `pos_q − pos_k`) of `toeplitz`
@@ -214,7 +214,7 @@ def relation_table(enc: ScoreEncoding, ctx: AttentionContext, relation: Tensor) 
     return None
 
 
-def compact(enc: ScoreEncoding, ctx: AttentionContext) -> CompactBias | None:
+def compact(enc: ScoreEncoding, ctx: AttentionCall) -> CompactBias | None:
     """A term of more than the relation in `O(n)` tensors, or None.
 
     A term of more than the relation on `toeplitz` coordinates in `O(n)` tensors (a fast
@@ -228,7 +228,7 @@ def offset_only_on_grids(enc: ScoreEncoding) -> bool:
     return enc.structure in _OFFSET_ON_GRIDS or bool(fast_forms.get(enc, "offset_on_grids"))
 
 
-def pair_term(enc: ScoreEncoding, ctx: AttentionContext, q_idx: Tensor, kv_idx: Tensor,
+def pair_term(enc: ScoreEncoding, ctx: AttentionCall, q_idx: Tensor, kv_idx: Tensor,
               b: Tensor) -> Tensor:
     """The term on the broadcast pairs `(b, q_idx, kv_idx)` only, `[n_h, *pairs]` float32:
     `score_mod` with every head, or the structure's term on the pairs' distances, or a fast
@@ -265,7 +265,7 @@ def offset_pairs(grid: Grid) -> tuple[Tensor, Tensor]:
     return q_idx.to(grid.device), kv_idx.to(grid.device)
 
 
-def offset_table(enc: ScoreEncoding, ctx: AttentionContext) -> Tensor:
+def offset_table(enc: ScoreEncoding, ctx: AttentionCall) -> Tensor:
     """The encoding's term on every cell offset and prefix kind of a grid.
 
     The encoding's term on every cell offset and prefix kind, `[n_h, Π (2 s_a − 1) + 3]`

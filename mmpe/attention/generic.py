@@ -11,10 +11,10 @@ import torch
 from torch import Tensor
 
 from mmpe.coords.base import index_grid
-from mmpe.encodings.base import AttentionContext, ScoreEncoding
+from mmpe.encodings.base import AttentionCall, ScoreEncoding
 
 
-def pair_rows(enc: ScoreEncoding, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+def pair_rows(enc: ScoreEncoding, ctx: AttentionCall, start: int, stop: int) -> Tensor:
     """`score_mod` on the pairs of queries `start … stop−1`, `[b or 1, n_h, stop−start, n_k]`:
     the generic form of every structure (the definition every other form is held to; `b` is
     the content's batch for content-dependent terms)."""

@@ -1,6 +1,6 @@
-"""Masks of the coordinates on the eager paths, and local attention windows.
+"""Masks of the coordinates on the eager routes, and local attention windows.
 
-Masks of the coordinates on the eager paths: the dense boolean mask (once per forward), which
+Masks of the coordinates on the eager routes: the dense boolean mask (once per forward), which
 masks are SDPA's own causal triangle, and a bias cast with masked pairs at ``-inf``; and the
 local attention windows of per-layer schedules ([`LocalWindow`][mmpe.attention.masks.LocalWindow]:
 sliding-window and chunked masks laid over the coordinates' own mask)."""
@@ -16,7 +16,7 @@ from mmpe.attention.memory import block_bytes
 from mmpe.coords.base import Coordinates, MaskMod
 from mmpe.coords.views import prepare_views, view_class
 from mmpe.encodings._state import SavesSettings
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 from mmpe.prepare import _MEMO, memoized
 
 #: The kinds of [`LocalWindow`][mmpe.attention.masks.LocalWindow].
@@ -47,7 +47,7 @@ def plain_causal(coords: Coordinates) -> bool:
             and coords.num_queries == coords.num_keys and coords.batch_size is None)
 
 
-def large_mask(ctx: AttentionContext) -> bool:
+def large_mask(ctx: AttentionCall) -> bool:
     """Whether the coordinates' dense boolean mask would exceed the block budget.
 
     Whether the coordinates' dense boolean mask (not SDPA's own causal one) would exceed

@@ -1,6 +1,6 @@
-"""Memory of the CPU attention paths.
+"""Memory of the sdpa route's plans and the math route.
 
-Memory of the CPU attention paths: the budget of one block of bias rows, and a guard that
+Memory of the sdpa route's plans and the math route: the budget of one block of bias rows, and a guard that
 fails before allocating what this process cannot hold (`mmpe.validation.check_memory`)."""
 
 from __future__ import annotations
@@ -13,18 +13,18 @@ from mmpe import validation
 from mmpe.attention import record
 
 if TYPE_CHECKING:  # an annotation only: importing the encodings here would be circular
-    from mmpe.encodings.base import AttentionContext
+    from mmpe.encodings.base import AttentionCall
 
 # the budget sits low in the package: encodings bound their per-pair features by it too
 from mmpe._scratch import BLOCK_BYTES, block_bytes  # noqa: E402, F401
 
 
-def bias_row_bytes(ctx: AttentionContext, rows: int) -> int:
+def bias_row_bytes(ctx: AttentionCall, rows: int) -> int:
     """Bytes of `rows` query rows of the call's dense float32 bias, `[b, n_h, rows, n_k]`."""
     return ctx.q.shape[0] * ctx.num_heads * rows * ctx.coords.num_keys * 4
 
 
-def check_memory(needed: int, what: str, ctx: AttentionContext) -> None:
+def check_memory(needed: int, what: str, ctx: AttentionCall) -> None:
     """Fail before allocating what this process cannot hold now.
 
     Fail before allocating what this process cannot hold now, naming the size and the ways
@@ -39,8 +39,8 @@ def check_memory(needed: int, what: str, ctx: AttentionContext) -> None:
     if record.recording():
         ways = record.ways_out()
     else:
-        ways = ("use the block-wise SDPA path (backend='sdpa' with softmax and additive terms), "
-                "FlexAttention on a GPU (backend='flex'), or shorter sequences")
+        ways = ("use the sdpa route's block-wise plans (route='sdpa' with softmax and additive terms), "
+                "FlexAttention on a GPU (route='flex'), or shorter sequences")
     validation.check_memory(
         "attention", needed, f"{what} for b={ctx.q.shape[0]}, n_h={ctx.num_heads}, "
         f"n_q={ctx.coords.num_queries}, n_k={ctx.coords.num_keys}", ctx.q.device, ways)

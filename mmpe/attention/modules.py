@@ -3,7 +3,7 @@
 The attention modules: [MultiHeadAttention][mmpe.attention.MultiHeadAttention] (self-attention
 with grouped-query heads and an optional [KVCache][mmpe.cache.KVCache]) and
 [CrossAttention][mmpe.attention.CrossAttention] (from one token set to another, each with its
-coordinates). They sort the encodings by hook, project and rotate, and hand the call to the path
+coordinates). They sort the encodings by hook, project and rotate, and hand the call to the route
 that [mmpe.attention.dispatch][] chooses."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from mmpe.cache import KVCache
 from mmpe.coords.base import Coordinates, RowBlock
 from mmpe.coords.cross import Cross
 from mmpe.encodings.base import (
-    AttentionContext,
+    AttentionCall,
     Encoding,
     KernelEncoding,
     RotaryEncoding,
@@ -33,7 +33,7 @@ from mmpe.prepare import forward_scope
 from mmpe.rebuild import records_arguments, reset_in_place
 from mmpe.validation import check_attention_work, check_positive_int
 
-BACKENDS = _route.BACKENDS
+ROUTE_CHOICES = _route.ROUTE_CHOICES
 
 
 
@@ -67,23 +67,23 @@ def _head_dim(d_model: int, num_heads: int, head_dim: int | None) -> int:
 
 
 class _Attention(nn.Module):
-    """What self- and cross-attention share: encodings by hook, path choice, the three paths."""
+    """What self- and cross-attention share: encodings by hook, the route choice, the routes."""
 
     def _setup(self, num_heads: int, num_kv_heads: int | None, head_dim: int,
-               encodings: Seq[Encoding], backend: str, dense_bias_bytes: int | None) -> None:
+               encodings: Seq[Encoding], route: str, dense_bias_bytes: int | None) -> None:
         _check_positive("num_heads", num_heads)
         num_kv_heads = num_heads if num_kv_heads is None else _check_positive("num_kv_heads",
                                                                               num_kv_heads)
         if num_heads % num_kv_heads:
             raise ValueError(f"attention: num_heads={num_heads} must be a multiple of "
                              f"num_kv_heads={num_kv_heads}")
-        if backend not in BACKENDS:
-            raise ValueError(f"attention: backend must be one of {BACKENDS}, got {backend!r}")
+        if route not in ROUTE_CHOICES:
+            raise ValueError(f"attention: route must be one of {ROUTE_CHOICES}, got {route!r}")
         if isinstance(encodings, (str, Encoding)):
             raise TypeError("attention: encodings must be a list of built encodings, got a "
                             f"single {type(encodings).__name__}")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.backend = backend
+        self.route = route
         _route.dense_budget(dense_bias_bytes)  # refuse a bad budget at construction
         self.dense_bias_bytes = dense_bias_bytes
         self.rotary, self.scores, kernels = _split_by_hook(encodings)
@@ -145,29 +145,29 @@ class _Attention(nn.Module):
         groups = self.num_heads // t.shape[1]
         return t if groups == 1 else t.repeat_interleave(groups, dim=1)
 
-    def attend(self, ctx: AttentionContext) -> Tensor:
-        """Attention output ``[b, n_h, n_q, h_d]`` for the context's (rotated) q, k, v."""
+    def attend(self, ctx: AttentionCall) -> Tensor:
+        """Attention output ``[b, n_h, n_q, h_d]`` for the call's (rotated) q, k, v."""
         assert ctx.q is not None and ctx.k is not None and ctx.v is not None
         # every term and the work, once, before a route is chosen: the routes and their forms
         # trust their caller (a CPU call that would run for minutes is refused before it starts)
         for enc in self.scores:
-            enc.check_context(ctx)
+            enc.check_call(ctx)
         ctx = replace(ctx, checked=True)
         b, n_h, n_q, h_d = ctx.q.shape
         names = [getattr(e, "registry_name", type(e).__name__) for e in self.scores]
         check_attention_work(", ".join(names) or type(self).__name__, batch=b, num_heads=n_h, num_queries=n_q,
                              num_keys=ctx.k.shape[2], head_dim=h_d, device=ctx.q.device)
         scale = _softmax_scale(self.scores, ctx.head_dim)
-        call = _route.call_of(self.scores, ctx.coords, self.num_heads, ctx.q.shape[0],
-                              ctx.q.device, ctx.q.dtype, torch.is_grad_enabled(),
-                              self.dense_bias_bytes)
-        path = _route.choose_route(self.backend, self.scores, self.kernel, call)
-        _route.note(self, path)
-        if path == "flex":
+        inputs = _route.route_inputs(self.scores, ctx.coords, self.num_heads, ctx.q.shape[0],
+                                     ctx.q.device, ctx.q.dtype, torch.is_grad_enabled(),
+                                     self.dense_bias_bytes)
+        route = _route.choose_route(self.route, self.scores, self.kernel, inputs)
+        _route.note(self, route)
+        if route == "flex":
             return run_flex(self.scores, ctx, scale)
-        if path == "dense":
+        if route == "dense":
             return run_dense(self.scores, ctx, scale)
-        if path == "sdpa":
+        if route == "sdpa":
             return run_sdpa(self.scores, ctx, scale)
         return run_math(self.scores, self.kernel, ctx, scale)
 
@@ -186,8 +186,8 @@ class MultiHeadAttention(_Attention):
             default ``num_heads``. The cache keeps ``n_kv`` heads.
         head_dim: ``h_d``; defaults to ``d_model // num_heads``.
         qkv_bias: bias in the q/k/v projection.
-        backend: ``"auto"`` (the rule of [mmpe.attention.route][], or the route
-            ``MMPE_ATTENTION_BACKEND`` names), or a route forced: ``"flex"``, ``"dense"``
+        route: ``"auto"`` (the rule of [mmpe.attention.route][], or the route
+            ``MMPE_ATTENTION_ROUTE`` names), or a route forced: ``"flex"``, ``"dense"``
             (one SDPA call with the dense bias, on any device), ``"sdpa"`` or ``"math"``.
         dense_bias_bytes: the dense route's budget for this layer's bias (bytes, float32);
             None: ``MMPE_DENSE_BIAS_BYTES``, else 1 GiB.
@@ -204,7 +204,7 @@ class MultiHeadAttention(_Attention):
     Raises:
         ValueError: ``d_model`` not divisible by ``num_heads`` (with no ``head_dim``), heads
             that do not divide, an input encoding or more than one kernel in ``encodings``, an
-            unknown ``backend``; at forward, ``x`` not ``[b, s, d_model]`` with ``s`` equal to
+            unknown ``route``; at forward, ``x`` not ``[b, s, d_model]`` with ``s`` equal to
             the coordinates' queries, a batch that differs from the coordinates', or
             coordinates whose key count is not ``cache.length + s``.
         TypeError: ``x`` not a floating-point tensor, ``encodings`` not a list.
@@ -220,13 +220,13 @@ class MultiHeadAttention(_Attention):
         num_kv_heads: int | None = None,
         head_dim: int | None = None,
         qkv_bias: bool = True,
-        backend: str = "auto",
+        route: str = "auto",
         window: LocalWindow | None = None,
         dense_bias_bytes: int | None = None,
     ) -> None:
         super().__init__()
         head_dim = _head_dim(d_model, num_heads, head_dim)
-        self._setup(num_heads, num_kv_heads, head_dim, encodings, backend, dense_bias_bytes)
+        self._setup(num_heads, num_kv_heads, head_dim, encodings, route, dense_bias_bytes)
         if window is not None and not isinstance(window, LocalWindow):
             raise TypeError(f"attention: window must be a LocalWindow or None, got "
                             f"{type(window).__name__}")
@@ -280,7 +280,7 @@ class MultiHeadAttention(_Attention):
         if not isinstance(coords, Coordinates):
             raise TypeError(f"attention: coords must be an mmpe Coordinates object, got "
                             f"{type(coords).__name__}")
-        # before any term is built: coordinates elsewhere fail deep in a path otherwise
+        # before any term is built: coordinates elsewhere fail deep in a route otherwise
         check_device("q", q, coords)
         expected = ((self.num_heads, self.head_dim), (self.num_kv_heads, self.head_dim),
                     (self.num_kv_heads, self.head_dim))
@@ -334,7 +334,7 @@ class MultiHeadAttention(_Attention):
                                     key_mask=coords.key_mask)
             if lazy:
                 q, k = self._rotate(q, k, coords)
-            ctx = AttentionContext(coords, self.num_heads, self.head_dim, q.shape[0], x, q,
+            ctx = AttentionCall(coords, self.num_heads, self.head_dim, q.shape[0], x, q,
                                    self._expand_kv(k), self._expand_kv(v), cache=cache)
             return self.attend(ctx)
 
@@ -361,7 +361,7 @@ class CrossAttention(_Attention):
 
     Args:
         d_model: width of ``x`` (and of the output).
-        num_heads, num_kv_heads, head_dim, qkv_bias, backend, dense_bias_bytes: as
+        num_heads, num_kv_heads, head_dim, qkv_bias, route, dense_bias_bytes: as
             [`MultiHeadAttention`][mmpe.attention.MultiHeadAttention].
         encodings: built rotary/score/kernel encodings.
         kv_dim: width of ``memory`` (default ``d_model``).
@@ -385,13 +385,13 @@ class CrossAttention(_Attention):
         num_kv_heads: int | None = None,
         head_dim: int | None = None,
         qkv_bias: bool = True,
-        backend: str = "auto",
+        route: str = "auto",
         dense_bias_bytes: int | None = None,
     ) -> None:
         super().__init__()
         head_dim = _head_dim(d_model, num_heads, head_dim)
         kv_dim = d_model if kv_dim is None else _check_positive("kv_dim", kv_dim)
-        self._setup(num_heads, num_kv_heads, head_dim, encodings, backend, dense_bias_bytes)
+        self._setup(num_heads, num_kv_heads, head_dim, encodings, route, dense_bias_bytes)
         self.d_model, self.kv_dim = d_model, kv_dim
         self.q_proj = nn.Linear(d_model, num_heads * head_dim, bias=qkv_bias)
         self.kv_proj = nn.Linear(kv_dim, 2 * self.num_kv_heads * head_dim, bias=qkv_bias)
@@ -413,7 +413,7 @@ class CrossAttention(_Attention):
             k, v = rearrange(self.kv_proj(memory), "b s (two h d) -> two b h s d", two=2,
                              h=self.num_kv_heads)
             q, k = self._rotate(q, k, pair)
-            ctx = AttentionContext(pair, self.num_heads, self.head_dim, x.shape[0], x, q,
+            ctx = AttentionCall(pair, self.num_heads, self.head_dim, x.shape[0], x, q,
                                    self._expand_kv(k), self._expand_kv(v))
             out = self.attend(ctx)
         return self.proj(rearrange(out, "b h s d -> b s (h d)"))

@@ -7,9 +7,9 @@ with mmpe.attention.record_attention() as weights:
 # (a Transformer's layers in order)
 ```
 
-Recording runs the math path (explicit scores, then softmax), which gives the same numbers as
-the flex and SDPA paths (tests/attention/test_attention.py) but materialises `n_q × n_k` per head:
-use it on short inputs. The math path refuses, before allocating, a call this process cannot
+Recording runs the math route (explicit scores, then softmax), which gives the same numbers as
+the flex and sdpa routes (tests/attention/test_attention.py) but materialises `n_q × n_k` per head:
+use it on short inputs. The math route refuses, before allocating, a call this process cannot
 hold next to what the block already keeps (`mmpe.validation.check_memory`); `calls=` keeps a
 subset of the calls and `query_stride=` every k-th query's row, to keep less.
 """
@@ -48,7 +48,7 @@ def record_attention(calls: Collection[int] | None = None,
                      query_stride: int = 1) -> Iterator[list[Tensor]]:
     """Record the softmax weights of every attention call inside the block.
 
-    Inside the block every attention call takes the math path and appends its softmax
+    Inside the block every attention call takes the math route and appends its softmax
     weights `[b, n_h, n_q, n_k]` (float32, detached, CPU; masked pairs 0) to the yielded list.
 
     Args:
@@ -85,7 +85,7 @@ def record(probs: Tensor) -> None:
     """Count a call and, where an open block keeps it, append `probs`.
 
     Count a call and, where the innermost open block keeps it, append `probs` (called by
-    the math path)."""
+    the math route)."""
     if not _ACTIVE:
         return
     block = _ACTIVE[-1]
@@ -102,7 +102,7 @@ def ways_out() -> str:
     """What a `record_attention` block too large for memory can do instead.
 
     What a `record_attention` block too large for memory can do instead (for the refusal
-    of the math path's scores)."""
+    of the math route's scores)."""
     held = sum(w.nbytes for block in _ACTIVE for w in block.weights)
     count = sum(len(block.weights) for block in _ACTIVE)
     return (f"record_attention already keeps {held / 2**30:.1f} GiB from {count} calls; record "

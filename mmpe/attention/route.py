@@ -10,12 +10,18 @@ Routes (`ROUTES`):
   does not depend on the example: what timm's relative-position attention, HF `T5Attention`
   and Graphormer do. SDPA's memory-efficient kernel differentiates the bias densely.
 * `"flex"` — FlexAttention with the composed `score_mod` and a `BlockMask`: no `n × n` tensor.
-* `"sdpa"` — SDPA without a bias on CUDA; on the CPU the SDPA plans of
-  [sdpa_plan][mmpe.attention.dispatch.sdpa_plan] (relation, grid, blocked, blocks, dense).
+* `"sdpa"` — SDPA's fused kernels with the terms laid out by one *plan* of
+  [sdpa_plan][mmpe.attention.dispatch.sdpa_plan] (relation, grid, tiles, checkpointed, dense),
+  on every device; without terms every plan is one unbiased SDPA call (cuDNN or flash on
+  CUDA). The rule sends terms to this route on the CPU only.
+
+Words: a *route* is what a layer's `route=` names and the rule chooses; a *plan* is how the
+sdpa route lays a call's terms out; a *form* is how a plan reads one term
+([mmpe.attention.forms][]).
 * `"math"` — explicit scores: a kernel that replaces the softmax, value-side terms,
   `record_attention`.
 
-The rule on CUDA (``backend="auto"``), from the stored GPU runs (`results/gpu/`):
+The rule on CUDA (``route="auto"``), from the stored GPU runs (`results/gpu/`):
 
 1. no score term → `"sdpa"` (cuDNN/flash; FlexAttention without a `score_mod` took 1.9× cuDNN
    forward + backward at 4,096 causal tokens, H200, `h200-run4-probe.jsonl`);
@@ -40,8 +46,8 @@ A cost table ([CostTable][mmpe.attention.route.CostTable], JSON lines stored wit
 results, `results/gpu/routes.jsonl`, or the file `MMPE_ROUTE_COSTS` names) overrides the rule
 where it has a row for the device's name, the torch version, the terms' structures, the size
 bucket, the dtype and the grad mode: the fastest measured route that can run the call (the
-dense route only within the budget). ``backend=`` on the layer, else the environment variable
-`MMPE_ATTENTION_BACKEND`, forces a route; [which_route][mmpe.attention.route.which_route] names the route a
+dense route only within the budget). ``route=`` on the layer, else the environment variable
+`MMPE_ATTENTION_ROUTE`, forces a route; [which_route][mmpe.attention.route.which_route] names the route a
 call would take without running it, and [log_routes][mmpe.attention.route.log_routes] collects
 the route each layer took (stored runs keep it).
 """
@@ -66,20 +72,20 @@ from mmpe._scratch import positive_env
 from mmpe.attention import record
 from mmpe.encodings.base import KernelEncoding, ScoreEncoding
 
-#: every route a call can take; `"auto"` (the rule) is the layer's default backend
+#: every route a call can take
 ROUTES = ("flex", "dense", "sdpa", "math")
-#: the backends a layer or `MMPE_ATTENTION_BACKEND` may name
-BACKENDS = ("auto", *ROUTES)
+#: the routes a layer or `MMPE_ATTENTION_ROUTE` may name ("auto": the rule)
+ROUTE_CHOICES = ("auto", *ROUTES)
 #: default budget of the dense route's bias (bytes, float32); `MMPE_DENSE_BIAS_BYTES` overrides
 DENSE_BIAS_BYTES = 1 << 30
-ENV_BACKEND = "MMPE_ATTENTION_BACKEND"
+ENV_ROUTE = "MMPE_ATTENTION_ROUTE"
 ENV_BUDGET = "MMPE_DENSE_BIAS_BYTES"
 ENV_COSTS = "MMPE_ROUTE_COSTS"
 #: where the cost table of a checkout lives (with the GPU results)
 DEFAULT_COSTS = Path(__file__).resolve().parents[2] / "results" / "gpu" / "routes.jsonl"
 
 
-class Call(NamedTuple):
+class RouteInputs(NamedTuple):
     """What the route of one call depends on, without its tensors.
 
     What the route of one call depends on, without its tensors (a named tuple: the
@@ -127,21 +133,21 @@ def dense_budget(override: int | None = None) -> int:
     return int(positive_env(ENV_BUDGET, DENSE_BIAS_BYTES, int, "a positive integer (bytes)"))
 
 
-def forced_backend(backend: str) -> str:
-    """The layer's `backend`, or `MMPE_ATTENTION_BACKEND` where the layer says `"auto"`.
+def forced_route(route: str) -> str:
+    """The layer's `route`, or `MMPE_ATTENTION_ROUTE` where the layer says `"auto"`.
 
     Raises:
-        ValueError: an unknown backend in the argument or the environment variable.
+        ValueError: an unknown route in the argument or the environment variable.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"attention: backend must be one of {BACKENDS}, got {backend!r}")
-    if backend != "auto":
-        return backend
-    env = os.environ.get(ENV_BACKEND)
+    if route not in ROUTE_CHOICES:
+        raise ValueError(f"attention: route must be one of {ROUTE_CHOICES}, got {route!r}")
+    if route != "auto":
+        return route
+    env = os.environ.get(ENV_ROUTE)
     if env is None or env == "":
         return "auto"
-    if env not in BACKENDS:
-        raise ValueError(f"{ENV_BACKEND} must be one of {BACKENDS}, got {env!r}")
+    if env not in ROUTE_CHOICES:
+        raise ValueError(f"{ENV_ROUTE} must be one of {ROUTE_CHOICES}, got {env!r}")
     return env
 
 
@@ -174,8 +180,8 @@ def bias_bytes(scores: Seq[ScoreEncoding], coords: Any, num_heads: int, batch: i
     return (batch if per_example else 1) * num_heads * coords.num_queries * coords.num_keys * 4
 
 
-def choose_route(backend: str, scores: Seq[ScoreEncoding], kernel: KernelEncoding | None,
-                 call: Call, costs: CostTable | None = None) -> str:
+def choose_route(route: str, scores: Seq[ScoreEncoding], kernel: KernelEncoding | None,
+                 call: RouteInputs, costs: CostTable | None = None) -> str:
     """The route of a call.
 
     The route of a call (one of `ROUTES`): forced, else the cost table's row, else the rule
@@ -184,10 +190,10 @@ def choose_route(backend: str, scores: Seq[ScoreEncoding], kernel: KernelEncodin
     Raises:
         ValueError: a forced route that cannot run the call (`"flex"` or `"dense"` with a
             kernel that replaces the softmax or value-side terms, `"dense"` with a rescaling
-            term), an unknown backend.
+            term), an unknown route.
         FlexUnavailableError: `"flex"` forced on a torch without FlexAttention's backward.
     """
-    backend = forced_backend(backend)
+    route = forced_route(route)
     kernel_softmax = kernel is None or kernel.is_softmax
     needs_math = not kernel_softmax or any(s.needs_probs for s in scores)
     additive = all(s.additive for s in scores)
@@ -196,32 +202,32 @@ def choose_route(backend: str, scores: Seq[ScoreEncoding], kernel: KernelEncodin
             raise ValueError(f"record_attention: {type(kernel).__name__} replaces the softmax; "
                              "it has no softmax weights to record")
         return "math"
-    if backend == "math" or (needs_math and backend in ("auto", "sdpa")):
+    if route == "math" or (needs_math and route in ("auto", "sdpa")):
         return "math"
-    if backend in ("flex", "dense") and needs_math:
-        raise ValueError(f"attention: backend={backend!r} cannot run a non-softmax kernel or "
+    if route in ("flex", "dense") and needs_math:
+        raise ValueError(f"attention: route={route!r} cannot run a non-softmax kernel or "
                          "value-side score terms; use 'math' or 'auto'")
-    if backend == "flex":
+    if route == "flex":
         if not flex_compile.available():
             raise flex_compile.FlexUnavailableError(
-                f"attention: backend='flex' needs torch >= 2.6 (this is {torch.__version__}: "
+                f"attention: route='flex' needs torch >= 2.6 (this is {torch.__version__}: "
                 "its FlexAttention cannot differentiate learned score terms); use 'auto' "
                 "or 'sdpa'")
         return "flex"
-    if backend == "dense":
+    if route == "dense":
         if not additive:
-            raise ValueError("attention: backend='dense' needs additive score terms (SDPA adds "
+            raise ValueError("attention: route='dense' needs additive score terms (SDPA adds "
                              f"a bias); {[type(s).__name__ for s in scores if not s.additive]} "
                              "rescale the scores; use 'flex', 'math' or 'auto'")
         return "dense"
-    if backend == "sdpa":
+    if route == "sdpa":
         return "sdpa" if additive else "math"
     return _auto(scores, call, additive, costs)
 
 
-def _auto(scores: Seq[ScoreEncoding], call: Call, additive: bool,
+def _auto(scores: Seq[ScoreEncoding], call: RouteInputs, additive: bool,
           costs: CostTable | None) -> str:
-    """The rule (and the cost table) for ``backend="auto"``."""
+    """The rule (and the cost table) for ``route="auto"``."""
     if call.device_type != "cuda":
         return "sdpa" if additive else "math"
     flex = flex_compile.available()
@@ -275,7 +281,7 @@ class CostTable:
                str(row["dtype"]).removeprefix("torch."), bool(row["grad"]))
         self.rows[key] = {r: float(v) for r, v in ms.items()}
 
-    def fastest(self, scores: Seq[ScoreEncoding], call: Call, runnable: list[str]) -> str | None:
+    def fastest(self, scores: Seq[ScoreEncoding], call: RouteInputs, runnable: list[str]) -> str | None:
         """The fastest measured route among `runnable` for the call, or None.
 
         The fastest measured route among `runnable` for the call, or None (no row, or no
@@ -329,19 +335,19 @@ def device_name(device: torch.device) -> str | None:
     return torch.cuda.get_device_name(device)
 
 
-def call_of(scores: Seq[ScoreEncoding], coords: Any, num_heads: int, batch: int,
-            device: torch.device, dtype: torch.dtype, grad: bool, budget: int | None = None,
-            name: str | None = None) -> Call:
-    """The `Call` of attention over `coords` with these sizes.
+def route_inputs(scores: Seq[ScoreEncoding], coords: Any, num_heads: int, batch: int,
+                 device: torch.device, dtype: torch.dtype, grad: bool, budget: int | None = None,
+                 name: str | None = None) -> RouteInputs:
+    """The `RouteInputs` of attention over `coords` with these sizes.
 
-    The [Call][mmpe.attention.route.Call] of attention over `coords` with these sizes;
-    `name` describes the device where it is not this machine's (tests, planning)."""
+    The [RouteInputs][mmpe.attention.route.RouteInputs] of attention over `coords` with these
+    sizes; `name` describes the device where it is not this machine's (tests, planning)."""
     device = device if isinstance(device, torch.device) else torch.device(device)
     if name is None and device.type == "cuda":
         name = device_name(device)
-    return Call(device.type, name, dtype, grad,
-                bias_bytes(scores, coords, num_heads, batch),
-                coords.num_queries * coords.num_keys, dense_budget(budget))
+    return RouteInputs(device.type, name, dtype, grad,
+                       bias_bytes(scores, coords, num_heads, batch),
+                       coords.num_queries * coords.num_keys, dense_budget(budget))
 
 
 def which_route(layer: Any, coords: Any, *, batch: int | None = None,
@@ -368,9 +374,9 @@ def which_route(layer: Any, coords: Any, *, batch: int | None = None,
         ValueError: as [choose_route][mmpe.attention.route.choose_route].
     """
     batch = batch or coords.batch_size or 1
-    call = call_of(layer.scores, coords, layer.num_heads, batch, torch.device(device), dtype,
-                   grad, layer.dense_bias_bytes, device_name)
-    return choose_route(layer.backend, layer.scores, layer.kernel, call, costs)
+    call = route_inputs(layer.scores, coords, layer.num_heads, batch, torch.device(device),
+                        dtype, grad, layer.dense_bias_bytes, device_name)
+    return choose_route(layer.route, layer.scores, layer.kernel, call, costs)
 
 
 _LOGS: list[dict[str, list[str]]] = []

@@ -1,10 +1,10 @@
-"""What the CPU attention paths read from a score term besides its `score_mod`.
+"""What the sdpa route's plans read from a score term besides its `score_mod`.
 
-A term's structure (`ScoreEncoding.structure`) tells a path *what* the term is a function of;
-the forms here are *how* a path evaluates it fast on the CPU: tiles with their own backward pass
+A term's structure (`ScoreEncoding.structure`) tells a plan *what* the term is a function of;
+the forms here are *how* a plan evaluates it fast on the CPU: tiles with their own backward pass
 ([BiasTiles][mmpe.attention.term_layouts.BiasTiles]), compact terms on `toeplitz` sequences
 ([CompactBias][mmpe.attention.term_layouts.CompactBias]), and the Toeplitz / anti-diagonal views
-the relation path reads them through. The generic forms come from the structure
+the relation plan reads them through. The generic forms come from the structure
 ([mmpe.attention.forms][]); the hand-written ones of single classes sit in
 [mmpe.attention.fast_forms][].
 """
@@ -15,10 +15,10 @@ import torch
 from torch import Tensor
 
 from mmpe.coords.base import distance_rows as coord_distance_rows
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 
 
-def distance_rows(ctx: AttentionContext, start: int, stop: int) -> Tensor:
+def distance_rows(ctx: AttentionCall, start: int, stop: int) -> Tensor:
     """The coordinates' `distance` of queries `start … stop−1` to every key.
 
     The coordinates' `distance` of queries `start … stop−1` to every key, `[b or 1, 1,
@@ -30,7 +30,7 @@ def distance_rows(ctx: AttentionContext, start: int, stop: int) -> Tensor:
 class CompactBias:
     """A content-free additive term held in a few `O(n)` tensors on `toeplitz` coordinates.
 
-    The eager attention path expands it block by block of queries ([`add_rows`][mmpe.attention.term_layouts.CompactBias.add_rows]) and hands
+    The sdpa route expands it block by block of queries ([`add_rows`][mmpe.attention.term_layouts.CompactBias.add_rows]) and hands
     each block's gradient of the scores back ([`accumulate_grads`][mmpe.attention.term_layouts.CompactBias.accumulate_grads]), so training keeps no
     `n_q × n_k` autograd graph of the bias; autograd then carries the gradients w.r.t.
     `tensors` on to the encoding's parameters. A block lists its queries in reverse order
@@ -74,8 +74,8 @@ class CompactBias:
 class BiasTiles:
     """A content-free additive term on one block of queries, tile by tile of keys.
 
-    A content-free additive term on one block of queries, tile by tile of keys: the blocked
-    attention path's backward pass (`mmpe.attention.cpu.blocked`) of a learned bias.
+    A content-free additive term on one block of queries, tile by tile of keys: the tiles
+    plan's backward pass (`mmpe.attention.plans.tiles`) of a learned bias.
 
     That pass walks the block's pairs batch entry by batch entry, tile by tile of `width` keys
     (tile `j`: keys `j·width …`) and, within a tile, head by head `0 … n_h−1`, in cache. For

@@ -8,7 +8,7 @@ import importlib
 import pkgutil
 
 from mmpe.encodings.base import (
-    AttentionContext,
+    AttentionCall,
     Encoding,
     InputEncoding,
     KernelEncoding,
@@ -22,6 +22,6 @@ for _mod in sorted(m.name for m in pkgutil.iter_modules(__path__)):
         importlib.import_module(f"{__name__}.{_mod}")
 
 __all__ = [
-    "AttentionContext", "Encoding", "InputEncoding", "KernelEncoding",
+    "AttentionCall", "Encoding", "InputEncoding", "KernelEncoding",
     "PositionOutOfRangeError", "RotaryEncoding", "ScoreEncoding",
 ]

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from mmpe.coords.capabilities import Directed
-from mmpe.encodings.base import AttentionContext, ScoreEncoding
+from mmpe.encodings.base import AttentionCall, ScoreEncoding
 from mmpe.validation import check_positive_int  # noqa: F401  (re-exported: the one copy)
 
 
@@ -25,10 +25,10 @@ def batch_index(b: Tensor, batch: int) -> Tensor:
     return torch.arange(batch, device=b.device).view(batch, *([1] * (b.dim() - 1)))
 
 
-def require_qk(name: str, ctx: AttentionContext, *, x: bool = False) -> None:
+def require_qk(name: str, ctx: AttentionCall, *, x: bool = False) -> None:
     """Raise `ValueError` unless `ctx` carries q, k (and x when asked) of matching sizes."""
     if ctx.q is None or ctx.k is None:
-        raise ValueError(f"{name}: needs the layer's q and k in the AttentionContext")
+        raise ValueError(f"{name}: needs the layer's q and k in the AttentionCall")
     if ctx.q.shape[-2] != ctx.coords.num_queries or ctx.k.shape[-2] != ctx.coords.num_keys:
         raise ValueError(
             f"{name}: q/k hold {ctx.q.shape[-2]}/{ctx.k.shape[-2]} tokens but the coordinates "
@@ -36,7 +36,7 @@ def require_qk(name: str, ctx: AttentionContext, *, x: bool = False) -> None:
         )
     if x:
         if ctx.x is None:
-            raise ValueError(f"{name}: needs the layer input x in the AttentionContext")
+            raise ValueError(f"{name}: needs the layer input x in the AttentionCall")
         if ctx.x.shape[1] != ctx.coords.num_keys:
             raise ValueError(
                 f"{name}: gates are computed from x for every key, but x has {ctx.x.shape[1]} "
@@ -44,7 +44,7 @@ def require_qk(name: str, ctx: AttentionContext, *, x: bool = False) -> None:
             )
 
 
-def require_causal(name: str, ctx: AttentionContext) -> None:
+def require_causal(name: str, ctx: AttentionCall) -> None:
     """Raise `ValueError` unless the coordinates are `Directed` and causal."""
     if not (isinstance(ctx.coords, Directed) and ctx.coords.causal):
         raise ValueError(f"{name}: is defined for causal attention; build the coordinates "

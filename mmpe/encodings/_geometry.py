@@ -16,7 +16,7 @@ from torch import Tensor
 from mmpe._scratch import block_bytes
 from mmpe.coords.base import distance_rows, safe_sqrt  # noqa: F401  (safe_sqrt: its old home)
 from mmpe.encodings._precision import full_precision, term_dtype
-from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod, Term
+from mmpe.encodings.base import AttentionCall, ScoreEncoding, ScoreMod, Term
 
 
 class DistanceFeatureBias(ScoreEncoding):
@@ -49,7 +49,7 @@ class DistanceFeatureBias(ScoreEncoding):
     def head_values(self, p: dict[str, Tensor], d: Tensor) -> Tensor:  # pragma: no cover
         raise NotImplementedError
 
-    def distance_term(self, ctx: AttentionContext) -> Term:
+    def distance_term(self, ctx: AttentionCall) -> Term:
         """`term(d, h) = f_h(d)`: every head's value on `d` (float32, also under autocast),
         then head `h`'s."""
         p, dtype = self.term_parameters(), term_dtype(self)
@@ -63,11 +63,11 @@ class DistanceFeatureBias(ScoreEncoding):
 
         return term
 
-    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+    def score_mod(self, ctx: AttentionCall) -> ScoreMod:
         # float32: FlexAttention accumulates a captured tensor's gradient in its dtype, and a
         # bf16 accumulator over every pair loses it (relative error > 1 measured on an H200).
         if not ctx.checked:  # a direct call: no layer checked it
-            self.check_context(ctx)
+            self.check_call(ctx)
         table = self._table(ctx)
         if table.shape[0] == 1:  # positions shared by the batch: no batch index
             shared = table[0]
@@ -83,7 +83,7 @@ class DistanceFeatureBias(ScoreEncoding):
 
         return mod_batched
 
-    def _table(self, ctx: AttentionContext) -> Tensor:
+    def _table(self, ctx: AttentionCall) -> Tensor:
         """`f_h(d)` on every pair, `[b or 1, n_h, n_q, n_k]` float32, a chunk of query rows at a
         time so that the per-pair features `[b, rows, n_k, feature_width]` stay within the
         block budget (they are `feature_width / n_h` times the table)."""

@@ -190,7 +190,7 @@ class LearnedRotation(KeepDtype, RotaryEncoding):
         if pos.shape[-1] != self.num_axes:
             raise ValueError(f"{self.name}: built for num_axes={self.num_axes}, the coordinates "
                              f"have {pos.shape[-1]} axes; build it with num_axes={pos.shape[-1]} "
-                             f"(a model: encoding_context={{'num_axes': {pos.shape[-1]}}})")
+                             f"(a model: context={{'num_axes': {pos.shape[-1]}}})")
         return pos
 
     def _cached(self, coords: Coordinates, positions: Tensor, work: torch.dtype) -> object:

@@ -7,7 +7,7 @@ The rules (docs/architecture.md, "Mixed precision and checkpoints"):
 * small learned tables read by an additive score term, and the distances they read, are
   upcast where the term is built to float32, or kept in float64 in a float64 module
   (`term_dtype`: a float64 check of two paths must not meet float32 rounding inside);
-  the math path adds the terms to float32 logits; SDPA casts the summed bias once;
+  the math route adds the terms to float32 logits; SDPA casts the summed bias once;
 * features computed in float32/float64 are cast to the dtype of the layer that reads them
   ([`module_dtype`][mmpe.encodings._precision.module_dtype]), so `module.to(torch.bfloat16)` runs without dtype mismatches.
 """
@@ -82,7 +82,8 @@ def float32(t: Tensor) -> Tensor:
 
 
 def term_dtype(module: nn.Module) -> torch.dtype:
-    """The dtype a score term of `module` is built in: float32 for a float32, bf16 or fp16
-    module (a bias summed over every pair), float64 for a float64 one (a float64 check must
-    not meet float32 rounding inside)."""
+    """The dtype a score term of `module` is built in.
+
+    Float32 for a float32, bf16 or fp16 module (a bias summed over every pair), float64 for a
+    float64 one (a float64 check must not meet float32 rounding inside)."""
     return torch.promote_types(module_dtype(module), torch.float32)

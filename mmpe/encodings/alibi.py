@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from mmpe.coords.capabilities import Metric
 from mmpe.encodings._precision import KeepDtype
 from mmpe.encodings._state import SavesSettings
-from mmpe.encodings.base import AttentionContext, ScoreEncoding, Term
+from mmpe.encodings.base import AttentionCall, ScoreEncoding, Term
 from mmpe.registry import register
 from mmpe.validation import check_positive_int
 
@@ -100,7 +100,7 @@ class ALiBi(KeepDtype, SavesSettings, ScoreEncoding):
         else:
             self.register_buffer("slopes", slopes)
 
-    def distance_term(self, ctx: AttentionContext) -> Term:
+    def distance_term(self, ctx: AttentionCall) -> Term:
         """`term(d, h) = −m_h · d` (`d` in units of `distance_unit`)."""
         slopes, unit = self.slopes.float(), self.distance_unit  # the buffer itself (float32)
 

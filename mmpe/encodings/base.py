@@ -42,7 +42,7 @@ class CachedDecodingError(ValueError):
 
 
 @dataclass
-class AttentionContext:
+class AttentionCall:
     """What a score or kernel encoding may read when it builds its term for one attention call.
 
     Attributes:
@@ -56,9 +56,9 @@ class AttentionContext:
         v: values, `[b, n_h, n_k, h_d]`.
         cache: the layer's [`KVCache`][mmpe.cache.KVCache] in cached decoding (`k`/`v` then
             hold every cached key); encodings keep incremental state in `cache.state`.
-        checked: True where the attention layer that made this context has checked every
-            term against it (`ScoreEncoding.check_context`, once per call, before the route
-            is chosen); `score_mod` and the forms then trust it. A context you build yourself
+        checked: True where the attention layer that made this call has checked every
+            term against it (`ScoreEncoding.check_call`, once per call, before the route
+            is chosen); `score_mod` and the forms then trust it. A call you build yourself
             leaves it False, and `score_mod` checks.
     """
 
@@ -222,7 +222,7 @@ class ScoreEncoding(Encoding):
         if "score_mod" in own and "structure" not in own and cls.structure != "pair":
             cls.structure = "pair"
 
-    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+    def score_mod(self, ctx: AttentionCall) -> ScoreMod:
         """The term as a FlexAttention `score_mod`.
 
         The term as a FlexAttention `score_mod`, derived from the term function the class
@@ -233,12 +233,12 @@ class ScoreEncoding(Encoding):
         cls = type(self)
         if cls.distance_term is not ScoreEncoding.distance_term:
             if not ctx.checked:  # a direct call: no layer checked it
-                self.check_context(ctx)
+                self.check_call(ctx)
             coords, term = ctx.coords, self.distance_term(ctx)
             pair = coords.distance
         elif cls.relation_term is not ScoreEncoding.relation_term:
             if not ctx.checked:  # a direct call: no layer checked it
-                self.check_context(ctx)
+                self.check_call(ctx)
             coords, term = ctx.coords, self.relation_term(ctx)
             pair = coords.relation if isinstance(coords, Directed) else coords.distance
         else:  # pragma: no cover
@@ -249,7 +249,7 @@ class ScoreEncoding(Encoding):
 
         return mod
 
-    def distance_term(self, ctx: AttentionContext) -> Term:
+    def distance_term(self, ctx: AttentionCall) -> Term:
         """Structure `"distance"`: the term as a function of distances.
 
         Structure `"distance"`: the term as a function `term(dist, h)` of distances `[...]`
@@ -262,7 +262,7 @@ class ScoreEncoding(Encoding):
         raise NotImplementedError(f"{type(self).__name__} declares structure "
                                   f"{self.structure!r}, not 'distance'")
 
-    def relation_term(self, ctx: AttentionContext) -> Term:
+    def relation_term(self, ctx: AttentionCall) -> Term:
         """Structure `"relation"`: the term as a function of signed offsets.
 
         Structure `"relation"`: the term as a function `term(relation, h)` of signed offsets
@@ -272,16 +272,16 @@ class ScoreEncoding(Encoding):
         raise NotImplementedError(f"{type(self).__name__} declares structure "
                                   f"{self.structure!r}, not 'relation'")
 
-    def check_context(self, ctx: AttentionContext) -> None:
-        """Raise unless the context's coordinates and head count are supported.
+    def check_call(self, ctx: AttentionCall) -> None:
+        """Raise unless the call's coordinates and head count are supported.
 
         Raise unless `ctx`'s coordinates are supported (`check_coords`) and, for an encoding
         built for `num_heads` heads, the attention has that many (`ValueError` naming both).
 
-        The doors where a context enters call it once per call, before any term is built:
-        the attention layers (`_Attention.attend`, which then marks the context `checked`),
+        The doors where a call enters call it once per call, before any term is built:
+        the attention layers (`_Attention.attend`, which then marks the call `checked`),
         `mmpe.functional.score_mod` and `mmpe.attention.dense_bias`. The forms of
-        `mmpe.attention` trust their caller; `score_mod` checks a context no layer checked."""
+        `mmpe.attention` trust their caller; `score_mod` checks a call no layer checked."""
         self.check_coords(ctx.coords)
         built = getattr(self, "num_heads", None)
         if built is not None and ctx.num_heads != built:
@@ -292,7 +292,7 @@ class ScoreEncoding(Encoding):
         """Logit scale this method prescribes instead of `1/sqrt(h_d)`, or None."""
         return None
 
-    def value_term(self, probs: Tensor, ctx: AttentionContext) -> Tensor | None:
+    def value_term(self, probs: Tensor, ctx: AttentionCall) -> Tensor | None:
         """Extra output `[b, n_h, n_q, h_d]` from probabilities `[b, n_h, n_q, n_k]`, or None."""
         return None
 
@@ -304,7 +304,7 @@ class KernelEncoding(Encoding):
     #: True where the kernel is the ordinary softmax (fused attention paths may be used).
     is_softmax: ClassVar[bool] = False
 
-    def attend(self, scores: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor:
+    def attend(self, scores: Tensor, v: Tensor, ctx: AttentionCall) -> Tensor:
         """Map logits `[b, n_h, n_q, n_k]` (masked pairs at `-inf`) and values to output."""
         raise NotImplementedError  # pragma: no cover - abstract
 

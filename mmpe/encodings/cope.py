@@ -14,7 +14,7 @@ from mmpe.encodings._content import (
     require_qk,
 )
 from mmpe.encodings._precision import full_precision
-from mmpe.encodings.base import AttentionContext, ScoreMod
+from mmpe.encodings.base import AttentionCall, ScoreMod
 from mmpe.registry import register
 
 
@@ -68,7 +68,7 @@ class CoPE(ContentScoreEncoding):
         self.head_dim, self.npos_max = head_dim, npos_max
         self.pos_emb = nn.Parameter(torch.zeros(head_dim, npos_max))
 
-    def term(self, ctx: AttentionContext, gates: Tensor | None = None) -> Tensor:
+    def term(self, ctx: AttentionCall, gates: Tensor | None = None) -> Tensor:
         """`q_i·e[p_ij]` on every pair `[b, n_h, n_q, n_k]` (`gates` override for tests)."""
         # Gates, their cumulative sum and the interpolation weights are precision-critical (a
         # bf16 cumsum of 300 gates has a resolution of 2 positions): float32, no autocast.
@@ -82,7 +82,7 @@ class CoPE(ContentScoreEncoding):
             pos = contextual_positions(gates.float()).clamp(max=self.npos_max - 1)
             return interpolate_logits(q @ self.pos_emb.float(), pos)
 
-    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+    def score_mod(self, ctx: AttentionCall) -> ScoreMod:
         self.check_coords(ctx.coords)
         require_qk("cope", ctx)
         require_causal("cope", ctx)

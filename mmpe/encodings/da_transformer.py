@@ -8,7 +8,7 @@ from torch import Tensor, nn
 
 from mmpe.coords.capabilities import Metric
 from mmpe.encodings._content import check_positive_int
-from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
+from mmpe.encodings.base import AttentionCall, ScoreEncoding, ScoreMod
 from mmpe.registry import register
 
 
@@ -23,7 +23,7 @@ class DATransformer(ScoreEncoding):
     `A^(h) = softmax(ReLU(Q Kᵀ) ⊙ R̂^(h) / √d)` (eq. 7). A positive `w_h` favours distant
     tokens, a negative one local tokens; `R̂ ∈ (0, 1 + e^{v})` with `R̂ = 1` at distance 0.
     Computed as `exp(softplus(v) − softplus(v − w·d))` (no overflow). The mod rescales the
-    score (`additive = False`), so attention runs on the flex or math path.
+    score (`additive = False`), so attention runs on the flex or math route.
 
     Args:
         num_heads: `n_h`.
@@ -46,9 +46,9 @@ class DATransformer(ScoreEncoding):
         """`(1 + e^v) / (1 + e^{v − w·dist})`."""
         return torch.exp(F.softplus(v) - F.softplus(v - w * dist))
 
-    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+    def score_mod(self, ctx: AttentionCall) -> ScoreMod:
         if not ctx.checked:  # a direct call: no layer checked it
-            self.check_context(ctx)
+            self.check_call(ctx)
         coords, w, v = ctx.coords, self.w, self.v
 
         def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:

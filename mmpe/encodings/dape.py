@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from mmpe.coords.base import index_grid
 from mmpe.coords.capabilities import Metric
 from mmpe.encodings._precision import full_precision
-from mmpe.encodings.base import AttentionContext, KernelEncoding, ScoreEncoding
+from mmpe.encodings.base import AttentionCall, KernelEncoding, ScoreEncoding
 from mmpe.registry import build, register
 from mmpe.validation import check_positive_int
 
@@ -47,7 +47,7 @@ class DAPE(KernelEncoding):
     concatenation over heads of the pair's logits and biases
     ([`dape_logits`][mmpe.encodings.dape.dape_logits]). `f = 0` gives the inner term alone.
     The MLP mixes heads, which a FlexAttention `score_mod` (one head at a time) cannot, so DAPE
-    is a kernel encoding: the math path, with memory `O(b · n_q · n_k · hidden)`.
+    is a kernel encoding: the math route, with memory `O(b · n_q · n_k · hidden)`.
 
     It runs on every coordinate type its inner term runs on (the instance's `needs` are the
     inner term's; the registry lists the default's, ALiBi's `Metric`), with the inner term's
@@ -75,7 +75,7 @@ class DAPE(KernelEncoding):
 
     is_softmax = False
     shard_refusal = ("its MLP reads every head's logits of a pair from the dense score "
-                     "matrix of the math path, which a shard of the sequence does not run")
+                     "matrix of the math route, which a shard of the sequence does not run")
 
     def __init__(self, num_heads: int, inner: str | Mapping[str, Any] | ScoreEncoding = "alibi",
                  hidden: int = HIDDEN, d_model: int | None = None,
@@ -100,7 +100,7 @@ class DAPE(KernelEncoding):
         self.mlp = nn.Sequential(nn.Linear(2 * num_heads, hidden), nn.LeakyReLU(),
                                  nn.Linear(hidden, num_heads))
 
-    def bias(self, ctx: AttentionContext) -> Tensor:
+    def bias(self, ctx: AttentionCall) -> Tensor:
         """The inner term's bias `B` on every pair.
 
         The inner term's bias `B` `[b or 1, n_h, n_q, n_k]` (float32), every pair (masked
@@ -112,7 +112,7 @@ class DAPE(KernelEncoding):
         zero = torch.zeros((), dtype=torch.float32, device=ctx.q.device)
         return mod(zero, b, h, q, k).float()
 
-    def logits(self, ctx: AttentionContext) -> Tensor:
+    def logits(self, ctx: AttentionCall) -> Tensor:
         """`A = QKᵀ/√h_d + B + f(QKᵀ/√h_d, B)` `[b, n_h, n_q, n_k]`, float32, unmasked."""
         if ctx.num_heads != self.num_heads:
             raise ValueError(f"dape: built for num_heads={self.num_heads}, attention has "
@@ -130,12 +130,12 @@ class DAPE(KernelEncoding):
             out = dape_logits(logits, torch.where(ok, bias, torch.zeros_like(bias)), mlp)
             return torch.where(ok, out, bias)
 
-    def weights(self, scores: Tensor, ctx: AttentionContext) -> Tensor:
-        """Attention probabilities for the math path's masked logits.
+    def weights(self, scores: Tensor, ctx: AttentionCall) -> Tensor:
+        """Attention probabilities for the math route's masked logits.
 
-        Attention probabilities `[b, n_h, n_q, n_k]` (float32) for the math path's masked
+        Attention probabilities `[b, n_h, n_q, n_k]` (float32) for the math route's masked
         logits `scores` (which carry the mask and the layer's other score terms)."""
-        # What the math path added to q·kᵀ/√h_d (the mask and other terms), the same
+        # What the math route added to q·kᵀ/√h_d (the mask and other terms), the same
         # expression as the path's: exactly 0 where nothing else is added.
         plain = (ctx.q @ ctx.k.transpose(-2, -1)).float() * (1.0 / math.sqrt(ctx.head_dim))
         logits = self.logits(ctx) + (scores - plain)
@@ -144,7 +144,7 @@ class DAPE(KernelEncoding):
         empty = torch.isneginf(logits).all(dim=-1, keepdim=True)
         return logits.masked_fill(empty, 0.0).softmax(dim=-1).masked_fill(empty, 0.0)
 
-    def attend(self, scores: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor:
+    def attend(self, scores: Tensor, v: Tensor, ctx: AttentionCall) -> Tensor:
         probs = self.weights(scores, ctx)
         return probs @ v.to(probs.dtype)
 

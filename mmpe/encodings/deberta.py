@@ -15,7 +15,7 @@ from mmpe.encodings._content import (
     require_qk,
 )
 from mmpe.encodings._state import SavesSettings
-from mmpe.encodings.base import AttentionContext, ScoreMod
+from mmpe.encodings.base import AttentionCall, ScoreMod
 from mmpe.registry import register
 
 
@@ -97,13 +97,13 @@ class DeBERTaRelative(SavesSettings, ContentScoreEncoding):
     def softmax_scale(self, head_dim: int) -> float | None:
         return 1.0 / math.sqrt(3 * head_dim)
 
-    def relative_index(self, ctx: AttentionContext, q_idx: Tensor, kv_idx: Tensor,
+    def relative_index(self, ctx: AttentionCall, q_idx: Tensor, kv_idx: Tensor,
                        b: Tensor) -> Tensor:
         """Row of the `[2·span]` tables for each pair."""
         bucket = log_bucket_position(ctx.coords.relation(q_idx, kv_idx, b), self.span, self.max_position)
         return (bucket + self.span).clamp(0, 2 * self.span - 1)
 
-    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+    def score_mod(self, ctx: AttentionCall) -> ScoreMod:
         self.check_coords(ctx.coords)
         require_qk("deberta", ctx)
         if ctx.num_heads != self.num_heads or ctx.head_dim != self.head_dim:

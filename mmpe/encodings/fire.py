@@ -9,7 +9,7 @@ from mmpe.coords.capabilities import Metric
 from mmpe.encodings._captured import per_head
 from mmpe.encodings._precision import term_dtype
 from mmpe.encodings._state import SavesSettings
-from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
+from mmpe.encodings.base import AttentionCall, ScoreEncoding, ScoreMod
 from mmpe.registry import register
 
 
@@ -42,7 +42,7 @@ class FIRE(SavesSettings, ScoreEncoding):
 
     saved_settings = ("eps",)
     #: a function of the distance *and* the query's extent: no structure narrower than a pair
-    #: (on a Grid the extent is the diagonal for every query, which the grid paths know from
+    #: (on a Grid the extent is the diagonal for every query, which the grid plans know from
     #: FIRE's fast forms, mmpe/attention/fast_forms/fire.py)
     structure = "pair"
 
@@ -72,7 +72,7 @@ class FIRE(SavesSettings, ScoreEncoding):
         t = term_dtype(self)
         return torch.abs(self.L_mult.to(t) * self.init_L.to(t))
 
-    def normalised_distance(self, ctx: AttentionContext, q_idx: Tensor, kv_idx: Tensor,
+    def normalised_distance(self, ctx: AttentionCall, q_idx: Tensor, kv_idx: Tensor,
                             b: Tensor, c: Tensor | None = None,
                             threshold: Tensor | None = None) -> Tensor:
         """FIRE's normalised distance of the broadcast pairs.
@@ -85,7 +85,7 @@ class FIRE(SavesSettings, ScoreEncoding):
         rel, i = coords.distance(q_idx, kv_idx, b).to(t), coords.extent(q_idx, b).to(t)
         return self._psi(rel, c) / (self._psi(torch.maximum(i, threshold), c) + self.eps)
 
-    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+    def score_mod(self, ctx: AttentionCall) -> ScoreMod:
         """FIRE's `score_mod`: the MLP as its linear pieces.
 
         `score + slope[p, h]·x + intercept[p, h]`, `p` the piece of `x = ψ(i − j)/ψ(max(L,
@@ -98,7 +98,7 @@ class FIRE(SavesSettings, ScoreEncoding):
         atomic add per (query, key) pair in its backward; the hidden layer unrolled into scalar
         code read `3W + 1` and made FIRE's GPU training 8.5× ALiBi's (H100, the main job)."""
         if not ctx.checked:  # a direct call: no layer checked it
-            self.check_context(ctx)
+            self.check_call(ctx)
         n_h = self.num_heads
         c, threshold = per_head(self.c.to(term_dtype(self)), n_h), per_head(self._threshold(), n_h)
         slope, intercept, cuts = self.pieces()  # [W + 1, n_h], [W + 1, n_h], [W] sorted

@@ -14,7 +14,7 @@ from mmpe.encodings._content import (
     require_causal,
     require_qk,
 )
-from mmpe.encodings.base import AttentionContext, ScoreMod
+from mmpe.encodings.base import AttentionCall, ScoreMod
 from mmpe.registry import register
 
 
@@ -67,11 +67,11 @@ class ForgettingGate(ContentScoreEncoding):
             c = log_f.cumsum(dim=1).transpose(1, 2)
         return c if start is None else c + start.unsqueeze(-1)
 
-    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+    def score_mod(self, ctx: AttentionCall) -> ScoreMod:
         self.check_coords(ctx.coords)
         require_causal("fox", ctx)
         if not ctx.checked:  # a direct call: no layer checked it
-            self.check_context(ctx)
+            self.check_call(ctx)
         c, batch = self._sums(ctx), ctx.batch
         # A second tensor for the key side: compiled flex differentiates a captured tensor only
         # if the score_mod indexes it once (tests/package/test_score_mod_indexing.py).
@@ -84,7 +84,7 @@ class ForgettingGate(ContentScoreEncoding):
 
         return mod
 
-    def _sums(self, ctx: AttentionContext) -> Tensor:
+    def _sums(self, ctx: AttentionCall) -> Tensor:
         """`c` for every key: from `x` alone, or the cached sums extended by this step's."""
         cache = ctx.cache
         if cache is None:

@@ -68,7 +68,7 @@ class GaussianDistanceBias(SavesSettings, DistanceFeatureBias):
     rotations, reflections and translations of the point set and equivariant to permutations.
     Written against `Metric`, it runs on any coordinates with a distance.
 
-    Paths: SDPA and the math path evaluate the kernels and the MLP as matrix products on a
+    Paths: SDPA and the math route evaluate the kernels and the MLP as matrix products on a
     feature axis; FlexAttention gathers from that table (`[b, n_h, n_q, n_k]`, the size of
     one score matrix): unrolled into scalar code, the papers' `K = W = 128` MLP is `≈ 16k`
     operations per score, which FlexAttention takes minutes to trace.

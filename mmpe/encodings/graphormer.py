@@ -29,7 +29,7 @@ from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import GraphEdges, GraphLayout, VirtualNode
 from mmpe.coords.graph import UNREACHABLE, VIRTUAL
 from mmpe.encodings._pair_bias import dense_bias_mod
-from mmpe.encodings.base import AttentionContext, InputEncoding, ScoreEncoding, ScoreMod
+from mmpe.encodings.base import AttentionCall, InputEncoding, ScoreEncoding, ScoreMod
 from mmpe.registry import register
 
 PAPER = ("Ying et al. 2021, Do Transformers Really Perform Bad for Graph Representation? "
@@ -79,9 +79,9 @@ class GraphormerSpatial(ScoreEncoding):
         self.num_heads, self.max_distance = num_heads, max_distance
         self.table = nn.Parameter(torch.randn(max_distance + 3, num_heads) * 0.02)
 
-    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+    def score_mod(self, ctx: AttentionCall) -> ScoreMod:
         if not ctx.checked:  # a direct call: no layer checked it
-            self.check_context(ctx)
+            self.check_call(ctx)
         buckets = spatial_buckets(ctx.coords.spd, self.max_distance)  # [b, n, n]
         table = self.table
 
@@ -198,9 +198,9 @@ class GraphormerEdge(ScoreEncoding):
         c = per_hop[index].sum(-2) / count  # [b, n, n, h]
         return c.permute(0, 3, 1, 2)
 
-    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+    def score_mod(self, ctx: AttentionCall) -> ScoreMod:
         if not ctx.checked:  # a direct call: no layer checked it
-            self.check_context(ctx)
+            self.check_call(ctx)
         return dense_bias_mod(self.pair_bias(ctx.coords))
 
 
@@ -229,7 +229,7 @@ class GraphormerBias(ScoreEncoding):
         self.spatial = GraphormerSpatial(num_heads, max_distance)
         self.edge = GraphormerEdge(num_heads, num_edge_types, edge_dim, max_hops) if use_edges else None
 
-    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+    def score_mod(self, ctx: AttentionCall) -> ScoreMod:
         spatial = self.spatial.score_mod(ctx)
         if self.edge is None:
             return spatial

@@ -25,7 +25,7 @@ from mmpe.encodings._content import (
     check_positive_int,
     require_qk,
 )
-from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
+from mmpe.encodings.base import AttentionCall, ScoreEncoding, ScoreMod
 from mmpe.encodings.shaw import ShawRelative, clipped_relative_index
 from mmpe.registry import register
 
@@ -49,9 +49,9 @@ class _ScalarMultiplier(ScoreEncoding):
         # ones: the method starts as plain attention and learns the multipliers.
         self.table = nn.Parameter(torch.ones(rows, num_heads))
 
-    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+    def score_mod(self, ctx: AttentionCall) -> ScoreMod:
         if not ctx.checked:  # a direct call: no layer checked it
-            self.check_context(ctx)
+            self.check_call(ctx)
         table, k, signed = self.table, self.k, self.signed
 
         def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
@@ -123,7 +123,7 @@ class HuangMethod3(ContentScoreEncoding):
         self.head_dim, self.k = head_dim, max_relative_position
         self.table = nn.Parameter(torch.ones(2 * max_relative_position + 1, head_dim))
 
-    def term(self, ctx: AttentionContext) -> Tensor:
+    def term(self, ctx: AttentionCall) -> Tensor:
         """`Σ_c q_ic k_jc (a_{r(i,j),c} − 1)/√d` on every pair, `[b, n_h, n_q, n_k]`.
 
         Pairs beyond the clipping distance share the rows `±k`: two full products, each kept
@@ -163,7 +163,7 @@ class HuangMethod3(ContentScoreEncoding):
                                     vals, accumulate=True)
         return out * ctx.head_dim ** -0.5
 
-    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+    def score_mod(self, ctx: AttentionCall) -> ScoreMod:
         self.check_coords(ctx.coords)
         require_qk("huang_3", ctx)
         term, batch = self.term(ctx), ctx.batch
@@ -193,7 +193,7 @@ class HuangMethod4(ShawRelative):
     def __init__(self, head_dim: int, max_relative_position: int = 16) -> None:
         super().__init__(head_dim, max_relative_position, values=False)
 
-    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+    def score_mod(self, ctx: AttentionCall) -> ScoreMod:
         self._check(ctx)
         qa = self.key_logits(ctx)
         ka = torch.einsum("bhnd,rd->bhnr", ctx.k.float(), self.key_table.float()) * ctx.head_dim ** -0.5

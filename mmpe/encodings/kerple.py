@@ -7,7 +7,7 @@ from torch import Tensor, nn
 
 from mmpe.coords.capabilities import Metric
 from mmpe.encodings._content import check_positive_int
-from mmpe.encodings.base import AttentionContext, ScoreEncoding, Term
+from mmpe.encodings.base import AttentionCall, ScoreEncoding, Term
 from mmpe.registry import register
 
 PAPER = ("Chi, Fan, Ramadge & Rudnicky 2022, KERPLE: Kernelized Relative Positional Embedding "
@@ -35,7 +35,7 @@ class _Kerple(ScoreEncoding):
         """`(r1, r2)` after the constraints (`r1, r2 ≥ eps`; power: `r2 ≤ 2`)."""
         return self.r1.clamp(min=self.eps), self.r2.clamp(min=self.eps)
 
-    def distance_term(self, ctx: AttentionContext) -> Term:
+    def distance_term(self, ctx: AttentionCall) -> Term:
         """`term(d, h) = kernel(d, r1_h, r2_h)` with the constrained `r1, r2`."""
         r1, r2 = self.constrained()
 

@@ -11,7 +11,7 @@ from mmpe.encodings._captured import per_head_units
 from mmpe.encodings._geometry import pad_axes, safe_sqrt
 from mmpe.encodings._precision import term_dtype
 from mmpe.encodings._state import SavesSettings
-from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
+from mmpe.encodings.base import AttentionCall, ScoreEncoding, ScoreMod
 from mmpe.registry import register
 from mmpe.validation import check_finite_float, check_int
 
@@ -84,17 +84,18 @@ class MeshDisplacementBias(SavesSettings, ScoreEncoding):
                 pad_axes("mesh_displacement", _float_positions(kpos), self.num_axes))
 
     def features(self, coords: Coordinates) -> Tensor:
-        """`[Δ_1 … Δ_A, ‖Δ‖] / L` with `Δ = x_q − x_k`, `[(b,) n_q, n_k, A + 1]` float32
-        (float64 in a float64 module)."""
+        """The pair features `[(b,) n_q, n_k, A + 1]`, in the term's dtype.
+
+        `[Δ_1 … Δ_A, ‖Δ‖] / L` with `Δ = x_q − x_k`."""
         self.check_coords(coords)
         qpos, kpos = self._positions(coords)
         diff = (qpos.unsqueeze(-2) - kpos.unsqueeze(-3)) / self.length_scale
         dist = safe_sqrt((diff * diff).sum(-1, keepdim=True))
         return torch.cat((diff, dist), dim=-1).to(term_dtype(self))
 
-    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+    def score_mod(self, ctx: AttentionCall) -> ScoreMod:
         if not ctx.checked:  # a direct call: no layer checked it
-            self.check_context(ctx)
+            self.check_call(ctx)
         qpos, kpos = self._positions(ctx.coords)
         q_axes = [qpos[..., a].contiguous() for a in range(self.num_axes)]
         k_axes = [kpos[..., a].contiguous() for a in range(self.num_axes)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from mmpe.encodings.base import AttentionContext, KernelEncoding
+from mmpe.encodings.base import AttentionCall, KernelEncoding
 from mmpe.registry import register
 
 
@@ -25,6 +25,6 @@ class NoPE(KernelEncoding):
 
     is_softmax = True
 
-    def attend(self, scores: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor:
+    def attend(self, scores: Tensor, v: Tensor, ctx: AttentionCall) -> Tensor:
         """`softmax(scores) @ v`: `[b, n_h, n_q, n_k]` × `[b, n_h, n_k, h_d]`."""
         return scores.softmax(dim=-1) @ v

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from mmpe.coords.capabilities import Causal
 from mmpe.encodings._content import require_causal
 from mmpe.encodings._precision import float32, full_precision
-from mmpe.encodings.base import AttentionContext, KernelEncoding
+from mmpe.encodings.base import AttentionCall, KernelEncoding
 from mmpe.encodings.fox import ForgettingGate
 from mmpe.registry import register
 from mmpe.validation import check_positive_int
@@ -133,7 +133,7 @@ def path_logits(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, *,
     return logits, starts, ends, total
 
 
-def _check_in_order(name: str, scores: Tensor, ctx: AttentionContext) -> None:
+def _check_in_order(name: str, scores: Tensor, ctx: AttentionCall) -> None:
     """Refuse a mask that lets a query see a token after its own: the transforms accumulate in
     token order, so "the tokens between key and query" must be the ones between their slots."""
     coords = ctx.coords
@@ -256,7 +256,7 @@ class PaTH(KernelEncoding):
             nn.init.uniform_(self.w_conv, -bound, bound)
 
     # ------------------------------------------------------------------ the transforms
-    def transforms(self, x: Tensor, ctx: AttentionContext, tail: tuple | None = None
+    def transforms(self, x: Tensor, ctx: AttentionCall, tail: tuple | None = None
                    ) -> tuple[Tensor, Tensor, tuple | None]:
         """The transforms' directions and strengths for the layer input `x`.
 
@@ -340,7 +340,7 @@ class PaTH(KernelEncoding):
         return None
 
     # ------------------------------------------------------------------ attention
-    def logits(self, ctx: AttentionContext) -> Tensor:
+    def logits(self, ctx: AttentionCall) -> Tensor:
         """Scaled PaTH logits of the context's queries and keys.
 
         Scaled PaTH logits `[b, n_h, n_q, n_k]` (float32, float64 kept) of the context's
@@ -362,7 +362,7 @@ class PaTH(KernelEncoding):
             out = out + (c[..., first:].unsqueeze(-1) - c.unsqueeze(-2))
         return out
 
-    def _cached_logits(self, q: Tensor, k: Tensor, ctx: AttentionContext, scale: float
+    def _cached_logits(self, q: Tensor, k: Tensor, ctx: AttentionCall, scale: float
                        ) -> tuple[Tensor, Tensor | None]:
         cache, coords, x = ctx.cache, ctx.coords, ctx.x
         n_q, n_k = coords.num_queries, coords.num_keys
@@ -393,14 +393,14 @@ class PaTH(KernelEncoding):
             state["before"] = None  # keep one step of history, not the whole chain
         return out, c
 
-    def check(self, ctx: AttentionContext) -> None:
+    def check(self, ctx: AttentionCall) -> None:
         """Raise unless `ctx` is a call PaTH can run (see the class's Raises)."""
         name = self._name
         self.check_coords(ctx.coords)
         require_causal(name, ctx)
         for field in ("q", "k", "x"):
             if getattr(ctx, field) is None:
-                raise ValueError(f"{name}: needs the layer's {field} in the AttentionContext "
+                raise ValueError(f"{name}: needs the layer's {field} in the AttentionCall "
                                  "(x: the layer input the transforms are computed from)")
         coords = ctx.coords
         if ctx.num_heads != self.num_heads or ctx.head_dim != self.head_dim:
@@ -416,20 +416,20 @@ class PaTH(KernelEncoding):
                              f"layer input of every {'new token' if ctx.cache else 'key'} "
                              f"({tokens})")
 
-    def weights(self, scores: Tensor, ctx: AttentionContext) -> Tensor:
-        """Attention probabilities for the math path's masked logits.
+    def weights(self, scores: Tensor, ctx: AttentionCall) -> Tensor:
+        """Attention probabilities for the math route's masked logits.
 
-        Attention probabilities `[b, n_h, n_q, n_k]` (float32) for the math path's masked
+        Attention probabilities `[b, n_h, n_q, n_k]` (float32) for the math route's masked
         logits `scores` (which carry the mask and the layer's other score terms)."""
         self.check(ctx)
         _check_in_order(self._name, scores, ctx)
-        # What the math path added to q·kᵀ/√h_d: the mask (−inf) and other score terms; the
+        # What the math route added to q·kᵀ/√h_d: the mask (−inf) and other score terms; the
         # same expression as the path's, so with no other term it is exactly 0.
         plain = (ctx.q @ ctx.k.transpose(-2, -1)).float() * (1.0 / math.sqrt(self.head_dim))
         z = self.logits(ctx) + (scores - plain)
         return z.softmax(dim=-1)
 
-    def attend(self, scores: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor:
+    def attend(self, scores: Tensor, v: Tensor, ctx: AttentionCall) -> Tensor:
         probs = self.weights(scores, ctx)
         return probs @ v.to(probs.dtype)
 

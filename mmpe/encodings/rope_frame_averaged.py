@@ -12,7 +12,7 @@ from mmpe.coords.base import Coordinates
 from mmpe.coords.capabilities import Positioned
 from mmpe.encodings._content import ContentScoreEncoding, batch_index, require_qk
 from mmpe.encodings._state import SavesSettings
-from mmpe.encodings.base import AttentionContext, ScoreMod
+from mmpe.encodings.base import AttentionCall, ScoreMod
 from mmpe.encodings.rope import apply_rotary
 from mmpe.encodings.rope_axial import axial_phase
 from mmpe.registry import register
@@ -162,7 +162,7 @@ class FrameAveragedRoPE(SavesSettings, ContentScoreEncoding):
         c = centroid[:, None, None, :]
         return (qpos.unsqueeze(1) - c) @ both, (kpos.unsqueeze(1) - c) @ both
 
-    def _operands(self, ctx: AttentionContext) -> tuple[Tensor, Tensor]:
+    def _operands(self, ctx: AttentionCall) -> tuple[Tensor, Tensor]:
         """`Q_x = [R(y_q^+) q / 2, R(y_q^−) q / 2, −q]` and `K_x = [R(y_k^+) k, R(y_k^−) k, k]`
         (float32), so that `Q_x · K_x = s(q, k) − q·k`: `[b, n_h, n, 3·h_d]`."""
         require_qk("rope_frame_averaged", ctx)
@@ -182,9 +182,9 @@ class FrameAveragedRoPE(SavesSettings, ContentScoreEncoding):
         batch = ctx.batch
         return qx.expand(batch, *qx.shape[1:]), kx.expand(batch, *kx.shape[1:])
 
-    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+    def score_mod(self, ctx: AttentionCall) -> ScoreMod:
         if not ctx.checked:  # a direct call: no layer checked it
-            self.check_context(ctx)
+            self.check_call(ctx)
         qx, kx = self._operands(ctx)
         scale, batch, channels = ctx.head_dim ** -0.5, ctx.batch, qx.shape[-1]
 
@@ -202,7 +202,7 @@ class FrameAveragedRoPE(SavesSettings, ContentScoreEncoding):
 
         The frame-averaged RoPE score `s(q, k)` `[b, n_h, n_q, n_k]` (float32), for
         analysis: `q` `[b, n_h, n_q, h_d]`, `k` `[b, n_h, n_k, h_d]`."""
-        ctx = AttentionContext(coords, q.shape[1], q.shape[-1], q.shape[0], q=q, k=k)
-        self.check_context(ctx)
+        ctx = AttentionCall(coords, q.shape[1], q.shape[-1], q.shape[0], q=q, k=k)
+        self.check_call(ctx)
         qx, kx = self._operands(ctx)  # s − q·k = Q_F·K_F − q·k, one matrix product
         return qx.float() @ kx.float().transpose(-1, -2) + q.float() @ k.float().transpose(-1, -2)

@@ -102,7 +102,7 @@ class MixedRoPE(KeepDtype, RotaryEncoding):
         if pos.shape[-1] != self.num_axes:
             raise ValueError(f"rope_mixed: built for num_axes={self.num_axes}, the coordinates "
                              f"have {pos.shape[-1]} axes; build it with num_axes="
-                             f"{pos.shape[-1]} (a model: encoding_context={{'num_axes': "
+                             f"{pos.shape[-1]} (a model: context={{'num_axes': "
                              f"{pos.shape[-1]}}})")
         # float64 stays float64: Unix seconds (≈ 1.7e9) in float32 lose their seconds
         pos = float32(pos.to(self.freqs.device))  # [n, A] or [b, n, A]

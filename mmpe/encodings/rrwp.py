@@ -30,7 +30,7 @@ from mmpe.coords.capabilities import GraphLayout
 from mmpe.coords.graph_structure import GraphAdjacency, rrwp
 from mmpe.encodings._pair_bias import dense_bias_mod
 from mmpe.encodings._precision import module_dtype, term_dtype
-from mmpe.encodings.base import AttentionContext, InputEncoding, ScoreEncoding, ScoreMod
+from mmpe.encodings.base import AttentionCall, InputEncoding, ScoreEncoding, ScoreMod
 from mmpe.encodings.lappe import make_projection
 from mmpe.registry import register
 
@@ -72,9 +72,9 @@ class RRWP(ScoreEncoding):
         p = rrwp(coords, self.k).to(t)  # [b, n, n, k]
         return (p @ self.weight.to(t).t()).permute(0, 3, 1, 2)
 
-    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+    def score_mod(self, ctx: AttentionCall) -> ScoreMod:
         if not ctx.checked:  # a direct call: no layer checked it
-            self.check_context(ctx)
+            self.check_call(ctx)
         return dense_bias_mod(self.pair_bias(ctx.coords))
 
 

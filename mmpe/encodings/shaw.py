@@ -12,11 +12,11 @@ from mmpe.encodings._content import (
     check_positive_int,
     require_qk,
 )
-from mmpe.encodings.base import AttentionContext, ScoreMod
+from mmpe.encodings.base import AttentionCall, ScoreMod
 from mmpe.registry import register
 
 
-def clipped_relative_index(ctx: AttentionContext, q_idx: Tensor, kv_idx: Tensor, b: Tensor,
+def clipped_relative_index(ctx: AttentionCall, q_idx: Tensor, kv_idx: Tensor, b: Tensor,
                            k: int) -> Tensor:
     """Row of a `(2k+1)`-row table for each pair: `clip(j − i, −k, k) + k` (positions, tokens)."""
     rel = -ctx.coords.relation(q_idx, kv_idx, b)  # key − query, Shaw's j − i
@@ -62,18 +62,18 @@ class ShawRelative(ContentScoreEncoding):
         self.needs_probs = self.values  # instance override of the class flag
         self.value_table = nn.Parameter(torch.randn(rows, head_dim) * head_dim ** -0.5) if values else None
 
-    def _check(self, ctx: AttentionContext) -> None:
+    def _check(self, ctx: AttentionCall) -> None:
         self.check_coords(ctx.coords)
         require_qk(type(self).registry_name, ctx)
         if ctx.head_dim != self.head_dim:
             raise ValueError(f"{type(self).registry_name}: built for head_dim={self.head_dim}, "
                              f"attention has {ctx.head_dim}")
 
-    def key_logits(self, ctx: AttentionContext) -> Tensor:
+    def key_logits(self, ctx: AttentionCall) -> Tensor:
         """`q_i · w_r / sqrt(h_d)` for every query and clipped offset, `[b, n_h, n_q, 2k+1]`."""
         return torch.einsum("bhnd,rd->bhnr", ctx.q.float(), self.key_table.float()) * ctx.head_dim ** -0.5
 
-    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+    def score_mod(self, ctx: AttentionCall) -> ScoreMod:
         self._check(ctx)
         qa, k, batch = self.key_logits(ctx), self.k, ctx.batch
 
@@ -83,7 +83,7 @@ class ShawRelative(ContentScoreEncoding):
 
         return mod
 
-    def value_term(self, probs: Tensor, ctx: AttentionContext) -> Tensor | None:
+    def value_term(self, probs: Tensor, ctx: AttentionCall) -> Tensor | None:
         """`Σ_j α_ij a^V_ij` `[b, n_h, n_q, h_d]` from probabilities `[b, n_h, n_q, n_k]`."""
         if self.value_table is None:
             return None

@@ -32,7 +32,7 @@ from mmpe.coords.graph_structure import GraphAdjacency, laplacian_eigenpairs
 from mmpe.encodings._pair_bias import dense_bias_mod
 from mmpe.encodings._precision import term_dtype
 from mmpe.encodings._state import SavesSettings
-from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
+from mmpe.encodings.base import AttentionCall, ScoreEncoding, ScoreMod
 from mmpe.registry import register
 from mmpe.validation import check_laplacian_normalization
 
@@ -97,7 +97,7 @@ class SPE(SavesSettings, ScoreEncoding):
     def _bias(self, coords: Coordinates) -> Tensor:
         return self.pair_bias(*laplacian_eigenpairs(coords, self.k, self.normalization))
 
-    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+    def score_mod(self, ctx: AttentionCall) -> ScoreMod:
         if not ctx.checked:  # a direct call: no layer checked it
-            self.check_context(ctx)
+            self.check_call(ctx)
         return dense_bias_mod(self._bias(ctx.coords))

@@ -9,7 +9,7 @@ from mmpe.coords.base import index_grid
 from mmpe.coords.capabilities import Causal
 from mmpe.encodings._content import require_causal
 from mmpe.encodings._state import SavesSettings
-from mmpe.encodings.base import AttentionContext, KernelEncoding
+from mmpe.encodings.base import AttentionCall, KernelEncoding
 from mmpe.registry import register
 
 SOFTPLUS_CUTOFF = 15.0
@@ -68,7 +68,7 @@ class StickBreaking(SavesSettings, KernelEncoding):
         super().__init__()
         self.attend_current = bool(attend_current)
 
-    def weights(self, scores: Tensor, ctx: AttentionContext) -> Tensor:
+    def weights(self, scores: Tensor, ctx: AttentionCall) -> Tensor:
         """Attention weights `A` `[b, n_h, n_q, n_k]` (float32)."""
         self.check_coords(ctx.coords)
         require_causal("stick_breaking", ctx)
@@ -80,5 +80,5 @@ class StickBreaking(SavesSettings, KernelEncoding):
             z = z.masked_fill(coords.relation(q, k, b) <= 0, float("-inf"))
         return stick_breaking_log_weights(z).exp()
 
-    def attend(self, scores: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor:
+    def attend(self, scores: Tensor, v: Tensor, ctx: AttentionCall) -> Tensor:
         return self.weights(scores, ctx) @ v.float()

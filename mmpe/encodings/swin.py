@@ -15,7 +15,7 @@ from mmpe.coords.grid import Grid
 from mmpe.encodings._grid import as_grid, check_ndim, check_shape
 from mmpe.encodings._state import SavesSettings
 from mmpe.encodings._weights_cache import WeightsCache
-from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
+from mmpe.encodings.base import AttentionCall, ScoreEncoding, ScoreMod
 from mmpe.registry import register
 
 
@@ -159,9 +159,9 @@ class SwinRelativeBias(SavesSettings, ScoreEncoding):
             self._cache.put(shape, [self.table], table)
         return table
 
-    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+    def score_mod(self, ctx: AttentionCall) -> ScoreMod:
         if not ctx.checked:  # a direct call: no layer checked it
-            self.check_context(ctx)
+            self.check_call(ctx)
         grid = as_grid("swin", ctx.coords)
         check_ndim("swin", grid, len(self.grid_shape), f"grid_shape {self.grid_shape}")
         return offset_table_mod(grid, self.table_for(grid.shape), self.prefix_bias)

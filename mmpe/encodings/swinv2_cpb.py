@@ -12,7 +12,7 @@ from mmpe.encodings._cpb_mlp import cpb_mlp
 from mmpe.encodings._grid import as_grid, check_ndim, check_shape
 from mmpe.encodings._precision import full_precision, term_dtype
 from mmpe.encodings._state import SavesSettings
-from mmpe.encodings.base import AttentionContext, ScoreEncoding, ScoreMod
+from mmpe.encodings.base import AttentionCall, ScoreEncoding, ScoreMod
 from mmpe.encodings.swin import offset_table_mod
 from mmpe.registry import register
 
@@ -94,9 +94,9 @@ class SwinV2CPB(SavesSettings, ScoreEncoding):
             logits = cpb_mlp(coords.to(t), lin1.weight.to(t), lin1.bias.to(t), lin2.weight.to(t))
             return 16 * torch.sigmoid(logits)
 
-    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+    def score_mod(self, ctx: AttentionCall) -> ScoreMod:
         if not ctx.checked:  # a direct call: no layer checked it
-            self.check_context(ctx)
+            self.check_call(ctx)
         grid = as_grid("swinv2_cpb", ctx.coords)
         check_ndim("swinv2_cpb", grid, len(self.grid_shape), f"grid_shape {self.grid_shape}")
         return offset_table_mod(grid, self.table_for(grid.shape), prefix_entries=False)

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from mmpe.coords.capabilities import Directed, Metric
 from mmpe.encodings._state import SavesSettings
-from mmpe.encodings.base import AttentionContext, ScoreEncoding, Term
+from mmpe.encodings.base import AttentionCall, ScoreEncoding, Term
 from mmpe.registry import register
 from mmpe.validation import check_bool, check_int
 
@@ -113,7 +113,7 @@ class T5RelativeBias(SavesSettings, ScoreEncoding):
         # T5 initialises this table like its other weights; zeros start as NoPE and are learned.
         self.table = nn.Parameter(torch.zeros(num_buckets, num_heads))
 
-    def buckets(self, ctx: AttentionContext, q_idx: Tensor, kv_idx: Tensor, b: Tensor) -> Tensor:
+    def buckets(self, ctx: AttentionCall, q_idx: Tensor, kv_idx: Tensor, b: Tensor) -> Tensor:
         """The bucket of each pair.
 
         Bucket of each pair (int64, broadcast of the indices), from the coordinates'
@@ -142,7 +142,7 @@ class T5RelativeBias(SavesSettings, ScoreEncoding):
             raise ValueError(f"t5: num_buckets must be even when bidirectional, got {self.num_buckets}")
         return bidirectional
 
-    def relation_term(self, ctx: AttentionContext) -> Term:
+    def relation_term(self, ctx: AttentionCall) -> Term:
         """T5's term of a relation: its bucket's learned bias.
 
         `term(relation, h) = B[bucket(−relation), h]` (key − query, T5's sign); on undirected

@@ -14,12 +14,12 @@ from mmpe.encodings._content import (
     require_qk,
 )
 from mmpe.encodings._state import SavesSettings
-from mmpe.encodings.base import AttentionContext, ScoreMod
+from mmpe.encodings.base import AttentionCall, ScoreMod
 from mmpe.encodings.sinusoidal import sinusoidal_table
 from mmpe.registry import register
 
 
-def relative_range(ctx: AttentionContext) -> tuple[int, int]:
+def relative_range(ctx: AttentionCall) -> tuple[int, int]:
     """Smallest and largest `i − j` (query minus key position, tokens) among all pairs."""
     qpos, kpos = ctx.coords.query_positions[..., 0], ctx.coords.key_positions[..., 0]
     return int(qpos.min() - kpos.max()), int(qpos.max() - kpos.min())
@@ -44,10 +44,10 @@ class _RelativeSinusoid(ContentScoreEncoding):
         """`[L, n_h, h_d]` for the offsets `rel` `[L]`."""
         raise NotImplementedError
 
-    def _scale(self, ctx: AttentionContext) -> float:
+    def _scale(self, ctx: AttentionCall) -> float:
         return ctx.head_dim ** -0.5
 
-    def score_mod(self, ctx: AttentionContext) -> ScoreMod:
+    def score_mod(self, ctx: AttentionCall) -> ScoreMod:
         self.check_coords(ctx.coords)
         name = type(self).registry_name
         require_qk(name, ctx)
@@ -153,7 +153,7 @@ class TENER(SavesSettings, _RelativeSinusoid):
     def softmax_scale(self, head_dim: int) -> float | None:
         return None if self.scaled else 1.0
 
-    def _scale(self, ctx: AttentionContext) -> float:
+    def _scale(self, ctx: AttentionCall) -> float:
         return ctx.head_dim ** -0.5 if self.scaled else 1.0
 
     def _relative_vectors(self, rel: Tensor) -> Tensor:

@@ -506,7 +506,7 @@ class GraphAttention(nn.Module):
         precomputed: [`from_pyg`][mmpe.coords.graph.Graph.from_pyg] keywords for `data=`
             ([`graph_kwargs`][mmpe.integrations.pyg.graph_kwargs] of the transforms).
         **kwargs: passed to [`MultiHeadAttention`][mmpe.attention.MultiHeadAttention] (`num_kv_heads`,
-            `qkv_bias`, `backend`).
+            `qkv_bias`, `route`).
 
     Shapes: `forward(x [N, d], batch [N] | None = None, coords: Graph | None = None, *,
     edge_index [2, E] | None = None, edge_attr [E, F] | None = None, data=None) -> [N, d]`.

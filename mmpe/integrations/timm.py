@@ -101,7 +101,7 @@ from mmpe.attention import MultiHeadAttention
 from mmpe.attention.forms import dense_bias
 from mmpe.coords.grid import Grid
 from mmpe.encodings.base import (
-    AttentionContext,
+    AttentionCall,
     Encoding,
     InputEncoding,
     KernelEncoding,
@@ -300,7 +300,7 @@ class TimmAttention(MultiHeadAttention):
     """
 
     def __init__(self, attn: nn.Module, encodings: Sequence[Encoding], state: _GridState,
-                 own_encodings: bool, backend: str = "auto") -> None:
+                 own_encodings: bool, route: str = "auto") -> None:
         nn.Module.__init__(self)  # not MultiHeadAttention.__init__: timm's projections are reused
         _reuse(self, attn)
         for name in ("q_norm", "k_norm", "norm", "proj_drop"):
@@ -309,7 +309,7 @@ class TimmAttention(MultiHeadAttention):
         self.num_heads = attn.num_heads
         self.head_dim = getattr(attn, "head_dim", None) or attn.proj.in_features // attn.num_heads
         self.d_model = attn.proj.out_features
-        self.backend = backend
+        self.route = route
         self.dense_bias_bytes = None
         self.num_prefix_tokens = getattr(attn, "num_prefix_tokens", state.prefix_tokens)
         self.rotate_half = bool(getattr(attn, "rotate_half", False))
@@ -356,7 +356,7 @@ class TimmAttention(MultiHeadAttention):
                           dim=2).type_as(v)
         for rotary in self.rotary:
             q, k = rotary(q, k, grid)
-        ctx = AttentionContext(grid, self.num_heads, self.head_dim, x.shape[0], x, q, k, v)
+        ctx = AttentionCall(grid, self.num_heads, self.head_dim, x.shape[0], x, q, k, v)
         timm_bias = self._timm_bias() if self.relative_position_bias_table is not None else None
         if shared_rel_pos_bias is not None:
             timm_bias = shared_rel_pos_bias if timm_bias is None else timm_bias + shared_rel_pos_bias
@@ -369,7 +369,7 @@ class TimmAttention(MultiHeadAttention):
             out = out * gate
         return self.proj_drop(self.proj(out))
 
-    def _attend_with(self, ctx: AttentionContext, extra: Tensor) -> Tensor:
+    def _attend_with(self, ctx: AttentionCall, extra: Tensor) -> Tensor:
         """SDPA with timm's kept bias plus the additive mmpe terms."""
         if self.kernel is not None or any(not s.additive or s.needs_probs for s in self.scores):
             raise ValueError("TimmAttention: keep_pos_embed with BEiT's bias table needs additive "
@@ -437,7 +437,7 @@ class SwinWindowAttention(nn.Module):
         q, k, v = _project(self, x, self.num_heads)
         for rotary in self.rotary:
             q, k = rotary(q, k, grid)
-        ctx = AttentionContext(grid, self.num_heads, self.head_dim, b_, x, q, k, v)
+        ctx = AttentionCall(grid, self.num_heads, self.head_dim, b_, x, q, k, v)
         bias = None
         if self.relative_position_bias_table is not None:
             table = self.relative_position_bias_table[self.relative_position_index.view(-1)]
@@ -546,7 +546,7 @@ def apply_encoding(
     *,
     share_encodings: bool = True,
     keep_pos_embed: bool = False,
-    backend: str = "auto",
+    route: str = "auto",
     **options: Any,
 ) -> nn.Module:
     """Replace a timm vision transformer's position handling by mmpe encodings.
@@ -564,7 +564,7 @@ def apply_encoding(
             stage), or one per block (RoPE-Mixed's per-layer frequencies; Swin's own layout).
         keep_pos_embed: keep timm's own position handling (learned `pos_embed`, Eva's RoPE,
             BEiT/Swin relative bias tables) and add mmpe's on top; default drops it.
-        backend: mmpe attention path (`"auto"`, `"sdpa"`, `"flex"`, `"math"`).
+        route: mmpe attention path (`"auto"`, `"sdpa"`, `"flex"`, `"math"`).
         **options: extra build options for every encoding built here (e.g. `base=100`).
             Replacing an `Eva`'s axial RoPE, `"rope_axial"` specs first take the model's
             `base`/`grid_indexing`/`interleaved` ([`rope_axial_options`][mmpe.integrations.timm.rope_axial_options]); a spec's
@@ -635,7 +635,7 @@ def apply_encoding(
             layer = ([e for _, e in attn_specs] if share_encodings or i == 0
                      else [make(s) for s, _ in attn_specs])
             block.attn = TimmAttention(block.attn, layer, state, own_encodings=not share_encodings,
-                                       backend=backend)
+                                       route=route)
 
     if not keep_pos_embed:
         if getattr(model, "pos_embed", None) is not None:

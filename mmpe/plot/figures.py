@@ -27,7 +27,7 @@ from mmpe.coords.capabilities import Directed, GridLayout
 from mmpe.coords.sequence import Sequence
 from mmpe.encodings._content import ContentScoreEncoding
 from mmpe.encodings.base import (
-    AttentionContext,
+    AttentionCall,
     InputEncoding,
     RotaryEncoding,
     ScoreEncoding,
@@ -163,7 +163,7 @@ def _score_terms(fn: str, enc: ScoreEncoding, coords: Coordinates,
                  f"the bias [n_h={num_heads}, n_q={n_q}, n_k={n_k}] float32", coords.device,
                  "draw fewer positions (--length, a smaller grid) or fewer heads")
     # head_dim only sizes the work check: a position-only bias does not read q or k
-    ctx = AttentionContext(coords, num_heads, int(getattr(enc, "head_dim", None) or 64), 1)
+    ctx = AttentionCall(coords, num_heads, int(getattr(enc, "head_dim", None) or 64), 1)
     with evaluating(enc):
         try:
             bias = dense_bias([enc], ctx)

@@ -33,10 +33,10 @@ import torch
 from mmpe.coords.base import Coordinates, index_grid
 from mmpe.coords.grid import Grid
 from mmpe.coords.sphere import Sphere
-from mmpe.encodings.base import AttentionContext, InputEncoding, RotaryEncoding, ScoreEncoding
+from mmpe.encodings.base import AttentionCall, InputEncoding, RotaryEncoding, ScoreEncoding
 from mmpe.plot._common import evaluating, name_of, positions
 from mmpe.plot.figures import _cosine, _score_terms
-from mmpe.plot.style import DIVERGING, finish, new_figure, symmetric_limit
+from mmpe.plot.style import DIVERGING, finish, new_figure, readable_on, symmetric_limit
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.axes import Axes
@@ -85,8 +85,8 @@ def _bias_row(enc: ScoreEncoding, coords: Coordinates, query: int, num_heads: in
     if not enc.content_free:
         raise ValueError(f"query_values: {name_of(enc)} has no position-only bias to show: it "
                          "is computed from the queries and keys")
-    ctx = AttentionContext(coords, heads, int(getattr(enc, "head_dim", None) or 64), 1)
-    enc.check_context(ctx)
+    ctx = AttentionCall(coords, heads, int(getattr(enc, "head_dim", None) or 64), 1)
+    enc.check_call(ctx)
     ctx = replace(ctx, checked=True)
     b, h, _, k = index_grid(1, heads, 1, coords.num_keys, coords.device)
     q = torch.full((1, 1, 1, 1), query, dtype=torch.long, device=coords.device)
@@ -175,7 +175,7 @@ def plot_sphere_maps(encodings: Mapping[str, Any], lat: float = 48.9, lon: float
     projection = _coastlines()
     cols = min(3, len(encodings))
     rows = math.ceil(len(encodings) / cols)
-    fig = new_figure(4.2 * cols, 2.5 * rows + 0.3)
+    fig = new_figure(4.2 * cols, 3.0 * rows + 0.3)
     for i, (label, enc) in enumerate(encodings.items()):
         kw = {"projection": projection} if projection is not None else {}
         ax = fig.add_subplot(rows, cols, i + 1, **kw)
@@ -187,10 +187,15 @@ def plot_sphere_maps(encodings: Mapping[str, Any], lat: float = 48.9, lon: float
                        **({"transform": projection} if projection is not None else {}))
         if projection is not None:
             ax.coastlines(lw=0.5)
+        else:  # degrees, few enough ticks for a small map
+            ax.set_xticks([-120, 0, 120])
+            ax.set_yticks([-60, 0, 60])
         ax.plot(lons[query], lats[query], "x", color="black", ms=8, mew=2,
                 **({"transform": projection} if projection is not None else {}))
         ax.set_title(f"{label}\n{_what(enc)}", fontsize=9)
-        fig.colorbar(im, ax=ax, shrink=0.75)
+        # below the map: a title wider than a 2:1 map ran under a colorbar at its side
+        bar = fig.colorbar(im, ax=ax, shrink=0.75, location="bottom")
+        bar.ax.locator_params(nbins=3)  # a short bar: ticks that do not touch
     return finish(fig, path)
 
 
@@ -284,8 +289,20 @@ def _draw_molecule(ax: Axes, xy: np.ndarray, edges: np.ndarray, values: np.ndarr
     lim = symmetric_limit(values) if signed else None
     sc = ax.scatter(xy[:, 0], xy[:, 1], c=values, cmap=cmap, s=260, zorder=2,
                     vmin=-lim if signed else None, vmax=lim, edgecolors="black", linewidths=0.5)
+    discs = sc.to_rgba(np.asarray(values))
     for i, label in enumerate(labels or []):
-        ax.annotate(label, xy[i], ha="center", va="center", fontsize=8, zorder=3)
+        if len(label) <= 2:  # fits its disc: in the colour that reads on the disc
+            ax.annotate(label, xy[i], ha="center", va="center", fontsize=8, zorder=3,
+                        color=readable_on(discs[i]))
+        else:  # wider than a disc: beside it, away from the centre, on the page
+            away = xy[i] - xy.mean(axis=0)
+            away = away / (np.linalg.norm(away) or 1.0)
+            ax.annotate(label, xy[i], xytext=(13 * away[0], 13 * away[1]),
+                        textcoords="offset points", fontsize=8, zorder=3,
+                        ha="left" if away[0] > 0.3 else "right" if away[0] < -0.3 else "center",
+                        va="bottom" if away[1] > 0.3 else "top" if away[1] < -0.3 else "center")
+    if any(len(label) > 2 for label in labels or []):
+        ax.margins(0.3)  # room for the labels beside the outer discs
     ax.set_title(title, fontsize=9)
     ax.set_aspect("equal")
     ax.set_axis_off()

@@ -107,6 +107,19 @@ def symmetric_limit(values: np.ndarray) -> float:
     return float(finite.max()) if finite.size and finite.max() > 0 else 1.0
 
 
+def relative_luminance(rgb: Any) -> Any:
+    """WCAG 2's relative luminance of sRGB colours in [0, 1] (`[..., 3]` → `[...]`)."""
+    rgb = np.asarray(rgb, dtype=float)[..., :3]
+    linear = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+    return linear @ np.array([0.2126, 0.7152, 0.0722])
+
+
+def readable_on(rgb: Any) -> str:
+    """`"black"` or `"white"`, whichever has the higher contrast ratio on the colour `rgb`."""
+    lum = float(relative_luminance(rgb))
+    return "black" if (lum + 0.05) / 0.05 >= 1.05 / (lum + 0.05) else "white"
+
+
 def head_colors(n: int) -> list:
     """`n` colours from viridis, one per attention head."""
     from matplotlib import colormaps

@@ -2,7 +2,7 @@ import warnings
 
 import pytest
 import torch
-from helpers import assert_backends_agree
+from helpers import assert_routes_agree
 
 import mmpe
 from mmpe import MultiHeadAttention, Sequence, Transformer
@@ -29,10 +29,10 @@ def _mha(names, heads=4, d=64, **kw):
 def test_flex_sdpa_and_math_paths_agree(names, coords):
     mha = _mha(names)
     x = torch.randn(2, 23, 64)
-    assert_backends_agree(mha, x, coords)
+    assert_routes_agree(mha, x, coords)
 
 
-def test_auto_backend_per_device():
+def test_auto_route_per_device():
     mha, seq = _mha(["alibi"]), mmpe.Sequence(16)
     assert which_route(mha, seq, device="cpu") == "sdpa"
     # FlexAttention on CUDA from torch 2.6 (mmpe.flex_compile.MIN_TORCH); SDPA before.
@@ -53,7 +53,7 @@ def test_attention_is_causal():
 
 @pytest.mark.parametrize("names", [["learned"], ["t5"], ["fire"], ["sinusoidal", "rope", "alibi"]])
 def test_gradient_reaches_every_learnable_parameter(names):
-    model = Transformer(32, 4, 2, names, encoding_context={"max_len": 16})
+    model = Transformer(32, 4, 2, names, context={"max_len": 16})
     coords = Sequence(12, causal=True)
     model(torch.randn(3, 12, 32), coords).square().mean().backward()
     for name, p in model.named_parameters():
@@ -80,8 +80,8 @@ def test_compose_score_mods_order_and_empty():
 def test_bad_input():
     with pytest.raises(ValueError, match="divisible by num_heads"):
         MultiHeadAttention(30, 4)
-    with pytest.raises(ValueError, match="backend must be one of"):
-        MultiHeadAttention(32, 4, backend="fast")
+    with pytest.raises(ValueError, match="route must be one of"):
+        MultiHeadAttention(32, 4, route="fast")
     with pytest.raises(ValueError, match="add input encodings to the embeddings"):
         MultiHeadAttention(32, 4, [mmpe.build("sinusoidal", d_model=32)])
     with pytest.raises(ValueError, match="at most one kernel"):

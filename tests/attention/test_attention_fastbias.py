@@ -1,10 +1,10 @@
-"""The relation path of the CPU attention (``mmpe.attention.cpu.relation``) against the math path.
+"""The relation plan of the CPU attention (``mmpe.attention.plans.relation``) against the math route.
 
 Content-free score terms on ``toeplitz`` sequences (implicit positions, or restarts per packed
 document) run as block-wise SDPA over a per-offset table (ALiBi, T5, KERPLE) and FIRE's compact
 form, with a hand-written backward pass that reduces the gradient of the scores onto those
 tables. Every case compares the outputs and the gradients w.r.t. q, k, v and every encoding
-parameter with the explicit math path (float32, 1e-5), over lengths, heads, batch, block sizes,
+parameter with the explicit math route (float32, 1e-5), over lengths, heads, batch, block sizes,
 cached offsets, causal and bidirectional masks, documents and padding.
 """
 
@@ -21,24 +21,24 @@ from hypothesis import strategies as st
 
 import mmpe
 from mmpe import MultiHeadAttention, Sequence
-from mmpe.attention.cpu import relation
 from mmpe.attention.masks import plain_causal
+from mmpe.attention.plans import relation
 from mmpe.attention.term_layouts import antidiagonal_buffer, antidiagonal_sums, toeplitz_rows
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 
 NAMES = ["alibi", "t5", "fire", "kerple_log", "kerple_power"]
 
 
 @pytest.fixture(autouse=True)
 def _relation_path_at_every_size(monkeypatch):
-    """These tests run the relation path on small sequences (below its size threshold)."""
-    monkeypatch.setattr("mmpe.attention.cpu.relation.RELATION_MIN_BIAS_BYTES", 0)
+    """These tests run the relation plan on small sequences (below its size threshold)."""
+    monkeypatch.setattr("mmpe.attention.plans.relation.RELATION_MIN_BIAS_BYTES", 0)
 
 
 def _encodings(names: list[str], heads: int, seed: int) -> list:
     """Built encodings with every learnable parameter moved off its initial value. FIRE's
     threshold L is a few tokens (not 512), so that its normaliser varies from query to query
-    and piece boundaries cross blocks of queries (the per-pair part of its relation path)."""
+    and piece boundaries cross blocks of queries (the per-pair part of its relation plan)."""
     torch.manual_seed(seed)
     options = {"fire": {"init_L": 1.0 + seed % 5, "init_c": 0.5}}
     encs = [mmpe.build(n, context={"num_heads": heads, "head_dim": 8, "d_model": 8 * heads},
@@ -71,11 +71,11 @@ def _coords(kind: str, n: int, offset: int, causal: bool, batch: int) -> Sequenc
 
 def _compare(names: list[str], coords: Sequence, heads: int, batch: int, seed: int = 0,
              dtype: torch.dtype = torch.float32) -> None:
-    """Outputs and gradients of the SDPA path (relation path where it applies) and the math
+    """Outputs and gradients of the sdpa route (relation plan where it applies) and the math
     path agree to 1e-5."""
     encs = _encodings(names, heads, seed)
-    fast = MultiHeadAttention(8 * heads, heads, encs, backend="sdpa")
-    slow = MultiHeadAttention(8 * heads, heads, encs, backend="math")
+    fast = MultiHeadAttention(8 * heads, heads, encs, route="sdpa")
+    slow = MultiHeadAttention(8 * heads, heads, encs, route="math")
     g = torch.Generator().manual_seed(seed + 1)
     n_q, n_k = coords.num_queries, coords.num_keys
     q, k, v = (torch.randn(batch, heads, n, 8, generator=g, dtype=torch.float64).to(dtype)
@@ -85,7 +85,7 @@ def _compare(names: list[str], coords: Sequence, heads: int, batch: int, seed: i
     results = []
     for attn in (fast, slow):
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-        ctx = AttentionContext(coords, heads, 8, batch, None, *leaves)
+        ctx = AttentionCall(coords, heads, 8, batch, None, *leaves)
         out = attn.attend(ctx)
         grads = torch.autograd.grad((out * weight).sum() / math.sqrt(out.numel()),
                                     leaves + params, allow_unused=True)
@@ -102,8 +102,8 @@ def _compare(names: list[str], coords: Sequence, heads: int, batch: int, seed: i
         if name == "FIRE.c":
             # ∂/∂c is the difference of c's terms in ψ(d) and in the normaliser, each up to
             # ~2,000× larger than it where c is small, from float32 rows on both sides (the
-            # tolerance of tests/attention/test_blocked_path.py; c = 0.5 + 0.3·N comes near 0 here as on
-            # the grid path, where hypothesis found c = −2.7e-4)
+            # tolerance of tests/attention/test_tiles_plan.py; c = 0.5 + 0.3·N comes near 0 here as on
+            # the grid plan, where hypothesis found c = −2.7e-4)
             tol = (1e-4, 1e-3)
         torch.testing.assert_close(a.float(), b.float(), atol=tol[0], rtol=tol[1], msg=name)
 
@@ -112,7 +112,7 @@ def _takes_relation_path(names: list[str], coords: Sequence, heads: int, batch: 
     encs = _encodings(names, heads, 0)
     q = torch.zeros(batch, heads, coords.num_queries, 8)
     k = torch.zeros(batch, heads, coords.num_keys, 8)
-    ctx = AttentionContext(coords, heads, 8, batch, None, q, k, k)
+    ctx = AttentionCall(coords, heads, 8, batch, None, q, k, k)
     return relation.applies(encs, ctx)
 
 
@@ -155,14 +155,14 @@ def test_float64_runs_the_relation_path() -> None:
 
 def test_without_the_fused_kernel(monkeypatch) -> None:
     # A torch without the CPU kernel's op: each block is computed explicitly, same numbers.
-    monkeypatch.setattr("mmpe.attention.cpu.flash._FLASH_CPU", None)
+    monkeypatch.setattr("mmpe.attention.plans.flash._FLASH_CPU", None)
     _compare(["alibi", "fire"], Sequence(23, causal=True), heads=2, batch=2)
 
 
 def test_layer_forward_backward_equals_math_path() -> None:
     encs = _encodings(["t5", "fire"], 4, 3)
     fast = MultiHeadAttention(32, 4, encs, num_kv_heads=2)
-    slow = MultiHeadAttention(32, 4, encs, num_kv_heads=2, backend="math")
+    slow = MultiHeadAttention(32, 4, encs, num_kv_heads=2, route="math")
     slow.load_state_dict(fast.state_dict())
     coords = Sequence(45, causal=True)
     x = torch.randn(2, 45, 32)
@@ -180,7 +180,7 @@ def test_layer_forward_backward_equals_math_path() -> None:
 
 @pytest.mark.parametrize("name", ["t5", "fire"])
 def test_training_saves_no_pairwise_tensor(name: str) -> None:
-    # The relation path saves q, k, v, the output and the log-sum-exp: nothing of n_q × n_k.
+    # The relation plan saves q, k, v, the output and the log-sum-exp: nothing of n_q × n_k.
     n = 256
     attn = MultiHeadAttention(32, 4, _encodings([name], 4, 0))
     sizes = []
@@ -238,7 +238,7 @@ def test_plain_causal_kernel_needs_implicit_positions() -> None:
     assert coords.max_position == 3
     assert not plain_causal(coords)
     assert plain_causal(Sequence(4, causal=True))
-    fast, slow = (MultiHeadAttention(16, 2, backend=b) for b in ("sdpa", "math"))
+    fast, slow = (MultiHeadAttention(16, 2, route=b) for b in ("sdpa", "math"))
     slow.load_state_dict(fast.state_dict())
     x = torch.randn(1, 4, 16)
     torch.testing.assert_close(fast(x, coords), slow(x, coords), atol=1e-6, rtol=1e-6)
@@ -248,9 +248,9 @@ def test_not_taken_for_content_terms_grids_or_cross_attention() -> None:
     ctx_kw = dict(num_heads=2, head_dim=8, batch=1)
     q = torch.zeros(1, 2, 6, 8)
     fox = mmpe.build("fox", context={"num_heads": 2, "head_dim": 8, "d_model": 16})
-    seq = AttentionContext(Sequence(6, causal=True), x=torch.zeros(1, 6, 16), q=q, k=q, v=q,
+    seq = AttentionCall(Sequence(6, causal=True), x=torch.zeros(1, 6, 16), q=q, k=q, v=q,
                            **ctx_kw)
     assert not relation.applies([fox], seq)  # reads the content
     grid = mmpe.Grid((2, 3))
     alibi = mmpe.build("alibi", context={"num_heads": 2})
-    assert not relation.applies([alibi], AttentionContext(grid, q=q, k=q, v=q, **ctx_kw))
+    assert not relation.applies([alibi], AttentionCall(grid, q=q, k=q, v=q, **ctx_kw))

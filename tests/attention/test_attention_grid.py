@@ -1,10 +1,10 @@
-"""The grid path of the CPU attention (``mmpe.attention.cpu.grid``) against the math path.
+"""The grid plan of the CPU attention (``mmpe.attention.plans.grid``) against the math route.
 
 A bias that depends only on the cell offset (ALiBi, T5, KERPLE, FIRE on grid distance; Swin/BEiT
 tables; SwinV2's CPB) runs on a ``Grid`` as block-wise SDPA over a block-Toeplitz table, with a
 hand-written backward pass that reduces the gradient of the scores onto the offset table and the
 prefix tokens' values. Every case compares the outputs and the gradients w.r.t. q, k, v and every
-encoding parameter with the explicit math path (float32, 1e-5), over 2D and 3D grids, prefix
+encoding parameter with the explicit math route (float32, 1e-5), over 2D and 3D grids, prefix
 tokens, heads, batch, and block, chunk and tile sizes; a control with a mirrored table must fail.
 """
 
@@ -19,11 +19,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mmpe
-import mmpe.attention.cpu.grid as grid_path
-import mmpe.attention.cpu.grid_backward as grid_backward
+import mmpe.attention.plans.grid as grid_path
+import mmpe.attention.plans.grid_backward as grid_backward
 from mmpe import Grid, MultiHeadAttention
 from mmpe.attention import forms
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 
 NAMES = ["alibi", "t5", "kerple_log", "kerple_power", "fire", "swin", "swinv2_cpb"]
 #: The distance-kernel biases: checked one at a time on fixed seeds (agreeing to ~1e-6). In
@@ -56,18 +56,18 @@ def _encodings(names: list[str], heads: int, shape: tuple[int, ...], seed: int) 
     return encs
 
 
-def _run(encs: list, grid: Grid, heads: int, batch: int, backend: str, seed: int,
+def _run(encs: list, grid: Grid, heads: int, batch: int, route: str, seed: int,
          dtype: torch.dtype = torch.float32):
-    """Output and gradients (q, k, v, then every learnable parameter) of one backend."""
+    """Output and gradients (q, k, v, then every learnable parameter) of one route."""
     g = torch.Generator().manual_seed(seed)
     n = grid.num_tokens
     q, k, v, weight = (torch.randn(batch, heads, n, 8, generator=g, dtype=torch.float64).to(dtype)
                        for _ in range(4))
-    attn = MultiHeadAttention(8 * heads, heads, encs, backend=backend)
+    attn = MultiHeadAttention(8 * heads, heads, encs, route=route)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     params = [p for e in encs for p in e.parameters() if p.requires_grad]
-    ctx = AttentionContext(grid, heads, 8, batch, None, *leaves)
-    if backend == "sdpa":
+    ctx = AttentionCall(grid, heads, 8, batch, None, *leaves)
+    if route == "sdpa":
         assert grid_path.takes_grid_path(attn.scores, ctx)
     out = attn.attend(ctx)
     grads = torch.autograd.grad((out * weight).sum() / math.sqrt(out.numel()), leaves + params,
@@ -91,7 +91,7 @@ def _compare(names: list[str], grid: Grid, heads: int, batch: int, seed: int = 0
         if label == "FIRE.c":
             # ∂/∂c is the difference of c's terms in ψ(d) and in the normaliser, each up to
             # ~2,000× larger than it where c is small, from float32 rows on both sides (the
-            # tolerance of tests/attention/test_blocked_path.py; hypothesis found c = 0.5 + 0.3·N
+            # tolerance of tests/attention/test_tiles_plan.py; hypothesis found c = 0.5 + 0.3·N
             # near 0 here too, torch 2.5.1, a 1 × 2 grid)
             tol = (1e-4, 1e-3)
         torch.testing.assert_close(a.float(), b.float(), atol=tol[0], rtol=tol[1], msg=label)
@@ -134,7 +134,7 @@ def test_scaled_manhattan_grid() -> None:
 
 def test_control_mirrored_table_fails() -> None:
     # The check can fail: reading the table at q − k instead of k − q (Swin's table is not
-    # symmetric) gives other numbers than the math path.
+    # symmetric) gives other numbers than the math route.
     real = forms.offset_pairs
 
     def mirrored(grid):
@@ -149,7 +149,7 @@ def test_float64_and_without_the_fused_kernel(monkeypatch) -> None:
     _compare(["t5", "swin"], Grid((5, 4), prefix_tokens=1), heads=2, batch=1,
              dtype=torch.float64)
     # A torch without the CPU kernel's op: each block is computed explicitly, same numbers.
-    monkeypatch.setattr("mmpe.attention.cpu.flash._FLASH_CPU", None)
+    monkeypatch.setattr("mmpe.attention.plans.flash._FLASH_CPU", None)
     _compare(["alibi", "swinv2_cpb"], Grid((3, 4, 5), prefix_tokens=1), heads=2, batch=2)
 
 
@@ -157,7 +157,7 @@ def test_layer_forward_backward_equals_math_path() -> None:
     shape = (6, 7)
     encs = _encodings(["swin", "alibi"], 4, shape, 2)
     fast = MultiHeadAttention(32, 4, encs, num_kv_heads=2)
-    slow = MultiHeadAttention(32, 4, encs, num_kv_heads=2, backend="math")
+    slow = MultiHeadAttention(32, 4, encs, num_kv_heads=2, route="math")
     slow.load_state_dict(fast.state_dict())
     grid = Grid(shape, prefix_tokens=1)
     x = torch.randn(2, grid.num_tokens, 32)
@@ -174,7 +174,7 @@ def test_layer_forward_backward_equals_math_path() -> None:
 
 @pytest.mark.parametrize("name", ["swin", "t5"])
 def test_training_saves_no_pairwise_tensor(name: str) -> None:
-    # The grid path saves q, k, v, the output, the log-sum-exp and the offset table.
+    # The grid plan saves q, k, v, the output, the log-sum-exp and the offset table.
     shape = (16, 16)
     grid = Grid(shape, prefix_tokens=1)
     n = grid.num_tokens
@@ -198,7 +198,7 @@ def test_which_calls_take_the_grid_path() -> None:
         encs = [mmpe.build(n, context={"num_heads": 2, "head_dim": 8, "d_model": 16,
                                        "grid_shape": grid.shape}, **build) for n in names]
         q = torch.zeros(1, 2, grid.num_tokens, 8)
-        ctx = AttentionContext(grid, 2, 8, 1, None, q, q, q)
+        ctx = AttentionCall(grid, 2, 8, 1, None, q, q, q)
         return grid_path.takes_grid_path([e for e in encs if e.hook == "score"], ctx)
 
     assert takes(["swin", "alibi"], Grid((4, 4), prefix_tokens=1))
@@ -219,18 +219,18 @@ def test_small_grids_run_dense(monkeypatch) -> None:
                                  (alibi, (32, 32), False), (alibi, (64, 64), True)):
         grid = Grid(shape, prefix_tokens=1)
         q = torch.zeros(1, 6, grid.num_tokens, 8)
-        ctx = AttentionContext(grid, 6, 8, 1, None, q, q, q)
+        ctx = AttentionCall(grid, 6, 8, 1, None, q, q, q)
         assert grid_path.takes_grid_path([enc], ctx) is expected, (enc, shape)
     swin.requires_grad_(False)  # a frozen table is a constant: the dense threshold
     grid = Grid((24, 24), prefix_tokens=1)
     q = torch.zeros(1, 6, grid.num_tokens, 8)
-    assert not grid_path.takes_grid_path([swin], AttentionContext(grid, 6, 8, 1, None, q, q, q))
+    assert not grid_path.takes_grid_path([swin], AttentionCall(grid, 6, 8, 1, None, q, q, q))
 
 
 @pytest.mark.parametrize("names", [["t5", "swin"], ["alibi"], ["fire", "kerple_log"]])
 def test_a_bias_without_gradient_takes_the_fused_backward(names) -> None:
     # A frozen table (or ALiBi, which has none) runs SDPA's fused backward on copied bias rows;
-    # with a learned one the hand-written tiles run. Both equal the math path.
+    # with a learned one the hand-written tiles run. Both equal the math route.
     grid = Grid((5, 6), prefix_tokens=1)
     encs = _encodings(names, 3, grid.shape, 4)
     for enc in encs:

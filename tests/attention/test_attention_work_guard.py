@@ -22,14 +22,14 @@ from mmpe.validation import CPU_FLOPS_PER_THREAD, AttentionTooLargeError, check_
 HUGE = 200_000
 
 
-@pytest.mark.parametrize("backend", ["flex", "sdpa", "math"])
+@pytest.mark.parametrize("route", ["flex", "sdpa", "math"])
 @pytest.mark.parametrize("name", ["alibi", "t5", "fire", "kerple_log"])
-def test_huge_cpu_attention_fails_fast(name: str, backend: str, monkeypatch) -> None:
+def test_huge_cpu_attention_fails_fast(name: str, route: str, monkeypatch) -> None:
     monkeypatch.delenv("MMPE_CPU_ATTENTION_SECONDS", raising=False)
     attn = mmpe.MultiHeadAttention(64, 4, [mmpe.build(name, num_heads=4)])
-    attn.backend = backend
+    attn.route = route
     start = time.perf_counter()
-    # The math path's own memory check may come first: either way, a clear error at once.
+    # The math route's own memory check may come first: either way, a clear error at once.
     with torch.no_grad(), pytest.raises((AttentionTooLargeError, MemoryError)) as info:
         attn(torch.randn(1, HUGE, 64), mmpe.Sequence(HUGE))
     assert time.perf_counter() - start < 10
@@ -81,7 +81,7 @@ def test_the_estimate_is_a_lower_bound_on_the_real_time(n: int, heads: int,
                                                         head_dim: int) -> None:
     """Noise on a shared machine only slows the measured call, so this cannot flake by luck."""
     attn = mmpe.MultiHeadAttention(heads * head_dim, heads, [mmpe.build("alibi", num_heads=heads)])
-    attn.backend = "sdpa"
+    attn.route = "sdpa"
     x = torch.randn(2, n, heads * head_dim)
     with torch.no_grad():
         attn(x, mmpe.Sequence(n))  # warm-up (one-time allocations, kernel selection)

@@ -28,7 +28,7 @@ def _causal_encodings() -> list[str]:
 
 def _lm(name: str, **options) -> CausalLM:
     torch.manual_seed(0)
-    model = CausalLM(VOCAB, D, H, 2, [name], encoding_context=CTX, **options).eval()
+    model = CausalLM(VOCAB, D, H, 2, [name], context=CTX, **options).eval()
     with torch.no_grad():  # non-trivial parameters (T5 tables and CoPE start at zero)
         for p in model.transformer.parameters():
             p.add_(torch.randn_like(p) * 0.05)

@@ -57,7 +57,7 @@ def test_a_step_after_padded_tokens_needs_their_mask(name: str) -> None:
 
 def test_padded_generation_matches_each_prompt_alone() -> None:
     torch.manual_seed(0)
-    model = CausalLM(VOCAB, D, H, 2, ["rope"], encoding_context=CTX).eval()
+    model = CausalLM(VOCAB, D, H, 2, ["rope"], context=CTX).eval()
     batch = torch.tensor([[0, 0, 4, 1], [3, 5, 7, 2]])
     pad = batch != 0
     pad[1] = True

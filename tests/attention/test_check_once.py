@@ -25,18 +25,18 @@ COORDS = {
 #: (encoding, coordinates, plans that can run it); every content-free kind of term the CPU
 #: plans take: a distance, a relation, a grid offset table, a compact form (FIRE), a learned
 #: distance term on points
-CASES = [("alibi", "sequence", ("relation", "blocked", "blocks", "dense")),
-         ("t5", "sequence", ("relation", "blocked", "blocks", "dense")),
-         ("fire", "sequence", ("relation", "blocked", "blocks", "dense")),
-         ("swin", "grid", ("grid", "blocked", "blocks", "dense")),
-         ("kerple_log", "points", ("blocked", "blocks", "dense"))]
+CASES = [("alibi", "sequence", ("relation", "tiles", "checkpointed", "dense")),
+         ("t5", "sequence", ("relation", "tiles", "checkpointed", "dense")),
+         ("fire", "sequence", ("relation", "tiles", "checkpointed", "dense")),
+         ("swin", "grid", ("grid", "tiles", "checkpointed", "dense")),
+         ("kerple_log", "points", ("tiles", "checkpointed", "dense"))]
 
 
 def _counting(monkeypatch, enc) -> tuple[list, list]:
     """Spies on the call's work guard and on the encoding's own check."""
     work: list = []
     checks: list = []
-    real_work, real_check = modules.check_attention_work, type(enc).check_context
+    real_work, real_check = modules.check_attention_work, type(enc).check_call
 
     def spy_work(*args, **kwargs):
         work.append(args)
@@ -47,30 +47,30 @@ def _counting(monkeypatch, enc) -> tuple[list, list]:
         return real_check(self, ctx)
 
     monkeypatch.setattr(modules, "check_attention_work", spy_work)
-    monkeypatch.setattr(type(enc), "check_context", spy_check)
+    monkeypatch.setattr(type(enc), "check_call", spy_check)
     return work, checks
 
 
 @pytest.mark.parametrize(("name", "kind", "plans"), CASES, ids=[c[0] for c in CASES])
 def test_one_check_per_call_on_every_plan(name, kind, plans, monkeypatch) -> None:
     monkeypatch.setattr("mmpe.attention.memory.block_bytes", lambda: 8192)  # many blocks
-    monkeypatch.setattr("mmpe.attention.cpu.blocked.block_bytes", lambda: 8192)
+    monkeypatch.setattr("mmpe.attention.plans.tiles.block_bytes", lambda: 8192)
     coords = COORDS[kind]()
     context = {"num_heads": 4, "d_model": 32, "head_dim": 8, "max_len": 128,
                **mmpe.context.coords_context(coords)}
     enc = mmpe.build(name, context=context)
     torch.manual_seed(0)
     for plan in plans:
-        for backend in ("sdpa", "math"):
-            if backend == "math" and plan != plans[0]:
+        for route in ("sdpa", "math"):
+            if route == "math" and plan != plans[0]:
                 continue
-            attn = mmpe.MultiHeadAttention(32, 4, encodings=[enc], backend=backend)
+            attn = mmpe.MultiHeadAttention(32, 4, encodings=[enc], route=route)
             x = torch.randn(2, coords.num_queries, 32, requires_grad=True)
             work, checks = _counting(monkeypatch, enc)
-            with force_plan(plan if backend == "sdpa" else None):
+            with force_plan(plan if route == "sdpa" else None):
                 attn(x, coords).sum().backward()
             monkeypatch.undo()
-            assert (len(work), len(checks)) == (1, 1), (plan, backend, len(work), len(checks))
+            assert (len(work), len(checks)) == (1, 1), (plan, route, len(work), len(checks))
 
 
 def test_a_new_context_is_checked_again() -> None:
@@ -79,10 +79,10 @@ def test_a_new_context_is_checked_again() -> None:
     enc = mmpe.build("alibi", num_heads=4)
     coords = mmpe.Sequence(8)
     q = torch.randn(1, 4, 8, 8)
-    enc.check_context(base.AttentionContext(coords, 4, 8, 1, q=q, k=q, v=q))
+    enc.check_call(base.AttentionCall(coords, 4, 8, 1, q=q, k=q, v=q))
     q6 = torch.randn(1, 6, 8, 8)
     with pytest.raises(ValueError, match="built for num_heads=4, attention has 6"):
-        enc.check_context(base.AttentionContext(coords, 6, 8, 1, q=q6, k=q6, v=q6))
+        enc.check_call(base.AttentionCall(coords, 6, 8, 1, q=q6, k=q6, v=q6))
 
 
 def _form_sources() -> list[tuple[str, str]]:
@@ -97,7 +97,7 @@ def _form_sources() -> list[tuple[str, str]]:
 
 def test_forms_trust_their_caller() -> None:
     """No form checks the context again: the check is the door's."""
-    offenders = [name for name, src in _form_sources() if ".check_context(" in src]
+    offenders = [name for name, src in _form_sources() if ".check_call(" in src]
     assert offenders == []
 
 
@@ -110,8 +110,8 @@ def test_score_mods_check_only_a_context_no_layer_checked() -> None:
         if not (isinstance(cls, type) and issubclass(cls, base.ScoreEncoding)):
             continue
         src = inspect.getsource(cls.score_mod)
-        calls = len(re.findall(r"\.check_context\(ctx\)", src))
-        if calls != len(re.findall(r"if not ctx\.checked:.*\n\s+self\.check_context\(ctx\)",
+        calls = len(re.findall(r"\.check_call\(ctx\)", src))
+        if calls != len(re.findall(r"if not ctx\.checked:.*\n\s+self\.check_call\(ctx\)",
                                    src)):
             offenders.append(entry.name)
     assert offenders == []
@@ -123,7 +123,7 @@ def test_the_doors_refuse_a_context_the_term_cannot_serve() -> None:
     enc = mmpe.build("alibi", num_heads=4)
     coords = mmpe.Sequence(8)
     q6 = torch.randn(1, 6, 8, 8)
-    ctx = base.AttentionContext(coords, 6, 8, 1, q=q6, k=q6, v=q6)
+    ctx = base.AttentionCall(coords, 6, 8, 1, q=q6, k=q6, v=q6)
     with pytest.raises(ValueError, match="built for num_heads=4, attention has 6"):
         mmpe.attention.dense_bias([enc], ctx)
     with pytest.raises(ValueError, match="built for num_heads=4, attention has 6"):

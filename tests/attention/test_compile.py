@@ -70,8 +70,8 @@ def test_fullgraph_and_no_recompilation_at_a_fixed_shape(name: str, cname: str) 
     coords = COORDS[cname]()
     torch.manual_seed(0)
     d_model = D_MODEL[cname]
-    model = mmpe.Transformer(d_model, 4, 2, [name], encoding_context=_context(coords),
-                             backend="sdpa")
+    model = mmpe.Transformer(d_model, 4, 2, [name], context=_context(coords),
+                             route="sdpa")
     compiled = torch.compile(model, fullgraph=True, backend="eager")
     x = torch.randn(2, coords.num_queries, d_model)
     # A new coordinates object each call, as a training loop builds one per batch.
@@ -82,7 +82,7 @@ def test_fullgraph_and_no_recompilation_at_a_fixed_shape(name: str, cname: str) 
 
 @pytest.mark.parametrize("name", ["rope", "alibi", "t5", "fire", "fox", "sinusoidal"])
 def test_twelve_lengths_compile_once_with_dynamic_shapes(name: str) -> None:
-    model = mmpe.Transformer(32, 4, 2, [name], backend="sdpa")
+    model = mmpe.Transformer(32, 4, 2, [name], route="sdpa")
     compiled = torch.compile(model, fullgraph=True, backend="eager", dynamic=True)
     calls = [(torch.randn(2, n, 32), Sequence(n, causal=True)) for n in range(8, 32, 2)]
     assert _graphs(compiled, calls) <= 2
@@ -91,12 +91,12 @@ def test_twelve_lengths_compile_once_with_dynamic_shapes(name: str) -> None:
 def _flex_vs_sdpa(name: str) -> None:
     coords = Sequence(64, causal=True)
     enc = mmpe.build(name, context={"num_heads": 4, "head_dim": 8, "d_model": 32})
-    mha = mmpe.MultiHeadAttention(32, 4, [enc], backend="flex")
+    mha = mmpe.MultiHeadAttention(32, 4, [enc], route="flex")
     compiled = torch.compile(mha, fullgraph=True)
     x = torch.randn(2, 64, 32)
     with torch.no_grad():
         out = compiled(x, coords)
-        mha.backend = "sdpa" if which_route(mha, coords, device=x.device) != "math" else "math"
+        mha.route = "sdpa" if which_route(mha, coords, device=x.device) != "math" else "math"
         ref = mha(x, coords)
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
 
@@ -112,7 +112,7 @@ def _score_encodings() -> list[str]:
 
 
 # Inductor's CPU FlexAttention template finds no kernel for these mods ("NoValidChoicesError",
-# torch 2.11); the eager flex path and SDPA agree for them (registry matrix). Not a GPU result.
+# torch 2.11); the eager flex route and SDPA agree for them (registry matrix). Not a GPU result.
 CPU_INDUCTOR_GAPS = {"kerple_log", "mesh_displacement"}
 
 
@@ -123,5 +123,5 @@ def test_compiled_flex_forward_equals_sdpa(name: str) -> None:
         pytest.xfail("inductor's CPU flex template has no kernel choice for this score_mod")
     enc_cls = mmpe.get(name).cls
     if not getattr(enc_cls, "additive", True):
-        pytest.skip(f"{name} rescales scores: the flex mod is compared on the math path")
+        pytest.skip(f"{name} rescales scores: the flex mod is compared on the math route")
     _flex_vs_sdpa(name)

@@ -28,13 +28,13 @@ def test_coordinates_on_meta_with_tensors_on_the_cpu_are_named(cname: str, monke
     # a model: before its input encodings read the coordinates (fourier_features' B on the
     # CPU met meta positions in a matmul)
     inputs = [e.name for e in mmpe.available(hook="input", coords=coords)][:3]
-    model = mmpe.Transformer(D_MODEL, HEADS, 1, inputs, encoding_context=model_context(coords))
+    model = mmpe.Transformer(D_MODEL, HEADS, 1, inputs, context=model_context(coords))
     with pytest.raises(ValueError, match=r"coordinates are on meta but x is on cpu"):
         model(x, coords)
 
 
-def test_points_moved_to_meta_in_the_blocked_path_and_cross_attention() -> None:
-    """The issue's case: `Points.to("meta")` with CPU heads reached the blocked path's
+def test_points_moved_to_meta_in_the_tiles_plan_and_cross_attention() -> None:
+    """The issue's case: `Points.to("meta")` with CPU heads reached the tiles plan's
     `.item()`."""
     points = mmpe.Points(torch.randn(10, 2)).to("meta")
     mha = mmpe.MultiHeadAttention(16, 2, [mmpe.build("alibi", num_heads=2)])

@@ -22,11 +22,11 @@ def _enc(name: str, coords=None):
 def _paths(module, *args):
     outs = {}
     with torch.no_grad():
-        for backend in ("flex", "sdpa", "math"):
-            module.backend = backend
-            outs[backend] = module(*args)
-    for backend, out in outs.items():
-        torch.testing.assert_close(out, outs["math"], atol=2e-5, rtol=1e-4, msg=backend)
+        for route in ("flex", "sdpa", "math"):
+            module.route = route
+            outs[route] = module(*args)
+    for route, out in outs.items():
+        torch.testing.assert_close(out, outs["math"], atol=2e-5, rtol=1e-4, msg=route)
     return outs["math"]
 
 

@@ -1,5 +1,5 @@
-"""The dense route (one SDPA call with the dense bias, `backend="dense"`, runnable on the CPU)
-against the math path, for every registered additive score encoding on sequences, grids with
+"""The dense route (one SDPA call with the dense bias, `route="dense"`, runnable on the CPU)
+against the math route, for every registered additive score encoding on sequences, grids with
 prefix tokens, packed grids, points and graph batches: the output, the input's gradient and
 every parameter's gradient, in float32 (`mmpe.testing.TOLERANCES`) and bfloat16 (the relative
 error bound of `tests/package/test_precision.py`, 2e-2). Driven by the registry: a new
@@ -63,8 +63,8 @@ def _build(name: str, cname: str):
     return coords, mmpe.MultiHeadAttention(D_MODEL, HEADS, [enc])
 
 
-def _step(mha, coords, x: torch.Tensor, backend: str) -> list[torch.Tensor]:
-    mha.backend = backend
+def _step(mha, coords, x: torch.Tensor, route: str) -> list[torch.Tensor]:
+    mha.route = route
     mha.zero_grad(set_to_none=True)
     xs = x.clone().requires_grad_(True)
     out = mha(xs, coords)
@@ -89,8 +89,8 @@ def test_dense_route_equals_the_math_path(name: str, cname: str) -> None:
 
 @pytest.mark.parametrize(("name", "cname"), _cases(additive=True))
 def test_dense_route_in_bf16_is_as_close_as_the_math_path(name: str, cname: str) -> None:
-    """bfloat16 against the float32 math path: the output and the input gradient within
-    `BF16` relative error, or within twice the math path's own bf16 error; the parameters'
+    """bfloat16 against the float32 math route: the output and the input gradient within
+    `BF16` relative error, or within twice the math route's own bf16 error; the parameters'
     gradient within `BF16_PARAMETERS` of the norm of all the term's parameter gradients (a
     parameter whose gradient cancels in exact arithmetic, such as a per-head constant's under
     the softmax, sums bf16-rounded bias gradients over every pair: its own norm is no scale
@@ -105,7 +105,7 @@ def test_dense_route_in_bf16_is_as_close_as_the_math_path(name: str, cname: str)
                                ref[:2], strict=True):
         err_d, err_m = _relative(d, r), _relative(m, r)
         assert err_d <= max(BF16, 2 * err_m), \
-            f"{label}: relative error {err_d:.2e} (math path in bf16: {err_m:.2e})"
+            f"{label}: relative error {err_d:.2e} (math route in bf16: {err_m:.2e})"
     labels = _labels(mha)[2:]
     params = [(lab, d, m, r) for lab, d, m, r in zip(labels, dense_bf16[2:], math_bf16[2:],
                                                      ref[2:], strict=True) if r is not None]
@@ -116,7 +116,7 @@ def test_dense_route_in_bf16_is_as_close_as_the_math_path(name: str, cname: str)
         err_d = ((d - r).norm() / scale).item()
         err_m = ((m - r).norm() / scale).item()
         assert err_d <= max(BF16_PARAMETERS, 2 * err_m), \
-            f"{label}: error {err_d:.2e} of the gradient's norm (math path in bf16: {err_m:.2e})"
+            f"{label}: error {err_d:.2e} of the gradient's norm (math route in bf16: {err_m:.2e})"
 
 
 def _relative(a: torch.Tensor, ref: torch.Tensor) -> float:
@@ -136,6 +136,6 @@ def _labels(mha) -> list[str]:
 @pytest.mark.parametrize(("name", "cname"), _cases(additive=False)[:4])
 def test_dense_route_refuses_a_rescaling_term(name: str, cname: str) -> None:
     coords, mha = _build(name, cname)
-    mha.backend = "dense"
+    mha.route = "dense"
     with pytest.raises(ValueError, match="needs additive score terms"):
         mha(torch.randn(coords.batch_size or 2, coords.num_queries, D_MODEL), coords)

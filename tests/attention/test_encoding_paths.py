@@ -75,8 +75,8 @@ class QuadraticDistance(ScoreEncoding):
 @pytest.mark.parametrize("kind", ["sequence", "grid", "points", "graph"])
 def test_a_new_distance_bias_runs_on_every_path(kind: str) -> None:
     checked = assert_encoding_paths(QuadraticDistance(2), _coords()[kind], block_bytes=2048)
-    plans = {"sequence": "sdpa:relation", "grid": "sdpa:grid", "points": "sdpa:blocked",
-             "graph": "sdpa:blocked"}
+    plans = {"sequence": "sdpa:relation", "grid": "sdpa:grid", "points": "sdpa:tiles",
+             "graph": "sdpa:tiles"}
     assert plans[kind] in checked and "sdpa:dense" in checked and "dense" in checked
 
 
@@ -87,7 +87,7 @@ def test_a_wrong_fast_form_fails_the_check(monkeypatch) -> None:
     real = fast_forms.FAST_FORMS[ALiBi]["rows"]
     monkeypatch.setitem(fast_forms.FAST_FORMS[ALiBi], "rows",
                         lambda *args: real(*args) * 1.01)
-    with pytest.raises(AssertionError, match="differs from the math path"):
+    with pytest.raises(AssertionError, match="differs from the math route"):
         assert_encoding_paths(mmpe.build("alibi", num_heads=2), _coords()["points"],
                               block_bytes=2048)
 

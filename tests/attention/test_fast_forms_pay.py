@@ -42,10 +42,10 @@ BORDERLINE = {
 #: What a class declares about its term rather than a faster way to compute it: the grid
 #: paths' admission (FIRE's normalised distance on a grid is a function of the cell offset)
 #: and the form their offset table reads. Held to the same numbers, not to the rule: no
-#: stored shape takes FIRE's grid path yet (the dispatcher picks the blocked rows on ViT-B).
+#: stored shape takes FIRE's grid plan yet (the dispatcher picks the blocked rows on ViT-B).
 DECLARATIONS = {
-    "FIRE.offset_on_grids": "admits FIRE to the grid paths (CPU offset table, flex tables)",
-    "FIRE.pair_term": "the offset table's term on the grid path FIRE is admitted to",
+    "FIRE.offset_on_grids": "admits FIRE to the grid plans (CPU offset table, flex tables)",
+    "FIRE.pair_term": "the offset table's term on the grid plan FIRE is admitted to",
 }
 
 

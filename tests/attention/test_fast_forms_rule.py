@@ -18,7 +18,7 @@ from helpers import structured_score_cases
 
 import mmpe
 from mmpe.attention import fast_forms
-from mmpe.attention.cpu import grid as grid_path
+from mmpe.attention.plans import grid as grid_path
 from mmpe.encodings.base import ScoreEncoding
 from mmpe.registry import available
 
@@ -33,16 +33,16 @@ KINDS = ("sequence", "grid", "points", "graph")
 
 def _cases() -> list[tuple[str, str, str | None]]:
     """(encoding, coordinates, budget): points and graphs also with a tiny block budget (the
-    blocked path)."""
+    tiles plan)."""
     pairs = structured_score_cases(CONTEXT, OPTIONS, {k: _coords(k) for k in KINDS})
     return [(name, kind, budget) for name, kind in pairs
-            for budget in ((None, "blocked") if kind in ("points", "graph") else (None,))]
+            for budget in ((None, "tiles") if kind in ("points", "graph") else (None,))]
 
 
 @pytest.fixture
 def fast_paths(monkeypatch):
-    """Small grids take the grid path, short sequences the relation path."""
-    monkeypatch.setattr("mmpe.attention.cpu.relation.RELATION_MIN_BIAS_BYTES", 0)
+    """Small grids take the grid plan, short sequences the relation plan."""
+    monkeypatch.setattr("mmpe.attention.plans.relation.RELATION_MIN_BIAS_BYTES", 0)
     monkeypatch.setattr(grid_path, "GRID_MIN_BIAS_BYTES", 0)
     monkeypatch.setattr(grid_path, "GRID_MIN_LEARNED_BIAS_BYTES", 0)
 
@@ -94,8 +94,8 @@ class _Plain(ScoreEncoding):
     def score_mod(self, ctx):
         return self.inner.score_mod(ctx)
 
-    def check_context(self, ctx) -> None:
-        self.inner.check_context(ctx)
+    def check_call(self, ctx) -> None:
+        self.inner.check_call(ctx)
 
 
 def _step(enc: ScoreEncoding, params: list, coords, x: torch.Tensor) -> list[torch.Tensor]:
@@ -129,7 +129,7 @@ def _case(name, kind, budget, monkeypatch) -> tuple[bool, bool]:
     """Whether the subclass's layer equals its plain `score_mod` on every path, and whether
     the control (the parent's forms put back) differs."""
     with monkeypatch.context() as mp:
-        if budget == "blocked":
+        if budget == "tiles":
             mp.setenv("MMPE_ATTN_BLOCK_BYTES", "100")
         torch.manual_seed(0)
         parent = mmpe.build(name, context=CONTEXT, **OPTIONS.get(name, {}))

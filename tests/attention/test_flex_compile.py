@@ -4,7 +4,7 @@ counted, logged event otherwise; a kernel too large for shared memory is retried
 tiles; the per-offset table that learned relation terms use on a GPU equals their in-kernel
 ``score_mod``, gradients included.
 
-Dynamo's guards (what triggers a recompilation) do not depend on the backend, so the counts
+Dynamo's guards (what triggers a recompilation) do not depend on the route, so the counts
 use ``backend="eager"``: the GPU tier (tests/gpu/test_gpu.py) repeats them with inductor.
 """
 
@@ -22,7 +22,7 @@ from mmpe import flex_compile
 from mmpe.attention import compose_score_mods
 from mmpe.attention.flex import block_mask_of, flex_mods
 from mmpe.coords.base import index_grid
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 
 HEADS, HEAD_DIM = 4, 8
 pytestmark = pytest.mark.skipif(not flex_compile.available(),
@@ -46,7 +46,7 @@ def _call(enc, coords, batch: int, grad: bool) -> torch.Tensor:
     n_q, n_k = coords.num_queries, coords.num_keys
     q = torch.randn(batch, HEADS, n_q, HEAD_DIM)
     k, v = torch.randn(batch, HEADS, n_k, HEAD_DIM), torch.randn(batch, HEADS, n_k, HEAD_DIM)
-    ctx = AttentionContext(coords, HEADS, HEAD_DIM, batch, None, q, k, v)
+    ctx = AttentionCall(coords, HEADS, HEAD_DIM, batch, None, q, k, v)
     mods = flex_mods([enc], ctx)
     with torch.set_grad_enabled(grad):
         return flex_compile.flex(q, k, v, mods, compose_score_mods(mods),
@@ -261,7 +261,7 @@ def test_per_offset_table_equals_the_in_kernel_terms(name, n_q, extra, causal, s
     coords = mmpe.Sequence(n_q, offset=extra, causal=causal)
     q = torch.randn(2, HEADS, n_q, HEAD_DIM, requires_grad=True)
     k = torch.randn(2, HEADS, n_k, HEAD_DIM, requires_grad=True)
-    ctx = AttentionContext(coords, HEADS, HEAD_DIM, 2, None, q, k, k)
+    ctx = AttentionCall(coords, HEADS, HEAD_DIM, 2, None, q, k, k)
     weight = torch.randn(2, HEADS, n_q, n_k)
     results = []
     for tables in (True, False):
@@ -283,7 +283,7 @@ def test_a_control_term_fails_the_table_comparison() -> None:
         enc.table.add_(torch.randn_like(enc.table))
     coords = mmpe.Sequence(12, causal=True)
     q, k = torch.randn(1, HEADS, 12, HEAD_DIM), torch.randn(1, HEADS, 12, HEAD_DIM)
-    ctx = AttentionContext(coords, HEADS, HEAD_DIM, 1, None, q, k, k)
+    ctx = AttentionCall(coords, HEADS, HEAD_DIM, 1, None, q, k, k)
     table_mod = flex_mods([enc], ctx, tables=True)[0]
     wrong = [lambda s, b, h, qi, ki: table_mod(s, b, h, ki, qi)]
     assert not torch.allclose(_dense_scores(wrong, q, k, coords),
@@ -313,7 +313,7 @@ def test_grid_offset_table_equals_the_in_kernel_terms(name, shape, prefix, seed)
     n = grid.num_queries
     q = torch.randn(2, HEADS, n, HEAD_DIM, dtype=torch.float64, requires_grad=True)
     k = torch.randn(2, HEADS, n, HEAD_DIM, dtype=torch.float64, requires_grad=True)
-    ctx = AttentionContext(grid, HEADS, HEAD_DIM, 2, None, q, k, k)
+    ctx = AttentionCall(grid, HEADS, HEAD_DIM, 2, None, q, k, k)
     weight = torch.randn(2, HEADS, n, n, dtype=torch.float64)
     results = []
     for tables in (True, False):
@@ -337,7 +337,7 @@ def test_a_transposed_grid_read_fails_the_table_comparison() -> None:
         for p in enc.parameters():
             p.add_(torch.randn_like(p))
     q, k = torch.randn(1, HEADS, 13, HEAD_DIM), torch.randn(1, HEADS, 13, HEAD_DIM)
-    ctx = AttentionContext(grid, HEADS, HEAD_DIM, 1, None, q, k, k)
+    ctx = AttentionCall(grid, HEADS, HEAD_DIM, 1, None, q, k, k)
     table_mod = flex_mods([enc], ctx, tables=True)[0]
     wrong = [lambda s, b, h, qi, ki: table_mod(s, b, h, ki, qi)]
     assert not torch.allclose(_dense_scores(wrong, q, k, grid),
@@ -351,7 +351,7 @@ def test_grid_offset_table_compiles_once_for_two_grid_shapes() -> None:
         grid = mmpe.Grid(shape)
         enc = mmpe.build("t5", coords=grid, context={"num_heads": HEADS})
         q = torch.randn(1, HEADS, grid.num_queries, HEAD_DIM)
-        ctx = AttentionContext(grid, HEADS, HEAD_DIM, 1, None, q, q, q)
+        ctx = AttentionCall(grid, HEADS, HEAD_DIM, 1, None, q, q, q)
         mod = flex_mods([enc], ctx, tables=True)[0]
         assert mod.__name__ == "grid_offset_table"
         counts.append(mod)
@@ -369,7 +369,7 @@ def test_grid_offset_table_compiles_and_equals_flex_on_the_cpu() -> None:
     grid = mmpe.Grid((6, 8), prefix_tokens=1)
     enc = mmpe.build("swin", coords=grid, context={"num_heads": HEADS})
     q, k, v = (torch.randn(1, HEADS, grid.num_queries, HEAD_DIM) for _ in range(3))
-    ctx = AttentionContext(grid, HEADS, HEAD_DIM, 1, None, q, k, v)
+    ctx = AttentionCall(grid, HEADS, HEAD_DIM, 1, None, q, k, v)
     with torch.no_grad():
         table = compose_score_mods(flex_mods([enc], ctx, tables=True))
         compiled = torch.compile(flex_attention, dynamic=True, fullgraph=True)

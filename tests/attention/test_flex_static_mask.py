@@ -42,9 +42,9 @@ def test_the_shared_mask_gives_the_causal_attention() -> None:
     mha = mmpe.MultiHeadAttention(32, 2, [mmpe.build("alibi", num_heads=2)])
     x = torch.randn(2, n, 32)
     with torch.no_grad():  # FlexAttention has no backward on the CPU
-        mha.backend = "flex"
+        mha.route = "flex"
         got = [mha(x, mmpe.Sequence(n, causal=True)) for _ in range(2)]
-        mha.backend = "math"
+        mha.route = "math"
         want = mha(x, mmpe.Sequence(n, causal=True))
     for out in got:
         torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)

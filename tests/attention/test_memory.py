@@ -48,7 +48,7 @@ def _peak(name: str, n: int, kind: str) -> float:
 
 @pytest.mark.subprocess  # a fresh interpreter per case, to read its peak memory alone
 @pytest.mark.parametrize(("name", "kind", "limit"), [
-    # Toeplitz sequences, the relation path: the bias is a view of an O(n) table, never n×n.
+    # Toeplitz sequences, the relation plan: the bias is a view of an O(n) table, never n×n.
     ("alibi", "forward", 200), ("t5", "forward", 200), ("fire", "forward", 200),
     ("kerple_log", "forward", 200),
     # Padded (not toeplitz): the general path, bias rows block by block (64 MiB blocks).
@@ -64,7 +64,7 @@ def test_biased_attention_at_n_8192_stays_far_below_the_dense_bias(name: str, ki
 @pytest.mark.parametrize("name", ["t5", "fire"])
 def test_training_with_a_learned_bias_keeps_no_pairwise_graph(name: str) -> None:
     # A dense bias at n = 4096 is 512 MiB, and its autograd graph (T5's gather, FIRE's MLP)
-    # several times that; the relation path's backward recomputes blocks from O(n) tables.
+    # several times that; the relation plan's backward recomputes blocks from O(n) tables.
     grown = _peak(name, 4096, "train")
     assert grown < 200, f"{name}: training grew peak memory by {grown:.0f} MiB"
 
@@ -85,8 +85,8 @@ def test_block_wise_path_equals_the_dense_one_with_gradients(name: str, monkeypa
 
 
 def test_impossible_request_fails_before_allocating() -> None:
-    attn = mmpe.MultiHeadAttention(8, 1, [mmpe.build("stick_breaking")])  # math path only
-    with torch.no_grad(), pytest.raises(MemoryError, match=r"GiB.*backend='flex'"):
+    attn = mmpe.MultiHeadAttention(8, 1, [mmpe.build("stick_breaking")])  # math route only
+    with torch.no_grad(), pytest.raises(MemoryError, match=r"GiB.*route='flex'"):
         attn(torch.randn(1, 200_000, 8), Sequence(200_000, causal=True))
 
 

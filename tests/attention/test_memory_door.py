@@ -1,4 +1,4 @@
-"""Every API that materialises an `n × n` tensor on request — the math path, `record_attention`
+"""Every API that materialises an `n × n` tensor on request — the math route, `record_attention`
 (the attention maps), `dense_bias` (the dense-bias export) — refuses before allocating what
 this process cannot hold, through one door (`mmpe.validation.check_memory`), naming the size and
 its own ways out; the budget is what the OS, the cgroup and the address-space limit leave."""
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import mmpe
 from mmpe import validation
 from mmpe.attention import dense_bias, record_attention
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 
 GIB = 2**30
 
@@ -58,7 +58,7 @@ def test_record_attention_is_refused_with_its_size_and_its_ways_out(heads, monke
     needed = 5 * heads * n * n * 4
     monkeypatch.setattr(validation, "available_memory", lambda: needed - 1)
     with torch.no_grad(), record_attention() as weights, pytest.raises(
-            MemoryError, match=rf"attention: the math path's scores \(recorded\) for b=1, "
+            MemoryError, match=rf"attention: the math route's scores \(recorded\) for b=1, "
                                rf"n_h={heads}, n_q={n}, n_k={n} need {needed / GIB:.1f} GiB.*"
                                r"keeps 0.0 GiB from 0 calls.*calls=.*query_stride="):
         _mha(heads)(torch.randn(1, n, 32), mmpe.Sequence(n))
@@ -68,7 +68,7 @@ def test_record_attention_is_refused_with_its_size_and_its_ways_out(heads, monke
 def test_dense_bias_is_refused_with_its_size_and_its_ways_out(monkeypatch):
     n, heads = 3000, 2  # one term, 72 MB: above the 64 MiB the door starts at
     coords = mmpe.Sequence(n)
-    ctx = AttentionContext(coords, heads, 16, 1)
+    ctx = AttentionCall(coords, heads, 16, 1)
     terms = [mmpe.build("alibi", num_heads=heads), mmpe.build("t5", num_heads=heads)]
     needed = 2 * heads * n * n * 4
     monkeypatch.setattr(validation, "available_memory", lambda: needed - 1)
@@ -82,10 +82,10 @@ def test_dense_bias_is_refused_with_its_size_and_its_ways_out(monkeypatch):
 
 def test_the_math_path_outside_a_recording_names_the_other_paths(monkeypatch):
     monkeypatch.setattr(validation, "available_memory", lambda: 1 << 26)
-    mha = mmpe.MultiHeadAttention(32, 4, [mmpe.build("stick_breaking")])  # math path only
+    mha = mmpe.MultiHeadAttention(32, 4, [mmpe.build("stick_breaking")])  # math route only
     needed = 4 * 4 * 2048 * 2048 * 4  # scores, modded, masked, probabilities
     with torch.no_grad(), pytest.raises(MemoryError, match=rf"need {needed / GIB:.1f} GiB.*"
-                                                           r"backend='flex'"):
+                                                           r"route='flex'"):
         mha(torch.randn(1, 2048, 32), mmpe.Sequence(2048, causal=True))
 
 
@@ -127,7 +127,7 @@ def test_under_an_address_space_limit_the_recording_is_refused_not_the_allocator
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300)
-    assert "refused: attention: the math path's scores (recorded)" in out.stdout, out.stderr
+    assert "refused: attention: the math route's scores (recorded)" in out.stdout, out.stderr
     assert "need 19.1 GiB" in out.stdout and "query_stride" in out.stdout
 
 

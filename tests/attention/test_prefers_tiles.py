@@ -1,8 +1,8 @@
-"""Learned terms with tiles take the blocked path below the block budget (`prefers_tiles`).
+"""Learned terms with tiles take the tiles plan below the block budget (`prefers_tiles`).
 
 Where every term of a layer has `bias_tiles` (KERPLE-log, FIRE, Graphormer's spatial bias) and
-the layer trains one of them, the blocked path's hand-written backward beats autograd through
-the dense bias from `BLOCKED_MIN_TILED_PAIRS` pairs per entry and head up (and holds about the
+the layer trains one of them, the tiles plan's hand-written backward beats autograd through
+the dense bias from `TILES_MIN_TILED_PAIRS` pairs per entry and head up (and holds about the
 unbiased layer's memory instead of 6–7×). Elsewhere the dense path stays.
 """
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import mmpe
-from mmpe.attention.cpu import blocked
+from mmpe.attention.plans import tiles
 from mmpe.encodings.kerple import KerpleLog
 
 HEADS, D_MODEL = 2, 8
@@ -43,10 +43,10 @@ def _encoding(name: str) -> mmpe.encodings.base.ScoreEncoding:
     return enc
 
 
-def _blocked_runs(encodings, coords, grad: bool = True) -> int:
-    """How many times one layer's forward took the blocked path."""
+def _tiles_runs(encodings, coords, grad: bool = True) -> int:
+    """How many times one layer's forward took the tiles plan."""
     calls = []
-    real = blocked.BlockedPlan.run
+    real = tiles.TilesPlan.run
 
     def spy(self, *args):
         calls.append(1)
@@ -56,7 +56,7 @@ def _blocked_runs(encodings, coords, grad: bool = True) -> int:
     attn = mmpe.MultiHeadAttention(D_MODEL, HEADS, encodings)
     x = torch.randn(coords.batch_size or 1, coords.num_queries, D_MODEL)
     with pytest.MonkeyPatch.context() as mp, torch.set_grad_enabled(grad):
-        mp.setattr(blocked.BlockedPlan, "run", spy)
+        mp.setattr(tiles.TilesPlan, "run", spy)
         attn(x.requires_grad_(grad), coords)
     return len(calls)
 
@@ -67,8 +67,8 @@ def _blocked_runs(encodings, coords, grad: bool = True) -> int:
     (["kerple_log", "fire"], lambda: _points(LARGE)),
     (["graphormer_spatial"], lambda: _graph(LARGE)),
 ])
-def test_learned_tiled_terms_take_the_blocked_path(names, coords) -> None:
-    assert _blocked_runs([_encoding(n) for n in names], coords()) == 1
+def test_learned_tiled_terms_take_the_tiles_plan(names, coords) -> None:
+    assert _tiles_runs([_encoding(n) for n in names], coords()) == 1
 
 
 def _frozen(name: str):
@@ -99,12 +99,12 @@ class _OwnRows(KerpleLog):
      lambda: mmpe.Grid((20, 20), prefix_tokens=1), True),
 ])
 def test_the_dense_path_stays(case, encodings, coords, grad) -> None:
-    assert _blocked_runs(encodings(), coords(), grad) == 0, case
+    assert _tiles_runs(encodings(), coords(), grad) == 0, case
 
 
-def _step(enc, coords, backend: str) -> list[torch.Tensor]:
+def _step(enc, coords, route: str) -> list[torch.Tensor]:
     torch.manual_seed(1)
-    attn = mmpe.MultiHeadAttention(D_MODEL, HEADS, [enc], backend=backend)
+    attn = mmpe.MultiHeadAttention(D_MODEL, HEADS, [enc], route=route)
     x = torch.randn(coords.batch_size or 1, coords.num_queries, D_MODEL,
                     generator=torch.Generator().manual_seed(2)).requires_grad_()
     out = attn(x, coords)
@@ -117,7 +117,7 @@ def _step(enc, coords, backend: str) -> list[torch.Tensor]:
     ("fire", lambda: _points(LARGE)),
     ("graphormer_spatial", lambda: _graph(LARGE)),
 ])
-def test_the_blocked_path_equals_the_math_path(name, coords) -> None:
+def test_the_tiles_plan_equals_the_math_route(name, coords) -> None:
     coords = coords()
     enc = _encoding(name)
     fast = _step(enc, coords, "sdpa")

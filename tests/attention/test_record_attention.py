@@ -20,7 +20,7 @@ STORED = Path(__file__).resolve().parents[2] / "results" / "attention" / "text.n
 @pytest.mark.parametrize("encoding", ["alibi", "rope", "t5", "sinusoidal"])
 def test_one_weight_tensor_per_layer_that_is_the_attention(encoding: str) -> None:
     torch.manual_seed(0)
-    model = mmpe.Transformer(32, 2, 3, [encoding], encoding_context={"max_len": 64})
+    model = mmpe.Transformer(32, 2, 3, [encoding], context={"max_len": 64})
     x, coords = torch.randn(2, 12, 32), mmpe.Sequence(12, causal=True)
     plain = model(x, coords)
     with record_attention() as weights:

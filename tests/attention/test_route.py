@@ -16,8 +16,8 @@ from mmpe.attention import MultiHeadAttention, log_routes, record_attention, whi
 from mmpe.attention.route import (
     DENSE_BIAS_BYTES,
     CostTable,
-    call_of,
     load_costs,
+    route_inputs,
     structure_key,
 )
 from mmpe.results.store import make_record
@@ -27,11 +27,11 @@ GRID = mmpe.Grid((8, 8), prefix_tokens=1)  # 65 tokens: 4 heads · 65² · 4 B =
 GRID_BYTES = 4 * 65 * 65 * 4
 
 
-def _layer(*names: str, backend: str = "auto", budget: int | None = None,
+def _layer(*names: str, route: str = "auto", budget: int | None = None,
            **options) -> MultiHeadAttention:
     context = {"num_heads": 4, "head_dim": 8, "d_model": 32}
     encs = [mmpe.build(n, context=context, **options.get(n, {})) for n in names]
-    return MultiHeadAttention(32, 4, encs, backend=backend, dense_bias_bytes=budget)
+    return MultiHeadAttention(32, 4, encs, route=route, dense_bias_bytes=budget)
 
 
 def _cuda(layer, coords=GRID, **kw) -> str:
@@ -41,7 +41,7 @@ def _cuda(layer, coords=GRID, **kw) -> str:
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("MMPE_ATTENTION_BACKEND", "MMPE_DENSE_BIAS_BYTES", "MMPE_ROUTE_COSTS"):
+    for name in ("MMPE_ATTENTION_ROUTE", "MMPE_DENSE_BIAS_BYTES", "MMPE_ROUTE_COSTS"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -88,22 +88,22 @@ def test_the_budget_by_argument_and_environment(flex_on: None,
 
 def test_the_bias_counts_the_batch_only_where_it_depends_on_the_example() -> None:
     t5 = _layer("t5")
-    shared = call_of(t5.scores, GRID, 4, 32, torch.device("cuda"), torch.bfloat16, True,
+    shared = route_inputs(t5.scores, GRID, 4, 32, torch.device("cuda"), torch.bfloat16, True,
                      name=GPU)
     assert shared.bias_bytes == GRID_BYTES  # one bias broadcast over a batch of 32
     pts = mmpe.Points(torch.rand(3, 10, 3))  # per-example positions
-    assert call_of(t5.scores, pts, 4, 3, torch.device("cuda"), torch.bfloat16, True,
+    assert route_inputs(t5.scores, pts, 4, 3, torch.device("cuda"), torch.bfloat16, True,
                    name=GPU).bias_bytes == 3 * 4 * 10 * 10 * 4
     shaw = _layer("shaw")
     seq = mmpe.Sequence(10)
-    assert call_of(shaw.scores, seq, 4, 5, torch.device("cuda"), torch.bfloat16, True,
+    assert route_inputs(shaw.scores, seq, 4, 5, torch.device("cuda"), torch.bfloat16, True,
                    name=GPU).bias_bytes == 5 * 4 * 10 * 10 * 4  # reads the content
 
 
 def test_without_flex_the_dense_route_or_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(flex_compile, "available", lambda: False)
     assert _cuda(_layer("alibi")) == "dense"
-    assert _cuda(_layer("alibi", budget=GRID_BYTES - 1)) == "sdpa"  # the SDPA path's blocks
+    assert _cuda(_layer("alibi", budget=GRID_BYTES - 1)) == "sdpa"  # the sdpa route's blocks
     assert _cuda(_layer("da_transformer")) == "math"
 
 
@@ -114,25 +114,25 @@ def test_the_cpu_keeps_the_sdpa_plans() -> None:
 
 def test_forcing_by_argument_and_environment(flex_on: None,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    for backend in ("flex", "dense", "sdpa", "math"):
-        assert _cuda(_layer("t5", backend=backend)) == backend
-        assert which_route(_layer("t5", backend=backend), GRID, device="cpu") == backend
-    monkeypatch.setenv("MMPE_ATTENTION_BACKEND", "dense")
+    for route in ("flex", "dense", "sdpa", "math"):
+        assert _cuda(_layer("t5", route=route)) == route
+        assert which_route(_layer("t5", route=route), GRID, device="cpu") == route
+    monkeypatch.setenv("MMPE_ATTENTION_ROUTE", "dense")
     assert _cuda(_layer("alibi")) == "dense"
     assert which_route(_layer("alibi"), GRID, device="cpu") == "dense"
-    assert _cuda(_layer("alibi", backend="flex")) == "flex"  # the argument wins
-    monkeypatch.setenv("MMPE_ATTENTION_BACKEND", "fast")
-    with pytest.raises(ValueError, match="MMPE_ATTENTION_BACKEND must be one of"):
+    assert _cuda(_layer("alibi", route="flex")) == "flex"  # the argument wins
+    monkeypatch.setenv("MMPE_ATTENTION_ROUTE", "fast")
+    with pytest.raises(ValueError, match="MMPE_ATTENTION_ROUTE must be one of"):
         _cuda(_layer("alibi"))
-    with pytest.raises(ValueError, match="backend must be one of"):
-        _layer("alibi", backend="fast")
+    with pytest.raises(ValueError, match="route must be one of"):
+        _layer("alibi", route="fast")
 
 
 def test_a_forced_route_that_cannot_run_the_call_is_refused() -> None:
-    with pytest.raises(ValueError, match="backend='dense' needs additive score terms"):
-        _cuda(_layer("da_transformer", backend="dense"))
-    sticks = MultiHeadAttention(32, 4, [mmpe.build("stick_breaking")], backend="dense")
-    with pytest.raises(ValueError, match="backend='dense' cannot run a non-softmax kernel"):
+    with pytest.raises(ValueError, match="route='dense' needs additive score terms"):
+        _cuda(_layer("da_transformer", route="dense"))
+    sticks = MultiHeadAttention(32, 4, [mmpe.build("stick_breaking")], route="dense")
+    with pytest.raises(ValueError, match="route='dense' cannot run a non-softmax kernel"):
         _cuda(sticks, mmpe.Sequence(8, causal=True))
 
 
@@ -144,7 +144,7 @@ def _row(structure: str, ms: dict, device: str = GPU, version: str | None = None
 
 def test_a_cost_table_row_overrides_the_rule(flex_on: None) -> None:
     # GRID: 65² = 4,225 pairs, bucket ceil(log2 4225) = 13
-    assert call_of([], GRID, 4, 1, torch.device("cuda"), torch.bfloat16, True, name=GPU).bucket == 13
+    assert route_inputs([], GRID, 4, 1, torch.device("cuda"), torch.bfloat16, True, name=GPU).bucket == 13
     t5, alibi = _layer("t5"), _layer("alibi")
     assert structure_key(t5.scores) == "relation:learned"
     assert structure_key(alibi.scores) == "distance"
@@ -164,7 +164,7 @@ def test_a_cost_table_row_overrides_the_rule(flex_on: None) -> None:
     # a row cannot take the dense route past the budget
     assert _cuda(_layer("alibi", budget=GRID_BYTES - 1), costs=table) == "flex"
     # forcing beats the table; the CPU never reads it
-    assert _cuda(_layer("t5", backend="dense"), costs=table) == "dense"
+    assert _cuda(_layer("t5", route="dense"), costs=table) == "dense"
     assert which_route(t5, GRID, device="cpu", costs=table) == "sdpa"
 
 
@@ -191,7 +191,7 @@ def test_every_call_logs_its_route(tmp_path) -> None:
         with torch.no_grad():
             model(x, mmpe.Sequence(10))
     assert routes == {"0 MultiHeadAttention": ["sdpa"], "1 MultiHeadAttention": ["sdpa"]}
-    model.blocks[0].attn.backend = "dense"
+    model.blocks[0].attn.route = "dense"
     with log_routes() as routes:
         model(x, mmpe.Sequence(10))
     assert routes == {"0 MultiHeadAttention": ["dense"], "1 MultiHeadAttention": ["sdpa"]}

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import mmpe
 from mmpe.attention.dispatch import run_math
 from mmpe.attention.forms import dense_bias
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 
 B, H, N, D = 2, 4, 7, 8
 SCALE = D ** -0.5
@@ -24,7 +24,7 @@ def _context(coords=None, seed=0):
     gen = torch.Generator().manual_seed(seed)
     coords = mmpe.Sequence(N, causal=True) if coords is None else coords
     q, k, v = (torch.randn(B, H, N, D, generator=gen) for _ in range(3))
-    return AttentionContext(coords, H, D, B, None, q, k, v)
+    return AttentionCall(coords, H, D, B, None, q, k, v)
 
 
 def _encodings(name):
@@ -106,7 +106,7 @@ def test_the_defaults_are_the_math_route():
     again, probs = run_math(scores, None, ctx, SCALE, return_probs=True)
     assert torch.equal(out, again)
     torch.testing.assert_close(probs, _manual(scores, ctx), rtol=1e-5, atol=1e-6)
-    layer = mmpe.MultiHeadAttention(H * D, H, scores, backend="math")
+    layer = mmpe.MultiHeadAttention(H * D, H, scores, route="math")
     assert layer.attend(ctx).shape == out.shape
     torch.testing.assert_close(layer.attend(ctx), out)
 

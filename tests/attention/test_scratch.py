@@ -1,4 +1,4 @@
-"""Scratch blocks reused across the blocked path's blocks (``mmpe._scratch``): a call site gets
+"""Scratch blocks reused across the tiles plan's blocks (``mmpe._scratch``): a call site gets
 its previous block's storage back only inside ``reuse_blocks()``, on the CPU, and only where
 nothing else still holds it (a view, an autograd saved tensor) — so a number someone kept is
 never overwritten."""

@@ -1,6 +1,6 @@
 """The dense route's SDPA calls meet the memory-efficient kernel's rules (issue 57): for every
 registered score encoding on every sample coordinate type it takes, run on the CPU with
-`backend="dense"`, each mask the route hands `scaled_dot_product_attention` is in q's dtype (or
+`route="dense"`, each mask the route hands `scaled_dot_product_attention` is in q's dtype (or
 bool), has stride 1 on its last dimension and every other stride a multiple of 8 elements —
 the conditions under which CUDA's memory-efficient kernel takes it as given instead of falling
 back to the math kernel or padding a copy on every call (`sdpa_rules`, read from torch 2.11's
@@ -58,7 +58,7 @@ def _run(name: str, cname: str, dtype: torch.dtype) -> None:
     coords = SAMPLE_COORDS[cname]()
     torch.manual_seed(0)
     enc = mmpe.build(name, context=model_context(coords))
-    mha = mmpe.MultiHeadAttention(D_MODEL, HEADS, [enc], backend="dense").to(dtype)
+    mha = mmpe.MultiHeadAttention(D_MODEL, HEADS, [enc], route="dense").to(dtype)
     x = torch.randn(coords.batch_size or 2, coords.num_queries, D_MODEL,
                     generator=torch.Generator().manual_seed(2)).to(dtype)
     mha(x, coords).float().sum().backward()
@@ -91,16 +91,16 @@ ALIGNED = {"t5": lambda: mmpe.Sequence(8), "graphormer": _single_graph,
 @pytest.mark.parametrize("name", sorted(ALIGNED))
 def test_gathered_tables_come_out_head_major(name: str, sdpa_calls: list[Call]) -> None:
     from mmpe.attention import forms
-    from mmpe.encodings.base import AttentionContext
+    from mmpe.encodings.base import AttentionCall
 
     coords = ALIGNED[name]()
     enc = mmpe.build(name, context=model_context(coords))
-    mha = mmpe.MultiHeadAttention(D_MODEL, HEADS, [enc], backend="dense")
+    mha = mmpe.MultiHeadAttention(D_MODEL, HEADS, [enc], route="dense")
     mha(torch.randn(coords.batch_size or 2, 8, D_MODEL), coords)
     (call,) = sdpa_calls
     assert call.attn_mask.stride(-1) == 1 and not efficient_violations(call)
     q = torch.zeros(1, HEADS, 8, D_MODEL // HEADS)
-    term = forms.dense(enc, AttentionContext(coords, HEADS, D_MODEL // HEADS, 1, q=q, k=q, v=q))
+    term = forms.dense(enc, AttentionCall(coords, HEADS, D_MODEL // HEADS, 1, q=q, k=q, v=q))
     assert term.is_contiguous(), f"{name}'s dense form: strides {term.stride()}"
 
 
@@ -108,9 +108,9 @@ def test_a_mask_only_call_meets_them_too(sdpa_calls: list[Call]) -> None:
     """Padding without a term: the boolean mask would be converted to q's dtype with strides
     n_k = 5 (a padded copy per call); the route hands SDPA an aligned additive mask instead."""
     coords = SAMPLE_COORDS["points"]()
-    mha = mmpe.MultiHeadAttention(D_MODEL, HEADS, [], backend="dense")
+    mha = mmpe.MultiHeadAttention(D_MODEL, HEADS, [], route="dense")
     x = torch.randn(2, coords.num_queries, D_MODEL)
-    want = mmpe.MultiHeadAttention(D_MODEL, HEADS, [], backend="math")
+    want = mmpe.MultiHeadAttention(D_MODEL, HEADS, [], route="math")
     want.load_state_dict(mha.state_dict())
     got = mha(x, coords)
     assert sdpa_calls and not any(efficient_violations(c) for c in sdpa_calls)

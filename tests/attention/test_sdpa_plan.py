@@ -9,14 +9,14 @@ import torch
 
 import mmpe
 from mmpe.attention.dispatch import SDPA_PLANS, force_plan, sdpa_plan
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 
 
-def _ctx(coords, heads: int, batch: int, dtype=torch.float32) -> AttentionContext:
+def _ctx(coords, heads: int, batch: int, dtype=torch.float32) -> AttentionCall:
     # q, k, v of the right shapes with no storage: the decision reads shapes only
     q = torch.empty(batch, heads, coords.num_queries, 8, dtype=dtype)
     k = torch.empty(batch, heads, coords.num_keys, 8, dtype=dtype)
-    return AttentionContext(coords, heads, 8, batch, None, q, k, k)
+    return AttentionCall(coords, heads, 8, batch, None, q, k, k)
 
 
 def _enc(name: str, heads: int, grid=None):
@@ -54,11 +54,11 @@ def test_sequences(name, n, heads, batch, plan) -> None:
 
 def test_points_and_content() -> None:
     pts = mmpe.Points(torch.rand(1, 4096, 3))
-    assert sdpa_plan([_enc("alibi", 6)], _ctx(pts, 6, 1)) == "blocked"  # 400 MB > budget
+    assert sdpa_plan([_enc("alibi", 6)], _ctx(pts, 6, 1)) == "tiles"  # 400 MB > budget
     assert sdpa_plan([_enc("alibi", 6)], _ctx(mmpe.Points(torch.rand(1, 64, 3)), 6, 1)) == "dense"
     fox = mmpe.build("fox", context={"num_heads": 2, "head_dim": 8, "d_model": 16})
     seq = mmpe.Sequence(4096, causal=True)
-    assert sdpa_plan([fox], _ctx(seq, 2, 4)) == "blocks"  # content: checkpointed blocks
+    assert sdpa_plan([fox], _ctx(seq, 2, 4)) == "checkpointed"  # content: checkpointed blocks
     assert sdpa_plan([], _ctx(seq, 2, 1)) == "dense"  # no term: SDPA's own causal kernel
 
 
@@ -67,7 +67,7 @@ def test_force_plan_runs_a_plan_and_refuses_one_that_cannot_run() -> None:
     ctx = _ctx(seq, 2, 1)
     alibi = [_enc("alibi", 2)]
     assert sdpa_plan(alibi, ctx) == "dense"
-    for plan in ("relation", "blocked", "blocks", "dense"):
+    for plan in ("relation", "tiles", "checkpointed", "dense"):
         with force_plan(plan):
             assert sdpa_plan(alibi, ctx) == plan
     with force_plan("grid"), pytest.raises(ValueError, match="'grid' plan cannot run"):
@@ -76,10 +76,10 @@ def test_force_plan_runs_a_plan_and_refuses_one_that_cannot_run() -> None:
         with force_plan("fast"):
             pass
     assert sdpa_plan(alibi, ctx) == "dense"  # the context is left
-    assert set(SDPA_PLANS) == {"relation", "grid", "blocked", "blocks", "dense"}
+    assert set(SDPA_PLANS) == {"relation", "grid", "tiles", "checkpointed", "dense"}
 
 
 def test_float16_keeps_the_dense_or_blocks_plans() -> None:
-    # the relation, grid and blocked plans are float32/64 only (SDPA's fused CPU kernel)
+    # the relation, grid and tiles plans are float32/64 only (SDPA's fused CPU kernel)
     seq = mmpe.Sequence(2048, causal=True)
-    assert sdpa_plan([_enc("alibi", 8)], _ctx(seq, 8, 1, torch.bfloat16)) in ("dense", "blocks")
+    assert sdpa_plan([_enc("alibi", 8)], _ctx(seq, 8, 1, torch.bfloat16)) in ("dense", "checkpointed")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import assert_backends_agree
+from helpers import assert_routes_agree
 
 import mmpe
 from mmpe.coords.capabilities import Metric
@@ -214,11 +214,11 @@ def test_user_class_runs_score_encodings_on_every_path(name: str) -> None:
     cloud = Cloud(torch.randn(10, 3) * 3)
     heads = 2
     mha = mmpe.MultiHeadAttention(16, heads, [_randomised(name, heads)])
-    assert_backends_agree(mha, torch.randn(2, 10, 16), cloud)
+    assert_routes_agree(mha, torch.randn(2, 10, 16), cloud)
 
 
 def test_fire_refuses_a_class_without_extent() -> None:
     coords = CloudWithoutExtent(torch.randn(5, 3))
-    mha = mmpe.MultiHeadAttention(8, 2, [mmpe.build("fire", num_heads=2)], backend="sdpa")
+    mha = mmpe.MultiHeadAttention(8, 2, [mmpe.build("fire", num_heads=2)], route="sdpa")
     with pytest.raises(TypeError, match=r"Metric.*extent"):
         mha(torch.randn(1, 5, 8), coords)

@@ -10,7 +10,7 @@ import torch
 import mmpe
 from mmpe.attention import MultiHeadAttention, dense_bias
 from mmpe.coords import Composite, Grid, index_grid
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 
 
 def test_positions_row_major_with_prefix():
@@ -91,7 +91,7 @@ def test_check_tokens():
 
 
 def _bias(enc, coords, heads=4):
-    return dense_bias([enc], AttentionContext(coords, heads, 8, 1))
+    return dense_bias([enc], AttentionCall(coords, heads, 8, 1))
 
 
 def test_alibi_on_grid_is_slope_times_euclidean():
@@ -123,7 +123,7 @@ def test_t5_and_fire_on_grid():
     b = _bias(fire, g)
     assert b.shape == (1, 4, 16, 16) and torch.isfinite(b).all()
     # FIRE's input is psi(dist)/psi(diagonal): pairs at the diagonal get x = 1 exactly
-    ctx = AttentionContext(g, 4, 8, 1)
+    ctx = AttentionCall(g, 4, 8, 1)
     x = fire.normalised_distance(ctx, torch.tensor(0), torch.tensor(15), torch.tensor(0))
     assert x.item() == pytest.approx(1.0, abs=1e-5)
 
@@ -132,8 +132,8 @@ def test_t5_and_fire_on_grid():
 def test_1d_methods_run_in_attention_on_grid(name):
     g = Grid((2, 3, 3), prefix_tokens=1)
     enc = mmpe.build(name, num_heads=2)
-    attn = MultiHeadAttention(16, 2, [enc], backend="sdpa")
-    ref = MultiHeadAttention(16, 2, [enc], backend="math")
+    attn = MultiHeadAttention(16, 2, [enc], route="sdpa")
+    ref = MultiHeadAttention(16, 2, [enc], route="math")
     ref.load_state_dict(attn.state_dict())
     x = torch.randn(2, g.num_tokens, 16)
     torch.testing.assert_close(attn(x, g), ref(x, g), atol=1e-5, rtol=1e-4)
@@ -146,7 +146,7 @@ def test_grid_indices_work_with_flex_attention():
     g = Grid((3, 3), prefix_tokens=1)
     enc = mmpe.build("alibi", num_heads=2)
     q, k, v = torch.randn(3, 1, 2, g.num_tokens, 8).unbind(0)
-    ctx = AttentionContext(g, 2, 8, 1, q=q, k=k, v=v)
+    ctx = AttentionCall(g, 2, 8, 1, q=q, k=k, v=v)
     out = flex.flex_attention(q, k, v, score_mod=enc.score_mod(ctx))
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense_bias([enc], ctx))
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
@@ -184,7 +184,7 @@ def test_per_axis_metrics(metric, reduce):
     torch.testing.assert_close(g.distance(q, k), reduce(g.offsets(q, k)))
     assert g.diagonal == reduce(torch.tensor([4.0, 3.0])).item()
     assert g.with_shape((5, 5)).metric == metric
-    bias = dense_bias([mmpe.build("alibi", num_heads=2)], AttentionContext(g, 2, 8, 1))
+    bias = dense_bias([mmpe.build("alibi", num_heads=2)], AttentionCall(g, 2, 8, 1))
     torch.testing.assert_close(bias[0, 0], -0.0625 * reduce(g.offsets(q, k)))
     with pytest.raises(ValueError, match="metric"):
         Grid((2, 2), metric="cosine")

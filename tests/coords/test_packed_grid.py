@@ -246,11 +246,11 @@ def _attention(names: list[str], seed: int = 0) -> mmpe.MultiHeadAttention:
     return mmpe.MultiHeadAttention(D, HEADS, encs)
 
 
-def _alone_vs_packed(packed: mmpe.PackedGrids, attn, backend: str, seed: int = 1):
+def _alone_vs_packed(packed: mmpe.PackedGrids, attn, route: str, seed: int = 1):
     g = torch.Generator().manual_seed(seed)
     tokens = [torch.randn(n, D, generator=g) for n in packed.image_tokens()]
     x = packed.pack(tokens)
-    attn.backend = backend
+    attn.route = route
     with torch.no_grad():
         out = packed.unpack(attn(x, packed))
         alone = [attn(t[None], grid)[0] for t, grid in zip(tokens, packed.grids(), strict=True)]
@@ -264,11 +264,11 @@ shape_st = st.tuples(st.integers(1, 4), st.integers(1, 4))
 @given(packs=st.lists(st.lists(shape_st, min_size=1, max_size=3), min_size=1, max_size=2),
        prefix=st.integers(0, 2), pad=st.integers(0, 3),
        names=st.sampled_from([["rope_axial"], ["alibi"], ["rope_axial", "alibi"], ["fire"]]),
-       backend=st.sampled_from(["sdpa", "math"]))
-def test_packed_attention_equals_each_image_alone(packs, prefix, pad, names, backend) -> None:
+       route=st.sampled_from(["sdpa", "math"]))
+def test_packed_attention_equals_each_image_alone(packs, prefix, pad, names, route) -> None:
     longest = max(sum(prefix + h * w for h, w in pack) for pack in packs)
     packed = mmpe.PackedGrids(packs, prefix_tokens=prefix, max_tokens=longest + pad)
-    out, alone = _alone_vs_packed(packed, _attention(names), backend)
+    out, alone = _alone_vs_packed(packed, _attention(names), route)
     for got, want in zip(out, alone, strict=True):
         torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
 
@@ -278,8 +278,8 @@ def test_flex_block_mask_path_and_control() -> None:
     mask (the same tokens as one grid-free row) the comparison fails."""
     packed = mmpe.PackedGrids([[(2, 3), (3, 3)], [(4, 2), (1, 1)]], prefix_tokens=1, max_tokens=18)
     attn = _attention(["rope_axial", "alibi"])
-    for backend in ("flex", "sdpa"):
-        out, alone = _alone_vs_packed(packed, attn, backend)
+    for route in ("flex", "sdpa"):
+        out, alone = _alone_vs_packed(packed, attn, route)
         for got, want in zip(out, alone, strict=True):
             torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import assert_backends_agree
+from helpers import assert_routes_agree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +15,7 @@ import mmpe
 from mmpe.attention import dense_bias
 from mmpe.coords.base import index_grid
 from mmpe.coords.capabilities import Directed, Metric, Positioned
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 from mmpe.testing import assert_coordinates_contract
 
 SCORE_ENCODINGS = ["alibi", "t5", "fire", "kerple_log", "kerple_power", "da_transformer"]
@@ -50,7 +50,7 @@ def _scores(enc, pts: mmpe.Points, base: torch.Tensor) -> torch.Tensor:
     Additive encodings: their eager ``bias`` (``base`` unused). DA-Transformer rescales the
     logits, so its ``score_mod`` is applied to the given logits ``base`` on the index grid.
     """
-    ctx = AttentionContext(pts, HEADS, 8, pts.batch_size or 1)
+    ctx = AttentionCall(pts, HEADS, 8, pts.batch_size or 1)
     with torch.no_grad():
         if enc.additive:
             return dense_bias([enc], ctx)
@@ -175,7 +175,7 @@ def test_points_distances_are_differentiable() -> None:
     pos = torch.randn(2, 5, 3, requires_grad=True)
     mask = torch.tensor([[True] * 5, [True, True, True, False, False]])
     pts = mmpe.Points(pos, mask)
-    ctx = AttentionContext(pts, HEADS, 8, 2)
+    ctx = AttentionCall(pts, HEADS, 8, 2)
     energy = sum(dense_bias([ENCODINGS[name]], ctx).sum() for name in ("alibi", "fire", "kerple_log"))
     (force,) = torch.autograd.grad(-energy, pos)
     assert torch.isfinite(force).all() and force[0].abs().sum() > 0
@@ -240,7 +240,7 @@ def _atoms(batched: bool) -> mmpe.Points:
 def test_attention_paths_agree_on_points(name: str, batched: bool) -> None:
     pts = _atoms(batched)
     mha = mmpe.MultiHeadAttention(16, HEADS, [ENCODINGS[name]])
-    assert_backends_agree(mha, torch.randn(3, pts.num_queries, 16), pts)
+    assert_routes_agree(mha, torch.randn(3, pts.num_queries, 16), pts)
 
 
 # -- absolute encodings are not invariant --------------------------------------------------

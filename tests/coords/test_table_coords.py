@@ -20,7 +20,7 @@ from mmpe.attention import MultiHeadAttention, dense_bias
 from mmpe.coords import Table, index_grid
 from mmpe.coords.spectral import graph_laplacian
 from mmpe.coords.table import feature_graph, feature_hops, sparsify_graph
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 
 
 def _pearson_by_hand(x: np.ndarray, y: np.ndarray) -> float:
@@ -194,7 +194,7 @@ def test_bad_inputs_raise_clear_errors():
 def test_score_encodings_run_on_feature_graph_hops(name):
     t = Table.from_data(load_wine().data[:100], k=3, cls_token=True)
     enc = mmpe.build(name, num_heads=2)
-    ctx = AttentionContext(t, num_heads=2, head_dim=8, batch=3)
+    ctx = AttentionCall(t, num_heads=2, head_dim=8, batch=3)
     bias = dense_bias([enc], ctx)
     assert bias.shape == (1, 2, 14, 14)
     if name == "alibi":  # −m_h · hops

@@ -5,7 +5,7 @@ import mmpe
 from mmpe import Sequence
 from mmpe.attention import dense_bias
 from mmpe.encodings.alibi import alibi_slopes
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 
 
 def test_slopes_for_eight_heads_are_powers_of_two():
@@ -30,7 +30,7 @@ def test_non_power_of_two_matches_paper_recipe_and_x_transformers(heads):
 def test_bias_is_minus_slope_times_distance():
     alibi = mmpe.build("alibi", num_heads=4)
     seq = Sequence(6, causal=True)
-    bias = dense_bias([alibi], AttentionContext(seq, 4, 8, 1))
+    bias = dense_bias([alibi], AttentionCall(seq, 4, 8, 1))
     i, j = torch.arange(6)[:, None], torch.arange(6)[None, :]
     for h, m in enumerate(alibi_slopes(4)):
         assert torch.allclose(bias[0, h], -m * (i - j).abs().float())
@@ -38,7 +38,7 @@ def test_bias_is_minus_slope_times_distance():
 
 def test_distance_unit_and_errors():
     a = mmpe.build("alibi", num_heads=2, distance_unit=2.0)
-    bias = dense_bias([a], AttentionContext(Sequence(3), 2, 8, 1))
+    bias = dense_bias([a], AttentionCall(Sequence(3), 2, 8, 1))
     assert bias[0, 0, 0, 2].item() == pytest.approx(-0.0625 * 1.0)
     with pytest.raises(ValueError, match="num_heads must be a positive int"):
         alibi_slopes(0)
@@ -47,4 +47,4 @@ def test_distance_unit_and_errors():
     with pytest.raises(ValueError, match=r"slopes must be \[num_heads=2\]"):
         mmpe.build("alibi", num_heads=2, slopes=torch.ones(3))
     with pytest.raises(ValueError, match="num_heads=2, attention has 4"):
-        dense_bias([a], AttentionContext(Sequence(3), 4, 8, 1))
+        dense_bias([a], AttentionCall(Sequence(3), 4, 8, 1))

@@ -7,13 +7,13 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_backends_agree
+from helpers import assert_routes_agree
 
 import mmpe
 from mmpe import MultiHeadAttention, Sequence, Transformer
 from mmpe.attention import dense_bias
 from mmpe.coords.base import index_grid
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 from mmpe.encodings.stick_breaking import stable_softplus
 
 warnings.filterwarnings("ignore")
@@ -24,7 +24,7 @@ SCORE = ["da_transformer", "fox", "kerple_log", "kerple_power"]
 
 def context(coords, b=2):
     n = coords.num_keys
-    return AttentionContext(coords, H, D, b, torch.randn(b, n, H * D), torch.randn(b, H, n, D),
+    return AttentionCall(coords, H, D, b, torch.randn(b, n, H * D), torch.randn(b, H, n, D),
                             torch.randn(b, H, n, D), torch.randn(b, H, n, D))
 
 
@@ -158,7 +158,7 @@ def test_flex_sdpa_and_math_paths_agree(name):
     if name != "fox":
         coords_list.append(Sequence(6))
     for coords in coords_list:
-        assert_backends_agree(mha, x, coords)
+        assert_routes_agree(mha, x, coords)
 
 
 @pytest.mark.parametrize("name", SCORE + ["stick_breaking"])
@@ -189,7 +189,7 @@ def test_distance_methods_read_any_coordinates_distance():
 
     grid = Grid((3, 4))
     log = mmpe.build("kerple_log", num_heads=H)
-    ctx = AttentionContext(grid, H, D, 1)
+    ctx = AttentionCall(grid, H, D, 1)
     b, h, q, k = index_grid(1, H, 12, 12)
     d = grid.distance(q, k, b)
     r1, r2 = log.constrained()

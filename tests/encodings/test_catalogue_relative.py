@@ -5,12 +5,12 @@ import warnings
 
 import pytest
 import torch
-from helpers import assert_backends_agree
+from helpers import assert_routes_agree
 
 import mmpe
 from mmpe import MultiHeadAttention, Sequence, Transformer
 from mmpe.attention import dense_bias
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 from mmpe.encodings.sinusoidal import sinusoidal_table
 from mmpe.encodings.transformer_xl import xl_sinusoid
 
@@ -32,7 +32,7 @@ def build(name, **kw):
 def context(coords=None, b=2):
     coords = coords or Sequence(N)
     n_q, n_k = coords.num_queries, coords.num_keys
-    return AttentionContext(coords, H, D, b, torch.randn(b, n_k, H * D), torch.randn(b, H, n_q, D),
+    return AttentionCall(coords, H, D, b, torch.randn(b, n_k, H * D), torch.randn(b, H, n_q, D),
                             torch.randn(b, H, n_k, D), torch.randn(b, H, n_k, D))
 
 
@@ -184,13 +184,13 @@ def test_flex_sdpa_and_math_paths_agree(name):
     if name != "cope":
         coords_list.append(Sequence(6))
     for coords in coords_list:
-        assert_backends_agree(mha, x, coords)
+        assert_routes_agree(mha, x, coords)
 
 
 @pytest.mark.parametrize("name,kw", [(n, {}) for n in RELATIVE] + [("shaw", {"values": True})])
 def test_gradients_reach_every_parameter(name, kw):
     spec = {"name": name, **kw}
-    model = Transformer(H * D, H, 2, [spec], encoding_context={"max_len": 8})
+    model = Transformer(H * D, H, 2, [spec], context={"max_len": 8})
     model(torch.randn(2, 10, H * D), Sequence(10, causal=True)).square().mean().backward()
     for pname, p in model.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, pname

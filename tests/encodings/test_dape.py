@@ -20,7 +20,7 @@ import mmpe
 from mmpe.attention import dense_bias
 from mmpe.cache import KVCache
 from mmpe.coords import Sequence
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 
 D_MODEL, HEADS = 16, 2
 INNERS = ["alibi", "kerple_log", "kerple_power", "fire", "t5"]
@@ -36,7 +36,7 @@ def reference(mha, enc, x, coords, bias=None) -> torch.Tensor:
     q, k, v = (t.unflatten(-1, (h, d)).transpose(1, 2) for t in qkv.split(h * d, dim=-1))
     logits = q @ k.transpose(-1, -2) / math.sqrt(d)
     if bias is None:
-        ctx = AttentionContext(coords, h, d, b, x, q.float(), k.float(), v.float())
+        ctx = AttentionCall(coords, h, d, b, x, q.float(), k.float(), v.float())
         bias = dense_bias([enc.inner], ctx).double()
     bias = bias.expand_as(logits)
     w1, b1 = enc.mlp[0].weight.double(), enc.mlp[0].bias.double()
@@ -153,7 +153,7 @@ def test_other_score_terms_of_the_layer_still_add():
     mha = mmpe.MultiHeadAttention(D_MODEL, HEADS, [enc, alibi])
     x, coords = torch.randn(1, 6, D_MODEL), Sequence(6, causal=True)
     q, k, v = mha._project(x)
-    ctx = AttentionContext(coords, HEADS, D_MODEL // HEADS, 1, x, q, k, v)
+    ctx = AttentionCall(coords, HEADS, D_MODEL // HEADS, 1, x, q, k, v)
     i = torch.arange(6)
     z = enc.logits(ctx) - alibi.slopes.view(-1, 1, 1) * (i[:, None] - i[None, :]).float()
     z = z.masked_fill(i[None, :] > i[:, None], float("-inf"))

@@ -6,12 +6,12 @@ import torch
 import mmpe
 from mmpe import Sequence
 from mmpe.attention import dense_bias
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 
 
 def test_formula_on_hand_computed_pair():
     fire = mmpe.build("fire", num_heads=2, init_L=4.0)
-    ctx = AttentionContext(Sequence(10, causal=True), 2, 8, 1)
+    ctx = AttentionCall(Sequence(10, causal=True), 2, 8, 1)
     x = fire.normalised_distance(ctx, torch.tensor(9), torch.tensor(2), torch.tensor(0))
     psi = lambda v: math.log(0.1 * v + 1)
     assert x.item() == pytest.approx(psi(7) / (psi(max(4, 9)) + 1e-6), rel=1e-5)
@@ -22,7 +22,7 @@ def test_formula_on_hand_computed_pair():
 
 def test_bias_is_mlp_of_normalised_distance_and_bounded_inputs():
     fire = mmpe.build("fire", num_heads=3, init_L=2.0)
-    ctx = AttentionContext(Sequence(64, causal=True), 3, 8, 1)
+    ctx = AttentionCall(Sequence(64, causal=True), 3, 8, 1)
     bias = dense_bias([fire], ctx)
     q, k = torch.tensor(40), torch.tensor(10)
     x = fire.normalised_distance(ctx, q, k, torch.tensor(0))
@@ -34,7 +34,7 @@ def test_bias_is_mlp_of_normalised_distance_and_bounded_inputs():
 
 def test_score_mod_equals_eager_bias_and_gradients_reach_c_and_L():
     fire = mmpe.build("fire", num_heads=2, init_L=3.0)
-    ctx = AttentionContext(Sequence(12, causal=True), 2, 8, 1)
+    ctx = AttentionCall(Sequence(12, causal=True), 2, 8, 1)
     from mmpe.coords.base import index_grid
 
     b, h, q, k = index_grid(1, 2, 12, 12)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import mmpe
 from mmpe.coords.base import index_grid
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 
 
 def piecewise_score_mod(enc, ctx):
@@ -60,7 +60,7 @@ def _coords(kind: str, n: int):
 
 
 def _scores_and_grads(enc, coords, heads, mod_of):
-    ctx = AttentionContext(coords, heads, 8, 1, None, None, None, None)
+    ctx = AttentionCall(coords, heads, 8, 1, None, None, None, None)
     scores = _grid_scores(mod_of(enc, ctx), coords, heads).expand(
         1, heads, coords.num_queries, coords.num_keys)
     weight = torch.randn(scores.shape, generator=torch.Generator().manual_seed(1),
@@ -124,7 +124,7 @@ def test_the_kernel_reads_each_tensor_that_takes_a_gradient_once(width) -> None:
     per head, whatever the width (the unrolled MLP read `3W + 1`)."""
     enc = mmpe.build("fire", context={"num_heads": 2}, mlp_width=width)
     coords = mmpe.Sequence(5, causal=True)
-    ctx = AttentionContext(coords, 2, 8, 1, None, None, None, None)
+    ctx = AttentionCall(coords, 2, 8, 1, None, None, None, None)
     mod = piecewise_score_mod(enc, ctx)
     scalar = [torch.tensor(v) for v in (0, 1, 3, 2)]
     with CapturedUses() as uses:

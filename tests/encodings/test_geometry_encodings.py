@@ -27,7 +27,7 @@ from mmpe.attention import dense_bias
 from mmpe.coords import Grid, Points, Sequence, Sphere
 from mmpe.coords.spacetime import TimeLine
 from mmpe.earth import area_weights, weighted_mean, weighted_rmse
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 from mmpe.encodings.conv_pe import FrameAxis, fairseq_conv_pe
 from mmpe.encodings.fourier_features import nerf_encoding, random_fourier_features
 from mmpe.encodings.gaussian_distance import gaussian_basis
@@ -82,8 +82,8 @@ def _transforms(x: torch.Tensor, gen: torch.Generator) -> dict[str, torch.Tensor
             "translation": x + t, "rotation+translation": x @ _rotation(gen).T + t}
 
 
-def _ctx(coords, batch: int = 2, q=None, k=None) -> AttentionContext:
-    return AttentionContext(coords, HEADS, HEAD_DIM, batch, q=q, k=k)
+def _ctx(coords, batch: int = 2, q=None, k=None) -> AttentionCall:
+    return AttentionCall(coords, HEADS, HEAD_DIM, batch, q=q, k=k)
 
 
 def _seeded(name: str, **options):
@@ -233,9 +233,9 @@ def test_frame_averaged_rope_attention_paths_agree() -> None:
     x = torch.randn(2, N, HEADS * HEAD_DIM, generator=gen)
     with torch.no_grad():
         outs = {}
-        for backend in ("sdpa", "math"):
-            mha.backend = backend
-            outs[backend] = mha(x, points)
+        for route in ("sdpa", "math"):
+            mha.route = route
+            outs[route] = mha(x, points)
     torch.testing.assert_close(outs["sdpa"], outs["math"], atol=1e-5, rtol=1e-5)
 
 

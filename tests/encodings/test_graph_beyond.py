@@ -29,7 +29,7 @@ from mmpe.coords.graph_structure import (
     random_walk_powers,
     rrwp,
 )
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True)
 
@@ -68,8 +68,8 @@ def random_edges(seed: int, n: int, p: float = 0.35, directed: bool = False,
     return torch.from_numpy(np.stack(np.nonzero(a))).long()
 
 
-def ctx(coords, heads: int = 2) -> AttentionContext:
-    return AttentionContext(coords=coords, num_heads=heads, head_dim=4, batch=coords.batch_size)
+def ctx(coords, heads: int = 2) -> AttentionCall:
+    return AttentionCall(coords=coords, num_heads=heads, head_dim=4, batch=coords.batch_size)
 
 
 graphs = st.tuples(st.integers(0, 10_000), st.integers(2, 9))

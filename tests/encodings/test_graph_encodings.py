@@ -15,7 +15,7 @@ import mmpe
 from mmpe.attention import MultiHeadAttention, dense_bias
 from mmpe.coords import Graph, Sequence
 from mmpe.encodings.alibi import alibi_slopes
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 from mmpe.encodings.graphormer import spatial_buckets
 from mmpe.transformer import Transformer
 
@@ -28,8 +28,8 @@ def batch() -> Batch:
     return Batch.from_data_list([from_smiles(s) for s in SMILES])
 
 
-def ctx(coords: Graph, heads: int = HEADS) -> AttentionContext:
-    return AttentionContext(coords=coords, num_heads=heads, head_dim=8, batch=coords.batch_size)
+def ctx(coords: Graph, heads: int = HEADS) -> AttentionCall:
+    return AttentionCall(coords=coords, num_heads=heads, head_dim=8, batch=coords.batch_size)
 
 
 def test_registry_metadata() -> None:
@@ -174,8 +174,8 @@ def test_attention_paths_agree(batch: Batch) -> None:
     coords = Graph(batch, virtual_token=True)
     encs = [mmpe.build("graphormer", num_heads=HEADS)]
     x = torch.randn(4, coords.n_max, 16)
-    out_sdpa = MultiHeadAttention(16, HEADS, encs, backend="sdpa")
-    out_math = MultiHeadAttention(16, HEADS, encs, backend="math")
+    out_sdpa = MultiHeadAttention(16, HEADS, encs, route="sdpa")
+    out_math = MultiHeadAttention(16, HEADS, encs, route="math")
     out_math.load_state_dict(out_sdpa.state_dict())
     a, b = out_sdpa(x, coords), out_math(x, coords)
     mask = coords.padding_mask
@@ -205,7 +205,7 @@ def test_graph_encodings_reject_other_coords() -> None:
             mmpe.build(name, d_model=8)(Sequence(4))
     enc = mmpe.build("graphormer_spatial", num_heads=2)
     with pytest.raises(TypeError):
-        enc.score_mod(AttentionContext(coords=Sequence(4), num_heads=2, head_dim=4, batch=1))
+        enc.score_mod(AttentionCall(coords=Sequence(4), num_heads=2, head_dim=4, batch=1))
     with pytest.raises(ValueError, match="num_heads"):
         enc.score_mod(ctx(Graph(torch.tensor([[0], [1]]), 2), heads=3))
 

@@ -27,13 +27,13 @@ from timm.layers.pos_embed_sincos import (
 import mmpe
 from mmpe.attention import MultiHeadAttention, dense_bias
 from mmpe.coords import Composite, Grid, Sequence
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 from mmpe.encodings.swin import relative_position_index
 from mmpe.transformer import Transformer
 
 
 def bias(enc, grid, heads):
-    return dense_bias([enc], AttentionContext(grid, heads, 8, 1))[0]
+    return dense_bias([enc], AttentionCall(grid, heads, 8, 1))[0]
 
 
 def timm_rotate(x, emb, half=False, prefix=1):
@@ -297,7 +297,7 @@ def test_grid_methods_registered_and_run_at_two_resolutions(name):
     assert "grid" in entry.coords
     ctx = {"d_model": 32, "num_heads": 2, "head_dim": 16, **GRID_METHODS[name]}
     spec = {"name": name, **({"hidden": 32} if name == "swinv2_cpb" else {})}
-    model = Transformer(32, 2, 1, [spec], encoding_context=ctx)
+    model = Transformer(32, 2, 1, [spec], context=ctx)
     for shape in [(3, 4), (5, 6)]:
         g = Grid(shape, prefix_tokens=1)
         out = model(torch.randn(2, g.num_tokens, 32), g)
@@ -311,8 +311,8 @@ def test_table_biases_flex_equals_eager(name):
     warnings.filterwarnings("ignore", message="flex_attention called without")
     g = Grid((3, 4), prefix_tokens=1)
     enc = mmpe.build(name, num_heads=2, grid_shape=(3, 4))
-    flex = MultiHeadAttention(16, 2, [enc], backend="flex")
-    sdpa = MultiHeadAttention(16, 2, [enc], backend="sdpa")
+    flex = MultiHeadAttention(16, 2, [enc], route="flex")
+    sdpa = MultiHeadAttention(16, 2, [enc], route="sdpa")
     sdpa.load_state_dict(flex.state_dict())
     x = torch.randn(1, g.num_tokens, 16)
     with torch.no_grad():  # FlexAttention has no backward on CPU
@@ -325,7 +325,7 @@ def test_table_biases_flex_equals_eager(name):
 def test_gathered_bias_equals_score_mod(name, opts, shape):
     enc = mmpe.build(name, num_heads=2, grid_shape=(3, 4), **opts)
     for prefix in (0, 2):
-        ctx = AttentionContext(Grid(shape, prefix_tokens=prefix), 2, 8, 1)
+        ctx = AttentionCall(Grid(shape, prefix_tokens=prefix), 2, 8, 1)
         torch.testing.assert_close(dense_bias([enc], ctx), generic_bias(enc, ctx))
 
 

@@ -18,8 +18,8 @@ def _pair(encoding, coords_context=None, **kw):
     """An ``add`` and a ``concat`` model with the same weights (the projection aside)."""
     ctx = {"max_len": 64, **(coords_context or {})}
     torch.manual_seed(0)
-    add = Transformer(D, H, 2, [encoding], encoding_context=ctx, **kw)
-    cat = Transformer(D, H, 2, [encoding], encoding_context=ctx, input_combine="concat", **kw)
+    add = Transformer(D, H, 2, [encoding], context=ctx, **kw)
+    cat = Transformer(D, H, 2, [encoding], context=ctx, input_combine="concat", **kw)
     missing, unexpected = cat.load_state_dict(add.state_dict(), strict=False)
     assert not unexpected and sorted(missing) == ["input_projections.0.proj.bias",
                                                   "input_projections.0.proj.weight"]
@@ -29,9 +29,9 @@ def _pair(encoding, coords_context=None, **kw):
 @pytest.mark.parametrize("encoding", ["sinusoidal", "learned", "conv_pe"])
 def test_add_is_the_old_behaviour_bit_for_bit(encoding):
     torch.manual_seed(0)
-    default = Transformer(D, H, 2, [encoding], encoding_context={"max_len": 64})
+    default = Transformer(D, H, 2, [encoding], context={"max_len": 64})
     torch.manual_seed(0)
-    add = Transformer(D, H, 2, [encoding], encoding_context={"max_len": 64}, input_combine="add")
+    add = Transformer(D, H, 2, [encoding], context={"max_len": 64}, input_combine="add")
     assert add.state_dict().keys() == default.state_dict().keys()
     assert not any("input_projections" in k for k in add.state_dict())
     x, coords = torch.randn(2, 10, D), Sequence(10)
@@ -70,10 +70,10 @@ def test_concat_with_identity_projection_equals_add():
 def test_building_the_projection_leaves_the_global_rng_alone():
     # same seed: every parameter but the projection starts as in the add model
     torch.manual_seed(3)
-    add = Transformer(D, H, 2, ["learned"], encoding_context={"max_len": 16})
+    add = Transformer(D, H, 2, ["learned"], context={"max_len": 16})
     after_add = torch.rand(1)
     torch.manual_seed(3)
-    cat = Transformer(D, H, 2, ["learned"], encoding_context={"max_len": 16},
+    cat = Transformer(D, H, 2, ["learned"], context={"max_len": 16},
                       input_combine="concat")
     assert torch.equal(torch.rand(1), after_add)
     ref = add.state_dict()

@@ -285,7 +285,7 @@ def test_models_run_on_sequences_grids_and_points(name) -> None:
     cases = [(mmpe.Sequence(6, causal=True), 1), (mmpe.Grid((2, 2, 3)), 3),
              (mmpe.Points(torch.randn(2, 5, 2)), 2)]
     for coords, axes in cases:
-        model = mmpe.Transformer(48, 4, 1, [name], encoding_context={"num_axes": axes})
+        model = mmpe.Transformer(48, 4, 1, [name], context={"num_axes": axes})
         out = model(torch.randn(2, coords.num_queries, 48), coords)
         assert out.shape == (2, coords.num_queries, 48) and torch.isfinite(out).all()
 
@@ -353,7 +353,7 @@ def test_constructor_errors() -> None:
 
 def test_bf16_module_keeps_float32_parameters() -> None:
     for name in LEARNED:
-        model = mmpe.Transformer(48, 4, 1, [name], encoding_context={"num_axes": 2})
+        model = mmpe.Transformer(48, 4, 1, [name], context={"num_axes": 2})
         ref = model(torch.randn(1, 6, 48), mmpe.Grid((2, 3)))
         half = model.to(torch.bfloat16)
         enc = half.blocks[0].attn.rotary[0]

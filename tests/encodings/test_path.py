@@ -280,9 +280,9 @@ def test_other_score_terms_add_to_the_logits():
     x, coords = torch.randn(1, 6, D_MODEL), Sequence(6, causal=True)
     with torch.no_grad():
         q, k, v = mha._project(x)
-        from mmpe.encodings.base import AttentionContext
+        from mmpe.encodings.base import AttentionCall
 
-        ctx = AttentionContext(coords, HEADS, D_MODEL // HEADS, 1, x, q, k, v)
+        ctx = AttentionCall(coords, HEADS, D_MODEL // HEADS, 1, x, q, k, v)
         z = enc.logits(ctx)
         i = torch.arange(6)
         bias = -alibi.slopes.view(-1, 1, 1) * (i[:, None] - i[None, :]).float()

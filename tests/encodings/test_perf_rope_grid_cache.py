@@ -20,7 +20,7 @@ from torch._dynamo.utils import counters
 import mmpe
 from mmpe import Grid, Sequence
 from mmpe.attention import dense_bias
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 from mmpe.encodings.rope import (
     RoPE,
     _rotate_complex,
@@ -207,7 +207,7 @@ def _dense_mod(enc, grid, h: int) -> torch.Tensor:
     """The score_mod evaluated on index grids: the reference for the eager bias."""
     from mmpe.coords.base import index_grid
 
-    ctx = AttentionContext(grid, h, 8, 1)
+    ctx = AttentionCall(grid, h, 8, 1)
     b, hh, q, k = index_grid(1, h, grid.num_tokens, grid.num_tokens)
     with torch.no_grad():
         return enc.score_mod(ctx)(torch.zeros(()), b, hh, q, k)
@@ -219,7 +219,7 @@ def test_relative_bias_follows_grid_and_parameters(name: str) -> None:
     enc = mmpe.build(name, num_heads=3, grid_shape=(4, 5))
     for grid in [*GRIDS[:4], Grid((6, 3), prefix_tokens=1), GRIDS[0]]:
         with torch.no_grad():
-            bias = dense_bias([enc], AttentionContext(grid, 3, 8, 1))
+            bias = dense_bias([enc], AttentionCall(grid, 3, 8, 1))
         assert bias.shape == (1, 3, grid.num_tokens, grid.num_tokens) and bias.is_contiguous()
         torch.testing.assert_close(bias, _dense_mod(enc, grid, 3), rtol=0, atol=1e-6)
     with torch.no_grad():
@@ -227,14 +227,14 @@ def test_relative_bias_follows_grid_and_parameters(name: str) -> None:
             p.add_(0.5)
     grid = GRIDS[0]
     with torch.no_grad():
-        torch.testing.assert_close(dense_bias([enc], AttentionContext(grid, 3, 8, 1)),
+        torch.testing.assert_close(dense_bias([enc], AttentionCall(grid, 3, 8, 1)),
                                    _dense_mod(enc, grid, 3), rtol=0, atol=1e-6)
 
 
 def test_swin_bias_gradient_reaches_the_table() -> None:
     enc = mmpe.build("swin", num_heads=2, grid_shape=(3, 3))
     grid = Grid((3, 3), prefix_tokens=1)
-    bias = dense_bias([enc], AttentionContext(grid, 2, 8, 1))
+    bias = dense_bias([enc], AttentionCall(grid, 2, 8, 1))
     weight = torch.randn_like(bias)
     (bias * weight).sum().backward()
     from mmpe.encodings.swin import relative_position_index
@@ -313,7 +313,7 @@ def test_warm_caches_compile_fullgraph(name: str, coords) -> None:
     if isinstance(coords, Grid):
         ctx.update(grid_shape=coords.shape, prefix_tokens=coords.prefix_tokens)
     torch.manual_seed(0)
-    model = mmpe.Transformer(32, 4, 2, [name], encoding_context=ctx, backend="sdpa")
+    model = mmpe.Transformer(32, 4, 2, [name], context=ctx, route="sdpa")
     x = torch.randn(2, coords.num_queries, 32)
     with torch.no_grad():
         ref = model(x, coords)  # warms every cache eagerly

@@ -13,7 +13,7 @@ import mmpe
 from mmpe.attention import MultiHeadAttention, dense_bias
 from mmpe.coords import Sequence, Sphere, index_grid
 from mmpe.encodings.alibi import alibi_slopes
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 from mmpe.encodings.fourier_sphere import nerf_frequencies
 from mmpe.encodings.rope_sphere import integer_frequencies
 from mmpe.encodings.sinusoidal import sinusoidal_table
@@ -226,7 +226,7 @@ def test_rope_sphere_relative_periodic_and_not_pole_invariant():
 
 
 def _ctx(coords, heads=4):
-    return AttentionContext(coords, heads, 8, coords.batch_size or 1)
+    return AttentionCall(coords, heads, 8, coords.batch_size or 1)
 
 
 def test_geodesic_alibi_equals_slope_times_great_circle():
@@ -241,16 +241,16 @@ def test_geodesic_alibi_equals_slope_times_great_circle():
     ang = np.arccos(np.clip(np.einsum("bid,bjd->bij", u, u), -1, 1))  # radians
     ref = -alibi_slopes(4).numpy()[None, :, None, None] * np.degrees(ang)[:, None]
     np.testing.assert_allclose(bias.numpy(), ref, atol=2e-4)
-    # The same mod on scalar indices (FlexAttention's view) and the SDPA/math paths agree.
+    # The same mod on scalar indices (FlexAttention's view) and the SDPA/math routes agree.
     mod = alibi.score_mod(_ctx(coords))
     one = mod(torch.zeros(()), torch.tensor(1), torch.tensor(2), torch.tensor(3), torch.tensor(5))
     assert float(one) == pytest.approx(float(bias[1, 2, 3, 5]), abs=1e-5)
     torch.manual_seed(0)
     attn = MultiHeadAttention(32, 4, [alibi])
     x = torch.randn(2, 9, 32)
-    attn.backend = "sdpa"
+    attn.route = "sdpa"
     a = attn(x, coords)
-    attn.backend = "math"
+    attn.route = "math"
     torch.testing.assert_close(attn(x, coords), a, atol=1e-5, rtol=1e-5)
 
 

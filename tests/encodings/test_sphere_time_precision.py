@@ -151,7 +151,7 @@ def test_every_encoding_on_a_timed_sphere_sees_one_second_at_unix_scale(name):
     ComRoPE) took exp(t·A) in float32, NaN at t ≈ 1e8); encodings that ignore time change by
     0 at both."""
     torch.manual_seed(0)
-    model = mmpe.Transformer(48, 2, 1, [name], encoding_context={
+    model = mmpe.Transformer(48, 2, 1, [name], context={
         "num_axes": 3, "max_len": 64, "grid_shape": (4, 8)})
     x = torch.randn(1, 3, 48, generator=torch.Generator().manual_seed(1))
 

@@ -4,7 +4,7 @@ import torch
 import mmpe
 from mmpe import Sequence
 from mmpe.attention import dense_bias
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 from mmpe.encodings.t5 import t5_bucket
 
 
@@ -28,10 +28,10 @@ def test_bias_reads_table_by_bucket_and_is_causal_aware():
     t5 = mmpe.build("t5", num_heads=2)
     with torch.no_grad():
         t5.table.copy_(torch.arange(64.0).view(32, 2))
-    causal = dense_bias([t5], AttentionContext(Sequence(5, causal=True), 2, 8, 1))
+    causal = dense_bias([t5], AttentionCall(Sequence(5, causal=True), 2, 8, 1))
     # causal: unidirectional buckets of the distance, 32 of them
     assert causal[0, 1, 4, 0].item() == t5.table[4, 1].item()
-    bi = dense_bias([t5], AttentionContext(Sequence(5), 2, 8, 1))
+    bi = dense_bias([t5], AttentionCall(Sequence(5), 2, 8, 1))
     assert bi[0, 0, 0, 3].item() == t5.table[16 + 3, 0].item()  # key after query
     assert bi[0, 0, 3, 0].item() == t5.table[3, 0].item()
 
@@ -57,7 +57,7 @@ def test_eager_offset_lookup_equals_score_mod(coords):
 
     t5 = mmpe.build("t5", num_heads=3)
     torch.nn.init.normal_(t5.table)
-    ctx = AttentionContext(coords, 3, 8, 1)
+    ctx = AttentionCall(coords, 3, 8, 1)
     b, h, q, k = index_grid(coords.batch_size or 1, 3, coords.num_queries, coords.num_keys)
     via_mod = t5.score_mod(ctx)(torch.zeros(()), b, h, q, k)
     assert torch.equal(dense_bias([t5], ctx), via_mod.expand_as(dense_bias([t5], ctx)))

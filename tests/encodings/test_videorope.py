@@ -202,5 +202,5 @@ def test_every_listed_encoding_runs_on_the_layout(delta):
             if isinstance(enc, InputEncoding):
                 out = enc.combine(x, coords)
             else:
-                out = mmpe.MultiHeadAttention(48, 2, [enc], backend="math")(x, coords)
+                out = mmpe.MultiHeadAttention(48, 2, [enc], route="math")(x, coords)
         assert torch.isfinite(out).all(), name

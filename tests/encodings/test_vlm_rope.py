@@ -310,7 +310,7 @@ def test_every_listed_encoding_runs_on_v2pe_or_refuses_fractional_positions():
                 if isinstance(enc, InputEncoding):
                     out = enc.combine(x, coords)
                 else:
-                    out = mmpe.MultiHeadAttention(48, 2, [enc], backend="math")(x, coords)
+                    out = mmpe.MultiHeadAttention(48, 2, [enc], route="math")(x, coords)
         except ValueError as err:
             assert "integer positions" in str(err), (entry.name, err)
             refused.append(entry.name)

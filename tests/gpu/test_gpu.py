@@ -1,6 +1,6 @@
 """The GPU tier (``make test-gpu``, ``pytest -m gpu``): needs a CUDA device, skips without one.
 
-* Compiled FlexAttention, forward and backward, against the math path on the same device for
+* Compiled FlexAttention, forward and backward, against the math route on the same device for
   every score and kernel encoding on every coordinate type it supports, in fp32, and in bf16
   for one encoding of each kind (:data:`BF16`).
   Tolerances (relative Frobenius error): fp32 1e-5 (output), 1e-4 (input gradient), 1e-3
@@ -155,7 +155,7 @@ def test_compiled_flex_equals_the_math_path(name: str, cname: str, dtype: str) -
     # dtype: what is compared is the arithmetic, not the rounding of the weights (a Gaussian
     # kernel of width 0.04 moves by a bf16 step of its mean: 15 % of the output on the sphere).
     ref_mha = copy.deepcopy(mha).to(low).float()
-    ref_mha.backend = "math"
+    ref_mha.route = "math"
     ref_out, ref_grads = _run(ref_mha, x.to(low).float(), coords)
     path = mha.path(x.device)
     mha = mha.to(low)
@@ -220,7 +220,7 @@ def _device_probe(devices: set[str]):
     return DeviceProbe()
 
 
-# One encoding per recipe, where it has one, that runs on the flex path.
+# One encoding per recipe, where it has one, that runs on the flex route.
 RECIPES = {
     "text": "alibi", "vision": "alibi", "video": "alibi", "graph": "graphormer",
     "tabular": "tabpet", "sphere": "alibi", "molecules3d": "spd+gaussian_distance",

@@ -45,7 +45,7 @@ def test_each_dense_step_runs_on_the_memory_efficient_kernel(
     coords = coords.to("cuda") if hasattr(coords, "to") else coords
     torch.manual_seed(0)
     enc = mmpe.build(name, context=model_context(coords))
-    mha = mmpe.MultiHeadAttention(D_MODEL, HEADS, [enc], backend="dense").to("cuda", dtype)
+    mha = mmpe.MultiHeadAttention(D_MODEL, HEADS, [enc], route="dense").to("cuda", dtype)
     x = torch.randn(coords.batch_size or 2, coords.num_queries, D_MODEL, device="cuda",
                     dtype=dtype, requires_grad=True)
     calls = []

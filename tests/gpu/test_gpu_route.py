@@ -1,6 +1,6 @@
 """The GPU tier's check of the CUDA route (issue 49; skips without a CUDA device): the route a
 call logs is the one `which_route` names for the device, and the dense route (SDPA's kernel
-with the bias, broadcast over the batch) gives the math path's output and gradients on the
+with the bias, broadcast over the batch) gives the math route's output and gradients on the
 device, fp32 and bf16, for learned tables on a grid with a prefix token, a sequence and a
 graph batch."""
 
@@ -21,7 +21,7 @@ CASES = {"t5": lambda: mmpe.Sequence(300), "swin": lambda: mmpe.Grid((12, 14), p
          "graphormer_spatial": lambda: mmpe.Graph(
              torch.tensor([[0, 1, 2, 3, 4, 5], [1, 2, 0, 4, 5, 3]]), 6,
              torch.tensor([0, 0, 0, 1, 1, 1]))}
-#: relative Frobenius error against the math path on the device (as tests/gpu/test_gpu.py)
+#: relative Frobenius error against the math route on the device (as tests/gpu/test_gpu.py)
 TOL = {torch.float32: (1e-5, 1e-4, 1e-3), torch.bfloat16: (2e-2, 5e-2, 1e-1)}
 
 
@@ -46,8 +46,8 @@ def test_the_dense_route_on_cuda_equals_the_math_path(name: str, dtype: torch.dt
     assert which_route(mha, coords, batch=batch, device="cuda", dtype=dtype) == "dense"
     x = torch.randn(batch, coords.num_queries, D_MODEL, device="cuda", dtype=dtype)
 
-    def step(layer, backend):
-        layer.backend = backend
+    def step(layer, route):
+        layer.route = route
         xs = x.clone().requires_grad_(True)
         with log_routes() as routes:
             out = layer(xs, coords)

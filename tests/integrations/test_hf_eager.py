@@ -1,6 +1,6 @@
-"""The HF bridge's eager path (`backend="math"`, kernels, value-side terms) is mmpe's math path.
+"""The HF bridge's eager path (`route="math"`, kernels, value-side terms) is mmpe's math route.
 
-Its numbers equal the SDPA path's for additive encodings under padding and causality, its
+Its numbers equal the sdpa route's for additive encodings under padding and causality, its
 weights are probabilities over the keys each query may see, dropout is HF's, and a padding
 query that sees no key stays finite.
 """
@@ -30,8 +30,8 @@ def llama(seed=0, **kw):
     return LlamaForCausalLM(config).eval()
 
 
-def prepared(ref, name, backend="auto"):
-    model = apply_score_encodings(copy.deepcopy(ref), name, backend=backend)
+def prepared(ref, name, route="auto"):
+    model = apply_score_encodings(copy.deepcopy(ref), name, route=route)
     torch.manual_seed(1)
     with torch.no_grad():  # T5's table starts at 0: give the terms values that show
         for p in model.mmpe_encodings.parameters():
@@ -47,7 +47,7 @@ MASK = torch.tensor([[1] * 8, [0, 0, 0] + [1] * 5])  # left padding
 def test_eager_path_equals_sdpa_path_and_gives_probabilities(name):
     ref = llama()
     fast = prepared(ref, name)
-    eager = prepared(ref, name, backend="math")
+    eager = prepared(ref, name, route="math")
     eager.load_state_dict(fast.state_dict())
     with torch.no_grad():
         a = fast(IDS, attention_mask=MASK).logits
@@ -68,7 +68,7 @@ def test_eager_path_equals_sdpa_path_and_gives_probabilities(name):
 
 
 def test_eager_padded_batch_equals_the_prompt_alone():
-    model = prepared(llama(), "t5", backend="math")
+    model = prepared(llama(), "t5", route="math")
     with torch.no_grad():
         batched = model(IDS, attention_mask=MASK).logits
         alone = model(IDS[1:, 3:]).logits
@@ -79,7 +79,7 @@ def test_eager_dropout_is_hf_dropout():
     """`attention_dropout` drops weights in training only; at 0 a training forward is the
     evaluation forward, draw for draw."""
     ref = llama(attention_dropout=0.0)
-    model = prepared(ref, "alibi", backend="math")
+    model = prepared(ref, "alibi", route="math")
     with torch.no_grad():
         evaluated = model(IDS, attention_mask=MASK).logits
         model.train()
@@ -87,7 +87,7 @@ def test_eager_dropout_is_hf_dropout():
     assert torch.equal(trained[0], trained[1])
     torch.testing.assert_close(trained[0], evaluated)
 
-    dropped = prepared(llama(attention_dropout=0.5), "alibi", backend="math")
+    dropped = prepared(llama(attention_dropout=0.5), "alibi", route="math")
     dropped.load_state_dict(model.state_dict())
     with torch.no_grad():
         dropped.train()
@@ -110,7 +110,7 @@ def test_bidirectional_eager_path_equals_sdpa_path_with_right_padding():
                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     ref = BertModel(config).eval()
     fast = prepared(ref, "alibi")
-    eager = prepared(ref, "alibi", backend="math")
+    eager = prepared(ref, "alibi", route="math")
     eager.load_state_dict(fast.state_dict())
     mask = torch.tensor([[1] * 8, [1] * 5 + [0] * 3])
     with torch.no_grad():
@@ -142,15 +142,15 @@ def test_layers_share_content_free_biases_without_gradients_only(monkeypatch):
     assert model.mmpe_encodings[0].table.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("backend", ["auto", "math"])
-def test_one_check_per_attention_call(monkeypatch, backend):
+@pytest.mark.parametrize("route", ["auto", "math"])
+def test_one_check_per_attention_call(monkeypatch, route):
     """The bridge checks each term's context once per call, as mmpe's layers do; the paths
     after it (the dense bias's sum, run_math's score mods) trust the checked context."""
-    model = prepared(llama(), "t5", backend=backend)
+    model = prepared(llama(), "t5", route=route)
     enc = model.mmpe_encodings[0]
     checks = []
-    real = type(enc).check_context
-    monkeypatch.setattr(type(enc), "check_context", lambda self, ctx: checks.append(1) or real(self, ctx))
+    real = type(enc).check_call
+    monkeypatch.setattr(type(enc), "check_call", lambda self, ctx: checks.append(1) or real(self, ctx))
     with torch.no_grad():
         model(IDS, attention_mask=MASK)
     assert len(checks) == 2  # two layers, one call each

@@ -308,8 +308,8 @@ def test_sdpa_and_math_paths_agree(name):
     ids = torch.randint(1, 100, (2, 8))
     mask = torch.tensor([[1] * 8, [0, 0, 0] + [1] * 5])
     outs = []
-    for backend in ("auto", "math"):
-        model = apply_score_encodings(tiny("qwen2"), name, backend=backend)
+    for route in ("auto", "math"):
+        model = apply_score_encodings(tiny("qwen2"), name, route=route)
         with torch.no_grad():
             outs.append(model(ids, attention_mask=mask).logits)
     assert torch.isfinite(outs[0]).all()
@@ -360,7 +360,7 @@ def test_bert_encoder_with_bidirectional_bias(name):
     assert torch.isfinite(out).all()
     assert torch.allclose(out[1, :4], alone[0], atol=1e-5)
     assert not torch.allclose(out, plain, atol=1e-3)
-    math_model = apply_score_encodings(copy.deepcopy(ref), name, backend="math")
+    math_model = apply_score_encodings(copy.deepcopy(ref), name, route="math")
     math_model.load_state_dict(model.state_dict())
     with torch.no_grad():
         assert torch.allclose(math_model(ids, attention_mask=mask).last_hidden_state[mask.bool()],
@@ -396,8 +396,8 @@ def test_apply_score_encodings_errors():
     model = apply_score_encodings(tiny(), "alibi")
     with pytest.raises(ValueError, match="already has mmpe encodings"):
         apply_score_encodings(model, "t5")
-    with pytest.raises(ValueError, match="backend"):
-        apply_score_encodings(tiny(), "t5", backend="flex")
+    with pytest.raises(ValueError, match="route"):
+        apply_score_encodings(tiny(), "t5", route="flex")
 
 
 def test_docstring_example_runs():

@@ -2,7 +2,7 @@
 
 FlexAttention runs uncompiled on the CPU here (forward only), which is enough to check that
 ``flex_attention(q, k, v, score_mod=F.score_mod(...), block_mask=F.block_mask(coords))`` gives
-the numbers of :class:`mmpe.MultiHeadAttention`'s explicit math path.
+the numbers of :class:`mmpe.MultiHeadAttention`'s explicit math route.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ needs_flex = pytest.mark.skipif(not available(), reason="FlexAttention with mmpe
 import mmpe
 from mmpe import functional as F
 from mmpe.attention import MultiHeadAttention, dense_bias
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 
 H, D = 4, 8  # n_h, h_d
 PROPERTY = settings(max_examples=25, deadline=None)
@@ -61,9 +61,9 @@ def _randomize(enc: torch.nn.Module) -> torch.nn.Module:
 
 
 def _math(encs, coords, q, k, v, x=None) -> torch.Tensor:
-    """MultiHeadAttention's explicit math path on the same q, k, v."""
-    attn = MultiHeadAttention(H * D, H, list(encs), backend="math")
-    return attn.attend(AttentionContext(coords, H, D, q.shape[0], x, q, k, v))
+    """MultiHeadAttention's explicit math route on the same q, k, v."""
+    attn = MultiHeadAttention(H * D, H, list(encs), route="math")
+    return attn.attend(AttentionCall(coords, H, D, q.shape[0], x, q, k, v))
 
 
 # -- exports -----------------------------------------------------------------------------
@@ -80,7 +80,7 @@ def test_all_has_no_duplicates():
     assert len(F.__all__) == len(set(F.__all__))
 
 
-# -- FlexAttention: score_mod / block_mask equal the math path ----------------------------
+# -- FlexAttention: score_mod / block_mask equal the math route ----------------------------
 @pytest.mark.parametrize("kind", ["causal_sequence", "grid_prefix", "packed_documents"])
 @pytest.mark.parametrize("name", ["alibi", "t5", "fire", "kerple_log"])
 @needs_flex
@@ -94,7 +94,7 @@ def test_flex_with_functional_mods_equals_math_path(name, kind):
         out = flex_attention(q, k, v, score_mod=mod, block_mask=F.block_mask(coords))
         ref = _math([enc], coords, q, k, v)
         # and the formula itself: softmax(q kᵀ/√h_d + bias, masked) v
-        ctx = AttentionContext(coords, H, D, q.shape[0], None, q, k, v)
+        ctx = AttentionCall(coords, H, D, q.shape[0], None, q, k, v)
         scores = q @ k.transpose(-2, -1) / math.sqrt(D) + dense_bias([enc], ctx)
         mask = coords.dense_mask()
         if mask is not None:

@@ -191,10 +191,10 @@ def test_cached_decoding_equals_full_forward(preset):
             assert (other(x, mmpe.Sequence(12, causal=True)) - full).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("backend", ["sdpa", "math", "flex"])
-def test_paths_agree_with_windows_and_score_terms(backend):
-    """Windows over shared RoPE + ALiBi: SDPA (the relation path with the window's dense mask),
-    math and FlexAttention give the math path's numbers, cached too."""
+@pytest.mark.parametrize("route", ["sdpa", "math", "flex"])
+def test_paths_agree_with_windows_and_score_terms(route):
+    """Windows over shared RoPE + ALiBi: SDPA (the relation plan with the window's dense mask),
+    math and FlexAttention give the math route's numbers, cached too."""
     torch.manual_seed(0)
     sched = [{"window": 3}, {"chunk": 4}, {}, {"encodings": ["t5"], "window": 2}]
     model = mmpe.Transformer(32, 4, 4, ["rope", "alibi"], layer_schedule=sched).eval()
@@ -202,10 +202,10 @@ def test_paths_agree_with_windows_and_score_terms(backend):
     coords = mmpe.Sequence(11, causal=True)
     with torch.no_grad():
         for block in model.blocks:
-            block.attn.backend = "math"
+            block.attn.route = "math"
         ref = model(x, coords)
         for block in model.blocks:
-            block.attn.backend = backend
+            block.attn.route = route
         out = model(x, coords)
         cache = model.make_cache()
         a = model(x[:, :7], mmpe.Sequence(7, causal=True), cache=cache)
@@ -217,18 +217,18 @@ def test_paths_agree_with_windows_and_score_terms(backend):
 @pytest.mark.parametrize("encodings", [[], ["rope", "alibi"]])
 def test_blockwise_sdpa_applies_the_window(monkeypatch, encodings):
     """A mask too large for one SDPA call runs block by block over queries (`_sdpa_rows`, 26
-    blocks here), RoPE + ALiBi on the relation path, each block with its rows of the windowed
-    mask: the math path's numbers."""
+    blocks here), RoPE + ALiBi on the relation plan, each block with its rows of the windowed
+    mask: the math route's numbers."""
     torch.manual_seed(0)
     sched = [{"window": 3}, {"chunk": 4}]
     model = mmpe.Transformer(16, 2, 2, encodings, layer_schedule=sched).eval()
     x, coords = torch.randn(2, 13, 16), mmpe.Sequence(13, causal=True)
     with torch.no_grad():
         for block in model.blocks:
-            block.attn.backend = "math"
+            block.attn.route = "math"
         ref = model(x, coords)
         for block in model.blocks:
-            block.attn.backend = "sdpa"
+            block.attn.route = "sdpa"
         monkeypatch.setenv("MMPE_ATTN_BLOCK_BYTES", "100")  # one query row a block
         out = model(x, coords)
     assert (out - ref).abs().max() < 1e-5
@@ -581,8 +581,8 @@ def test_sliding_window_on_a_grid_is_distance():
     x = torch.randn(2, 9, 16)
     with torch.no_grad():
         outs = []
-        for backend in ("sdpa", "math"):
-            attn.backend = backend
+        for route in ("sdpa", "math"):
+            attn.route = route
             outs.append(attn(x, grid))
     assert (outs[0] - outs[1]).abs().max() < 1e-5
 
@@ -593,7 +593,7 @@ def test_scheduled_model_compiles_to_one_graph():
     """Windows (views built by a traceable __init__), chunks and the temperature trace with
     `fullgraph=True`, compiled first, and give the eager numbers."""
     torch.manual_seed(0)
-    model = mmpe.Transformer(32, 4, 4, ["alibi"], backend="sdpa", layer_schedule=[
+    model = mmpe.Transformer(32, 4, 4, ["alibi"], route="sdpa", layer_schedule=[
         {"window": 3}, {"chunk": 4, "temperature": {"floor_scale": 2.0, "attn_scale": 0.2}},
         {"encodings": ["rope"]}, {}]).eval()
     x, coords = torch.randn(2, 10, 32), mmpe.Sequence(10, causal=True)

@@ -50,7 +50,7 @@ def _run(enc, coords) -> torch.Tensor:
                 x = x[..., : D_MODEL - enc.width]  # Tab-PET concatenates its own channels
             return enc.combine(x, coords)
         attn = mmpe.MultiHeadAttention(D_MODEL, HEADS, [enc])
-        attn.backend = "math"  # every hook runs on it; the matrix test compares the paths
+        attn.route = "math"  # every hook runs on it; the matrix test compares the paths
         return attn(x, coords)
 
 

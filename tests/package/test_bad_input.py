@@ -480,7 +480,7 @@ NEWER = [
     case("alibi at n = 200,000 on the CPU", lambda: mmpe.MultiHeadAttention(
         64, 4, [mmpe.build("alibi", num_heads=4)])(_x(1, 200_000, 64), S(200_000)),
          ("n_q=200000",), "resource"),
-    case("t5 at n = 200,000 on flex", lambda: _with_backend(mmpe.MultiHeadAttention(
+    case("t5 at n = 200,000 on flex", lambda: _with_route(mmpe.MultiHeadAttention(
         64, 4, [mmpe.build("t5", num_heads=4)]), "flex")(_x(1, 200_000, 64), S(200_000)),
          ("n_q=200000",), "resource"),
     case("stick-breaking scores at n = 200,000", lambda: mmpe.MultiHeadAttention(
@@ -489,8 +489,8 @@ NEWER = [
 ]
 
 
-def _with_backend(module, backend: str):
-    module.backend = backend
+def _with_route(module, route: str):
+    module.route = route
     return module
 
 

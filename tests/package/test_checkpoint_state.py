@@ -141,7 +141,7 @@ def _pair(name: str, arg: str, cname: str, values: tuple):
         except (ValueError, TypeError):
             return coords, None
         module = enc if isinstance(enc, InputEncoding) else mmpe.MultiHeadAttention(
-            D_MODEL, HEADS, [enc], backend="math")
+            D_MODEL, HEADS, [enc], route="math")
         with torch.no_grad():  # non-trivial parameters (T5's table starts at 0), signs kept
             for p in module.parameters():
                 noise = torch.randn(p.shape, generator=torch.Generator().manual_seed(len(built)))
@@ -197,7 +197,7 @@ def test_a_setting_that_changes_the_output_is_saved_or_checked(name: str, arg: s
 
 def _attention(enc):
     torch.manual_seed(0)
-    return mmpe.MultiHeadAttention(D_MODEL, HEADS, [enc], backend="math").eval()
+    return mmpe.MultiHeadAttention(D_MODEL, HEADS, [enc], route="math").eval()
 
 
 def test_alibi_explicit_slopes_are_saved():
@@ -216,10 +216,10 @@ def test_alibi_learnable_slopes():
     assert isinstance(enc.slopes, torch.nn.Parameter)
     torch.testing.assert_close(enc.slopes.detach(), mmpe.functional.alibi_slopes(HEADS))
     mha, coords = _attention(enc), Sequence(6, causal=True)
-    for backend in ("math", "sdpa"):
-        mha.backend, enc.slopes.grad = backend, None
+    for route in ("math", "sdpa"):
+        mha.route, enc.slopes.grad = route, None
         mha(torch.randn(2, 6, D_MODEL), coords).pow(2).mean().backward()
-        assert enc.slopes.grad is not None and bool(enc.slopes.grad.abs().sum() > 0), backend
+        assert enc.slopes.grad is not None and bool(enc.slopes.grad.abs().sum() > 0), route
     with torch.no_grad():
         enc.slopes.mul_(3.0)
     other = _attention(mmpe.build("alibi", num_heads=HEADS, learnable_slopes=True))

@@ -85,7 +85,7 @@ def test_block_runs_as_copied(block, tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=300, cwd=tmp_path,
         env={**os.environ, "MPLBACKEND": "Agg"})
     if run.returncode and "FlexUnavailableError" in run.stderr:
-        pytest.skip("the block shows backend='flex', which needs torch >= 2.6")
+        pytest.skip("the block shows route='flex', which needs torch >= 2.6")
     assert run.returncode == 0, f"line {block.lineno}:\n{block.code}\n{run.stderr[-4000:]}"
     if block.expected_output is not None:
         assert run.stdout == block.expected_output, f"line {block.lineno} prints otherwise"

@@ -70,9 +70,9 @@ def test_rope_mixed_on_a_sequence_says_how_to_build_it():
     """`available(coords=Sequence)` lists rope_mixed; a model built without the axis count
     (default 2) must say how to build it for one axis, and that build must run."""
     assert "rope_mixed" in [e.name for e in mmpe.available(coords=mmpe.Sequence(6))]
-    with pytest.raises(ValueError, match=r"encoding_context=\{'num_axes': 1\}"):
+    with pytest.raises(ValueError, match=r"context=\{'num_axes': 1\}"):
         mmpe.Transformer(48, 2, 1, ["rope_mixed"])(torch.randn(1, 6, 48), mmpe.Sequence(6))
-    model = mmpe.Transformer(48, 2, 1, ["rope_mixed"], encoding_context={"num_axes": 1})
+    model = mmpe.Transformer(48, 2, 1, ["rope_mixed"], context={"num_axes": 1})
     assert model(torch.randn(1, 6, 48), mmpe.Sequence(6)).shape == (1, 6, 48)
 
 

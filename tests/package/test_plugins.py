@@ -31,7 +31,7 @@ PLUGIN = textwrap.dedent('''
             self.w = nn.Parameter(torch.full((num_heads,), scale))
 
         def score_mod(self, ctx):
-            self.check_context(ctx)
+            self.check_call(ctx)
             coords, w = ctx.coords, self.w
 
             def mod(score, b, h, q_idx, kv_idx):
@@ -194,9 +194,9 @@ CASES = [(hook, where) for hook in ("input", "rotary", "score") for where in FAI
          if (hook == "score") == (where != "forward")]  # a score encoding has no forward
 
 
-@pytest.mark.parametrize("backend", ["flex", "sdpa", "math"])
+@pytest.mark.parametrize("route", ["flex", "sdpa", "math"])
 @pytest.mark.parametrize(("hook", "where"), CASES, ids=[f"{h}-{w}" for h, w in CASES])
-def test_a_plugin_that_raises_is_named(forget_plugins, hook: str, where: str, backend: str):
+def test_a_plugin_that_raises_is_named(forget_plugins, hook: str, where: str, route: str):
     # (closure, flex): FlexAttention traces the score function and re-raises its error from
     # the flex_attention call; mmpe.attention.dispatch.run_flex adds the note there.
     name = _failing_plugin(hook, where)
@@ -204,7 +204,7 @@ def test_a_plugin_that_raises_is_named(forget_plugins, hook: str, where: str, ba
         model = mmpe.Transformer(16, 2, 1, [name])
         for block in model.modules():
             if isinstance(block, mmpe.MultiHeadAttention):
-                block.backend = backend
+                block.route = route
         with torch.no_grad():  # FlexAttention has no CPU backward
             model(torch.randn(1, 5, 16), mmpe.Sequence(5))
     notes = getattr(info.value, "__notes__", [])

@@ -11,7 +11,7 @@ resized). For each (encoding, coordinates) pair the float32 module is the refere
   ``torch.autocast("cpu", dtype)``.
 
 Attention encodings run in :class:`mmpe.MultiHeadAttention` on the math and SDPA paths (flex is
-slow on the CPU and computes what the math path does); input encodings through ``combine``.
+slow on the CPU and computes what the math route does); input encodings through ``combine``.
 The registry matrix's samples run all four modes; the three extra samples (long, far, resized
 grid), there to catch precision bugs that grow with the length, run the two bf16 modes (a bf16
 error there is 8× the fp16 one, so bf16 is the mode that fails first).
@@ -102,7 +102,7 @@ def _runner(enc, coords):
         return enc, run_input, ["input"]
 
     def run_attention(module, x, path):
-        module.backend = path
+        module.route = path
         return module(x, coords)
 
     kernel_only = getattr(enc, "hook", "") == "kernel" and not getattr(enc, "is_softmax", False)

@@ -23,7 +23,7 @@ import mmpe
 from mmpe.attention import dense_bias
 from mmpe.attention.dispatch import SDPA_PLANS, force_plan
 from mmpe.coords import Grid
-from mmpe.encodings.base import AttentionContext, InputEncoding, ScoreEncoding
+from mmpe.encodings.base import AttentionCall, InputEncoding, ScoreEncoding
 
 MATRIX_CASES: list[tuple[str, str, str]] = []  # (encoding, coordinates, check), read by conftest
 
@@ -87,17 +87,17 @@ def _check_attention(name: str, cname: str, enc, coords) -> None:
     torch.manual_seed(1)
     mha = mmpe.MultiHeadAttention(D_MODEL, HEADS, [enc])
     x = _x(coords)
-    mha.backend = _paths(enc)[0]
+    mha.route = _paths(enc)[0]
     _check_inference_mode(name, cname, mha, lambda: mha(x, coords))
     outs = {}
     with torch.no_grad():
         for path in _paths(enc):
-            mha.backend = path
+            mha.route = path
             outs[path] = mha(x, coords)
             assert torch.isfinite(outs[path]).all(), f"{path} output is not finite"
             MATRIX_CASES.append((name, cname, path))
         if "sdpa" in outs and isinstance(enc, ScoreEncoding):  # every plan that can run it
-            mha.backend = "sdpa"
+            mha.route = "sdpa"
             for plan in SDPA_PLANS:
                 try:
                     with force_plan(plan):
@@ -113,7 +113,7 @@ def _check_attention(name: str, cname: str, enc, coords) -> None:
         torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4, msg=f"{path} vs math")
     if isinstance(enc, ScoreEncoding) and enc.additive:
         _check_bias_equals_score_mod(name, cname, enc, mha, x, coords)
-    mha.backend = "math"
+    mha.route = "math"
     _check_grads_and_state(name, cname, mha, lambda m: m(x, coords))
 
 
@@ -140,7 +140,7 @@ def _check_bias_equals_score_mod(name, cname, enc, mha, x, coords) -> None:
 
     with torch.no_grad():
         q, k, v = rearrange(mha.qkv(x), "b s (three h d) -> three b h s d", three=3, h=HEADS)
-        ctx = AttentionContext(coords, HEADS, D_MODEL // HEADS, x.shape[0], x, q, k, v)
+        ctx = AttentionCall(coords, HEADS, D_MODEL // HEADS, x.shape[0], x, q, k, v)
         bias = dense_bias([enc], ctx)
         mod = enc.score_mod(ctx)
         zero = torch.zeros(())

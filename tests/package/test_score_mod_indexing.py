@@ -19,7 +19,7 @@ from test_registry_matrix import COORDS, D_MODEL, HEADS, _context
 
 import mmpe
 from mmpe.attention.flex import compose_score_mods, flex_mods
-from mmpe.encodings.base import AttentionContext, ScoreEncoding
+from mmpe.encodings.base import AttentionCall, ScoreEncoding
 
 
 def _pairs() -> list:
@@ -42,7 +42,7 @@ def test_each_captured_grad_tensor_is_indexed_once(name: str, cname: str, gpu_te
     mha = mmpe.MultiHeadAttention(D_MODEL, HEADS, [enc])
     x = torch.randn(coords.batch_size or 2, coords.num_queries, D_MODEL, requires_grad=True)
     q, k, v = rearrange(mha.qkv(x), "b s (three h d) -> three b h s d", three=3, h=HEADS)
-    ctx = AttentionContext(coords, HEADS, D_MODEL // HEADS, x.shape[0], x, q, k, v)
+    ctx = AttentionCall(coords, HEADS, D_MODEL // HEADS, x.shape[0], x, q, k, v)
     try:
         mod = (compose_score_mods(flex_mods([enc], ctx, tables=True)) if gpu_terms
                else enc.score_mod(ctx))

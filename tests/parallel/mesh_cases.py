@@ -126,7 +126,7 @@ _FSDP_MODELS = {
     "rope_alibi_t5": (lambda: mmpe.Transformer(D_MODEL, HEADS, 2, ENCODINGS),
                       lambda: mmpe.Sequence(N, causal=True)),
     "grid": (lambda: mmpe.Transformer(D_MODEL, HEADS, 2, ["rope_axial", "alibi"],
-                                      encoding_context={"grid_shape": (4, 4)}),
+                                      context={"grid_shape": (4, 4)}),
              lambda: mmpe.Grid((4, 4))),
 }
 

@@ -54,7 +54,7 @@ def test_bad_context_is_refused_before_building(context, match) -> None:
     with pytest.raises(ValueError, match=match):
         mmpe.build("alibi", num_heads=4, context=context)
     with pytest.raises(ValueError, match=match):
-        mmpe.Transformer(32, 4, 1, ["alibi"], encoding_context=context)
+        mmpe.Transformer(32, 4, 1, ["alibi"], context=context)
 
 
 def test_context_must_be_a_mapping() -> None:

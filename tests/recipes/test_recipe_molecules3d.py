@@ -21,7 +21,7 @@ import mmpe
 from mmpe.attention import dense_bias
 from mmpe.coords import Graph
 from mmpe.coords.capabilities import GraphEdges, GraphLayout, Metric, Positioned
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 from mmpe.testing import assert_coordinates_contract
 
 SMILES = ["CCO", "c1ccccc1O", "CC(=O)Oc1ccccc1C(=O)O", "C[N+](C)(C)CC(=O)[O-]", "ClC(Cl)Cl",
@@ -254,8 +254,8 @@ def test_bias_and_model_invariant_under_rotation_translation(tmp_path, encoding)
     coords, coords_moved = recipe.MoleculeCoords.from_pyg(batch), recipe.MoleculeCoords.from_pyg(moved)
     if encoding == "gaussian_distance":
         enc = mmpe.build("gaussian_distance", num_heads=4, num_kernels=16, mlp_width=16)
-        ctx = AttentionContext(coords, num_heads=4, head_dim=8, batch=coords.batch_size)
-        ctx_moved = AttentionContext(coords_moved, num_heads=4, head_dim=8, batch=coords.batch_size)
+        ctx = AttentionCall(coords, num_heads=4, head_dim=8, batch=coords.batch_size)
+        ctx_moved = AttentionCall(coords_moved, num_heads=4, head_dim=8, batch=coords.batch_size)
         bias, bias_moved = dense_bias([enc], ctx), dense_bias([enc], ctx_moved)
         assert bias.shape == (coords.batch_size, 4, coords.num_queries, coords.num_queries)
         assert bias.std() > 1e-4  # the bias does depend on the distances

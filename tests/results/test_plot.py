@@ -132,13 +132,13 @@ def test_the_drawn_bias_is_the_dense_bias_door(tmp_path, monkeypatch, name):
     assert calls == ["Sequence"]
     coords = mmpe.Sequence(41, causal=True)
     with torch.no_grad():
-        expect = dense_bias([enc], mmpe.encodings.base.AttentionContext(coords, 4, 8, 1))
+        expect = dense_bias([enc], mmpe.encodings.base.AttentionCall(coords, 4, 8, 1))
     for h in range(4):
         np.testing.assert_array_equal(line_data(fig, h)[1], expect[0, h, 40].numpy())
     grid = mmpe.Grid((3, 4), prefix_tokens=1)
     bias, allowed = figures._score_terms("t", enc, grid, 4)
     with torch.no_grad():
-        expect = dense_bias([enc], mmpe.encodings.base.AttentionContext(grid, 4, 8, 1))
+        expect = dense_bias([enc], mmpe.encodings.base.AttentionCall(grid, 4, 8, 1))
     np.testing.assert_array_equal(bias, expect[0].numpy())
     assert allowed.all() and calls[-1] == "Grid"
 
@@ -192,7 +192,7 @@ def test_bias_row_from_a_trained_fire_checkpoint(tmp_path, fire_checkpoint):
     x, y = line_data(fig, 3)
     np.testing.assert_array_equal(x, np.arange(129))
     coords = mmpe.Sequence(129, causal=True)
-    ctx = mmpe.encodings.base.AttentionContext(coords, 4, 8, 1)
+    ctx = mmpe.encodings.base.AttentionCall(coords, 4, 8, 1)
     expect = dense_bias([trained], ctx)[0, 3, 128].detach().numpy()
     np.testing.assert_allclose(y, expect, rtol=1e-4, atol=1e-5)
 

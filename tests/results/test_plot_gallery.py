@@ -88,7 +88,7 @@ def test_a_query_row_is_the_door_s_bias_row(name) -> None:
     coords = mmpe.Grid((4, 5)) if name == "swin" else mmpe.Sequence(12)
     context = {"num_heads": 3, "max_len": 32, **mmpe.context.coords_context(coords)}
     enc = mmpe.build(name, context=context)
-    ctx = mmpe.encodings.base.AttentionContext(coords, 3, 8, 1)
+    ctx = mmpe.encodings.base.AttentionCall(coords, 3, 8, 1)
     with torch.no_grad():
         want = mmpe.attention.dense_bias([enc], ctx)[0, :, 7].double().mean(0).numpy()
     np.testing.assert_allclose(gallery.query_values(enc, coords, 7), want, rtol=0, atol=1e-6)

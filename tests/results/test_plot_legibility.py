@@ -10,7 +10,7 @@ import torch
 import mmpe
 from mmpe import plot
 from mmpe.plot.legibility import text_problems
-from mmpe.plot.style import DPI, new_figure
+from mmpe.plot.style import DPI, new_figure, readable_on
 
 pytest.importorskip("matplotlib")
 
@@ -38,6 +38,42 @@ def test_a_wide_png_is_measured_at_the_column() -> None:
     assert text_problems(fig) == []
 
 
+def test_it_finds_text_over_a_colorbar_and_text_without_contrast() -> None:
+    fig = new_figure(6.88, 2.4)
+    fig.set_layout_engine("none")  # placed by hand: a colorbar that rises past the title
+    ax = fig.add_axes((0.1, 0.1, 0.3, 0.6))
+    image = ax.imshow([[0.0, 1.0], [1.0, 0.0]], cmap="Reds")
+    fig.colorbar(image, cax=fig.add_axes((0.42, 0.1, 0.03, 0.85)))
+    ax.set_title("a title wider than the image beside it")
+    ax.text(1, 0, "dark", color="#400000", ha="center", va="center")  # on the dark cell
+    found = "\n".join(text_problems(fig))
+    assert "runs over another axes" in found
+    assert "'dark' has contrast below 3:1" in found
+
+
+def test_readable_text_on_a_dark_disc_passes() -> None:
+    """Control: the same dark cell with white text, and a short title, pass."""
+    fig = new_figure(6.88, 2.4)
+    ax = fig.add_subplot(1, 1, 1)
+    image = ax.imshow([[0.0, 1.0], [1.0, 0.0]], cmap="Reds")
+    fig.colorbar(image, ax=ax)
+    ax.set_title("short")
+    ax.text(1, 0, "dark", color=readable_on(image.to_rgba(1.0)), ha="center", va="center")
+    assert text_problems(fig) == []
+
+
+def _table():
+    """Two groups of three correlated columns and two noise columns (the docs' figure)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(300, 1)), rng.normal(size=(300, 1))
+    x = np.hstack([a + 0.1 * rng.normal(size=(300, 3)), b + 0.1 * rng.normal(size=(300, 3)),
+                   rng.normal(size=(300, 2))])
+    names = ["a1", "a2", "a3", "b1", "b2", "b3", "noise1", "noise2"]
+    return mmpe.Table.from_data(x, method="pearson", knn=2, feature_names=names)
+
+
 def _figures() -> dict[str, object]:
     torch.manual_seed(0)
     seq, grid = mmpe.Sequence(32), mmpe.Grid((6, 6))
@@ -62,3 +98,16 @@ def test_every_figure_kind_reads(kind: str) -> None:
     column, are checked at its width as the site is built)."""
     fig = _figures()[kind]()
     assert text_problems(fig, column_px=fig.get_size_inches()[0] * DPI) == [], kind
+
+
+@pytest.mark.parametrize("kind", ["sphere maps", "feature graph"])
+def test_the_map_and_graph_figures_keep_their_text_off_colorbars_and_dark_discs(kind) -> None:
+    """The docs' sphere maps (a title ran under its colorbar) and feature graph (black names on
+    dark discs, a name wider than its disc) at the docs' column (their sizes are checked as
+    the site is built)."""
+    draw = {"sphere maps": lambda: plot.plot_sphere_maps(
+                {"spherical_harmonics": mmpe.build("spherical_harmonics", d_model=32),
+                 "alibi": mmpe.build("alibi", num_heads=4)}),
+            "feature graph": lambda: plot.plot_feature_graph(_table())}[kind]
+    found = [p for p in text_problems(draw()) if "contrast" in p or "runs over" in p]
+    assert found == [], kind

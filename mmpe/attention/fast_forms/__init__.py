@@ -1,8 +1,8 @@
 """Hand-written fast forms of single encoding classes, in one table keyed by the exact class.
 
-An encoding's module holds its paper; where an attention path computes one class's term faster
+An encoding's module holds its paper; where an attention plan computes one class's term faster
 than its structure's generic form (FIRE's linear pieces over a block's range, KERPLE-log's
-tiles with the gradient by hand, Graphormer's gather by hop code), that form sits here, beside the paths that
+tiles with the gradient by hand, Graphormer's gather by hop code), that form sits here, beside the plans that
 read it, as a function of the encoding. The table is keyed by `type(enc)`, in the style of
 HF's table of RoPE initialisers: a subclass gets the generic forms of its structure, never its
 parent's fast ones, so it can never compute its parent's numbers. Each form gives the numbers
@@ -13,12 +13,12 @@ Forms (each optional; signatures as the doors of [mmpe.attention.forms][] that r
 
 | form | signature | read by |
 | --- | --- | --- |
-| `dense` | `(enc, ctx) -> [b or 1, n_h, n_q, n_k]` | the dense SDPA path |
-| `rows` | `(enc, ctx, start, stop) -> [b or 1, n_h, R, n_k]` | blocks of the SDPA paths |
-| `tiles` | `(enc, ctx, start, stop, width) -> BiasTiles` | the blocked path's backward pass |
-| `compact` | `(enc, ctx) -> CompactBias` | the relation path on sequences |
+| `dense` | `(enc, ctx) -> [b or 1, n_h, n_q, n_k]` | the dense route and plan |
+| `rows` | `(enc, ctx, start, stop) -> [b or 1, n_h, R, n_k]` | blocks of the sdpa routes |
+| `tiles` | `(enc, ctx, start, stop, width) -> BiasTiles` | the tiles plan's backward pass |
+| `compact` | `(enc, ctx) -> CompactBias` | the relation plan on sequences |
 | `pair_term` | `(enc, ctx, q_idx, kv_idx, b) -> [n_h, *pairs]` | offset tables on grids |
-| `offset_on_grids` | `True` (a declaration) | the grid paths (CPU and flex) |
+| `offset_on_grids` | `True` (a declaration) | the grid plans (CPU and flex) |
 """
 
 from __future__ import annotations

@@ -13,15 +13,15 @@ from mmpe._scratch import block_empty
 from mmpe.attention.fast_forms.by_class import register
 from mmpe.attention.term_layouts import distance_rows
 from mmpe.encodings.alibi import ALiBi
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 
 
-def _distances(enc: ALiBi, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+def _distances(enc: ALiBi, ctx: AttentionCall, start: int, stop: int) -> Tensor:
     dist = distance_rows(ctx, start, stop)  # [b or 1, 1, rows, n_k]
     return dist if enc.distance_unit == 1.0 else dist / enc.distance_unit
 
 
-def rows(enc: ALiBi, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+def rows(enc: ALiBi, ctx: AttentionCall, start: int, stop: int) -> Tensor:
     """ALiBi's term `−m_h · d` of queries `start … stop−1`.
 
     `−m_h · d` of queries `start … stop−1`, `[b or 1, n_h, R, n_k]`; without a graph

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from mmpe.attention.fast_forms.by_class import register
 from mmpe.encodings._grid import as_grid, check_ndim
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 from mmpe.encodings.rrwp import RRWP
 from mmpe.encodings.spe import SPE
 from mmpe.encodings.swin import SwinRelativeBias, relative_position_index
@@ -63,26 +63,26 @@ def offset_table_bias(grid, table: Tensor, prefix_entries: bool) -> Tensor:
     return table.t().contiguous().index_select(1, index).view(1, table.shape[1], n, n)
 
 
-def swin_dense(self: SwinRelativeBias, ctx: AttentionContext) -> Tensor:
+def swin_dense(self: SwinRelativeBias, ctx: AttentionCall) -> Tensor:
     """`[1, n_h, n, n]` gathered from the offset table with a cached index."""
     grid = as_grid("swin", ctx.coords)
     check_ndim("swin", grid, len(self.grid_shape), f"grid_shape {self.grid_shape}")
     return offset_table_bias(grid, self.table_for(grid.shape), self.prefix_bias)
 
 
-def cpb_dense(self: SwinV2CPB, ctx: AttentionContext) -> Tensor:
+def cpb_dense(self: SwinV2CPB, ctx: AttentionCall) -> Tensor:
     """`[1, n_h, n, n]` gathered from the CPB MLP's table with a cached index."""
     grid = as_grid("swinv2_cpb", ctx.coords)
     check_ndim("swinv2_cpb", grid, len(self.grid_shape), f"grid_shape {self.grid_shape}")
     return offset_table_bias(grid, self.table_for(grid.shape), False)
 
 
-def spe_dense(self: SPE, ctx: AttentionContext) -> Tensor:
+def spe_dense(self: SPE, ctx: AttentionCall) -> Tensor:
     """`Z` on all pairs, `[b, n_h, n, n]`: the table its `score_mod` reads."""
     return self._bias(ctx.coords)
 
 
-def rrwp_dense(self: RRWP, ctx: AttentionContext) -> Tensor:
+def rrwp_dense(self: RRWP, ctx: AttentionCall) -> Tensor:
     """The bias on all pairs, `[b, n_h, n, n]`: the table its `score_mod` reads."""
     return self.pair_bias(ctx.coords)
 

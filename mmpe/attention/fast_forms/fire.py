@@ -16,16 +16,16 @@ from mmpe.attention.fast_forms.by_class import register
 from mmpe.attention.fast_forms.fire_tiles import BlockMLP, FIRETiles, on_pieces
 from mmpe.attention.term_layouts import BiasTiles, CompactBias, distance_rows
 from mmpe.coords.base import index_grid
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 from mmpe.encodings.fire import FIRE
 
 
-def pair_term(self: FIRE, ctx: AttentionContext, q_idx: Tensor, kv_idx: Tensor,
+def pair_term(self: FIRE, ctx: AttentionCall, q_idx: Tensor, kv_idx: Tensor,
               b: Tensor) -> Tensor:
     """The term on the given pairs only.
 
     The term on the given pairs only, `[n_h, *pairs]` float32 (broadcast `q_idx`,
-    `kv_idx`, `b`), for the grid paths' table over cell offsets: the normalised distance
+    `kv_idx`, `b`), for the grid plans' table over cell offsets: the normalised distance
     once per pair, then the MLP's linear pieces per head (through `score_mod` the
     normaliser's graph was kept per head: 15 MB more at 128 × 128)."""
     return _on_pieces(self, self.normalised_distance(ctx, q_idx, kv_idx, b)).movedim(-1, 0)
@@ -37,13 +37,13 @@ def _on_pieces(self: FIRE, x: Tensor) -> Tensor:
     return on_pieces(*self.pieces(), x)
 
 
-def rows(self: FIRE, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+def rows(self: FIRE, ctx: AttentionCall, start: int, stop: int) -> Tensor:
     """The MLP on the pairs of queries `start … stop−1`.
 
     The MLP on the pairs of queries `start … stop−1`, `[b or 1, n_h, stop−start, n_k]`
     float32: on the block's range of inputs, as ramps shared by the heads or piece by piece
     (`BlockMLP` in `mmpe.attention.fast_forms.fire_tiles`; without a gradient chunk by chunk in the
-    cache). A pair's number is the same in every block, and that of the blocked backward
+    cache). A pair's number is the same in every block, and that of the tiles plan's backward
     pass's tiles."""
     x = _input_rows(self, ctx, start, stop)  # [b', 1, R, n_k]
     if torch.compiler.is_compiling():  # (the block's range is read eagerly)
@@ -55,7 +55,7 @@ def rows(self: FIRE, ctx: AttentionContext, start: int, stop: int) -> Tensor:
     return mlp.chunks(x, out=block_empty(self, "rows", shape, x.dtype, x.device))
 
 
-def _extent_rows(self: FIRE, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+def _extent_rows(self: FIRE, ctx: AttentionCall, start: int, stop: int) -> Tensor:
     """The coordinates' extent of queries `start … stop−1`, `[b or 1, 1, R, 1]` float32."""
     coords = ctx.coords
     b, _, q, _ = index_grid(coords.batch_size or 1, 1, coords.num_queries, 1, coords.device)
@@ -66,13 +66,13 @@ def _normaliser(self: FIRE, extent: Tensor) -> Tensor:
     return self._psi(torch.maximum(extent, self._threshold())) + self.eps
 
 
-def _norm_rows(self: FIRE, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+def _norm_rows(self: FIRE, ctx: AttentionCall, start: int, stop: int) -> Tensor:
     """`ψ(max(L, extent)) + eps` of queries `start … stop−1`, `[b or 1, 1, R, 1]`."""
     return _normaliser(self, _extent_rows(self, ctx, start, stop))
 
 
 @torch.no_grad()
-def _input_bound(self: FIRE, ctx: AttentionContext) -> Tensor:
+def _input_bound(self: FIRE, ctx: AttentionCall) -> Tensor:
     """The largest input `ψ(extent) / ψ(max(L, extent))` over the queries (0-d): a bound on
     every pair's input where no distance exceeds its query's extent (points: the
     diameter; graphs; causal sequences)."""
@@ -80,7 +80,7 @@ def _input_bound(self: FIRE, ctx: AttentionContext) -> Tensor:
     return (self._psi(extent) / _normaliser(self, extent)).amax()
 
 
-def _input_rows(self: FIRE, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+def _input_rows(self: FIRE, ctx: AttentionCall, start: int, stop: int) -> Tensor:
     """The MLP's input `ψ(d) / ψ(max(L, extent))` on the rows' pairs, `[b or 1, 1, R,
     n_k]` float32: the operations of normalised_distance on the coordinates' eager
     distance rows."""
@@ -99,11 +99,11 @@ def _psi_rows(self: FIRE, d: Tensor) -> Tensor:
     return torch.mul(self.c.detach().float(), d, out=out).abs_().add_(1.0).log_()
 
 
-def tiles(self: FIRE, ctx: AttentionContext, start: int, stop: int,
+def tiles(self: FIRE, ctx: AttentionCall, start: int, stop: int,
                width: int) -> BiasTiles:
     """The rows of queries `start … stop−1` tile by tile.
 
-    The rows of queries `start … stop−1` tile by tile, for the blocked attention path's
+    The rows of queries `start … stop−1` tile by tile, for the tiles plan's
     backward pass (see `BiasTiles` and `FIRETiles` in
     `mmpe.attention.fast_forms.fire_tiles`): the distances and the normaliser once per block, per
     tile the inputs and the MLP's ramps or pieces, and the gradient by hand (no autograd
@@ -116,7 +116,7 @@ def tiles(self: FIRE, ctx: AttentionContext, start: int, stop: int,
     return FIRETiles(mlp, x, d, norm, self.c.float(), ctx.batch or 1, width)
 
 
-def compact(self: FIRE, ctx: AttentionContext) -> CompactBias:
+def compact(self: FIRE, ctx: AttentionCall) -> CompactBias:
     """FIRE's compact form on `toeplitz` coordinates.
 
     On `toeplitz` coordinates: `ψ` on the `n_q + n_k − 1` offsets, the normaliser
@@ -249,7 +249,7 @@ class FIRECompact(CompactBias):
             d_norm[:, start:stop] -= ((d_x * x).sum(-1) * inv).flip(-1)
 
 
-# FIRE's normalised distance on a grid is a function of the cell offset: the grid paths may
+# FIRE's normalised distance on a grid is a function of the cell offset: the grid plans may
 # take it (a declaration of what the term depends on, with the form their offset table reads)
 register(FIRE, rows=rows, tiles=tiles, compact=compact, pair_term=pair_term,
          offset_on_grids=True)

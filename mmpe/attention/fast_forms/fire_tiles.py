@@ -1,4 +1,4 @@
-"""FIRE's MLP on one block of query rows, for the blocked attention path (Li et al. 2024, eq. 4).
+"""FIRE's MLP on one block of query rows, for the tiles plan (Li et al. 2024, eq. 4).
 
 On the block's inputs `x ∈ [0, hi]` the MLP `f` is linear between the breakpoints (`cuts`) that
 fall in that range. With few of them below the inputs' bound (`RAMP_MAX_CUTS`) `f` is read as
@@ -81,7 +81,7 @@ class BlockMLP:
             lo, hi = torch.aminmax(x.detach()) if x.numel() else (x.new_zeros(()),) * 2
             # The ramps start at 0 (FIRE's inputs are >= 0), not at the block's least input,
             # and a cut past every input adds 0: each pair's number is then the same in every
-            # block (the forward and backward passes, and the paths they replace, block the
+            # block (the forward and backward passes, and the plans they replace, block the
             # queries differently). The form is chosen from the cuts below `bound`, the same
             # for every block, for the same reason.
             base = torch.clamp(lo, max=0.0)

@@ -14,12 +14,12 @@ from mmpe._scratch import block_bytes
 from mmpe.attention.fast_forms.by_class import register
 from mmpe.encodings._geometry import safe_sqrt
 from mmpe.encodings._precision import full_precision
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 from mmpe.encodings.mesh_displacement import MeshDisplacementBias
 from mmpe.encodings.rope_frame_averaged import FrameAveragedRoPE
 
 
-def mesh_rows(self: MeshDisplacementBias, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+def mesh_rows(self: MeshDisplacementBias, ctx: AttentionCall, start: int, stop: int) -> Tensor:
     """The MLP on the pairs of queries `start … stop−1`.
 
     The MLP on the pairs of queries `start … stop−1`, `[b or 1, n_h, stop−start, n_k]`
@@ -47,7 +47,7 @@ def mesh_rows(self: MeshDisplacementBias, ctx: AttentionContext, start: int, sto
     return chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=2)
 
 
-def frame_averaged_rows(self: FrameAveragedRoPE, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+def frame_averaged_rows(self: FrameAveragedRoPE, ctx: AttentionCall, start: int, stop: int) -> Tensor:
     """The term of queries `start … stop−1`, `[b, n_h, stop−start, n_k]`."""
     qx, kx = self._operands(ctx)
     with full_precision(qx.device):  # a float32 difference of two scores, also under autocast

@@ -20,7 +20,7 @@ from mmpe.attention.term_layouts import (
     key_tiles,
     lane_codes,
 )
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 from mmpe.encodings.graphormer import (
     GraphormerBias,
     GraphormerEdge,
@@ -37,7 +37,7 @@ def _gather(table: Tensor, buckets: Tensor) -> Tensor:
     return table.t()[heads, buckets[:, None]]
 
 
-def rows(self: GraphormerSpatial, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+def rows(self: GraphormerSpatial, ctx: AttentionCall, start: int, stop: int) -> Tensor:
     """`table[bucket]` on the pairs of queries `start … stop−1`, `[b, n_h, stop−start, n]`:
     the buckets of those rows only (the default would bucket every pair per block); where
     no gradient is recorded, gathered head by head (one contiguous block, no copy)."""
@@ -47,7 +47,7 @@ def rows(self: GraphormerSpatial, ctx: AttentionContext, start: int, stop: int) 
     return _gathered_rows(self, ctx, start, stop)
 
 
-def _gathered_rows(self: GraphormerSpatial, ctx: AttentionContext, start: int,
+def _gathered_rows(self: GraphormerSpatial, ctx: AttentionCall, start: int,
                    stop: int) -> Tensor:
     """The rows without a graph, `[b, n_h, R, n]`: head by head, an `index_select` of the
     head's column of `b_φ` at the block's bucket codes into one scratch block."""
@@ -62,18 +62,18 @@ def _gathered_rows(self: GraphormerSpatial, ctx: AttentionContext, start: int,
     return rows.transpose(0, 1)
 
 
-def tiles(self: GraphormerSpatial, ctx: AttentionContext, start: int, stop: int,
+def tiles(self: GraphormerSpatial, ctx: AttentionCall, start: int, stop: int,
                width: int) -> BiasTiles:
     """The rows of queries `start … stop−1` tile by tile.
 
-    The rows of queries `start … stop−1` tile by tile, for the blocked attention path's
+    The rows of queries `start … stop−1` tile by tile, for the tiles plan's
     backward pass (see `BiasTiles`): the block's bucket
     codes once (contiguous per tile), per head and tile a gather from the head's column of
     `b_φ` and a `scatter_add` of the tile's `dS` into the head's gradient."""
     return _SpatialTiles(self.table, _buckets(self, ctx, start, stop), width)
 
 
-def _buckets(self: GraphormerSpatial, ctx: AttentionContext, start: int, stop: int) -> Tensor:
+def _buckets(self: GraphormerSpatial, ctx: AttentionCall, start: int, stop: int) -> Tensor:
     """The bucket codes of queries `start … stop−1`, `[b, R, n]` (a scratch block: see
     `mmpe._scratch`)."""
     spd = ctx.coords.spd[:, start:stop]
@@ -114,12 +114,12 @@ class _SpatialTiles(BiasTiles):
         return [self.table], [fold_lanes(grad).t().to(self.table.dtype)]
 
 
-def edge_dense(self: GraphormerEdge, ctx: AttentionContext) -> Tensor:
+def edge_dense(self: GraphormerEdge, ctx: AttentionCall) -> Tensor:
     """The edge bias `c_ij` on every pair, `[b, n_h, n, n]`: its pair table itself."""
     return self.pair_bias(ctx.coords)
 
 
-def bias_dense(self: GraphormerBias, ctx: AttentionContext) -> Tensor:
+def bias_dense(self: GraphormerBias, ctx: AttentionCall) -> Tensor:
     """Spatial plus edge bias, `[b, n_h, n, n]`: each part's fast dense or rows form.
 
     Each part's fast dense form, else its fast rows on every query, else its generic one."""

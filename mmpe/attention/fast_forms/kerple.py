@@ -1,8 +1,8 @@
 """KERPLE-log's CPU forms.
 
 KERPLE-log's CPU forms (Chi et al. 2022, eq. 8): its rows without a graph chunk by chunk in
-the cache, head by head, and its pullback by hand (whole rows, or tile by tile in the blocked
-path's backward pass) instead of autograd's graph over every pair. Numbers of
+the cache, head by head, and its pullback by hand (whole rows, or tile by tile in the tiles
+plan's backward pass) instead of autograd's graph over every pair. Numbers of
 [KerpleLog.distance_term][mmpe.encodings.kerple._Kerple.distance_term]."""
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ from torch import Tensor
 
 from mmpe.attention.fast_forms.by_class import register
 from mmpe.attention.term_layouts import BiasTiles, distance_rows, key_tiles
-from mmpe.encodings.base import AttentionContext
+from mmpe.encodings.base import AttentionCall
 from mmpe.encodings.kerple import KerpleLog
 
 
-def tiles(self: KerpleLog, ctx: AttentionContext, start: int, stop: int,
+def tiles(self: KerpleLog, ctx: AttentionCall, start: int, stop: int,
           width: int) -> BiasTiles:
     """The rows of queries `start … stop−1` tile by tile.
 
-    The rows of queries `start … stop−1` tile by tile, for the blocked attention path's
+    The rows of queries `start … stop−1` tile by tile, for the tiles plan's
     backward pass (see `BiasTiles`): the distance rows once
     per block, `L = log(1 + r2·d)` and the bias per head and tile, and from each tile's `dS`
     the sums `Σ dS·L` and `Σ dS·d/(1 + r2·d)` per head (eq. 8's derivatives: `∂/∂r1 = −Σ

@@ -7,7 +7,7 @@ with HF's `AttentionInterface` by
 [`register_attention`][mmpe.integrations.transformers.register_attention], reads HF's masks
 and cache into mmpe coordinates, checks the call once as mmpe's layers do, and runs it through
 mmpe's own doors: the dense bias (`mmpe.attention.forms.summed_bias`, the sum of
-`dense_bias`) on SDPA, the math path (`mmpe.attention.dispatch.run_math`) where the
+`dense_bias`) on SDPA, the math route (`mmpe.attention.dispatch.run_math`) where the
 probabilities are needed.
 """
 
@@ -29,7 +29,7 @@ from mmpe.attention.forms import summed_bias
 from mmpe.coords.base import index_grid
 from mmpe.coords.sequence import Sequence as Seq1D
 from mmpe.encodings.base import (
-    AttentionContext,
+    AttentionCall,
     Encoding,
     KernelEncoding,
     ScoreEncoding,
@@ -51,8 +51,8 @@ EncodingSpec = str | Mapping[str, Any] | Encoding
 class _ModelState:
     """What the attention calls of one forward share: the 2D padding mask, coordinates, biases."""
 
-    def __init__(self, backend: str) -> None:
-        self.backend = backend
+    def __init__(self, route: str) -> None:
+        self.route = route
         self.padding: Tensor | None = None  # [b, L] bool, True at real tokens (HF's attention_mask)
         self.memo: dict[Any, Any] = {}
         # the door's per-forward memo (`mmpe.prepare.forward_scope`) on this forward's coordinates
@@ -243,14 +243,14 @@ def mmpe_attention_forward(module: nn.Module, query: Tensor, key: Tensor, value:
     coords = _coordinates(state, attention_mask, q_len, k_len, causal, query.device,
                           kwargs.get("position_ids"))
     allowed, additive = _hf_mask(attention_mask, causal, q_len, k_len, query.device)
-    ctx = _checked(link.scores, AttentionContext(coords, n_h, head_dim, b, None, query, key, value))
+    ctx = _checked(link.scores, AttentionCall(coords, n_h, head_dim, b, None, query, key, value))
     scale = next((s for e in link.scores if (s := e.softmax_scale(head_dim)) is not None),
                  scaling if scaling is not None else head_dim ** -0.5)
     p = dropout if module.training else 0.0
     if not _needs_math(state, link):
         out = _sdpa(link.scores, ctx, scale, allowed, additive, p)
         return out.transpose(1, 2).contiguous(), None
-    # HF's eager attention: the math path of mmpe's own layers, with HF's mask and dropout
+    # HF's eager attention: the math route of mmpe's own layers, with HF's mask and dropout
     out, probs = run_math(link.scores, link.kernel, ctx, scale, mask=additive, allowed=allowed,
                           dropout=p, return_probs=True)
     return out.transpose(1, 2).contiguous(), None if probs is None else probs.to(query.dtype)
@@ -270,11 +270,11 @@ def _hf_mask(attention_mask: Tensor | None, causal: bool, q_len: int, k_len: int
     return None, attention_mask
 
 
-def _checked(scores: Sequence[ScoreEncoding], ctx: AttentionContext) -> AttentionContext:
+def _checked(scores: Sequence[ScoreEncoding], ctx: AttentionCall) -> AttentionCall:
     """`ctx` marked checked, after each term's context and the call's work are checked once,
     as mmpe's layers check them (the paths and forms then trust it)."""
     for enc in scores:
-        enc.check_context(ctx)
+        enc.check_call(ctx)
     b, n_h, n_q, h_d = ctx.q.shape
     names = [getattr(e, "registry_name", type(e).__name__) for e in scores]
     check_attention_work(", ".join(names) or "mmpe_attention_forward", batch=b, num_heads=n_h,
@@ -285,11 +285,11 @@ def _checked(scores: Sequence[ScoreEncoding], ctx: AttentionContext) -> Attentio
 
 def _needs_math(state: _ModelState, link: _Link) -> bool:
     """Explicit scores: asked for, a kernel, a rescaling term or one that reads the weights."""
-    return (state.backend == "math" or link.kernel is not None
+    return (state.route == "math" or link.kernel is not None
             or any(not e.additive or e.needs_probs for e in link.scores))
 
 
-def _sdpa(scores: Sequence[ScoreEncoding], ctx: AttentionContext, scale: float,
+def _sdpa(scores: Sequence[ScoreEncoding], ctx: AttentionCall, scale: float,
           allowed: Tensor | None, additive: Tensor | None, p: float) -> Tensor:
     """SDPA with the dense bias (the door's sum on a checked context, `summed_bias`, as the
     layers' dense route) plus HF's mask; masked pairs at the dtype's minimum, not `-inf`, so a
@@ -344,13 +344,13 @@ def _probe(encodings: Sequence[Encoding], num_heads: int, head_dim: int, causal:
     interface cannot run (coordinates it does not provide, the layer input x)."""
     coords = Seq1D(3, causal=causal)
     q, k, v = (torch.zeros(1, num_heads, 3, head_dim) for _ in range(3))
-    ctx = AttentionContext(coords, num_heads, head_dim, 1, None, q, k, v)
+    ctx = AttentionCall(coords, num_heads, head_dim, 1, None, q, k, v)
     for enc in encodings:
         name = getattr(enc, "registry_name", type(enc).__name__)
         try:
             with torch.no_grad():
                 if isinstance(enc, ScoreEncoding):
-                    enc.check_context(ctx)
+                    enc.check_call(ctx)
                     enc.score_mod(ctx)(torch.zeros(1, num_heads, 3, 3), *index_grid(1, num_heads, 3, 3))
                 elif isinstance(enc, KernelEncoding):  # PaTH reads x as well
                     scores = torch.zeros(1, num_heads, 3, 3).masked_fill(
@@ -370,7 +370,7 @@ def apply_score_encodings(
     *,
     share_encodings: bool = True,
     drop_rope: bool = False,
-    backend: str = "auto",
+    route: str = "auto",
     is_attention: Callable[[nn.Module], bool] | None = None,
     **options: Any,
 ) -> nn.Module:
@@ -386,7 +386,7 @@ def apply_score_encodings(
             per layer in each attention module's `mmpe_encodings`.
         drop_rope: replace `rotary_emb` by a module that rotates nothing (NoPE + the score
             encodings, e.g. ALiBi alone as in BLOOM/MPT).
-        backend: `"auto"` (SDPA with the additive bias; explicit scores for rescaling or
+        route: `"auto"` (SDPA with the additive bias; explicit scores for rescaling or
             value-side terms) or `"math"` (always explicit scores; returns the probabilities).
         is_attention: which submodules are self-attention layers; default: modules with
             `scaling` and `config` attributes that are not cross-attention.
@@ -400,10 +400,10 @@ def apply_score_encodings(
             whose coordinates needs a token sequence cannot meet (`swin`, `graphormer`);
             a model that is not an HF transformers model.
         ValueError: a model already prepared, no attention module found, an encoding that reads
-            the layer input (FoX), more than one kernel encoding, an unknown `backend`.
+            the layer input (FoX), more than one kernel encoding, an unknown `route`.
     """
-    if backend not in ("auto", "math"):
-        raise ValueError(f"apply_score_encodings: backend must be 'auto' or 'math', got {backend!r}")
+    if route not in ("auto", "math"):
+        raise ValueError(f"apply_score_encodings: route must be 'auto' or 'math', got {route!r}")
     if hasattr(model, "_mmpe_state"):
         raise ValueError("apply_score_encodings: this model already has mmpe encodings")
     config = getattr(model, "config", None)
@@ -442,7 +442,7 @@ def apply_score_encodings(
             raise ValueError("apply_score_encodings: at most one kernel encoding")
         _probe(encs, num_heads, head_dim, causal)
 
-    state = _ModelState(backend)
+    state = _ModelState(route)
     if share_encodings:
         model.mmpe_encodings = nn.ModuleList(per_layer[0])
     for i, module in enumerate(modules):

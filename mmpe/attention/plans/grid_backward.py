@@ -1,6 +1,6 @@
-"""The grid path's backward pass (CPU): gradients of attention with a block-Toeplitz bias.
+"""The grid plan's backward pass (CPU): gradients of attention with a block-Toeplitz bias.
 
-Two cases, per call of [GridPlan][mmpe.attention.cpu.grid.GridPlan]:
+Two cases, per call of [GridPlan][mmpe.attention.plans.grid.GridPlan]:
 
 - **A constant bias** (ALiBi, or any table that takes no gradient: frozen parameters): SDPA's
   fused CPU backward per head and block of queries, each block's bias rows copied from the
@@ -27,14 +27,14 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from mmpe.attention.cpu.flash import _attend_block_backward
+from mmpe.attention.plans.flash import _attend_block_backward
 
 
 class GridTiling(Protocol):
     """What the backward pass reads of the grid plan.
 
     What the backward pass reads of the grid plan
-    ([GridPlan][mmpe.attention.cpu.grid.GridPlan], which imports this module): its sizes and
+    ([GridPlan][mmpe.attention.plans.grid.GridPlan], which imports this module): its sizes and
     the layout of the offset table's expansion `E`."""
 
     scale: float
@@ -171,7 +171,7 @@ class _TableBackward:
     def cell_rows(self, head: int, blocks: list[tuple[Tensor, int, int]], e: Tensor,
                   d_e: Tensor | None) -> None:
         """One head's cell queries of one group, in blocks `(tokens, base, G)` of
-        [blocks][mmpe.attention.cpu.grid.GridPlan.blocks], against every key; `e`, `d_e` are the
+        [blocks][mmpe.attention.plans.grid.GridPlan.blocks], against every key; `e`, `d_e` are the
         head's `E` and `dE` `[C', (2 s_0 − 1)·M]` (in cache across the blocks)."""
         plan, width = self.plan, e.shape[0]
 

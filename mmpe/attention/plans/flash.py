@@ -1,7 +1,7 @@
 """The one door to SDPA's private fused CPU kernels.
 
 The one door to SDPA's private fused CPU kernels that return and take the log-sum-exp (the
-relation, grid and blocked paths need it for their backward passes), with a plain computation
+relation, grid and tiles plans need it for their backward passes), with a plain computation
 where this torch lacks them.
 
 Both ops exist with the same schema from torch 2.5 (the floor) to 2.11:
@@ -38,7 +38,7 @@ def _attend_block(q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
 def _attend_block_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                            lse: Tensor, bias: Tensor,
                            scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    """Gradients ``(dq, dk, dv)`` of one block of [_attend_block][mmpe.attention.cpu.flash._attend_block]
+    """Gradients ``(dq, dk, dv)`` of one block of [_attend_block][mmpe.attention.plans.flash._attend_block]
     (its ``out`` and ``lse`` given; the bias is a constant here), by the fused CPU kernel's
     backward (a plain computation where this torch lacks it). Shapes as ``_attend_block``'s;
     ``dk``, ``dv`` are those of this block's queries only (a caller sums them over blocks)."""

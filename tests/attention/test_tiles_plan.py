@@ -1,11 +1,11 @@
-"""The blocked bias path of the CPU attention (``mmpe.attention.cpu.blocked``) and the eager bias rows.
+"""The tiles plan of the CPU attention (``mmpe.attention.plans.tiles``) and the eager bias rows.
 
-Content-free additive terms on coordinates that neither the relation path (Toeplitz sequences)
-nor the grid path serves — points, graphs, sequences with explicit positions — run block by
+Content-free additive terms on coordinates that neither the relation plan (Toeplitz sequences)
+nor the grid plan serves — points, graphs, sequences with explicit positions — run block by
 block of queries with a hand-written backward pass once their dense bias exceeds the block
 budget. The budget is lowered here (``MMPE_ATTN_BLOCK_BYTES``) so that small inputs take the
 path in several blocks. Checked: output and gradients w.r.t. x, every encoding parameter and
-``Points`` positions against ``backend="math"`` (float32, 1e-5) and against the checkpointed
+``Points`` positions against ``route="math"`` (float32, 1e-5) and against the checkpointed
 block path it replaces (float64: 1e-10 where the bias is float64, see ``_F32_BIAS``); padding
 and fully masked rows; the fused kernels' plain fallbacks; that nothing of ``n × n`` elements
 is saved for the backward pass; and that every eager ``bias_rows``/``distance_rows`` override
@@ -23,18 +23,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mmpe
-import mmpe.attention.cpu.blocked as blocked
+import mmpe.attention.plans.tiles as tiles
 from mmpe import MultiHeadAttention
 from mmpe.attention import fast_forms, forms, generic
-from mmpe.attention.cpu.flash import (
+from mmpe.attention.fast_forms import fire_tiles as _fire_tiles
+from mmpe.attention.plans.flash import (
     _FLASH_CPU,
     _FLASH_CPU_BACKWARD,
     _attend_block,
     _attend_block_backward,
 )
-from mmpe.attention.fast_forms import fire_tiles as _fire_tiles
 from mmpe.coords.base import index_grid
-from mmpe.encodings.base import AttentionContext, ScoreEncoding
+from mmpe.encodings.base import AttentionCall, ScoreEncoding
 
 POINT_NAMES = ["alibi", "kerple_log", "kerple_power", "fire", "gaussian_distance",
                "radial_gaussian", "radial_bessel"]
@@ -52,7 +52,7 @@ SETTINGS = settings(max_examples=25, deadline=None,
 
 @pytest.fixture
 def small_blocks(monkeypatch):
-    """A block budget of a few rows: the blocked path is taken, in several blocks."""
+    """A block budget of a few rows: the tiles plan is taken, in several blocks."""
     monkeypatch.setenv("MMPE_ATTN_BLOCK_BYTES", str(BUDGET))
 
 
@@ -73,11 +73,11 @@ def _points(batch, n, seed, padded, dtype=torch.float32, grad=True):
     return random_points(batch, n, seed, padded, dtype=dtype, grad=grad)
 
 
-def _run(encs: list, coords, heads: int, backend: str, seed: int, dtype=torch.float32,
-         extra: tuple = (), expect_blocked: bool | None = None):
-    """Output and gradients (x, every learnable parameter, then `extra`) of one backend."""
+def _run(encs: list, coords, heads: int, route: str, seed: int, dtype=torch.float32,
+         extra: tuple = (), expect_tiles: bool | None = None):
+    """Output and gradients (x, every learnable parameter, then `extra`) of one route."""
     torch.manual_seed(seed)
-    attn = MultiHeadAttention(4 * heads, heads, encs, backend=backend).to(dtype)
+    attn = MultiHeadAttention(4 * heads, heads, encs, route=route).to(dtype)
     g = torch.Generator().manual_seed(seed + 1)
     batch = coords.batch_size or 2
     x = torch.randn(batch, coords.num_queries, 4 * heads, generator=g, dtype=torch.float64)
@@ -85,19 +85,19 @@ def _run(encs: list, coords, heads: int, backend: str, seed: int, dtype=torch.fl
     weight = torch.randn(batch, coords.num_queries, 4 * heads, generator=g,
                          dtype=torch.float64).to(dtype)
     taken = []
-    real = blocked.BlockedPlan.run
+    real = tiles.TilesPlan.run
 
     def spy(self, *args):
         taken.append(True)
         return real(self, *args)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(blocked.BlockedPlan, "run", spy)
+        mp.setattr(tiles.TilesPlan, "run", spy)
         out = attn(x, coords)
-    if expect_blocked is not None:
+    if expect_tiles is not None:
         # taken where the dense bias exceeds the budget (a tiny input runs dense)
         dense = batch * heads * coords.num_queries * coords.num_keys * 4
-        assert bool(taken) == (expect_blocked and dense > BUDGET)
+        assert bool(taken) == (expect_tiles and dense > BUDGET)
     params = [p for e in encs for p in e.parameters() if p.requires_grad]
     loss = (out * weight).sum() / math.sqrt(out.numel())
     grads = torch.autograd.grad(loss, [x, *params, *extra], retain_graph=True,
@@ -132,7 +132,7 @@ def _assert_same(a_run, b_run, labels, atol=1e-5, rtol=1e-5, param_tol=None) -> 
         torch.testing.assert_close(a, b, atol=tol[0], rtol=tol[1], msg=label)
 
 
-# -- the path against the math path ---------------------------------------------------------
+# -- the path against the math route ---------------------------------------------------------
 @SETTINGS
 @given(names=st.lists(st.sampled_from(POINT_NAMES), min_size=1, max_size=2, unique=True),
        n=st.integers(1, 19), heads=st.integers(1, 3), batch=st.sampled_from([None, 1, 2]),
@@ -142,7 +142,7 @@ def test_points_equal_math_path(small_blocks, names, n, heads, batch, padded, gr
     coords, pos = _points(batch, n, seed, padded, grad=grad_positions)
     encs = _encodings(names, heads, seed)
     extra = (pos,) if grad_positions else ()
-    fast = _run(encs, coords, heads, "sdpa", seed, extra=extra, expect_blocked=True)
+    fast = _run(encs, coords, heads, "sdpa", seed, extra=extra, expect_tiles=True)
     slow = _run(encs, coords, heads, "math", seed, extra=extra)
     _assert_same(fast, slow, _labels(encs, len(extra)))
 
@@ -160,11 +160,11 @@ def test_float64_equals_checkpointed_block_path(small_blocks, names, n, heads, p
     # of dS over each row, ~0 in exact arithmetic, so the absolute tolerance carries it).
     coords, pos = _points(2, n, seed, padded, dtype=torch.float64)
     encs = _encodings(names, heads, seed)
-    fast = _run(encs, coords, heads, "sdpa", seed, torch.float64, (pos,), expect_blocked=True)
+    fast = _run(encs, coords, heads, "sdpa", seed, torch.float64, (pos,), expect_tiles=True)
     with pytest.MonkeyPatch.context() as mp:  # (hypothesis runs every example in one test)
-        mp.setattr("mmpe.attention.cpu.blocked.applies", lambda *a: False)
+        mp.setattr("mmpe.attention.plans.tiles.applies", lambda *a: False)
         slow = _run(encs, coords, heads, "sdpa", seed, torch.float64, (pos,),
-                    expect_blocked=False)
+                    expect_tiles=False)
     param_tol = (1e-6, 1e-5) if set(names) & _F32_BIAS else (1e-10, 1e-10)
     _assert_same(fast, slow, _labels(encs, 1), atol=1e-10, rtol=1e-10, param_tol=param_tol)
 
@@ -177,7 +177,7 @@ def test_float64_equals_checkpointed_block_path(small_blocks, names, n, heads, p
 def test_graph_equals_math_path(small_blocks, n, heads, names, seed) -> None:
     graph = lattice(n)
     encs = _encodings(names, heads, seed)
-    fast = _run(encs, graph, heads, "sdpa", seed, expect_blocked=True)
+    fast = _run(encs, graph, heads, "sdpa", seed, expect_tiles=True)
     slow = _run(encs, graph, heads, "math", seed)
     _assert_same(fast, slow, _labels(encs, 0))
 
@@ -187,7 +187,7 @@ def test_batched_graphs_with_padding_equal_math_path(small_blocks) -> None:
     graph = mmpe.Graph(edges, num_nodes=7, batch=torch.tensor([0, 0, 0, 0, 1, 1, 1]),
                        max_distance=3)
     encs = _encodings(["graphormer_spatial", "alibi"], 2, 3)
-    fast = _run(encs, graph, 2, "sdpa", 3, expect_blocked=True)
+    fast = _run(encs, graph, 2, "sdpa", 3, expect_tiles=True)
     slow = _run(encs, graph, 2, "math", 3)
     _assert_same(fast, slow, _labels(encs, 0))
 
@@ -210,7 +210,7 @@ def test_explicit_positions_sequence_equals_math_path(small_blocks, n, heads, ca
     seq = mmpe.Sequence(n, position_ids=ids, causal=causal, padding_mask=pad)
     assert not seq.toeplitz
     encs = _encodings(names, heads, seed)
-    fast = _run(encs, seq, heads, "sdpa", seed, expect_blocked=True)
+    fast = _run(encs, seq, heads, "sdpa", seed, expect_tiles=True)
     slow = _run(encs, seq, heads, "math", seed)
     _assert_same(fast, slow, _labels(encs, 0))
 
@@ -222,7 +222,7 @@ def test_gradient_reaches_non_leaf_positions(small_blocks) -> None:
     pos = base * 1.5
     coords = mmpe.Points(pos)
     encs = _encodings(["kerple_log"], 2, 0)
-    fast = _run(encs, coords, 2, "sdpa", 0, extra=(pos, base), expect_blocked=True)
+    fast = _run(encs, coords, 2, "sdpa", 0, extra=(pos, base), expect_tiles=True)
     slow = _run(encs, coords, 2, "math", 0, extra=(pos, base))
     _assert_same(fast, slow, _labels(encs, 2))
 
@@ -231,13 +231,13 @@ def test_no_grad_and_fixed_bias_use_the_path(small_blocks) -> None:
     coords, _ = _points(2, 13, 1, padded=True, grad=False)
     encs = _encodings(["alibi"], 2, 1)
     attn = MultiHeadAttention(8, 2, encs)
-    ref = MultiHeadAttention(8, 2, encs, backend="math")
+    ref = MultiHeadAttention(8, 2, encs, route="math")
     ref.load_state_dict(attn.state_dict())
     x = torch.randn(2, 13, 8)
     with torch.no_grad():
         torch.testing.assert_close(attn(x, coords), ref(x, coords), atol=1e-5, rtol=1e-5)
     # fixed slopes, positions without gradient: the fused kernel's backward pass
-    fast = _run(encs, coords, 2, "sdpa", 4, expect_blocked=True)
+    fast = _run(encs, coords, 2, "sdpa", 4, expect_tiles=True)
     slow = _run(encs, coords, 2, "math", 4)
     _assert_same(fast, slow, _labels(encs, 0))
 
@@ -252,21 +252,21 @@ class _Holes(mmpe.Points):
 @pytest.mark.parametrize("fused", [True, False])
 def test_fully_masked_rows_match_the_block_path(small_blocks, monkeypatch, fused) -> None:
     # Rows with every key masked: output 0 and gradient 0, as the checkpointed SDPA blocks
-    # give (the math path's softmax gives NaN there), with or without the fused kernels.
+    # give (the math route's softmax gives NaN there), with or without the fused kernels.
     if not fused:
-        monkeypatch.setattr("mmpe.attention.cpu.flash._FLASH_CPU", None)
-        monkeypatch.setattr("mmpe.attention.cpu.flash._FLASH_CPU_BACKWARD", None)
+        monkeypatch.setattr("mmpe.attention.plans.flash._FLASH_CPU", None)
+        monkeypatch.setattr("mmpe.attention.plans.flash._FLASH_CPU_BACKWARD", None)
     pos = (torch.rand(10, 3, dtype=torch.float64) * 3).requires_grad_()
     coords = _Holes(pos)
     for names in (["alibi"], ["kerple_log"]):
         encs = _encodings(names, 2, 5)
-        fast = _run(encs, coords, 2, "sdpa", 5, torch.float64, (pos,), expect_blocked=True)
+        fast = _run(encs, coords, 2, "sdpa", 5, torch.float64, (pos,), expect_tiles=True)
         # a masked row's attention output is 0: the layer gives its output projection's bias
         assert torch.equal(fast[0][:, ::3], fast[0][:, :1].expand(-1, 4, -1))
         with monkeypatch.context() as mp:
-            mp.setattr("mmpe.attention.cpu.blocked.applies", lambda *a: False)
+            mp.setattr("mmpe.attention.plans.tiles.applies", lambda *a: False)
             slow = _run(encs, coords, 2, "sdpa", 5, torch.float64, (pos,),
-                        expect_blocked=False)
+                        expect_tiles=False)
         assert all(bool(torch.isfinite(g).all()) for g in fast[1] if g is not None)
         _assert_same(fast, slow, _labels(encs, 1), atol=1e-10, rtol=1e-10,
                      param_tol=(1e-6, 1e-5))
@@ -274,12 +274,12 @@ def test_fully_masked_rows_match_the_block_path(small_blocks, monkeypatch, fused
 
 def test_without_the_fused_kernels(small_blocks, monkeypatch) -> None:
     # A torch without the CPU kernel's ops: each block is computed explicitly, same numbers.
-    monkeypatch.setattr("mmpe.attention.cpu.flash._FLASH_CPU", None)
-    monkeypatch.setattr("mmpe.attention.cpu.flash._FLASH_CPU_BACKWARD", None)
+    monkeypatch.setattr("mmpe.attention.plans.flash._FLASH_CPU", None)
+    monkeypatch.setattr("mmpe.attention.plans.flash._FLASH_CPU_BACKWARD", None)
     coords, pos = _points(2, 11, 2, padded=True)
     for names in (["alibi"], ["kerple_log", "fire"]):
         encs = _encodings(names, 2, 2)
-        fast = _run(encs, coords, 2, "sdpa", 2, extra=(pos,), expect_blocked=True)
+        fast = _run(encs, coords, 2, "sdpa", 2, extra=(pos,), expect_tiles=True)
         slow = _run(encs, coords, 2, "math", 2, extra=(pos,))
         _assert_same(fast, slow, _labels(encs, 1))
 
@@ -295,8 +295,8 @@ def test_fallback_backward_equals_fused_kernel(monkeypatch) -> None:
     out, lse = _attend_block(q, k, v, bias, 0.4)
     d_out = torch.randn(out.shape, generator=g, dtype=torch.float64)
     fused = _attend_block_backward(d_out, q, k, v, out, lse, bias, 0.4)
-    monkeypatch.setattr("mmpe.attention.cpu.flash._FLASH_CPU", None)
-    monkeypatch.setattr("mmpe.attention.cpu.flash._FLASH_CPU_BACKWARD", None)
+    monkeypatch.setattr("mmpe.attention.plans.flash._FLASH_CPU", None)
+    monkeypatch.setattr("mmpe.attention.plans.flash._FLASH_CPU_BACKWARD", None)
     out_p, lse_p = _attend_block(q, k, v, bias, 0.4)
     torch.testing.assert_close(out_p, out, atol=1e-12, rtol=1e-12)
     torch.testing.assert_close(lse_p, lse, atol=1e-12, rtol=1e-12)
@@ -357,12 +357,12 @@ def test_content_dependent_terms_keep_the_checkpointed_blocks(small_blocks) -> N
     class _Content(ScoreEncoding):
         content_free = False
 
-    ctx = AttentionContext(_points(1, 5, 0, False)[0], 2, 4, 1, None,
+    ctx = AttentionCall(_points(1, 5, 0, False)[0], 2, 4, 1, None,
                            *(torch.randn(1, 2, 5, 4) for _ in range(3)))
-    assert blocked.applies(scores, ctx)
-    assert not blocked.applies([*scores, _Content()], ctx)
+    assert tiles.applies(scores, ctx)
+    assert not tiles.applies([*scores, _Content()], ctx)
     ctx.q = ctx.q.bfloat16()
-    assert not blocked.applies(scores, ctx)
+    assert not tiles.applies(scores, ctx)
 
 
 # -- the eager rows against score_mod and distance --------------------------------------------
@@ -424,7 +424,7 @@ def test_bias_rows_equal_score_mod(names, heads, case, unit, seed, data) -> None
     with torch.no_grad():
         for p in enc.parameters():
             p.add_(0.3 * torch.randn_like(p))
-    ctx = AttentionContext(coords, heads, 4, coords.batch_size or 1)
+    ctx = AttentionCall(coords, heads, 4, coords.batch_size or 1)
     n = coords.num_queries
     start = data.draw(st.integers(0, n - 1))
     stop = data.draw(st.integers(start + 1, n))
@@ -440,7 +440,7 @@ def test_bias_rows_equal_score_mod(names, heads, case, unit, seed, data) -> None
 def test_geometry_bias_rows_equal_the_pair_term(name) -> None:
     enc = mmpe.build(name, context={"num_heads": 3}, **OPTIONS.get(name, {}))
     for coords in _coords_cases(4):
-        ctx = AttentionContext(coords, 3, 4, coords.batch_size or 1)
+        ctx = AttentionCall(coords, 3, 4, coords.batch_size or 1)
         b, _, q, k = index_grid(coords.batch_size or 1, 1, coords.num_queries, coords.num_keys)
         ref = forms.pair_term(enc, ctx, q[:, :, 2:7], k, b)  # [n_h, b, 1, rows, n_k]
         torch.testing.assert_close(forms.rows(enc, ctx, 2, 7),
@@ -451,7 +451,7 @@ def test_graphormer_spatial_bias_rows_equal_score_mod() -> None:
     enc = mmpe.build("graphormer_spatial", context={"num_heads": 3})
     graph = mmpe.Graph(torch.tensor([[0, 1, 4], [1, 2, 5]]), num_nodes=6,
                        batch=torch.tensor([0, 0, 0, 0, 1, 1]), max_distance=2)
-    ctx = AttentionContext(graph, 3, 4, 2)
+    ctx = AttentionCall(graph, 3, 4, 2)
     for start, stop in ((0, 2), (1, 4), (0, graph.num_queries)):
         torch.testing.assert_close(forms.rows(enc, ctx, start, stop),
                                    generic.pair_rows(enc, ctx, start, stop), atol=0, rtol=0)
@@ -464,7 +464,7 @@ def _vjp_case(name: str, heads: int, seed: int, batch, grad_positions: bool):
     else:
         coords, pos = _points(batch, 10, seed, padded=seed % 2 == 0, grad=grad_positions)
     enc = _encodings([name], heads, seed)[0]
-    return enc, AttentionContext(coords, heads, 4, coords.batch_size or 2), pos
+    return enc, AttentionCall(coords, heads, 4, coords.batch_size or 2), pos
 
 
 def _autograd_grads(enc, ctx, start, stop, d_bias, wrt):
@@ -489,7 +489,7 @@ def _fire_c_term_scale(enc, ctx, start, stop, d_bias) -> float:
 # -- the encodings' tiles (BiasTiles) against bias_rows and autograd -------------------------
 def _tile_grads(enc, ctx, start, stop, width, d_bias, wrt, batch):
     """Rows written tile by tile and the gradients w.r.t. `wrt` of `Σ dS ⊙ rows` by the
-    encoding's `bias_tiles` (every batch entry, tile and head, in the blocked backward's
+    encoding's `bias_tiles` (every batch entry, tile and head, in the tiles plan's backward's
     order)."""
     with torch.enable_grad():
         tiles = forms.tiles(enc, ctx, start, stop, width)
@@ -515,7 +515,7 @@ def _tile_grads(enc, ctx, start, stop, width, d_bias, wrt, batch):
        width=st.integers(1, 12), seed=st.integers(0, 999), data=st.data())
 def test_bias_tiles_equal_rows_and_autograd(name, heads, batch, grad_positions, width, seed,
                                             data) -> None:
-    # The tiles the blocked backward pass reads: each tile's bias bit for bit the rows of
+    # The tiles the tiles plan's backward pass reads: each tile's bias bit for bit the rows of
     # bias_rows, and the gradients from the tiles' dS those of autograd through bias_rows.
     # FIRE in both of its forms: ramps (any number of cuts) and gathered pieces.
     limit = data.draw(st.sampled_from([-1, 64]))
@@ -569,7 +569,7 @@ def test_bias_tiles_comparison_catches_a_wrong_gradient(name, monkeypatch) -> No
 
 @pytest.mark.parametrize("names", [["kerple_log", "fire"], ["graphormer_spatial", "fire"]])
 def test_two_tiled_terms_and_float64(small_blocks, monkeypatch, names) -> None:
-    # Two tiled terms summed in one tile against the math path (float32), and in a float64
+    # Two tiled terms summed in one tile against the math route (float32), and in a float64
     # model (float32 FIRE rows, float64 KERPLE rows, summed before the cast) against the
     # checkpointed block path.
     for dtype in (torch.float32, torch.float64):
@@ -579,14 +579,14 @@ def test_two_tiled_terms_and_float64(small_blocks, monkeypatch, names) -> None:
             coords, pos = _points(2, 13, 4, padded=True, dtype=dtype)
             extra = (pos,)
         encs = _encodings(names, 2, 4)
-        fast = _run(encs, coords, 2, "sdpa", 4, dtype, extra, expect_blocked=True)
+        fast = _run(encs, coords, 2, "sdpa", 4, dtype, extra, expect_tiles=True)
         if dtype == torch.float32:
             slow = _run(encs, coords, 2, "math", 4, dtype, extra)
             _assert_same(fast, slow, _labels(encs, len(extra)))
             continue
         with monkeypatch.context() as mp:
-            mp.setattr("mmpe.attention.cpu.blocked.applies", lambda *a: False)
-            slow = _run(encs, coords, 2, "sdpa", 4, dtype, extra, expect_blocked=False)
+            mp.setattr("mmpe.attention.plans.tiles.applies", lambda *a: False)
+            slow = _run(encs, coords, 2, "sdpa", 4, dtype, extra, expect_tiles=False)
         _assert_same(fast, slow, _labels(encs, len(extra)), atol=1e-10, rtol=1e-10,
                      param_tol=(1e-6, 1e-5))
 
@@ -614,7 +614,7 @@ def test_fire_rows_do_not_depend_on_the_blocking(seed, batch, limit, data) -> No
     enc, ctx, _ = _vjp_case("fire", 2, seed, batch, False)
     if data.draw(st.booleans()):  # a sequence: its early queries' blocks have smaller inputs
         coords = _coords_cases(seed)[2]
-        ctx = AttentionContext(coords, 2, 4, coords.batch_size or 1)
+        ctx = AttentionCall(coords, 2, 4, coords.batch_size or 1)
     if data.draw(st.booleans()):  # cuts all over [0, 1]: blocks of other ranges hold others
         with torch.no_grad():
             enc.mlp[0].bias.copy_(-enc.mlp[0].weight[:, 0] * torch.linspace(0.02, 0.98, 32))
@@ -657,7 +657,7 @@ def test_bias_rows_leave_the_coordinates_alone(name) -> None:
         if name == "graphormer_spatial" and not isinstance(coords, mmpe.Graph):
             continue
         enc = mmpe.build(name, context={"num_heads": 2}, **OPTIONS.get(name, {}))
-        ctx = AttentionContext(coords, 2, 4, coords.batch_size or 1)
+        ctx = AttentionCall(coords, 2, 4, coords.batch_size or 1)
         n = coords.num_queries
         before = coords.distance_rows(0, n).clone() if hasattr(coords, "distance_rows") \
             else None
@@ -680,7 +680,7 @@ def test_two_terms_of_one_kind_equal_math_path(small_blocks, case, n, heads, see
     kind, name = case
     coords = _points(2, n, seed, padded=False)[0] if kind == "points" else lattice(n)
     encs = _encodings([name], heads, seed) + _encodings([name], heads, seed + 1)
-    fast = _run(encs, coords, heads, "sdpa", seed, expect_blocked=True)
+    fast = _run(encs, coords, heads, "sdpa", seed, expect_tiles=True)
     slow = _run(encs, coords, heads, "math", seed)
     _assert_same(fast, slow, _labels(encs, 0))
 
@@ -695,7 +695,7 @@ def test_blocks_reuse_one_storage(small_blocks, kind) -> None:
     seen, biases = [], []
     cls = type(attn.scores[0])
     own = fast_forms.FAST_FORMS[cls]
-    real_rows, real_attend = own["rows"], blocked._attend_block
+    real_rows, real_attend = own["rows"], tiles._attend_block
 
     def spy_rows(self, ctx, start, stop):
         rows = real_rows(self, ctx, start, stop)
@@ -708,7 +708,7 @@ def test_blocks_reuse_one_storage(small_blocks, kind) -> None:
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(own, "rows", spy_rows)
-        mp.setattr(blocked, "_attend_block", spy_attend)
+        mp.setattr(tiles, "_attend_block", spy_attend)
         with torch.no_grad():
             attn(torch.randn(1, 16, 8), coords)
     assert len(seen) > 2 and len(set(seen)) == 1
@@ -722,7 +722,7 @@ def test_rows_kept_across_blocks_are_not_overwritten() -> None:
     coords = _points(None, 12, 0, padded=False, grad=False)[0]
     for name in ["alibi", "kerple_log", "fire"]:
         enc = _encodings([name], 2, 0)[0]
-        ctx = AttentionContext(coords, 2, 4, 1)
+        ctx = AttentionCall(coords, 2, 4, 1)
         with torch.no_grad():
             expected = [forms.rows(enc, ctx, s, s + 4).clone() for s in (0, 4, 8)]
             with reuse_blocks():

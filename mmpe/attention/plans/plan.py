@@ -1,7 +1,7 @@
 """What the CPU SDPA plans share: the interface the dispatch reads, and one autograd Function.
 
-A plan ([relation][mmpe.attention.cpu.relation], [grid][mmpe.attention.cpu.grid],
-[blocked][mmpe.attention.cpu.blocked]) runs softmax attention block by block with SDPA's fused
+A plan ([relation][mmpe.attention.plans.relation], [grid][mmpe.attention.plans.grid],
+[tiles][mmpe.attention.plans.tiles]) runs softmax attention block by block with SDPA's fused
 CPU kernel, keeping each query's log-sum-exp (`O(n)`) instead of the scores; its backward pass
 recomputes each block's probabilities from it. Each plan module offers the dispatch
 ([mmpe.attention.dispatch][]) three functions: `applies(scores, ctx)` (whether it can run the
@@ -38,11 +38,11 @@ class Plan(Protocol):
 class PlanAttention(torch.autograd.Function):
     """Autograd of a plan.
 
-    Autograd of a [Plan][mmpe.attention.cpu.plan.Plan]: saves `q, k, v`, the output and the
+    Autograd of a [Plan][mmpe.attention.plans.plan.Plan]: saves `q, k, v`, the output and the
     log-sum-exp (`O(n)`), not the bias or the scores. The inputs are held as they are (a saved
-    copy would not be the tensor `autograd.grad` must differentiate towards, which the blocked
+    copy would not be the tensor `autograd.grad` must differentiate towards, which the tiles
     plan's pullbacks need; they are parameters, coordinate tensors or a small table, alive
-    anyway). Not itself differentiable (no double backward: use `backend="math"` for gradient
+    anyway). Not itself differentiable (no double backward: use `route="math"` for gradient
     penalties through attention)."""
 
     @staticmethod
@@ -64,7 +64,7 @@ class PlanAttention(torch.autograd.Function):
 def run_plan(plan: Plan, q: Tensor, k: Tensor, v: Tensor, *inputs: Tensor) -> Tensor:
     """The plan's output.
 
-    The plan's output `[b, n_h, n_q, h_d]`: through [PlanAttention][mmpe.attention.cpu.plan.PlanAttention]
+    The plan's output `[b, n_h, n_q, h_d]`: through [PlanAttention][mmpe.attention.plans.plan.PlanAttention]
     where a gradient is wanted, else its forward pass alone."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *inputs)):
         return PlanAttention.apply(plan, q, k, v, *inputs)

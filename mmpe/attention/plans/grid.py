@@ -1,4 +1,4 @@
-"""The relation path on grids (CPU): a bias that depends only on the cell offset, block-Toeplitz.
+"""The relation plan on grids (CPU): a bias that depends only on the cell offset, block-Toeplitz.
 
 On a [Grid][mmpe.coords.grid.Grid] of shape `(s_0, …, s_{A−1})` (`A ≥ 2`), a score term that
 depends on a pair only through the per-axis offset of its two cells (ALiBi, T5, KERPLE and FIRE
@@ -6,7 +6,7 @@ on grid distance, Swin/BEiT tables, SwinV2's CPB: see `forms.offset_only_on_grid
 a table `U` over the `Π (2 s_a − 1)` offsets, plus one value per head for each kind of pair
 with a prefix token (prefix→cell, cell→prefix, prefix→prefix). The table is read from the
 encoding's own `score_mod` on one representative pair per offset, so it holds exactly the
-numbers the other paths compute.
+numbers the other plans compute.
 
 Layout: queries are taken in groups of `C` consecutive cells of a slab of the first axis (in
 row-major order), for every value of the first axis. For one group
@@ -17,8 +17,8 @@ batch dimension makes the whole group's bias one strided view, which SDPA's fuse
 reads with no `n×n` tensor, in one call per group and head; the few prefix keys are merged in
 by their log-sum-exp. `E` is `O(C × n)`.
 
-The backward pass ([mmpe.attention.cpu.grid_backward][]) recomputes each block's probabilities
-from the saved log-sum-exp (as the sequence path does, [mmpe.attention.cpu.relation][]): by SDPA's
+The backward pass ([mmpe.attention.plans.grid_backward][]) recomputes each block's probabilities
+from the saved log-sum-exp (as the relation plan does, [mmpe.attention.plans.relation][]): by SDPA's
 fused backward where the bias is constant, else by hand, adding the gradient of the scores
 into the slices of `dE` it read, which an `index_add` folds back onto the offset table; prefix
 pairs reduce onto their three values per head. Nothing of `n × n` is kept.
@@ -34,18 +34,18 @@ import torch
 from torch import Tensor
 
 from mmpe.attention import forms
-from mmpe.attention.cpu import grid_backward
-from mmpe.attention.cpu.flash import _attend_block
-from mmpe.attention.cpu.plan import run_plan
 from mmpe.attention.forms import offset_table
+from mmpe.attention.plans import grid_backward
+from mmpe.attention.plans.flash import _attend_block
+from mmpe.attention.plans.plan import run_plan
 from mmpe.coords.grid import Grid
-from mmpe.encodings.base import AttentionContext, ScoreEncoding
+from mmpe.encodings.base import AttentionCall, ScoreEncoding
 from mmpe.prepare import memoized
 
-#: the grid path is taken where the dense bias `[b, n_h, n, n]` would be at least this large
+#: the grid plan is taken where the dense bias `[b, n_h, n, n]` would be at least this large
 #: and no term has a trainable parameter (ALiBi): below it, one fused SDPA call with the dense
 #: bias is faster (fwd+bwd of the layer, 6 heads, 32 × 32 + cls, 25 MB: ALiBi 1.11× the
-#: unbiased layer dense, 1.21× on the grid path).
+#: unbiased layer dense, 1.21× on the grid plan).
 GRID_MIN_BIAS_BYTES = 64 << 20
 
 #: the same where a term has trainable parameters (T5, KERPLE, FIRE, Swin, SwinV2-CPB), whose
@@ -63,14 +63,14 @@ GRID_CHUNK = 64
 
 #: bytes of one head's expanded table `E` for one group of queries (and of its gradient): the
 #: chunk of cells is cut to fit (64 at 64 × 64 and 16 × 16 × 16, 19 at 128 × 128). Its
-#: copies in the backward pass count against the path's peak memory, kept within 10 % of the
+#: copies in the backward pass count against the plan's peak memory, kept within 10 % of the
 #: unbiased layer's at 128 × 128 (which holds q, k, v, the output and their gradients).
 GRID_TABLE_BYTES = 5 << 19
 
-def applies(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
-    """Whether the grid path can run the call.
+def applies(scores: Seq[ScoreEncoding], ctx: AttentionCall) -> bool:
+    """Whether the grid plan can run the call.
 
-    Whether the grid path can run the call: CPU, float32/64, not compiling, self-attention on
+    Whether the grid plan can run the call: CPU, float32/64, not compiling, self-attention on
     an unmasked [Grid][mmpe.coords.grid.Grid] of two axes or more, and every score term
     content-free, additive and a function of the cell offset
     ([offset_only_on_grids][mmpe.attention.forms.offset_only_on_grids])."""
@@ -84,33 +84,33 @@ def applies(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
                     for e in scores))
 
 
-def pays(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
-    """Whether the grid path beats the dense bias.
+def pays(scores: Seq[ScoreEncoding], ctx: AttentionCall) -> bool:
+    """Whether the grid plan beats the dense bias.
 
-    Whether the grid path beats the dense bias: the bias of one batch entry is
+    Whether the grid plan beats the dense bias: the bias of one batch entry is
     `GRID_MIN_BIAS_BYTES` or more (`GRID_MIN_LEARNED_BIAS_BYTES` where a term has a trainable
     parameter). One entry's, since a content-free bias `[1, n_h, n, n]` is shared by the batch
-    and the grid path's work grows with the batch as the dense path's does (ViT-B/16 at 224
-    px, batch 8: 1.9 MB, the dense path)."""
+    and the grid plan's work grows with the batch as the dense plan's does (ViT-B/16 at 224
+    px, batch 8: 1.9 MB, the dense plan)."""
     coords = ctx.coords
     learned = any(p.requires_grad for e in scores for p in e.parameters())
     least = GRID_MIN_LEARNED_BIAS_BYTES if learned else GRID_MIN_BIAS_BYTES
     return ctx.num_heads * coords.num_queries * coords.num_keys * 4 >= least
 
 
-def takes_grid_path(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
-    """Whether the call runs on the grid path.
+def takes_grid_path(scores: Seq[ScoreEncoding], ctx: AttentionCall) -> bool:
+    """Whether the call runs on the grid plan.
 
-    Whether the call runs on the grid path: it [applies][mmpe.attention.cpu.grid.applies]
-    and [pays][mmpe.attention.cpu.grid.pays]."""
+    Whether the call runs on the grid plan: it [applies][mmpe.attention.plans.grid.applies]
+    and [pays][mmpe.attention.plans.grid.pays]."""
     return applies(scores, ctx) and pays(scores, ctx)
 
 
-def attend(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -> Tensor:
-    """The call's output on the grid path.
+def attend(scores: Seq[ScoreEncoding], ctx: AttentionCall, scale: float) -> Tensor:
+    """The call's output on the grid plan.
 
-    The call's output `[b, n_h, n, h_d]` on this path (where it
-    [applies][mmpe.attention.cpu.grid.applies])."""
+    The call's output `[b, n_h, n, h_d]` on this plan (where it
+    [applies][mmpe.attention.plans.grid.applies])."""
     plan, table, prefix = GridPlan.build(scores, ctx, scale)
     return plan.run(ctx.q, ctx.k, ctx.v, table, prefix)
 
@@ -119,7 +119,7 @@ class GridPlan:
     """Softmax attention with an offset-only bias on a grid.
 
     Softmax attention with an offset-only bias on a grid: layout and forward pass (the
-    backward pass is [mmpe.attention.cpu.grid_backward][])."""
+    backward pass is [mmpe.attention.plans.grid_backward][])."""
 
     def __init__(self, grid: Grid, scale: float, itemsize: int) -> None:
         self.grid, self.scale = grid, scale
@@ -130,13 +130,13 @@ class GridPlan:
         self.chunk = max(1, min(GRID_CHUNK, self.slab, GRID_TABLE_BYTES // row))
 
     @classmethod
-    def build(cls, scores: Seq[ScoreEncoding], ctx: AttentionContext,
+    def build(cls, scores: Seq[ScoreEncoding], ctx: AttentionCall,
               scale: float) -> tuple[GridPlan, Tensor, Tensor]:
         """The plan, the offset table and the prefix values of a call.
 
         The plan, the offset table `U [n_h, 2 s_0 − 1, R']` (`R' = Π_{a≥1} (2 s_a − 1)`,
         indexed by `kv − q + s − 1`) and the prefix values `[n_h, 3]`, in q's dtype, for a call
-        where [applies][mmpe.attention.cpu.grid.applies]."""
+        where [applies][mmpe.attention.plans.grid.applies]."""
         grid = ctx.coords
         total = None
         for enc in scores:
@@ -205,7 +205,7 @@ class GridPlan:
     def fold(self, d_table: Tensor, d_e: Tensor, index: Tensor) -> None:
         """Add one head's `dE` onto its offset table's gradient.
 
-        Add one head's `dE` (the layout of [expand][mmpe.attention.cpu.grid.GridPlan.expand])
+        Add one head's `dE` (the layout of [expand][mmpe.attention.plans.grid.GridPlan.expand])
         onto its offset table's gradient `[2 s_0 − 1, R']`."""
         offsets, (width, cells) = d_table.shape[0], index.shape
         d_e = d_e.view(width, offsets, cells).transpose(0, 1).reshape(offsets, -1)
@@ -223,7 +223,7 @@ class GridPlan:
     def cell_block(self, x: Tensor, head: int, tokens: Tensor, count: int) -> Tensor:
         """One head's rows `tokens` of `x` laid out per block.
 
-        One head's rows `tokens` (a block of [blocks][mmpe.attention.cpu.grid.GridPlan.blocks])
+        One head's rows `tokens` (a block of [blocks][mmpe.attention.plans.grid.GridPlan.blocks])
         of `x [b, n_h, n, ·]` as `[G, b, C', ·]`: the block's first-axis indices in the batch
         dimension, the batch in the heads dimension (so one strided view is their bias)."""
         rows = x[:, head, tokens]
@@ -295,6 +295,6 @@ class GridPlan:
         """Gradients with respect to `q, k, v`, the offset table and the prefix values.
 
         Gradients w.r.t. `q, k, v`, the offset table and the prefix values (`inputs`; None
-        where `needs` is False), by [mmpe.attention.cpu.grid_backward][]."""
+        where `needs` is False), by [mmpe.attention.plans.grid_backward][]."""
         table, prefix = inputs
         return grid_backward.backward(self, q, k, v, table, prefix, out, lse, d_out, needs)

@@ -1,7 +1,7 @@
-"""The blocked bias path (CPU): content-free additive score terms on any coordinates.
+"""The tiles plan (CPU): content-free additive score terms on any coordinates.
 
-Where the relation path (Toeplitz sequences, [mmpe.attention.cpu.relation][]) and the grid path
-([mmpe.attention.cpu.grid][]) do not apply — points, graphs, sequences with explicit or padded
+Where the relation plan (Toeplitz sequences, [mmpe.attention.plans.relation][]) and the grid plan
+([mmpe.attention.plans.grid][]) do not apply — points, graphs, sequences with explicit or padded
 positions — and the dense bias `[b, n_h, n_q, n_k]` would exceed
 [block_bytes][mmpe.attention.memory.block_bytes], attention runs here, block by block of query
 rows. Forward, per block: the block's bias rows (the sum of each encoding's
@@ -25,16 +25,16 @@ Backward, per block, the bias rows are computed again, and:
   terms the block's rows are made and `dS` is written into the block's gradient of the bias,
   pulled back by `torch.autograd.grad(rows, inputs, dS)` on that block's rows only (the
   encodings' own differentiable code)
-  (`BlockedPlan.pullback_bias`).
+  (`TilesPlan.pullback_bias`).
 
 Which tensors the bias depends on is read from the autograd graph of one probe row (see
-[bias_inputs][mmpe.attention.cpu.blocked.bias_inputs]): the leaves it reaches (parameters,
+[bias_inputs][mmpe.attention.plans.tiles.bias_inputs]): the leaves it reaches (parameters,
 positions that require a gradient) and, where a coordinate object holds a tensor computed from
 such a leaf (`Points` keeps each axis of its positions), that tensor; they are inputs of the
 autograd function, so the gradients reach them by the ordinary route.
 
 Peak memory is `O(block × n_k)`: no tensor of `n_q × n_k` elements is made or kept.
-Content-dependent terms, bf16/fp16 and compiled code keep the checkpointed block path of
+Content-dependent terms, bf16/fp16 and compiled code keep the checkpointed plan of
 [mmpe.attention.dispatch][].
 """
 
@@ -50,32 +50,32 @@ from torch import Tensor
 
 from mmpe._scratch import reuse_blocks
 from mmpe.attention import forms
-from mmpe.attention.cpu.flash import _attend_block, _attend_block_backward
-from mmpe.attention.cpu.plan import run_plan
 from mmpe.attention.masks import cast_bias
 from mmpe.attention.memory import bias_row_bytes, block_bytes
+from mmpe.attention.plans.flash import _attend_block, _attend_block_backward
+from mmpe.attention.plans.plan import run_plan
 from mmpe.attention.term_layouts import BiasTiles
 from mmpe.coords.base import Coordinates
 from mmpe.coords.grid import Grid
-from mmpe.encodings.base import AttentionContext, ScoreEncoding
+from mmpe.encodings.base import AttentionCall, ScoreEncoding
 
 #: queries per block of the forward pass and of the fused backward pass (capped by
 #: `MMPE_ATTN_BLOCK_BYTES`): SDPA's CPU kernel tiles blocks of 192 rows or more in 64-row tiles.
-BLOCKED_FORWARD_ROWS = 256
+TILES_FORWARD_ROWS = 256
 
 #: queries per block where the backward pass computes `dS` itself (a learned bias, positions
 #: with gradients) and some term has no fast `tiles`: the block's bias and `dS` are `[b, n_h,
 #: R, n_k]` each.
-BLOCKED_BACKWARD_ROWS = 256
+TILES_BACKWARD_ROWS = 256
 
 #: queries per block of that backward pass where every term has fast `tiles` (nothing of the block's `[b, n_h, R, n_k]` is made): at 4,096 points with
 #: KERPLE-log, 512 rows 1.42× the unbiased layer, 256 rows 1.49×, 1,024 rows 1.41×.
-BLOCKED_TILED_ROWS = 512
+TILES_TILED_ROWS = 512
 
 #: keys per tile of that backward pass: one head's `[512, 256]` probabilities (512 kB) stay in
 #: the cache across the tile's five products and the terms' passes (at 4,096 points with
 #: KERPLE-log, 512 rows: 256 keys 1.42×, 512 keys 1.47×, 128 keys 1.49×).
-BLOCKED_KEY_TILE = 256
+TILES_KEY_TILE = 256
 
 
 #: below the block budget, the query–key pairs per batch entry and head from which a layer
@@ -86,15 +86,15 @@ BLOCKED_KEY_TILE = 256
 #: 1.66 / 1.95, at 1,024 1.91 / 2.81; FIRE 2.00 / 1.65, 1.96 / 2.42, 2.06 / 2.51, 2.18 / 3.28;
 #: Graphormer on a 512-node graph 1.68 / 1.65, 1,024 nodes 1.84 / 2.41. The dense bias's
 #: graph also holds 6–7× the unbiased layer's memory at 1,024 points; here about 1×.
-BLOCKED_MIN_TILED_PAIRS = 384 * 384
+TILES_MIN_TILED_PAIRS = 384 * 384
 
 #: a term's pullback in that backward pass: the block's `dS [b, n_h, R, n_k]` → tensors and
-#: their cotangents (see `BlockedPlan.pullback_bias`)
+#: their cotangents (see `TilesPlan.pullback_bias`)
 Pullback = Callable[[Tensor], tuple[Seq[Tensor], Seq[Tensor]]]
 
 
-def applies(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
-    """Whether a call whose dense bias is too large runs on the blocked path.
+def applies(scores: Seq[ScoreEncoding], ctx: AttentionCall) -> bool:
+    """Whether a call whose dense bias is too large runs on the tiles plan.
 
     Whether a call whose dense bias is too large runs here: CPU, float32/64, not compiling,
     and at least one score term, every one content-free and additive."""
@@ -105,55 +105,55 @@ def applies(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
             and all(e.content_free and e.additive for e in scores))
 
 
-def prefers_tiles(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
-    """Whether a call whose dense bias fits the budget runs on the blocked path.
+def prefers_tiles(scores: Seq[ScoreEncoding], ctx: AttentionCall) -> bool:
+    """Whether a call whose dense bias fits the budget runs on the tiles plan.
 
     Whether a call whose dense bias fits the block budget runs here all the same: in grad
-    mode, on this path's terms (`applies`), every one with fast `tiles` and one
+    mode, on this plan's terms (`applies`), every one with fast `tiles` and one
     with a parameter that takes a gradient, no coordinate tensor that takes one (a force
-    field's positions: the dense path keeps the double backward that the blocked path does
+    field's positions: the dense plan keeps the double backward that the tiles plan does
     not have), not on a [Grid][mmpe.coords.grid.Grid] (whose offset-only terms have the grid
-    path and its own thresholds), and at least `BLOCKED_MIN_TILED_PAIRS` query–key pairs per
+    plan and its own thresholds), and at least `TILES_MIN_TILED_PAIRS` query–key pairs per
     entry and head."""
     coords = ctx.coords
     return (torch.is_grad_enabled() and not isinstance(coords, Grid)
             and applies(scores, ctx)
-            and coords.num_queries * coords.num_keys >= BLOCKED_MIN_TILED_PAIRS
+            and coords.num_queries * coords.num_keys >= TILES_MIN_TILED_PAIRS
             and all(forms.offers(e, "tiles") for e in scores)
             and any(p.requires_grad for e in scores for p in e.parameters())
             and not any(t.requires_grad for t in _coordinate_tensors(coords)))
 
 
-def pays(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
+def pays(scores: Seq[ScoreEncoding], ctx: AttentionCall) -> bool:
     """Whether the call's terms are better taken block by block.
 
     Whether the call's terms are better taken block by block than as one dense bias: the
     bias of every query exceeds the block budget (`mmpe.attention.memory.block_bytes`), or the
-    terms [prefer tiles][mmpe.attention.cpu.blocked.prefers_tiles]. Where this path does not
-    [apply][mmpe.attention.cpu.blocked.applies], the dispatch takes checkpointed blocks of rows
+    terms [prefer tiles][mmpe.attention.plans.tiles.prefers_tiles]. Where this plan does not
+    [apply][mmpe.attention.plans.tiles.applies], the dispatch takes checkpointed blocks of rows
     instead."""
     return len(scores) > 0 and (bias_row_bytes(ctx, ctx.coords.num_queries) > block_bytes()
                                 or prefers_tiles(scores, ctx))
 
 
-def attend(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -> Tensor:
-    """The call's output on the blocked path.
+def attend(scores: Seq[ScoreEncoding], ctx: AttentionCall, scale: float) -> Tensor:
+    """The call's output on the tiles plan.
 
-    The call's output `[b, n_h, n_q, h_d]` on this path (where it
-    [applies][mmpe.attention.cpu.blocked.applies])."""
-    return BlockedPlan(scores, ctx, scale).run(ctx.q, ctx.k, ctx.v)
+    The call's output `[b, n_h, n_q, h_d]` on this plan (where it
+    [applies][mmpe.attention.plans.tiles.applies])."""
+    return TilesPlan(scores, ctx, scale).run(ctx.q, ctx.k, ctx.v)
 
 
-class BlockedPlan:
+class TilesPlan:
     """Softmax attention with content-free additive score terms, block by block of queries:
     the forward pass, and the backward pass of
-    [PlanAttention][mmpe.attention.cpu.plan.PlanAttention].
+    [PlanAttention][mmpe.attention.plans.plan.PlanAttention].
 
-    Holds the encodings and a copy of the call's context without `x, q, k, v` (a content-free
+    Holds the encodings and a copy of the call without `x, q, k, v` (a content-free
     term does not read them; the autograd function saves q, k, v itself, so that
     `saved_tensors_hooks` see them)."""
 
-    def __init__(self, scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -> None:
+    def __init__(self, scores: Seq[ScoreEncoding], ctx: AttentionCall, scale: float) -> None:
         self.scores, self.scale = list(scores), scale
         self.ctx = dataclasses.replace(ctx, x=None, q=None, k=None, v=None)
         coords = ctx.coords
@@ -161,22 +161,22 @@ class BlockedPlan:
         itemsize = max(4, ctx.q.element_size())
         per_row = max(1, bias_row_bytes(ctx, 1) * itemsize // 4)
         cap = max(1, block_bytes() // per_row)
-        self.forward_rows = min(BLOCKED_FORWARD_ROWS, cap)
+        self.forward_rows = min(TILES_FORWARD_ROWS, cap)
         # a learned distance kernel's per-pair features are `feature_width / n_h` times the
         # bias, and autograd keeps them for a block: bound the block by them as well
         width = max([ctx.num_heads, *(getattr(e, "feature_width", 1) for e in self.scores)])
         per_feature_row = ctx.q.shape[0] * self.n_k * width * 4
-        self.backward_rows = min(BLOCKED_BACKWARD_ROWS, cap,
+        self.backward_rows = min(TILES_BACKWARD_ROWS, cap,
                                  max(1, block_bytes() // max(1, per_feature_row)))
-        self.tiled_rows = min(BLOCKED_TILED_ROWS, cap)
+        self.tiled_rows = min(TILES_TILED_ROWS, cap)
 
     @classmethod
-    def build(cls, scores: Seq[ScoreEncoding], ctx: AttentionContext,
-              scale: float) -> BlockedPlan | None:
-        """The plan, or None where this path does not apply.
+    def build(cls, scores: Seq[ScoreEncoding], ctx: AttentionCall,
+              scale: float) -> TilesPlan | None:
+        """The plan, or None where this plan does not apply.
 
-        The plan, or None where this path does not apply (see
-        [applies][mmpe.attention.cpu.blocked.applies])."""
+        The plan, or None where this plan does not apply (see
+        [applies][mmpe.attention.plans.tiles.applies])."""
         return cls(scores, ctx, scale) if applies(scores, ctx) else None
 
     def blocks(self, rows: int) -> Iterator[tuple[int, int]]:
@@ -199,7 +199,7 @@ class BlockedPlan:
         """The block's bias as SDPA reads it.
 
         The block's bias as SDPA reads it: masked pairs at `−inf`, in `dtype` (the same cast
-        as the dense path's, `cast_bias`)."""
+        as the dense plan's, `cast_bias`)."""
         if raw is None:
             with torch.no_grad():
                 raw = self.raw_bias(start, stop)
@@ -277,7 +277,7 @@ class BlockedPlan:
                        d_out: Tensor, inputs: Seq[Tensor], needs: Seq[bool]):
         """`dS` per block from the saved log-sum-exp; `dq, dk, dv` and the bias inputs'
         gradients from it. Within a block, batch entry by batch entry, tile by tile of
-        `BLOCKED_KEY_TILE` keys and head by head within a tile (a tile's probabilities stay in
+        `TILES_KEY_TILE` keys and head by head within a tile (a tile's probabilities stay in
         the cache across its five products; a term prepares a tile once for every head). A
         term with fast `tiles` ([BiasTiles][mmpe.attention.term_layouts.BiasTiles]) writes its bias
         into each tile and takes the tile's `dS` at once; the others' rows are made for the
@@ -297,7 +297,7 @@ class BlockedPlan:
         for start, stop in self.blocks(block):
             rows = slice(start, stop)
             with torch.enable_grad():
-                tiles = [forms.tiles(e, self.ctx, start, stop, BLOCKED_KEY_TILE)
+                tiles = [forms.tiles(e, self.ctx, start, stop, TILES_KEY_TILE)
                          for e in tiled_terms]
             mask = self.ctx.coords.dense_mask(start, stop)
             raw, pullbacks = None, []
@@ -308,16 +308,16 @@ class BlockedPlan:
             dtype = functools.reduce(torch.promote_types, [t.dtype for t in tiles],
                                      tiles[0].dtype if raw is None else raw.dtype)
             d_bias = q.new_empty(b, h, stop - start, self.n_k) if pullbacks else None
-            bufs = _TileBuffers(q, stop - start, min(BLOCKED_KEY_TILE, self.n_k), dtype,
+            bufs = _TileBuffers(q, stop - start, min(TILES_KEY_TILE, self.n_k), dtype,
                                 d_bias is None)
             for i in range(b):
                 # each head's rows and key tiles as views, made once (not per tile and head)
                 per_head = [t[i, :, rows].unbind(0) for t in (q, d_out, lse[..., None],
                                                              neg_delta, dq)]
-                key_tiles = [[t[i, head].split(BLOCKED_KEY_TILE) for head in range(h)]
+                key_tiles = [[t[i, head].split(TILES_KEY_TILE) for head in range(h)]
                              for t in (k, v, dk, dv)]
-                for j, c in enumerate(range(0, self.n_k, BLOCKED_KEY_TILE)):
-                    keys = slice(c, min(self.n_k, c + BLOCKED_KEY_TILE))
+                for j, c in enumerate(range(0, self.n_k, TILES_KEY_TILE)):
+                    keys = slice(c, min(self.n_k, c + TILES_KEY_TILE))
                     tile_mask = None if mask is None else _pick(mask, i, 0)[:, keys]
                     for head in range(h):
                         kt, vt, dkt, dvt = (t[head][j] for t in key_tiles)
@@ -417,7 +417,7 @@ def _pick(t: Tensor | None, i: int, head: int) -> Tensor | None:
     return t[min(i, t.shape[0] - 1), min(head, t.shape[1] - 1)]
 
 
-def bias_inputs(plan: BlockedPlan) -> list[Tensor]:
+def bias_inputs(plan: TilesPlan) -> list[Tensor]:
     """The tensors that require a gradient and the plan's bias depends on.
 
     The tensors that require a gradient and the plan's bias depends on: the leaves the

@@ -1,6 +1,6 @@
-"""The relation path on sequences (CPU).
+"""The relation plan on sequences (CPU).
 
-The relation path on sequences (CPU): content-free score terms on ``toeplitz`` coordinates
+The relation plan on sequences (CPU): content-free score terms on ``toeplitz`` coordinates
 read from tables over the ``n_q + n_k − 1`` offsets, with a backward pass that reduces the
 gradient of the scores onto those tables (no ``n×n`` tensor kept)."""
 
@@ -13,26 +13,26 @@ import torch
 from torch import Tensor
 
 from mmpe.attention import forms
-from mmpe.attention.cpu.flash import _attend_block
-from mmpe.attention.cpu.plan import run_plan
 from mmpe.attention.masks import _only_causal
 from mmpe.attention.memory import block_bytes
+from mmpe.attention.plans.flash import _attend_block
+from mmpe.attention.plans.plan import run_plan
 from mmpe.attention.term_layouts import (
     CompactBias,
     antidiagonal_buffer,
     antidiagonal_sums,
     toeplitz_rows,
 )
-from mmpe.encodings.base import AttentionContext, ScoreEncoding
+from mmpe.encodings.base import AttentionCall, ScoreEncoding
 from mmpe.prepare import memoized
 
-#: queries per block on the relation path where the block's bias is materialised (FIRE, packed
+#: queries per block on the relation plan where the block's bias is materialised (FIRE, packed
 #: documents) and in its backward pass: ``[n_h, 64, n_k]`` blocks measured fastest on one core
 #: from n = 2048 to 8192 (the blocks of the backward's five products stay in cache); capped by
 #: ``MMPE_ATTN_BLOCK_BYTES``.
 RELATION_BLOCK_ROWS = 64
 
-#: the relation path is taken where one batch entry's dense bias `[n_h, n_q, n_k]` float32 would
+#: the relation plan is taken where one batch entry's dense bias `[n_h, n_q, n_k]` float32 would
 #: be at least this large: below it the dense bias in one SDPA call is faster (fwd+bwd of the
 #: layer, d_model 512, 8 heads, two threads: at 128 causal tokens and batch 32, 0.5 MB, T5 1.23×
 #: the unbiased layer here and 1.13× dense, ALiBi 1.07× and 1.01×; at 512 tokens and batch 8,
@@ -40,10 +40,10 @@ RELATION_BLOCK_ROWS = 64
 RELATION_MIN_BIAS_BYTES = 2 << 20
 
 
-def applies(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
-    """Whether the relation path can run the call.
+def applies(scores: Seq[ScoreEncoding], ctx: AttentionCall) -> bool:
+    """Whether the relation plan can run the call.
 
-    Whether this path can run the call: the CPU, float32/64, not under
+    Whether this plan can run the call: the CPU, float32/64, not under
     ``torch.compile``, ``toeplitz`` coordinates, and every term content-free, additive and
     either a function of the relation (structures ``relation``, ``distance``) or of a class
     with a compact form (FIRE)."""
@@ -57,17 +57,17 @@ def applies(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
                     for e in scores))
 
 
-def pays(scores: Seq[ScoreEncoding], ctx: AttentionContext) -> bool:
+def pays(scores: Seq[ScoreEncoding], ctx: AttentionCall) -> bool:
     """Whether one batch entry's dense bias reaches `RELATION_MIN_BIAS_BYTES`."""
     coords = ctx.coords
     return ctx.num_heads * coords.num_queries * coords.num_keys * 4 >= RELATION_MIN_BIAS_BYTES
 
 
-def attend(scores: Seq[ScoreEncoding], ctx: AttentionContext, scale: float) -> Tensor:
-    """The call's output on the relation path.
+def attend(scores: Seq[ScoreEncoding], ctx: AttentionCall, scale: float) -> Tensor:
+    """The call's output on the relation plan.
 
-    The call's output `[b, n_h, n_q, h_d]` on this path (where it
-    [applies][mmpe.attention.cpu.relation.applies])."""
+    The call's output `[b, n_h, n_q, h_d]` on this plan (where it
+    [applies][mmpe.attention.plans.relation.applies])."""
     return RelationPlan.build(scores, ctx, scale).run(ctx.q, ctx.k, ctx.v)
 
 
@@ -80,18 +80,18 @@ class RelationPlan:
     are taken in blocks, each block's rows reversed so that its bias is a strided view of the
     table ([`toeplitz_rows`][mmpe.attention.term_layouts.toeplitz_rows]): SDPA's fused CPU kernel
     reads it with no ``n×n`` tensor, and a causal block stops at its last query's key. The
-    backward pass ([`PlanAttention`][mmpe.attention.cpu.plan.PlanAttention]) recomputes each
+    backward pass ([`PlanAttention`][mmpe.attention.plans.plan.PlanAttention]) recomputes each
     block's probabilities from the saved log-sum-exp and reduces the gradient of the scores onto
     the table (anti-diagonal sums) and the compact terms, instead of scattering an ``n×n``
     gradient through an autograd graph.
 
-    Equal to the other paths (tests/attention/test_attention_fastbias.py compares against the
-    math path, gradients included). Taken by
-    [`build`][mmpe.attention.cpu.relation.RelationPlan.build] only where it applies; otherwise
+    Equal to the other plans (tests/attention/test_attention_fastbias.py compares against the
+    math route, gradients included). Taken by
+    [`build`][mmpe.attention.plans.relation.RelationPlan.build] only where it applies; otherwise
     ``None``.
     """
 
-    def __init__(self, ctx: AttentionContext, scale: float, table: Tensor,
+    def __init__(self, ctx: AttentionCall, scale: float, table: Tensor,
                  compact: list[CompactBias], rows: int, cap: int) -> None:
         coords = ctx.coords
         self.coords, self.scale, self.table, self.compact = coords, scale, table, compact
@@ -107,9 +107,9 @@ class RelationPlan:
             self.forward_rows = min(cap, max(rows, min(512, self.n_q // 16)))
 
     @classmethod
-    def build(cls, scores: Seq[ScoreEncoding], ctx: AttentionContext,
+    def build(cls, scores: Seq[ScoreEncoding], ctx: AttentionCall,
               scale: float) -> RelationPlan:
-        """The plan for a call where [applies][mmpe.attention.cpu.relation.applies]."""
+        """The plan for a call where [applies][mmpe.attention.plans.relation.applies]."""
         coords, q = ctx.coords, ctx.q
         n_q, n_k = coords.num_queries, coords.num_keys
         relation = torch.arange(n_k - 1, -n_q, -1, device=q.device)  # table index s = 0, 1 …
