@@ -321,8 +321,8 @@ class GenomicsModel(AdamWCosine, L.LightningModule):
         self.embed = nn.Embedding(5 ** kmer, d_model)
         self.task_embed = nn.Embedding(len(TASKS), d_model)
         self.transformer = Transformer(d_model, num_heads, depth, [spec], mlp_ratio=mlp_ratio,
-                                       encoding_context={"max_len": max_len,
-                                                         "original_max_position_embeddings": max_len})
+                                       context={"max_len": max_len,
+                                                "original_max_position_embeddings": max_len})
         self.lm_head = nn.Linear(d_model, 4)
         self.heads = nn.ModuleDict({t: nn.Linear(d_model, 2) for t in CLASSIFY})
 

@@ -391,8 +391,8 @@ class TaskLM(AdamWCosine, L.LightningModule):
         self.digits = registry.get(encoding).cls.needs == (DigitPositioned,)
         self.digit_ids = Tokenizer().digit_ids
         self.lm = CausalLM(vocab_size, d_model, num_heads, depth, [spec],
-                           encoding_context={"max_len": max_len,
-                                             "original_max_position_embeddings": max_len})
+                           context={"max_len": max_len,
+                                    "original_max_position_embeddings": max_len})
 
     def coords(self, tokens: Tensor, position_ids: Tensor | None = None) -> Sequence:
         if self.digits:

@@ -300,7 +300,7 @@ class GlobeModel(LossMetricSteps, L.LightningModule):
             spec.setdefault("init_L", math.pi)
         context = {"distance_unit": math.radians(distance_unit_deg)}
         self.transformer = Transformer(d_model, num_heads, depth, [spec], mlp_ratio=mlp_ratio,
-                                       encoding_context=context)
+                                       context=context)
         self.token = nn.Parameter(torch.randn(2, d_model) * 0.02)  # [observed, query] / land
         self.value_in = nn.Linear(1, d_model)
         if task == "land":  # no observed values: frozen, so DDP need not look for unused parameters

@@ -580,7 +580,7 @@ class SSTModel(LossMetricSteps, L.LightningModule):
             spec.setdefault("init_L", math.pi)
         context = {"distance_unit": math.radians(distance_unit_deg)}
         self.transformer = Transformer(d_model, num_heads, depth, [spec], mlp_ratio=mlp_ratio,
-                                       encoding_context=context)
+                                       context=context)
         self.token = nn.Parameter(torch.randn(2, d_model) * 0.02)  # [visible, query]
         self.value_in = nn.Linear(1, d_model)
         self.head = nn.Linear(d_model, 1)

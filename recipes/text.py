@@ -249,8 +249,8 @@ class CharLM(AdamWCosine, L.LightningModule):
         spec = {"name": h.encoding, **(h.encoding_options or {})}
         return Transformer(h.d_model, h.num_heads, h.depth, [spec], mlp_ratio=h.mlp_ratio,
                            dropout=h.dropout, input_combine=h.input_combine,
-                           encoding_context={"max_len": h.max_len,
-                                             "original_max_position_embeddings": h.max_len})
+                           context={"max_len": h.max_len,
+                                    "original_max_position_embeddings": h.max_len})
 
     def forward(self, tokens: Tensor, coords: Sequence | None = None,
                 cache: ModelCache | None = None) -> Tensor:

@@ -261,7 +261,7 @@ class MNISTData(L.LightningDataModule):
 class GridEncoder(nn.Module):
     """A `cls` token followed by a grid of tokens through [`mmpe.Transformer`][mmpe.transformer.Transformer].
 
-    The `encoding` (a registry name) is built with ``encoding_context = {"grid_shape":
+    The `encoding` (a registry name) is built with ``context = {"grid_shape":
     train_grid, ...}` so grid encodings with a table (`learned_grid`, `swin``) size it for the
     training grid. Every call builds a [`Grid`][mmpe.coords.grid.Grid] of the tokens' actual shape with
     one prefix token, so a larger grid at evaluation is just a larger input.
@@ -309,7 +309,7 @@ class GridEncoder(nn.Module):
                                          "head_dim": d_model // num_heads, **context})
             encodings = [PerImage(built) if isinstance(built, InputEncoding) else built]
         self.transformer = Transformer(d_model, num_heads, depth, encodings, mlp_ratio=mlp_ratio,
-                                       dropout=dropout, encoding_context=context,
+                                       dropout=dropout, context=context,
                                        input_combine=input_combine)
 
     def grid(self, shape: Seq[int], device: torch.device | None = None) -> Grid:
