@@ -63,7 +63,7 @@ def find_prefix(state: Mapping[str, Any], wanted: list[str]) -> str | None:
     """The first module of `state` that holds every name of `wanted`, or None.
 
     The first module of `state` (a state dict) that holds every name of `wanted` (an
-    encoding's own state-dict keys), e.g. `"transformer.blocks.0.attn.scores.0"`; None when
+    encoding's own state-dict keys), e.g. `"transformer.shared_encodings.0"`; None when
     no module does or `wanted` is empty."""
     if not wanted:
         return None
@@ -83,7 +83,7 @@ def load_encoding(enc: str | Mapping[str, Any] | Encoding, checkpoint: str | os.
 
     Reads `torch.load(checkpoint)["state_dict"]` (a Lightning checkpoint; a plain state dict
     works too) and loads the tensors under `prefix` (e.g.
-    `"transformer.blocks.0.attn.scores.0"`) into the encoding. Without `prefix` the first
+    `"transformer.shared_encodings.0"`) into the encoding. Without `prefix` the first
     module of the state dict holding every parameter name of the encoding is used. A Lightning
     checkpoint's `hyper_parameters` fill the context keys it holds (`num_heads`,
     `d_model` …; `head_dim = d_model // num_heads`; `grid_shape` from `image_size` /

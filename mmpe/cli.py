@@ -561,7 +561,7 @@ def _plot_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", help="read the encoding's parameters from this "
                    "checkpoint (torch.load(PATH)['state_dict'])")
     p.add_argument("--prefix", help="its module in the state dict, e.g. "
-                   "transformer.blocks.0.attn.scores.0 (default: found by parameter names)")
+                   "transformer.shared_encodings.0 (default: found by parameter names)")
     p.add_argument("--query", type=int, help="the query of the bias row (default 128)")
     p.add_argument("--smiles", default=DEFAULT_SMILES,
                    help="molecule for graph encodings (default: caffeine)")

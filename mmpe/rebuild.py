@@ -84,9 +84,12 @@ def reset_in_place(module: nn.Module) -> None:
     device = tensor_device(module)
     args, kwargs = recorded
     # built modules handed to the constructor (an attention layer's encodings) are the
-    # module's own: reset first, in the order a normal build made them
+    # module's own: reset first, in the order a normal build made them; those it shares with
+    # other layers (`shared_encodings`) are the model's, reset by the model
+    theirs = {id(m) for m in _flat([kwargs.get("shared_encodings", ())])}
     for value in _flat([*args, *kwargs.values()]):
-        if isinstance(value, nn.Module) and callable(getattr(value, "reset_parameters", None)):
+        if isinstance(value, nn.Module) and id(value) not in theirs \
+                and callable(getattr(value, "reset_parameters", None)):
             value.reset_parameters()
     with torch.device(device):
         fresh = _built_class(module)(*args, **kwargs)
@@ -125,10 +128,17 @@ def _copy_from(module: nn.Module, fresh: nn.Module, device: torch.device) -> Non
                 for key, t in own.items():
                     if t is not None and new.get(key) is not None:
                         _fill(t, new[key])
-            # derived tensors and tables kept outside the state dict (caches, index tables)
+            # derived tensors and tables kept outside the state dict (caches, index tables);
+            # not the modules a layer reads without registering (the model's shared
+            # encodings): the twin's are its own copies
             for key, value in twin.__dict__.items():
-                if key not in _MODULE_STATE:
+                if key not in _MODULE_STATE and not _holds_modules(value):
                     sub.__dict__[key] = _moved(value, device)
+
+
+def _holds_modules(value: Any) -> bool:
+    return isinstance(value, nn.Module) or (isinstance(value, (list, tuple))
+                                            and any(isinstance(v, nn.Module) for v in value))
 
 
 def _fill(target: Tensor, value: Tensor) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections import Counter
 from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 from typing import Any
@@ -168,11 +169,13 @@ class TransformerBlock(nn.Module):
     @records_arguments
     def __init__(self, d_model: int, num_heads: int, encodings: Seq[Encoding] = (),
                  mlp_ratio: float = 4.0, dropout: float = 0.0, route: str = "auto",
-                 num_kv_heads: int | None = None, window: LocalWindow | None = None) -> None:
+                 num_kv_heads: int | None = None, window: LocalWindow | None = None,
+                 shared_encodings: Seq[Encoding] = ()) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(d_model)
         self.attn = MultiHeadAttention(d_model, num_heads, encodings, route=route,
-                                       num_kv_heads=num_kv_heads, window=window)
+                                       num_kv_heads=num_kv_heads, window=window,
+                                       shared_encodings=shared_encodings)
         self.norm2 = nn.LayerNorm(d_model)
         hidden = int(d_model * mlp_ratio)
         self.mlp = nn.Sequential(nn.Linear(d_model, hidden), nn.GELU(), nn.Linear(hidden, d_model))
@@ -203,7 +206,11 @@ class Transformer(nn.Module):
         depth: number of blocks.
         encodings: registry names, config dicts or built encodings.
         mlp_ratio, dropout, route, num_kv_heads: per block (see [`MultiHeadAttention`][mmpe.attention.MultiHeadAttention]).
-        share_encodings: share attention encodings across layers.
+        share_encodings: share attention encodings across layers. They are then the
+            model's modules, whatever the depth: registered once, as `shared_encodings[i]`
+            (their state-dict keys), and read by every block without being a block's
+            submodule, so `.to()`, `reset_parameters()` and FSDP2's `fully_shard` per block,
+            then the root, each meet them once (the root shards them).
         context: model-wide values for building encodings, keys of
             `mmpe.context.CONTEXT_KEYS` (e.g. `max_len`,
             `original_max_position_embeddings`, `grid_shape`); `d_model`, `num_heads`
@@ -274,11 +281,8 @@ class Transformer(nn.Module):
 
         schedule = None if layer_schedule is None else LayerSchedule.parse(layer_schedule, depth)
         if schedule is None:
-            self.blocks = nn.ModuleList(
-                TransformerBlock(d_model, num_heads, layer_encodings(), mlp_ratio, dropout, route,
-                                 num_kv_heads)
-                for _ in range(depth)
-            )
+            layers: list[tuple[list[Encoding], LocalWindow | None]] = [
+                (layer_encodings(), None) for _ in range(depth)]
         else:
             if shared and all(spec.encodings is not None for spec in schedule):
                 names = [getattr(e, "registry_name", type(e).__name__) for e in shared]
@@ -310,11 +314,24 @@ class Transformer(nn.Module):
                     return LocalWindow("sliding", spec.window)
                 return None if spec.chunk is None else LocalWindow("chunked", spec.chunk)
 
-            self.blocks = nn.ModuleList(
-                TransformerBlock(d_model, num_heads, scheduled(spec), mlp_ratio, dropout, route,
-                                 num_kv_heads, window=window(spec))
-                for spec in schedule
-            )
+            layers = [(scheduled(spec), window(spec)) for spec in schedule]
+        # The model's shared attention encodings, and any other read by more than one block,
+        # are the model's: registered here once, read by the blocks (state-dict keys
+        # `shared_encodings.i.*`; FSDP2 shards them with the root, whatever per-block wrapping
+        # a user writes).
+        uses = Counter(id(e) for encs, _ in layers for e in dict.fromkeys(encs))
+        model_wide = {id(e) for e in shared} if share_encodings else set()
+
+        def is_shared(enc: Encoding) -> bool:
+            return uses[id(enc)] > 1 or id(enc) in model_wide
+
+        self.shared_encodings = nn.ModuleList(
+            {id(e): e for encs, _ in layers for e in encs if is_shared(e)}.values())
+        self.blocks = nn.ModuleList(
+            TransformerBlock(d_model, num_heads, encs, mlp_ratio, dropout, route, num_kv_heads,
+                             window=win, shared_encodings=[e for e in encs if is_shared(e)])
+            for encs, win in layers
+        )
         #: the per-layer schedule (None: every layer alike); its JSON is in the state_dict.
         self.layer_schedule = schedule
         self.norm = nn.LayerNorm(d_model)

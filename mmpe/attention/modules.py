@@ -70,7 +70,8 @@ class _Attention(nn.Module):
     """What self- and cross-attention share: encodings by hook, the route choice, the routes."""
 
     def _setup(self, num_heads: int, num_kv_heads: int | None, head_dim: int,
-               encodings: Seq[Encoding], route: str, dense_bias_bytes: int | None) -> None:
+               encodings: Seq[Encoding], route: str, dense_bias_bytes: int | None,
+               shared: Seq[Encoding] = ()) -> None:
         _check_positive("num_heads", num_heads)
         num_kv_heads = num_heads if num_kv_heads is None else _check_positive("num_kv_heads",
                                                                               num_kv_heads)
@@ -86,10 +87,20 @@ class _Attention(nn.Module):
         self.route = route
         _route.dense_budget(dense_bias_bytes)  # refuse a bad budget at construction
         self.dense_bias_bytes = dense_bias_bytes
-        self.rotary, self.scores, kernels = _split_by_hook(encodings)
+        rotary, scores, kernels = _split_by_hook(encodings)
         if len(kernels) > 1:
             raise ValueError(f"attention: at most one kernel encoding, got {len(kernels)}")
-        self.kernel = kernels[0] if kernels else None
+        kernel = kernels[0] if kernels else None
+        held = _held_elsewhere(encodings, shared)
+        if not held:
+            self.rotary, self.scores, self.kernel = rotary, scores, kernel
+            return
+        # The model's: read here, registered there, so that its state dict and an FSDP2 unit
+        # per block hold them once (fully_shard(block) would shard them with the first block
+        # and meet them again, already sharded, in the second).
+        self.own_encodings = nn.ModuleList(e for e in encodings if id(e) not in held)
+        for name, value in (("rotary", rotary), ("scores", scores), ("kernel", kernel)):
+            object.__setattr__(self, name, value)
 
     def reset_parameters(self) -> None:
         """Initialise every parameter and buffer again, the encodings' included, as the
@@ -194,6 +205,11 @@ class MultiHeadAttention(_Attention):
         window: a [`LocalWindow`][mmpe.attention.masks.LocalWindow] (sliding or chunked local
             attention) laid over the coordinates' mask in this layer, or None (per-layer
             schedules, [`mmpe.schedule`][mmpe.schedule], set it).
+        shared_encodings: those of ``encodings`` that a model holds and shares across its
+            layers ([`Transformer`][mmpe.transformer.Transformer] passes them): the layer
+            reads them but does not register them as its submodules, so the model's state
+            dict, `.to()` and an FSDP2 `fully_shard` per block hold each once; the layer's own
+            encodings are then registered as ``own_encodings``.
 
     Shapes: ``forward(x [b, s, d_model], coords, cache=None) -> [b, s, d_model]``; ``coords``
     has ``n_q = s`` queries and ``n_k`` keys: ``s`` without a cache, ``cache.length + s``
@@ -204,9 +220,10 @@ class MultiHeadAttention(_Attention):
     Raises:
         ValueError: ``d_model`` not divisible by ``num_heads`` (with no ``head_dim``), heads
             that do not divide, an input encoding or more than one kernel in ``encodings``, an
-            unknown ``route``; at forward, ``x`` not ``[b, s, d_model]`` with ``s`` equal to
-            the coordinates' queries, a batch that differs from the coordinates', or
-            coordinates whose key count is not ``cache.length + s``.
+            unknown ``route``, ``shared_encodings`` not among ``encodings``; at forward, ``x``
+            not ``[b, s, d_model]`` with ``s`` equal to the coordinates' queries, a batch that
+            differs from the coordinates', or coordinates whose key count is not
+            ``cache.length + s``.
         TypeError: ``x`` not a floating-point tensor, ``encodings`` not a list.
     """
 
@@ -223,10 +240,12 @@ class MultiHeadAttention(_Attention):
         route: str = "auto",
         window: LocalWindow | None = None,
         dense_bias_bytes: int | None = None,
+        shared_encodings: Seq[Encoding] = (),
     ) -> None:
         super().__init__()
         head_dim = _head_dim(d_model, num_heads, head_dim)
-        self._setup(num_heads, num_kv_heads, head_dim, encodings, route, dense_bias_bytes)
+        self._setup(num_heads, num_kv_heads, head_dim, encodings, route, dense_bias_bytes,
+                    shared_encodings)
         if window is not None and not isinstance(window, LocalWindow):
             raise TypeError(f"attention: window must be a LocalWindow or None, got "
                             f"{type(window).__name__}")
@@ -431,6 +450,16 @@ def check_device(arg: str, t: Tensor, coords: Coordinates) -> None:
         raise ValueError(f"attention: the coordinates are on {device} but {arg} is on "
                          f"{t.device}; build them with device={arg}.device (or coords.to(...) "
                          "where the coordinates have it)")
+
+
+def _held_elsewhere(encodings: Seq[Encoding], shared: Seq[Encoding]) -> set[int]:
+    """The ids of `shared`, each one of `encodings` (a model's, read by this layer)."""
+    mine = {id(e) for e in encodings}
+    for enc in shared:
+        if id(enc) not in mine:
+            raise ValueError(f"attention: shared_encodings must be encodings of this layer; "
+                             f"{type(enc).__name__} is not one of its encodings")
+    return {id(e) for e in shared}
 
 
 def _split_by_hook(

@@ -128,7 +128,21 @@ _FSDP_MODELS = {
     "grid": (lambda: mmpe.Transformer(D_MODEL, HEADS, 2, ["rope_axial", "alibi"],
                                       context={"grid_shape": (4, 4)}),
              lambda: mmpe.Grid((4, 4))),
+    # the same model wrapped as a user writes it: torch's fully_shard per block, then the root
+    # (the encodings the blocks share are the model's, so the root shards them once)
+    "by_hand": (lambda: mmpe.Transformer(D_MODEL, HEADS, 2, ENCODINGS),
+                lambda: mmpe.Sequence(N, causal=True)),
 }
+
+
+def _wrap_by_hand(model, mesh) -> None:
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:  # torch 2.5
+        from torch.distributed._composable.fsdp import fully_shard
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
 
 
 def _fsdp_data(steps: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,7 +180,10 @@ def train_fsdp(name: str) -> list[float]:
     context, d = mesh.get_group("context"), mesh.get_local_rank("data")
     with torch.device("meta"):
         model = make()
-    fully_shard_transformer(model, mesh["data"])
+    if name == "by_hand":
+        _wrap_by_hand(model, mesh["data"])
+    else:
+        fully_shard_transformer(model, mesh["data"])
     model.to_empty(device="cpu")
     torch.manual_seed(0)
     model.reset_parameters()

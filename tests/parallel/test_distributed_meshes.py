@@ -52,11 +52,22 @@ def test_fsdp2_with_context_parallel_from_meta_equals_one_process(tmp_path: Path
         assert want[-1] < want[0] * 0.9  # the run learns
 
 
-def test_shared_encodings_leave_the_state_dict_keys_alone() -> None:
+def test_shared_encodings_are_the_models_not_a_blocks() -> None:
+    """The encodings the blocks share are registered once, on the model; no block holds one
+    as a submodule (what FSDP2's per-block wrapping walks), each block still reads them."""
     import mmpe
-    from mmpe.parallel.fsdp import shared_modules
+    from mmpe.encodings.base import Encoding
 
     model = mmpe.Transformer(32, 4, 2, ["rope", "alibi", "t5"])
-    names = [getattr(m, "registry_name", None) for m in shared_modules(model)]
+    names = [m.registry_name for m in model.shared_encodings]
     assert names == ["rope", "alibi", "t5"]
-    assert shared_modules(mmpe.Transformer(32, 4, 2, ["alibi"], share_encodings=False)) == []
+    for block in model.blocks:
+        assert not any(isinstance(m, Encoding) for m in block.modules())
+        assert [e.registry_name for e in block.attn.all_encodings()] == names
+        assert all(a is b for a, b in zip(block.attn.all_encodings(), model.shared_encodings,
+                                          strict=False))
+    assert len(list(model.parameters())) == len({id(p) for p in model.parameters()})
+    own = mmpe.Transformer(32, 4, 2, ["alibi"], share_encodings=False)
+    assert len(own.shared_encodings) == 0
+    assert all(len(b.attn.scores) == 1 and b.attn.scores[0] in list(b.modules())
+               for b in own.blocks)

@@ -180,7 +180,7 @@ def test_bias_row_from_a_trained_fire_checkpoint(tmp_path, fire_checkpoint):
     path, trained = fire_checkpoint
     fresh = mmpe.build("fire", num_heads=4)
     assert not torch.equal(fresh.mlp[2].weight, trained.mlp[2].weight)  # training moved it
-    prefix = "transformer.blocks.0.attn.scores.0"
+    prefix = "transformer.shared_encodings.0"
     for given in (prefix, None):  # explicit, and found by the parameter names
         enc = plot.load_encoding("fire", path, given)  # num_heads from hyper_parameters
         for a, b in zip(enc.state_dict().values(), trained.state_dict().values(), strict=True):
@@ -301,7 +301,7 @@ def test_cli_writes_every_kind(tmp_path, capsys, fire_checkpoint):
         (["rope,rope_pi,rope_ntk,rope_yarn", "--length", "256", "--head-dim", "32",
           "--option", "original_max_position_embeddings=64"], ["rope+rope_pi+rope_ntk+rope_yarn_decay"]),
         (["fire", "--checkpoint", str(fire_checkpoint[0]), "--prefix",
-          "transformer.blocks.0.attn.scores.0", "--query", "64"], ["fire_row", "fire_bias"]),
+          "transformer.shared_encodings.0", "--query", "64"], ["fire_row", "fire_bias"]),
         (["spherical_harmonics", "--features", "--option", "max_degree=2"],
          ["spherical_harmonics_sphere"]),
         (["sinusoidal", "--kind", "matrix", "--length", "16"], ["sinusoidal_matrix"]),
