@@ -1,7 +1,7 @@
 """Multi-head attention that composes any list of positional encodings.
 
 Rotary encodings rotate `q` and `k`; score encodings are merged into one FlexAttention
-`score_mod`; a kernel encoding replaces the softmax. Four routes (a layer's `route=`) give the
+`score_mod`; a kernel encoding replaces the softmax. Five routes (a layer's `route=`) give the
 same numbers:
 
 * `"flex"` — `torch.nn.attention.flex_attention` with the composed `score_mod` and a
@@ -18,6 +18,8 @@ same numbers:
   by block, its gradient reduced onto the table); `tiles` for content-free terms on points and
   graphs (bias tiles with a hand-written backward); `checkpointed` blocks of query rows; or
   `dense`, the dense route's one call.
+* `"fold"` — a causal ALiBi bias folded exactly into extra channels of `q` and `k`
+  ([mmpe.attention.fold][]): one plain SDPA call with the coordinates' mask alone.
 * `"math"` — explicit `q·kᵀ`, score mods, mask, kernel; needed by non-additive score mods with
   a non-softmax kernel, or value-side terms that need the probabilities.
 
@@ -44,6 +46,7 @@ The package, one idea per file:
 | `modules.py` | the modules: hooks, projections, rotation, checks |
 | `route.py` | which route a call takes: the rule, the cost table, forcing, the route log |
 | `dispatch.py` | the flex, dense, SDPA and math routes |
+| `fold.py` | the fold route: causal ALiBi as two extra channels of `q` and `k` |
 | `forms.py` | how a route's plan reads a score term: by its declared structure, or a fast form; the one dense-bias door |
 | `generic.py` | the generic form of every term (`score_mod` on index grids), which the others are held to |
 | `fast_forms/` | hand-written fast forms of single encoding classes, keyed by exact class |
@@ -58,6 +61,7 @@ from __future__ import annotations
 
 from mmpe.attention.dispatch import run_dense, run_flex, run_math, run_sdpa
 from mmpe.attention.flex import compose_score_mods
+from mmpe.attention.fold import run_fold
 from mmpe.attention.forms import dense_bias
 from mmpe.attention.memory import BLOCK_BYTES, block_bytes
 from mmpe.attention.modules import ROUTE_CHOICES, CrossAttention, MultiHeadAttention
@@ -80,6 +84,7 @@ __all__ = [
     "record_attention",
     "run_dense",
     "run_flex",
+    "run_fold",
     "run_math",
     "run_sdpa",
     "which_route",

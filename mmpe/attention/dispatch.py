@@ -29,12 +29,11 @@ from torch import Tensor
 from mmpe import flex_compile
 from mmpe.attention import forms, record
 from mmpe.attention.flex import block_mask_of, compose_score_mods, flex_mods
-from mmpe.attention.masks import cast_bias, dense_mask_of, large_mask, plain_causal
+from mmpe.attention.masks import cast_bias, dense_mask_of, kernel_mask_of, large_mask, plain_causal
 from mmpe.attention.memory import bias_row_bytes, block_bytes, check_memory
 from mmpe.attention.plans import grid, relation, tiles
 from mmpe.coords.base import index_grid
 from mmpe.encodings.base import AttentionCall, KernelEncoding, ScoreEncoding
-from mmpe.prepare import memoized
 
 
 def run_flex(scores: Seq[ScoreEncoding], ctx: AttentionCall, scale: float) -> Tensor:
@@ -165,20 +164,6 @@ def run_dense(scores: Seq[ScoreEncoding], ctx: AttentionCall, scale: float) -> T
         # strided gather (a table by offset, channel-last) would send it to the math kernel
         attn_mask = cast_bias(bias, ctx.q.dtype, dense_mask_of(coords), aligned=True)
     return F.scaled_dot_product_attention(ctx.q, ctx.k, ctx.v, attn_mask=attn_mask, scale=scale)
-
-
-def kernel_mask_of(coords, dtype: torch.dtype) -> Tensor | None:
-    """The coordinates' mask alone as the additive mask the fused kernels take.
-
-    The coordinates' mask alone as the additive mask the fused kernels take (`0 / -inf` in
-    `dtype`, aligned: [cast_bias][mmpe.attention.masks.cast_bias]), once per forward and dtype;
-    None without a mask. SDPA would convert a boolean mask into a packed `[.., n_k]` tensor on
-    every call, which CUDA's memory-efficient kernel then pads again unless `n_k % 8 == 0`."""
-    mask = dense_mask_of(coords)
-    if mask is None:
-        return None
-    return memoized(coords, ("kernel_mask", dtype),
-                    lambda: cast_bias(None, dtype, mask, aligned=True))
 
 
 def _sdpa_blocks(scores: Seq[ScoreEncoding], ctx: AttentionCall, scale: float) -> Tensor:

@@ -47,6 +47,20 @@ def plain_causal(coords: Coordinates) -> bool:
             and coords.num_queries == coords.num_keys and coords.batch_size is None)
 
 
+def kernel_mask_of(coords, dtype: torch.dtype) -> Tensor | None:
+    """The coordinates' mask alone as the additive mask the fused kernels take.
+
+    The coordinates' mask alone as the additive mask the fused kernels take (`0 / -inf` in
+    `dtype`, aligned: [cast_bias][mmpe.attention.masks.cast_bias]), once per forward and dtype;
+    None without a mask. SDPA would convert a boolean mask into a packed `[.., n_k]` tensor on
+    every call, which CUDA's memory-efficient kernel then pads again unless `n_k % 8 == 0`."""
+    mask = dense_mask_of(coords)
+    if mask is None:
+        return None
+    return memoized(coords, ("kernel_mask", dtype),
+                    lambda: cast_bias(None, dtype, mask, aligned=True))
+
+
 def large_mask(ctx: AttentionCall) -> bool:
     """Whether the coordinates' dense boolean mask would exceed the block budget.
 

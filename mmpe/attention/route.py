@@ -10,6 +10,8 @@ Routes (`ROUTES`):
   does not depend on the example: what timm's relative-position attention, HF `T5Attention`
   and Graphormer do. SDPA's memory-efficient kernel differentiates the bias densely.
 * `"flex"` — FlexAttention with the composed `score_mod` and a `BlockMask`: no `n × n` tensor.
+* `"fold"` — a causal ALiBi bias folded exactly into extra channels of `q` and `k`
+  ([mmpe.attention.fold][]): plain SDPA with the coordinates' mask alone, no bias tensor.
 * `"sdpa"` — SDPA's fused kernels with the terms laid out by one *plan* of
   [sdpa_plan][mmpe.attention.dispatch.sdpa_plan] (relation, grid, tiles, checkpointed, dense),
   on every device; without terms every plan is one unbiased SDPA call (cuDNN or flash on
@@ -23,6 +25,9 @@ sdpa route lays a call's terms out; a *form* is how a plan reads one term
 
 The rule on CUDA (``route="auto"``), from the stored GPU runs (`results/gpu/`):
 
+0. terms that fold exactly into `q` and `k` (causal ALiBi on a `Sequence`, within the
+   unfolded logits' precision in the call's dtype) → `"fold"`: the unbiased kernel's cost by
+   construction (not yet measured on a device);
 1. no score term → `"sdpa"` (cuDNN/flash; FlexAttention without a `score_mod` took 1.9× cuDNN
    forward + backward at 4,096 causal tokens, H200, `h200-run4-probe.jsonl`);
 2. a term that rescales the scores (not additive) → `"flex"` (SDPA takes additive masks only);
@@ -69,11 +74,11 @@ import torch
 
 from mmpe import flex_compile
 from mmpe._scratch import positive_env
-from mmpe.attention import record
+from mmpe.attention import fold, record
 from mmpe.encodings.base import KernelEncoding, ScoreEncoding
 
 #: every route a call can take
-ROUTES = ("flex", "dense", "sdpa", "math")
+ROUTES = ("flex", "dense", "fold", "sdpa", "math")
 #: the routes a layer or `MMPE_ATTENTION_ROUTE` may name ("auto": the rule)
 ROUTE_CHOICES = ("auto", *ROUTES)
 #: default budget of the dense route's bias (bytes, float32); `MMPE_DENSE_BIAS_BYTES` overrides
@@ -100,6 +105,8 @@ class RouteInputs(NamedTuple):
         bias_bytes: bytes of the dense float32 bias (`b_bias · n_h · n_q · n_k · 4`).
         pairs: `n_q · n_k` (the size bucket is `ceil(log2(pairs))`).
         budget: the dense route's budget in bytes.
+        folds: whether the terms fold exactly into `q` and `k` on these coordinates, within
+            the unfolded logits' precision in `dtype` ([mmpe.attention.fold][]).
     """
 
     device_type: str
@@ -109,6 +116,7 @@ class RouteInputs(NamedTuple):
     bias_bytes: int
     pairs: int
     budget: int
+    folds: bool = False
 
     @property
     def bucket(self) -> int:
@@ -204,7 +212,7 @@ def choose_route(route: str, scores: Seq[ScoreEncoding], kernel: KernelEncoding 
         return "math"
     if route == "math" or (needs_math and route in ("auto", "sdpa")):
         return "math"
-    if route in ("flex", "dense") and needs_math:
+    if route in ("flex", "dense", "fold") and needs_math:
         raise ValueError(f"attention: route={route!r} cannot run a non-softmax kernel or "
                          "value-side score terms; use 'math' or 'auto'")
     if route == "flex":
@@ -220,8 +228,8 @@ def choose_route(route: str, scores: Seq[ScoreEncoding], kernel: KernelEncoding 
                              f"a bias); {[type(s).__name__ for s in scores if not s.additive]} "
                              "rescale the scores; use 'flex', 'math' or 'auto'")
         return "dense"
-    if route == "sdpa":
-        return "sdpa" if additive else "math"
+    if route in ("sdpa", "fold"):  # the fold names what it refuses as it runs
+        return route if additive else "math"
     return _auto(scores, call, additive, costs)
 
 
@@ -233,13 +241,15 @@ def _auto(scores: Seq[ScoreEncoding], call: RouteInputs, additive: bool,
     flex = flex_compile.available()
     fits = call.bias_bytes <= call.budget
     runnable = {"sdpa": not scores, "dense": bool(scores) and additive and fits,
-                "flex": bool(scores) and flex}
+                "flex": bool(scores) and flex, "fold": call.folds}
     table = default_costs() if costs is None else costs
     measured = table.fastest(scores, call, [r for r, ok in runnable.items() if ok])
     if measured is not None:
         return measured
     if not scores:
         return "sdpa"
+    if call.folds:  # the unbiased kernel (cuDNN, flash), no bias and no score_mod
+        return "fold"
     if not additive:
         return "flex" if flex else "math"
     dense_pays = any(learned(e) or not e.content_free for e in scores)
@@ -345,9 +355,10 @@ def route_inputs(scores: Seq[ScoreEncoding], coords: Any, num_heads: int, batch:
     device = device if isinstance(device, torch.device) else torch.device(device)
     if name is None and device.type == "cuda":
         name = device_name(device)
+    folds = fold.fold_refusal(scores, coords) is None and fold.fold_precise(scores, coords, dtype)
     return RouteInputs(device.type, name, dtype, grad,
                        bias_bytes(scores, coords, num_heads, batch),
-                       coords.num_queries * coords.num_keys, dense_budget(budget))
+                       coords.num_queries * coords.num_keys, dense_budget(budget), folds)
 
 
 def which_route(layer: Any, coords: Any, *, batch: int | None = None,

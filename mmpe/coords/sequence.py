@@ -64,6 +64,8 @@ class Sequence(Coordinates):
         self.document_ids = _check_ids("document_ids", document_ids, n_k)
         self.padding_mask = _check_mask(padding_mask, n_k)
         ids = _check_ids("position_ids", position_ids, n_k)
+        #: whether the positions were given (`position_ids`), not implicit
+        self.explicit_positions = ids is not None
         _check_batches(self.document_ids, self.padding_mask, ids)
         # Implicit positions (or restarts per document, which the mask confines pairs to)
         # differ from the key index by one shift; padding renumbers from the first real token.

@@ -151,7 +151,7 @@ ATTENTION_LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("floor", ("mmpe.attention.record", "mmpe.attention.memory", "mmpe.attention.generic",
                "mmpe.attention.term_layouts", "mmpe.attention.masks")),
     ("forms", ("mmpe.attention.fast_forms", "mmpe.attention.forms")),
-    ("paths", ("mmpe.attention.flex", "mmpe.attention.plans")),
+    ("kernels", ("mmpe.attention.flex", "mmpe.attention.plans", "mmpe.attention.fold")),
     ("route", ("mmpe.attention.dispatch", "mmpe.attention.route")),
     ("layers", ("mmpe.attention.modules",)),
     ("facade", ("mmpe.attention",)),
