@@ -34,7 +34,7 @@ setup: $(STAMP)
 # Refresh both locks from the newest versions the registry serves (under requirements/lock.in;
 # the floor's under requirements/floor.txt too), in scratch environments, then run the tests on
 # them; prints what moved (for the CHANGELOG). Commit the locks only when both runs pass.
-LOCK_EXTRAS := recipes,timm,pyg,hf,data,docs,dev
+LOCK_EXTRAS := recipes,timm,pyg,hf,fla,data,docs,dev
 lock:
 	rm -rf .venv-lock .venv-floor-lock
 	python3 -m venv .venv-lock

@@ -1,7 +1,7 @@
 """Multi-head attention that composes any list of positional encodings.
 
 Rotary encodings rotate `q` and `k`; score encodings are merged into one FlexAttention
-`score_mod`; a kernel encoding replaces the softmax. Five routes (a layer's `route=`) give the
+`score_mod`; a kernel encoding replaces the softmax. Six routes (a layer's `route=`) give the
 same numbers:
 
 * `"flex"` — `torch.nn.attention.flex_attention` with the composed `score_mod` and a
@@ -20,6 +20,8 @@ same numbers:
   `dense`, the dense route's one call.
 * `"fold"` — a causal ALiBi bias folded exactly into extra channels of `q` and `k`
   ([mmpe.attention.fold][]): one plain SDPA call with the coordinates' mask alone.
+* `"fla"` — flash-linear-attention's Triton kernels for FoX, stick-breaking and PaTH
+  ([mmpe.attention.fla][]; forced, CUDA only, `pip install ".[fla]"`).
 * `"math"` — explicit `q·kᵀ`, score mods, mask, kernel; needed by non-additive score mods with
   a non-softmax kernel, or value-side terms that need the probabilities.
 
@@ -46,6 +48,7 @@ The package, one idea per file:
 | `modules.py` | the modules: hooks, projections, rotation, checks |
 | `route.py` | which route a call takes: the rule, the cost table, forcing, the route log |
 | `dispatch.py` | the flex, dense, SDPA and math routes |
+| `fla.py` | the fla route: FoX, stick-breaking and PaTH on flash-linear-attention's kernels |
 | `fold.py` | the fold route: causal ALiBi as two extra channels of `q` and `k` |
 | `forms.py` | how a route's plan reads a score term: by its declared structure, or a fast form; the one dense-bias door |
 | `generic.py` | the generic form of every term (`score_mod` on index grids), which the others are held to |
@@ -60,6 +63,7 @@ The package, one idea per file:
 from __future__ import annotations
 
 from mmpe.attention.dispatch import run_dense, run_flex, run_math, run_sdpa
+from mmpe.attention.fla import run_fla
 from mmpe.attention.flex import compose_score_mods
 from mmpe.attention.fold import run_fold
 from mmpe.attention.forms import dense_bias
@@ -83,6 +87,7 @@ __all__ = [
     "log_routes",
     "record_attention",
     "run_dense",
+    "run_fla",
     "run_flex",
     "run_fold",
     "run_math",

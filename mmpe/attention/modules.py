@@ -18,6 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 from mmpe.attention import route as _route
 from mmpe.attention.dispatch import _softmax_scale, run_dense, run_flex, run_math, run_sdpa
+from mmpe.attention.fla import run_fla
 from mmpe.attention.fold import run_fold
 from mmpe.attention.masks import LocalWindow
 from mmpe.cache import KVCache
@@ -183,6 +184,8 @@ class _Attention(nn.Module):
             return run_sdpa(self.scores, ctx, scale)
         if route == "fold":
             return run_fold(self.scores, ctx, scale)
+        if route == "fla":
+            return run_fla(self.scores, self.kernel, ctx, scale)
         return run_math(self.scores, self.kernel, ctx, scale)
 
 

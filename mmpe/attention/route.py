@@ -20,6 +20,8 @@ Routes (`ROUTES`):
 Words: a *route* is what a layer's `route=` names and the rule chooses; a *plan* is how the
 sdpa route lays a call's terms out; a *form* is how a plan reads one term
 ([mmpe.attention.forms][]).
+* `"fla"` — flash-linear-attention's Triton kernels for FoX, stick-breaking and PaTH
+  ([mmpe.attention.fla][]; forced only, until a stored device row shows it pays).
 * `"math"` — explicit scores: a kernel that replaces the softmax, value-side terms,
   `record_attention`.
 
@@ -78,7 +80,7 @@ from mmpe.attention import fold, record
 from mmpe.encodings.base import KernelEncoding, ScoreEncoding
 
 #: every route a call can take
-ROUTES = ("flex", "dense", "fold", "sdpa", "math")
+ROUTES = ("flex", "dense", "fold", "fla", "sdpa", "math")
 #: the routes a layer or `MMPE_ATTENTION_ROUTE` may name ("auto": the rule)
 ROUTE_CHOICES = ("auto", *ROUTES)
 #: default budget of the dense route's bias (bytes, float32); `MMPE_DENSE_BIAS_BYTES` overrides
@@ -210,6 +212,8 @@ def choose_route(route: str, scores: Seq[ScoreEncoding], kernel: KernelEncoding 
             raise ValueError(f"record_attention: {type(kernel).__name__} replaces the softmax; "
                              "it has no softmax weights to record")
         return "math"
+    if route == "fla":  # FoX, stick-breaking, PaTH: it names what it refuses as it runs
+        return "fla"
     if route == "math" or (needs_math and route in ("auto", "sdpa")):
         return "math"
     if route in ("flex", "dense", "fold") and needs_math:

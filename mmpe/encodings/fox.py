@@ -56,15 +56,19 @@ class ForgettingGate(ContentScoreEncoding):
         self.num_heads = num_heads
         self.gate = nn.Linear(d_model, num_heads)
 
+    def log_forget(self, x: Tensor) -> Tensor:
+        """The log forget gates `log f [b, n, n_h]` (float32) of `x [b, n, d_model]`."""
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            w, b = self.gate.weight.float(), self.gate.bias.float()
+            return F.logsigmoid(F.linear(x.float(), w, b))
+
     def cumulative_log_forget(self, x: Tensor, start: Tensor | None = None) -> Tensor:
         """FoX's running sum of the log forget gates.
 
         `c [b, n_h, n]` float32: running sum over tokens of `log f` from `x [b, n, d_model]`,
         continuing from `start` `[b, n_h]` (the last cached token's sum) when given."""
         with torch.autocast(device_type=x.device.type, enabled=False):
-            w, b = self.gate.weight.float(), self.gate.bias.float()
-            log_f = F.logsigmoid(F.linear(x.float(), w, b))  # [b, n, n_h]
-            c = log_f.cumsum(dim=1).transpose(1, 2)
+            c = self.log_forget(x).cumsum(dim=1).transpose(1, 2)
         return c if start is None else c + start.unsqueeze(-1)
 
     def score_mod(self, ctx: AttentionCall) -> ScoreMod:
