@@ -67,7 +67,8 @@ def rows(tiny: bool, device: str, dtype: torch.dtype, repeat: int,
                                name=name)
                 row = {"device": name, "torch": torch.__version__,
                        "structure": structure_key(layer.scores), "bucket": call.bucket,
-                       "dtype": str(dtype).removeprefix("torch."), "grad": grad, "ms": ms,
+                       "dtype": str(dtype).removeprefix("torch."), "grad": grad,
+                       "batch": call.batch, "causal": call.causal, "ms": ms,
                        "encoding": enc_name, "shape": label}
                 print(row, flush=True)
                 out.append(row)

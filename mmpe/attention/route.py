@@ -38,7 +38,10 @@ The rule on CUDA (``route="auto"``), from the stored GPU runs (`results/gpu/`):
    atomically into a table of a few dozen to a few thousand slots, which cost 23–28× the
    unbiased layer on a 64² grid (Swin 23.4×, SwinV2-CPB 24.0×, T5 26.1×, FIRE 28.2×, H100,
    `h100-run3-cost.jsonl`) and 2.9× (T5) and 2.5× (KERPLE) at 4,096 tokens (H200,
-   `h200-run4-cost.jsonl`), where the peers' dense bias costs one gather and one dense reduce;
+   `h200-run4-cost.jsonl`), where the peers' dense bias costs one gather and a scatter of its
+   gradient. Except, until a cost-table row says otherwise, content-free offset and distance
+   terms on a causal `Sequence` (T5, KERPLE): FlexAttention skips the masked blocks there and
+   the dense route does not, and the dense route is unmeasured on them;
 4. otherwise (content-free terms without learned tensors: ALiBi, frozen slopes; or any term
    whose dense bias exceeds the budget, where the peer would run out of memory) → `"flex"`.
 
@@ -109,6 +112,10 @@ class RouteInputs(NamedTuple):
         budget: the dense route's budget in bytes.
         folds: whether the terms fold exactly into `q` and `k` on these coordinates, within
             the unfolded logits' precision in `dtype` ([mmpe.attention.fold][]).
+        batch: `b` (a cost-table key: the dense bias's gradient is materialised per example).
+        causal: whether the coordinates are causal (a cost-table key: FlexAttention skips the
+            masked blocks, the dense route does not).
+        causal_1d: a causal `Sequence` with implicit positions (rule 3's exception).
     """
 
     device_type: str
@@ -119,6 +126,9 @@ class RouteInputs(NamedTuple):
     pairs: int
     budget: int
     folds: bool = False
+    batch: int = 1
+    causal: bool = False
+    causal_1d: bool = False
 
     @property
     def bucket(self) -> int:
@@ -257,6 +267,12 @@ def _auto(scores: Seq[ScoreEncoding], call: RouteInputs, additive: bool,
     if not additive:
         return "flex" if flex else "math"
     dense_pays = any(learned(e) or not e.content_free for e in scores)
+    if call.causal_1d and all(e.content_free and e.structure in ("relation", "distance")
+                              for e in scores):
+        # rule 3's exception, until a cost-table row says otherwise: on a causal sequence
+        # FlexAttention skips the masked blocks and the dense route does not (T5 and KERPLE
+        # took 2.5-2.9x the unbiased layer on flex, H200; the dense route is unmeasured there)
+        dense_pays = False
     if fits and (dense_pays or not flex):
         return "dense"
     return "flex" if flex else "sdpa"
@@ -267,12 +283,14 @@ class CostTable:
     """Measured milliseconds per route.
 
     Measured milliseconds per route, keyed by device name, torch version, structure key
-    ([structure_key][mmpe.attention.route.structure_key]), size bucket, dtype and grad mode.
+    ([structure_key][mmpe.attention.route.structure_key]), size bucket, dtype, grad mode,
+    batch and causality.
 
     One JSON line per row::
 
         {"device": "NVIDIA H200", "torch": "2.11.0+cu130", "structure": "offset:learned",
-         "bucket": 24, "dtype": "bfloat16", "grad": true, "ms": {"dense": 1.9, "flex": 41.2}}
+         "bucket": 24, "dtype": "bfloat16", "grad": true, "batch": 8, "causal": false,
+         "ms": {"dense": 1.9, "flex": 41.2}}
     """
 
     rows: dict[tuple, dict[str, float]] = field(default_factory=dict)
@@ -283,7 +301,8 @@ class CostTable:
         Raises:
             ValueError: a row without the key fields, or `ms` not a dict of route → number.
         """
-        need = ("device", "torch", "structure", "bucket", "dtype", "grad", "ms")
+        need = ("device", "torch", "structure", "bucket", "dtype", "grad", "batch", "causal",
+                "ms")
         missing = [k for k in need if k not in row]
         if missing:
             raise ValueError(f"CostTable: a row lacks {missing} (has {sorted(row)})")
@@ -292,7 +311,8 @@ class CostTable:
                                                for r, v in ms.items()):
             raise ValueError(f"CostTable: ms must map routes {ROUTES} to milliseconds, got {ms!r}")
         key = (row["device"], row["torch"], row["structure"], int(row["bucket"]),
-               str(row["dtype"]).removeprefix("torch."), bool(row["grad"]))
+               str(row["dtype"]).removeprefix("torch."), bool(row["grad"]), int(row["batch"]),
+               bool(row["causal"]))
         self.rows[key] = {r: float(v) for r, v in ms.items()}
 
     def fastest(self, scores: Seq[ScoreEncoding], call: RouteInputs, runnable: list[str]) -> str | None:
@@ -303,7 +323,7 @@ class CostTable:
         if not self.rows or call.device_name is None:
             return None
         key = (call.device_name, torch.__version__, structure_key(scores), call.bucket,
-               str(call.dtype).removeprefix("torch."), call.grad)
+               str(call.dtype).removeprefix("torch."), call.grad, call.batch, call.causal)
         ms = self.rows.get(key)
         if not ms:
             return None
@@ -360,9 +380,12 @@ def route_inputs(scores: Seq[ScoreEncoding], coords: Any, num_heads: int, batch:
     if name is None and device.type == "cuda":
         name = device_name(device)
     folds = fold.fold_refusal(scores, coords) is None and fold.fold_precise(scores, coords, dtype)
+    causal = getattr(coords, "causal", False) is True
+    causal_1d = causal and getattr(coords, "toeplitz", False) is True
     return RouteInputs(device.type, name, dtype, grad,
                        bias_bytes(scores, coords, num_heads, batch),
-                       coords.num_queries * coords.num_keys, dense_budget(budget), folds)
+                       coords.num_queries * coords.num_keys, dense_budget(budget), folds,
+                       batch, causal, causal_1d)
 
 
 def which_route(layer: Any, coords: Any, *, batch: int | None = None,

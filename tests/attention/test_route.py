@@ -137,9 +137,11 @@ def test_a_forced_route_that_cannot_run_the_call_is_refused() -> None:
 
 
 def _row(structure: str, ms: dict, device: str = GPU, version: str | None = None,
-         bucket: int = 13, dtype: str = "bfloat16", grad: bool = True) -> dict:
+         bucket: int = 13, dtype: str = "bfloat16", grad: bool = True, batch: int = 1,
+         causal: bool = False) -> dict:
     return {"device": device, "torch": version or torch.__version__, "structure": structure,
-            "bucket": bucket, "dtype": dtype, "grad": grad, "ms": ms}
+            "bucket": bucket, "dtype": dtype, "grad": grad, "batch": batch, "causal": causal,
+            "ms": ms}
 
 
 def test_a_cost_table_row_overrides_the_rule(flex_on: None) -> None:
@@ -198,3 +200,24 @@ def test_every_call_logs_its_route(tmp_path) -> None:
     record = make_record("text", "default", "t5", 0, {"bpc": 1.0}, wall_s=1.0, cli_args=[],
                          out_dir=tmp_path, env={}, routes=routes)
     assert record["routes"] == routes  # a stored run keeps them
+
+
+def test_causal_offset_terms_stay_on_flex_until_a_row_says_dense(flex_on: None) -> None:
+    """Rule 3's exception: T5 and KERPLE on a causal sequence take FlexAttention (its block
+    skipping), bidirectional T5 and grids keep the dense route, and a cost-table row for the
+    call's batch and causality can send it to the dense route."""
+    causal = mmpe.Sequence(1024, causal=True)
+    for name in ("t5", "kerple_log"):
+        assert _cuda(_layer(name), causal) == "flex", name
+    assert _cuda(_layer("t5"), mmpe.Sequence(1024)) == "dense"
+    assert _cuda(_layer("swin", swin={"grid_shape": (8, 8)}), GRID) == "dense"
+    bucket = route_inputs([], causal, 4, 1, torch.device("cuda"), torch.bfloat16, True).bucket
+    table = CostTable()
+    table.add(_row("relation:learned", {"dense": 1.0, "flex": 3.0}, bucket=bucket, causal=True))
+    assert _cuda(_layer("t5"), causal, costs=table) == "dense"
+    # a row for another batch or for bidirectional calls does not apply
+    other = CostTable()
+    other.add(_row("relation:learned", {"dense": 1.0, "flex": 3.0}, bucket=bucket, causal=True,
+                   batch=8))
+    other.add(_row("relation:learned", {"dense": 1.0, "flex": 3.0}, bucket=bucket))
+    assert _cuda(_layer("t5"), causal, costs=other) == "flex"
