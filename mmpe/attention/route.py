@@ -45,11 +45,15 @@ The rule on CUDA (``route="auto"``), from the stored GPU runs (`results/gpu/`):
 4. otherwise (content-free terms without learned tensors: ALiBi, frozen slopes; or any term
    whose dense bias exceeds the budget, where the peer would run out of memory) → `"flex"`.
 
-The dense bias counts `b_bias · n_h · n_q · n_k · 4` bytes (float32, as built; `b_bias` is the
-batch where a term or the coordinates depend on the example, else 1); the budget is
-`DENSE_BIAS_BYTES` (1 GiB: a 64² grid's 12-head bias, 0.8 GB, fits; 16,384 tokens, 12.9 GB, do
-not), overridden by the layer's `dense_bias_bytes` argument, else the environment variable
-`MMPE_DENSE_BIAS_BYTES`. On the CPU, ``"auto"`` is `"sdpa"` (FlexAttention has no backward
+The budget holds what the dense route allocates at its peak ([dense_bytes][mmpe.attention.route.dense_bytes]):
+the float32 bias (`b_bias · n_h · n_q · n_k · 4`; `b_bias` is the batch where a term or the
+coordinates depend on the example, else 1), its copy in q's dtype padded to 8 keys, and with
+gradients of a learned or content-dependent term the bias gradient SDPA's memory-efficient
+backward writes at the whole batch (a 12-head 64²+cls Swin bias at batch 32, bf16: 12.9 GB) and its
+float32 copy; a geometry term's per-pair features one block at a time. The budget is the
+layer's `dense_bias_bytes`, else `MMPE_DENSE_BIAS_BYTES`, else `FREE_FRACTION` (a quarter) of
+the CUDA device's free memory (`torch.cuda.mem_get_info`), else `DENSE_BIAS_BYTES` (1 GiB).
+On the CPU, ``"auto"`` is `"sdpa"` (FlexAttention has no backward
 pass there) and `"math"` where the call needs it.
 
 A cost table ([CostTable][mmpe.attention.route.CostTable], JSON lines stored with the GPU
@@ -86,8 +90,12 @@ from mmpe.encodings.base import KernelEncoding, ScoreEncoding
 ROUTES = ("flex", "dense", "fold", "fla", "sdpa", "math")
 #: the routes a layer or `MMPE_ATTENTION_ROUTE` may name ("auto": the rule)
 ROUTE_CHOICES = ("auto", *ROUTES)
-#: default budget of the dense route's bias (bytes, float32); `MMPE_DENSE_BIAS_BYTES` overrides
+#: default budget of the dense route's allocation where the device's free memory is not known
+#: (bytes); `MMPE_DENSE_BIAS_BYTES` or a layer's `dense_bias_bytes` override it
 DENSE_BIAS_BYTES = 1 << 30
+#: the share of a CUDA device's free memory the dense route may allocate (the rest: the
+#: activations, the optimizer, the other layers' memos)
+FREE_FRACTION = 0.25
 ENV_ROUTE = "MMPE_ATTENTION_ROUTE"
 ENV_BUDGET = "MMPE_DENSE_BIAS_BYTES"
 ENV_COSTS = "MMPE_ROUTE_COSTS"
@@ -108,8 +116,11 @@ class RouteInputs(NamedTuple):
         dtype: the dtype of `q`, `k`, `v`.
         grad: whether autograd records the call.
         bias_bytes: bytes of the dense float32 bias (`b_bias · n_h · n_q · n_k · 4`).
+        dense_bytes: what the dense route allocates for it
+            ([dense_bytes][mmpe.attention.route.dense_bytes]), held to `budget`.
         pairs: `n_q · n_k` (the size bucket is `ceil(log2(pairs))`).
-        budget: the dense route's budget in bytes.
+        budget: the dense route's budget in bytes (an override, else a fraction of the
+            device's free memory where it is known, else `DENSE_BIAS_BYTES`).
         folds: whether the terms fold exactly into `q` and `k` on these coordinates, within
             the unfolded logits' precision in `dtype` ([mmpe.attention.fold][]).
         batch: `b` (a cost-table key: the dense bias's gradient is materialised per example).
@@ -126,6 +137,7 @@ class RouteInputs(NamedTuple):
     pairs: int
     budget: int
     folds: bool = False
+    dense_bytes: int = 0
     batch: int = 1
     causal: bool = False
     causal_1d: bool = False
@@ -191,6 +203,41 @@ def structure_key(scores: Seq[ScoreEncoding]) -> str:
     return "+".join(sorted(parts)) or "none"
 
 
+def dense_bytes(scores: Seq[ScoreEncoding], coords: Any, num_heads: int, batch: int,
+                dtype: torch.dtype, grad: bool) -> int:
+    """Bytes the dense route allocates for the terms' bias, all at once at its peak.
+
+    The float32 bias (`b_bias` examples: the batch where a term or the coordinates depend on
+    the example, else 1), its copy in `dtype` with the key axis padded to 8 (what SDPA
+    reads), and with gradients the bias gradient SDPA's memory-efficient backward writes at
+    the expanded `[b, n_h, n_q, n_k]` in `dtype`, plus its float32 copy for the terms; the
+    per-pair features of a geometry term are evaluated a block at a time (one block budget,
+    `mmpe.attention.memory.block_bytes`)."""
+    from mmpe.attention.memory import block_bytes
+
+    per_example = coords.batch_size is not None or any(not e.content_free for e in scores)
+    b_bias = batch if per_example else 1
+    pairs, padded = coords.num_queries * coords.num_keys, coords.num_queries * (
+        -(-coords.num_keys // 8) * 8)
+    item = torch.empty((), dtype=dtype).element_size()
+    total = b_bias * num_heads * (pairs * 4 + padded * item)
+    if grad and any(learned(e) or not e.content_free for e in scores):
+        total += batch * num_heads * padded * item + b_bias * num_heads * pairs * 4
+    if any(getattr(e, "feature_width", 1) > 1 for e in scores):
+        total += block_bytes()
+    return total
+
+
+def device_budget(device: torch.device, free_bytes: int | None = None) -> int | None:
+    """A share of the device's free memory for the dense route.
+
+    `FREE_FRACTION` of the device's free memory (`torch.cuda.mem_get_info`, or `free_bytes`
+    for a described device), None where it is not known (the CPU)."""
+    if free_bytes is None and device.type == "cuda" and torch.cuda.is_available():
+        free_bytes = torch.cuda.mem_get_info(device)[0]
+    return None if free_bytes is None else int(FREE_FRACTION * free_bytes)
+
+
 def bias_bytes(scores: Seq[ScoreEncoding], coords: Any, num_heads: int, batch: int) -> int:
     """Bytes of the terms' dense float32 bias.
 
@@ -253,7 +300,7 @@ def _auto(scores: Seq[ScoreEncoding], call: RouteInputs, additive: bool,
     if call.device_type != "cuda":
         return "sdpa" if additive else "math"
     flex = flex_compile.available()
-    fits = call.bias_bytes <= call.budget
+    fits = call.dense_bytes <= call.budget
     runnable = {"sdpa": not scores, "dense": bool(scores) and additive and fits,
                 "flex": bool(scores) and flex, "fold": call.folds}
     table = default_costs() if costs is None else costs
@@ -371,27 +418,31 @@ def device_name(device: torch.device) -> str | None:
 
 def route_inputs(scores: Seq[ScoreEncoding], coords: Any, num_heads: int, batch: int,
                  device: torch.device, dtype: torch.dtype, grad: bool, budget: int | None = None,
-                 name: str | None = None) -> RouteInputs:
+                 name: str | None = None, free_bytes: int | None = None) -> RouteInputs:
     """The `RouteInputs` of attention over `coords` with these sizes.
 
     The [RouteInputs][mmpe.attention.route.RouteInputs] of attention over `coords` with these
-    sizes; `name` describes the device where it is not this machine's (tests, planning)."""
+    sizes; `name` and `free_bytes` describe the device where it is not this machine's
+    (tests, planning)."""
     device = device if isinstance(device, torch.device) else torch.device(device)
     if name is None and device.type == "cuda":
         name = device_name(device)
     folds = fold.fold_refusal(scores, coords) is None and fold.fold_precise(scores, coords, dtype)
     causal = getattr(coords, "causal", False) is True
     causal_1d = causal and getattr(coords, "toeplitz", False) is True
+    limit = dense_budget(budget) if budget is not None or os.environ.get(ENV_BUDGET) else \
+        (device_budget(device, free_bytes) or dense_budget())
     return RouteInputs(device.type, name, dtype, grad,
                        bias_bytes(scores, coords, num_heads, batch),
-                       coords.num_queries * coords.num_keys, dense_budget(budget), folds,
+                       coords.num_queries * coords.num_keys, limit, folds,
+                       dense_bytes(scores, coords, num_heads, batch, dtype, grad),
                        batch, causal, causal_1d)
 
 
 def which_route(layer: Any, coords: Any, *, batch: int | None = None,
           device: torch.device | str = "cuda", dtype: torch.dtype = torch.bfloat16,
           grad: bool = True, device_name: str | None = None,
-          costs: CostTable | None = None) -> str:
+          costs: CostTable | None = None, free_bytes: int | None = None) -> str:
     """The route a call of `layer` on `coords` would take, without running it.
 
     The route (one of `ROUTES`) a call of `layer` on `coords` would take on `device` in
@@ -407,13 +458,15 @@ def which_route(layer: Any, coords: Any, *, batch: int | None = None,
         grad: whether autograd records the call.
         device_name: the device's name for the cost table (default: this machine's, for CUDA).
         costs: a cost table (default: [default_costs][mmpe.attention.route.default_costs]).
+        free_bytes: the device's free memory (default: this machine's, for CUDA; the dense
+            route's budget is `FREE_FRACTION` of it).
 
     Raises:
         ValueError: as [choose_route][mmpe.attention.route.choose_route].
     """
     batch = batch or coords.batch_size or 1
     call = route_inputs(layer.scores, coords, layer.num_heads, batch, torch.device(device),
-                        dtype, grad, layer.dense_bias_bytes, device_name)
+                        dtype, grad, layer.dense_bias_bytes, device_name, free_bytes)
     return choose_route(layer.route, layer.scores, layer.kernel, call, costs)
 
 

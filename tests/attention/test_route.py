@@ -15,6 +15,7 @@ from mmpe import flex_compile
 from mmpe.attention import MultiHeadAttention, log_routes, record_attention, which_route
 from mmpe.attention.route import (
     DENSE_BIAS_BYTES,
+    FREE_FRACTION,
     CostTable,
     load_costs,
     route_inputs,
@@ -25,6 +26,10 @@ from mmpe.results.store import make_record
 GPU = "Described GPU 80GB"
 GRID = mmpe.Grid((8, 8), prefix_tokens=1)  # 65 tokens: 4 heads · 65² · 4 B = 67,600 B
 GRID_BYTES = 4 * 65 * 65 * 4
+#: what the dense route allocates for a learned term's bias there, with gradients in bf16 at
+#: batch 1: the float32 bias, its bf16 copy padded to 72 keys, the bf16 gradient SDPA writes
+#: and its float32 copy
+GRID_DENSE = GRID_BYTES + 4 * 65 * 72 * 2 + 4 * 65 * 72 * 2 + GRID_BYTES
 
 
 def _layer(*names: str, route: str = "auto", budget: int | None = None,
@@ -73,11 +78,11 @@ def test_the_rule_on_cuda(flex_on: None) -> None:
 
 def test_the_budget_by_argument_and_environment(flex_on: None,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    assert _cuda(_layer("t5", budget=GRID_BYTES)) == "dense"  # the budget is inclusive
-    assert _cuda(_layer("t5", budget=GRID_BYTES - 1)) == "flex"  # past it: the peer's OOM
-    monkeypatch.setenv("MMPE_DENSE_BIAS_BYTES", str(GRID_BYTES - 1))
+    assert _cuda(_layer("t5", budget=GRID_DENSE)) == "dense"  # the budget is inclusive
+    assert _cuda(_layer("t5", budget=GRID_DENSE - 1)) == "flex"  # past it: the peer's OOM
+    monkeypatch.setenv("MMPE_DENSE_BIAS_BYTES", str(GRID_DENSE - 1))
     assert _cuda(_layer("t5")) == "flex"
-    assert _cuda(_layer("t5", budget=GRID_BYTES)) == "dense"  # the argument wins
+    assert _cuda(_layer("t5", budget=GRID_DENSE)) == "dense"  # the argument wins
     monkeypatch.setenv("MMPE_DENSE_BIAS_BYTES", "lots")
     with pytest.raises(ValueError, match="MMPE_DENSE_BIAS_BYTES must be a positive integer"):
         _cuda(_layer("t5"))
@@ -221,3 +226,33 @@ def test_causal_offset_terms_stay_on_flex_until_a_row_says_dense(flex_on: None) 
                    batch=8))
     other.add(_row("relation:learned", {"dense": 1.0, "flex": 3.0}, bucket=bucket))
     assert _cuda(_layer("t5"), causal, costs=other) == "flex"
+
+
+def test_the_budget_counts_what_the_dense_route_allocates() -> None:
+    """The float32 bias, its padded copy in q's dtype, and with gradients of a learned term
+    the gradient SDPA writes at the whole batch (and its float32 copy); without gradients the
+    forward only; a fixed term takes no gradient."""
+    t5, alibi = _layer("t5"), _layer("alibi")
+
+    def count(layer, batch=1, grad=True, dtype=torch.bfloat16):
+        return route_inputs(layer.scores, GRID, 4, batch, torch.device("cuda"), dtype, grad,
+                            name=GPU).dense_bytes
+
+    assert count(t5) == GRID_DENSE
+    assert count(t5, grad=False) == GRID_BYTES + 4 * 65 * 72 * 2
+    assert count(t5, batch=32) == GRID_DENSE + 31 * 4 * 65 * 72 * 2  # the gradient per example
+    assert count(alibi) == GRID_BYTES + 4 * 65 * 72 * 2  # nothing learned: no bias gradient
+    assert count(t5, dtype=torch.float32) == 2 * GRID_BYTES + 2 * 4 * 65 * 72 * 4
+
+
+def test_the_default_budget_is_a_share_of_the_devices_free_memory(flex_on: None) -> None:
+    t5 = _layer("t5")
+    room = int(GRID_DENSE / FREE_FRACTION)
+    assert which_route(t5, GRID, device="cuda", device_name=GPU, costs=CostTable(),
+                       free_bytes=room) == "dense"
+    assert which_route(t5, GRID, device="cuda", device_name=GPU, costs=CostTable(),
+                       free_bytes=room - 8) == "flex"
+    # a layer's own budget wins over the device's
+    big = _layer("t5", budget=GRID_DENSE)
+    assert which_route(big, GRID, device="cuda", device_name=GPU, costs=CostTable(),
+                       free_bytes=room - 8) == "dense"
