@@ -262,16 +262,49 @@ def cpu_model() -> str | None:
 
 
 def git_state(cwd: str | Path | None = None) -> dict[str, Any]:
-    """`{"commit", "dirty"}` of the repository mmpe runs from (None outside a checkout)."""
-    here = Path(cwd) if cwd else Path(__file__).resolve().parent
+    """`{"commit", "dirty"}` of the repository mmpe runs from (None outside a checkout).
+
+    Without `cwd`, the recipes and configs mmpe imports count too: where they resolve to
+    another checkout than the package (an editable install of one clone, `PYTHONPATH` at a
+    worktree of another commit), the run's code is not that of one commit and the state is
+    dirty."""
+    if cwd is not None:
+        return _checkout(Path(cwd))[0]
+    state, top = _checkout(Path(__file__).resolve().parent)
+    for other in _companions():
+        theirs, their_top = _checkout(other)
+        if state["commit"] is not None and (their_top != top or theirs != state):
+            return {"commit": state["commit"], "dirty": True}
+    return state
+
+
+def _checkout(here: Path) -> tuple[dict[str, Any], str | None]:
+    """The state of the checkout holding `here`, and its top-level folder."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=here, capture_output=True, text=True,
+                              timeout=10, check=True).stdout
+
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
-                                text=True, timeout=10, check=True).stdout.strip()
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                                capture_output=True, text=True, timeout=10, check=True).stdout
+        commit, top = git("rev-parse", "HEAD").strip(), git("rev-parse", "--show-toplevel").strip()
+        status = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None}
-    return {"commit": commit, "dirty": bool(status.strip())}
+        return {"commit": None, "dirty": None}, None
+    return {"commit": commit, "dirty": bool(status.strip())}, top
+
+
+def _companions() -> list[Path]:
+    """Where `mmpe.recipes` and `mmpe.configs` are imported from (those installed)."""
+    import importlib.util
+
+    out = []
+    for name in ("mmpe.recipes", "mmpe.configs"):
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        for place in (spec.submodule_search_locations or []) if spec else []:
+            out.append(Path(place).resolve())
+    return out
 
 
 def resolved_configs(out_dir: str | Path) -> dict[str, Any]:
