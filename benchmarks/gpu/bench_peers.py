@@ -105,8 +105,10 @@ class QKVLayer(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         q, k, v = rearrange(self.qkv(x), "b s (three h d) -> three b h s d", three=3, h=HEADS)
         bias = self.bias()
+        # contiguous in q's dtype: a strided bias (x-transformers' relative positions come out
+        # with stride(-1) = heads) sends CUDA SDPA to its math kernel, which would flatter mmpe
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=None if bias is None else bias.to(q.dtype),
+            q, k, v, attn_mask=None if bias is None else bias.to(q.dtype).contiguous(),
             is_causal=self.causal and bias is None)
         return self.proj(rearrange(out, "b h s d -> b s (h d)"))
 
@@ -149,7 +151,9 @@ def peers(shape: Shape) -> list[tuple[str, Callable[[], nn.Module], str]]:
         out.append(("t5", lambda: _with(QKVLayer(lambda: rel(n, n)), rel),
                     "x-transformers RelativePositionBias"))
         alibi = AlibiPositionalBias(heads=HEADS, total_heads=HEADS)
-        out.append(("alibi", lambda: QKVLayer(lambda: alibi(n, n)), "x-transformers ALiBi"))
+        # registered with the layer, so its slopes move to the device with it
+        out.append(("alibi", lambda: _with(QKVLayer(lambda: alibi(n, n)), alibi),
+                    "x-transformers ALiBi"))
         out.append(("rope", lambda: HFRotaryLayer(n), "HF Llama rotary"))
     elif isinstance(coords, mmpe.Graph):
         table = nn.Embedding(32, HEADS)
@@ -271,19 +275,34 @@ def run(tiny: bool, repeat: int, device: str, dtype: torch.dtype, only: str | No
         flex_ms = (measure(_flex_layer().to(device, dtype), x, lambda m, t: m(t), repeat)[0]
                    if flex_ok and shape.coords.mask_mod() is None else None)
         for name, make_peer, peer_name in peers(shape):
-            torch.manual_seed(0)
-            ours = _mmpe_layer(name, shape).to(device, dtype)
-            peer = make_peer().to(device, dtype)
-            with log_routes() as routes:
-                ours_ms, ours_mb = measure(ours, x, lambda m, t, c=shape.coords: m(t, c), repeat)
-            peer_ms, peer_mb = measure(peer, x, lambda m, t: m(t), repeat)
-            route = "/".join(r for rs in routes.values() for r in rs)
+            try:
+                row = _row(shape, name, make_peer, x, repeat, device, dtype)
+            except (RuntimeError, ValueError, TypeError, torch.OutOfMemoryError) as err:
+                # stored with its error: one failing case keeps the others' rows
+                print(f"{shape.name} {name} {peer_name}: {type(err).__name__}: {err}"[:300],
+                      flush=True)
+                table.add(shape.name, name, peer_name, f"error: {type(err).__name__}", None,
+                          None, None, None, None, sdpa_ms, flex_ms)
+                continue
+            route, ours_ms, peer_ms, ours_mb, peer_mb = row
             table.add(shape.name, name, peer_name, route, ours_ms, peer_ms, peer_ms / ours_ms,
                       ours_mb, peer_mb, sdpa_ms, flex_ms)
             print(f"{shape.name:18} {name:18} {peer_name:36} {route:6} mmpe {ours_ms:8.2f} ms  "
                   f"peer {peer_ms:8.2f} ms  ×{peer_ms / ours_ms:5.2f}  sdpa {sdpa_ms:.2f}"
                   + (f"  flex {flex_ms:.2f}" if flex_ms is not None else ""), flush=True)
     return table
+
+
+def _row(shape: Shape, name: str, make_peer: Callable[[], nn.Module], x: Tensor, repeat: int,
+         device: str, dtype: torch.dtype) -> tuple:
+    """(route, mmpe ms, peer ms, mmpe MiB, peer MiB) of one case."""
+    torch.manual_seed(0)
+    ours = _mmpe_layer(name, shape).to(device, dtype)
+    peer = make_peer().to(device, dtype)
+    with log_routes() as routes:
+        ours_ms, ours_mb = measure(ours, x, lambda m, t, c=shape.coords: m(t, c), repeat)
+    peer_ms, peer_mb = measure(peer, x, lambda m, t: m(t), repeat)
+    return "/".join(r for rs in routes.values() for r in rs), ours_ms, peer_ms, ours_mb, peer_mb
 
 
 def main(argv: list[str] | None = None) -> _store.Table:

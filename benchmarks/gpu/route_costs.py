@@ -29,11 +29,17 @@ from mmpe.results.store import append_lines  # noqa: E402
 ENCODINGS = ("t5", "swin", "alibi", "kerple_log", "fire")
 
 
-def _shapes(tiny: bool) -> dict[str, object]:
+def _shapes(tiny: bool) -> dict[str, tuple[object, int]]:
+    """(coordinates, batch) per shape: the rule's own cases (ViT with its cls token at batch
+    32, bidirectional T5 at batch 8, causal sequences, large grids)."""
     if tiny:
-        return {"seq": mmpe.Sequence(32, causal=True), "grid": mmpe.Grid((4, 4))}
-    return {"seq 4k": mmpe.Sequence(4096, causal=True), "seq 16k": mmpe.Sequence(16384, causal=True),
-            "grid 32²": mmpe.Grid((32, 32)), "grid 64²": mmpe.Grid((64, 64))}
+        return {"seq": (mmpe.Sequence(32, causal=True), 1),
+                "grid": (mmpe.Grid((4, 4), prefix_tokens=1), 2)}
+    return {"ViT-B/16 14²+cls b32": (mmpe.Grid((14, 14), prefix_tokens=1), 32),
+            "seq 1k bidirectional b8": (mmpe.Sequence(1024), 8),
+            "seq 4k": (mmpe.Sequence(4096, causal=True), 1),
+            "grid 32²+cls": (mmpe.Grid((32, 32), prefix_tokens=1), 1),
+            "grid 64²+cls": (mmpe.Grid((64, 64), prefix_tokens=1), 1)}
 
 
 def rows(tiny: bool, device: str, dtype: torch.dtype, repeat: int,
@@ -43,9 +49,9 @@ def rows(tiny: bool, device: str, dtype: torch.dtype, repeat: int,
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     routes = ("dense", "flex") if device == "cuda" else ("dense", "sdpa")
     out = []
-    for label, coords in _shapes(tiny).items():
+    for label, (coords, batch) in _shapes(tiny).items():
         coords = coords.to(device) if hasattr(coords, "to") else coords
-        x = torch.randn(1, coords.num_queries, D_MODEL, device=device, dtype=dtype)
+        x = torch.randn(batch, coords.num_queries, D_MODEL, device=device, dtype=dtype)
         for enc_name in ENCODINGS:
             context = {"num_heads": HEADS, "head_dim": D_MODEL // HEADS, "d_model": D_MODEL}
             shape = getattr(coords, "shape", None)
@@ -63,8 +69,8 @@ def rows(tiny: bool, device: str, dtype: torch.dtype, repeat: int,
                                             forward_only=not grad)[0]
                     except (RuntimeError, torch.OutOfMemoryError) as err:  # recorded, not hidden
                         print(f"{label} {enc_name} {route}: {type(err).__name__}: {err}"[:200])
-                call = route_inputs(layer.scores, coords, HEADS, 1, torch.device(device), dtype, grad,
-                               name=name)
+                call = route_inputs(layer.scores, coords, HEADS, batch, torch.device(device),
+                                    dtype, grad, name=name)
                 row = {"device": name, "torch": torch.__version__,
                        "structure": structure_key(layer.scores), "bucket": call.bucket,
                        "dtype": str(dtype).removeprefix("torch."), "grad": grad,

@@ -89,3 +89,52 @@ def test_the_sequence_peers_run_store_the_route_and_render(tmp_path: Path) -> No
     text = bench_report.render_block(block, tmp_path)
     header = next(line for line in text.splitlines() if line.startswith("| shape"))
     assert "| route |" in header and "NVIDIA H200" in text and "Not measured yet" not in text
+
+
+def test_every_sequence_and_grid_peer_follows_its_layer_to_the_device() -> None:
+    """Each peer moved to `meta` (a device that is not the CPU) returns a tensor there: no
+    tensor of its own stays behind on the CPU (x-transformers' ALiBi slopes did, and CUDA
+    SDPA refused the CPU mask), and its bias reaches SDPA contiguous (a strided mask sends
+    CUDA SDPA to its math kernel)."""
+    bench = _script("bench_peers")
+    seen = []
+    real = bench.F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        seen.append(attn_mask)
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+
+    bench.F.scaled_dot_product_attention = spy
+    try:
+        for shape in bench.shapes(tiny=True, device="cpu"):
+            if not isinstance(shape.coords, (bench.mmpe.Sequence, bench.mmpe.Grid)) or \
+                    shape.grid is None and not isinstance(shape.coords, bench.mmpe.Sequence):
+                continue
+            for _, make_peer, peer_name in bench.peers(shape):
+                peer = make_peer().to("meta")
+                x = torch.empty(shape.batch, shape.coords.num_queries, bench.D_MODEL,
+                                device="meta")
+                seen.clear()
+                out = peer(x)
+                assert out.device.type == "meta", (shape.name, peer_name)
+                for mask in seen:
+                    assert mask is None or mask.stride(-1) == 1, (shape.name, peer_name)
+    finally:
+        bench.F.scaled_dot_product_attention = real
+
+
+def test_a_failing_case_is_stored_with_its_error(tmp_path: Path, monkeypatch) -> None:
+    """One case that raises keeps the other rows: its row holds the error, the run goes on."""
+    bench = _script("bench_peers")
+    real = bench._row
+
+    def flaky(shape, name, *rest):
+        if name == "alibi":
+            raise RuntimeError("CUDA error: an illustrative failure")
+        return real(shape, name, *rest)
+
+    monkeypatch.setattr(bench, "_row", flaky)
+    table = bench.run(tiny=True, repeat=1, device="cpu", dtype=torch.float32, only="seq 4k")
+    routes = {row[1] + " " + row[2]: row[3] for row in table.rows}
+    assert routes["alibi x-transformers ALiBi"] == "error: RuntimeError"
+    assert routes["t5 HF T5Attention"] in ROUTES
