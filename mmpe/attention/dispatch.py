@@ -34,6 +34,7 @@ from mmpe.attention.memory import bias_row_bytes, block_bytes, check_memory
 from mmpe.attention.plans import grid, relation, tiles
 from mmpe.coords.base import index_grid
 from mmpe.encodings.base import AttentionCall, KernelEncoding, ScoreEncoding
+from mmpe.prepare import memoized
 
 
 def run_flex(scores: Seq[ScoreEncoding], ctx: AttentionCall, scale: float) -> Tensor:
@@ -152,18 +153,29 @@ def run_dense(scores: Seq[ScoreEncoding], ctx: AttentionCall, scale: float) -> T
     broadcast over the batch where it does not depend on the example) and the coordinates'
     mask as ``attn_mask``: the dense route on every device, and the sdpa route's dense plan."""
     coords = ctx.coords
-    bias = forms.summed_bias(scores, ctx)  # the layer checked the terms
-    if bias is None:
+    if not scores:
         if plain_causal(coords):  # the fused causal kernel, no dense mask
             return F.scaled_dot_product_attention(ctx.q, ctx.k, ctx.v, is_causal=True,
                                                   scale=scale)
         attn_mask = kernel_mask_of(coords, ctx.q.dtype)
+    elif all(e.content_free for e in scores):
+        # one mask in q's dtype per forward for the layers that share these terms (SDPA keeps
+        # each call's mask for its backward: a copy per layer otherwise)
+        key = ("dense_mask", tuple(id(e) for e in scores), ctx.num_heads, ctx.q.dtype,
+               torch.is_grad_enabled(), coords.num_queries, coords.num_keys)
+        attn_mask = memoized(coords, key, lambda: _dense_mask(scores, ctx))
     else:
-        # written once, head-major, into a buffer padded to 8 columns, in q's dtype: the layout
-        # CUDA's memory-efficient kernel takes as given (tests/attention/sdpa_rules.py); a
-        # strided gather (a table by offset, channel-last) would send it to the math kernel
-        attn_mask = cast_bias(bias, ctx.q.dtype, dense_mask_of(coords), aligned=True)
+        attn_mask = _dense_mask(scores, ctx)
     return F.scaled_dot_product_attention(ctx.q, ctx.k, ctx.v, attn_mask=attn_mask, scale=scale)
+
+
+def _dense_mask(scores: Seq[ScoreEncoding], ctx: AttentionCall) -> Tensor:
+    """The summed bias and the mask, written once, head-major, into a buffer padded to 8
+    columns, in q's dtype: the layout CUDA's memory-efficient kernel takes as given
+    (tests/attention/sdpa_rules.py); a strided gather (a table by offset, channel-last)
+    would send it to the math kernel."""
+    bias = forms.summed_bias(scores, ctx)  # the layer checked the terms
+    return cast_bias(bias, ctx.q.dtype, dense_mask_of(ctx.coords), aligned=True)
 
 
 def _sdpa_blocks(scores: Seq[ScoreEncoding], ctx: AttentionCall, scale: float) -> Tensor:

@@ -139,3 +139,33 @@ def test_dense_route_refuses_a_rescaling_term(name: str, cname: str) -> None:
     mha.route = "dense"
     with pytest.raises(ValueError, match="needs additive score terms"):
         mha(torch.randn(coords.batch_size or 2, coords.num_queries, D_MODEL), coords)
+
+
+def test_layers_that_share_terms_share_one_mask_and_keep_its_gradient(monkeypatch) -> None:
+    """Two blocks sharing T5 on the dense route hand SDPA one mask in q's dtype (SDPA keeps
+    each call's mask for its backward: a copy per layer otherwise), and the model's output
+    and gradients are the math route's."""
+    import torch.nn.functional as F
+
+    masks = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        masks.append(attn_mask)
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+
+    torch.manual_seed(0)
+    dense = mmpe.Transformer(32, 4, 2, ["t5"], route="dense")
+    math = mmpe.Transformer(32, 4, 2, ["t5"], route="math")
+    math.load_state_dict(dense.state_dict())
+    x, coords = torch.randn(2, 12, 32), mmpe.Sequence(12)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    out = dense(x, coords)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", real)
+    assert len(masks) == 2 and masks[0] is masks[1]
+    ref = math(x, coords)
+    table = dense.shared_encodings[0].table
+    (g,) = torch.autograd.grad(out.square().sum(), [table])
+    (g_ref,) = torch.autograd.grad(ref.square().sum(), [math.shared_encodings[0].table])
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(g, g_ref, rtol=1e-4, atol=1e-5)
