@@ -162,7 +162,9 @@ def train_base(seed: int, root: Path, cli_args: list[str]) -> Path:
 def load_base(model: text.CharLM, weights: Path) -> None:
     """Copy the base weights; only the scaling's own settings may be new."""
     missing, unexpected = model.load_state_dict(torch.load(weights, map_location="cpu"), strict=False)
-    stray = [k for k in [*missing, *unexpected] if ".rotary." not in k or ".settings." not in k]
+    # a rotary encoding's settings: in a block, or the model's shared encodings
+    stray = [k for k in [*missing, *unexpected] if ".settings." not in k
+             or not (".rotary." in k or ".shared_encodings." in k)]
     if stray:
         raise RuntimeError(f"context: base weights do not fit the model: {stray[:5]}")
 
