@@ -66,6 +66,22 @@ class Call:
     enable_gqa: bool
 
 
+def record_calls(monkeypatch) -> list[Call]:
+    """Every SDPA call made from now on, recorded (`monkeypatch` restores SDPA): the routes
+    call `torch.nn.functional.scaled_dot_product_attention` by that name."""
+    import torch.nn.functional as F
+
+    calls: list[Call] = []
+    real = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append(record(*args, **kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    return calls
+
+
 def record(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
            dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
            enable_gqa: bool = False) -> Call:

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sdpa_rules import cudnn_violations, flash_violations, record
+from sdpa_rules import cudnn_violations, flash_violations, record_calls
 
 import mmpe
 from mmpe.attention import which_route
@@ -129,21 +128,9 @@ def test_bf16_logits_hold_at_32k_tokens() -> None:
     assert float(rounded.max()) >= 1.0
 
 
-def _sdpa_calls(monkeypatch) -> list:
-    calls = []
-    real = F.scaled_dot_product_attention
-
-    def spy(*args, **kwargs):
-        calls.append(record(*args, **kwargs))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
-    return calls
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_its_call_is_one_the_flash_and_cudnn_kernels_take(monkeypatch, dtype) -> None:
-    calls = _sdpa_calls(monkeypatch)
+    calls = record_calls(monkeypatch)
     fold, _ = _pair(8, 2, dtype, True, 1.0, 0)
     fold(torch.randn(2, 64, 64, dtype=dtype), mmpe.Sequence(64, causal=True))
     assert len(calls) == 1

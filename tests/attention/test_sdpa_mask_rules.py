@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from helpers import D_MODEL, HEADS, SAMPLE_COORDS, model_context
 from sdpa_rules import (
     Call,
@@ -20,6 +19,7 @@ from sdpa_rules import (
     flash_violations,
     mask_violations,
     record,
+    record_calls,
 )
 
 import mmpe
@@ -41,17 +41,8 @@ def _cases() -> list:
 
 @pytest.fixture
 def sdpa_calls(monkeypatch: pytest.MonkeyPatch) -> list[Call]:
-    """Every SDPA call made while the test runs (the dense route calls
-    `torch.nn.functional.scaled_dot_product_attention` by that name)."""
-    calls: list[Call] = []
-    real = F.scaled_dot_product_attention
-
-    def spy(*args, **kwargs):
-        calls.append(record(*args, **kwargs))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
-    return calls
+    """Every SDPA call made while the test runs."""
+    return record_calls(monkeypatch)
 
 
 def _run(name: str, cname: str, dtype: torch.dtype) -> None:

@@ -14,12 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 pytestmark = pytest.mark.gpu  # (tests/conftest.py skips the tier without a CUDA device)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "attention"))  # sdpa_rules
 from helpers import D_MODEL, HEADS, SAMPLE_COORDS, model_context  # noqa: E402
-from sdpa_rules import efficient_violations, record  # noqa: E402
+from sdpa_rules import efficient_violations, record_calls  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 import mmpe  # noqa: E402
@@ -48,14 +47,7 @@ def test_each_dense_step_runs_on_the_memory_efficient_kernel(
     mha = mmpe.MultiHeadAttention(D_MODEL, HEADS, [enc], route="dense").to("cuda", dtype)
     x = torch.randn(coords.batch_size or 2, coords.num_queries, D_MODEL, device="cuda",
                     dtype=dtype, requires_grad=True)
-    calls = []
-    real = F.scaled_dot_product_attention
-
-    def spy(*args, **kwargs):
-        calls.append(record(*args, **kwargs))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    calls = record_calls(monkeypatch)
     with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):  # a fallback raises here
         mha(x, coords).float().square().mean().backward()
     assert calls
