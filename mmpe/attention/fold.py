@@ -70,6 +70,8 @@ def fold_precise(scores: Seq[ScoreEncoding], coords: object, dtype: torch.dtype)
     p_max = int(getattr(coords, "max_position", 0))
     if dtype in _SPLIT_EXACT:
         return p_max < _SPLIT_EXACT[dtype]
+    if torch.compiler.is_compiling():  # the slopes' host read would break the graph
+        return False
     steepest = max(float(s.slopes.detach().abs().max()) / s.distance_unit for s in scores)
     return steepest * p_max <= FOLD_FP32_MAX_LOGIT
 

@@ -427,7 +427,9 @@ def route_inputs(scores: Seq[ScoreEncoding], coords: Any, num_heads: int, batch:
     device = device if isinstance(device, torch.device) else torch.device(device)
     if name is None and device.type == "cuda":
         name = device_name(device)
-    folds = fold.fold_refusal(scores, coords) is None and fold.fold_precise(scores, coords, dtype)
+    # read by the CUDA rule only: no work (and, in float32, no read of the slopes) elsewhere
+    folds = (device.type == "cuda" and fold.fold_refusal(scores, coords) is None
+             and fold.fold_precise(scores, coords, dtype))
     causal = getattr(coords, "causal", False) is True
     causal_1d = causal and getattr(coords, "toeplitz", False) is True
     limit = dense_budget(budget) if budget is not None or os.environ.get(ENV_BUDGET) else \
