@@ -232,8 +232,10 @@ def device_budget(device: torch.device, free_bytes: int | None = None) -> int | 
     """A share of the device's free memory for the dense route.
 
     `FREE_FRACTION` of the device's free memory (`torch.cuda.mem_get_info`, or `free_bytes`
-    for a described device), None where it is not known (the CPU)."""
-    if free_bytes is None and device.type == "cuda" and torch.cuda.is_available():
+    for a described device), None where it is not known (the CPU; inside a compiled graph,
+    where the budget is `DENSE_BIAS_BYTES`)."""
+    if free_bytes is None and device.type == "cuda" and torch.cuda.is_available() \
+            and not torch.compiler.is_compiling():  # a driver query the graph cannot hold
         free_bytes = torch.cuda.mem_get_info(device)[0]
     return None if free_bytes is None else int(FREE_FRACTION * free_bytes)
 
